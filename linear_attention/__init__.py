@@ -1,0 +1,1 @@
+"""Linear attention in JAX: kernels, Flax NNX modules, models, training and experiments."""
