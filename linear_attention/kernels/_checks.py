@@ -1,0 +1,36 @@
+"""Argument checks shared by the kernels: fail fast, name the argument and the shapes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax.numpy as jnp
+
+
+def check_rank(name: str, x, rank: int, layout: str) -> None:
+    """Raise unless `x` has `rank` dimensions, laid out as `layout` (e.g. "[B, T, H, D]")."""
+    if jnp.ndim(x) != rank:
+        raise ValueError(
+            f"{name} must have rank {rank} {layout}, got shape {tuple(jnp.shape(x))} "
+            f"(rank {jnp.ndim(x)})"
+        )
+
+
+def check_same(names: Sequence[str], arrays: Sequence, axes: Sequence[int], what: str) -> None:
+    """Raise unless every array has the same size on its axis; `what` names the axis (e.g. "B")."""
+    sizes = [jnp.shape(a)[ax] for a, ax in zip(arrays, axes, strict=True)]
+    if len(set(sizes)) > 1:
+        shapes = ", ".join(f"{n}: {tuple(jnp.shape(a))}" for n, a in zip(names, arrays, strict=True))
+        raise ValueError(f"{' / '.join(names)} disagree on {what} ({shapes})")
+
+
+def check_choice(name: str, value, allowed: Sequence) -> None:
+    """Raise unless `value` is one of `allowed`."""
+    if value not in allowed:
+        raise ValueError(f"unknown {name} {value!r}; allowed: {', '.join(map(repr, allowed))}")
+
+
+def check_positive_int(name: str, value) -> None:
+    """Raise unless `value` is an int >= 1."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
