@@ -1,10 +1,22 @@
-"""Pure JAX attention kernels on `[batch, time, heads, dim]` arrays: no Flax, no configs, no I/O."""
+"""Pure JAX attention kernels on `[batch, time, heads, dim]` arrays: no Flax, no configs, no I/O.
+
+    from linear_attention import kernels as K
+    o = K.causal_linear_attention(K.feature_maps.elu_plus_one(q), K.feature_maps.elu_plus_one(k), v)
+"""
 
 from linear_attention.kernels import feature_maps
+from linear_attention.kernels.linear import METHODS, causal_linear_attention, linear_attention
+from linear_attention.kernels.recurrent import recurrent_step
 from linear_attention.kernels.softmax import blockwise_softmax_attention, softmax_attention
+from linear_attention.kernels.state import LinearAttentionState
 
 __all__ = [
-    "feature_maps",
-    "softmax_attention",
+    "METHODS",
+    "LinearAttentionState",
     "blockwise_softmax_attention",
+    "causal_linear_attention",
+    "feature_maps",
+    "linear_attention",
+    "recurrent_step",
+    "softmax_attention",
 ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import jax
 import jax.numpy as jnp
 
 
@@ -34,3 +35,25 @@ def check_positive_int(name: str, value) -> None:
     """Raise unless `value` is an int >= 1."""
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+def check_log_decay(log_decay, full_shape, layout):
+    """Broadcast `log_decay` to `full_shape` as float32; raise on a bad shape or a positive value."""
+    if log_decay is None:
+        return None
+    shape = tuple(jnp.shape(log_decay))
+    try:
+        ok = jnp.broadcast_shapes(shape, full_shape) == full_shape
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"log_decay of shape {shape} does not broadcast to {full_shape} {layout}; "
+            "use [H] for a fixed per-head decay or the full shape for a data-dependent one"
+        )
+    if not isinstance(log_decay, jax.core.Tracer) and bool(jnp.any(jnp.asarray(log_decay) > 0)):
+        raise ValueError(
+            f"log_decay must be <= 0 (a decay factor exp(log_decay) <= 1); got max "
+            f"{float(jnp.max(jnp.asarray(log_decay)))}"
+        )
+    return jnp.broadcast_to(jnp.asarray(log_decay, jnp.float32), full_shape)
