@@ -27,7 +27,7 @@ from linear_attention.kernels.associative import causal_associative
 from linear_attention.kernels.chunked import causal_chunked
 from linear_attention.kernels.quadratic import causal_quadratic
 from linear_attention.kernels.recurrent import causal_scan
-from linear_attention.kernels.state import LinearAttentionState, check_state, pack
+from linear_attention.kernels.state import LinearAttentionState, check_state
 
 METHODS = ("chunk", "scan", "associative_scan", "quadratic")
 
@@ -102,34 +102,35 @@ def causal_linear_attention(
 
     dtype = jnp.result_type(q, k, v)
     q32, k32, v32 = (x.astype(jnp.float32) for x in (q, k, v))
-    # The normaliser is the state of a value that is always 1: one more value column.
     with_sum = normalize or return_state
-    if with_sum:
-        v32 = jnp.concatenate([v32, jnp.ones((B, T, H, 1), jnp.float32)], axis=-1)
     if initial_state is None:
-        s0_BHMD = jnp.zeros((B, H, M, v32.shape[-1]), jnp.float32)
+        kv0_BHMD = jnp.zeros((B, H, M, Dv), jnp.float32)
+        z0_BHM = jnp.zeros((B, H, M), jnp.float32) if with_sum else None
     else:
-        s0_BHMD = pack(initial_state, with_sum)
+        kv0_BHMD = initial_state.kv.astype(jnp.float32)
+        z0_BHM = initial_state.k_sum.astype(jnp.float32) if with_sum else None
 
     if method == "chunk":
-        o_BTHD, s_BHMD = causal_chunked(q32, k32, v32, a_BTH, s0_BHMD, chunk_size=chunk_size)
+        num_BTHD, den_BTH, kv_BHMD, z_BHM = causal_chunked(
+            q32, k32, v32, a_BTH, kv0_BHMD, z0_BHM, chunk_size=chunk_size
+        )
     else:
         core = {"scan": causal_scan, "associative_scan": causal_associative}.get(
             method, causal_quadratic
         )
-        o_BTHD, s_BHMD = core(q32, k32, v32, a_BTH, s0_BHMD)
+        # The normaliser is the output for a value that is always 1: one more value column.
+        if with_sum:
+            v32 = jnp.concatenate([v32, jnp.ones((B, T, H, 1), jnp.float32)], axis=-1)
+            kv0_BHMD = jnp.concatenate([kv0_BHMD, z0_BHM[..., None]], axis=-1)
+        o_BTHD, s_BHMD = core(q32, k32, v32, a_BTH, kv0_BHMD)
+        num_BTHD, kv_BHMD = o_BTHD[..., :Dv], s_BHMD[..., :Dv]
+        den_BTH, z_BHM = (o_BTHD[..., Dv], s_BHMD[..., Dv]) if with_sum else (None, None)
 
-    o_BTHD = _read_out(o_BTHD, normalize, eps, Dv).astype(dtype)
+    o_BTHD = num_BTHD / (den_BTH[..., None] + eps) if normalize else num_BTHD
+    o_BTHD = o_BTHD.astype(dtype)
     if not return_state:
         return o_BTHD
-    return o_BTHD, LinearAttentionState(kv=s_BHMD[..., :Dv], k_sum=s_BHMD[..., Dv])
-
-
-def _read_out(o_BTHD, normalize, eps, Dv):
-    """Drop the normaliser column, dividing by it first if `normalize`."""
-    if normalize:
-        return o_BTHD[..., :Dv] / (o_BTHD[..., Dv:] + eps)
-    return o_BTHD[..., :Dv]
+    return o_BTHD, LinearAttentionState(kv=kv_BHMD, k_sum=z_BHM)
 
 
 def _check_qkv(q, k, v):

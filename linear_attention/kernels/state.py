@@ -6,8 +6,7 @@ After token t the state holds
     k_sum_t = exp(a_t) k_sum_{t-1} + k_t        [B, H, M]
 
 Its size is fixed by the widths, not by the context length: this is what makes decoding O(1).
-Internally the kernels carry both parts as one matrix `[B, H, M, Dv + 1]` (k_sum is the state of
-a value that is always 1), so every algorithm computes numerator and normaliser in one pass.
+k_sum is the kv state of a value that is always 1, which is how the kernels compute it.
 """
 
 from __future__ import annotations
@@ -48,11 +47,3 @@ def check_state(state, batch: int, heads: int, m: int, dv: int, name: str = "ini
             f"{name} has kv {tuple(state.kv.shape)} and k_sum {tuple(state.k_sum.shape)}; "
             f"expected kv {want_kv} [B, H, M, Dv] and k_sum {want_sum} [B, H, M]"
         )
-
-
-def pack(state: LinearAttentionState, with_sum: bool) -> jax.Array:
-    """State as one float32 matrix `[B, H, M, Dv(+1)]` (k_sum as the last column if `with_sum`)."""
-    kv = state.kv.astype(jnp.float32)
-    if not with_sum:
-        return kv
-    return jnp.concatenate([kv, state.k_sum.astype(jnp.float32)[..., None]], axis=-1)
