@@ -1,0 +1,308 @@
+"""The boundary between ConfigDicts and the code: frozen, validated dataclasses.
+
+`experiment_config(config)` turns a ConfigDict (or a nested dict) into an `ExperimentConfig`.
+Every unknown field, missing field, wrong type or bad value raises `ValueError` naming it as
+``config.<section>.<field>``, before any data is built or anything is compiled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import typing
+from collections.abc import Mapping
+from typing import Any
+
+from linear_attention.data import VOCAB_SIZE as TEXT_VOCAB_SIZE
+from linear_attention.data import check_mqar_settings
+from linear_attention.models.config import ModelConfig
+
+SCHEDULES = ("cosine", "linear", "constant")
+DATA_KINDS = ("mqar", "text")
+
+
+def _fail(path: str, message: str):
+    raise ValueError(f"config.{path} {message}")
+
+
+def _need_int(path: str, value: int, minimum: int = 1):
+    if value < minimum:
+        _fail(path, f"must be an integer >= {minimum}, got {value}")
+
+
+def _need_range(path: str, value: float, low: float, high: float, *, closed_low=True):
+    ok = (low <= value if closed_low else low < value) and value <= high and math.isfinite(value)
+    if not ok:
+        bracket = "[" if closed_low else "("
+        _fail(path, f"must be in {bracket}{low}, {high}], got {value}")
+
+
+@dataclasses.dataclass(frozen=True)
+class MQARDataConfig:
+    """Zoology's multi-query associative recall (see `linear_attention.data.mqar`)."""
+
+    kind: str
+    vocab_size: int
+    seq_len: int
+    num_kv_pairs: int
+    power_a: float = 0.01
+    num_train_examples: int = 100_000
+    num_test_examples: int = 3_000
+    random_non_queries: bool = True
+
+    def validate(self, path: str):
+        _need_int(f"{path}.num_train_examples", self.num_train_examples)
+        _need_int(f"{path}.num_test_examples", self.num_test_examples)
+        try:
+            check_mqar_settings(
+                vocab_size=self.vocab_size,
+                seq_len=self.seq_len,
+                num_kv_pairs=self.num_kv_pairs,
+                power_a=self.power_a,
+            )
+        except ValueError as e:
+            raise ValueError(f"config.{path}: {e}") from None
+
+    @property
+    def tokens(self) -> int:
+        return self.vocab_size
+
+
+@dataclasses.dataclass(frozen=True)
+class TextDataConfig:
+    """Byte-level text (see `linear_attention.data.text`); ``path=""`` is the built-in corpus,
+    ``max_bytes=0`` reads it all."""
+
+    kind: str
+    seq_len: int
+    path: str = ""
+    max_bytes: int = 0
+    val_fraction: float = 0.02
+    num_val_windows: int = 512
+
+    def validate(self, path: str):
+        _need_int(f"{path}.seq_len", self.seq_len)
+        _need_int(f"{path}.max_bytes", self.max_bytes, minimum=0)
+        _need_range(f"{path}.val_fraction", self.val_fraction, 0.0, 0.5, closed_low=False)
+        _need_int(f"{path}.num_val_windows", self.num_val_windows)
+        if self.path and not os.path.exists(self.path):
+            _fail(f"{path}.path", f"{self.path!r} does not exist")
+
+    @property
+    def tokens(self) -> int:
+        return TEXT_VOCAB_SIZE
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+    """AdamW with global-norm clipping and a warmup + decay schedule (see `optim.py`)."""
+
+    learning_rate: float
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+    schedule: str = "cosine"
+    min_lr_ratio: float = 0.0
+    grad_clip: float = 1.0
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-8
+
+    def validate(self, path: str):
+        _need_range(f"{path}.learning_rate", self.learning_rate, 0.0, 1e3, closed_low=False)
+        _need_range(f"{path}.weight_decay", self.weight_decay, 0.0, 1e3)
+        _need_int(f"{path}.warmup_steps", self.warmup_steps, minimum=0)
+        if self.schedule not in SCHEDULES:
+            _fail(f"{path}.schedule", f"must be one of {SCHEDULES}, got {self.schedule!r}")
+        _need_range(f"{path}.min_lr_ratio", self.min_lr_ratio, 0.0, 1.0)
+        _need_range(f"{path}.grad_clip", self.grad_clip, 0.0, math.inf)
+        for name in ("b1", "b2"):
+            _need_range(f"{path}.{name}", getattr(self, name), 0.0, 1.0)
+        _need_range(f"{path}.eps", self.eps, 0.0, 1.0, closed_low=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Loop lengths and intervals, counted in optimizer steps."""
+
+    num_steps: int
+    batch_size: int
+    eval_batch_size: int = 0  # 0: batch_size
+    eval_every: int = 1000
+    log_every: int = 100
+    checkpoint_every: int = 1000
+    keep_checkpoints: int = 3
+    sample_tokens: int = 0
+    sample_prompt: str = ""
+    sample_temperature: float = 1.0
+    sample_top_k: int = 0  # 0: no truncation
+
+    def validate(self, path: str):
+        for name in ("num_steps", "batch_size", "eval_every", "log_every", "checkpoint_every"):
+            _need_int(f"{path}.{name}", getattr(self, name))
+        _need_int(f"{path}.eval_batch_size", self.eval_batch_size, minimum=0)
+        _need_int(f"{path}.keep_checkpoints", self.keep_checkpoints)
+        _need_int(f"{path}.sample_tokens", self.sample_tokens, minimum=0)
+        _need_int(f"{path}.sample_top_k", self.sample_top_k, minimum=0)
+        _need_range(f"{path}.sample_temperature", self.sample_temperature, 0.0, 1e3)
+        if self.sample_tokens and not self.sample_prompt:
+            _fail(f"{path}.sample_prompt", "must be non-empty when sample_tokens > 0")
+
+    @property
+    def eval_batch(self) -> int:
+        return self.eval_batch_size or self.batch_size
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+    """Devices: a 1-D mesh over ``num_devices`` (0: all) with axis ``data``."""
+
+    num_devices: int = 0
+    fsdp: bool = False  # shard parameters and optimizer state over the data axis
+    multi_host: bool = False  # call jax.distributed.initialize() first
+
+    def validate(self, path: str):
+        _need_int(f"{path}.num_devices", self.num_devices, minimum=0)
+
+
+@dataclasses.dataclass(frozen=True)
+class ExperimentConfig:
+    seed: int
+    model: ModelConfig
+    data: MQARDataConfig | TextDataConfig
+    optimizer: OptimizerConfig
+    train: TrainConfig
+    mesh: MeshConfig
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.train.batch_size * self.data.seq_len
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+_TYPE_NAMES = {int: "an integer", float: "a number", bool: "a bool", str: "a string"}
+
+
+def _convert(path: str, value, annotation):
+    """Check ``value`` against a scalar annotation (int / float / bool / str)."""
+    base = annotation
+    if base is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, base) and not (base is int and isinstance(value, bool)):
+        return value
+    _fail(path, f"must be {_TYPE_NAMES[base]}, got {value!r} ({type(value).__name__})")
+
+
+def _build(cls, values: Mapping, path: str):
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        _fail(f"{path}.{unknown[0]}", f"is not a field; known fields: {', '.join(fields)}")
+    kwargs = {}
+    for name, field in fields.items():
+        if name not in values:
+            if field.default is dataclasses.MISSING:
+                _fail(f"{path}.{name}", "is required")
+            continue
+        kwargs[name] = _convert(f"{path}.{name}", values[name], hints[name])
+    obj = cls(**kwargs)
+    obj.validate(path)
+    return obj
+
+
+def _mixer_names(mixer):
+    """A hybrid given on the command line as a string, ``"gated,softmax"`` or
+    ``"('gated', 'softmax')"``, becomes a tuple of names; anything else is left as is."""
+    if isinstance(mixer, str) and "," in mixer:
+        return tuple(name.strip(" '\"") for name in mixer.strip("()[] ").split(",") if name.strip())
+    return mixer
+
+
+def _model_config(values: Mapping) -> ModelConfig:
+    known = {f.name for f in dataclasses.fields(ModelConfig)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        _fail(f"model.{unknown[0]}", f"is not a field; known fields: {', '.join(sorted(known))}")
+    values = dict(values)
+    if "mixer" in values:
+        values["mixer"] = _mixer_names(values["mixer"])
+    try:
+        return ModelConfig(**values)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"config.model: {e}") from None
+
+
+def _as_dict(config) -> dict:
+    if hasattr(config, "to_dict"):
+        return config.to_dict()
+    return {k: _as_dict(v) if isinstance(v, Mapping) else v for k, v in dict(config).items()}
+
+
+SECTIONS = ("seed", "model", "data", "optimizer", "train", "mesh")
+
+
+def experiment_config(config) -> ExperimentConfig:
+    """Validate a ConfigDict (or nested mapping) and freeze it into an `ExperimentConfig`."""
+    if isinstance(config, ExperimentConfig):
+        return config
+    values = _as_dict(config)
+    unknown = sorted(set(values) - set(SECTIONS))
+    if unknown:
+        _fail(unknown[0], f"is not a section; known: {', '.join(SECTIONS)}")
+    for name in SECTIONS:
+        if name not in values:
+            _fail(name, "is required")
+        if name != "seed" and not isinstance(values[name], Mapping):
+            _fail(name, f"must be a ConfigDict, got {values[name]!r}")
+    seed = _convert("seed", values["seed"], int)
+    _need_int("seed", seed, minimum=0)
+
+    kind = values["data"].get("kind")
+    if kind not in DATA_KINDS:
+        _fail("data.kind", f"must be one of {DATA_KINDS}, got {kind!r}")
+    data_cls = MQARDataConfig if kind == "mqar" else TextDataConfig
+    data = _build(data_cls, values["data"], "data")
+    optimizer = _build(OptimizerConfig, values["optimizer"], "optimizer")
+    train = _build(TrainConfig, values["train"], "train")
+    mesh = _build(MeshConfig, values["mesh"], "mesh")
+    model = _model_config(values["model"])
+
+    # Cross-section checks.
+    if model.vocab_size < data.tokens:
+        _fail(
+            "model.vocab_size",
+            f"= {model.vocab_size} is smaller than the data's vocabulary ({data.tokens})",
+        )
+    if model.max_length < data.seq_len:
+        _fail(
+            "model.max_length",
+            f"= {model.max_length} is shorter than config.data.seq_len = {data.seq_len}",
+        )
+    if train.sample_tokens:
+        total = len(train.sample_prompt.encode()) + train.sample_tokens
+        if total > model.max_length:
+            _fail(
+                "train.sample_tokens",
+                f"= {train.sample_tokens} plus the prompt's {total - train.sample_tokens} bytes "
+                f"exceeds config.model.max_length = {model.max_length}",
+            )
+    if optimizer.warmup_steps > train.num_steps:
+        _fail(
+            "optimizer.warmup_steps",
+            f"= {optimizer.warmup_steps} exceeds config.train.num_steps = {train.num_steps}",
+        )
+    if kind == "mqar":
+        if train.batch_size > data.num_train_examples:
+            _fail(
+                "train.batch_size",
+                f"= {train.batch_size} exceeds config.data.num_train_examples = "
+                f"{data.num_train_examples}",
+            )
+        if train.sample_tokens:
+            _fail("train.sample_tokens", "must be 0 for MQAR (there is no text to sample)")
+    return ExperimentConfig(
+        seed=seed, model=model, data=data, optimizer=optimizer, train=train, mesh=mesh
+    )

@@ -1,0 +1,109 @@
+"""Run records: ``metrics.jsonl`` (one flat JSON object per logged step), JSON files, and the
+console report (a one-line progress bar on a terminal, plain log lines otherwise)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from typing import IO
+
+
+def write_json(path: str, obj) -> None:
+    """Write ``obj`` atomically (a half-written file never replaces a good one)."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=2, sort_keys=True)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def read_jsonl(path: str) -> list[dict]:
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _clean(value):
+    # JSON has no NaN/Inf; write them as strings so the file stays valid JSON.
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
+
+
+class MetricsWriter:
+    """Appends records to ``metrics.jsonl``. On resume from step ``s`` the records after ``s``
+    (written by the interrupted run past its last checkpoint) are dropped first, so each step
+    appears once."""
+
+    def __init__(self, path: str, *, resume_step: int):
+        self.path = path
+        kept = [r for r in read_jsonl(path) if r.get("step", 0) <= resume_step]
+        with open(path, "w") as f:
+            for record in kept:
+                f.write(json.dumps(record, sort_keys=True) + "\n")
+
+    def write(self, record: dict) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps({k: _clean(v) for k, v in record.items()}, sort_keys=True) + "\n")
+
+
+def _fmt(record: dict) -> str:
+    parts = []
+    for key, label, fmt in (
+        ("train/loss", "loss", "{:.4f}"),
+        ("train/accuracy", "acc", "{:.3f}"),
+        ("eval/loss", "eval loss", "{:.4f}"),
+        ("eval/accuracy", "eval acc", "{:.4f}"),
+        ("eval/bits_per_byte", "eval bpb", "{:.3f}"),
+        ("lr", "lr", "{:.2e}"),
+        ("tokens_per_sec", "tok/s", "{:,.0f}"),
+    ):
+        if key in record:
+            parts.append(f"{label} {fmt.format(record[key])}")
+    return " | ".join(parts)
+
+
+class Reporter:
+    """Console output. On a terminal: a progress bar redrawn in place; eval results and
+    messages on their own lines. Otherwise: one log line per record."""
+
+    def __init__(self, num_steps: int, stream: IO[str] | None = None, tty: bool | None = None):
+        self.num_steps = num_steps
+        self.stream = stream or sys.stdout
+        self.tty = self.stream.isatty() if tty is None else tty
+        self._bar_shown = False
+        self._start = time.perf_counter()
+
+    def message(self, text: str) -> None:
+        self._end_bar()
+        print(text, file=self.stream, flush=True)
+
+    def record(self, record: dict) -> None:
+        step = record["step"]
+        if not self.tty:
+            print(f"step {step}/{self.num_steps} | {_fmt(record)}", file=self.stream, flush=True)
+            return
+        if any(k.startswith("eval/") for k in record):
+            evals = {k: v for k, v in record.items() if k.startswith("eval/")}
+            self.message(f"eval at step {step}: {_fmt(evals)}")
+        train = {k: v for k, v in record.items() if not k.startswith("eval/")}
+        if len(train) > 1:
+            width = 30
+            done = int(width * step / max(self.num_steps, 1))
+            bar = "#" * done + "-" * (width - done)
+            elapsed = time.perf_counter() - self._start
+            line = f"\r[{bar}] {step}/{self.num_steps} {elapsed:6.0f}s | {_fmt(train)}"
+            print(line, end="", file=self.stream, flush=True)
+            self._bar_shown = True
+
+    def _end_bar(self) -> None:
+        if self._bar_shown:
+            print(file=self.stream, flush=True)
+            self._bar_shown = False
+
+    def close(self) -> None:
+        self._end_bar()

@@ -1,0 +1,346 @@
+"""`train(config, workdir)`: the training loop.
+
+One jitted step (split/merge with the model's `GraphDef` static, the state donated) computes
+the masked cross-entropy over labelled positions, its gradient, and the optax update. Every
+random choice is keyed by the step: the batch of step s comes from a generator seeded by
+``(seed, s)`` and the favor redraw before step s from ``fold_in(key(seed), s)``, so a run
+resumed from a checkpoint at step c replays steps c+1... exactly as an uninterrupted run.
+
+Workdir: ``config.json``, ``metrics.jsonl``, ``checkpoints/`` (orbax), ``summary.json``.
+Losses and gradient norms are checked at every flush (log, eval and checkpoint steps); a
+non-finite value stops the run naming the step, before anything is saved after it.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from linear_attention.data import IGNORE_INDEX, MQARData, TextData
+from linear_attention.models import LanguageModel, generate, redraw_features
+from linear_attention.training.checkpoint import Checkpoints
+from linear_attention.training.config import ExperimentConfig, experiment_config
+from linear_attention.training.mesh import (
+    check_batch_size,
+    initialize_distributed,
+    make_mesh,
+    shard_batch,
+    state_shardings,
+)
+from linear_attention.training.metrics import MetricsWriter, Reporter, write_json
+from linear_attention.training.optim import make_optimizer
+
+# Independent random streams derived from the seed.
+_REDRAW_STREAM, _SAMPLE_STREAM = 1, 2
+# Sections of config.json that a resumed run must share with the run it continues.
+_FIXED_SECTIONS = ("seed", "model", "data")
+
+
+class NonFiniteLossError(FloatingPointError):
+    """Training produced a NaN/Inf loss or gradient norm."""
+
+
+def build_data(config: ExperimentConfig) -> MQARData | TextData:
+    d = config.data
+    if d.kind == "mqar":
+        return MQARData(
+            vocab_size=d.vocab_size,
+            seq_len=d.seq_len,
+            num_kv_pairs=d.num_kv_pairs,
+            num_train_examples=d.num_train_examples,
+            num_test_examples=d.num_test_examples,
+            power_a=d.power_a,
+            random_non_queries=d.random_non_queries,
+            seed=config.seed,
+        )
+    return TextData(
+        seq_len=d.seq_len,
+        path=d.path or None,
+        max_bytes=d.max_bytes or None,
+        val_fraction=d.val_fraction,
+        num_val_windows=d.num_val_windows,
+        seed=config.seed,
+    )
+
+
+def build_model(config: ExperimentConfig, tx: optax.GradientTransformation):
+    """``(model, optimizer)``: the model from ``config.seed``, AdamW over its `nnx.Param`s."""
+    model = LanguageModel(config.model, rngs=nnx.Rngs(config.seed))
+    return model, nnx.Optimizer(model, tx, wrt=nnx.Param)
+
+
+def token_stats(logits_BTV: jax.Array, labels_BT: jax.Array):
+    """``(sum of cross-entropy, number correct, number labelled)`` over labelled positions
+    (``labels != IGNORE_INDEX``), in float32."""
+    mask_BT = labels_BT != IGNORE_INDEX
+    safe_BT = jnp.where(mask_BT, labels_BT, 0)
+    ce_BT = optax.softmax_cross_entropy_with_integer_labels(logits_BTV.astype(jnp.float32), safe_BT)
+    correct_BT = (jnp.argmax(logits_BTV, axis=-1) == labels_BT) & mask_BT
+    return (
+        jnp.sum(jnp.where(mask_BT, ce_BT, 0.0)),
+        jnp.sum(correct_BT, dtype=jnp.float32),
+        jnp.sum(mask_BT, dtype=jnp.float32),
+    )
+
+
+@functools.partial(
+    jax.jit, static_argnames=("graphdef", "mesh", "fsdp"), donate_argnames=("state",)
+)
+def train_step(state, batch, *, graphdef, mesh, fsdp):
+    """One optimizer step: ``(state, batch) -> (state, metrics)``; loss = mean cross-entropy
+    over the labelled positions of the whole (global) batch."""
+    model, optimizer = nnx.merge(graphdef, state)
+
+    def loss_fn(model):
+        loss_sum, correct, count = token_stats(model(batch["inputs"]), batch["labels"])
+        count = jnp.maximum(count, 1.0)
+        return loss_sum / count, correct / count
+
+    (loss, accuracy), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model)
+    optimizer.update(model, grads)
+    new_state = nnx.state((model, optimizer))
+    new_state = jax.lax.with_sharding_constraint(new_state, state_shardings(new_state, mesh, fsdp))
+    metrics = {
+        "train/loss": loss,
+        "train/accuracy": accuracy,
+        "grad_norm": optax.global_norm(grads),
+    }
+    return new_state, metrics
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef",))
+def eval_step(state, batch, *, graphdef):
+    model, _ = nnx.merge(graphdef, state)
+    return token_stats(model(batch["inputs"]), batch["labels"])
+
+
+@functools.partial(
+    jax.jit, static_argnames=("graphdef", "mesh", "fsdp"), donate_argnames=("state",)
+)
+def redraw_step(state, key, *, graphdef, mesh, fsdp):
+    """Redraw the random projections of every favor layer from ``key``."""
+    model, optimizer = nnx.merge(graphdef, state)
+    redraw_features(model, key)
+    new_state = nnx.state((model, optimizer))
+    return jax.lax.with_sharding_constraint(new_state, state_shardings(new_state, mesh, fsdp))
+
+
+def evaluate(state, data, config: ExperimentConfig, graphdef, mesh) -> dict[str, float]:
+    """Mean loss and accuracy over every labelled position of the evaluation set (for MQAR:
+    the query positions only); bits per byte for text."""
+    sums = [
+        eval_step(state, shard_batch(batch, mesh), graphdef=graphdef)
+        for batch in data.eval_batches(config.train.eval_batch)
+    ]
+    loss_sum, correct, count = np.asarray(jax.device_get(sums), np.float64).sum(axis=0).tolist()
+    count = max(count, 1.0)
+    out = {"eval/loss": loss_sum / count, "eval/accuracy": correct / count}
+    if config.data.kind == "text":
+        out["eval/bits_per_byte"] = out["eval/loss"] / math.log(2)  # one token is one byte
+    return out
+
+
+def _check_resume_config(path: str, current: dict) -> None:
+    if not os.path.exists(path):
+        return
+    with open(path) as f:
+        previous = json.load(f)
+    for section in _FIXED_SECTIONS:
+        old, new = previous.get(section), current[section]
+        if old == new:
+            continue
+        if isinstance(old, dict) and isinstance(new, dict):
+            key = next(k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k))
+            name, old, new = f"{section}.{key}", old.get(key), new.get(key)
+        else:
+            name = section
+        raise ValueError(
+            f"{os.path.dirname(path)} holds a run with config.{name} = {old!r}, but this config "
+            f"has {new!r}; resume with the same {'/'.join(_FIXED_SECTIONS)} or use another workdir"
+        )
+
+
+def _param_count(abstract_model) -> int:
+    return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(abstract_model, nnx.Param)))
+
+
+def _sample(state, graphdef, config: ExperimentConfig) -> str:
+    model, _ = nnx.merge(graphdef, state)
+    prompt = np.frombuffer(config.train.sample_prompt.encode(), np.uint8).astype(np.int32)
+    tokens = generate(
+        model,
+        prompt[None],
+        config.train.sample_tokens,
+        rng=jax.random.fold_in(jax.random.key(config.seed), _SAMPLE_STREAM),
+        temperature=config.train.sample_temperature,
+        top_k=config.train.sample_top_k or None,
+    )
+    new = np.asarray(jax.device_get(tokens))[0].astype(np.uint8).tobytes()
+    return (config.train.sample_prompt.encode() + new).decode("utf-8", errors="replace")
+
+
+def train(config, workdir: str, *, reporter: Reporter | None = None) -> dict:
+    """Train (or resume) the run described by ``config`` in ``workdir``; returns the summary.
+
+    ``config`` is a ConfigDict (validated here, before anything is built) or an
+    `ExperimentConfig`. Rerunning on the same workdir continues from the latest checkpoint.
+    """
+    start_time = time.perf_counter()
+    cfg = experiment_config(config)
+    tc = cfg.train
+    initialize_distributed(cfg.mesh.multi_host)
+    mesh = make_mesh(cfg.mesh.num_devices)
+    check_batch_size("train.batch_size", tc.batch_size, mesh)
+    check_batch_size("train.eval_batch_size", tc.eval_batch, mesh)
+    fsdp = cfg.mesh.fsdp
+    lead = jax.process_index() == 0
+    reporter = reporter or Reporter(tc.num_steps)
+
+    os.makedirs(workdir, exist_ok=True)
+    config_dict = json.loads(json.dumps(cfg.to_dict()))
+    _check_resume_config(os.path.join(workdir, "config.json"), config_dict)
+    if lead:
+        write_json(os.path.join(workdir, "config.json"), config_dict)
+
+    data = build_data(cfg)
+    tx, schedule = make_optimizer(cfg.optimizer, tc.num_steps)
+    abstract_model, abstract_opt = nnx.eval_shape(lambda: build_model(cfg, tx))
+    graphdef, abstract_state = nnx.split((abstract_model, abstract_opt))
+    shardings = state_shardings(abstract_state, mesh, fsdp)
+    param_count = _param_count(abstract_model)
+
+    checkpoints = Checkpoints(os.path.join(workdir, "checkpoints"), keep=tc.keep_checkpoints)
+    try:
+        start = checkpoints.latest_step() or 0
+        if start:
+            target = jax.tree.map(
+                lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                abstract_state,
+                shardings,
+            )
+            state = checkpoints.restore(start, target)
+            reporter.message(f"resumed from step {start} ({checkpoints.directory})")
+        else:
+            state = jax.device_put(nnx.state(build_model(cfg, tx)), shardings)
+        writer = MetricsWriter(os.path.join(workdir, "metrics.jsonl"), resume_step=start)
+        reporter.message(
+            f"{param_count:,} parameters, {mesh.shape['data']} device(s), "
+            f"steps {start}..{tc.num_steps}"
+        )
+        summary = _loop(
+            cfg, data, state, graphdef, mesh, fsdp, schedule, checkpoints, writer, reporter, start
+        )
+        state = summary.pop("_state")
+        summary.update(
+            param_count=param_count,
+            num_devices=mesh.shape["data"],
+            resumed_from_step=start,
+            wall_time_sec=time.perf_counter() - start_time,
+        )
+        if tc.sample_tokens:
+            summary["sample"] = _sample(state, graphdef, cfg)
+            reporter.message(f"sample:\n{summary['sample']}")
+        if lead:
+            write_json(os.path.join(workdir, "summary.json"), summary)
+        return summary
+    finally:
+        checkpoints.close()
+        reporter.close()
+
+
+def _loop(cfg, data, state, graphdef, mesh, fsdp, schedule, checkpoints, writer, reporter, start):
+    tc = cfg.train
+    key = jax.random.key(cfg.seed)
+    redraw = cfg.model.redraw_interval
+    tokens_per_step = cfg.tokens_per_step
+    pending = []  # (step, device metrics, timed?) not yet checked for finiteness
+    since_log = []  # host metrics since the last log record
+    mark = time.perf_counter()  # start of the current timed interval
+    log_steps, log_time = 0, 0.0  # timed steps and seconds since the last log record
+    total_steps, total_time, compile_time = 0, 0.0, 0.0
+    record, last = {}, {}
+
+    for s in range(start, tc.num_steps):
+        if redraw and s > 0 and s % redraw == 0:
+            state = redraw_step(
+                state,
+                jax.random.fold_in(jax.random.fold_in(key, _REDRAW_STREAM), s),
+                graphdef=graphdef,
+                mesh=mesh,
+                fsdp=fsdp,
+            )
+        batch = shard_batch(data.train_batch(s, tc.batch_size), mesh)
+        state, metrics = train_step(state, batch, graphdef=graphdef, mesh=mesh, fsdp=fsdp)
+        done = s + 1
+        pending.append((done, metrics))
+        if s == start:
+            # The first step compiles: keep it out of the throughput figures.
+            jax.block_until_ready(metrics)
+            compile_time = time.perf_counter() - mark
+            mark = time.perf_counter()
+            timed = 0
+        else:
+            timed += 1
+
+        final = done == tc.num_steps
+        do_log = done % tc.log_every == 0 or final
+        do_eval = done % tc.eval_every == 0 or final
+        do_ckpt = done % tc.checkpoint_every == 0 or final
+        if not (do_log or do_eval or do_ckpt):
+            continue
+
+        values = jax.device_get([m for _, m in pending])
+        now = time.perf_counter()
+        for (step, _), v in zip(pending, values, strict=True):
+            bad = {k: float(x) for k, x in v.items() if not np.isfinite(x)}
+            if bad:
+                raise NonFiniteLossError(
+                    f"non-finite {bad} at step {step}: stopped; the last good checkpoint "
+                    f"(step {checkpoints.latest_step()}) is kept in {checkpoints.directory}"
+                )
+        since_log.extend(values)
+        pending.clear()
+        log_steps, log_time = log_steps + timed, log_time + (now - mark)
+        total_steps, total_time = total_steps + timed, total_time + (now - mark)
+        timed = 0
+        record = {"step": done}
+        if do_log:
+            record.update({k: float(np.mean([v[k] for v in since_log])) for k in since_log[0]})
+            record["lr"] = float(schedule(done - 1))
+            if log_steps:  # (none when the interval holds only the compiling first step)
+                record["tokens_per_sec"] = log_steps * tokens_per_step / log_time
+            last = {k: record[k] for k in ("train/loss", "train/accuracy")}
+            since_log, log_steps, log_time = [], 0, 0.0
+        if do_eval:
+            record.update(evaluate(state, data, cfg, graphdef, mesh))
+        if do_log or do_eval:
+            if jax.process_index() == 0:
+                writer.write(record)
+            reporter.record(record)
+        if do_ckpt:
+            checkpoints.save(done, state)
+        mark = time.perf_counter()  # eval and checkpoint time is not training time
+
+    if start >= tc.num_steps:  # already complete: just report the final evaluation
+        record = {"step": tc.num_steps, **evaluate(state, data, cfg, graphdef, mesh)}
+        reporter.record(record)
+    summary = {k: v for k, v in record.items() if k.startswith("eval/")}
+    summary.update(last)
+    summary.update(
+        step=tc.num_steps,
+        steps_this_run=tc.num_steps - start,
+        compile_time_sec=compile_time,
+        train_time_sec=total_time,
+        tokens_per_sec=total_steps * tokens_per_step / total_time if total_time else 0.0,
+        _state=state,
+    )
+    return summary
