@@ -37,10 +37,12 @@ __all__ = [
 
 NAMES = ("elu_plus_one", "relu", "identity", "taylor2", "favor_plus", "trig_random_features")
 
-# Key exponents are bounded by max_i |w_i|²/2 whatever the input (see `favor_plus`). Above this
-# bound the stabilized key features are shifted down by a constant, which keeps every key
-# feature ≤ e^60/√m: summed over a million tokens that is still ~1e32, inside float32/bfloat16.
-_KEY_EXPONENT_CAP = 60.0
+# Key exponents are bounded by max_i |w_i|²/2 whatever the input (see `favor_plus`). Where that
+# bound exceeds this cap, stabilized keys are shifted down by the excess, a constant, so every key
+# feature stays ≤ e^80 ≈ 5.5e34 with room for sums of thousands of worst-case keys below the
+# float32/bfloat16 limit 3.4e38. The cap is high so that the shift is zero up to head size ~100
+# (Gaussian rows have |w|² ≈ d): a shift also shrinks the attention sums against their eps.
+_KEY_EXPONENT_CAP = 80.0
 
 
 def _float32_input(name: str, x):
@@ -53,7 +55,7 @@ def _float32_input(name: str, x):
 
 
 def _projected(x, projection):
-    """Checks x [..., d] and projection [m, d]; returns x' = x·d^{-1/4}, W x' (float32) and dtype."""
+    """Check x [..., d] and projection [m, d]; return x' = x·d^{-1/4}, W, W x' and the dtype."""
     x32, out_dtype = _float32_input("x", x)
     w = jnp.asarray(projection)
     if w.ndim != 2 or w.shape[1] != x32.shape[-1]:
@@ -69,9 +71,11 @@ def _projected(x, projection):
 
 
 def elu_plus_one(x):
-    """φ(x) = elu(x) + 1, elementwise; strictly positive."""
+    """φ(x) = elu(x) + 1 = x + 1 for x > 0, exp(x) otherwise; elementwise, strictly positive."""
     x32, out_dtype = _float32_input("x", x)
-    return (jax.nn.elu(x32) + 1.0).astype(out_dtype)
+    # Not elu(x) + 1: (exp(x) − 1) + 1 rounds to 0 in float32 below x ≈ −17. The min keeps the
+    # unused branch finite, so its zero cotangent cannot meet an inf and make a NaN.
+    return jnp.where(x32 > 0, x32 + 1.0, jnp.exp(jnp.minimum(x32, 0.0))).astype(out_dtype)
 
 
 def relu(x):
@@ -116,13 +120,13 @@ def favor_plus(x, projection, *, stabilize: bool = True, is_query: bool = False)
       features are all multiplied by one positive factor c_t, which scales the numerator and the
       denominator of o_t alike; it depends on token t alone. Every feature is then ≤ 1/√m.
       Not for keys: a per-token factor on keys would reweight them against each other.
-    - `is_query=False` (keys, and valid for queries too): subtract one constant that depends on W
-      only. Completing the square, w·x' − |x'|²/2 = |w|²/2 − |w − x'|²/2 ≤ |w|²/2 for every x, so
-      no data-dependent max is needed: the shift is (max_i |w_i|²/2 − 60)⁺, zero at the usual
-      head sizes, and it keeps every feature ≤ e^60/√m. Identical for every token, so it cancels
-      in normalized attention and agrees between a whole sequence and token-by-token decoding.
-      (A max over the sequence, as in the original Performer code, would let future keys change
-      earlier outputs.)
+    - `is_query=False` (keys): subtract one constant that depends on W only. Completing the
+      square, w·x' − |x'|²/2 = |w|²/2 − |w − x'|²/2 ≤ |w|²/2 for every x, so no data-dependent
+      max is needed: the shift is (max_i |w_i|²/2 − 80)⁺, zero for the usual head sizes (d up to
+      ~100), and every feature stays ≤ e^80. Identical for every token, so it cancels in
+      normalized attention and agrees between a whole sequence and token-by-token decoding.
+      (A max over the sequence, as in the original Performer code, lets future keys change
+      earlier outputs.) Also correct for queries, but `is_query=True` bounds them much tighter.
 
     The shifts carry no gradient (like the max in `jax.nn.softmax`); in normalized attention
     they cancel, so the gradient is the unstabilized one.
