@@ -111,8 +111,9 @@ def causal_linear_attention(
         z0_BHM = initial_state.k_sum.astype(jnp.float32) if with_sum else None
 
     if method == "chunk":
-        num_BTHD, den_BTH, kv_BHMD, z_BHM = causal_chunked(
-            q32, k32, v32, a_BTH, kv0_BHMD, z0_BHM, chunk_size=chunk_size
+        o_BTHD, kv_BHMD, z_BHM = causal_chunked(
+            q32, k32, v32, a_BTH, kv0_BHMD, z0_BHM,
+            chunk_size=chunk_size, normalize=normalize, eps=eps,
         )
     else:
         core = {"scan": causal_scan, "associative_scan": causal_associative}.get(
@@ -122,11 +123,11 @@ def causal_linear_attention(
         if with_sum:
             v32 = jnp.concatenate([v32, jnp.ones((B, T, H, 1), jnp.float32)], axis=-1)
             kv0_BHMD = jnp.concatenate([kv0_BHMD, z0_BHM[..., None]], axis=-1)
-        o_BTHD, s_BHMD = core(q32, k32, v32, a_BTH, kv0_BHMD)
-        num_BTHD, kv_BHMD = o_BTHD[..., :Dv], s_BHMD[..., :Dv]
-        den_BTH, z_BHM = (o_BTHD[..., Dv], s_BHMD[..., Dv]) if with_sum else (None, None)
-
-    o_BTHD = num_BTHD / (den_BTH[..., None] + eps) if normalize else num_BTHD
+        out_BTHD, s_BHMD = core(q32, k32, v32, a_BTH, kv0_BHMD)
+        o_BTHD, kv_BHMD = out_BTHD[..., :Dv], s_BHMD[..., :Dv]
+        z_BHM = s_BHMD[..., Dv] if with_sum else None
+        if normalize:
+            o_BTHD = o_BTHD / (out_BTHD[..., Dv:] + eps)
     o_BTHD = o_BTHD.astype(dtype)
     if not return_state:
         return o_BTHD
