@@ -1,7 +1,7 @@
 """Pure JAX attention kernels on `[batch, time, heads, dim]` arrays: no Flax, no configs, no I/O.
 
-    from linear_attention import kernels as K
-    o = K.causal_linear_attention(K.feature_maps.elu_plus_one(q), K.feature_maps.elu_plus_one(k), v)
+Example, with `from linear_attention import kernels as K` and `phi = K.feature_maps.elu_plus_one`:
+`o = K.causal_linear_attention(phi(q), phi(k), v, method="chunk")`.
 """
 
 from linear_attention.kernels import feature_maps

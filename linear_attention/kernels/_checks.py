@@ -21,7 +21,9 @@ def check_same(names: Sequence[str], arrays: Sequence, axes: Sequence[int], what
     """Raise unless every array has the same size on its axis; `what` names the axis (e.g. "B")."""
     sizes = [jnp.shape(a)[ax] for a, ax in zip(arrays, axes, strict=True)]
     if len(set(sizes)) > 1:
-        shapes = ", ".join(f"{n}: {tuple(jnp.shape(a))}" for n, a in zip(names, arrays, strict=True))
+        shapes = ", ".join(
+            f"{n}: {tuple(jnp.shape(a))}" for n, a in zip(names, arrays, strict=True)
+        )
         raise ValueError(f"{' / '.join(names)} disagree on {what} ({shapes})")
 
 
@@ -38,7 +40,7 @@ def check_positive_int(name: str, value) -> None:
 
 
 def check_log_decay(log_decay, full_shape, layout):
-    """Broadcast `log_decay` to `full_shape` as float32; raise on a bad shape or a positive value."""
+    """Broadcast `log_decay` to `full_shape` (float32); raise on a bad shape or a positive value."""
     if log_decay is None:
         return None
     shape = tuple(jnp.shape(log_decay))

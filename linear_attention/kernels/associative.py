@@ -15,10 +15,12 @@ import jax.numpy as jnp
 
 
 def causal_associative(q_BTHM, k_BTHM, v_BTHD, a_BTH, s0_BHMD):
-    """Unnormalised causal linear attention by `lax.associative_scan`; returns `(o_BTHD, s_BHMD)`."""
+    """Unnormalised causal linear attention by `lax.associative_scan`: `(o_BTHD, s_BHMD)`."""
     u_BTHMD = k_BTHM[..., :, None] * v_BTHD[..., None, :]
     # The initial state enters as part of the first token's update.
-    first_BHMD = u_BTHMD[:, 0] + s0_BHMD * (1.0 if a_BTH is None else jnp.exp(a_BTH[:, 0])[..., None, None])
+    first_BHMD = u_BTHMD[:, 0] + s0_BHMD * (
+        1.0 if a_BTH is None else jnp.exp(a_BTH[:, 0])[..., None, None]
+    )
     u_BTHMD = u_BTHMD.at[:, 0].set(first_BHMD)
     if a_BTH is None:
         s_BTHMD = jax.lax.associative_scan(jnp.add, u_BTHMD, axis=1)

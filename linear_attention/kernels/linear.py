@@ -13,7 +13,6 @@ prefix with a state per token, "chunk" dense matmuls within chunks and a prefix 
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 
 from linear_attention.kernels._checks import (
@@ -112,8 +111,15 @@ def causal_linear_attention(
 
     if method == "chunk":
         o_BTHD, kv_BHMD, z_BHM = causal_chunked(
-            q32, k32, v32, a_BTH, kv0_BHMD, z0_BHM,
-            chunk_size=chunk_size, normalize=normalize, eps=eps,
+            q32,
+            k32,
+            v32,
+            a_BTH,
+            kv0_BHMD,
+            z0_BHM,
+            chunk_size=chunk_size,
+            normalize=normalize,
+            eps=eps,
         )
     else:
         core = {"scan": causal_scan, "associative_scan": causal_associative}.get(

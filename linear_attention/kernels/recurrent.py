@@ -25,7 +25,9 @@ def causal_scan(q_BTHM, k_BTHM, v_BTHD, a_BTH, s0_BHMD):
         s_BHMD = s_BHMD + k_BHM[..., :, None] * v_BHD[..., None, :]
         return s_BHMD, jnp.einsum("bhm,bhmd->bhd", q_BHM, s_BHMD)
 
-    time_major = [None if x is None else jnp.moveaxis(x, 1, 0) for x in (q_BTHM, k_BTHM, v_BTHD, a_BTH)]
+    time_major = [
+        None if x is None else jnp.moveaxis(x, 1, 0) for x in (q_BTHM, k_BTHM, v_BTHD, a_BTH)
+    ]
     s_BHMD, o_TBHD = jax.lax.scan(step, s0_BHMD, time_major)
     return jnp.moveaxis(o_TBHD, 0, 1), s_BHMD
 

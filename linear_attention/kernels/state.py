@@ -34,7 +34,9 @@ class LinearAttentionState(NamedTuple):
     @property
     def size_bytes(self) -> int:
         """Bytes held by the state, for all sequences in the batch."""
-        return int(self.kv.size * self.kv.dtype.itemsize + self.k_sum.size * self.k_sum.dtype.itemsize)
+        return int(
+            self.kv.size * self.kv.dtype.itemsize + self.k_sum.size * self.k_sum.dtype.itemsize
+        )
 
 
 def check_state(state, batch: int, heads: int, m: int, dv: int, name: str = "initial_state"):
