@@ -14,6 +14,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from linear_attention.training.config import experiment_config
+from linear_attention.training.trainer import NonFiniteLossError, train
 
 USAGE = (
     "usage: la-train --config CONFIG_FILE[:PRESET] --workdir DIR [--config.SECTION.FIELD=VALUE ...]"
@@ -76,9 +77,6 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as e:
         print(f"la-train: error: {e}", file=sys.stderr)
         return 2
-
-    # Imported only now: a bad command line stops before orbax and the loop are loaded.
-    from linear_attention.training.trainer import NonFiniteLossError, train
 
     try:
         summary = train(config, workdir)

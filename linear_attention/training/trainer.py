@@ -112,7 +112,7 @@ def train_step(state, batch, *, graphdef, mesh, fsdp):
     metrics = {
         "train/loss": loss,
         "train/accuracy": accuracy,
-        "grad_norm": optax.global_norm(grads),
+        "grad_norm": optax.tree.norm(grads),
     }
     return new_state, metrics
 
@@ -241,6 +241,7 @@ def train(config, workdir: str, *, reporter: Reporter | None = None) -> dict:
         )
         state = summary.pop("_state")
         summary.update(
+            workdir=os.path.abspath(workdir),
             param_count=param_count,
             num_devices=mesh.shape["data"],
             resumed_from_step=start,

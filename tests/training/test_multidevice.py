@@ -1,0 +1,88 @@
+"""Data-parallel (and FSDP) training on 4 forced CPU devices matches 1 device."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+
+from linear_attention.training import trainer
+from tests.training.conftest import ROOT, tiny_mqar
+
+SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    import jax
+    import numpy as np
+    from flax import nnx
+    from linear_attention.training import experiment_config, make_optimizer, trainer
+    from linear_attention.training.mesh import make_mesh, shard_batch, state_shardings
+    from tests.training.test_multidevice import summarize
+    from tests.training.conftest import tiny_mqar
+
+    assert jax.device_count() == 4, jax.devices()
+    out = {}
+    for name, fsdp in (("dp", False), ("fsdp", True)):
+        config = tiny_mqar()
+        config.mesh.fsdp = fsdp
+        out[name] = summarize(trainer.train(config, f"{sys.argv[1]}/{name}"))
+
+    # Where one step leaves the state and how it splits a batch, on the FSDP mesh.
+    cfg = experiment_config(config)
+    mesh = make_mesh(4)
+    tx, _ = make_optimizer(cfg.optimizer, cfg.train.num_steps)
+    graphdef, state = nnx.split(trainer.build_model(cfg, tx))
+    state = jax.device_put(state, state_shardings(state, mesh, True))
+    batch = shard_batch(trainer.build_data(cfg).train_batch(0, 8), mesh)
+    state, _ = trainer.train_step(state, batch, graphdef=graphdef, mesh=mesh, fsdp=True)
+    embed = state[0]["embed"]["embedding"]
+    out["embed_shard_shape"] = list(embed.addressable_shards[0].data.shape)
+    out["embed_shape"] = list(embed.shape)
+    out["batch_shard_shape"] = list(batch["inputs"].addressable_shards[0].data.shape)
+    print("RESULT" + json.dumps(out))
+    """
+)
+
+
+def summarize(summary):
+    """Per-step losses of a finished run (from its metrics.jsonl)."""
+    with open(os.path.join(summary["workdir"], "metrics.jsonl")) as f:
+        records = [json.loads(line) for line in f]
+    return {
+        "num_devices": summary["num_devices"],
+        "train_loss": [r["train/loss"] for r in records],
+        "grad_norm": [r["grad_norm"] for r in records],
+        "eval_loss": [r["eval/loss"] for r in records if "eval/loss" in r],
+    }
+
+
+def test_four_devices_match_one(tmp_path):
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
+    env["JAX_PLATFORMS"] = "cpu"
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SCRIPT, str(tmp_path)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    # Meanwhile one device, here in the test process (which sees a single CPU device).
+    one = summarize(trainer.train(tiny_mqar(), str(tmp_path / "one")))
+    stdout, stderr = proc.communicate(timeout=500)
+    assert proc.returncode == 0, stderr[-3000:]
+    line = next(x for x in stdout.splitlines() if x.startswith("RESULT"))
+    out = json.loads(line[len("RESULT") :])
+    assert [one["num_devices"], out["dp"]["num_devices"], out["fsdp"]["num_devices"]] == [1, 4, 4]
+    for name in ("dp", "fsdp"):
+        for key in ("train_loss", "grad_norm", "eval_loss"):
+            np.testing.assert_allclose(out[name][key], one[key], rtol=1e-5, err_msg=key)
+    # FSDP splits the [vocab, d_model] embedding's first axis over 4 devices; the batch of 8
+    # rows is split into 4 x 2.
+    vocab, d_model = out["embed_shape"]
+    assert out["embed_shard_shape"] == [vocab // 4, d_model]
+    assert out["batch_shard_shape"] == [2, 32]
