@@ -1,0 +1,50 @@
+"""Flax NNX modules: feature maps, attention mixers (one registry), norms, MLP, blocks."""
+
+from linear_attention.layers.base import Mixer, MixerState
+from linear_attention.layers.block import Block
+from linear_attention.layers.conv import ShortConv
+from linear_attention.layers.feature_maps import (
+    FIXED_FEATURE_MAPS,
+    FavorFeatures,
+    FeatureProjection,
+    FixedFeatureMap,
+    HedgehogFeatures,
+)
+from linear_attention.layers.linear import (
+    FavorMixer,
+    GatedMixer,
+    HedgehogMixer,
+    LinearMixer,
+    RetNetMixer,
+    TaylorMixer,
+)
+from linear_attention.layers.mlp import SwiGLU
+from linear_attention.layers.norm import RMSNorm
+from linear_attention.layers.registry import MIXERS, get_mixer
+from linear_attention.layers.rotary import apply_rotary
+from linear_attention.layers.softmax import KVCache, SoftmaxMixer
+
+__all__ = [
+    "MIXERS",
+    "get_mixer",
+    "Mixer",
+    "MixerState",
+    "KVCache",
+    "Block",
+    "ShortConv",
+    "RMSNorm",
+    "SwiGLU",
+    "apply_rotary",
+    "FIXED_FEATURE_MAPS",
+    "FeatureProjection",
+    "FixedFeatureMap",
+    "FavorFeatures",
+    "HedgehogFeatures",
+    "SoftmaxMixer",
+    "LinearMixer",
+    "FavorMixer",
+    "TaylorMixer",
+    "HedgehogMixer",
+    "RetNetMixer",
+    "GatedMixer",
+]

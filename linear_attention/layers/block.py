@@ -1,0 +1,57 @@
+"""Pre-norm residual block: `x + mixer(norm(x))`, then `x + mlp(norm(x))` when the MLP is on."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from linear_attention.layers.base import MixerState
+from linear_attention.layers.mlp import SwiGLU
+from linear_attention.layers.norm import RMSNorm
+from linear_attention.layers.registry import get_mixer
+
+
+class Block(nnx.Module):
+    """One layer: a mixer (by registry name, with `mixer_options`) and an optional SwiGLU MLP."""
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        mixer: str = "linear",
+        *,
+        mixer_options: dict | None = None,
+        mlp: bool = True,
+        mlp_ratio: float = 4.0,
+        norm_eps: float = 1e-6,
+        dtype=None,
+        param_dtype=jnp.float32,
+        rngs: nnx.Rngs,
+    ):
+        mixer_cls = get_mixer(mixer)
+        common = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.mixer_norm = RMSNorm(d_model, eps=norm_eps, **common)
+        self.mixer = mixer_cls(d_model, num_heads, **(mixer_options or {}), **common)
+        if mlp:
+            self.mlp_norm = RMSNorm(d_model, eps=norm_eps, **common)
+            self.mlp = SwiGLU(d_model, mlp_ratio=mlp_ratio, **common)
+        else:
+            self.mlp_norm = self.mlp = None
+
+    def _mlp(self, x):
+        return x if self.mlp is None else x + self.mlp(self.mlp_norm(x))
+
+    def init_state(self, batch_size: int, max_length: int) -> MixerState:
+        return self.mixer.init_state(batch_size, max_length)
+
+    def __call__(self, x_BTD: jax.Array) -> jax.Array:
+        return self._mlp(x_BTD + self.mixer(self.mixer_norm(x_BTD)))
+
+    def prefill(self, x_BTD, state: MixerState):
+        y, state = self.mixer.prefill(self.mixer_norm(x_BTD), state)
+        return self._mlp(x_BTD + y), state
+
+    def step(self, x_BD, state: MixerState):
+        y, state = self.mixer.step(self.mixer_norm(x_BD), state)
+        return self._mlp(x_BD + y), state

@@ -1,0 +1,72 @@
+"""Short causal depthwise convolution (kernel 4 by default) with a decoding state.
+
+    y_t = act(b + Σ_{j=0}^{K-1} w_j ⊙ x_{t-K+1+j})        (x_s = tail for s < 0)
+
+The decoding state is the tail: the last `K − 1` inputs `[B, K−1, C]`, kept in float32. With a
+zero tail the layer is the usual zero-padded causal convolution, so `__call__`, `prefill` and
+`step` give the same numbers.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+ACTIVATIONS = {"silu": jax.nn.silu, "identity": lambda x: x}
+
+
+class ShortConv(nnx.Module):
+    """Causal depthwise conv over time on `[B, T, C]` with kernel `[K, C]` and bias `[C]`."""
+
+    def __init__(
+        self,
+        channels: int,
+        kernel_size: int = 4,
+        *,
+        activation: str = "silu",
+        dtype=None,
+        param_dtype=jnp.float32,
+        rngs: nnx.Rngs,
+    ):
+        if not isinstance(kernel_size, int) or isinstance(kernel_size, bool) or kernel_size < 2:
+            raise ValueError(f"conv kernel_size must be an int >= 2, got {kernel_size!r}")
+        if activation not in ACTIVATIONS:
+            raise ValueError(
+                f"unknown conv activation {activation!r}; allowed: {sorted(ACTIVATIONS)}"
+            )
+        self.channels = channels
+        self.kernel_size = kernel_size
+        self.activation = activation
+        self.dtype = dtype
+        bound = 1.0 / kernel_size**0.5  # fan-in of a depthwise filter is K
+        self.kernel = nnx.Param(
+            jax.random.uniform(rngs.params(), (kernel_size, channels), param_dtype, -bound, bound)
+        )
+        self.bias = nnx.Param(jnp.zeros((channels,), param_dtype))
+
+    def init_state(self, batch_size: int) -> jax.Array:
+        """The empty tail `[B, K−1, C]` float32 (zeros = zero padding)."""
+        return jnp.zeros((batch_size, self.kernel_size - 1, self.channels), jnp.float32)
+
+    def _weights(self, x):
+        dtype = self.dtype or jnp.result_type(x.dtype, self.kernel.dtype)
+        return self.kernel[...].astype(dtype), self.bias[...].astype(dtype), dtype
+
+    def prefill(self, x_BTC: jax.Array, tail_BKC: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """Convolve `x[B, T, C]` after `tail`; returns `(y[B, T, C], new tail)`."""
+        w_KC, b_C, dtype = self._weights(x_BTC)
+        t = x_BTC.shape[1]
+        xp_BSC = jnp.concatenate([tail_BKC.astype(dtype), x_BTC.astype(dtype)], axis=1)
+        y_BTC = b_C + sum(w_KC[j] * xp_BSC[:, j : j + t] for j in range(self.kernel_size))
+        new_tail = xp_BSC[:, t:].astype(jnp.float32)
+        return ACTIVATIONS[self.activation](y_BTC), new_tail
+
+    def __call__(self, x_BTC: jax.Array) -> jax.Array:
+        """Zero-padded causal convolution of a whole sequence."""
+        return self.prefill(x_BTC, self.init_state(x_BTC.shape[0]))[0]
+
+    def step(self, x_BC: jax.Array, tail_BKC: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """One token `x[B, C]`; returns `(y[B, C], new tail)`."""
+        y_B1C, tail = self.prefill(x_BC[:, None], tail_BKC)
+        return y_B1C[:, 0], tail

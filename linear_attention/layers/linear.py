@@ -1,0 +1,251 @@
+"""The linear-attention mixers: one base class; the families differ only in φ, decay, norm, gate.
+
+    S_t = γ_t S_{t−1} + φ(k_t) v_tᵀ,    z_t = γ_t z_{t−1} + φ(k_t)
+    o_t = φ(q_t)ᵀ S_t / (φ(q_t)ᵀ z_t + eps)     (retnet, gated: o_t = φ(q_t)ᵀ S_t, no denominator)
+
+| name       | φ                                      | γ_t (decay)                  | norm+gate |
+| ---------- | -------------------------------------- | ---------------------------- | --------- |
+| `linear`   | fixed map (`elu_plus_one` default)     | 1                            | no        |
+| `favor`    | FAVOR+ random features (redrawable)    | 1                            | no        |
+| `taylor`   | `taylor2` of q, k projected to 16 dims | 1                            | no        |
+| `hedgehog` | learned `[softmax(xW), softmax(−xW)]`  | 1                            | no        |
+| `retnet`   | identity (k scaled by Dk^-½)           | fixed γ_h = 1 − 2^(−5−h)     | yes       |
+| `gated`    | identity (k scaled by Dk^-½)           | exp(−softplus(x·w_h+b_h)e^A) | yes       |
+
+(`norm+gate` are defaults; `out_norm` / `out_gate` override them.) The whole-sequence paths call
+`kernels.causal_linear_attention` with `method` / `chunk_size`; `step` calls
+`kernels.recurrent_step`. The state `LinearAttentionState(kv [B,H,M,Dv], k_sum [B,H,M])` is float32
+and its size does not depend on the context length.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from linear_attention import kernels as K
+from linear_attention.layers.base import Mixer
+from linear_attention.layers.feature_maps import (
+    FIXED_FEATURE_MAPS,
+    FavorFeatures,
+    FixedFeatureMap,
+    HedgehogFeatures,
+)
+
+METHODS = ("quadratic", "scan", "associative_scan", "chunk")
+
+
+class LinearMixer(Mixer):
+    """Base of the linear-attention family (and the `linear` mixer itself: a fixed feature map).
+
+    Subclass knobs: `NORMALIZE` (divide by φ(q)ᵀz), `K_SCALE` (scale k by Dk^-½ before φ),
+    `FEATURE_MAPS` / `DEFAULT_FEATURE_MAP` (for a fixed φ), `_build_feature_map`, `_log_decay`.
+    """
+
+    NAME = "linear"
+    USES = frozenset({"feature_map", "method", "chunk_size", "eps"})
+    NORMALIZE: ClassVar[bool] = True
+    K_SCALE: ClassVar[bool] = False
+    FEATURE_MAPS: ClassVar[tuple[str, ...]] = FIXED_FEATURE_MAPS
+    DEFAULT_FEATURE_MAP: ClassVar[str] = "elu_plus_one"
+    DEFAULT_FEATURE_DIM: ClassVar[int | None] = None
+
+    @classmethod
+    def _check_family_options(cls, *, feature_map, feature_dim, method, chunk_size, eps) -> None:
+        if feature_map is not None and feature_map not in cls.FEATURE_MAPS:
+            raise ValueError(
+                f"unknown feature_map {feature_map!r} for mixer {cls.NAME!r}; allowed: "
+                f"{', '.join(cls.FEATURE_MAPS)}"
+            )
+        if feature_dim is not None and (
+            not isinstance(feature_dim, int) or isinstance(feature_dim, bool) or feature_dim < 1
+        ):
+            raise ValueError(f"feature_dim must be an integer >= 1, got {feature_dim!r}")
+        if method is not None and method not in METHODS:
+            raise ValueError(f"unknown method {method!r}; allowed: {', '.join(METHODS)}")
+        if chunk_size is not None and (
+            not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1
+        ):
+            raise ValueError(f"chunk_size must be an integer >= 1, got {chunk_size!r}")
+        if eps is not None and not (isinstance(eps, int | float) and eps > 0):
+            raise ValueError(f"eps must be a number > 0, got {eps!r}")
+
+    def _build(self, *, rngs, feature_map, feature_dim, method, chunk_size, eps) -> None:
+        self.method = method or "chunk"
+        self.chunk_size = chunk_size or 64
+        self.eps = 1e-6 if eps is None else float(eps)
+        self.feature_map = self._build_feature_map(
+            feature_map or self.DEFAULT_FEATURE_MAP,
+            feature_dim or self.DEFAULT_FEATURE_DIM,
+            rngs=rngs,
+        )
+        self._build_decay(rngs=rngs)
+
+    def _build_feature_map(self, name, feature_dim, *, rngs) -> nnx.Module:
+        return FixedFeatureMap(name, self.qk_dim)
+
+    def _build_decay(self, *, rngs) -> None:
+        """Subclass hook: create decay parameters."""
+
+    def _log_decay(self, x_BTD: jax.Array) -> jax.Array | None:
+        """log γ (≤ 0, float32): None (no decay), `[H]` (fixed) or `[B, T, H]` (per token)."""
+        return None
+
+    @property
+    def state_feature_dim(self) -> int:
+        """M, the width of φ(q), φ(k) and the first state axis."""
+        return self.feature_map.feature_dim
+
+    def _featurize(self, q, k):
+        if self.K_SCALE:
+            k = k * jnp.asarray(self.qk_dim**-0.5, k.dtype)
+        return self.feature_map(q, is_query=True), self.feature_map(k, is_query=False)
+
+    def _kernel_options(self) -> dict:
+        options = dict(normalize=self.NORMALIZE)
+        if self.NORMALIZE:
+            options["eps"] = self.eps
+        return options
+
+    def _init_core(self, batch_size: int, max_length: int) -> K.LinearAttentionState:
+        del max_length  # the state does not grow with the context
+        return K.LinearAttentionState(
+            kv=jnp.zeros(
+                (batch_size, self.num_heads, self.state_feature_dim, self.head_dim), jnp.float32
+            ),
+            k_sum=jnp.zeros((batch_size, self.num_heads, self.state_feature_dim), jnp.float32),
+        )
+
+    def _mix(self, x_BTD, q_BTHK, k_BTHK, v_BTHD, core, position):
+        del position
+        phi_q_BTHM, phi_k_BTHM = self._featurize(q_BTHK, k_BTHK)
+        options = dict(
+            log_decay=self._log_decay(x_BTD),
+            method=self.method,
+            chunk_size=self.chunk_size,
+            **self._kernel_options(),
+        )
+        if core is None:
+            return K.causal_linear_attention(phi_q_BTHM, phi_k_BTHM, v_BTHD, **options), None
+        return K.causal_linear_attention(
+            phi_q_BTHM, phi_k_BTHM, v_BTHD, initial_state=core, return_state=True, **options
+        )
+
+    def _mix_step(self, x_BD, q_BHK, k_BHK, v_BHD, core, position):
+        del position
+        phi_q_BHM, phi_k_BHM = self._featurize(q_BHK, k_BHK)
+        log_decay = self._log_decay(x_BD[:, None])
+        if log_decay is not None and log_decay.ndim == 3:
+            log_decay = log_decay[:, 0]  # [B, 1, H] -> [B, H]
+        return K.recurrent_step(
+            core, phi_q_BHM, phi_k_BHM, v_BHD, log_decay=log_decay, **self._kernel_options()
+        )
+
+
+class FavorMixer(LinearMixer):
+    """Performer FAVOR+: positive orthogonal random features (`feature_dim` of them, default 64),
+    redrawn by `redraw(key)` (training calls it every `redraw_interval` steps)."""
+
+    NAME = "favor"
+    USES = frozenset({"feature_dim", "method", "chunk_size", "eps"})
+    FEATURE_MAPS = ()
+    DEFAULT_FEATURE_DIM = 64
+
+    def _build_feature_map(self, name, feature_dim, *, rngs):
+        return FavorFeatures(self.qk_dim, feature_dim, rngs=rngs)
+
+    def redraw(self, key: jax.Array) -> None:
+        """Draw a new random projection from `key`."""
+        self.feature_map.redraw(key)
+
+
+class TaylorMixer(LinearMixer):
+    """Based: q, k projected to `feature_dim` (default 16) per head, then the 2nd-order Taylor
+    feature map `[1, x/c₁, (x⊗x)/c₂]`; normalized."""
+
+    NAME = "taylor"
+    USES = frozenset({"feature_dim", "method", "chunk_size", "eps"})
+    FEATURE_MAPS = ()
+    DEFAULT_FEATURE_MAP = "taylor2"
+    DEFAULT_FEATURE_DIM = 16
+
+    @classmethod
+    def _qk_dim(cls, head_dim, feature_dim):
+        return feature_dim or cls.DEFAULT_FEATURE_DIM
+
+
+class HedgehogMixer(LinearMixer):
+    """Hedgehog: learnable per-head feature map `[softmax(xW), softmax(−xW)]`, `W: [Dk, F]`
+    (F = `feature_dim`, default Dk); normalized."""
+
+    NAME = "hedgehog"
+    USES = frozenset({"feature_dim", "method", "chunk_size", "eps"})
+    FEATURE_MAPS = ()
+
+    def _build_feature_map(self, name, feature_dim, *, rngs):
+        return HedgehogFeatures(
+            self.num_heads,
+            self.qk_dim,
+            feature_dim or self.qk_dim,
+            param_dtype=self.param_dtype,
+            rngs=rngs,
+        )
+
+
+class RetNetMixer(LinearMixer):
+    """Retention: fixed multi-scale decay γ_h = 1 − 2^(−5−h) per head h = 0..H−1, no
+    denominator, per-head RMSNorm of the output and a swish output gate."""
+
+    NAME = "retnet"
+    USES = frozenset({"feature_map", "method", "chunk_size"})
+    NORMALIZE = False
+    K_SCALE = True
+    DEFAULT_FEATURE_MAP = "identity"
+    DEFAULT_OUT_NORM = True
+    DEFAULT_OUT_GATE = True
+
+    def _log_decay(self, x_BTD):
+        gamma_H = 1.0 - 2.0 ** (-5.0 - jnp.arange(self.num_heads, dtype=jnp.float32))
+        return jnp.log(gamma_H)
+
+
+class GatedMixer(LinearMixer):
+    """Data-dependent scalar decay per head and token (Mamba-2 / simple gated linear attention):
+
+        log γ_{t,h} = −softplus(x_t · w_h + b_h) · exp(A_h)
+
+    with `A_h ~ U[1, 16]` and `softplus(b_h) ~ logU[1e-3, 1e-1]` at init (as Mamba-2); no
+    denominator, per-head RMSNorm and swish output gate."""
+
+    NAME = "gated"
+    USES = frozenset({"feature_map", "method", "chunk_size"})
+    NORMALIZE = False
+    K_SCALE = True
+    DEFAULT_FEATURE_MAP = "identity"
+    DEFAULT_OUT_NORM = True
+    DEFAULT_OUT_GATE = True
+
+    def _build_decay(self, *, rngs):
+        h = self.num_heads
+        self.decay_proj = nnx.Linear(
+            self.d_model,
+            h,
+            use_bias=False,
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            rngs=rngs,
+        )
+        a_H = jax.random.uniform(rngs.params(), (h,), jnp.float32, 1.0, 16.0)
+        dt_H = jnp.exp(
+            jax.random.uniform(rngs.params(), (h,), jnp.float32, jnp.log(1e-3), jnp.log(1e-1))
+        )
+        self.a_log = nnx.Param(jnp.log(a_H).astype(self.param_dtype))
+        # inverse softplus, so that softplus(dt_bias) = dt at init
+        self.dt_bias = nnx.Param((dt_H + jnp.log(-jnp.expm1(-dt_H))).astype(self.param_dtype))
+
+    def _log_decay(self, x_BTD):
+        z_BTH = self.decay_proj(x_BTD).astype(jnp.float32) + self.dt_bias[...].astype(jnp.float32)
+        return -jax.nn.softplus(z_BTH) * jnp.exp(self.a_log[...].astype(jnp.float32))

@@ -1,0 +1,45 @@
+"""RMSNorm over the last axis, computed in float32: `y = x / sqrt(mean(x²) + eps) · scale`."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+
+class RMSNorm(nnx.Module):
+    """Root-mean-square norm over the last axis with a learned scale of shape `features`.
+
+    `features` is an int (one scale per channel) or a tuple such as `(num_heads, head_dim)`: the
+    per-head (group) norm of RetNet / Mamba-2, which normalizes each head's `head_dim` channels on
+    its own. The statistics are float32; the output has the compute `dtype` (input dtype if None).
+    """
+
+    def __init__(
+        self,
+        features: int | tuple[int, ...],
+        *,
+        eps: float = 1e-6,
+        dtype=None,
+        param_dtype=jnp.float32,
+        rngs: nnx.Rngs,
+    ):
+        shape = (features,) if isinstance(features, int) else tuple(features)
+        if not shape or any(not isinstance(s, int) or s < 1 for s in shape):
+            raise ValueError(f"features must be positive ints, got {features!r}")
+        if not eps > 0:
+            raise ValueError(f"eps must be > 0, got {eps!r}")
+        self.shape = shape
+        self.eps = float(eps)
+        self.dtype = dtype
+        self.scale = nnx.Param(jnp.ones(shape, param_dtype))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        if tuple(x.shape[-len(self.shape) :]) != self.shape:
+            raise ValueError(
+                f"x has shape {tuple(x.shape)}; its trailing axes must be {self.shape}"
+            )
+        x32 = x.astype(jnp.float32)
+        y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        y = y * self.scale[...].astype(jnp.float32)
+        return y.astype(self.dtype or x.dtype)

@@ -1,0 +1,34 @@
+"""Mixer registry: one dict from name to class."""
+
+from __future__ import annotations
+
+from linear_attention.layers.base import Mixer
+from linear_attention.layers.linear import (
+    FavorMixer,
+    GatedMixer,
+    HedgehogMixer,
+    LinearMixer,
+    RetNetMixer,
+    TaylorMixer,
+)
+from linear_attention.layers.softmax import SoftmaxMixer
+
+MIXERS: dict[str, type[Mixer]] = {
+    cls.NAME: cls
+    for cls in (
+        SoftmaxMixer,
+        LinearMixer,
+        FavorMixer,
+        TaylorMixer,
+        HedgehogMixer,
+        RetNetMixer,
+        GatedMixer,
+    )
+}
+
+
+def get_mixer(name: str) -> type[Mixer]:
+    """The mixer class registered under `name`; ValueError listing the known names otherwise."""
+    if name not in MIXERS:
+        raise ValueError(f"unknown mixer {name!r}; known mixers: {', '.join(MIXERS)}")
+    return MIXERS[name]

@@ -1,0 +1,77 @@
+"""Exact multi-head causal softmax attention with a fixed-size KV cache (the baseline mixer).
+
+    o_t = Σ_{s ≤ t} softmax_s(q_t·k_s / √Dk) v_s
+
+`__call__` calls `kernels.softmax_attention(causal=True)`. `prefill` / `step` write k, v into a
+cache `[B, L, H, D]` at `position` (L = `max_length` of `init_state`) and attend with the mask
+`s ≤ position + t` (logits float32, masked before `exp`). Writing past the end of the cache cannot
+be caught at trace time (the position is traced), so those outputs are NaN rather than wrong.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from linear_attention import kernels as K
+from linear_attention.layers.base import Mixer
+
+
+class KVCache(NamedTuple):
+    """Keys `[B, L, H, Dk]` and values `[B, L, H, Dv]` in the compute dtype; slots at or after
+    the mixer state's `position` are empty."""
+
+    k: jax.Array
+    v: jax.Array
+
+
+class SoftmaxMixer(Mixer):
+    """Causal softmax attention; use `rope=True` (or learned positions in the model) for order."""
+
+    NAME = "softmax"
+    USES = frozenset()
+
+    def _cache_dtype(self):
+        return jnp.dtype(self.dtype or self.param_dtype)
+
+    def _init_core(self, batch_size: int, max_length: int) -> KVCache:
+        h, dtype = self.num_heads, self._cache_dtype()
+        return KVCache(
+            k=jnp.zeros((batch_size, max_length, h, self.qk_dim), dtype),
+            v=jnp.zeros((batch_size, max_length, h, self.head_dim), dtype),
+        )
+
+    def _mix(self, x_BTD, q_BTHK, k_BTHK, v_BTHD, core, position):
+        scale = self.qk_dim**-0.5
+        if core is None:
+            return K.softmax_attention(q_BTHK, k_BTHK, v_BTHD, causal=True, scale=scale), None
+        t, length = q_BTHK.shape[1], core.k.shape[1]
+        if t > length:
+            raise ValueError(f"cannot prefill {t} tokens into a KV cache of max_length {length}")
+        start = (0, position, 0, 0)
+        k_BLHK = jax.lax.dynamic_update_slice(core.k, k_BTHK.astype(core.k.dtype), start)
+        v_BLHD = jax.lax.dynamic_update_slice(core.v, v_BTHD.astype(core.v.dtype), start)
+        q_pos_T = position + jnp.arange(t, dtype=jnp.int32)
+        mask_TL = jnp.arange(length, dtype=jnp.int32)[None, :] <= q_pos_T[:, None]
+        logits_BHTL = jnp.einsum(
+            "bthk,blhk->bhtl",
+            q_BTHK,
+            k_BLHK.astype(q_BTHK.dtype),
+            preferred_element_type=jnp.float32,
+        ) * jnp.float32(scale)
+        logits_BHTL = jnp.where(mask_TL, logits_BHTL, -jnp.inf)
+        probs_BHTL = jax.nn.softmax(logits_BHTL, axis=-1)
+        o_BTHD = jnp.einsum("bhtl,blhd->bthd", probs_BHTL, v_BLHD.astype(jnp.float32)).astype(
+            v_BTHD.dtype
+        )
+        overflow = position + t > length  # the cache write above was clamped: refuse loudly
+        o_BTHD = jnp.where(overflow, jnp.nan, o_BTHD).astype(v_BTHD.dtype)
+        return o_BTHD, KVCache(k_BLHK, v_BLHD)
+
+    def _mix_step(self, x_BD, q_BHK, k_BHK, v_BHD, core, position):
+        o_B1HD, core = self._mix(
+            x_BD[:, None], q_BHK[:, None], k_BHK[:, None], v_BHD[:, None], core, position
+        )
+        return o_B1HD[:, 0], core

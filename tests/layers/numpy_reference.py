@@ -1,0 +1,131 @@
+"""Float64 NumPy reference of the mixers' math, written from the formulas (not from the code).
+
+Attention is computed in its quadratic form: weights A[t, s] = κ(q_t, k_s) · Π_{r=s+1..t} γ_r for
+s ≤ t, o_t = Σ_s A[t, s] v_s (divided by Σ_s A[t, s] + eps when normalized), with κ the kernel
+the feature map stands for (exp(q·k/√d) for softmax, 1 + s + s²/2 for taylor2, …).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from flax import nnx
+
+
+def params64(module) -> dict:
+    """All variables of `module` as nested dicts of float64 NumPy arrays."""
+    pure = nnx.to_pure_dict(nnx.state(module))
+
+    def convert(tree):
+        if isinstance(tree, dict):
+            return {k: convert(v) for k, v in tree.items()}
+        return np.asarray(tree, np.float64)
+
+    return convert(pure)
+
+
+def silu(x):
+    return x / (1.0 + np.exp(-x))
+
+
+def softplus(x):
+    return np.log1p(np.exp(x))
+
+
+def rms_norm(x, scale, eps=1e-6):
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * scale
+
+
+def rotate(x_BTHD, positions, base=10000.0):
+    """RoPE as complex rotation: channel pairs (i, i + D/2) are z = a + ib, rotated by p·θ_i."""
+    half = x_BTHD.shape[-1] // 2
+    theta = base ** (-np.arange(half) / half)
+    z = x_BTHD[..., :half] + 1j * x_BTHD[..., half:]
+    z = z * np.exp(1j * np.asarray(positions)[None, :, None, None] * theta)
+    return np.concatenate([z.real, z.imag], axis=-1)
+
+
+def causal_conv(x_BTC, kernel_KC, bias_C):
+    """y_t = silu(b + Σ_j w_j x_{t−K+1+j}), zero before the sequence."""
+    k = kernel_KC.shape[0]
+    t = x_BTC.shape[1]
+    xp = np.concatenate([np.zeros((x_BTC.shape[0], k - 1, x_BTC.shape[2])), x_BTC], axis=1)
+    y = bias_C + sum(kernel_KC[j] * xp[:, j : j + t] for j in range(k))
+    return silu(y)
+
+
+def elu_plus_one(x):
+    return np.where(x > 0, x + 1.0, np.exp(np.minimum(x, 0.0)))
+
+
+def mixer_reference(name: str, mixer, x_BTD: np.ndarray, eps: float = 1e-6) -> np.ndarray:
+    """The output of `mixer` (an NNX mixer named `name`) on `x`, in float64."""
+    p = params64(mixer)
+    x = np.asarray(x_BTD, np.float64)
+    b, t, _ = x.shape
+    h, dk, dv = mixer.num_heads, mixer.qk_dim, mixer.head_dim
+    qkv = x @ p["qkv_proj"]["kernel"]
+    if "conv" in p:
+        qkv = causal_conv(qkv, p["conv"]["kernel"], p["conv"]["bias"])
+    q = qkv[..., : h * dk].reshape(b, t, h, dk)
+    k = qkv[..., h * dk : 2 * h * dk].reshape(b, t, h, dk)
+    v = qkv[..., 2 * h * dk :].reshape(b, t, h, dv)
+    if mixer.rope:
+        q, k = rotate(q, np.arange(t)), rotate(k, np.arange(t))
+    s_BHTS = np.einsum("bthd,bshd->bhts", q, k)
+    causal = np.tril(np.ones((t, t), bool))
+    log_decay_BTH = np.zeros((b, t, h))
+    normalize = True
+    if name == "softmax":
+        logits = np.where(causal, s_BHTS / np.sqrt(dk), -np.inf)
+        weights = np.exp(logits - logits.max(-1, keepdims=True))
+        eps = 0.0
+    elif name == "linear":  # elu_plus_one (the default)
+        weights = np.einsum("bthm,bshm->bhts", elu_plus_one(q), elu_plus_one(k))
+    elif name == "taylor":  # taylor2 features: φ(q)·φ(k) = 1 + s + s²/2, s = q·k/√d
+        s = s_BHTS / np.sqrt(dk)
+        weights = 1.0 + s + s * s / 2.0
+    elif name == "favor":  # φ(x) = exp(W x' − |x'|²/2)/√m, x' = x d^{-1/4}
+        w = p["feature_map"]["projection"]
+
+        def favor(z):
+            z = z * dk**-0.25
+            return np.exp(z @ w.T - 0.5 * np.sum(z * z, -1, keepdims=True)) / np.sqrt(w.shape[0])
+
+        weights = np.einsum("bthm,bshm->bhts", favor(q), favor(k))
+    elif name == "hedgehog":
+        w = p["feature_map"]["weight"]  # [H, D, F]
+
+        def hedgehog(z):
+            zw = np.einsum("bthd,hdf->bthf", z, w)
+            e_pos, e_neg = (
+                np.exp(zw - zw.max(-1, keepdims=True)),
+                np.exp(-zw + zw.min(-1, keepdims=True)),
+            )
+            return np.concatenate(
+                [e_pos / e_pos.sum(-1, keepdims=True), e_neg / e_neg.sum(-1, keepdims=True)], -1
+            )
+
+        weights = np.einsum("bthm,bshm->bhts", hedgehog(q), hedgehog(k))
+    elif name in ("retnet", "gated"):  # identity features, k scaled by dk^-1/2, no denominator
+        weights = s_BHTS / np.sqrt(dk)
+        normalize = False
+        if name == "retnet":
+            log_decay_BTH[:] = np.log(1.0 - 2.0 ** (-5.0 - np.arange(h)))
+        else:
+            z = x @ p["decay_proj"]["kernel"] + p["dt_bias"]
+            log_decay_BTH = -softplus(z) * np.exp(p["a_log"])
+    else:
+        raise ValueError(name)
+    # Π_{r=s+1..t} γ_r = exp(c_t − c_s) with c the cumulative log decay
+    c_BHT = np.cumsum(log_decay_BTH, axis=1).transpose(0, 2, 1)
+    gap = c_BHT[..., :, None] - c_BHT[..., None, :]
+    weights = np.where(causal, weights * np.exp(np.where(causal, gap, 0.0)), 0.0)
+    o = np.einsum("bhts,bshd->bthd", weights, v)
+    if normalize:
+        o = o / (weights.sum(-1).transpose(0, 2, 1)[..., None] + eps)
+    if "out_norm" in p:
+        o = rms_norm(o, p["out_norm"]["scale"])
+    o = o.reshape(b, t, h * dv)
+    if "gate_proj" in p:
+        o = o * silu(x @ p["gate_proj"]["kernel"])
+    return o @ p["out_proj"]["kernel"]

@@ -1,0 +1,222 @@
+"""Mixers: the three paths agree, match a float64 NumPy reference, and reject bad options."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from linear_attention import kernels as K
+from linear_attention.layers import MIXERS, FeatureProjection, KVCache, MixerState, get_mixer
+from linear_attention.layers.rotary import apply_rotary
+from tests.layers.numpy_reference import mixer_reference
+
+B, T, D, H = 2, 12, 16, 2
+SPLIT = 5  # prefill this many tokens, then step
+
+# One case per mixer, each switching on different optional parts so that together they cover
+# conv, rope, output norm / gate on every family, and every kernel method.
+CASES = {
+    "softmax": dict(conv=True, rope=True, out_norm=True, out_gate=True),
+    "linear": dict(conv=True, feature_map="elu_plus_one"),
+    "linear_taylor2": dict(feature_map="taylor2", rope=True, method="scan"),
+    "favor": dict(feature_dim=16, chunk_size=5),
+    "taylor": dict(feature_dim=4, conv=True, chunk_size=4, out_gate=True),
+    "hedgehog": dict(conv=True, method="quadratic"),
+    "retnet": dict(conv=True, rope=True),
+    "gated": dict(conv=True),
+}
+
+
+def make(case: str, seed: int = 0, **extra):
+    name = case.split("_")[0]
+    return get_mixer(name)(D, H, **CASES[case], **extra, rngs=nnx.Rngs(seed))
+
+
+def inputs(seed: int = 1, dtype=jnp.float32):
+    return jax.random.normal(jax.random.key(seed), (B, T, D), dtype)
+
+
+call = nnx.jit(lambda mixer, x: mixer(x))
+prefill = nnx.jit(lambda mixer, x, state: mixer.prefill(x, state))
+step = nnx.jit(lambda mixer, x, state: mixer.step(x, state))
+
+
+@nnx.jit
+def all_paths(mixer, x_BTD):
+    """(__call__, prefill, step from empty, prefill of SPLIT tokens then steps) for one mixer."""
+
+    def scan_steps(state, x_BTD):
+        def body(state, x_BD):
+            y_BD, state = mixer.step(x_BD, state)
+            return state, y_BD
+
+        state, y_TBD = jax.lax.scan(body, state, jnp.swapaxes(x_BTD, 0, 1))
+        return jnp.swapaxes(y_TBD, 0, 1), state
+
+    empty = mixer.init_state(B, T + 3)  # a KV cache longer than the sequence: slots stay masked
+    full = mixer(x_BTD)
+    prefilled, _ = mixer.prefill(x_BTD, empty)
+    stepped, _ = scan_steps(empty, x_BTD)
+    head, state = mixer.prefill(x_BTD[:, :SPLIT], empty)
+    tail, _ = scan_steps(state, x_BTD[:, SPLIT:])
+    return full, prefilled, stepped, jnp.concatenate([head, tail], axis=1)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_paths_agree_and_match_numpy_reference(case):
+    mixer, x = make(case), inputs()
+    full, prefilled, stepped, mixed = all_paths(mixer, x)
+    assert full.shape == (B, T, D) and full.dtype == jnp.float32
+    for other in (prefilled, stepped, mixed):
+        np.testing.assert_allclose(other, full, rtol=1e-4, atol=1e-4)
+    reference = (
+        mixer_reference(case.split("_")[0], mixer, np.asarray(x))
+        if case != ("linear_taylor2")
+        else None
+    )
+    if reference is not None:
+        np.testing.assert_allclose(full, reference, rtol=1e-4, atol=1e-4)
+    assert float(jnp.std(full)) > 1e-3  # not a degenerate (all-zero) output
+
+
+def test_linear_taylor2_matches_taylor_mixer_reference():
+    """`linear` with taylor2 is the taylor kernel on unprojected heads: same NumPy formula."""
+    mixer = get_mixer("linear")(D, H, feature_map="taylor2", rngs=nnx.Rngs(0))
+    x = inputs()
+    np.testing.assert_allclose(
+        call(mixer, x), mixer_reference("taylor", mixer, np.asarray(x)), rtol=1e-4, atol=1e-4
+    )
+
+
+def test_states_have_fixed_size_and_float32():
+    x = inputs()
+    for name in ("linear", "gated"):
+        mixer = make(name)
+        empty = mixer.init_state(B, 100)
+        _, state = prefill(mixer, x, empty)
+        assert isinstance(state, MixerState) and isinstance(state.core, K.LinearAttentionState)
+        assert jax.tree.map(jnp.shape, state) == jax.tree.map(jnp.shape, empty)
+        assert state.core.kv.dtype == jnp.float32 and state.conv.dtype == jnp.float32
+        assert int(state.position) == T
+    # the linear state does not depend on max_length; the KV cache does
+    lin = make("linear")
+    shapes = lambda n: jax.tree.map(jnp.shape, jax.eval_shape(lambda: lin.init_state(B, n)))  # noqa: E731
+    assert shapes(10) == shapes(1000)
+    cache = jax.eval_shape(lambda: make("softmax").init_state(B, 40)).core
+    assert isinstance(cache, KVCache) and cache.k.shape == (B, 40, H, D // H)
+
+
+def test_softmax_cache_overflow_gives_nan_not_wrong_numbers():
+    mixer, x = make("softmax"), inputs()
+    y, _ = nnx.jit(lambda m, x: m.step(x[:, 4], m.prefill(x[:, :4], m.init_state(B, 4))[1]))(
+        mixer, x
+    )
+    assert bool(jnp.all(jnp.isnan(y)))
+    with pytest.raises(ValueError, match="max_length 4"):
+        mixer.prefill(x[:, :5], mixer.init_state(B, 4))
+
+
+@pytest.mark.parametrize("name", ["gated", "softmax"])
+def test_bfloat16_compute(name):
+    mixer32 = make(name)
+    mixer16 = make(name, dtype=jnp.bfloat16)
+    x = inputs()
+    y16 = call(mixer16, x.astype(jnp.bfloat16))
+    assert y16.dtype == jnp.bfloat16 and y16.shape == (B, T, D)
+    assert bool(jnp.all(jnp.isfinite(y16)))
+    params = nnx.state(mixer16, nnx.Param)
+    assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(params))
+    # same parameters (same seed): bfloat16 is a rounding of the float32 result
+    np.testing.assert_allclose(y16.astype(jnp.float32), call(mixer32, x), rtol=0.1, atol=0.05)
+    y16_step, state = step(mixer16, x[:, 0].astype(jnp.bfloat16), mixer16.init_state(B, T))
+    assert y16_step.dtype == jnp.bfloat16
+    core_dtypes = {leaf.dtype for leaf in jax.tree.leaves(state.core)}
+    assert core_dtypes == (
+        {jnp.dtype(jnp.bfloat16)} if name == "softmax" else {jnp.dtype("float32")}
+    )
+
+
+def test_favor_redraw_changes_projection_and_stays_finite():
+    mixer, x = make("favor"), inputs()
+    before = jnp.array(mixer.feature_map.projection[...])
+    y_before = call(mixer, x)
+    mixer.redraw(jax.random.key(7))
+    after = mixer.feature_map.projection[...]
+    assert after.shape == before.shape == (16, D // H)
+    assert not np.allclose(after, before)
+    y_after = call(mixer, x)
+    assert bool(jnp.all(jnp.isfinite(y_after)))
+    assert not np.allclose(y_after, y_before)
+    # a redraw is not a trained parameter: optimizers (wrt=nnx.Param) and gradients skip it
+    assert not jax.tree.leaves(nnx.state(mixer, nnx.Param).get("feature_map", {}))
+    assert len(jax.tree.leaves(nnx.state(mixer, FeatureProjection))) == 1
+    # redraw works under nnx.jit too (the variable update is propagated out)
+    nnx.jit(lambda m, key: m.redraw(key))(mixer, jax.random.key(8))
+    assert not np.allclose(mixer.feature_map.projection[...], after)
+
+
+def test_hedgehog_feature_map_receives_gradients():
+    mixer, x = make("hedgehog"), inputs()
+    grads = nnx.jit(nnx.grad(lambda m, x: jnp.sum(m(x) ** 2)))(mixer, x)
+    g = grads["feature_map"]["weight"][...]
+    assert g.shape == (H, D // H, D // H)
+    assert bool(jnp.all(jnp.isfinite(g))) and float(jnp.abs(g).max()) > 1e-6
+
+
+def test_rotary_is_relative():
+    """rope(q, p)·rope(k, s) depends on p − s only."""
+    q, k = jax.random.normal(jax.random.key(0), (2, 1, 1, 1, 8))
+    pos = lambda p: jnp.array([p], jnp.int32)  # noqa: E731
+    dot = lambda p, s: jnp.sum(apply_rotary(q, pos(p)) * apply_rotary(k, pos(s)))  # noqa: E731
+    np.testing.assert_allclose(dot(3, 1), dot(10, 8), rtol=1e-5)
+    assert not np.isclose(dot(3, 1), dot(3, 2))
+
+
+BAD_OPTIONS = [
+    (dict(name="mamba"), "unknown mixer 'mamba'"),
+    (dict(d_model=15), "d_model=15 is not divisible by num_heads=2"),
+    (dict(num_heads=0), "num_heads"),
+    (dict(head_dim=0), "head_dim"),
+    (dict(name="favor", feature_map="relu"), "does not use option feature_map"),
+    (dict(name="linear", feature_map="favor_plus"), "unknown feature_map 'favor_plus'"),
+    (dict(name="linear", feature_dim=8), "does not use option feature_dim"),
+    (dict(name="taylor", feature_dim=0), "feature_dim"),
+    (dict(name="softmax", method="chunk"), "does not use option method"),
+    (dict(name="gated", method="fft"), "unknown method 'fft'"),
+    (dict(name="retnet", chunk_size=0), "chunk_size"),
+    (dict(name="retnet", eps=1e-3), "does not use option eps"),
+    (dict(name="linear", eps=-1.0), "eps"),
+    (dict(conv=1), "conv must be"),
+    (dict(out_norm="yes"), "out_norm"),
+    (dict(rope=True, head_dim=7), "even q/k head dimension"),
+    (dict(name="taylor", rope=True, feature_dim=3), "even q/k head dimension"),
+    (dict(rope_base=0.0), "rope_base"),
+]
+
+
+@pytest.mark.parametrize("options,match", BAD_OPTIONS, ids=[m for _, m in BAD_OPTIONS])
+def test_bad_options_raise(options, match):
+    options = dict(options)
+    name = options.pop("name", "linear")
+    d_model = options.pop("d_model", D)
+    num_heads = options.pop("num_heads", H)
+    with pytest.raises(ValueError, match=match):
+        get_mixer(name)(d_model, num_heads, **options, rngs=nnx.Rngs(0))
+
+
+def test_bad_inputs_raise():
+    mixer = make("linear")
+    with pytest.raises(ValueError, match=r"\[B, T, D\] with d_model=16"):
+        mixer(jnp.zeros((B, T, D + 1)))
+    with pytest.raises(ValueError, match=r"\[B, D\]"):
+        mixer.step(jnp.zeros((B, 1, D)), mixer.init_state(B, T))
+    with pytest.raises(ValueError, match="batch_size"):
+        mixer.init_state(0, T)
+
+
+def test_registry_lists_every_family():
+    assert set(MIXERS) == {"softmax", "linear", "favor", "taylor", "hedgehog", "retnet", "gated"}
+    assert all(cls.NAME == name for name, cls in MIXERS.items())
