@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -88,28 +89,31 @@ def softmax_attention(q, k, v, *, causal: bool = False, scale=None):
 
 
 def blockwise_softmax_attention(q, k, v, *, causal: bool = False, scale=None, block_size=512):
-    """Exact softmax attention by an online softmax over key blocks: O(Tq·block_size) memory.
+    """Exact softmax attention by an online softmax over blocks: O(T) memory.
 
-    Same arguments, numbers and dtype rules as `softmax_attention`. A `lax.scan` over blocks of
-    `block_size` keys keeps a running max m_i, running sum l_i = Σ_j exp(s_ij − m_i) and running
-    numerator a_i = Σ_j exp(s_ij − m_i) v_j (all float32); a new block with max m'_i rescales
-    them by exp(m_i − m'_i). Keys are zero-padded to a whole number of blocks and the padding is
-    masked, so any Tk works.
+    Same arguments, numbers and dtype rules as `softmax_attention`. Queries and keys are cut into
+    blocks of `block_size` (zero-padded; padded keys are masked, padded query rows dropped). For
+    each query block a loop over key blocks keeps a running max m_i, running sum
+    l_i = Σ_j exp(s_ij − m_i) and running numerator a_i = Σ_j exp(s_ij − m_i) v_j (all float32);
+    a new block with max m'_i rescales them by exp(m_i − m'_i), and o_i = a_i / l_i at the end.
+    With `causal=True` the key blocks wholly after a query block's last visible key are skipped,
+    which halves the work. Memory beyond q, k, v and o is O(block_size²).
 
     The gradient is a custom VJP in the FlashAttention style: the forward saves only o and the
     log-sum-exp per query, and the backward recomputes each block's probabilities, so the
-    gradient's memory is O(T·block_size) too. Reverse mode only (no `jax.jvp`).
+    gradient's memory is O(T) too. Reverse mode only (no `jax.jvp`).
     """
     _check_inputs(q, k, v, scale)
     check_positive_int("block_size", block_size)
     out_dtype = jnp.result_type(q, k, v)
-    tk, d = k.shape[1], q.shape[3]
+    tq, tk, d = q.shape[1], k.shape[1], q.shape[3]
     f32 = jnp.float32
     # Folding the scale into q lets the custom VJP work at scale 1; autodiff of this product
     # carries the gradient to q (and to a traced scale).
     q_scaled = q.astype(f32) * _scale(scale, d)
-    block = min(block_size, max(tk, 1))  # never pad a short sequence up to a long block
-    o = _flash(q_scaled, k.astype(f32), v.astype(f32), bool(causal), block)
+    # never pad a short sequence (e.g. one decoded token) up to a long block
+    q_block, k_block = min(block_size, max(tq, 1)), min(block_size, max(tk, 1))
+    o = _flash(q_scaled, k.astype(f32), v.astype(f32), bool(causal), q_block, k_block)
     return o.astype(out_dtype)
 
 
@@ -127,84 +131,139 @@ def _from_blocks(x_NBHCD, t: int):
     return x_NBHCD.transpose(1, 0, 3, 2, 4).reshape(b, n * c, h, d)[:, :t]
 
 
-def _masked_logits(q_BHQD, k_BHCD, start, tq: int, tk: int, causal: bool):
-    logits_BHQC = jnp.einsum("bhqd,bhcd->bhqc", q_BHQD, k_BHCD)
-    k_pos = start + jnp.arange(k_BHCD.shape[2])
-    return jnp.where(_visible(jnp.arange(tq), k_pos, tq, tk, causal), logits_BHQC, -jnp.inf)
+class _Blocks(NamedTuple):
+    """Static geometry of the (query block, key block) grid."""
+
+    tq: int
+    tk: int
+    q_block: int
+    k_block: int
+    causal: bool
+
+    @property
+    def num_q(self) -> int:
+        return -(-self.tq // self.q_block)
+
+    @property
+    def num_k(self) -> int:
+        return -(-self.tk // self.k_block)
+
+    def key_blocks_end(self, i):
+        """Key blocks [0, end) hold every key that query block i may see."""
+        if not self.causal:
+            return self.num_k
+        last_key = (i + 1) * self.q_block - 1 + (self.tk - self.tq)  # seen by the block's last row
+        return jnp.clip(last_key // self.k_block + 1, 0, self.num_k)
+
+    def query_blocks_start(self, j):
+        """Query blocks [start, num_q) hold every query that may see a key of key block j."""
+        if not self.causal:
+            return 0
+        first_row = j * self.k_block - (self.tk - self.tq)  # first row that sees key j·k_block
+        return jnp.clip(first_row // self.q_block, 0, self.num_q)
+
+    def logits(self, q_BHQD, k_BHCD, i, j):
+        """Query block i against key block j, −∞ where masked: [B, H, q_block, k_block]."""
+        logits_BHQC = jnp.einsum("bhqd,bhcd->bhqc", q_BHQD, k_BHCD)
+        q_pos = i * self.q_block + jnp.arange(self.q_block)
+        k_pos = j * self.k_block + jnp.arange(self.k_block)
+        return jnp.where(
+            _visible(q_pos, k_pos, self.tq, self.tk, self.causal), logits_BHQC, -jnp.inf
+        )
 
 
-def _flash_forward(q, k, v, causal: bool, block: int):
-    """Online softmax over key blocks. Returns o [B, Tq, H, Dv] and lse [B, H, Tq] (float32)."""
-    b, tq, h, _ = q.shape
-    tk, dv = k.shape[1], v.shape[3]
-    q_BHQD = q.transpose(0, 2, 1, 3)
-    k_NBHCD, v_NBHCE = _to_blocks(k, block), _to_blocks(v, block)
-    starts_N = jnp.arange(k_NBHCD.shape[0]) * block
+def _flash_forward(q, k, v, grid: _Blocks):
+    """Online softmax. Returns o [B, Tq, H, Dv] and lse [N_q, B, H, q_block] (float32)."""
+    q_NBHQD = _to_blocks(q, grid.q_block)
+    k_NBHCD, v_NBHCE = _to_blocks(k, grid.k_block), _to_blocks(v, grid.k_block)
+    b, h, dv = q.shape[0], q.shape[2], v.shape[3]
 
-    def body(carry, xs):
-        max_BHQ, sum_BHQ, acc_BHQE = carry
-        k_BHCD, v_BHCE, start = xs
-        logits_BHQC = _masked_logits(q_BHQD, k_BHCD, start, tq, tk, causal)
-        new_max_BHQ = jnp.maximum(max_BHQ, jnp.max(logits_BHQC, axis=-1))
-        # A row that has seen no visible key yet keeps max −∞; shifting by 0 instead keeps
-        # exp(−∞ − shift) = 0 and avoids (−∞) − (−∞) = NaN.
-        shift_BHQ = jnp.where(jnp.isneginf(new_max_BHQ), 0.0, new_max_BHQ)
-        rescale_BHQ = jnp.exp(max_BHQ - shift_BHQ)
-        p_BHQC = jnp.exp(logits_BHQC - shift_BHQ[..., None])
-        sum_BHQ = rescale_BHQ * sum_BHQ + jnp.sum(p_BHQC, axis=-1)
-        acc_BHQE = rescale_BHQ[..., None] * acc_BHQE + jnp.einsum("bhqc,bhce->bhqe", p_BHQC, v_BHCE)
-        return (new_max_BHQ, sum_BHQ, acc_BHQE), None
+    def query_block(xs):
+        q_BHQD, i = xs
 
-    init = (
-        jnp.full((b, h, tq), -jnp.inf, jnp.float32),
-        jnp.zeros((b, h, tq), jnp.float32),
-        jnp.zeros((b, h, tq, dv), jnp.float32),
-    )
-    (max_BHQ, sum_BHQ, acc_BHQE), _ = jax.lax.scan(body, init, (k_NBHCD, v_NBHCE, starts_N))
-    seen_BHQ = sum_BHQ > 0  # a row with a visible key has sum ≥ 1 (its max term is exp(0))
-    safe_sum_BHQ = jnp.where(seen_BHQ, sum_BHQ, 1.0)
-    o_BHQE = acc_BHQE / safe_sum_BHQ[..., None]
-    # Any finite lse will do for an empty row: all its logits are −∞, so exp(s − lse) = 0.
-    lse_BHQ = jnp.where(seen_BHQ, max_BHQ + jnp.log(safe_sum_BHQ), 0.0)
-    return o_BHQE.transpose(0, 2, 1, 3), lse_BHQ
+        def key_block(j, carry):
+            max_BHQ, sum_BHQ, acc_BHQE = carry
+            logits_BHQC = grid.logits(q_BHQD, k_NBHCD[j], i, j)
+            new_max_BHQ = jnp.maximum(max_BHQ, jnp.max(logits_BHQC, axis=-1))
+            # A row that has seen no visible key yet keeps max −∞; shifting by 0 instead keeps
+            # exp(−∞ − shift) = 0 and avoids (−∞) − (−∞) = NaN.
+            shift_BHQ = jnp.where(jnp.isneginf(new_max_BHQ), 0.0, new_max_BHQ)
+            rescale_BHQ = jnp.exp(max_BHQ - shift_BHQ)
+            p_BHQC = jnp.exp(logits_BHQC - shift_BHQ[..., None])
+            sum_BHQ = rescale_BHQ * sum_BHQ + jnp.sum(p_BHQC, axis=-1)
+            pv_BHQE = jnp.einsum("bhqc,bhce->bhqe", p_BHQC, v_NBHCE[j])
+            return new_max_BHQ, sum_BHQ, rescale_BHQ[..., None] * acc_BHQE + pv_BHQE
 
+        init = (
+            jnp.full((b, h, grid.q_block), -jnp.inf, jnp.float32),
+            jnp.zeros((b, h, grid.q_block), jnp.float32),
+            jnp.zeros((b, h, grid.q_block, dv), jnp.float32),
+        )
+        max_BHQ, sum_BHQ, acc_BHQE = jax.lax.fori_loop(0, grid.key_blocks_end(i), key_block, init)
+        seen_BHQ = sum_BHQ > 0  # a row with a visible key has sum ≥ 1 (its max term is exp(0))
+        safe_sum_BHQ = jnp.where(seen_BHQ, sum_BHQ, 1.0)
+        # Any finite lse will do for an empty row: all its logits are −∞, so exp(s − lse) = 0.
+        lse_BHQ = jnp.where(seen_BHQ, max_BHQ + jnp.log(safe_sum_BHQ), 0.0)
+        return acc_BHQE / safe_sum_BHQ[..., None], lse_BHQ
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def _flash(q, k, v, causal: bool, block: int):
-    return _flash_forward(q, k, v, causal, block)[0]
+    o_NBHQE, lse_NBHQ = jax.lax.map(query_block, (q_NBHQD, jnp.arange(grid.num_q)))
+    return _from_blocks(o_NBHQE, grid.tq), lse_NBHQ
 
 
-def _flash_fwd(q, k, v, causal: bool, block: int):
-    o, lse_BHQ = _flash_forward(q, k, v, causal, block)
-    return o, (q, k, v, o, lse_BHQ)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def _flash(q, k, v, causal: bool, q_block: int, k_block: int):
+    grid = _Blocks(q.shape[1], k.shape[1], q_block, k_block, causal)
+    return _flash_forward(q, k, v, grid)[0]
 
 
-def _flash_bwd(causal: bool, block: int, residuals, do):
-    """Recompute p = exp(s − lse) block by block; dv = pᵀdo, ds = p ⊙ (do vᵀ − rowsum(do ⊙ o))."""
-    q, k, v, o, lse_BHQ = residuals
-    tq, tk = q.shape[1], k.shape[1]
-    q_BHQD = q.transpose(0, 2, 1, 3)
-    do_BHQE = do.astype(jnp.float32).transpose(0, 2, 1, 3)
+def _flash_fwd(q, k, v, causal: bool, q_block: int, k_block: int):
+    grid = _Blocks(q.shape[1], k.shape[1], q_block, k_block, causal)
+    o, lse_NBHQ = _flash_forward(q, k, v, grid)
+    return o, (q, k, v, o, lse_NBHQ)
+
+
+def _flash_bwd(causal: bool, q_block: int, k_block: int, residuals, do):
+    """Recompute p = exp(s − lse) block by block; dv = pᵀdo, ds = p ⊙ (do vᵀ − rowsum(do ⊙ o)).
+
+    The outer scan runs over key blocks (each produces its dk, dv), the inner loop over the query
+    blocks that can see it, adding ds·k into the carried dq.
+    """
+    q, k, v, o, lse_NBHQ = residuals
+    grid = _Blocks(q.shape[1], k.shape[1], q_block, k_block, causal)
+    do = do.astype(jnp.float32)
     # Σ_j p_ij (do_i·v_j) = do_i·o_i: the softmax Jacobian's correction term, one per row.
-    delta_BHQ = jnp.einsum("bqhe,bqhe->bhq", do.astype(jnp.float32), o)
-    k_NBHCD, v_NBHCE = _to_blocks(k, block), _to_blocks(v, block)
-    starts_N = jnp.arange(k_NBHCD.shape[0]) * block
+    delta_NBHQ = _to_blocks(jnp.sum(do * o, axis=-1, keepdims=True), q_block)[..., 0]
+    q_NBHQD, do_NBHQE = _to_blocks(q, q_block), _to_blocks(do, q_block)
+    k_NBHCD, v_NBHCE = _to_blocks(k, k_block), _to_blocks(v, k_block)
 
-    def body(dq_BHQD, xs):
-        k_BHCD, v_BHCE, start = xs
-        logits_BHQC = _masked_logits(q_BHQD, k_BHCD, start, tq, tk, causal)
-        p_BHQC = jnp.exp(logits_BHQC - lse_BHQ[..., None])
-        dv_BHCE = jnp.einsum("bhqc,bhqe->bhce", p_BHQC, do_BHQE)
-        dp_BHQC = jnp.einsum("bhqe,bhce->bhqc", do_BHQE, v_BHCE)
-        ds_BHQC = p_BHQC * (dp_BHQC - delta_BHQ[..., None])
-        dq_BHQD = dq_BHQD + jnp.einsum("bhqc,bhcd->bhqd", ds_BHQC, k_BHCD)
-        dk_BHCD = jnp.einsum("bhqc,bhqd->bhcd", ds_BHQC, q_BHQD)
-        return dq_BHQD, (dk_BHCD, dv_BHCE)
+    def key_block(dq_NBHQD, xs):
+        k_BHCD, v_BHCE, j = xs
 
-    dq_BHQD, (dk_NBHCD, dv_NBHCE) = jax.lax.scan(
-        body, jnp.zeros_like(q_BHQD), (k_NBHCD, v_NBHCE, starts_N)
+        def query_block(i, carry):
+            dq_NBHQD, dk_BHCD, dv_BHCE = carry
+            q_BHQD, do_BHQE = q_NBHQD[i], do_NBHQE[i]
+            p_BHQC = jnp.exp(grid.logits(q_BHQD, k_BHCD, i, j) - lse_NBHQ[i][..., None])
+            dv_BHCE = dv_BHCE + jnp.einsum("bhqc,bhqe->bhce", p_BHQC, do_BHQE)
+            dp_BHQC = jnp.einsum("bhqe,bhce->bhqc", do_BHQE, v_BHCE)
+            ds_BHQC = p_BHQC * (dp_BHQC - delta_NBHQ[i][..., None])
+            dk_BHCD = dk_BHCD + jnp.einsum("bhqc,bhqd->bhcd", ds_BHQC, q_BHQD)
+            dq_NBHQD = dq_NBHQD.at[i].add(jnp.einsum("bhqc,bhcd->bhqd", ds_BHQC, k_BHCD))
+            return dq_NBHQD, dk_BHCD, dv_BHCE
+
+        init = (dq_NBHQD, jnp.zeros_like(k_BHCD), jnp.zeros_like(v_BHCE))
+        dq_NBHQD, dk_BHCD, dv_BHCE = jax.lax.fori_loop(
+            grid.query_blocks_start(j), grid.num_q, query_block, init
+        )
+        return dq_NBHQD, (dk_BHCD, dv_BHCE)
+
+    dq_NBHQD, (dk_NBHCD, dv_NBHCE) = jax.lax.scan(
+        key_block, jnp.zeros_like(q_NBHQD), (k_NBHCD, v_NBHCE, jnp.arange(grid.num_k))
     )
-    return dq_BHQD.transpose(0, 2, 1, 3), _from_blocks(dk_NBHCD, tk), _from_blocks(dv_NBHCE, tk)
+    return (
+        _from_blocks(dq_NBHQD, grid.tq),
+        _from_blocks(dk_NBHCD, grid.tk),
+        _from_blocks(dv_NBHCE, grid.tk),
+    )
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)

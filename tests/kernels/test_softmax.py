@@ -164,3 +164,20 @@ def test_bad_block_size(block_size):
     q = jnp.zeros((1, 3, 1, 4))
     with pytest.raises(ValueError, match="block_size must be an integer >= 1"):
         blockwise_softmax_attention(q, q, q, block_size=block_size)
+
+
+def test_traced_scale_matches_static_and_gets_a_gradient():
+    q, k, v, _ = _inputs(4, 1, 6, 6, 1, 4, 4)
+    want, _ = np_attention(q, k, v, True, 0.3)
+    grads = []
+    for fn in (softmax_attention, functools.partial(blockwise_softmax_attention, block_size=4)):
+        o = jax.jit(lambda s, fn=fn: fn(q, k, v, causal=True, scale=s))(0.3)
+        np.testing.assert_allclose(o, want, rtol=1e-5, atol=1e-6)
+        grads.append(
+            jax.grad(lambda s, fn=fn: jnp.sum(fn(q, k, v, causal=True, scale=s) ** 2))(0.3)
+        )
+    # d/dscale against a float64 central difference of the NumPy reference
+    h = 1e-5
+    loss = [np.sum(np_attention(q, k, v, True, 0.3 + e)[0] ** 2) for e in (h, -h)]
+    np.testing.assert_allclose(grads, (loss[0] - loss[1]) / (2 * h), rtol=1e-4)
+    assert abs(float(grads[0])) > 1e-3
