@@ -1,0 +1,42 @@
+"""Float64 NumPy references for the linear-attention kernels: the recurrence, token by token."""
+
+import numpy as np
+
+
+def causal_linear_attention_loop(
+    q, k, v, log_decay=None, kv0=None, k_sum0=None, normalize=True, eps=1e-6
+):
+    """kv_t = exp(a_t) kv_{t-1} + k_t v_tᵀ; k_sum likewise; o_t = q_tᵀkv_t / (q_tᵀk_sum_t + eps).
+
+    Returns (o [B,T,H,Dv], kv [B,H,M,Dv], k_sum [B,H,M]) in float64.
+    """
+    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+    B, T, H, M = q.shape
+    Dv = v.shape[-1]
+    a = (
+        np.zeros((B, T, H))
+        if log_decay is None
+        else np.broadcast_to(np.asarray(log_decay, np.float64), (B, T, H))
+    )
+    kv = np.zeros((B, H, M, Dv)) if kv0 is None else np.array(kv0, np.float64)
+    k_sum = np.zeros((B, H, M)) if k_sum0 is None else np.array(k_sum0, np.float64)
+    o = np.zeros((B, T, H, Dv))
+    for t in range(T):
+        decay = np.exp(a[:, t])
+        kv = decay[..., None, None] * kv + k[:, t, :, :, None] * v[:, t, :, None, :]
+        k_sum = decay[..., None] * k_sum + k[:, t]
+        num = np.einsum("bhm,bhmd->bhd", q[:, t], kv)
+        if normalize:
+            num = num / (np.einsum("bhm,bhm->bh", q[:, t], k_sum)[..., None] + eps)
+        o[:, t] = num
+    return o, kv, k_sum
+
+
+def linear_attention_noncausal(q, k, v, normalize=True, eps=1e-6):
+    """o_t = Σ_s (q_t·k_s) v_s / (Σ_s q_t·k_s + eps), over all s, in float64."""
+    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+    w = np.einsum("bthm,bshm->bhts", q, k)
+    o = np.einsum("bhts,bshd->bthd", w, v)
+    if normalize:
+        o = o / (np.einsum("bhts->bth", w)[..., None] + eps)
+    return o
