@@ -1,0 +1,15 @@
+"""Language models over the mixer registry: `ModelConfig`, `LanguageModel`, decoding."""
+
+from linear_attention.models.config import ModelConfig
+from linear_attention.models.decoding import generate, state_size_bytes, step_fn
+from linear_attention.models.model import LanguageModel, ModelState, redraw_features
+
+__all__ = [
+    "ModelConfig",
+    "LanguageModel",
+    "ModelState",
+    "generate",
+    "redraw_features",
+    "state_size_bytes",
+    "step_fn",
+]

@@ -1,0 +1,167 @@
+"""`ModelConfig`: the frozen, validated description of a `LanguageModel`.
+
+Training builds it from a ConfigDict at the boundary, `ModelConfig(**dict(config.model))`, so every
+field is a plain Python scalar, string or tuple (a list for `mixer` is accepted and turned into a
+tuple; `dtype` / `param_dtype` may be a dtype or its name and are stored as the name).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+
+from linear_attention.layers import MIXERS, get_mixer
+from linear_attention.layers.base import conv_kernel_size
+
+POSITIONS = ("none", "learned", "rope")
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _dtype_name(field: str, value) -> str:
+    try:
+        name = jnp.dtype(value).name
+    except TypeError as e:
+        raise ValueError(f"{field} must be one of {DTYPES}, got {value!r}") from e
+    if name not in DTYPES:
+        raise ValueError(f"{field} must be one of {DTYPES}, got {value!r}")
+    return name
+
+
+def _int(field: str, value, minimum: int = 1) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{field} must be an integer >= {minimum}, got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """A decoder-only language model: embeddings, `num_layers` pre-norm blocks, RMSNorm, head.
+
+    Fields:
+      vocab_size, d_model, num_layers, num_heads: sizes; `head_dim` defaults to d_model/num_heads.
+      mixer: a registry name (`softmax`, `linear`, `favor`, `taylor`, `hedgehog`, `retnet`,
+        `gated`) for every layer, or a tuple of names: one per layer, or a shorter pattern whose
+        length divides `num_layers`, repeated (`("gated", "softmax")` with 4 layers is
+        gated, softmax, gated, softmax).
+      feature_map: fixed φ for `linear` / `retnet` / `gated` layers (None: each mixer's default).
+      feature_dim: width for `favor` (random features), `taylor` (projected q/k), `hedgehog`.
+      conv: short causal conv on q/k/v: False, True (kernel 4) or a kernel size.
+      out_norm, out_gate: per-head output RMSNorm / swish gate (None: each mixer's default).
+      mlp, mlp_ratio: SwiGLU MLP in every block (Zoology's MQAR models use none).
+      position: "none", "learned" (absolute embeddings, needs max_length) or "rope" (all mixers).
+      max_length: the longest sequence (learned positions; the softmax KV cache in decoding).
+      method, chunk_size, eps: passed to the linear-attention kernel.
+      redraw_interval: training redraws `favor` projections every this many steps (0: never).
+      dtype, param_dtype: compute and parameter dtypes (names).
+      tie_embeddings: output head shares the token embedding.
+
+    Options that apply to some layers only (feature_map, feature_dim, redraw_interval) must be
+    used by at least one layer; every field is checked in `__post_init__` (ValueError names it).
+    """
+
+    vocab_size: int
+    d_model: int = 128
+    num_layers: int = 2
+    num_heads: int = 2
+    head_dim: int | None = None
+    mixer: str | tuple[str, ...] = "linear"
+    feature_map: str | None = None
+    feature_dim: int | None = None
+    conv: bool | int = False
+    out_norm: bool | None = None
+    out_gate: bool | None = None
+    mlp: bool = True
+    mlp_ratio: float = 4.0
+    position: str = "none"
+    rope_base: float = 10000.0
+    max_length: int = 2048
+    method: str = "chunk"
+    chunk_size: int = 64
+    eps: float = 1e-6
+    norm_eps: float = 1e-6
+    redraw_interval: int = 0
+    dtype: str = "float32"
+    param_dtype: str = "float32"
+    tie_embeddings: bool = True
+
+    def __post_init__(self):
+        set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 (frozen)
+        for field in ("vocab_size", "d_model", "num_layers", "num_heads", "max_length"):
+            _int(field, getattr(self, field))
+        _int("chunk_size", self.chunk_size)
+        _int("redraw_interval", self.redraw_interval, minimum=0)
+        if self.head_dim is not None:
+            _int("head_dim", self.head_dim)
+        mixer = self.mixer
+        if isinstance(mixer, list):
+            mixer = tuple(mixer)
+            set_("mixer", mixer)
+        if isinstance(mixer, tuple):
+            if not mixer or self.num_layers % len(mixer):
+                raise ValueError(
+                    f"mixer has {len(mixer)} names, which must be num_layers={self.num_layers} "
+                    "or a pattern whose length divides it"
+                )
+        elif not isinstance(mixer, str):
+            raise ValueError(f"mixer must be a name or a tuple of names, got {mixer!r}")
+        for name in self.layer_mixers:
+            get_mixer(name)
+        if self.position not in POSITIONS:
+            raise ValueError(f"unknown position {self.position!r}; allowed: {', '.join(POSITIONS)}")
+        if not (isinstance(self.mlp_ratio, int | float) and self.mlp_ratio > 0):
+            raise ValueError(f"mlp_ratio must be a number > 0, got {self.mlp_ratio!r}")
+        if self.mlp and int(self.mlp_ratio * self.d_model) < 1:
+            raise ValueError(f"mlp_ratio={self.mlp_ratio} leaves no hidden units")
+        for field in ("eps", "norm_eps", "rope_base"):
+            value = getattr(self, field)
+            if not (isinstance(value, int | float) and not isinstance(value, bool) and value > 0):
+                raise ValueError(f"{field} must be a number > 0, got {value!r}")
+        conv_kernel_size(self.conv)
+        set_("dtype", _dtype_name("dtype", self.dtype))
+        set_("param_dtype", _dtype_name("param_dtype", self.param_dtype))
+        # Per-layer options: each mixer checks the ones it uses; the others must be used somewhere.
+        used = set().union(*(MIXERS[name].USES for name in self.layer_mixers))
+        for field in ("feature_map", "feature_dim"):
+            if getattr(self, field) is not None and field not in used:
+                raise ValueError(
+                    f"{field}={getattr(self, field)!r} is not used by any layer "
+                    f"(mixers: {', '.join(sorted(set(self.layer_mixers)))})"
+                )
+        if self.redraw_interval and "favor" not in self.layer_mixers:
+            raise ValueError(
+                f"redraw_interval={self.redraw_interval} needs a favor layer "
+                f"(mixers: {', '.join(sorted(set(self.layer_mixers)))})"
+            )
+        for name in dict.fromkeys(self.layer_mixers):
+            MIXERS[name].check_options(self.d_model, self.num_heads, **self.mixer_options(name))
+
+    @property
+    def layer_mixers(self) -> tuple[str, ...]:
+        """The mixer name of every layer (the pattern repeated to `num_layers`)."""
+        if isinstance(self.mixer, str):
+            return (self.mixer,) * self.num_layers
+        return self.mixer * (self.num_layers // len(self.mixer))
+
+    def mixer_options(self, name: str) -> dict:
+        """Keyword options for the mixer class `name`: the shared ones and those it uses."""
+        cls = MIXERS[name]
+        options = dict(
+            head_dim=self.head_dim,
+            conv=self.conv,
+            out_norm=self.out_norm,
+            out_gate=self.out_gate,
+            rope=self.position == "rope",
+            rope_base=float(self.rope_base),
+        )
+        for field in ("feature_map", "feature_dim", "method", "chunk_size", "eps"):
+            if field in cls.USES:
+                options[field] = getattr(self, field)
+        return options
+
+    @property
+    def compute_dtype(self):
+        return jnp.dtype(self.dtype)
+
+    @property
+    def parameter_dtype(self):
+        return jnp.dtype(self.param_dtype)

@@ -1,0 +1,162 @@
+"""LanguageModel: three decoding paths agree, causality, dtypes, jit / nnx.jit / split-merge."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from linear_attention import kernels as K
+from linear_attention.layers import KVCache
+from linear_attention.models import LanguageModel, ModelConfig, ModelState, redraw_features
+
+V, B, T, SPLIT = 32, 2, 12, 5
+ALL_MIXERS = ("linear", "favor", "taylor", "hedgehog", "retnet", "gated", "softmax")
+
+
+def make(seed: int = 0, **fields):
+    base = dict(vocab_size=V, d_model=16, num_layers=2, num_heads=2, max_length=16, mlp_ratio=2.0)
+    return LanguageModel(ModelConfig(**{**base, **fields}), rngs=nnx.Rngs(seed))
+
+
+def tokens(seed: int = 1, shape=(B, T)):
+    return jax.random.randint(jax.random.key(seed), shape, 0, V)
+
+
+@nnx.jit
+def all_paths(model, tokens_BT):
+    def scan_steps(state, tokens_BT):
+        def body(state, tokens_B):
+            logits_BV, state = model.step(tokens_B, state)
+            return state, logits_BV
+
+        state, logits_TBV = jax.lax.scan(body, state, tokens_BT.T)
+        return jnp.swapaxes(logits_TBV, 0, 1), state
+
+    empty = model.init_state(B, T + 2)
+    full = model(tokens_BT)
+    prefilled, _ = model.prefill(tokens_BT, empty)
+    stepped, _ = scan_steps(empty, tokens_BT)
+    head, state = model.prefill(tokens_BT[:, :SPLIT], empty)
+    tail, final = scan_steps(state, tokens_BT[:, SPLIT:])
+    return full, prefilled, stepped, jnp.concatenate([head, tail], axis=1), final
+
+
+CASES = {
+    # a hybrid with rope, conv and the MLP
+    "hybrid_rope": dict(mixer=("gated", "softmax"), position="rope", conv=True),
+    # learned positions, untied head, no MLP (the MQAR setting)
+    "learned": dict(
+        mixer=("favor", "taylor"), position="learned", tie_embeddings=False, mlp=False, chunk_size=4
+    ),
+}
+# every mixer once (each path is checked per mixer in tests/layers)
+ALL = dict(
+    mixer=ALL_MIXERS,
+    num_layers=7,
+    position="learned",
+    tie_embeddings=False,
+    mlp=False,
+    conv=True,
+    feature_dim=4,
+    chunk_size=4,
+)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_call_prefill_step_agree(case):
+    model, toks = make(**CASES[case]), tokens()
+    full, prefilled, stepped, mixed, final = all_paths(model, toks)
+    assert full.shape == (B, T, V) and full.dtype == jnp.float32
+    for other in (prefilled, stepped, mixed):
+        np.testing.assert_allclose(other, full, rtol=1e-4, atol=1e-4)
+    assert int(final.position) == T
+    assert all(int(layer.position) == T for layer in final.layers)
+    assert float(jnp.std(full)) > 1e-3
+
+
+@nnx.jit
+def _grad_embedding(model, tokens_BT, t, w_V):
+    """d Σ_v w_v logits[:, t, v] / d embedding table."""
+
+    def loss(model):
+        return jnp.sum(model(tokens_BT)[:, t] * w_V)
+
+    return nnx.grad(loss)(model)["embed"]["embedding"][...]
+
+
+def test_causality_by_gradients():
+    """logits at t do not depend on tokens after t (through any mixer, conv or position)."""
+    model = make(**ALL)
+    # distinct tokens, so an embedding row belongs to one position; the head is untied
+    toks = jax.random.permutation(jax.random.key(0), V)[:T][None].repeat(B, 0)
+    w = jax.random.normal(jax.random.key(1), (V,))
+    for t in (0, 4, T - 1):
+        g_VD = _grad_embedding(model, toks, t, w)
+        row_norm_T = jnp.abs(g_VD[toks[0]]).sum(-1)
+        assert bool(jnp.all(row_norm_T[t + 1 :] == 0.0)), (t, row_norm_T)
+        assert bool(jnp.all(row_norm_T[: t + 1] > 0.0)), (t, row_norm_T)
+
+
+def test_bfloat16_model():
+    model = make(mixer=("gated", "softmax"), dtype="bfloat16", position="rope")
+    toks = tokens()
+    full, prefilled, _, _, final = all_paths(model, toks)
+    assert full.dtype == jnp.float32 and full.shape == (B, T, V)
+    assert bool(jnp.all(jnp.isfinite(full)))
+    np.testing.assert_allclose(prefilled, full, rtol=0.05, atol=0.05)
+    params = nnx.state(model, nnx.Param)
+    assert {p.dtype for p in jax.tree.leaves(params)} == {jnp.dtype("float32")}
+    linear_state, cache_state = final.layers
+    assert isinstance(linear_state.core, K.LinearAttentionState)
+    assert linear_state.core.kv.dtype == jnp.float32
+    assert isinstance(cache_state.core, KVCache) and cache_state.core.k.dtype == jnp.bfloat16
+
+
+def test_jax_jit_nnx_jit_and_split_merge_agree():
+    model, toks = make(mixer=("retnet", "softmax"), position="rope"), tokens()
+    by_nnx_jit = nnx.jit(lambda m, x: m(x))(model, toks)
+    graphdef, state = nnx.split(model)
+    by_jax_jit = jax.jit(lambda s, x: nnx.merge(graphdef, s)(x))(state, toks)
+    np.testing.assert_allclose(by_jax_jit, by_nnx_jit, rtol=1e-6, atol=1e-6)
+    # a merged copy is the same model
+    clone = nnx.merge(graphdef, state)
+    np.testing.assert_allclose(nnx.jit(lambda m, x: m(x))(clone, toks), by_nnx_jit, rtol=1e-6)
+    # step under nnx.jit equals the logits of the full call at t = 0
+    step = nnx.jit(lambda m, x, s: m.step(x, s))
+    logits0, state0 = step(model, toks[:, 0], model.init_state(B, T))
+    np.testing.assert_allclose(logits0, by_nnx_jit[:, 0], rtol=1e-4, atol=1e-4)
+    assert isinstance(state0, ModelState) and int(state0.position) == 1
+
+
+def test_redraw_features_redraws_every_favor_layer():
+    model = make(mixer=("favor", "linear"), num_layers=4, redraw_interval=5)
+    before = [jnp.array(b.mixer.feature_map.projection[...]) for b in model.blocks[::2]]
+    assert redraw_features(model, jax.random.key(3)) == 2
+    after = [b.mixer.feature_map.projection[...] for b in model.blocks[::2]]
+    assert all(not np.allclose(a, b) for a, b in zip(after, before, strict=True))
+    assert not np.allclose(after[0], after[1])  # each layer its own draw
+    logits = nnx.jit(lambda m, x: m(x))(model, tokens())
+    assert bool(jnp.all(jnp.isfinite(logits)))
+    nnx.jit(redraw_features)(model, jax.random.key(4))
+    assert not np.allclose(model.blocks[0].mixer.feature_map.projection[...], after[0])
+
+
+def test_bad_inputs_raise():
+    model = make()
+    with pytest.raises(ValueError, match=r"integers of rank 2 \[B, T\]"):
+        model(jnp.zeros((B, T)))
+    with pytest.raises(ValueError, match="length 17 > max_length=16"):
+        model(jnp.zeros((B, 17), jnp.int32))
+    with pytest.raises(
+        ValueError, match=r"max_length must be an int in \[1, config.max_length=16\]"
+    ):
+        model.init_state(B, 32)
+    with pytest.raises(ValueError, match=r"rank 1 \[B\]"):
+        model.step(jnp.zeros((B, 1), jnp.int32), model.init_state(B))
+    with pytest.raises(ValueError, match="ModelState with 2 layer states"):
+        model.prefill(jnp.zeros((B, 3), jnp.int32), model.init_state(B).layers)
+    with pytest.raises(ValueError, match="config must be a ModelConfig"):
+        LanguageModel(dict(vocab_size=V), rngs=nnx.Rngs(0))
