@@ -28,15 +28,13 @@ def get_config(arg=None):
     arg = arg or "default"
     if arg not in PRESETS:
         raise ValueError(f"unknown preset {arg!r} for configs/lm.py; presets: {PRESETS}")
-    seq_len = config_dict.FieldReference(1024)
-
     config = ml_collections.ConfigDict()
     config.seed = 0
 
     config.data = ml_collections.ConfigDict()
     config.data.kind = "text"
     config.data.path = ""  # "": the built-in corpus (the standard library's *.py files)
-    config.data.seq_len = seq_len
+    config.data.seq_len = 1024
     config.data.max_bytes = 0  # 0: the whole corpus
     config.data.val_fraction = 0.02
     config.data.num_val_windows = 512
@@ -97,7 +95,7 @@ def get_config(arg=None):
     config.mesh.multi_host = False
 
     if arg == "cpu":
-        seq_len.set(128)
+        config.data.seq_len = 128
         config.data.max_bytes = 8_000_000
         config.data.num_val_windows = 256
         model.d_model = 128
@@ -113,7 +111,7 @@ def get_config(arg=None):
         config.train.checkpoint_every = 500
         config.train.sample_tokens = 200
     elif arg == "smoke":
-        seq_len.set(32)
+        config.data.seq_len = 32
         config.data.max_bytes = 200_000
         config.data.num_val_windows = 16
         model.d_model = 32

@@ -33,8 +33,8 @@ def get_config(arg=None):
     arg = arg or "default"
     if arg not in PRESETS:
         raise ValueError(f"unknown preset {arg!r} for configs/mqar.py; presets: {PRESETS}")
+    # One value for data and model: --config.data.vocab_size=N sets both.
     vocab_size = config_dict.FieldReference(8192)
-    seq_len = config_dict.FieldReference(256)
 
     config = ml_collections.ConfigDict()
     config.seed = 0
@@ -42,14 +42,14 @@ def get_config(arg=None):
     config.data = ml_collections.ConfigDict()
     config.data.kind = "mqar"
     config.data.vocab_size = vocab_size
-    config.data.seq_len = seq_len
+    config.data.seq_len = 256
     config.data.num_kv_pairs = 16
     config.data.power_a = 0.01
     config.data.num_train_examples = 100_000
     config.data.num_test_examples = 3_000
     config.data.random_non_queries = True
 
-    config.model = _model_config(vocab_size, seq_len)
+    config.model = _model_config(vocab_size)
 
     config.optimizer = ml_collections.ConfigDict()
     config.optimizer.learning_rate = 1e-3
@@ -79,7 +79,7 @@ def get_config(arg=None):
 
     if arg == "cpu":
         vocab_size.set(512)
-        seq_len.set(64)
+        config.data.seq_len = 64
         config.data.num_kv_pairs = 8
         config.data.num_train_examples = 20_000
         config.data.num_test_examples = 1_000
@@ -94,7 +94,7 @@ def get_config(arg=None):
         config.train.checkpoint_every = 500
     elif arg == "smoke":
         vocab_size.set(64)
-        seq_len.set(32)
+        config.data.seq_len = 32
         config.data.num_kv_pairs = 4
         config.data.num_train_examples = 256
         config.data.num_test_examples = 40
@@ -109,7 +109,7 @@ def get_config(arg=None):
     return config
 
 
-def _model_config(vocab_size, seq_len):
+def _model_config(vocab_size):
     model = ml_collections.ConfigDict()
     model.vocab_size = vocab_size
     model.d_model = 128
@@ -126,7 +126,7 @@ def _model_config(vocab_size, seq_len):
     model.mlp_ratio = 4.0
     model.position = "none"
     model.rope_base = 10000.0
-    model.max_length = seq_len
+    model.max_length = 2048  # >= data.seq_len (learned positions / decoding cache size)
     model.method = "chunk"
     model.chunk_size = 64
     model.eps = 1e-6

@@ -69,8 +69,8 @@ def test_overrides_apply_and_tie_fields():
     cfg = experiment_config(config)
     assert workdir == "/tmp/unused"
     assert (cfg.model.mixer, cfg.model.feature_map, cfg.data.num_kv_pairs) == ("linear", "relu", 16)
-    # vocab_size and seq_len are shared between data and model.
-    assert cfg.model.vocab_size == 1024 and cfg.model.max_length == 128
+    # vocab_size is shared between data and model.
+    assert cfg.model.vocab_size == 1024 and cfg.data.seq_len == 128
     assert cfg.train.num_steps == 500
     hybrid, _ = parse_args(_args("--config.model.mixer=gated,softmax", config="configs/lm.py:cpu"))
     assert experiment_config(hybrid).model.mixer == ("gated", "softmax")

@@ -83,6 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     except NonFiniteLossError as e:
         print(f"la-train: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print(f"la-train: interrupted; rerun the same command to resume in {workdir}")
+        return 130
     finals = {k: v for k, v in summary.items() if k.startswith("eval/")}
     print("final: " + ", ".join(f"{k} {v:.4f}" for k, v in sorted(finals.items())))
     return 0
