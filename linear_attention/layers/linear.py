@@ -230,11 +230,12 @@ class GatedMixer(LinearMixer):
 
     def _build_decay(self, *, rngs):
         h = self.num_heads
+        # decays are float32 end to end: the projection computes in float32 whatever `dtype`
         self.decay_proj = nnx.Linear(
             self.d_model,
             h,
             use_bias=False,
-            dtype=self.dtype,
+            dtype=jnp.float32,
             param_dtype=self.param_dtype,
             rngs=rngs,
         )
