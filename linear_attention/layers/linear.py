@@ -112,11 +112,8 @@ class LinearMixer(Mixer):
 
     def _init_core(self, batch_size: int, max_length: int) -> K.LinearAttentionState:
         del max_length  # the state does not grow with the context
-        return K.LinearAttentionState(
-            kv=jnp.zeros(
-                (batch_size, self.num_heads, self.state_feature_dim, self.head_dim), jnp.float32
-            ),
-            k_sum=jnp.zeros((batch_size, self.num_heads, self.state_feature_dim), jnp.float32),
+        return K.LinearAttentionState.zeros(
+            batch_size, self.num_heads, self.state_feature_dim, self.head_dim
         )
 
     def _mix(self, x_BTD, q_BTHK, k_BTHK, v_BTHD, core, position):
