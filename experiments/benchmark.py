@@ -1,0 +1,475 @@
+"""Time and compiled memory of the attention kernels against sequence length.
+
+    python experiments/benchmark.py --out runs/benchmark --preset full    # 10-20 min on 2 cores
+    python experiments/benchmark.py --out /tmp/bench --preset quick      # ~30 s, compiling
+
+Shape B=1, H=4, d=64, float32, T = 256 … 65536 (full). Linear methods and the baselines get keys
+and queries featurised with elu+1 (featurisation is outside the timed function); the softmax
+methods get the raw ones. "fwd" times `f(q, k, v)`, "grad" times the gradient of the scalar
+`<f(q, k, v), g>` (fixed random g) w.r.t. q, k and v.
+
+Method: for each T, everything is compiled first (which also gives XLA's temporary memory,
+`memory_analysis().temp_size_in_bytes`, without running), then a warm-up round, then R rounds
+that each time every implementation once. The machine is shared, so times are medians over the
+R rounds and speedups are medians over rounds of `t_baseline / t_method` within the same round.
+A point whose warm-up run took over `--slow_s` is not run again: that one post-compilation run
+is its measurement (blockwise softmax at large T). A point is skipped (recorded with the reason)
+when its temporaries exceed `--mem_budget_gb` (predicted from the growth over the two previous T
+before compiling, then checked on the compiled program) or when the same method and pass took
+longer than `--time_budget_s` at the previous T.
+
+Also: a chunk-size sweep of the chunk method at the headline T, and the headline itself (chunk
+vs the baselines, gradient memory, fraction of the matmul peak, a 2048² float32 matmul timed in
+the same rounds). Writes `results.json`, `time_vs_T.png`, `memory_vs_T.png`; prints tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+
+from linear_attention import kernels as K
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from baselines import naive_chunked_causal, performer_causal  # noqa: E402
+
+B, H, D = 1, 4, 64
+MODES = ("fwd", "grad")
+BASELINES = ("naive_chunked_causal", "performer_causal")
+CHUNK_SIZES = (16, 32, 64, 128, 256)
+DEFAULT_CHUNK = 64  # the library's default; naive_chunked_causal uses the same
+HEADLINE_T = 16384
+PRESETS = {
+    "quick": dict(T=(64, 128), repeats=2, chunk_sizes=(16, 64), matmul_n=256),
+    "full": dict(
+        T=tuple(256 * 2**i for i in range(9)), repeats=5, chunk_sizes=CHUNK_SIZES, matmul_n=2048
+    ),
+}
+
+
+def _linear(method, chunk_size=DEFAULT_CHUNK):
+    return lambda q, k, v: K.causal_linear_attention(q, k, v, method=method, chunk_size=chunk_size)
+
+
+# name -> (function of (q, k, v), whether it takes featurised q and k)
+METHODS = {
+    "chunk": (_linear("chunk"), True),
+    "scan": (_linear("scan"), True),
+    "associative_scan": (_linear("associative_scan"), True),
+    "quadratic": (_linear("quadratic"), True),
+    "softmax": (lambda q, k, v: K.softmax_attention(q, k, v, causal=True), False),
+    "blockwise_softmax": (
+        lambda q, k, v: K.blockwise_softmax_attention(q, k, v, causal=True),
+        False,
+    ),
+    "naive_chunked_causal": (naive_chunked_causal, True),
+    "performer_causal": (performer_causal, True),
+}
+
+
+def chunk_flops(T: int, C: int = DEFAULT_CHUNK) -> float:
+    """Forward FLOPs of the chunk form: 4·B·T·H·(C·d + d²) (intra-chunk and state matmuls)."""
+    return 4.0 * B * T * H * (C * D + D * D)
+
+
+def make_inputs(T: int, seed: int = 0):
+    """{"raw": (q, k, v, g), "feat": (φq, φk, v, g)} with g the output cotangent."""
+    q, k, v, g = (
+        jax.random.normal(key, (B, T, H, D), jnp.float32)
+        for key in jax.random.split(jax.random.key(seed), 4)
+    )
+    phi = K.feature_maps.elu_plus_one
+    return {"raw": (q, k, v, g), "feat": (phi(q), phi(k), v, g)}
+
+
+def compile_point(fn, mode: str, args):
+    """Compiled forward `f(q, k, v)` or gradient of `<f(q, k, v), g>`; args = (q, k, v, g)."""
+    if mode == "fwd":
+        return jax.jit(fn).lower(*args[:3]).compile(), args[:3]
+    grad = jax.grad(lambda q, k, v, g: jnp.vdot(fn(q, k, v), g), argnums=(0, 1, 2))
+    return jax.jit(grad).lower(*args).compile(), args
+
+
+def interleaved(points: dict, rounds: int, slow_s: float) -> dict:
+    """{key: (compiled, args)} -> {key: [seconds]}: a timed warm-up round, then `rounds` rounds
+    that each time every point once. A point whose warm-up run took over `slow_s` keeps that one
+    post-compilation run as its only measurement (listed first in every point's times, so index
+    0 is always the same round)."""
+
+    def once(compiled, args):
+        start = time.perf_counter()
+        jax.block_until_ready(compiled(*args))
+        return time.perf_counter() - start
+
+    times = {key: [once(*point)] for key, point in points.items()}
+    fast = {key: point for key, point in points.items() if times[key][0] <= slow_s}
+    for _ in range(rounds):
+        for key, point in fast.items():
+            times[key].append(once(*point))
+    return times
+
+
+def _stats(ts):
+    """Median and min over the timed rounds (the warm-up alone if that is all there is)."""
+    timed = ts[1:] or ts
+    return dict(median_s=statistics.median(timed), min_s=min(timed), times_s=ts, rounds=len(timed))
+
+
+def summarize(times: dict, records: dict) -> None:
+    """Fill medians and speedups vs the baselines: median over the rounds both were timed in of
+    t_baseline / t_method (the warm-up round when one of them was timed only there)."""
+    for (name, mode), ts in times.items():
+        rec = records[name, mode]
+        rec.update(_stats(ts))
+        for base in BASELINES:
+            if (base, mode) in times and base != name:
+                pairs = list(zip(times[base, mode], ts, strict=False))  # to the shorter
+                pairs = pairs[1:] or pairs
+                rec[f"speedup_vs_{base}"] = statistics.median(b / t for b, t in pairs)
+
+
+def matmul_point(n: int):
+    a, b = (
+        jax.random.normal(key, (n, n), jnp.float32) for key in jax.random.split(jax.random.key(1))
+    )
+    return jax.jit(jnp.matmul).lower(a, b).compile(), (a, b)
+
+
+def run_T_sweep(T_list, methods, repeats, budgets, headline_T, matmul_n, log):
+    """Every method and pass at every T. Returns (records, matmul timing at headline_T)."""
+    mem_budget, time_budget, slow_s = budgets
+    records, history, matmul = [], {}, None
+    for T in T_list:
+        inputs = make_inputs(T)
+        points, recs = {}, {}
+        for name in methods:
+            fn, featurised = METHODS[name]
+            for mode in MODES:
+                rec = recs[name, mode] = dict(method=name, mode=mode, T=T, temp_bytes=None)
+                records.append(rec)
+                past = history.setdefault((name, mode), [])  # (temp_bytes, median_s) per T
+                if past and past[-1][1] is not None and past[-1][1] > time_budget:
+                    rec["skipped"] = f"took {past[-1][1]:.1f} s > {time_budget} s at the previous T"
+                    past.append((None, None))
+                    continue
+                if len(past) >= 2 and past[-1][0] and past[-2][0]:
+                    predicted = past[-1][0] ** 2 / past[-2][0]
+                    if predicted > mem_budget:
+                        rec["skipped"] = f"predicted temp {predicted / 2**30:.1f} GiB > budget"
+                        past.append((None, None))
+                        continue
+                compiled, args = compile_point(fn, mode, inputs["feat" if featurised else "raw"])
+                rec["temp_bytes"] = compiled.memory_analysis().temp_size_in_bytes
+                past.append((rec["temp_bytes"], None))
+                if rec["temp_bytes"] > mem_budget:
+                    rec["skipped"] = f"temp {rec['temp_bytes'] / 2**30:.1f} GiB > budget"
+                    continue
+                points[name, mode] = (compiled, args)
+        if T == headline_T:
+            points["matmul", "fwd"] = matmul_point(matmul_n)
+        times = interleaved(points, repeats, slow_s)
+        if T == headline_T:
+            mm = times.pop(("matmul", "fwd"))
+            matmul = dict(n=matmul_n, **_stats(mm))
+        summarize(times, recs)
+        for key, rec in recs.items():
+            if "median_s" in rec:
+                history[key][-1] = (rec["temp_bytes"], rec["median_s"])
+        log(
+            f"T={T}: "
+            + ", ".join(
+                f"{n}/{m} {r['median_s'] * 1e3:.1f} ms"
+                for (n, m), r in recs.items()
+                if "median_s" in r
+            )
+        )
+    return records, matmul
+
+
+def run_chunk_sweep(T, chunk_sizes, repeats, slow_s):
+    """The chunk method at each chunk size, both passes, interleaved in the same rounds."""
+    inputs = make_inputs(T)["feat"]
+    points, recs = {}, {}
+    for C in chunk_sizes:
+        for mode in MODES:
+            compiled, args = compile_point(_linear("chunk", C), mode, inputs)
+            points[C, mode] = (compiled, args)
+            recs[C, mode] = dict(
+                chunk_size=C,
+                mode=mode,
+                T=T,
+                temp_bytes=compiled.memory_analysis().temp_size_in_bytes,
+            )
+    for (C, mode), ts in interleaved(points, repeats, slow_s).items():
+        recs[C, mode].update(_stats(ts))
+    records = list(recs.values())
+    best = {
+        mode: min((r for r in records if r["mode"] == mode), key=lambda r: r["median_s"])[
+            "chunk_size"
+        ]
+        for mode in MODES
+    }
+    return dict(T=T, records=records, fastest=best)
+
+
+def headline(records, matmul, T):
+    """Chunk at T: times, speedups, gradient memory, fraction of the matmul peak."""
+    get = {(r["method"], r["mode"]): r for r in records if r["T"] == T}
+    fwd, grad = get.get(("chunk", "fwd"), {}), get.get(("chunk", "grad"), {})
+    if "median_s" not in fwd or "median_s" not in grad:
+        return None
+    out = dict(
+        T=T,
+        B=B,
+        H=H,
+        d=D,
+        chunk_size=DEFAULT_CHUNK,
+        fwd_ms=fwd["median_s"] * 1e3,
+        grad_ms=grad["median_s"] * 1e3,
+        grad_temp_MB=grad["temp_bytes"] / 2**20,
+        fwd_temp_MB=fwd["temp_bytes"] / 2**20,
+    )
+    for base in BASELINES:
+        for mode, rec in (("fwd", fwd), ("grad", grad)):
+            out[f"{mode}_speedup_vs_{base}"] = rec.get(f"speedup_vs_{base}")
+            if "median_s" in get.get((base, mode), {}):
+                out[f"{base}_{mode}_ms"] = get[base, mode]["median_s"] * 1e3
+                out[f"{base}_{mode}_temp_MB"] = get[base, mode]["temp_bytes"] / 2**20
+    if matmul is not None:
+        peak = 2.0 * matmul["n"] ** 3 / matmul["median_s"]
+        achieved = chunk_flops(T) / fwd["median_s"]
+        out.update(
+            matmul_gflops=peak / 1e9,
+            matmul_best_gflops=2.0 * matmul["n"] ** 3 / matmul["min_s"] / 1e9,
+            chunk_fwd_gflops=achieved / 1e9,
+            fraction_of_matmul_peak=achieved / peak,
+        )
+    naive = ("fwd_speedup_vs_naive_chunked_causal", "grad_speedup_vs_naive_chunked_causal")
+    if all(out.get(k) is not None for k in naive):
+        out["meets_3x_vs_naive"] = min(out[k] for k in naive) >= 3.0
+    out["meets_64MB_grad_temp"] = out["grad_temp_MB"] <= 64.0
+    return out
+
+
+def machine_info():
+    cpuinfo = Path("/proc/cpuinfo")
+    models = (
+        [
+            ln.split(":", 1)[1].strip()
+            for ln in cpuinfo.read_text().splitlines()
+            if ln.startswith("model name")
+        ]
+        if cpuinfo.exists()
+        else []
+    )
+    dev = jax.devices()[0]
+    return dict(
+        platform=dev.platform,
+        device_kind=dev.device_kind,
+        cpu_count=os.cpu_count(),
+        cpu_model=models[0] if models else platform.processor(),
+        jax_version=jax.__version__,
+        python=platform.python_version(),
+        load_avg_start=os.getloadavg(),
+    )
+
+
+def plot(records, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    for key, fname, ylabel in (
+        ("median_s", "time_vs_T.png", "median time (s)"),
+        ("temp_bytes", "memory_vs_T.png", "XLA temp memory (bytes)"),
+    ):
+        fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+        for ax, mode in zip(axes, MODES, strict=True):
+            for name in dict.fromkeys(r["method"] for r in records):
+                pts = [
+                    (r["T"], r[key])
+                    for r in records
+                    if r["method"] == name and r["mode"] == mode and r.get(key)
+                ]
+                if pts:
+                    ax.loglog(*zip(*pts, strict=True), "o-", label=name, base=2)
+            ax.set(
+                title={"fwd": "forward", "grad": "forward + backward"}[mode],
+                xlabel="T",
+                ylabel=ylabel,
+            )
+            ax.grid(True, which="both", alpha=0.3)
+        if axes[0].get_legend_handles_labels()[0]:  # nothing to label if all were skipped
+            axes[0].legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / fname, dpi=110)
+        plt.close(fig)
+
+
+def tables(results) -> str:
+    """Markdown tables: median ms per method and T, XLA temp MiB, speedups, chunk sweep."""
+    records = results["records"]
+    names = list(dict.fromkeys(r["method"] for r in records))
+    Ts = list(dict.fromkeys(r["T"] for r in records))
+    get = {(r["method"], r["mode"], r["T"]): r for r in records}
+    lines = []
+
+    def table(title, cell):
+        lines.extend(
+            [f"\n{title}\n", "| T | " + " | ".join(names) + " |", "|---:|" + "---:|" * len(names)]
+        )
+        for T in Ts:
+            lines.append(f"| {T} | " + " | ".join(cell(get[n, mode, T]) for n in names) + " |")
+
+    for mode in MODES:
+        table(
+            f"{mode}: median time (ms)",
+            lambda r: f"{r['median_s'] * 1e3:.3g}" if "median_s" in r else "skip",
+        )
+        table(
+            f"{mode}: XLA temp memory (MiB)",
+            lambda r: "-" if r["temp_bytes"] is None else f"{r['temp_bytes'] / 2**20:.3g}",
+        )
+        for base in BASELINES:
+            table(
+                f"{mode}: speedup vs {base} (median over rounds)",
+                lambda r, b=base: f"{r[f'speedup_vs_{b}']:.2f}" if f"speedup_vs_{b}" in r else "-",
+            )
+    sweep = results.get("chunk_sweep")
+    if sweep:
+        lines.extend(
+            [
+                f"\nchunk_size sweep at T={sweep['T']} (median ms; temp MiB)\n",
+                "| chunk_size | fwd ms | grad ms | fwd MiB | grad MiB |",
+                "|---:|---:|---:|---:|---:|",
+            ]
+        )
+        rec = {(r["chunk_size"], r["mode"]): r for r in sweep["records"]}
+        for C in dict.fromkeys(r["chunk_size"] for r in sweep["records"]):
+            f, g = rec[C, "fwd"], rec[C, "grad"]
+            lines.append(
+                f"| {C} | {f['median_s'] * 1e3:.3g} | {g['median_s'] * 1e3:.3g} | "
+                f"{f['temp_bytes'] / 2**20:.3g} | {g['temp_bytes'] / 2**20:.3g} |"
+            )
+        lines.append(f"\nfastest: {sweep['fastest']}")
+    if results.get("headline"):
+        lines.append("\nheadline: " + json.dumps(results["headline"], indent=1))
+    return "\n".join(lines)
+
+
+def run(
+    out,
+    preset="full",
+    T=None,
+    methods=None,
+    repeats=None,
+    *,
+    mem_budget_gb=4.0,
+    time_budget_s=150.0,
+    slow_s=10.0,
+    log=print,
+):
+    """Run the benchmark into `out`; returns the results dict (also written as results.json)."""
+    if preset not in PRESETS:
+        raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {preset!r}")
+    cfg = PRESETS[preset]
+    T_list = tuple(sorted(set(cfg["T"] if T is None else T)))
+    methods = tuple(METHODS if methods is None else methods)
+    repeats = cfg["repeats"] if repeats is None else repeats
+    if not T_list or any(t < DEFAULT_CHUNK or t % DEFAULT_CHUNK for t in T_list):
+        raise ValueError(
+            f"T must be multiples of {DEFAULT_CHUNK} (naive_chunked_causal's chunk), "
+            f"got {list(T_list)}"
+        )
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown or not methods:
+        raise ValueError(f"methods must be a non-empty list from {list(METHODS)}, got {unknown}")
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    headline_T = HEADLINE_T if HEADLINE_T in T_list else max(T_list)
+    start = time.time()
+    results = dict(
+        machine=machine_info(),
+        config=dict(
+            preset=preset,
+            T=T_list,
+            methods=methods,
+            repeats=repeats,
+            B=B,
+            H=H,
+            d=D,
+            dtype="float32",
+            feature_map="elu_plus_one",
+            mem_budget_gb=mem_budget_gb,
+            time_budget_s=time_budget_s,
+            slow_s=slow_s,
+            headline_T=headline_T,
+        ),
+    )
+    budgets = (mem_budget_gb * 2**30, time_budget_s, slow_s)
+    records, matmul = run_T_sweep(
+        T_list, methods, repeats, budgets, headline_T, cfg["matmul_n"], log
+    )
+    results.update(records=records, matmul=matmul)
+    if "chunk" in methods:
+        results["chunk_sweep"] = run_chunk_sweep(headline_T, cfg["chunk_sizes"], repeats, slow_s)
+    results["headline"] = headline(records, matmul, headline_T)
+    results["machine"].update(load_avg_end=os.getloadavg(), wall_s=time.time() - start)
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    plot(records, out)
+    log(tables(results))
+    return results
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default="runs/benchmark", help="output directory")
+    p.add_argument("--preset", choices=sorted(PRESETS), default="full")
+    p.add_argument("--T", type=int, nargs="+", help="sequence lengths (default: the preset's)")
+    p.add_argument("--methods", nargs="+", choices=list(METHODS), help="default: all")
+    p.add_argument("--repeats", type=int, help="timed rounds (default: the preset's)")
+    p.add_argument(
+        "--mem_budget_gb",
+        type=float,
+        default=4.0,
+        help="skip points whose XLA temporaries exceed this",
+    )
+    p.add_argument(
+        "--time_budget_s",
+        type=float,
+        default=150.0,
+        help="skip a method and pass at larger T once one run took longer than this",
+    )
+    p.add_argument(
+        "--slow_s",
+        type=float,
+        default=10.0,
+        help="time a point once (its warm-up run) when that run took longer than this",
+    )
+    a = p.parse_args(argv)
+    run(
+        a.out,
+        a.preset,
+        a.T,
+        a.methods,
+        a.repeats,
+        mem_budget_gb=a.mem_budget_gb,
+        time_budget_s=a.time_budget_s,
+        slow_s=a.slow_s,
+    )
+
+
+if __name__ == "__main__":
+    main()
