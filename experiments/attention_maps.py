@@ -1,0 +1,547 @@
+"""Effective attention maps of trained MQAR models: sharp vs diffuse, full rank vs rank-M, measured.
+
+    python experiments/attention_maps.py --workdir runs/attention_maps --preset cpu   # minutes
+    python experiments/attention_maps.py --workdir runs/attention_maps --preset full  # accelerator
+
+For every mixer of the preset, the MQAR run in `<workdir>/runs/<mixer>` is trained first when
+`--train` is given or it has no checkpoint yet (`linear_attention.training.train` with
+`configs/mqar.py` and the preset's overrides; rerunning resumes), then loaded from its latest
+checkpoint. On `num_examples` test sequences, one layer's (`--layer`, default the last) mixer
+input is computed with the model's public modules, and from it the mixer's q, k, v (projection,
+short conv, rotary), features and decays, and the effective T×T matrix A with o = A v:
+
+    softmax             A_ts = softmax_s(q_t·k_s / √Dk) over s ≤ t
+    linear, favor,      A_ts = φ(q_t)·φ(k_s) / (Σ_{s'≤t} φ(q_t)·φ(k_s') + eps)      (s ≤ t)
+    taylor, hedgehog
+    retnet, gated       A_ts = φ(q_t)·φ(k_s) · Π_{r=s+1..t} γ_r   (no denominator; φ = identity,
+                        k scaled by Dk^-½; γ fixed per head (retnet) or per token (gated))
+
+(computed in float64; decay products as exp(L_t − L_s) of cumulative log decays, masked first).
+The check `recon_rel_err` pushes A v through the mixer's output norm, gate and projection and
+compares with the mixer's own output: it stays ~1e-6 unless this script and the layer disagree.
+
+The maps shown and measured are P = |A| row-normalised. For softmax and the normalised mixers
+this is A itself (rows sum to 1 up to eps); for retnet and gated, which have no denominator, the
+weights are signed and unnormalised, so P shows their absolute values row-normalised.
+
+Per head and example, averaged: row entropy of P at the query positions (nats, and divided by
+log(t+1), 1 = uniform); `rank` of P (singular values above `rtol`·σ_max) and its effective rank
+exp(H(σ/Σσ)); `kernel_rank`, the same count for the unmasked score matrix (exp(QKᵀ/√d) for
+softmax, φ(Q)φ(K)ᵀ for linear mixers, at most M = feature width); and at the query positions
+the weight on the correct pair: the key k_i at position 2i and its value at 2i+1, both, their
+sum (`pair_weight`, chance ≈ 2/(t+1)) and how often the largest weight falls on the pair.
+
+Writes `results.json` (per mixer, layer and head; the training run's eval accuracy),
+`results.md`, `attention_maps.png` (heatmaps: one column per mixer, one row per head, example 0,
+correct pairs circled) and `attention_summary.png`; prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from linear_attention.data import IGNORE_INDEX
+from linear_attention.layers import (
+    FavorMixer,
+    GatedMixer,
+    HedgehogMixer,
+    LinearMixer,
+    RetNetMixer,
+    SoftmaxMixer,
+    TaylorMixer,
+    apply_rotary,
+)
+from linear_attention.training import build_data, build_model, experiment_config, train
+from linear_attention.training.checkpoint import Checkpoints
+from linear_attention.training.optim import make_optimizer
+
+ROOT = Path(__file__).resolve().parents[1]
+ALL_MIXERS = ("softmax", "linear", "favor", "taylor", "hedgehog", "retnet", "gated")
+# Linear mixer classes whose decay this script knows (none = no decay).
+DECAYS = {LinearMixer: None, FavorMixer: None, TaylorMixer: None, HedgehogMixer: None}
+DECAYS.update({RetNetMixer: "retnet", GatedMixer: "gated"})
+
+PRESETS = {
+    # a few seconds of training per mixer: for tests; learns nothing
+    "tiny": dict(
+        base="smoke",
+        mixers=("softmax", "gated"),
+        overrides={"train.num_steps": 2, "train.checkpoint_every": 2},
+        num_examples=2,
+    ),
+    # minutes on 2 cores: a short MQAR (T=32, 4 pairs) every mixer can be trained on quickly
+    "cpu": dict(
+        base="cpu",
+        mixers=ALL_MIXERS,
+        overrides={
+            "data.vocab_size": 64,
+            "data.seq_len": 32,
+            "data.num_kv_pairs": 4,
+            "data.num_train_examples": 10_000,
+            "data.num_test_examples": 256,
+            "model.num_heads": 2,
+            "optimizer.learning_rate": 1e-2,
+            "optimizer.warmup_steps": 30,
+            "train.num_steps": 400,
+            "train.eval_every": 400,
+            "train.log_every": 100,
+            "train.checkpoint_every": 400,
+        },
+        num_examples=16,
+    ),
+    # the Zoology setting of configs/mqar.py (T=256, 16 pairs, 20k steps): for an accelerator
+    "full": dict(base="default", mixers=ALL_MIXERS, overrides={}, num_examples=64),
+}
+
+
+# ----------------------------------------------------------------------------- runs
+def load_config_file(preset: str):
+    spec = importlib.util.spec_from_file_location("mqar_config", ROOT / "configs" / "mqar.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config(preset)
+
+
+def run_config(preset: dict, mixer: str, steps: int | None):
+    """The ConfigDict of one mixer's MQAR run."""
+    config = load_config_file(preset["base"])
+    for path, value in preset["overrides"].items():
+        section, field = path.split(".")
+        config[section][field] = value
+    config.model.mixer = mixer
+    if steps is not None:
+        config.train.num_steps = steps
+        config.train.eval_every = config.train.checkpoint_every = steps
+        config.train.log_every = min(config.train.log_every, steps)
+        config.optimizer.warmup_steps = min(config.optimizer.warmup_steps, steps)
+    return config
+
+
+def has_checkpoint(run_dir: Path) -> bool:
+    ckpt = run_dir / "checkpoints"
+    return ckpt.is_dir() and any(p.name.isdigit() for p in ckpt.iterdir())
+
+
+def load_run(run_dir: Path):
+    """`(ExperimentConfig, model)` from the run's `config.json` and latest checkpoint."""
+    cfg = experiment_config(json.loads((run_dir / "config.json").read_text()))
+    tx, _ = make_optimizer(cfg.optimizer, cfg.train.num_steps)
+    abstract = nnx.eval_shape(lambda: build_model(cfg, tx))
+    graphdef, abstract_state = nnx.split(abstract)
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    target = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), abstract_state
+    )
+    checkpoints = Checkpoints(str(run_dir / "checkpoints"), keep=cfg.train.keep_checkpoints)
+    try:
+        step = checkpoints.latest_step()
+        state = checkpoints.restore(step, target)
+    finally:
+        checkpoints.close()
+    model, _ = nnx.merge(graphdef, state)
+    return cfg, model, step
+
+
+def eval_accuracy(run_dir: Path) -> float | None:
+    summary = run_dir / "summary.json"
+    if summary.exists():
+        return json.loads(summary.read_text()).get("eval/accuracy")
+    return None
+
+
+# ----------------------------------------------------------------------------- the maps
+def layer_input(model, tokens_BT, layer: int):
+    """The (normalised) input of layer `layer`'s mixer, from the model's public modules."""
+    x = model.embed(tokens_BT)
+    if model.pos_embed is not None:
+        x = x + model.pos_embed(jnp.arange(tokens_BT.shape[1], dtype=jnp.int32))
+    for block in model.blocks[:layer]:
+        x = block(x)
+    block = model.blocks[layer]
+    return block.mixer_norm(x), block.mixer
+
+
+def mixer_qkv(mixer, x_BTD):
+    """q, k `[B, T, H, Dk]`, v `[B, T, H, Dv]` as the mixer makes them (projection, conv, rope)."""
+    b, t, _ = x_BTD.shape
+    h, dk, dv = mixer.num_heads, mixer.qk_dim, mixer.head_dim
+    qkv = mixer.qkv_proj(x_BTD)
+    if mixer.conv is not None:
+        qkv = mixer.conv(qkv)
+    q = qkv[..., : h * dk].reshape(b, t, h, dk)
+    k = qkv[..., h * dk : 2 * h * dk].reshape(b, t, h, dk)
+    v = qkv[..., 2 * h * dk :].reshape(b, t, h, dv)
+    if mixer.rope:
+        pos = jnp.arange(t, dtype=jnp.int32)
+        q = apply_rotary(q, pos, base=mixer.rope_base)
+        k = apply_rotary(k, pos, base=mixer.rope_base)
+    return q, k, v
+
+
+def log_decay(mixer, x_BTD) -> np.ndarray | None:
+    """log γ `[B, T, H]` (float64) of a linear mixer, or None without decay."""
+    kind = DECAYS[type(mixer)]
+    b, t, _ = x_BTD.shape
+    h = mixer.num_heads
+    if kind is None:
+        return None
+    if kind == "retnet":  # γ_h = 1 − 2^(−5−h)
+        gamma = 1.0 - 2.0 ** (-5.0 - np.arange(h, dtype=np.float64))
+        return np.broadcast_to(np.log(gamma), (b, t, h))
+    z = np.asarray(mixer.decay_proj(x_BTD), np.float64) + np.asarray(mixer.dt_bias[...])
+    return -np.logaddexp(0.0, z) * np.exp(np.asarray(mixer.a_log[...], np.float64))
+
+
+def effective_maps(mixer, x_BTD):
+    """For one mixer input: `A [B, H, T, T]` (o = A v), the unmasked score matrix for the kernel
+    rank, v, the kind of weights, and M (feature width; None for softmax). float64."""
+    if type(mixer) is not SoftmaxMixer and type(mixer) not in DECAYS:
+        raise ValueError(
+            f"no effective-matrix rule for mixer class {type(mixer).__name__}; known: "
+            f"SoftmaxMixer, {', '.join(c.__name__ for c in DECAYS)}"
+        )
+    q, k, v = mixer_qkv(mixer, x_BTD)
+    t = q.shape[1]
+    causal = np.tril(np.ones((t, t), bool))
+    f64 = lambda a: np.asarray(a, np.float64).transpose(0, 2, 1, 3)  # noqa: E731 -> [B, H, T, .]
+    if isinstance(mixer, SoftmaxMixer):
+        logits = f64(q) @ f64(k).swapaxes(-1, -2) * mixer.qk_dim**-0.5
+        scores = np.exp(logits - logits.max(-1, keepdims=True))  # unmasked, for the rank
+        logits = np.where(causal, logits, -np.inf)  # mask before exp
+        p = np.exp(logits - logits.max(-1, keepdims=True))
+        return p / p.sum(-1, keepdims=True), scores, f64(v), "softmax", None
+    if mixer.K_SCALE:
+        k = k * jnp.asarray(mixer.qk_dim**-0.5, k.dtype)
+    phi_q = f64(mixer.feature_map(q, is_query=True))
+    phi_k = f64(mixer.feature_map(k, is_query=False))
+    scores = phi_q @ phi_k.swapaxes(-1, -2)
+    a = np.where(causal, scores, 0.0)
+    decay = log_decay(mixer, x_BTD)
+    if decay is not None:
+        cum = np.cumsum(decay, axis=1).transpose(0, 2, 1)  # L_t = Σ_{r ≤ t} log γ_r, [B, H, T]
+        diff = np.where(causal, cum[..., :, None] - cum[..., None, :], -np.inf)
+        a = a * np.exp(diff)
+    if mixer.NORMALIZE:
+        a = a / (a.sum(-1, keepdims=True) + mixer.eps)
+        kind = "normalized"
+    else:
+        kind = "abs_row_normalized"
+    return a, scores, f64(v), kind, phi_q.shape[-1]
+
+
+def reconstruct(mixer, x_BTD, a_BHTT, v_BHTD) -> float:
+    """Relative error between the mixer's output and A v pushed through its output layers."""
+    o = np.einsum("bhts,bhsd->bthd", a_BHTT, v_BHTD).astype(np.float32)
+    o = jnp.asarray(o)
+    if mixer.out_norm is not None:
+        o = mixer.out_norm(o)
+    b, t = o.shape[:2]
+    o = o.reshape(b, t, -1)
+    if mixer.gate_proj is not None:
+        o = o * jax.nn.silu(mixer.gate_proj(x_BTD))
+    ours = np.asarray(mixer.out_proj(o), np.float64)
+    ref = np.asarray(mixer(x_BTD), np.float64)
+    return float(np.linalg.norm(ours - ref) / np.linalg.norm(ref))
+
+
+def row_normalized(a):
+    w = np.abs(a)
+    return w / np.maximum(w.sum(-1, keepdims=True), 1e-300)
+
+
+def numerical_rank(m, rtol: float) -> tuple[int, float]:
+    """(#σ > rtol·σ_max, effective rank exp(H(σ/Σσ)))."""
+    s = np.linalg.svd(m, compute_uv=False)
+    if s[0] == 0:
+        return 0, 0.0
+    p = s / s.sum()
+    p = p[p > 0]
+    return int(np.sum(s > rtol * s[0])), float(np.exp(-np.sum(p * np.log(p))))
+
+
+def recall_positions(inputs_T, labels_T, num_kv_pairs: int):
+    """[(query t, key position, value position)] from the MQAR layout: pair i at 2i, 2i+1."""
+    out = []
+    keys = inputs_T[: 2 * num_kv_pairs : 2]
+    for t in np.flatnonzero(labels_T != IGNORE_INDEX):
+        (i,) = np.flatnonzero(keys == inputs_T[t])
+        if inputs_T[2 * i + 1] != labels_T[t]:
+            raise ValueError(f"query at {t}: value at {2 * i + 1} is not the label")
+        out.append((int(t), 2 * int(i), 2 * int(i) + 1))
+    return out
+
+
+def head_metrics(p_TT, scores_TT, positions, rtol: float) -> dict:
+    """Metrics of one row-normalised map P (one example, one head)."""
+    rows = np.asarray([t for t, _, _ in positions])
+    logp = np.log(np.where(p_TT > 0, p_TT, 1.0))
+    entropy_T = -np.sum(p_TT * logp, axis=-1)
+    t_idx = np.arange(p_TT.shape[0])
+    norm_T = entropy_T / np.log(np.maximum(t_idx + 1, 2))
+    key_w = np.asarray([p_TT[t, kp] for t, kp, _ in positions])
+    val_w = np.asarray([p_TT[t, vp] for t, _, vp in positions])
+    hit = np.asarray([np.argmax(p_TT[t]) in (kp, vp) for t, kp, vp in positions])
+    rank, eff_rank = numerical_rank(p_TT, rtol)
+    kernel_rank, _ = numerical_rank(scores_TT, rtol)
+    return dict(
+        entropy=float(entropy_T[rows].mean()),
+        entropy_normalized=float(norm_T[rows].mean()),
+        entropy_all_rows=float(entropy_T.mean()),
+        rank=rank,
+        effective_rank=eff_rank,
+        kernel_rank=kernel_rank,
+        key_weight=float(key_w.mean()),
+        value_weight=float(val_w.mean()),
+        pair_weight=float((key_w + val_w).mean()),
+        pair_argmax=float(hit.mean()),
+        chance_pair_weight=float(np.mean(2.0 / (rows + 1))),
+    )
+
+
+def analyse(cfg, model, inputs, labels, rtol: float):
+    """Metrics of every layer and head of one model on the examples, and example 0's maps."""
+    tokens = jnp.asarray(inputs)
+    positions = [
+        recall_positions(i, l, cfg.data.num_kv_pairs) for i, l in zip(inputs, labels, strict=True)
+    ]
+    layers, maps = [], []
+    for layer in range(cfg.model.num_layers):
+        x, mixer = layer_input(model, tokens, layer)
+        a, scores, v, kind, m = effective_maps(mixer, x)
+        recon = reconstruct(mixer, x, a, v)
+        p = row_normalized(a)
+        heads = []
+        for h in range(a.shape[1]):
+            per_ex = [
+                head_metrics(p[e, h], scores[e, h], positions[e], rtol) for e in range(len(inputs))
+            ]
+            heads.append({key: float(np.mean([d[key] for d in per_ex])) for key in per_ex[0]})
+        layers.append(
+            dict(
+                layer=layer,
+                mixer_class=type(mixer).__name__,
+                weights=kind,
+                feature_dim=m,
+                recon_rel_err=recon,
+                row_sum_max_dev=float(np.abs(p.sum(-1) - 1).max()),
+                heads=heads,
+                mean={key: float(np.mean([hd[key] for hd in heads])) for key in heads[0]},
+                best_head=int(np.argmax([hd["pair_weight"] for hd in heads])),
+            )
+        )
+        maps.append(p[0])
+    return layers, maps, positions[0]
+
+
+# ----------------------------------------------------------------------------- output
+def plot_maps(results, maps, positions, layer, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import PowerNorm
+
+    mixers = list(results)
+    heads = max(maps[m].shape[0] for m in mixers)
+    fig, axes = plt.subplots(
+        heads, len(mixers), figsize=(2.6 * len(mixers), 2.7 * heads), squeeze=False
+    )
+    for j, m in enumerate(mixers):
+        lay = results[m]["layers"][layer]
+        for h in range(heads):
+            ax = axes[h, j]
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if h >= maps[m].shape[0]:
+                ax.axis("off")
+                continue
+            ax.imshow(maps[m][h], cmap="viridis", norm=PowerNorm(0.5, vmin=0, vmax=1))
+            for t, kp, vp in positions:
+                ax.scatter([kp, vp], [t, t], s=14, facecolors="none", edgecolors="red", lw=0.8)
+            hd = lay["heads"][h]
+            acc = results[m]["eval_accuracy"]
+            title = f"{m} h{h}" + (f" acc {acc:.2f}" if acc is not None else "")
+            ax.set_title(
+                f"{title}\nH {hd['entropy_normalized']:.2f} rank {hd['rank']} "
+                f"pair {hd['pair_weight']:.2f}",
+                fontsize=7,
+            )
+    fig.suptitle(f"layer {layer}, example 0: P = |A| row-normalised (γ=0.5 colour scale)")
+    fig.tight_layout()
+    fig.savefig(out / "attention_maps.png", dpi=110)
+    plt.close(fig)
+
+
+def plot_summary(results, layer, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    mixers = list(results)
+    means = [results[m]["layers"][layer]["mean"] for m in mixers]
+    panels = (
+        ("pair_weight", "weight on the correct pair"),
+        ("entropy_normalized", "row entropy / log(t+1)"),
+        ("rank", "numerical rank of P"),
+        ("kernel_rank", "rank of unmasked scores"),
+    )
+    fig, axes = plt.subplots(1, len(panels) + 1, figsize=(3.2 * (len(panels) + 1), 3.4))
+    x = np.arange(len(mixers))
+    for ax, (key, title) in zip(axes, panels, strict=False):
+        ax.bar(x, [d[key] for d in means], color="C0")
+        if key == "pair_weight":
+            ax.plot(x, [d["chance_pair_weight"] for d in means], "k_", ms=14, label="chance")
+            ax.legend(fontsize=7)
+        ax.set_title(title, fontsize=9)
+        ax.set_xticks(x, mixers, rotation=45, fontsize=8)
+    accs = [results[m]["eval_accuracy"] or 0.0 for m in mixers]
+    axes[-1].bar(x, accs, color="C2")
+    axes[-1].set_title("MQAR eval accuracy", fontsize=9)
+    axes[-1].set_xticks(x, mixers, rotation=45, fontsize=8)
+    fig.suptitle(f"layer {layer}, mean over heads and examples", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out / "attention_summary.png", dpi=110)
+    plt.close(fig)
+
+
+def table(results, layer) -> str:
+    lines = [
+        "| mixer | acc | weights | M | pair weight (best head) | chance | argmax on pair | "
+        "entropy / log(t+1) | rank | eff. rank | kernel rank | recon err |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for m, res in results.items():
+        lay = res["layers"][layer]
+        d, best = lay["mean"], lay["heads"][lay["best_head"]]
+        acc = "-" if res["eval_accuracy"] is None else f"{res['eval_accuracy']:.3f}"
+        lines.append(
+            f"| {m} | {acc} | {lay['weights']} | {lay['feature_dim'] or '-'} | "
+            f"{d['pair_weight']:.3f} ({best['pair_weight']:.3f}) | {d['chance_pair_weight']:.3f}"
+            f" | {d['pair_argmax']:.2f} | {d['entropy_normalized']:.3f} | {d['rank']:.1f} | "
+            f"{d['effective_rank']:.1f} | {d['kernel_rank']:.1f} | {lay['recon_rel_err']:.1e} |"
+        )
+    return "\n".join(lines)
+
+
+def run(
+    workdir,
+    preset: str = "cpu",
+    *,
+    mixers=None,
+    steps: int | None = None,
+    layer: int = -1,
+    num_examples: int | None = None,
+    rtol: float = 1e-3,
+    force_train: bool = False,
+    log=print,
+):
+    """Train (if needed) and analyse every mixer into `workdir`; returns the results dict."""
+    if preset not in PRESETS:
+        raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {preset!r}")
+    cfg_preset = PRESETS[preset]
+    mixers = tuple(dict.fromkeys(mixers or cfg_preset["mixers"]))
+    unknown = [m for m in mixers if m not in ALL_MIXERS]
+    if unknown or not mixers:
+        raise ValueError(f"mixers must be a non-empty list from {list(ALL_MIXERS)}, got {unknown}")
+    if steps is not None and (not isinstance(steps, int) or steps < 1):
+        raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
+    num_examples = num_examples or cfg_preset["num_examples"]
+    if not isinstance(num_examples, int) or num_examples < 1:
+        raise ValueError(f"num_examples must be an integer >= 1, got {num_examples!r}")
+    if not 0 < rtol < 1:
+        raise ValueError(f"rtol must be in (0, 1), got {rtol!r}")
+    configs = {m: run_config(cfg_preset, m, steps) for m in mixers}
+    num_layers = next(iter(configs.values())).model.num_layers
+    if not -num_layers <= layer < num_layers:
+        raise ValueError(f"layer must be in [{-num_layers}, {num_layers - 1}], got {layer}")
+    layer %= num_layers
+    for config in configs.values():  # every config is valid before anything trains
+        experiment_config(config)
+    out = Path(workdir)
+    out.mkdir(parents=True, exist_ok=True)
+    start = time.time()
+
+    results, maps, positions = {}, {}, None
+    for m in mixers:
+        run_dir = out / "runs" / m
+        if force_train or not has_checkpoint(run_dir):
+            log(f"training {m} in {run_dir}")
+            train(configs[m], str(run_dir))
+        cfg, model, step = load_run(run_dir)
+        data = build_data(cfg)
+        n = min(num_examples, data.test_inputs.shape[0])
+        inputs, labels = data.test_inputs[:n], data.test_labels[:n]
+        layers, layer_maps, positions = analyse(cfg, model, inputs, labels, rtol)
+        results[m] = dict(
+            run_dir=str(run_dir),
+            checkpoint_step=step,
+            eval_accuracy=eval_accuracy(run_dir),
+            layers=layers,
+        )
+        maps[m] = layer_maps[layer]
+        lay = layers[layer]
+        log(
+            f"{m}: acc {results[m]['eval_accuracy']}, pair weight {lay['mean']['pair_weight']:.3f}"
+            f", recon err {lay['recon_rel_err']:.1e} ({time.time() - start:.0f} s)"
+        )
+    data_cfg = experiment_config(next(iter(configs.values()))).data
+    summary = dict(
+        config=dict(
+            preset=preset,
+            mixers=mixers,
+            layer=layer,
+            num_examples=num_examples,
+            rtol=rtol,
+            seq_len=data_cfg.seq_len,
+            num_kv_pairs=data_cfg.num_kv_pairs,
+            vocab_size=data_cfg.vocab_size,
+        ),
+        machine=dict(platform=jax.devices()[0].platform, cpu_count=os.cpu_count()),
+        wall_s=time.time() - start,
+        mixers=results,
+    )
+    (out / "results.json").write_text(json.dumps(summary, indent=1))
+    text = table(results, layer)
+    (out / "results.md").write_text(text + "\n")
+    plot_maps(results, maps, positions, layer, out)
+    plot_summary(results, layer, out)
+    log(text)
+    return summary
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--workdir", default="runs/attention_maps", help="output directory")
+    p.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
+    p.add_argument("--mixers", nargs="+", choices=ALL_MIXERS, help="default: the preset's")
+    p.add_argument("--train", action="store_true", help="train (resume) even if a run exists")
+    p.add_argument("--steps", type=int, help="training steps (default: the preset's)")
+    p.add_argument("--layer", type=int, default=-1, help="layer to show (default: the last)")
+    p.add_argument("--num_examples", type=int, help="test sequences to average over")
+    p.add_argument("--rtol", type=float, default=1e-3, help="singular values > rtol·σ_max count")
+    a = p.parse_args(argv)
+    run(
+        a.workdir,
+        a.preset,
+        mixers=a.mixers,
+        steps=a.steps,
+        layer=a.layer,
+        num_examples=a.num_examples,
+        rtol=a.rtol,
+        force_train=a.train,
+    )
+
+
+if __name__ == "__main__":
+    main()
