@@ -1,0 +1,636 @@
+"""A grid of training runs with the best learning rate kept per setting, as Zoology does.
+
+    python experiments/sweep.py --config configs/sweeps/mqar.py:cpu --workdir runs/mqar-sweep
+    python experiments/sweep.py --config configs/sweeps/lm.py:cpu --workdir runs/lm-sweep
+    ... --dry-run                        # print the grid (parameters, state bytes), train nothing
+    ... --only mixer=softmax,linear      # a subset (repeatable; labels of that axis)
+    ... --report-only                    # tables and plots from the finished points only
+
+A sweep config (``get_config(arg)``) has ``base`` (a config of ``configs/mqar.py`` or
+``configs/lm.py``), ``grid`` (axis name -> ``ConfigDict(field, choices, labels)``; ``field`` is
+a dotted path such as ``model.d_model`` or a tuple of paths set together, each choice a value or
+a tuple of values), ``tune`` (the axis whose best choice is kept per setting, the learning rate)
+and, for MQAR, ``plot`` (the axes for x, lines and panels). Every point of the product is a run
+of `linear_attention.training.train` in ``workdir/runs/<point>/``: a point whose
+``summary.json`` exists is skipped (its ``config.json`` must match the grid's), one without
+resumes from its latest checkpoint, one that diverged (``failed.json``) is recorded as such.
+
+Outputs in the workdir: ``results.csv`` (every run), ``results.md`` (best learning rate per
+setting) and plots. MQAR: ``accuracy_vs_d_model.png`` (one line per mixer, one panel per
+(seq_len, kv pairs), Zoology Fig. 2) and ``accuracy_vs_state_bytes.png`` (one point per
+best-lr run against `state_size_bytes`, log x: the Based recall–memory plot). The state of a
+softmax model is its KV cache at ``data.seq_len`` (not ``model.max_length``), the context the
+task needs. LM: validation bits per byte, training tokens/s (``summary.json``) and decoding
+tokens/s, measured after training on a freshly built model of the same config (the weights do
+not change the work per token): ``step_fn`` over a whole ``seq_len`` context from an empty state
+at ``decode_batch_size`` sequences, after one compiling step; written to ``decode.json``.
+``loss_curves.png`` plots every best-lr run's training loss (in bits per byte) and its
+validation points from ``metrics.jsonl``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import csv
+import dataclasses
+import functools
+import importlib.util
+import itertools
+import json
+import math
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, uninstalled
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import matplotlib  # noqa: E402
+import ml_collections  # noqa: E402
+import numpy as np  # noqa: E402
+from flax import nnx  # noqa: E402
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from linear_attention.models import LanguageModel, state_size_bytes, step_fn  # noqa: E402
+from linear_attention.training import NonFiniteLossError, experiment_config, train  # noqa: E402
+from linear_attention.training.metrics import Reporter, read_jsonl, write_json  # noqa: E402
+
+# The metric each kind of run is judged by, and whether larger is better.
+METRICS = {"mqar": ("eval/accuracy", True), "text": ("eval/bits_per_byte", False)}
+SUMMARY_KEYS = (
+    "eval/accuracy",
+    "eval/loss",
+    "eval/bits_per_byte",
+    "train/loss",
+    "train/accuracy",
+    "tokens_per_sec",
+    "param_count",
+    "train_time_sec",
+    "compile_time_sec",
+)
+
+
+# --------------------------------------------------------------------------- the grid
+@dataclasses.dataclass(frozen=True)
+class Axis:
+    name: str
+    fields: tuple[str, ...]
+    choices: tuple[tuple, ...]  # one tuple of values (one per field) per choice
+    labels: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Point:
+    name: str
+    labels: dict  # axis name -> label
+    values: dict  # field path -> value
+    config: ml_collections.ConfigDict
+
+
+def _label(value) -> str:
+    if isinstance(value, tuple | list):
+        return "x".join(_label(v) for v in value)
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def _value(value) -> str:
+    """A field value for the CSV: a hybrid's mixer tuple as ``gated+softmax``."""
+    if isinstance(value, tuple | list):
+        return "+".join(_value(v) for v in value)
+    return _label(value)
+
+
+def _get(config, path: str):
+    node = config
+    for part in path.split("."):
+        if not isinstance(node, ml_collections.ConfigDict) or part not in node:
+            raise ValueError(f"grid field {path!r} is not in the base config (no {part!r})")
+        node = node[part]
+    return node
+
+
+def _set(config, path: str, value) -> None:
+    *parents, leaf = path.split(".")
+    node = config
+    for part in parents:
+        node = node[part]
+    with node.ignore_type():  # a hybrid's mixer tuple replaces a name; None a placeholder
+        node[leaf] = value
+
+
+def parse_axes(sweep) -> list[Axis]:
+    """The grid's axes (sorted by name), checked against ``sweep.base``."""
+    if "base" not in sweep or "grid" not in sweep:
+        raise ValueError(f"a sweep config needs `base` and `grid`; got fields {list(sweep)}")
+    axes = []
+    for name in sorted(sweep.grid):
+        spec = sweep.grid[name]
+        if not isinstance(spec, ml_collections.ConfigDict) or "field" not in spec:
+            raise ValueError(f"grid.{name} must be a ConfigDict(field=..., choices=...)")
+        fields = (spec.field,) if isinstance(spec.field, str) else tuple(spec.field)
+        for field in fields:
+            _get(sweep.base, field)
+        if not re.fullmatch(r"[A-Za-z0-9_]+", name):
+            raise ValueError(f"grid axis name {name!r} must be letters, digits and _")
+        choices = tuple(spec.choices)
+        if not choices:
+            raise ValueError(f"grid.{name}.choices is empty")
+        as_tuples = []
+        for choice in choices:
+            values = choice if len(fields) > 1 else (choice,)
+            if len(fields) > 1 and (
+                not isinstance(choice, tuple | list) or len(choice) != len(fields)
+            ):
+                raise ValueError(
+                    f"grid.{name}: choice {choice!r} must hold {len(fields)} values for {fields}"
+                )
+            as_tuples.append(tuple(values))
+        labels = spec.get("labels") or tuple(_label(c) for c in choices)
+        labels = tuple(str(label) for label in labels)
+        if len(labels) != len(choices):
+            raise ValueError(
+                f"grid.{name}: {len(labels)} labels for {len(choices)} choices; give one each"
+            )
+        bad = [label for label in labels if not re.fullmatch(r"[A-Za-z0-9_.+x-]+", label)]
+        if bad or len(set(labels)) != len(labels):
+            raise ValueError(f"grid.{name}: labels must be distinct file-name words, got {labels}")
+        axes.append(Axis(name, fields, tuple(as_tuples), labels))
+    tune = sweep.get("tune")
+    if tune is not None and tune not in [a.name for a in axes]:
+        raise ValueError(f"tune={tune!r} is not a grid axis; axes: {[a.name for a in axes]}")
+    return axes
+
+
+def parse_only(only: list[str], axes: list[Axis]) -> dict[str, set[str]]:
+    """``["mixer=softmax,linear", ...]`` -> {axis: labels}; unknown names raise."""
+    by_name = {a.name: a for a in axes}
+    selected = {}
+    for item in only:
+        name, sep, labels = item.partition("=")
+        if not sep or name not in by_name:
+            raise ValueError(f"--only {item!r}: want AXIS=LABEL[,LABEL...]; axes: {list(by_name)}")
+        wanted = set(labels.split(","))
+        unknown = wanted - set(by_name[name].labels)
+        if unknown:
+            raise ValueError(
+                f"--only {item!r}: unknown {name} labels {sorted(unknown)}; "
+                f"known: {list(by_name[name].labels)}"
+            )
+        selected.setdefault(name, set()).update(wanted)
+    return selected
+
+
+def expand(sweep, only: list[str] = ()) -> tuple[list[Axis], list[Point]]:
+    """Every point of the grid (the product of the axes), in a deterministic order."""
+    axes = parse_axes(sweep)
+    selected = parse_only(list(only), axes)
+    points = []
+    for combo in itertools.product(*(range(len(a.choices)) for a in axes)):
+        labels = {a.name: a.labels[i] for a, i in zip(axes, combo, strict=True)}
+        if any(labels[name] not in wanted for name, wanted in selected.items()):
+            continue
+        config = copy.deepcopy(sweep.base)  # keeps FieldReferences (vocab_size) linked
+        values = {}
+        for axis, i in zip(axes, combo, strict=True):
+            for field, value in zip(axis.fields, axis.choices[i], strict=True):
+                _set(config, field, value)
+                values[field] = value
+        name = "_".join(f"{a.name}-{labels[a.name]}" for a in axes)
+        points.append(Point(name, labels, values, config))
+    return axes, points
+
+
+def load_sweep(spec: str):
+    """``path[:preset]`` -> the sweep ConfigDict of ``get_config(preset)``."""
+    path, _, arg = spec.partition(":")
+    if not os.path.isfile(path):
+        raise ValueError(f"--config {spec!r}: no such file {path!r}")
+    module_spec = importlib.util.spec_from_file_location(f"sweep_{Path(path).stem}", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module.get_config(arg or None)
+
+
+# --------------------------------------------------------------------------- running
+def _first_difference(old, new, prefix=""):
+    if isinstance(old, dict) and isinstance(new, dict):
+        for key in sorted(set(old) | set(new)):
+            diff = _first_difference(old.get(key), new.get(key), f"{prefix}{key}.")
+            if diff:
+                return diff
+        return None
+    return None if old == new else (prefix.rstrip("."), old, new)
+
+
+def _check_finished(run_dir: Path, config_dict: dict) -> None:
+    saved = json.loads((run_dir / "config.json").read_text())
+    diff = _first_difference(saved, config_dict)
+    if diff:
+        raise ValueError(
+            f"{run_dir} finished with config.{diff[0]} = {diff[1]!r} but the grid now has "
+            f"{diff[2]!r}; use another --workdir (or delete that run) to run the new grid"
+        )
+
+
+def model_config_at(cfg, context: int):
+    """The run's `ModelConfig` with ``max_length`` = the context (sizes the softmax cache)."""
+    return dataclasses.replace(cfg.model, max_length=context)
+
+
+@functools.cache
+def _state_bytes(model_cfg) -> int:
+    return state_size_bytes(model_cfg)
+
+
+def measure_decode(cfg, batch_size: int) -> dict:
+    """Decoding throughput of a fresh model of ``cfg.model``: ``step`` over a whole
+    ``data.seq_len`` context from an empty state, after one compiling step."""
+    model_cfg = model_config_at(cfg, cfg.data.seq_len)
+    model = LanguageModel(model_cfg, rngs=nnx.Rngs(cfg.seed))
+    step = step_fn(model)
+    tokens_B = jnp.full((batch_size,), 32, jnp.int32)
+    num_tokens = cfg.data.seq_len
+    jax.block_until_ready(step(tokens_B, model.init_state(batch_size, num_tokens)))  # compile
+    state = model.init_state(batch_size, num_tokens)
+    start = time.perf_counter()
+    for _ in range(num_tokens):
+        logits_BV, state = step(tokens_B, state)
+    jax.block_until_ready(logits_BV)
+    seconds = time.perf_counter() - start
+    return {
+        "decode_tokens_per_sec": batch_size * num_tokens / seconds,
+        "decode_ms_per_step": 1e3 * seconds / num_tokens,
+        "decode_batch_size": batch_size,
+        "decode_context": num_tokens,
+        "decode_weights": "fresh model of the same config",
+    }
+
+
+def run_point(point: Point, run_dir: Path, *, decode_batch_size: int, log=print) -> str:
+    """Train (or skip / resume) one point; returns its status: done, skipped or diverged."""
+    cfg = experiment_config(point.config)
+    config_dict = json.loads(json.dumps(cfg.to_dict()))
+    summary_path, failed_path = run_dir / "summary.json", run_dir / "failed.json"
+    if summary_path.exists() or failed_path.exists():
+        _check_finished(run_dir, config_dict)
+        status = "skipped"
+    else:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        start = time.perf_counter()
+        with open(run_dir / "train.log", "a") as stream:
+            reporter = Reporter(cfg.train.num_steps, stream=stream, tty=False)
+            try:
+                train(point.config, str(run_dir), reporter=reporter)
+                status = "done"
+            except NonFiniteLossError as e:
+                write_json(str(failed_path), {"error": str(e)})
+                status = "diverged"
+        log(f"  {status} in {time.perf_counter() - start:.0f} s")
+    if cfg.data.kind == "text" and summary_path.exists() and not (run_dir / "decode.json").exists():
+        write_json(str(run_dir / "decode.json"), measure_decode(cfg, decode_batch_size))
+    return status
+
+
+# --------------------------------------------------------------------------- results
+def collect(axes: list[Axis], points: list[Point], runs_dir: Path) -> list[dict]:
+    """One row per point: axis labels, field values, status, state bytes and final metrics."""
+    rows = []
+    for point in points:
+        cfg = experiment_config(point.config)
+        run_dir = runs_dir / point.name
+        row = {"point": point.name, **point.labels}
+        row.update({field: _value(v) for field, v in point.values.items()})
+        row["state_bytes"] = _state_bytes(model_config_at(cfg, cfg.data.seq_len))
+        if (run_dir / "summary.json").exists():
+            summary = json.loads((run_dir / "summary.json").read_text())
+            row["status"] = "ok"
+            row.update({k: summary[k] for k in SUMMARY_KEYS if k in summary})
+            if (run_dir / "decode.json").exists():
+                decode = json.loads((run_dir / "decode.json").read_text())
+                row["decode_tokens_per_sec"] = decode["decode_tokens_per_sec"]
+        elif (run_dir / "failed.json").exists():
+            row["status"] = "diverged"
+        else:
+            row["status"] = "pending"
+        rows.append(row)
+    return rows
+
+
+def metric_value(row: dict, kind: str) -> float:
+    key, _ = METRICS[kind]
+    value = row.get(key)
+    return float(value) if row["status"] == "ok" and value is not None else math.nan
+
+
+def best_rows(rows: list[dict], axes: list[Axis], tune: str | None, kind: str) -> list[dict]:
+    """Per setting (every axis but ``tune``), the row with the best metric; a setting whose
+    runs all diverged keeps one diverged row; settings with a pending run are left out."""
+    _, larger = METRICS[kind]
+    keys = [a.name for a in axes if a.name != tune]
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        groups.setdefault(tuple(row[k] for k in keys), []).append(row)
+    best = []
+    for group in groups.values():
+        if any(r["status"] == "pending" for r in group):
+            continue
+        finite = [r for r in group if math.isfinite(metric_value(r, kind))]
+        if not finite:
+            best.append(group[0])
+            continue
+        sign = -1.0 if larger else 1.0
+        best.append(min(finite, key=lambda r: sign * metric_value(r, kind)))
+    return best
+
+
+def write_csv(path: Path, rows: list[dict]) -> None:
+    columns = list(dict.fromkeys(k for row in rows for k in row))
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def _fmt(value, digits=3) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return "nan" if not math.isfinite(value) else f"{value:.{digits}f}"
+    return str(value)
+
+
+def _table(header: list[str], body: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cells) + " |" for cells in body]
+    return "\n".join(lines)
+
+
+def _axis_of(axes, name) -> Axis:
+    return next(a for a in axes if a.name == name)
+
+
+def _panel_title(axis: Axis, label: str) -> str:
+    values = axis.choices[axis.labels.index(label)]
+    pairs = zip(axis.fields, values, strict=True)
+    return ", ".join(f"{field.split('.')[-1]}={_label(v)}" for field, v in pairs)
+
+
+def mqar_report(best: list[dict], axes: list[Axis], sweep) -> str:
+    plot = sweep.plot
+    x_axis, line_axis, panel_axis = (_axis_of(axes, plot[k]) for k in ("x", "line", "panel"))
+    parts = []
+    for panel in panel_axis.labels:
+        cells = {
+            (r[line_axis.name], r[x_axis.name]): r for r in best if r[panel_axis.name] == panel
+        }
+        if not cells:
+            continue
+        xs = [x for x in x_axis.labels if any(k[1] == x for k in cells)]
+        body = []
+        for line in line_axis.labels:
+            if any(k[0] == line for k in cells):
+                body.append(
+                    [line]
+                    + [
+                        _fmt(metric_value(cells[line, x], "mqar")) if (line, x) in cells else ""
+                        for x in xs
+                    ]
+                )
+        header = [f"{line_axis.name} \\ {x_axis.name}"] + xs
+        parts.append(
+            f"**{_panel_title(panel_axis, panel)}** (eval accuracy, best lr)\n\n"
+            + _table(header, body)
+        )
+    others = [a.name for a in axes if a.name != sweep.get("tune")]
+    header = [*others, "state bytes", "params", sweep.get("tune") or "-", "accuracy", "status"]
+    body = [
+        [
+            *(r[k] for k in others),
+            str(r["state_bytes"]),
+            str(r.get("param_count", "")),
+            str(r.get(sweep.get("tune"), "")),
+            _fmt(metric_value(r, "mqar")),
+            r["status"],
+        ]
+        for r in best
+    ]
+    parts.append("All settings at their best learning rate:\n\n" + _table(header, body))
+    return "\n\n".join(parts) + "\n"
+
+
+def lm_report(best: list[dict], axes: list[Axis], sweep) -> str:
+    tune = sweep.get("tune")
+    others = [a.name for a in axes if a.name != tune]
+    header = [
+        *others,
+        "params",
+        tune or "-",
+        "val bits/byte",
+        "train tok/s",
+        "decode tok/s",
+        "state bytes",
+        "status",
+    ]
+    body = [
+        [
+            *(r[k] for k in others),
+            f"{r.get('param_count', 0):,}",
+            str(r.get(tune, "")),
+            _fmt(metric_value(r, "text")),
+            _fmt(r.get("tokens_per_sec"), 0),
+            _fmt(r.get("decode_tokens_per_sec"), 0),
+            str(r["state_bytes"]),
+            r["status"],
+        ]
+        for r in best
+    ]
+    return _table(header, body) + "\n"
+
+
+def plot_mqar(best: list[dict], axes: list[Axis], sweep, out: Path) -> None:
+    plot = sweep.plot
+    x_axis, line_axis, panel_axis = (_axis_of(axes, plot[k]) for k in ("x", "line", "panel"))
+    panels = [p for p in panel_axis.labels if any(r[panel_axis.name] == p for r in best)]
+    colors = {line: f"C{i}" for i, line in enumerate(line_axis.labels)}
+    x_value = dict(zip(x_axis.labels, (c[0] for c in x_axis.choices), strict=True))
+    if not panels:  # nothing finished yet
+        return
+
+    for filename, xkey, xlabel, logx in (
+        ("accuracy_vs_d_model.png", x_axis.name, x_axis.fields[0].split(".")[-1], True),
+        (
+            "accuracy_vs_state_bytes.png",
+            "state_bytes",
+            "recurrent state (bytes per sequence)",
+            True,
+        ),
+    ):
+        fig, axs = plt.subplots(
+            1,
+            max(len(panels), 1),
+            figsize=(3.6 * max(len(panels), 1), 3.2),
+            squeeze=False,
+            sharey=True,
+        )
+        for ax, panel in zip(axs[0], panels, strict=True):
+            for line in line_axis.labels:
+                rows = [
+                    r for r in best if r[panel_axis.name] == panel and r[line_axis.name] == line
+                ]
+                pts = sorted(
+                    (
+                        float(x_value[r[xkey]]) if xkey == x_axis.name else float(r[xkey]),
+                        metric_value(r, "mqar"),
+                    )
+                    for r in rows
+                )
+                if pts:
+                    xs, ys = zip(*pts, strict=True)
+                    ax.plot(xs, ys, "o-", color=colors[line], label=line, ms=4)
+            if logx:
+                ax.set_xscale("log", base=2 if xkey == x_axis.name else 10)
+            if xkey == x_axis.name:
+                ticks = sorted({float(v) for v in x_value.values()})
+                ax.set_xticks(ticks, [_label(int(t) if t.is_integer() else t) for t in ticks])
+                ax.minorticks_off()
+            ax.set_title(_panel_title(panel_axis, panel), fontsize=9)
+            ax.set_xlabel(xlabel)
+            ax.set_ylim(-0.03, 1.03)
+            ax.grid(alpha=0.3)
+        axs[0][0].set_ylabel("MQAR accuracy")
+        axs[0][-1].legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / filename, dpi=110)
+        plt.close(fig)
+
+
+def plot_loss_curves(best: list[dict], axes: list[Axis], sweep, runs_dir: Path, out: Path):
+    tune = sweep.get("tune")
+    others = [a.name for a in axes if a.name != tune]
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for i, row in enumerate(r for r in best if r["status"] == "ok"):
+        records = read_jsonl(str(runs_dir / row["point"] / "metrics.jsonl"))
+        label = " ".join(str(row[k]) for k in others)
+        train_pts = [
+            (r["step"], r["train/loss"] / math.log(2)) for r in records if "train/loss" in r
+        ]
+        eval_pts = [
+            (r["step"], r["eval/bits_per_byte"]) for r in records if "eval/bits_per_byte" in r
+        ]
+        if train_pts:
+            ax.plot(*zip(*train_pts, strict=True), color=f"C{i}", lw=1.2, label=label)
+        if eval_pts:
+            ax.plot(*zip(*eval_pts, strict=True), "o", color=f"C{i}", ms=4)
+    ax.set_xlabel("step")
+    ax.set_ylabel("bits per byte (line: train, dots: validation)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "loss_curves.png", dpi=110)
+    plt.close(fig)
+
+
+def report(sweep, axes: list[Axis], points: list[Point], workdir: Path) -> dict:
+    """Write results.csv, results.md and the plots from what is finished; returns the rows."""
+    kind = sweep.base.data.kind
+    runs_dir = workdir / "runs"
+    rows = collect(axes, points, runs_dir)
+    write_csv(workdir / "results.csv", rows)
+    best = best_rows(rows, axes, sweep.get("tune"), kind)
+    if kind == "mqar":
+        text = mqar_report(best, axes, sweep)
+        plot_mqar(best, axes, sweep, workdir)
+    else:
+        text = lm_report(best, axes, sweep)
+        plot_loss_curves(best, axes, sweep, runs_dir, workdir)
+    (workdir / "results.md").write_text(text)
+    return {"rows": rows, "best": best, "markdown": text}
+
+
+# --------------------------------------------------------------------------- entry points
+def dry_run(axes, points, log=print) -> None:
+    cache = {}
+    log(f"{len(points)} points; axes: " + ", ".join(f"{a.name} {list(a.labels)}" for a in axes))
+    for point in points:
+        cfg = experiment_config(point.config)
+        key = model_config_at(cfg, cfg.data.seq_len)
+        if key not in cache:
+            abstract = nnx.eval_shape(lambda key=key: LanguageModel(key, rngs=nnx.Rngs(0)))
+            params = sum(
+                int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(abstract, nnx.Param))
+            )
+            cache[key] = (params, state_size_bytes(key))
+        params, state = cache[key]
+        log(
+            f"  {point.name}: {params:,} params, state {state:,} B, "
+            f"{cfg.train.num_steps} steps x {cfg.tokens_per_step} tokens"
+        )
+
+
+def prepare(sweep, only=()) -> tuple[list[Axis], list[Point]]:
+    """The selected points, every one validated (`experiment_config`) before any is trained."""
+    axes, points = expand(sweep, only)
+    if not points:
+        raise ValueError("no grid point selected")
+    for point in points:
+        experiment_config(point.config)
+    return axes, points
+
+
+def run(sweep, workdir, *, only=(), dry=False, report_only=False, log=print) -> dict | None:
+    """Run (or resume) every selected point, then write the results; see the module doc."""
+    workdir = Path(workdir)
+    axes, points = prepare(sweep, only)
+    if dry:
+        dry_run(axes, points, log)
+        return None
+    decode_batch_size = int(sweep.get("decode_batch_size", 1))
+    if not report_only:
+        for i, point in enumerate(points):
+            log(f"[{i + 1}/{len(points)}] {point.name}")
+            run_point(
+                point, workdir / "runs" / point.name, decode_batch_size=decode_batch_size, log=log
+            )
+    results = report(sweep, axes, points, workdir)
+    log(results["markdown"])
+    return results
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", required=True, help="sweep config file, path[:preset]")
+    parser.add_argument("--workdir", required=True, help="sweep folder (resumed if it exists)")
+    parser.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        metavar="AXIS=LABEL[,LABEL]",
+        help="run only these labels of an axis (repeatable)",
+    )
+    parser.add_argument("--dry-run", action="store_true", help="print the grid and stop")
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="write tables and plots from finished points; train nothing",
+    )
+    args = parser.parse_args(argv)
+    try:  # a bad config, grid or --only stops here, before anything is trained
+        sweep = load_sweep(args.config)
+        prepare(sweep, args.only)
+    except ValueError as e:
+        print(f"sweep: error: {e}", file=sys.stderr)
+        return 2
+    run(sweep, args.workdir, only=args.only, dry=args.dry_run, report_only=args.report_only)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
