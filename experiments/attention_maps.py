@@ -6,9 +6,9 @@
 For every mixer of the preset, the MQAR run in `<workdir>/runs/<mixer>` is trained first when
 `--train` is given or it has no checkpoint yet (`linear_attention.training.train` with
 `configs/mqar.py` and the preset's overrides; rerunning resumes), then loaded from its latest
-checkpoint. On `num_examples` test sequences, one layer's (`--layer`, default the last) mixer
-input is computed with the model's public modules, and from it the mixer's q, k, v (projection,
-short conv, rotary), features and decays, and the effective T×T matrix A with o = A v:
+checkpoint. On `num_examples` test sequences, each layer's mixer input is computed with the
+model's public modules, and from it the mixer's q, k, v (projection, short conv, rotary),
+features and decays, and the effective T×T matrix A with o = A v:
 
     softmax             A_ts = softmax_s(q_t·k_s / √Dk) over s ≤ t
     linear, favor,      A_ts = φ(q_t)·φ(k_s) / (Σ_{s'≤t} φ(q_t)·φ(k_s') + eps)      (s ≤ t)
@@ -25,15 +25,24 @@ this is A itself (rows sum to 1 up to eps); for retnet and gated, which have no 
 weights are signed and unnormalised, so P shows their absolute values row-normalised.
 
 Per head and example, averaged: row entropy of P at the query positions (nats, and divided by
-log(t+1), 1 = uniform); `rank` of P (singular values above `rtol`·σ_max) and its effective rank
-exp(H(σ/Σσ)); `kernel_rank`, the same count for the unmasked score matrix (exp(QKᵀ/√d) for
-softmax, φ(Q)φ(K)ᵀ for linear mixers, at most M = feature width); and at the query positions
-the weight on the correct pair: the key k_i at position 2i and its value at 2i+1, both, their
-sum (`pair_weight`, chance ≈ 2/(t+1)) and how often the largest weight falls on the pair.
+log(t+1), 1 = uniform); `rank` of P (singular values above `rtol`·σ_max; a causal map with a
+positive diagonal is triangular, hence full rank) and its effective rank exp(H(σ/Σσ));
+`kernel_rank`, the same count for the unmasked score matrix (exp(QKᵀ/√d) for softmax,
+φ(Q)φ(K)ᵀ for linear mixers: at most M, the feature width). At each query position t (key k_i
+asked again; the generator puts pair i at positions 2i, 2i+1): the weight on the key, on the
+value, on both (`pair_weight`), and on the pair's window [2i, 2i+1+(K−1)] (`window_weight`),
+K being the short conv's kernel size: with the conv, the keys and values of the K−1 positions
+after the value also carry the pair (trained softmax models typically retrieve from 2i+2,
+whose convolved key holds k_i and value holds v_i); chance levels are the weights a uniform
+row gives; `*_argmax`: how often the row's largest weight lands there.
 
-Writes `results.json` (per mixer, layer and head; the training run's eval accuracy),
-`results.md`, `attention_maps.png` (heatmaps: one column per mixer, one row per head, example 0,
-correct pairs circled) and `attention_summary.png`; prints the table.
+The layer shown is each model's retrieval layer (the one whose best head puts the most weight
+on the window) unless `--layer` is given; the JSON holds every layer and head.
+
+Writes `results.json`, `results.md`, `attention_maps.png` (heatmaps: one column per mixer, one
+row per head, example 0, the queried pairs' windows boxed) and `attention_summary.png` (best
+head of each model: window weight, entropy, ranks, and the run's eval accuracy); prints the
+table.
 """
 
 from __future__ import annotations
@@ -89,13 +98,13 @@ PRESETS = {
             "data.num_kv_pairs": 4,
             "data.num_train_examples": 10_000,
             "data.num_test_examples": 256,
-            "model.num_heads": 2,
+            "model.num_heads": 4,
             "optimizer.learning_rate": 1e-2,
             "optimizer.warmup_steps": 30,
-            "train.num_steps": 400,
-            "train.eval_every": 400,
-            "train.log_every": 100,
-            "train.checkpoint_every": 400,
+            "train.num_steps": 300,
+            "train.eval_every": 300,
+            "train.log_every": 50,
+            "train.checkpoint_every": 300,
         },
         num_examples=16,
     ),
@@ -281,16 +290,25 @@ def recall_positions(inputs_T, labels_T, num_kv_pairs: int):
     return out
 
 
-def head_metrics(p_TT, scores_TT, positions, rtol: float) -> dict:
-    """Metrics of one row-normalised map P (one example, one head)."""
+def head_metrics(p_TT, scores_TT, positions, rtol: float, window: int = 0) -> dict:
+    """Metrics of one row-normalised map P (one example, one head); `window` is the number of
+    positions after each value that also carry the pair (the short conv's kernel size − 1)."""
     rows = np.asarray([t for t, _, _ in positions])
     logp = np.log(np.where(p_TT > 0, p_TT, 1.0))
     entropy_T = -np.sum(p_TT * logp, axis=-1)
     t_idx = np.arange(p_TT.shape[0])
     norm_T = entropy_T / np.log(np.maximum(t_idx + 1, 2))
-    key_w = np.asarray([p_TT[t, kp] for t, kp, _ in positions])
-    val_w = np.asarray([p_TT[t, vp] for t, _, vp in positions])
-    hit = np.asarray([np.argmax(p_TT[t]) in (kp, vp) for t, kp, vp in positions])
+    q = {k: [] for k in ("key", "value", "window", "pair_top", "window_top", "window_chance")}
+    for t, kp, vp in positions:
+        stop = min(vp + window, t) + 1  # the window is [kp, stop)
+        top = int(np.argmax(p_TT[t]))
+        q["key"].append(p_TT[t, kp])
+        q["value"].append(p_TT[t, vp])
+        q["window"].append(p_TT[t, kp:stop].sum())
+        q["pair_top"].append(top in (kp, vp))
+        q["window_top"].append(kp <= top < stop)
+        q["window_chance"].append((stop - kp) / (t + 1))
+    mean = {k: float(np.mean(v)) for k, v in q.items()}
     rank, eff_rank = numerical_rank(p_TT, rtol)
     kernel_rank, _ = numerical_rank(scores_TT, rtol)
     return dict(
@@ -300,11 +318,14 @@ def head_metrics(p_TT, scores_TT, positions, rtol: float) -> dict:
         rank=rank,
         effective_rank=eff_rank,
         kernel_rank=kernel_rank,
-        key_weight=float(key_w.mean()),
-        value_weight=float(val_w.mean()),
-        pair_weight=float((key_w + val_w).mean()),
-        pair_argmax=float(hit.mean()),
+        key_weight=mean["key"],
+        value_weight=mean["value"],
+        pair_weight=mean["key"] + mean["value"],
+        pair_argmax=mean["pair_top"],
         chance_pair_weight=float(np.mean(2.0 / (rows + 1))),
+        window_weight=mean["window"],
+        window_argmax=mean["window_top"],
+        chance_window_weight=mean["window_chance"],
     )
 
 
@@ -320,10 +341,12 @@ def analyse(cfg, model, inputs, labels, rtol: float):
         a, scores, v, kind, m = effective_maps(mixer, x)
         recon = reconstruct(mixer, x, a, v)
         p = row_normalized(a)
+        window = 0 if mixer.conv is None else mixer.conv.kernel_size - 1
         heads = []
         for h in range(a.shape[1]):
             per_ex = [
-                head_metrics(p[e, h], scores[e, h], positions[e], rtol) for e in range(len(inputs))
+                head_metrics(p[e, h], scores[e, h], positions[e], rtol, window)
+                for e in range(len(inputs))
             ]
             heads.append({key: float(np.mean([d[key] for d in per_ex])) for key in per_ex[0]})
         layers.append(
@@ -332,32 +355,40 @@ def analyse(cfg, model, inputs, labels, rtol: float):
                 mixer_class=type(mixer).__name__,
                 weights=kind,
                 feature_dim=m,
+                window=window,
                 recon_rel_err=recon,
                 row_sum_max_dev=float(np.abs(p.sum(-1) - 1).max()),
                 heads=heads,
                 mean={key: float(np.mean([hd[key] for hd in heads])) for key in heads[0]},
-                best_head=int(np.argmax([hd["pair_weight"] for hd in heads])),
+                best_head=int(np.argmax([hd["window_weight"] for hd in heads])),
             )
         )
         maps.append(p[0])
     return layers, maps, positions[0]
 
 
+def retrieval_layer(layers) -> int:
+    """The layer whose best head puts the most weight on the correct pair's window."""
+    return int(np.argmax([lay["heads"][lay["best_head"]]["window_weight"] for lay in layers]))
+
+
 # ----------------------------------------------------------------------------- output
-def plot_maps(results, maps, positions, layer, out: Path) -> None:
+def plot_maps(results, maps, positions, out: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.colors import PowerNorm
+    from matplotlib.patches import Rectangle
 
     mixers = list(results)
     heads = max(maps[m].shape[0] for m in mixers)
     fig, axes = plt.subplots(
-        heads, len(mixers), figsize=(2.6 * len(mixers), 2.7 * heads), squeeze=False
+        heads, len(mixers), figsize=(2.6 * len(mixers), 2.75 * heads), squeeze=False
     )
     for j, m in enumerate(mixers):
-        lay = results[m]["layers"][layer]
+        res = results[m]
+        lay = res["layers"][res["shown_layer"]]
         for h in range(heads):
             ax = axes[h, j]
             ax.set_xticks([])
@@ -366,70 +397,83 @@ def plot_maps(results, maps, positions, layer, out: Path) -> None:
                 ax.axis("off")
                 continue
             ax.imshow(maps[m][h], cmap="viridis", norm=PowerNorm(0.5, vmin=0, vmax=1))
-            for t, kp, vp in positions:
-                ax.scatter([kp, vp], [t, t], s=14, facecolors="none", edgecolors="red", lw=0.8)
+            for t, kp, vp in positions:  # the pair's window (red box), key and value (circles)
+                stop = min(vp + lay["window"], t) + 1
+                ax.add_patch(
+                    Rectangle((kp - 0.5, t - 0.5), stop - kp, 1, fill=False, ec="red", lw=0.8)
+                )
             hd = lay["heads"][h]
-            acc = results[m]["eval_accuracy"]
-            title = f"{m} h{h}" + (f" acc {acc:.2f}" if acc is not None else "")
+            first = f"{m} L{res['shown_layer']} h{h}"
+            if h == 0 and res["eval_accuracy"] is not None:
+                first += f" acc {res['eval_accuracy']:.2f}"
             ax.set_title(
-                f"{title}\nH {hd['entropy_normalized']:.2f} rank {hd['rank']} "
-                f"pair {hd['pair_weight']:.2f}",
+                f"{first}\nwin {hd['window_weight']:.2f} H {hd['entropy_normalized']:.2f} "
+                f"krank {hd['kernel_rank']:.0f}",
                 fontsize=7,
             )
-    fig.suptitle(f"layer {layer}, example 0: P = |A| row-normalised (γ=0.5 colour scale)")
+    fig.suptitle(
+        "example 0: P = |A| row-normalised (γ=0.5 colour), red: the queried pair's window",
+        fontsize=9,
+    )
     fig.tight_layout()
     fig.savefig(out / "attention_maps.png", dpi=110)
     plt.close(fig)
 
 
-def plot_summary(results, layer, out: Path) -> None:
+def plot_summary(results, out: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     mixers = list(results)
-    means = [results[m]["layers"][layer]["mean"] for m in mixers]
+    best = []
+    for m in mixers:
+        lay = results[m]["layers"][results[m]["shown_layer"]]
+        best.append(
+            dict(lay["heads"][lay["best_head"]], layer_kernel_rank=lay["mean"]["kernel_rank"])
+        )
     panels = (
-        ("pair_weight", "weight on the correct pair"),
+        ("window_weight", "weight on the pair's window"),
         ("entropy_normalized", "row entropy / log(t+1)"),
-        ("rank", "numerical rank of P"),
+        ("effective_rank", "effective rank of P"),
         ("kernel_rank", "rank of unmasked scores"),
     )
     fig, axes = plt.subplots(1, len(panels) + 1, figsize=(3.2 * (len(panels) + 1), 3.4))
     x = np.arange(len(mixers))
     for ax, (key, title) in zip(axes, panels, strict=False):
-        ax.bar(x, [d[key] for d in means], color="C0")
-        if key == "pair_weight":
-            ax.plot(x, [d["chance_pair_weight"] for d in means], "k_", ms=14, label="chance")
+        ax.bar(x, [d[key] for d in best], color="C0")
+        if key == "window_weight":
+            ax.plot(x, [d["chance_window_weight"] for d in best], "k_", ms=14, label="uniform")
             ax.legend(fontsize=7)
         ax.set_title(title, fontsize=9)
         ax.set_xticks(x, mixers, rotation=45, fontsize=8)
-    accs = [results[m]["eval_accuracy"] or 0.0 for m in mixers]
-    axes[-1].bar(x, accs, color="C2")
+    axes[-1].bar(x, [results[m]["eval_accuracy"] or 0.0 for m in mixers], color="C2")
     axes[-1].set_title("MQAR eval accuracy", fontsize=9)
     axes[-1].set_xticks(x, mixers, rotation=45, fontsize=8)
-    fig.suptitle(f"layer {layer}, mean over heads and examples", fontsize=10)
+    fig.suptitle("best head of each model's retrieval layer, mean over examples", fontsize=10)
     fig.tight_layout()
     fig.savefig(out / "attention_summary.png", dpi=110)
     plt.close(fig)
 
 
-def table(results, layer) -> str:
+def table(results) -> str:
     lines = [
-        "| mixer | acc | weights | M | pair weight (best head) | chance | argmax on pair | "
-        "entropy / log(t+1) | rank | eff. rank | kernel rank | recon err |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| mixer | acc | layer | weights | M | window weight | uniform | argmax in window | "
+        "pair weight | entropy / log(t+1) | eff. rank | kernel rank (layer mean) | recon err |",
+        "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for m, res in results.items():
-        lay = res["layers"][layer]
-        d, best = lay["mean"], lay["heads"][lay["best_head"]]
+        lay = res["layers"][res["shown_layer"]]
+        b = lay["heads"][lay["best_head"]]
         acc = "-" if res["eval_accuracy"] is None else f"{res['eval_accuracy']:.3f}"
         lines.append(
-            f"| {m} | {acc} | {lay['weights']} | {lay['feature_dim'] or '-'} | "
-            f"{d['pair_weight']:.3f} ({best['pair_weight']:.3f}) | {d['chance_pair_weight']:.3f}"
-            f" | {d['pair_argmax']:.2f} | {d['entropy_normalized']:.3f} | {d['rank']:.1f} | "
-            f"{d['effective_rank']:.1f} | {d['kernel_rank']:.1f} | {lay['recon_rel_err']:.1e} |"
+            f"| {m} | {acc} | {lay['layer']} h{lay['best_head']} | {lay['weights']} | "
+            f"{lay['feature_dim'] or '-'} | {b['window_weight']:.3f} | "
+            f"{b['chance_window_weight']:.3f} | {b['window_argmax']:.2f} | "
+            f"{b['pair_weight']:.3f} | {b['entropy_normalized']:.3f} | "
+            f"{b['effective_rank']:.1f} | {b['kernel_rank']:.1f} ({lay['mean']['kernel_rank']:.1f})"
+            f" | {lay['recon_rel_err']:.1e} |"
         )
     return "\n".join(lines)
 
@@ -440,7 +484,7 @@ def run(
     *,
     mixers=None,
     steps: int | None = None,
-    layer: int = -1,
+    layer: int | None = None,
     num_examples: int | None = None,
     rtol: float = 1e-3,
     force_train: bool = False,
@@ -463,9 +507,10 @@ def run(
         raise ValueError(f"rtol must be in (0, 1), got {rtol!r}")
     configs = {m: run_config(cfg_preset, m, steps) for m in mixers}
     num_layers = next(iter(configs.values())).model.num_layers
-    if not -num_layers <= layer < num_layers:
-        raise ValueError(f"layer must be in [{-num_layers}, {num_layers - 1}], got {layer}")
-    layer %= num_layers
+    if layer is not None:
+        if not -num_layers <= layer < num_layers:
+            raise ValueError(f"layer must be in [{-num_layers}, {num_layers - 1}], got {layer}")
+        layer %= num_layers
     for config in configs.values():  # every config is valid before anything trains
         experiment_config(config)
     out = Path(workdir)
@@ -483,24 +528,27 @@ def run(
         n = min(num_examples, data.test_inputs.shape[0])
         inputs, labels = data.test_inputs[:n], data.test_labels[:n]
         layers, layer_maps, positions = analyse(cfg, model, inputs, labels, rtol)
+        shown = retrieval_layer(layers) if layer is None else layer
         results[m] = dict(
             run_dir=str(run_dir),
             checkpoint_step=step,
             eval_accuracy=eval_accuracy(run_dir),
+            shown_layer=shown,
             layers=layers,
         )
-        maps[m] = layer_maps[layer]
-        lay = layers[layer]
+        maps[m] = layer_maps[shown]
+        lay = layers[shown]
         log(
-            f"{m}: acc {results[m]['eval_accuracy']}, pair weight {lay['mean']['pair_weight']:.3f}"
-            f", recon err {lay['recon_rel_err']:.1e} ({time.time() - start:.0f} s)"
+            f"{m}: acc {results[m]['eval_accuracy']}, layer {shown} head {lay['best_head']}: "
+            f"window weight {lay['heads'][lay['best_head']]['window_weight']:.3f}, "
+            f"recon err {lay['recon_rel_err']:.1e} ({time.time() - start:.0f} s)"
         )
     data_cfg = experiment_config(next(iter(configs.values()))).data
     summary = dict(
         config=dict(
             preset=preset,
             mixers=mixers,
-            layer=layer,
+            layer="auto" if layer is None else layer,
             num_examples=num_examples,
             rtol=rtol,
             seq_len=data_cfg.seq_len,
@@ -512,10 +560,10 @@ def run(
         mixers=results,
     )
     (out / "results.json").write_text(json.dumps(summary, indent=1))
-    text = table(results, layer)
+    text = table(results)
     (out / "results.md").write_text(text + "\n")
-    plot_maps(results, maps, positions, layer, out)
-    plot_summary(results, layer, out)
+    plot_maps(results, maps, positions, out)
+    plot_summary(results, out)
     log(text)
     return summary
 
@@ -527,7 +575,9 @@ def main(argv=None):
     p.add_argument("--mixers", nargs="+", choices=ALL_MIXERS, help="default: the preset's")
     p.add_argument("--train", action="store_true", help="train (resume) even if a run exists")
     p.add_argument("--steps", type=int, help="training steps (default: the preset's)")
-    p.add_argument("--layer", type=int, default=-1, help="layer to show (default: the last)")
+    p.add_argument(
+        "--layer", type=int, help="layer to show (default: each model's retrieval layer)"
+    )
     p.add_argument("--num_examples", type=int, help="test sequences to average over")
     p.add_argument("--rtol", type=float, default=1e-3, help="singular values > rtol·σ_max count")
     a = p.parse_args(argv)

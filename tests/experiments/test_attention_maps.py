@@ -109,13 +109,18 @@ def test_head_metrics_hand_cases(am):
         == pytest.approx((2 / 6 + 2 / 8) / 2)
     )
     assert d["rank"] == T and d["kernel_rank"] == 1
+    assert d["window_weight"] == d["pair_weight"]  # no window beyond the pair
+    # a window of 2 after the value: [2, 6) for the query at 5, [0, 4) for the one at 7
+    d = am.head_metrics(uniform, np.ones((T, T)), positions, 1e-3, window=2)
+    assert d["window_weight"] == pytest.approx((4 / 6 + 4 / 8) / 2)
+    assert d["chance_window_weight"] == pytest.approx(d["window_weight"])
     # one-hot rows on the value: zero entropy, all the weight on the pair, a permutation's rank
     onehot = np.eye(T)
     onehot[5] = np.eye(T)[3]
     onehot[7] = np.eye(T)[1]
     d = am.head_metrics(onehot, np.eye(T), positions, 1e-3)
     assert d["entropy"] == 0 and d["pair_weight"] == 1 and d["value_weight"] == 1
-    assert d["key_weight"] == 0 and d["pair_argmax"] == 1
+    assert d["key_weight"] == 0 and d["pair_argmax"] == 1 and d["window_argmax"] == 1
     assert d["rank"] == T - 2 and d["kernel_rank"] == T
     s = np.asarray([2**0.5, 2**0.5, 1, 1, 1, 1]) / (2 * 2**0.5 + 4)  # singular values / sum
     assert d["effective_rank"] == pytest.approx(math.exp(-np.sum(s * np.log(s))))
@@ -125,11 +130,14 @@ def test_tiny_preset_trains_loads_and_writes(am, tmp_path):
     res = am.run(tmp_path, "tiny", log=lambda _: None)
     for name in ("results.json", "results.md", "attention_maps.png", "attention_summary.png"):
         assert (tmp_path / name).stat().st_size > 0
-    assert json.loads((tmp_path / "results.json").read_text())["config"]["layer"] == 1
+    assert json.loads((tmp_path / "results.json").read_text())["config"]["layer"] == "auto"
     t = res["config"]["seq_len"]
     assert set(res["mixers"]) == {"softmax", "gated"}
     for name, r in res["mixers"].items():
         assert (tmp_path / "runs" / name / "checkpoints").is_dir()
+        # the layer shown is the one whose best head weighs the pair's window the most
+        best = [lay["heads"][lay["best_head"]]["window_weight"] for lay in r["layers"]]
+        assert r["shown_layer"] == int(np.argmax(best))
         assert r["checkpoint_step"] == 2 and 0 <= r["eval_accuracy"] <= 1
         for lay in r["layers"]:
             assert lay["recon_rel_err"] < 1e-4 and lay["row_sum_max_dev"] < 1e-6
@@ -137,6 +145,8 @@ def test_tiny_preset_trains_loads_and_writes(am, tmp_path):
                 assert 0 <= hd["entropy_normalized"] <= 1 + 1e-9
                 assert 0 <= hd["pair_weight"] <= 1 and 0 <= hd["pair_argmax"] <= 1
                 assert hd["pair_weight"] == pytest.approx(hd["key_weight"] + hd["value_weight"])
+                assert hd["pair_weight"] <= hd["window_weight"] + 1e-12 <= 1 + 1e-9
+                assert lay["window"] == 3  # the smoke preset's conv has kernel 4
                 assert 1 <= hd["effective_rank"] <= hd["rank"] <= t
                 if name == "gated":
                     assert hd["kernel_rank"] <= lay["feature_dim"] == 16
