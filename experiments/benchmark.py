@@ -16,7 +16,8 @@ A point whose warm-up run took over `--slow_s` is not run again: that one post-c
 is its measurement (blockwise softmax at large T). A point is skipped (recorded with the reason)
 when its temporaries exceed `--mem_budget_gb` (predicted from the growth over the two previous T
 before compiling, then checked on the compiled program) or when the same method and pass took
-longer than `--time_budget_s` at the previous T.
+longer than `--time_budget_s` at a smaller T; once skipped, a method and pass stays skipped at
+every larger T.
 
 Also: a chunk-size sweep of the chunk method at the headline T, and the headline itself (chunk
 vs the baselines, gradient memory, fraction of the matmul peak, a 2048² float32 matmul timed in
@@ -145,45 +146,48 @@ def matmul_point(n: int):
 
 
 def run_T_sweep(T_list, methods, repeats, budgets, headline_T, matmul_n, log):
-    """Every method and pass at every T. Returns (records, matmul timing at headline_T)."""
+    """Every method and pass at every T. Returns (records, matmul timing at headline_T).
+
+    A method and pass skipped at some T (over a budget) stays skipped at every larger T."""
     mem_budget, time_budget, slow_s = budgets
-    records, history, matmul = [], {}, None
+    records, temps, blocked, matmul = [], {}, {}, None
     for T in T_list:
         inputs = make_inputs(T)
         points, recs = {}, {}
         for name in methods:
             fn, featurised = METHODS[name]
             for mode in MODES:
-                rec = recs[name, mode] = dict(method=name, mode=mode, T=T, temp_bytes=None)
+                key = name, mode
+                rec = recs[key] = dict(method=name, mode=mode, T=T, temp_bytes=None)
                 records.append(rec)
-                past = history.setdefault((name, mode), [])  # (temp_bytes, median_s) per T
-                if past and past[-1][1] is not None and past[-1][1] > time_budget:
-                    rec["skipped"] = f"took {past[-1][1]:.1f} s > {time_budget} s at the previous T"
-                    past.append((None, None))
-                    continue
-                if len(past) >= 2 and past[-1][0] and past[-2][0]:
-                    predicted = past[-1][0] ** 2 / past[-2][0]
+                past = temps.setdefault(key, [])  # temp_bytes at the previous T
+                if len(past) >= 2 and past[-1] and past[-2]:
+                    predicted = past[-1] ** 2 / past[-2]  # same growth as the last doubling
                     if predicted > mem_budget:
-                        rec["skipped"] = f"predicted temp {predicted / 2**30:.1f} GiB > budget"
-                        past.append((None, None))
-                        continue
-                compiled, args = compile_point(fn, mode, inputs["feat" if featurised else "raw"])
-                rec["temp_bytes"] = compiled.memory_analysis().temp_size_in_bytes
-                past.append((rec["temp_bytes"], None))
-                if rec["temp_bytes"] > mem_budget:
-                    rec["skipped"] = f"temp {rec['temp_bytes'] / 2**30:.1f} GiB > budget"
+                        blocked.setdefault(
+                            key, f"predicted temp {predicted / 2**30:.2g} GiB at T={T}"
+                        )
+                if key not in blocked:
+                    compiled, args = compile_point(
+                        fn, mode, inputs["feat" if featurised else "raw"]
+                    )
+                    rec["temp_bytes"] = compiled.memory_analysis().temp_size_in_bytes
+                    past.append(rec["temp_bytes"])
+                    if rec["temp_bytes"] > mem_budget:
+                        blocked[key] = f"temp {rec['temp_bytes'] / 2**30:.2g} GiB at T={T}"
+                if key in blocked:
+                    rec["skipped"] = f"over budget: {blocked[key]}"
                     continue
-                points[name, mode] = (compiled, args)
+                points[key] = (compiled, args)
         if T == headline_T:
             points["matmul", "fwd"] = matmul_point(matmul_n)
         times = interleaved(points, repeats, slow_s)
         if T == headline_T:
-            mm = times.pop(("matmul", "fwd"))
-            matmul = dict(n=matmul_n, **_stats(mm))
+            matmul = dict(n=matmul_n, **_stats(times.pop(("matmul", "fwd"))))
         summarize(times, recs)
         for key, rec in recs.items():
-            if "median_s" in rec:
-                history[key][-1] = (rec["temp_bytes"], rec["median_s"])
+            if rec.get("median_s", 0) > time_budget:
+                blocked[key] = f"took {rec['median_s']:.3g} s at T={T}"
         log(
             f"T={T}: "
             + ", ".join(

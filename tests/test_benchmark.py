@@ -89,35 +89,38 @@ def test_speedups_and_headline_follow_from_the_raw_times(quick, bench):
 
 
 def test_budgets_skip_points_with_a_reason(bench, tmp_path):
-    # Memory: a budget below every compiled size skips after compiling at the first two T, and
-    # predicts (without compiling) at the third.
-    res = bench.run(
-        tmp_path / "mem",
-        T=(64, 128, 192),
-        methods=["performer_causal"],
-        repeats=1,
-        mem_budget_gb=1e-9,
-        log=lambda _: None,
-    )
+    run = dict(methods=["performer_causal"], repeats=1, log=lambda _: None)
+    # Memory, on the compiled program: over budget at the first T, skipped from then on.
+    res = bench.run(tmp_path / "a", T=(64, 128), mem_budget_gb=1e-9, **run)
     recs = {(r["mode"], r["T"]): r for r in res["records"]}
     for mode in ("fwd", "grad"):
-        assert "GiB > budget" in recs[mode, 64]["skipped"] and recs[mode, 64]["temp_bytes"] > 0
-        assert recs[mode, 192]["skipped"].startswith("predicted")
-        assert recs[mode, 192]["temp_bytes"] is None
+        assert recs[mode, 64]["temp_bytes"] > 0 and "GiB at T=64" in recs[mode, 64]["skipped"]
+        assert recs[mode, 128]["skipped"] == recs[mode, 64]["skipped"]
+        assert recs[mode, 128]["temp_bytes"] is None and "median_s" not in recs[mode, 128]
     assert res["headline"] is None
-    # Time: a zero budget runs the first T and skips the next.
-    res = bench.run(
-        tmp_path / "time",
-        T=(64, 128),
-        methods=["performer_causal"],
-        repeats=1,
-        time_budget_s=0.0,
-        log=lambda _: None,
+    # Memory, predicted before compiling from the growth over the two previous T.
+    inputs = bench.make_inputs(64)["feat"], bench.make_inputs(128)["feat"]
+    t64, t128 = (
+        bench.compile_point(bench.performer_causal, "fwd", x)[0]
+        .memory_analysis()
+        .temp_size_in_bytes
+        for x in inputs
     )
+    predicted = t128**2 / t64
+    assert predicted > t128 > 0
+    budget = (predicted * t128) ** 0.5 / 2**30
+    res = bench.run(tmp_path / "b", T=(64, 128, 256), mem_budget_gb=budget, **run)
+    fwd = {r["T"]: r for r in res["records"] if r["mode"] == "fwd"}
+    assert [fwd[T]["temp_bytes"] for T in (64, 128, 256)] == [t64, t128, None]
+    assert fwd[128]["median_s"] > 0
+    assert fwd[256]["skipped"].startswith("over budget: predicted temp")
+    # Time: a zero budget runs the first T only.
+    res = bench.run(tmp_path / "c", T=(64, 128, 192), time_budget_s=0.0, **run)
     recs = {(r["mode"], r["T"]): r for r in res["records"]}
     for mode in ("fwd", "grad"):
         assert recs[mode, 64]["median_s"] > 0
-        assert "took" in recs[mode, 128]["skipped"]
+        assert "s at T=64" in recs[mode, 128]["skipped"] and "took" in recs[mode, 128]["skipped"]
+        assert recs[mode, 192]["skipped"] == recs[mode, 128]["skipped"]
 
 
 @pytest.mark.parametrize(
