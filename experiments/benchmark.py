@@ -306,12 +306,14 @@ def plot(records, out: Path) -> None:
                     if r["method"] == name and r["mode"] == mode and r.get(key)
                 ]
                 if pts:
-                    ax.loglog(*zip(*pts, strict=True), "o-", label=name, base=2)
+                    ax.plot(*zip(*pts, strict=True), "o-", label=name)
             ax.set(
                 title={"fwd": "forward", "grad": "forward + backward"}[mode],
                 xlabel="T",
                 ylabel=ylabel,
             )
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
             ax.grid(True, which="both", alpha=0.3)
         if axes[0].get_legend_handles_labels()[0]:  # nothing to label if all were skipped
             axes[0].legend(fontsize=8)
