@@ -14,8 +14,10 @@ every mixer of `--mixers` (default `gated` and `softmax`; parameter counts are r
 Step latency. For each context length N a decoding state is made that holds N tokens, and the
 step function from `models.step_fn` (compiled once per state shape) is timed one token at a time
 (`block_until_ready` on the logits) with the new state fed back, after warm-up steps. Timing is
-interleaved: every round times `steps` tokens at every (mixer, N) point, so load on a shared
-machine hits all points alike; the figure is the median over all rounds.
+interleaved: every round runs a block at every (mixer, N) point, in a shuffled order, of 2
+untimed tokens (the previous block evicted this point's state from the CPU caches) and `steps`
+timed ones, so load on a shared machine hits all points alike; the figure is the median over
+all rounds.
 
 How the state "holds N tokens": the softmax mixer's `step` attends over its whole KV cache
 `[B, L, H, D]` (masked by position), so its cost is set by the cache length L, not by the
@@ -27,7 +29,8 @@ work of decoding at context N (the values in the slots do not change the cost). 
 (`LinearAttentionState`, fixed size) are filled with random non-negative numbers and the
 position set the same way; for them N changes nothing but the position counter, which is the
 point. Note that `step_fn` does not donate the state, so each softmax step also copies its cache
-(O(N) memory traffic, the same order as reading it).
+(O(N) memory traffic, the same order as reading it); `--donate` times the same step with the
+state donated (cache updated in place) to separate the two.
 
 State bytes per sequence: counted from the arrays of the filled state (without the int32
 position counters) and checked against `models.state_size_bytes` with `max_length` = N.
@@ -120,7 +123,6 @@ def filled_state(model: LanguageModel, batch: int, context: int, position: int, 
     """A decoding state for `context` tokens at `position`: softmax caches of length `context`,
     every core array (KV cache or linear state) random, conv tails zero."""
     state = model.init_state(batch, context if _has_softmax(model) else 1)
-    pos = jnp.asarray(position, jnp.int32)
     layers = []
     for i, layer in enumerate(state.layers):
         leaves, treedef = jax.tree.flatten(layer.core)
@@ -130,8 +132,9 @@ def filled_state(model: LanguageModel, batch: int, context: int, position: int, 
             jax.random.uniform(k, x.shape, jnp.float32).astype(x.dtype)
             for k, x in zip(keys, leaves, strict=True)
         ]
+        pos = jnp.asarray(position, jnp.int32)  # one buffer each, so the state can be donated
         layers.append(MixerState(jax.tree.unflatten(treedef, leaves), layer.conv, pos))
-    return state._replace(layers=tuple(layers), position=pos)
+    return state._replace(layers=tuple(layers), position=jnp.asarray(position, jnp.int32))
 
 
 def _has_softmax(model: LanguageModel) -> bool:
@@ -143,14 +146,37 @@ def state_bytes(state) -> int:
     return sum(int(x.nbytes) for x in jax.tree.leaves(state) if x.ndim > 0)
 
 
+@functools.partial(jax.jit, static_argnums=0, donate_argnums=3)
+def _step_donated(graphdef, params, tokens, state):
+    return nnx.merge(graphdef, params).step(tokens, state)
+
+
+def make_step(model: LanguageModel, donate: bool):
+    """`models.step_fn(model)`, or with `donate` the same step with the state's buffers donated
+    (updated in place: the softmax step then no longer copies its cache)."""
+    if not donate:
+        return step_fn(model)
+    graphdef, params = nnx.split(model)
+    return functools.partial(_step_donated, graphdef, params)
+
+
 @functools.partial(jax.jit, static_argnums=0)
 def _prefill(graphdef, params, tokens, state):
     logits, state = nnx.merge(graphdef, params).prefill(tokens, state)
     return logits[:, -1], state
 
 
+REWARM = 2  # untimed steps at the start of each block: caches were just used by another point
+
+
+def steps_needed(cfg: dict) -> int:
+    """Tokens one point decodes: warm-up, every round's block, and the final finiteness check."""
+    return cfg["warmup"] + cfg["rounds"] * (REWARM + cfg["steps"]) + 1
+
+
 def time_steps(points: dict, warmup: int, rounds: int, steps: int) -> dict:
-    """{key: (step, state, token)} -> {key: [seconds per step]}, interleaved over rounds."""
+    """{key: (step, state, token)} -> {key: [seconds per step]}. Every round runs a block at
+    each point, in a shuffled order, of `REWARM` untimed then `steps` timed tokens."""
     states = {key: p[1] for key, p in points.items()}
 
     def run(key, n, record):
@@ -165,9 +191,12 @@ def time_steps(points: dict, warmup: int, rounds: int, steps: int) -> dict:
     for key in points:
         run(key, warmup, None)
     times = {key: [] for key in points}
+    order = list(points)
+    rng = np.random.default_rng(0)
     for _ in range(rounds):
-        for key in points:
-            run(key, steps, times[key])
+        for i in rng.permutation(len(order)):
+            run(order[i], REWARM, None)
+            run(order[i], steps, times[order[i]])
     for key in points:  # the last state must have stayed finite (no cache overflow)
         logits, _ = points[key][0](points[key][2], states[key])
         if not bool(jnp.all(jnp.isfinite(logits))):
@@ -192,13 +221,13 @@ def machine_info() -> dict:
     )
 
 
-def run_decode(models, cfg, batch, log) -> list[dict]:
+def run_decode(models, cfg, batch, donate, log) -> list[dict]:
     warmup, rounds, steps = cfg["warmup"], cfg["rounds"], cfg["steps"]
-    total = warmup + rounds * steps + 1  # + the final finiteness check
+    total = steps_needed(cfg)
     points, records = {}, {}
     token = jnp.zeros((batch,), jnp.int32)
     for mixer, model in models.items():
-        step = step_fn(model)
+        step = make_step(model, donate)
         for n in cfg["contexts"]:
             state = filled_state(model, batch, n, max(n - total, 0), jax.random.key(n))
             points[mixer, n] = (step, state, token)
@@ -374,6 +403,7 @@ def run(
     contexts=None,
     prefill_lengths=None,
     batch_size: int = 1,
+    donate: bool = False,
     mem_budget_gb: float = 2.0,
     time_budget_s: float = 60.0,
     log=print,
@@ -390,7 +420,7 @@ def run(
     unknown = [m for m in mixers if m not in MIXERS]
     if unknown or not mixers:
         raise ValueError(f"mixers must be a non-empty list from {list(MIXERS)}, got {unknown}")
-    total = cfg["warmup"] + cfg["rounds"] * cfg["steps"] + 1
+    total = steps_needed(cfg)
     for name in ("contexts", "prefill_lengths"):
         values = tuple(sorted(set(cfg[name])))
         if not values or any(not isinstance(n, int) or n < 1 for n in values):
@@ -398,8 +428,8 @@ def run(
         cfg[name] = values
     if cfg["contexts"][0] < total:
         raise ValueError(
-            f"contexts must be >= {total} (the steps the preset decodes: warm-up + rounds·steps "
-            f"+ 1), got {cfg['contexts'][0]}"
+            f"contexts must be >= {total} (the tokens the preset decodes: warm-up + "
+            f"rounds·({REWARM} + steps) + 1), got {cfg['contexts'][0]}"
         )
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
@@ -411,7 +441,7 @@ def run(
     for m in mixers:
         models[m] = LanguageModel(model_config(m, cfg, max_length), rngs=nnx.Rngs(0))
         params[m] = sum(int(x.size) for x in jax.tree.leaves(nnx.state(models[m], nnx.Param)))
-    decode = run_decode(models, cfg, batch_size, log)
+    decode = run_decode(models, cfg, batch_size, donate, log)
     prefill = run_prefill(models, cfg, batch_size, (mem_budget_gb * 2**30, time_budget_s), log)
     linear = [m for m in mixers if m != "softmax"]
     results = dict(
@@ -419,6 +449,7 @@ def run(
             preset=preset,
             mixers=mixers,
             batch_size=batch_size,
+            donate=donate,
             param_counts=params,
             mem_budget_gb=mem_budget_gb,
             time_budget_s=time_budget_s,
@@ -444,6 +475,9 @@ def main(argv=None):
     p.add_argument("--contexts", type=int, nargs="+", help="context lengths (default: preset's)")
     p.add_argument("--prefill_lengths", type=int, nargs="+", help="default: the preset's")
     p.add_argument("--batch_size", type=int, default=1)
+    p.add_argument(
+        "--donate", action="store_true", help="donate the state to the step (in-place cache)"
+    )
     p.add_argument("--mem_budget_gb", type=float, default=2.0, help="skip bigger prefills")
     p.add_argument("--time_budget_s", type=float, default=60.0, help="stop a mixer's prefill")
     a = p.parse_args(argv)
@@ -454,6 +488,7 @@ def main(argv=None):
         contexts=a.contexts,
         prefill_lengths=a.prefill_lengths,
         batch_size=a.batch_size,
+        donate=a.donate,
         mem_budget_gb=a.mem_budget_gb,
         time_budget_s=a.time_budget_s,
     )

@@ -47,12 +47,12 @@ FM = K.feature_maps
 METRICS = ("kernel", "weights", "output")
 PRESETS = {
     "tiny": dict(T=16, d=8, m=(4, 16, 64), norms=(1.0, 2.0), seeds=3),
-    "cpu": dict(T=256, d=64, m=(16, 32, 64, 128, 256, 512), norms=(1.0, 2.0, 3.0), seeds=8),
+    "cpu": dict(T=256, d=64, m=(16, 32, 64, 128, 256, 512), norms=(1.0, 1.5, 2.0, 3.0), seeds=8),
     "full": dict(
         T=1024,
         d=64,
         m=(16, 32, 64, 128, 256, 512, 1024, 2048),
-        norms=(0.5, 1.0, 2.0, 3.0, 4.0),
+        norms=(0.5, 1.0, 1.5, 2.0, 3.0, 4.0),
         seeds=32,
     ),
 }
