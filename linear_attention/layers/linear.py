@@ -35,8 +35,6 @@ from linear_attention.layers.feature_maps import (
     HedgehogFeatures,
 )
 
-METHODS = ("quadratic", "scan", "associative_scan", "chunk")
-
 
 class LinearMixer(Mixer):
     """Base of the linear-attention family (and the `linear` mixer itself: a fixed feature map).
@@ -64,8 +62,8 @@ class LinearMixer(Mixer):
             not isinstance(feature_dim, int) or isinstance(feature_dim, bool) or feature_dim < 1
         ):
             raise ValueError(f"feature_dim must be an integer >= 1, got {feature_dim!r}")
-        if method is not None and method not in METHODS:
-            raise ValueError(f"unknown method {method!r}; allowed: {', '.join(METHODS)}")
+        if method is not None and method not in K.METHODS:
+            raise ValueError(f"unknown method {method!r}; allowed: {', '.join(K.METHODS)}")
         if chunk_size is not None and (
             not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1
         ):
