@@ -435,7 +435,7 @@ def run(
         raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
     out = Path(workdir)
     out.mkdir(parents=True, exist_ok=True)
-    start = time.time()
+    start, machine = time.time(), machine_info()
     max_length = max(cfg["contexts"] + cfg["prefill_lengths"])
     models, params = {}, {}
     for m in mixers:
@@ -455,7 +455,7 @@ def run(
             time_budget_s=time_budget_s,
             **{k: v for k, v in cfg.items()},
         ),
-        machine=machine_info(),
+        machine=machine,
         decode=decode,
         prefill=prefill,
         headline=headline(decode, prefill, linear),
