@@ -1,16 +1,19 @@
 """Byte-level language model on the built-in corpus (the Python standard library's source).
 
-Command (2 CPU cores, a few minutes; validation bits-per-byte well below 8, then a sample):
+Command (2 CPU cores; validation bits-per-byte well below 8, then a generated sample):
 
     python experiments/train.py --config configs/lm.py:cpu --workdir runs/lm
 
-Any mixer or hybrid: ``--config.model.mixer=softmax``, ``--config.model.mixer="('gated',
-'softmax')"``; another corpus: ``--config.data.path=/some/file/or/folder``.
+Measured: eval/bits_per_byte 2.46, 2.11, 1.96 at steps 200, 400, 600 (uniform bytes: 8),
+about 7 minutes on a shared 2-core machine (6k tokens/s).
+
+Any mixer or hybrid (names per layer, repeated): ``--config.model.mixer=softmax``,
+``--config.model.mixer=gated,softmax``; another corpus: ``--config.data.path=/file/or/folder``.
 
 Presets (``configs/lm.py:<arg>``):
   (none) / ``default``: an accelerator run: 8 layers, d_model 512, sequence 1024, bfloat16
       compute, the whole standard library (~30 MB).
-  ``cpu``: 2 layers, d_model 128, sequence 128, batch 32, 8 MB of the corpus: minutes on CPU.
+  ``cpu``: 2 layers, d_model 128, sequence 128, batch 32, 600 steps on 8 MB of the corpus.
   ``smoke``: a tiny run for tests (seconds, learns little).
 
 The model is gated linear attention (data-dependent decay per head, as in Mamba-2 / simple
@@ -104,11 +107,11 @@ def get_config(arg=None):
         model.dtype = "float32"
         config.optimizer.learning_rate = 3e-3
         config.optimizer.warmup_steps = 100
-        config.train.num_steps = 1_500
+        config.train.num_steps = 600
         config.train.batch_size = 32
-        config.train.eval_every = 500
+        config.train.eval_every = 200
         config.train.log_every = 50
-        config.train.checkpoint_every = 500
+        config.train.checkpoint_every = 200
         config.train.sample_tokens = 200
     elif arg == "smoke":
         config.data.seq_len = 32

@@ -1,14 +1,18 @@
 """Multi-query associative recall (Zoology's MQAR) with a 2-layer model and no MLP.
 
-Command (2 CPU cores, a few minutes; ``softmax`` reaches eval/accuracy >= 0.99):
+Command (2 CPU cores; ``softmax`` reaches eval/accuracy >= 0.99: measured 0.996 at step 1250
+and 0.999 at step 2000, about 7 minutes on a shared 2-core machine):
 
     python experiments/train.py --config configs/mqar.py:cpu --workdir runs/mqar_softmax
 
-The recall gap of a fixed-size state: the same setting with ``linear`` (elu+1) and more pairs
-stays well below softmax, which still recalls them:
+The recall gap of a fixed-size state, same setting, another mixer:
 
-    python experiments/train.py --config configs/mqar.py:cpu --workdir runs/mqar_linear \\
-        --config.model.mixer=linear --config.data.num_kv_pairs=16
+    python experiments/train.py --config configs/mqar.py:cpu --workdir runs/mqar_linear \
+        --config.model.mixer=linear
+
+Measured eval/accuracy after 2000 steps with 8 pairs: softmax 0.999, taylor (Based) 0.751,
+linear (elu+1) 0.127, i.e. chance among the 8 values in context (0.245 with 4 pairs, 0.073
+with 16; ``--config.data.num_kv_pairs=N``).
 
 Presets (``configs/mqar.py:<arg>``):
   (none) / ``default``: the Zoology setting for an accelerator: vocab 8192, 2 layers, d_model

@@ -3,7 +3,7 @@
 One jitted step (split/merge with the model's `GraphDef` static, the state donated) computes
 the masked cross-entropy over labelled positions, its gradient, and the optax update. Every
 random choice is keyed by the step: the batch of step s comes from a generator seeded by
-``(seed, s)`` and the favor redraw before step s from ``fold_in(key(seed), s)``, so a run
+``(seed, s)`` and the favor redraw before step s from the seed's key folded with s, so a run
 resumed from a checkpoint at step c replays steps c+1... exactly as an uninterrupted run.
 
 Workdir: ``config.json``, ``metrics.jsonl``, ``checkpoints/`` (orbax), ``summary.json``.
@@ -231,7 +231,8 @@ def train(config, workdir: str, *, reporter: Reporter | None = None) -> dict:
             reporter.message(f"resumed from step {start} ({checkpoints.directory})")
         else:
             state = jax.device_put(nnx.state(build_model(cfg, tx)), shardings)
-        writer = MetricsWriter(os.path.join(workdir, "metrics.jsonl"), resume_step=start)
+        metrics_path = os.path.join(workdir, "metrics.jsonl")
+        writer = MetricsWriter(metrics_path, resume_step=start) if lead else None
         reporter.message(
             f"{param_count:,} parameters, {mesh.shape['data']} device(s), "
             f"steps {start}..{tc.num_steps}"
@@ -324,7 +325,7 @@ def _loop(cfg, data, state, graphdef, mesh, fsdp, schedule, checkpoints, writer,
         if do_eval:
             record.update(evaluate(state, data, cfg, graphdef, mesh))
         if do_log or do_eval:
-            if jax.process_index() == 0:
+            if writer is not None:
                 writer.write(record)
             reporter.record(record)
         if do_ckpt:
