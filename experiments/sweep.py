@@ -3,8 +3,10 @@
     python experiments/sweep.py --config configs/sweeps/mqar.py:cpu --workdir runs/mqar-sweep
     python experiments/sweep.py --config configs/sweeps/lm.py:cpu --workdir runs/lm-sweep
     ... --dry-run                        # print the grid (parameters, state bytes), train nothing
-    ... --only mixer=softmax,linear      # a subset (repeatable; labels of that axis)
+    ... --only mixer=softmax,linear      # train a subset (repeatable; labels of that axis)
     ... --report-only                    # tables and plots from the finished points only
+
+Tables and plots always cover the whole grid; a setting with a run still pending is left out.
 
 A sweep config (``get_config(arg)``) has ``base`` (a config of ``configs/mqar.py`` or
 ``configs/lm.py``), ``grid`` (axis name -> ``ConfigDict(field, choices, labels)``; ``field`` is
@@ -282,6 +284,7 @@ def run_point(point: Point, run_dir: Path, *, decode_batch_size: int, log=print)
     if summary_path.exists() or failed_path.exists():
         _check_finished(run_dir, config_dict)
         status = "skipped"
+        log("  skipped (finished)")
     else:
         run_dir.mkdir(parents=True, exist_ok=True)
         start = time.perf_counter()
@@ -469,7 +472,7 @@ def plot_mqar(best: list[dict], axes: list[Axis], sweep, out: Path) -> None:
         (
             "accuracy_vs_state_bytes.png",
             "state_bytes",
-            "recurrent state (bytes per sequence)",
+            "decoding state (bytes per sequence)\nsoftmax: its KV cache at seq_len",
             True,
         ),
     ):
@@ -592,6 +595,7 @@ def run(sweep, workdir, *, only=(), dry=False, report_only=False, log=print) -> 
     if dry:
         dry_run(axes, points, log)
         return None
+    workdir.mkdir(parents=True, exist_ok=True)
     decode_batch_size = int(sweep.get("decode_batch_size", 1))
     if not report_only:
         for i, point in enumerate(points):
@@ -599,7 +603,8 @@ def run(sweep, workdir, *, only=(), dry=False, report_only=False, log=print) -> 
             run_point(
                 point, workdir / "runs" / point.name, decode_batch_size=decode_batch_size, log=log
             )
-    results = report(sweep, axes, points, workdir)
+    # The tables cover the whole grid: points run earlier (or by another --only) count too.
+    results = report(sweep, *expand(sweep), workdir)
     log(results["markdown"])
     return results
 

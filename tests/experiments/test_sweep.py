@@ -147,6 +147,17 @@ def test_best_lr_and_diverged_points_from_hand_made_runs(sweep, tmp_path, monkey
         sweep.write_json(f"{workdir}/summary.json", {"eval/accuracy": accuracy[key]})
 
     monkeypatch.setattr(sweep, "train", fake_train)
+    # --only trains a subset; the tables still list the whole grid, the rest pending
+    result = sweep.run(config, tmp_path, only=["mixer=softmax"], log=quiet)
+    status = {(r["mixer"], r["lr"]): r["status"] for r in read_csv(tmp_path / "results.csv")}
+    assert status == {
+        ("softmax", "0.001"): "ok",
+        ("softmax", "0.003"): "ok",
+        ("linear", "0.001"): "pending",
+        ("linear", "0.003"): "pending",
+    }
+    assert [(r["mixer"], r["lr"]) for r in result["best"]] == [("softmax", "0.003")]
+
     result = sweep.run(config, tmp_path, log=quiet)
     rows = {(r["mixer"], r["lr"]): r for r in read_csv(tmp_path / "results.csv")}
     assert rows["linear", "0.003"]["status"] == "diverged"
