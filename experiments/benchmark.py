@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -42,6 +41,7 @@ from linear_attention import kernels as K
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from baselines import naive_chunked_causal, performer_causal  # noqa: E402
+from machine import machine_info  # noqa: E402
 
 B, H, D = 1, 4, 64
 MODES = ("fwd", "grad")
@@ -262,29 +262,6 @@ def headline(records, matmul, T):
         out["meets_3x_vs_naive"] = min(out[k] for k in naive) >= 3.0
     out["meets_64MB_grad_temp"] = out["grad_temp_MB"] <= 64.0
     return out
-
-
-def machine_info():
-    cpuinfo = Path("/proc/cpuinfo")
-    models = (
-        [
-            ln.split(":", 1)[1].strip()
-            for ln in cpuinfo.read_text().splitlines()
-            if ln.startswith("model name")
-        ]
-        if cpuinfo.exists()
-        else []
-    )
-    dev = jax.devices()[0]
-    return dict(
-        platform=dev.platform,
-        device_kind=dev.device_kind,
-        cpu_count=os.cpu_count(),
-        cpu_model=models[0] if models else platform.processor(),
-        jax_version=jax.__version__,
-        python=platform.python_version(),
-        load_avg_start=os.getloadavg(),
-    )
 
 
 def plot(records, out: Path) -> None:

@@ -52,8 +52,8 @@ import dataclasses
 import functools
 import json
 import os
-import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -64,6 +64,9 @@ from flax import nnx
 
 from linear_attention.layers import MIXERS, MixerState
 from linear_attention.models import LanguageModel, ModelConfig, state_size_bytes, step_fn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import machine_info  # noqa: E402
 
 PRESETS = {
     "tiny": dict(
@@ -207,18 +210,6 @@ def time_steps(points: dict, warmup: int, rounds: int, steps: int) -> dict:
 def fit_slope(xs, ys) -> float:
     """Least-squares slope of log y against log x."""
     return float(np.polyfit(np.log(xs), np.log(ys), 1)[0])
-
-
-def machine_info() -> dict:
-    dev = jax.devices()[0]
-    return dict(
-        platform=dev.platform,
-        device_kind=dev.device_kind,
-        cpu_count=os.cpu_count(),
-        processor=platform.processor(),
-        jax_version=jax.__version__,
-        load_avg_start=os.getloadavg(),
-    )
 
 
 def run_decode(models, cfg, batch, donate, log) -> list[dict]:

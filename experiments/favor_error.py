@@ -32,8 +32,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import os
-import platform
+import sys
 import time
 from pathlib import Path
 
@@ -42,6 +41,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from linear_attention import kernels as K
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import machine_info  # noqa: E402
 
 FM = K.feature_maps
 METRICS = ("kernel", "weights", "output")
@@ -156,18 +158,6 @@ def fit_slopes(summary) -> list[dict]:
         slope = float(np.polyfit(np.log(m), np.log(err), 1)[0]) if len(m) > 1 else float("nan")
         out.append(dict(norm=norm, orthogonal=orth, metric=metric, slope=slope))
     return out
-
-
-def machine_info() -> dict:
-    dev = jax.devices()[0]
-    return dict(
-        platform=dev.platform,
-        device_kind=dev.device_kind,
-        cpu_count=os.cpu_count(),
-        processor=platform.processor(),
-        jax_version=jax.__version__,
-        load_avg_start=os.getloadavg(),
-    )
 
 
 def plot(summary, norms, out: Path) -> None:
