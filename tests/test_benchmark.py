@@ -4,13 +4,14 @@ Times are not asserted (speed lives in the benchmark); the test checks that ever
 pass is measured, the files are written, and the derived numbers follow from the raw times.
 """
 
-import importlib.util
 import json
 import math
 import statistics
 from pathlib import Path
 
 import pytest
+
+from tests.scripts import load_module
 
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = [
@@ -27,10 +28,7 @@ METHODS = [
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("benchmark", ROOT / "experiments/benchmark.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module("experiments/benchmark.py", "benchmark")
 
 
 @pytest.fixture(scope="module")

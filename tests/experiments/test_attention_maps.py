@@ -2,7 +2,6 @@
 values (o = A·I = A), the metrics on hand-computed maps, and the tiny preset end to end
 (training two mixers for two steps, loading their checkpoints, writing the files)."""
 
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -16,18 +15,14 @@ from flax import nnx
 from linear_attention import kernels as K
 from linear_attention.data import IGNORE_INDEX
 from linear_attention.models import LanguageModel, ModelConfig
+from tests.scripts import load_module
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def am():
-    spec = importlib.util.spec_from_file_location(
-        "attention_maps", ROOT / "experiments/attention_maps.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module("experiments/attention_maps.py", "attention_maps")
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,6 @@
 their being measured and the linear curve's fitted slope being small (its step is one compiled
 function whatever the context); state bytes are checked against the formulas."""
 
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -14,18 +13,14 @@ import pytest
 from flax import nnx
 
 from linear_attention.models import LanguageModel
+from tests.scripts import load_module
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def db():
-    spec = importlib.util.spec_from_file_location(
-        "decode_benchmark", ROOT / "experiments/decode_benchmark.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module("experiments/decode_benchmark.py", "decode_benchmark")
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,6 @@
 """experiments/favor_error.py: the tiny preset end to end, and one point's errors against an
 independent float64 NumPy FAVOR+."""
 
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -11,18 +10,14 @@ import numpy as np
 import pytest
 
 from linear_attention import kernels as K
+from tests.scripts import load_module
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def fe():
-    spec = importlib.util.spec_from_file_location(
-        "favor_error", ROOT / "experiments/favor_error.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module("experiments/favor_error.py", "favor_error")
 
 
 @pytest.fixture(scope="module")

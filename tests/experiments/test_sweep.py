@@ -3,10 +3,8 @@ the MQAR and LM smoke sweeps end to end, and resuming (finished points are skipp
 without summary resumes from its checkpoint, a changed grid on the same workdir is refused)."""
 
 import csv
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 
 import jax
@@ -16,6 +14,7 @@ from flax import nnx
 
 from linear_attention.models import LanguageModel
 from linear_attention.training import experiment_config
+from tests.scripts import load_module
 
 ROOT = Path(__file__).resolve().parents[2]
 MQAR = str(ROOT / "configs/sweeps/mqar.py")
@@ -24,11 +23,7 @@ LM = str(ROOT / "configs/sweeps/lm.py")
 
 @pytest.fixture(scope="module")
 def sweep():
-    spec = importlib.util.spec_from_file_location("sweep_under_test", ROOT / "experiments/sweep.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_module("experiments/sweep.py", "sweep_under_test")
 
 
 def read_csv(path):

@@ -1,18 +1,15 @@
-import importlib.util
 from pathlib import Path
 
 import pytest
+
+from tests.scripts import load_module
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def load_config(name: str, arg: str | None = None):
     """``get_config(arg)`` of ``configs/<name>.py``."""
-    path = ROOT / "configs" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"configs_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config(arg)
+    return load_module(f"configs/{name}.py", f"configs_{name}").get_config(arg)
 
 
 def tiny_mqar():
