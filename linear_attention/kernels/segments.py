@@ -1,0 +1,55 @@
+"""Packed rows: segment ids → the tokens where a recurrent state is reset, and the attention mask.
+
+A row of `segment_ids: [B, T]` holds several documents; the state is zeroed before every token
+whose id differs from the previous token's (never before the first token, so an initial state
+flows into the first document only). A reset is a decay factor of exactly 0, i.e. a log decay of
+−inf: kernels that take `log_decay` get packed rows by folding the resets into it, and must mask
+−inf before any `exp` of a difference of cumulative log decays. Softmax attention instead masks
+the logits of keys in another segment (`same_segment`).
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from linear_attention.kernels._checks import check_rank
+
+
+def check_segment_ids(segment_ids, batch: int, time: int):
+    """Raise unless `segment_ids` is an integer array of shape `[B, T]`; return it as an array."""
+    if segment_ids is None:
+        return None
+    check_rank("segment_ids", segment_ids, 2, "[B, T]")
+    if tuple(jnp.shape(segment_ids)) != (batch, time):
+        raise ValueError(
+            f"segment_ids must have shape (B, T) = {(batch, time)}, got "
+            f"{tuple(jnp.shape(segment_ids))}"
+        )
+    dtype = jnp.result_type(segment_ids)
+    if not jnp.issubdtype(dtype, jnp.integer) or jnp.issubdtype(dtype, jnp.bool_):
+        raise ValueError(f"segment_ids must be integers, got dtype {dtype}")
+    return jnp.asarray(segment_ids)
+
+
+def segment_starts(segment_ids):
+    """`[B, T]` bool: True at tokens whose id differs from the previous token's (never at t=0)."""
+    changed_BT = segment_ids[:, 1:] != segment_ids[:, :-1]
+    return jnp.pad(changed_BT, ((0, 0), (1, 0)))
+
+
+def segment_log_decay(segment_ids, log_decay, num_heads: int):
+    """Fold the resets of `segment_ids [B, T]` into a log decay: −inf at every segment start.
+
+    `log_decay` is float32 `[B, T, H]`, `[B, T, H, M]` (a decay per key dimension; every dimension
+    is reset) or None (no decay). Returns float32 of the same shape, `[B, T, H]` for None.
+    """
+    starts_BT = segment_starts(segment_ids)
+    if log_decay is None:
+        log_decay = jnp.zeros((*segment_ids.shape, num_heads), jnp.float32)
+    starts = starts_BT.reshape(starts_BT.shape + (1,) * (jnp.ndim(log_decay) - 2))
+    return jnp.where(starts, -jnp.inf, log_decay)
+
+
+def same_segment(q_segment_ids, k_segment_ids):
+    """`[B, Tq, Tk]` bool: query i and key j are in the same segment (for softmax masks)."""
+    return q_segment_ids[:, :, None] == k_segment_ids[:, None, :]
