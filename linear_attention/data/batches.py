@@ -8,16 +8,28 @@ import numpy as np
 IGNORE_INDEX = -100
 
 
-def padded_batches(inputs: np.ndarray, labels: np.ndarray, batch_size: int):
-    """Yield ``{"inputs", "labels"}`` batches of ``batch_size`` rows in order; the last batch is
-    padded with rows labelled ``IGNORE_INDEX`` so every example counts exactly once."""
+def padded_batches(
+    inputs: np.ndarray,
+    labels: np.ndarray,
+    batch_size: int,
+    *,
+    segment_ids: np.ndarray | None = None,
+):
+    """Yield ``{"inputs", "labels"}`` batches (and ``"segment_ids"`` when given) of
+    ``batch_size`` rows in order; the last batch is padded with rows labelled ``IGNORE_INDEX``
+    (segment ids 0) so every example counts exactly once."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    arrays = {"inputs": (inputs, 0), "labels": (labels, IGNORE_INDEX)}
+    if segment_ids is not None:
+        arrays["segment_ids"] = (segment_ids, 0)
     n = inputs.shape[0]
     for start in range(0, n, batch_size):
-        x, y = inputs[start : start + batch_size], labels[start : start + batch_size]
-        pad = batch_size - x.shape[0]
-        if pad:
-            x = np.concatenate([x, np.zeros((pad, x.shape[1]), x.dtype)])
-            y = np.concatenate([y, np.full((pad, y.shape[1]), IGNORE_INDEX, y.dtype)])
-        yield {"inputs": x, "labels": y}
+        batch = {}
+        for key, (array, fill) in arrays.items():
+            part = array[start : start + batch_size]
+            pad = batch_size - part.shape[0]
+            if pad:
+                part = np.concatenate([part, np.full((pad, *part.shape[1:]), fill, part.dtype)])
+            batch[key] = part
+        yield batch
