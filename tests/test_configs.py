@@ -84,7 +84,17 @@ def test_overrides_apply_and_tie_fields():
         (
             ("--config.model.foo=1",),
             "configs/mqar.py:cpu",
-            "unknown config field: --config.model.foo",
+            "unknown config field --config.model.foo; config.model has: ",
+        ),
+        (
+            ("--config.model.d_modle=8",),
+            "configs/mqar.py:cpu",
+            "^unknown config field --config.model.d_modle; did you mean --config.model.d_model\\?$",
+        ),
+        (
+            ("--config.modle.d_model=8",),
+            "configs/mqar.py:cpu",
+            "^unknown config field --config.modle.d_model; did you mean --config.model.d_model\\?$",
         ),
         (("--config.train.num_steps=abc",), "configs/mqar.py:cpu", "config.train.num_steps=abc"),
         (

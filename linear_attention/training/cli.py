@@ -1,88 +1,300 @@
-"""Command line: ``la-train --config configs/mqar.py:cpu --workdir runs/x [--config.a.b=v ...]``.
+"""Command lines: ``la-train``, ``la-eval`` and ``la-generate``.
+
+    la-train --config configs/mqar.py:cpu --workdir runs/x [--config.a.b=v ...] [--dry_run]
+    la-eval --workdir runs/x [--config.data.seq_len=256 ...] [--step N] [--output FILE]
+    la-generate --workdir runs/x --prompt "def " --num_tokens 200 [--temperature 0.8 --top_k 40]
 
 ``--config`` is an ml_collections config file (``path[:preset]``) whose fields can all be
-overridden with ``--config.<section>.<field>=value``. A missing file, an unknown field or a bad
-value stops with a message naming it (exit status 2) before anything is built or compiled.
+overridden with ``--config.<section>.<field>=value``; ``la-eval`` starts from the run's own
+``config.json`` instead. A missing file, an unknown field or a bad value stops with
+``<command>: error: ...`` (exit status 2) before anything is built or compiled.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import importlib.util
+import json
+import os
 import re
 import sys
+import textwrap
+import typing
 
+import ml_collections
 from absl import flags
-from ml_collections import config_flags
+from ml_collections import config_dict, config_flags
 
-from linear_attention.training.config import experiment_config
-from linear_attention.training.trainer import NonFiniteLossError, train
+from linear_attention.models.config import ModelConfig
+from linear_attention.training import config as config_lib
+from linear_attention.training.config import SECTIONS, experiment_config
+from linear_attention.training.trainer import (
+    Interrupted,
+    NonFiniteLossError,
+    ResumeConfigError,
+    train,
+)
 
 USAGE = (
     "usage: la-train --config CONFIG_FILE[:PRESET] --workdir DIR [--config.SECTION.FIELD=VALUE ...]"
+    " [--dry_run]"
 )
+EVAL_USAGE = (
+    "usage: la-eval --workdir DIR [--config.SECTION.FIELD=VALUE ...] [--step N] [--output FILE]"
+)
+GENERATE_USAGE = (
+    "usage: la-generate --workdir DIR --prompt TEXT --num_tokens N [--temperature T] [--top_k K]"
+    " [--seed S] [--step N]"
+)
+# The dataclass behind each section, for --help and for typing config.json's None fields.
+_SECTION_CLASSES = {
+    "model": (ModelConfig,),
+    "data": (config_lib.MQARDataConfig, config_lib.TextDataConfig),
+    "optimizer": (config_lib.OptimizerConfig,),
+    "train": (config_lib.TrainConfig,),
+    "mesh": (config_lib.MeshConfig,),
+}
 
 
 class UsageError(ValueError):
     """A bad command line or configuration."""
 
 
+# ------------------------------------------------------------------------ config files
+def _split_spec(spec: str) -> tuple[str, str | None]:
+    """``"path[:preset]"`` -> ``(path, preset or None)``."""
+    path, sep, preset = spec.rpartition(":")
+    if not sep or "/" in preset or preset.endswith(".py"):
+        return spec, None
+    return path, preset or None
+
+
+def load_config_file(spec: str) -> ml_collections.ConfigDict:
+    """``get_config(preset)`` of the config file ``path[:preset]`` (loaded with
+    ``importlib.util.spec_from_file_location``); a missing file or a failing ``get_config``
+    raises `UsageError`."""
+    path, preset = _split_spec(spec)
+    if not os.path.isfile(path):
+        raise UsageError(f"--config: no config file {path!r}")
+    module = _load_module(path)
+    if not hasattr(module, "get_config"):
+        raise UsageError(f"--config: {path} has no get_config(arg) function")
+    try:
+        config = module.get_config(preset)
+    except Exception as e:  # the file's own message (e.g. an unknown preset) is the useful part
+        raise UsageError(f"--config {spec}: {e}") from None
+    if not isinstance(config, ml_collections.ConfigDict):
+        raise UsageError(f"--config: {path}: get_config returned {type(config).__name__}")
+    return config
+
+
+def _load_module(path: str):
+    name = "la_config_" + re.sub(r"\W", "_", os.path.splitext(os.path.basename(path))[0])
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _none_type(section: str, field: str):
+    """The scalar type of a field whose value is None (from the section's dataclass)."""
+    for cls in _SECTION_CLASSES.get(section, ()):
+        hint = typing.get_type_hints(cls).get(field)
+        for t in typing.get_args(hint) or (hint,):
+            if t in (int, float, bool, str):
+                return t
+    return str
+
+
+def config_from_json(values: dict) -> ml_collections.ConfigDict:
+    """A run's ``config.json`` as a ConfigDict whose every field can be overridden: None fields
+    become typed placeholders, a list of mixers the string ``"a,b"``."""
+    config = ml_collections.ConfigDict()
+    for key, value in values.items():
+        if not isinstance(value, dict):
+            config[key] = value
+            continue
+        section = ml_collections.ConfigDict()
+        for field, v in value.items():
+            if v is None:
+                v = config_dict.placeholder(_none_type(key, field))
+            elif isinstance(v, list):
+                v = ",".join(map(str, v))
+            section[field] = v
+        config[key] = section
+    return config
+
+
+# ------------------------------------------------------------------------ argv parsing
 def _override_paths(argv: list[str]) -> list[str]:
     return [a.split("=", 1)[0].lstrip("-") for a in argv if re.match(r"^--?(no)?config\.", a)]
 
 
-def parse_args(argv: list[str]):
-    """``(config, workdir)`` from ``argv`` (``argv[0]`` is the program name); the config is
-    the ConfigDict with overrides applied, already validated. Raises `UsageError`."""
+def _unknown_field(e: Exception, argv: list[str], config) -> UsageError:
+    """A clean message for a misspelled override: the full dotted path and a suggestion."""
+    inner = e.args[0] if e.args and isinstance(e.args[0], Exception) else e
+    first = str(inner.args[0] if inner.args else inner).splitlines()[0]
+    name = first.strip("\"' ")
+    paths = _override_paths(argv)
+    culprit = next((p for p in paths if name in p.split(".")[1:]), f"config.{name}")
+    parts = culprit.split(".")
+    index = parts.index(name, 1) if name in parts[1:] else len(parts) - 1
+    parent = config
+    for part in parts[1:index]:
+        parent = parent.get(part) if hasattr(parent, "get") else None
+    known = list(parent.keys()) if isinstance(parent, ml_collections.ConfigDict) else []
+    message = f"unknown config field --{culprit}"
+    close = difflib.get_close_matches(name, known, n=1)
+    if close:
+        suggestion = ".".join([*parts[:index], close[0], *parts[index + 1 :]])
+        message += f"; did you mean --{suggestion}?"
+    elif known:
+        where = ".".join(parts[:index])
+        message += f"; {where} has: {', '.join(sorted(known))}"
+    return UsageError(message)
+
+
+def _parse(argv: list[str], config, define_extra) -> flags.FlagValues:
+    """Parse ``argv`` with ``--config.*`` overrides of ``config``; returns the FlagValues
+    (``fv.config`` is the overridden ConfigDict). Raises `UsageError`."""
     fv = flags.FlagValues()
-    config_flags.DEFINE_config_file(
-        "config", None, "config file, path[:preset]", flag_values=fv, sys_argv=argv
-    )
-    flags.DEFINE_string(
-        "workdir", None, "run folder (created; resumed if it exists)", flag_values=fv
-    )
+    define_extra(fv)
     try:
+        config_flags.DEFINE_config_dict("config", config, "config", flag_values=fv, sys_argv=argv)
         fv(argv)
-    except flags.Error as e:
-        # A config file whose get_config raised: keep only the last line (the error itself).
-        lines = [line for line in str(e).splitlines() if line.strip()]
-        raise UsageError(lines[-1] if "Traceback" in str(e) else str(e)) from None
     except (AttributeError, KeyError) as e:
-        name = str(e).strip("\"'")
-        culprits = [p for p in _override_paths(argv) if name in p.split(".")] or [name]
-        raise UsageError(f"unknown config field: --{culprits[0]}") from None
+        raise _unknown_field(e, argv, config) from None
+    except config_flags.config_flags.UnsupportedOperationError as e:
+        raise UsageError(str(e).split(". ")[0]) from None
+    except flags.Error as e:
+        raise UsageError(str(e).splitlines()[-1]) from None
+    return fv
+
+
+def _pop_config_spec(argv: list[str]) -> tuple[list[str], str | None]:
+    """Remove ``--config=SPEC`` / ``--config SPEC`` from ``argv``; returns (rest, SPEC)."""
+    rest, spec, i = [], None, 0
+    while i < len(argv):
+        a = argv[i]
+        if a in ("--config", "-config"):
+            if i + 1 >= len(argv):
+                raise UsageError("--config needs a value: CONFIG_FILE[:PRESET]")
+            spec, i = argv[i + 1], i + 2
+            continue
+        if re.match(r"^--?config=", a):
+            spec = a.split("=", 1)[1]
+        else:
+            rest.append(a)
+        i += 1
+    return rest, spec
+
+
+def _validate(config):
     try:
-        config = fv.config
-        if config is not None:
-            config.to_dict  # noqa: B018 (an unloadable file gives an object raising on use)
-    except OSError as e:  # the file could not be loaded; the message names the path
-        raise UsageError(" ".join(str(e).split())) from None
-    if config is None:
-        raise UsageError(f"--config is required\n{USAGE}")
-    if not fv.workdir:
-        raise UsageError(f"--workdir is required\n{USAGE}")
-    try:
-        experiment_config(config)
+        return experiment_config(config)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    return config, fv.workdir
+
+
+def parse_args(argv: list[str]):
+    """``(config, workdir)`` for ``la-train`` from ``argv`` (``argv[0]`` is the program name);
+    the config is the ConfigDict with overrides applied, already validated. Raises
+    `UsageError`."""
+    config, workdir, _ = _parse_train(argv)
+    return config, workdir
+
+
+def _parse_train(argv: list[str]):
+    argv, spec = _pop_config_spec(argv)
+    if spec is None:
+        raise UsageError(f"--config is required\n{USAGE}")
+    config = load_config_file(spec)
+
+    def extra(fv):
+        flags.DEFINE_string(
+            "workdir", None, "run folder (created; resumed if it exists)", flag_values=fv
+        )
+        flags.DEFINE_bool("dry_run", False, "print the resolved config and exit", flag_values=fv)
+
+    fv = _parse(argv, config, extra)
+    config = fv.config
+    if not fv.workdir and not fv.dry_run:
+        raise UsageError(f"--workdir is required\n{USAGE}")
+    _validate(config)
+    return config, fv.workdir, fv.dry_run
+
+
+def _sections_help() -> str:
+    lines = ["config sections and fields (override any with --config.SECTION.FIELD=VALUE):"]
+    lines.append("  seed")
+    for section in SECTIONS[1:]:
+        names = dict.fromkeys(
+            f.name for cls in _SECTION_CLASSES[section] for f in dataclasses.fields(cls)
+        )
+        lines += textwrap.wrap(
+            ", ".join(names), 100, initial_indent=f"  {section}: ", subsequent_indent=" " * 6
+        )
+    return "\n".join(lines)
+
+
+def _presets_help() -> str:
+    """Presets of the config files in ``configs/`` of the current directory (or the checkout)."""
+    here = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "configs")
+    folder = next((d for d in ("configs", here) if os.path.isdir(d)), None)
+    if folder is None:
+        return "presets: see the PRESETS of your config file"
+    lines = ["config files and presets (--config FILE:PRESET):"]
+    for name in sorted(os.listdir(folder)):
+        path = os.path.join(folder, name)
+        if not name.endswith(".py") or name.startswith("_"):
+            continue
+        try:
+            module = _load_module(path)
+        except Exception:  # a broken file is the user's to find with --config
+            continue
+        presets = getattr(module, "PRESETS", None)
+        doc = (module.__doc__ or "").strip().splitlines()
+        shown = os.path.relpath(path) if folder == "configs" else os.path.normpath(path)
+        lines.append(f"  {shown}: {', '.join(presets) if presets else '(no presets)'}")
+        if doc:
+            lines.append(f"      {doc[0]}")
+    return "\n".join(lines)
+
+
+def _help(usage: str, text: str) -> str:
+    return f"{usage}\n\n{text.strip()}\n"
+
+
+def _error(prog: str, message) -> int:
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    return 2
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``la-train`` and ``experiments/train.py``; returns the exit status."""
     argv = list(sys.argv if argv is None else argv)
     if any(a in ("-h", "--help", "-help") for a in argv[1:]):
-        print(f"{USAGE}\n\n{__doc__}")
+        print(_help(USAGE, f"{__doc__}\n{_presets_help()}\n\n{_sections_help()}"))
         return 0
     try:
-        config, workdir = parse_args(argv)
+        config, workdir, dry_run = _parse_train(argv)
     except UsageError as e:
-        print(f"la-train: error: {e}", file=sys.stderr)
-        return 2
+        return _error("la-train", e)
+    if dry_run:
+        print(json.dumps(experiment_config(config).to_dict(), indent=2, sort_keys=True))
+        return 0
 
     try:
         summary = train(config, workdir)
+    except ResumeConfigError as e:
+        return _error("la-train", e)
     except NonFiniteLossError as e:
         print(f"la-train: {e}", file=sys.stderr)
         return 1
+    except Interrupted as e:
+        print(f"la-train: {e}; rerun the same command to resume in {workdir}", file=sys.stderr)
+        return 130
     except KeyboardInterrupt:
         print(f"la-train: interrupted; rerun the same command to resume in {workdir}")
         return 130

@@ -17,6 +17,8 @@ import functools
 import json
 import math
 import os
+import signal
+import threading
 import time
 
 import jax
@@ -47,6 +49,46 @@ _FIXED_SECTIONS = ("seed", "model", "data")
 
 class NonFiniteLossError(FloatingPointError):
     """Training produced a NaN/Inf loss or gradient norm."""
+
+
+class ResumeConfigError(ValueError):
+    """The workdir holds a run whose seed/model/data differ from the config given."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM stopped the run; a checkpoint at ``step`` was saved first."""
+
+    def __init__(self, step: int, signal_name: str):
+        super().__init__(f"{signal_name} at step {step}: checkpoint saved")
+        self.step = step
+
+
+class _StopSignals:
+    """While active, SIGINT and SIGTERM set ``received`` instead of killing the process, so the
+    loop can finish its step and save a checkpoint; a second signal stops at once. Only in the
+    main thread (elsewhere signals cannot be caught, and nothing changes)."""
+
+    def __init__(self, reporter: Reporter):
+        self.reporter, self.received, self._previous = reporter, None, {}
+
+    def _handle(self, signum, frame):
+        if self.received is not None:  # a second signal: do not wait any longer
+            raise KeyboardInterrupt
+        self.received = signal.Signals(signum).name
+        self.reporter.message(
+            f"{self.received} received: saving a checkpoint after this step "
+            "(send it again to stop now)"
+        )
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
 
 
 def build_data(config: ExperimentConfig) -> MQARData | TextData:
@@ -163,7 +205,7 @@ def _check_resume_config(path: str, current: dict) -> None:
             name, old, new = f"{section}.{key}", old.get(key), new.get(key)
         else:
             name = section
-        raise ValueError(
+        raise ResumeConfigError(
             f"{os.path.dirname(path)} holds a run with config.{name} = {old!r}, but this config "
             f"has {new!r}; resume with the same {'/'.join(_FIXED_SECTIONS)} or use another workdir"
         )
@@ -227,8 +269,18 @@ def train(config, workdir: str, *, reporter: Reporter | None = None) -> dict:
                 abstract_state,
                 shardings,
             )
+            summary_path = os.path.join(workdir, "summary.json")
+            if start >= tc.num_steps and os.path.exists(summary_path):
+                # Nothing to train: the finished run's summary (and its timings) stay as they are.
+                with open(summary_path) as f:
+                    summary = json.load(f)
+                reporter.message(
+                    f"{workdir} is already trained to step {start} (config.train.num_steps = "
+                    f"{tc.num_steps}): nothing to do; its summary.json is kept"
+                )
+                return summary
             state = checkpoints.restore(start, target)
-            reporter.message(f"resumed from step {start} ({checkpoints.directory})")
+            reporter.message(f"resuming from step {start} ({checkpoints.directory})")
         else:
             state = jax.device_put(nnx.state(build_model(cfg, tx)), shardings)
         metrics_path = os.path.join(workdir, "metrics.jsonl")
@@ -237,9 +289,21 @@ def train(config, workdir: str, *, reporter: Reporter | None = None) -> dict:
             f"{param_count:,} parameters, {mesh.shape['data']} device(s), "
             f"steps {start}..{tc.num_steps}"
         )
-        summary = _loop(
-            cfg, data, state, graphdef, mesh, fsdp, schedule, checkpoints, writer, reporter, start
-        )
+        with _StopSignals(reporter) as stop:
+            summary = _loop(
+                cfg,
+                data,
+                state,
+                graphdef,
+                mesh,
+                fsdp,
+                schedule,
+                checkpoints,
+                writer,
+                reporter,
+                start,
+                stop,
+            )
         state = summary.pop("_state")
         summary.update(
             workdir=os.path.abspath(workdir),
@@ -259,7 +323,9 @@ def train(config, workdir: str, *, reporter: Reporter | None = None) -> dict:
         reporter.close()
 
 
-def _loop(cfg, data, state, graphdef, mesh, fsdp, schedule, checkpoints, writer, reporter, start):
+def _loop(
+    cfg, data, state, graphdef, mesh, fsdp, schedule, checkpoints, writer, reporter, start, stop
+):
     tc = cfg.train
     key = jax.random.key(cfg.seed)
     redraw = cfg.model.redraw_interval
@@ -296,7 +362,10 @@ def _loop(cfg, data, state, graphdef, mesh, fsdp, schedule, checkpoints, writer,
         final = done == tc.num_steps
         do_log = done % tc.log_every == 0 or final
         do_eval = done % tc.eval_every == 0 or final
-        do_ckpt = done % tc.checkpoint_every == 0 or final
+        # A stop signal: check and save what was trained, then stop (no extra log record, so
+        # the resumed run's metrics.jsonl matches an uninterrupted one's).
+        interrupted = stop.received is not None and not final
+        do_ckpt = done % tc.checkpoint_every == 0 or final or interrupted
         if not (do_log or do_eval or do_ckpt):
             continue
 
@@ -330,6 +399,8 @@ def _loop(cfg, data, state, graphdef, mesh, fsdp, schedule, checkpoints, writer,
             reporter.record(record)
         if do_ckpt:
             checkpoints.save(done, state)
+        if interrupted:
+            raise Interrupted(done, stop.received)
         mark = time.perf_counter()  # eval and checkpoint time is not training time
 
     if start >= tc.num_steps:  # already complete: just report the final evaluation
@@ -337,12 +408,11 @@ def _loop(cfg, data, state, graphdef, mesh, fsdp, schedule, checkpoints, writer,
         reporter.record(record)
     summary = {k: v for k, v in record.items() if k.startswith("eval/")}
     summary.update(last)
-    summary.update(
-        step=tc.num_steps,
-        steps_this_run=tc.num_steps - start,
-        compile_time_sec=compile_time,
-        train_time_sec=total_time,
-        tokens_per_sec=total_steps * tokens_per_step / total_time if total_time else 0.0,
-        _state=state,
-    )
+    summary.update(step=tc.num_steps, steps_this_run=tc.num_steps - start, _state=state)
+    if total_steps:  # timings only when steps were timed (never a 0.0 from a no-op rerun)
+        summary.update(
+            compile_time_sec=compile_time,
+            train_time_sec=total_time,
+            tokens_per_sec=total_steps * tokens_per_step / total_time,
+        )
     return summary

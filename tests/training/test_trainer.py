@@ -1,9 +1,11 @@
 """The training loop on a tiny MQAR run: workdir files, numbers against an independent NumPy
 computation, interrupt-and-resume equality, non-finite loss handling."""
 
+import io
 import json
 import math
 import os
+import signal
 
 import jax
 import numpy as np
@@ -13,6 +15,7 @@ from flax import nnx
 from linear_attention.data import IGNORE_INDEX
 from linear_attention.training import experiment_config, make_optimizer, trainer
 from linear_attention.training.checkpoint import Checkpoints
+from linear_attention.training.metrics import Reporter
 
 
 def _read(workdir, name):
@@ -142,9 +145,13 @@ def test_interrupt_and_resume_equals_uninterrupted(tmp_path, tiny_config, monkey
     sa, sb = _read(straight, "summary.json"), _read(resumed, "summary.json")
     assert sa["eval/loss"] == sb["eval/loss"] and sa["eval/accuracy"] == sb["eval/accuracy"]
 
-    # Rerunning a finished run trains nothing and reports the same final metrics.
+    # Rerunning a finished run trains nothing and keeps its summary (timings included).
+    with open(os.path.join(resumed, "summary.json")) as f:
+        before = f.read()
     again = trainer.train(tiny_config, resumed)
-    assert again["steps_this_run"] == 0 and again["eval/loss"] == sb["eval/loss"]
+    with open(os.path.join(resumed, "summary.json")) as f:
+        assert f.read() == before
+    assert again == sb and again["tokens_per_sec"] > 0 and again["train_time_sec"] > 0
 
     # A workdir cannot be resumed with another model.
     tiny_config.model.d_model = 16
@@ -170,3 +177,39 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path, tiny_con
     # Step 4 would have been checkpointed: the last good one (2) is the only one.
     assert os.listdir(os.path.join(workdir, "checkpoints")) == ["2"]
     assert [r["step"] for r in _read(workdir, "metrics.jsonl")] == [1, 2, 3]
+
+
+def test_sigterm_saves_a_checkpoint_at_the_current_step(tmp_path, tiny_config, monkeypatch):
+    """A signal mid-interval: the step in flight finishes, is checked and saved (step 3 is no
+    scheduled checkpoint), and the resumed run ends with the uninterrupted run's parameters."""
+    straight, stopped = str(tmp_path / "straight"), str(tmp_path / "stopped")
+    trainer.train(tiny_config, straight)
+    real_build = trainer.build_data
+
+    def signalling_build(cfg):
+        data = real_build(cfg)
+        real_batch = data.train_batch
+
+        def train_batch(step, batch_size):
+            if step == 2:
+                os.kill(os.getpid(), signal.SIGTERM)
+            return real_batch(step, batch_size)
+
+        data.train_batch = train_batch
+        return data
+
+    monkeypatch.setattr(trainer, "build_data", signalling_build)
+    out = io.StringIO()
+    with pytest.raises(trainer.Interrupted, match="SIGTERM at step 3: checkpoint saved") as e:
+        trainer.train(tiny_config, stopped, reporter=Reporter(6, stream=out, tty=False))
+    assert e.value.step == 3 and "SIGTERM received" in out.getvalue()
+    assert sorted(os.listdir(os.path.join(stopped, "checkpoints"))) == ["2", "3"]
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is removed again
+    monkeypatch.setattr(trainer, "build_data", real_build)
+    out = io.StringIO()
+    summary = trainer.train(tiny_config, stopped, reporter=Reporter(6, stream=out, tty=False))
+    assert "resuming from step 3" in out.getvalue() and summary["resumed_from_step"] == 3
+    _, a = _final_state(straight, tiny_config)
+    _, b = _final_state(stopped, tiny_config)
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
