@@ -1,15 +1,23 @@
 """Checkpoints of the whole training state (parameters, optimizer state, step) with an orbax
 `CheckpointManager`: one numbered folder per saved step under ``<workdir>/checkpoints``,
 the newest ``keep`` kept. Saving is synchronous, so a checkpoint is complete on disk before
-training goes on (and before its device buffers are donated to the next step)."""
+training goes on (and before its device buffers are donated to the next step).
+
+Every saved step gets an integrity record (``<step>/integrity.json``, see `workdir`), checked
+before a restore: `restore_latest` skips a damaged or incomplete step, names it and the damaged
+file, moves it aside to ``checkpoints_damaged/`` (so the step is saved afresh when the run
+reaches it again) and falls back to the newest intact one."""
 
 from __future__ import annotations
 
 import os
+import shutil
 
 import jax
 import orbax.checkpoint as ocp
 from flax import nnx
+
+from linear_attention.training.workdir import RunError, verify_digest, write_digest
 
 
 class Checkpoints:
@@ -31,15 +39,97 @@ class Checkpoints:
             return
         self.manager.save(step, args=ocp.args.StandardSave(nnx.to_pure_dict(state)), force=True)
         self.manager.wait_until_finished()
+        if jax.process_index() == 0:
+            write_digest(self.step_dir(step))
+
+    def step_dir(self, step: int) -> str:
+        return os.path.join(self.directory, str(step))
+
+    def verify(self, step: int) -> str | None:
+        """``None`` if step ``step`` is intact, else what is wrong with it (naming the file)."""
+        return verify_digest(self.step_dir(step))
+
+    def restore_latest(self, abstract_state: nnx.State, *, message=print):
+        """``(step, state)`` of the newest intact checkpoint, or ``(0, None)`` if there is none
+        at all. Damaged or incomplete steps are reported through ``message`` and moved aside;
+        if every step is damaged, raises `RunError` listing them."""
+        steps = sorted(self.manager.all_steps(), reverse=True)
+        problems = []
+        for step in steps:
+            problem = self.verify(step)
+            if problem is None:
+                if problems:
+                    aside = self._set_aside([s for s, _ in problems])
+                    message(
+                        f"moved the damaged step(s) {', '.join(str(s) for s, _ in problems)} to "
+                        f"{aside}; falling back to step {step}, the newest intact checkpoint"
+                    )
+                return step, self.restore(step, abstract_state)
+            problems.append((step, problem))
+            message(f"checkpoint step {step} is damaged or incomplete: {problem}")
+        if problems:
+            listing = "; ".join(f"step {s}: {p}" for s, p in problems)
+            raise RunError(
+                f"no intact checkpoint in {self.directory} ({listing}); remove the damaged "
+                "steps to start over, or use another workdir"
+            )
+        return 0, None
+
+    def _set_aside(self, steps: list[int]) -> str:
+        aside = os.path.join(os.path.dirname(self.directory), "checkpoints_damaged")
+        if jax.process_index() == 0:
+            os.makedirs(aside, exist_ok=True)
+            for step in steps:
+                target = os.path.join(aside, str(step))
+                if os.path.exists(target):
+                    shutil.rmtree(target)
+                os.replace(self.step_dir(step), target)
+        self.manager.reload()
+        return aside
 
     def restore(self, step: int, abstract_state: nnx.State) -> nnx.State:
         """Restore step ``step`` into the structure, dtypes and shardings of ``abstract_state``
         (a State of `jax.ShapeDtypeStruct` with ``sharding`` set)."""
         target = nnx.to_pure_dict(abstract_state)
-        restored = self.manager.restore(step, args=ocp.args.StandardRestore(target))
+        try:
+            restored = self.manager.restore(step, args=ocp.args.StandardRestore(target))
+        except (ValueError, KeyError, TypeError) as e:
+            # The files are intact (checked) but hold another tree: the config changed.
+            detail = self._tree_difference(step, target) or str(e).strip().split("\n")[0]
+            raise RunError(
+                f"checkpoint step {step} in {self.directory} does not fit this config's "
+                f"parameters and optimizer state ({detail}); the model or optimizer settings "
+                "(e.g. config.optimizer.grad_clip on/off) changed since it was saved: resume "
+                "with the same settings, or use another workdir"
+            ) from None
         state = jax.tree.map(lambda x: x, abstract_state)
         nnx.replace_by_pure_dict(state, restored)
         return state
+
+    def _tree_difference(self, step: int, target) -> str:
+        """The first array path (and shape) the checkpoint and ``target`` disagree on."""
+        try:
+            item_dir = os.path.join(self.step_dir(step), "default")
+            saved = ocp.StandardCheckpointer().metadata(item_dir)
+            saved = getattr(saved, "item_metadata", saved)
+            saved = getattr(saved, "tree", saved)
+            flat = lambda tree: {  # noqa: E731
+                "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path): tuple(
+                    getattr(x, "shape", ())
+                )
+                for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]
+            }
+            old, new = flat(saved), flat(target)
+        except Exception:  # noqa: BLE001 (only used to word the message)
+            return ""
+        for path in sorted(set(old) | set(new)):
+            if path not in new:
+                return f"the checkpoint has {path}, this config's state has not"
+            if path not in old:
+                return f"this config's state has {path}, the checkpoint has not"
+            if old[path] != new[path]:
+                return f"{path} has shape {old[path]} in the checkpoint, {new[path]} here"
+        return ""
 
     def close(self) -> None:
         self.manager.wait_until_finished()

@@ -29,12 +29,8 @@ from ml_collections import config_dict, config_flags
 from linear_attention.models.config import ModelConfig
 from linear_attention.training import config as config_lib
 from linear_attention.training.config import SECTIONS, experiment_config
-from linear_attention.training.trainer import (
-    Interrupted,
-    NonFiniteLossError,
-    ResumeConfigError,
-    train,
-)
+from linear_attention.training.trainer import Interrupted, NonFiniteLossError, train
+from linear_attention.training.workdir import RunError
 
 USAGE = (
     "usage: la-train --config CONFIG_FILE[:PRESET] --workdir DIR [--config.SECTION.FIELD=VALUE ...]"
@@ -287,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         summary = train(config, workdir)
-    except ResumeConfigError as e:
+    except RunError as e:  # a busy or damaged workdir, a config that no longer fits it, ...
         return _error("la-train", e)
     except NonFiniteLossError as e:
         print(f"la-train: {e}", file=sys.stderr)

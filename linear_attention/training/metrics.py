@@ -10,6 +10,8 @@ import sys
 import time
 from typing import IO
 
+from linear_attention.training.workdir import RunError
+
 
 def write_json(path: str, obj) -> None:
     """Write ``obj`` atomically (a half-written file never replaces a good one)."""
@@ -20,11 +22,30 @@ def write_json(path: str, obj) -> None:
     os.replace(tmp, path)
 
 
-def read_jsonl(path: str) -> list[dict]:
+def read_jsonl(path: str, *, message=None) -> list[dict]:
+    """The records of a JSON-lines file ([] if it does not exist). A damaged *last* line (a
+    write cut short by a kill) is dropped, with a note through ``message`` if given; a damaged
+    line before it raises `RunError` naming the file and line."""
     if not os.path.exists(path):
         return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    with open(path, encoding="utf-8", errors="replace") as f:
+        lines = f.read().split("\n")
+    numbered = [(i + 1, line) for i, line in enumerate(lines) if line.strip()]
+    records = []
+    for n, (lineno, line) in enumerate(numbered):
+        try:
+            record = json.loads(line)
+            if not isinstance(record, dict):
+                raise ValueError(f"a JSON {type(record).__name__}, not an object")
+        except ValueError as e:
+            if n == len(numbered) - 1:
+                if message is not None:
+                    shown = line if len(line) <= 60 else line[:57] + "..."
+                    message(f"{path}: dropped a half-written last line {lineno} ({shown!r})")
+                break
+            raise RunError(f"{path} line {lineno} is damaged ({e}): {line[:80]!r}") from None
+        records.append(record)
+    return records
 
 
 def _clean(value):
@@ -37,11 +58,11 @@ def _clean(value):
 class MetricsWriter:
     """Appends records to ``metrics.jsonl``. On resume from step ``s`` the records after ``s``
     (written by the interrupted run past its last checkpoint) are dropped first, so each step
-    appears once."""
+    appears once; so is a half-written last line (see `read_jsonl`)."""
 
-    def __init__(self, path: str, *, resume_step: int):
+    def __init__(self, path: str, *, resume_step: int, message=None):
         self.path = path
-        kept = [r for r in read_jsonl(path) if r.get("step", 0) <= resume_step]
+        kept = [r for r in read_jsonl(path, message=message) if r.get("step", 0) <= resume_step]
         with open(path, "w") as f:
             for record in kept:
                 f.write(json.dumps(record, sort_keys=True) + "\n")

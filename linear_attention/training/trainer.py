@@ -6,7 +6,10 @@ random choice is keyed by the step: the batch of step s comes from a generator s
 ``(seed, s)`` and the favor redraw before step s from the seed's key folded with s, so a run
 resumed from a checkpoint at step c replays steps c+1... exactly as an uninterrupted run.
 
-Workdir: ``config.json``, ``metrics.jsonl``, ``checkpoints/`` (orbax), ``summary.json``.
+Workdir: ``config.json``, ``metrics.jsonl``, ``checkpoints/`` (orbax), ``summary.json``. A run
+holds the workdir's lock (``.lock``) while it runs, and resumes from the newest checkpoint that
+passes its integrity check (see `workdir` and `checkpoint`); a workdir or config that cannot be
+resumed raises `RunError` (``la-train``: exit 2) before anything is overwritten.
 Losses and gradient norms are checked at every flush (log, eval and checkpoint steps); a
 non-finite value stops the run naming the step, before anything is saved after it.
 """
@@ -40,6 +43,7 @@ from linear_attention.training.mesh import (
 )
 from linear_attention.training.metrics import MetricsWriter, Reporter, write_json
 from linear_attention.training.optim import make_optimizer
+from linear_attention.training.workdir import RunError, WorkdirLock, prepare_workdir
 
 # Independent random streams derived from the seed.
 _REDRAW_STREAM, _SAMPLE_STREAM = 1, 2
@@ -51,7 +55,7 @@ class NonFiniteLossError(FloatingPointError):
     """Training produced a NaN/Inf loss or gradient norm."""
 
 
-class ResumeConfigError(ValueError):
+class ResumeConfigError(RunError):
     """The workdir holds a run whose seed/model/data differ from the config given."""
 
 
@@ -194,8 +198,16 @@ def evaluate(state, data, config: ExperimentConfig, graphdef, mesh) -> dict[str,
 def _check_resume_config(path: str, current: dict) -> None:
     if not os.path.exists(path):
         return
-    with open(path) as f:
-        previous = json.load(f)
+    try:
+        with open(path) as f:
+            previous = json.load(f)
+        if not isinstance(previous, dict):
+            raise ValueError(f"a JSON {type(previous).__name__}, not an object")
+    except (OSError, ValueError) as e:
+        raise RunError(
+            f"{path} is damaged ({e}); it records the run this workdir holds: restore it, or "
+            "use another workdir"
+        ) from None
     for section in _FIXED_SECTIONS:
         old, new = previous.get(section), current[section]
         if old == new:
@@ -240,51 +252,75 @@ def train(config, workdir: str, *, reporter: Reporter | None = None) -> dict:
     cfg = experiment_config(config)
     tc = cfg.train
     initialize_distributed(cfg.mesh.multi_host)
-    mesh = make_mesh(cfg.mesh.num_devices)
-    check_batch_size("train.batch_size", tc.batch_size, mesh)
-    check_batch_size("train.eval_batch_size", tc.eval_batch, mesh)
+    try:
+        mesh = make_mesh(cfg.mesh.num_devices)
+        check_batch_size("train.batch_size", tc.batch_size, mesh)
+        check_batch_size("train.eval_batch_size", tc.eval_batch, mesh)
+    except ValueError as e:
+        raise RunError(str(e)) from None
     fsdp = cfg.mesh.fsdp
     lead = jax.process_index() == 0
     reporter = reporter or Reporter(tc.num_steps)
 
-    os.makedirs(workdir, exist_ok=True)
-    config_dict = json.loads(json.dumps(cfg.to_dict()))
-    _check_resume_config(os.path.join(workdir, "config.json"), config_dict)
+    prepare_workdir(workdir)
+    lock = WorkdirLock(workdir, message=reporter.message)
     if lead:
-        write_json(os.path.join(workdir, "config.json"), config_dict)
-
-    data = build_data(cfg)
-    tx, schedule = make_optimizer(cfg.optimizer, tc.num_steps)
-    abstract_model, abstract_opt = nnx.eval_shape(lambda: build_model(cfg, tx))
-    graphdef, abstract_state = nnx.split((abstract_model, abstract_opt))
-    shardings = state_shardings(abstract_state, mesh, fsdp)
-    param_count = _param_count(abstract_model)
-
-    checkpoints = Checkpoints(os.path.join(workdir, "checkpoints"), keep=tc.keep_checkpoints)
+        lock.acquire()  # one run per workdir; released in `finally`
+    checkpoints = None
     try:
-        start = checkpoints.latest_step() or 0
-        if start:
-            target = jax.tree.map(
-                lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                abstract_state,
-                shardings,
+        config_dict = json.loads(json.dumps(cfg.to_dict()))
+        _check_resume_config(os.path.join(workdir, "config.json"), config_dict)
+        try:
+            data = build_data(cfg)
+        except ValueError as e:
+            raise RunError(f"config.data: {e}") from None
+
+        tx, schedule = make_optimizer(cfg.optimizer, tc.num_steps)
+        abstract_model, abstract_opt = nnx.eval_shape(lambda: build_model(cfg, tx))
+        graphdef, abstract_state = nnx.split((abstract_model, abstract_opt))
+        shardings = state_shardings(abstract_state, mesh, fsdp)
+        param_count = _param_count(abstract_model)
+
+        checkpoints = Checkpoints(os.path.join(workdir, "checkpoints"), keep=tc.keep_checkpoints)
+        latest = checkpoints.latest_step() or 0
+        if latest > tc.num_steps:
+            raise RunError(
+                f"{workdir!r} holds a checkpoint at step {latest}, past config.train.num_steps = "
+                f"{tc.num_steps}: this run is already past num_steps (rerun with num_steps >= "
+                f"{latest} to continue it, or use another workdir)"
             )
-            summary_path = os.path.join(workdir, "summary.json")
-            if start >= tc.num_steps and os.path.exists(summary_path):
-                # Nothing to train: the finished run's summary (and its timings) stay as they are.
-                with open(summary_path) as f:
-                    summary = json.load(f)
-                reporter.message(
-                    f"{workdir} is already trained to step {start} (config.train.num_steps = "
-                    f"{tc.num_steps}): nothing to do; its summary.json is kept"
-                )
-                return summary
-            state = checkpoints.restore(start, target)
+        summary_path = os.path.join(workdir, "summary.json")
+        if (
+            latest == tc.num_steps
+            and os.path.exists(summary_path)
+            and checkpoints.verify(latest) is None
+        ):
+            # Nothing to train: the finished run's summary (and its timings) stay as they are.
+            with open(summary_path) as f:
+                summary = json.load(f)
+            reporter.message(
+                f"{workdir} is already trained to step {latest} (config.train.num_steps = "
+                f"{tc.num_steps}): nothing to do; its summary.json is kept"
+            )
+            return summary
+        target = jax.tree.map(
+            lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+            abstract_state,
+            shardings,
+        )
+        start, state = checkpoints.restore_latest(target, message=reporter.message)
+        if start:
             reporter.message(f"resuming from step {start} ({checkpoints.directory})")
         else:
             state = jax.device_put(nnx.state(build_model(cfg, tx)), shardings)
+        if lead:  # only once the config is known to fit the saved run
+            write_json(os.path.join(workdir, "config.json"), config_dict)
         metrics_path = os.path.join(workdir, "metrics.jsonl")
-        writer = MetricsWriter(metrics_path, resume_step=start) if lead else None
+        writer = (
+            MetricsWriter(metrics_path, resume_step=start, message=reporter.message)
+            if lead
+            else None
+        )
         reporter.message(
             f"{param_count:,} parameters, {mesh.shape['data']} device(s), "
             f"steps {start}..{tc.num_steps}"
@@ -319,8 +355,10 @@ def train(config, workdir: str, *, reporter: Reporter | None = None) -> dict:
             write_json(os.path.join(workdir, "summary.json"), summary)
         return summary
     finally:
-        checkpoints.close()
+        if checkpoints is not None:
+            checkpoints.close()
         reporter.close()
+        lock.release()
 
 
 def _loop(

@@ -1,0 +1,208 @@
+"""The run folder's safety: one run per workdir (a lock), checkpoint integrity digests, and
+`RunError`, the error of a run that cannot start or go on for a reason the user can fix.
+
+Lock: ``<workdir>/.lock`` holds the owner's ``{"pid", "hostname", "started"}``. It is created
+atomically (written to a private file, then hard-linked to the lock name, which fails if it
+exists) and removed on exit. A lock whose process is gone (same host, no such pid) is stale:
+it is removed with a message and the run goes on. A lock held by a live process, or by another
+host (whose processes cannot be checked from here), refuses the run and names the holder.
+
+Digests: after a checkpoint is saved, ``<step>/integrity.json`` records the size and SHA-256 of
+every file of the step's folder. `verify_digest` re-reads them and names the first missing,
+resized, altered or unexpected file; a step without the record (a save interrupted before it
+was written) counts as incomplete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import hashlib
+import json
+import os
+import socket
+
+LOCK_NAME = ".lock"
+DIGEST_NAME = "integrity.json"
+
+
+class RunError(ValueError):
+    """A run that cannot start or continue: a damaged or busy workdir, a config that does not
+    fit the saved run, unusable data. ``la-train`` prints it as ``la-train: error: ...``
+    (exit status 2)."""
+
+
+# ----------------------------------------------------------------------------- workdir
+def prepare_workdir(workdir: str) -> None:
+    """Create ``workdir`` (and parents) or check the existing one is a writable folder."""
+    if os.path.exists(workdir) and not os.path.isdir(workdir):
+        raise RunError(f"workdir {workdir!r} exists and is not a folder")
+    try:
+        os.makedirs(workdir, exist_ok=True)
+    except OSError as e:
+        raise RunError(f"workdir {workdir!r} cannot be created: {e.strerror or e}") from None
+    if not os.access(workdir, os.W_OK | os.X_OK):
+        raise RunError(f"workdir {workdir!r} is not writable")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+class WorkdirLock:
+    """``with WorkdirLock(workdir, message=print):`` holds the workdir's lock (see the module
+    docstring); raises `RunError` naming the holder if another live run has it."""
+
+    def __init__(self, workdir: str, *, message=print):
+        self.path = os.path.join(workdir, LOCK_NAME)
+        self.message = message
+        self.owner = {"pid": os.getpid(), "hostname": socket.gethostname()}
+        self._held = False
+
+    def _read_owner(self) -> dict | None:
+        try:
+            with open(self.path) as f:
+                owner = json.load(f)
+            return owner if isinstance(owner, dict) else {}
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):
+            return {}  # unreadable or damaged: treated as stale
+
+    def _try_create(self) -> bool:
+        tmp = f"{self.path}.{self.owner['hostname']}.{self.owner['pid']}"
+        record = dict(self.owner, started=datetime.datetime.now(datetime.UTC).isoformat())
+        try:
+            with open(tmp, "w") as f:
+                json.dump(record, f)
+            try:
+                os.link(tmp, self.path)
+            except FileExistsError:
+                return False
+            return True
+        except OSError as e:
+            raise RunError(
+                f"workdir {os.path.dirname(self.path)!r} is not writable: {e.strerror or e}"
+            ) from None
+        finally:
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
+
+    def acquire(self) -> None:
+        for _ in range(3):  # a stale lock removed by a concurrent run too: try again
+            if self._try_create():
+                self._held = True
+                return
+            owner = self._read_owner()
+            if owner is None:
+                continue  # released meanwhile
+            pid, host = owner.get("pid"), owner.get("hostname")
+            if not isinstance(pid, int) or not isinstance(host, str):
+                self.message(f"removed a damaged lock file {self.path}")
+            elif host != self.owner["hostname"]:
+                raise RunError(
+                    f"workdir {os.path.dirname(self.path)!r} is in use by process {pid} on host "
+                    f"{host!r} (lock {self.path}, since {owner.get('started', '?')}); if that "
+                    "run is over, delete the lock file"
+                )
+            elif _pid_alive(pid):  # (our own pid too: a second lock in this process)
+                raise RunError(
+                    f"workdir {os.path.dirname(self.path)!r} is in use by another run "
+                    f"(process {pid} on this host, since {owner.get('started', '?')}); wait for "
+                    "it to finish or use another workdir"
+                )
+            else:
+                self.message(
+                    f"removed a stale lock of process {pid} (no longer running) from {self.path}"
+                )
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(self.path)
+        raise RunError(f"could not take the lock {self.path}: it keeps changing hands")
+
+    def release(self) -> None:
+        """Remove the lock if it is still ours."""
+        if not self._held:
+            return
+        self._held = False
+        owner = self._read_owner() or {}
+        if {k: owner.get(k) for k in self.owner} == self.owner:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(self.path)
+
+    def __enter__(self):
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+
+# ----------------------------------------------------------------------------- digests
+def _files(step_dir: str) -> list[str]:
+    out = []
+    for dirpath, dirnames, filenames in os.walk(step_dir):
+        dirnames.sort()
+        for name in sorted(filenames):
+            rel = os.path.relpath(os.path.join(dirpath, name), step_dir)
+            if rel != DIGEST_NAME:
+                out.append(rel)
+    return out
+
+
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def write_digest(step_dir: str) -> None:
+    """Record the size and SHA-256 of every file of ``step_dir`` (written atomically)."""
+    files = {
+        rel: {
+            "size": os.path.getsize(os.path.join(step_dir, rel)),
+            "sha256": _sha256(os.path.join(step_dir, rel)),
+        }
+        for rel in _files(step_dir)
+    }
+    tmp = os.path.join(step_dir, f"{DIGEST_NAME}.tmp")
+    with open(tmp, "w") as f:
+        json.dump({"files": files}, f, indent=1, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, os.path.join(step_dir, DIGEST_NAME))
+
+
+def verify_digest(step_dir: str) -> str | None:
+    """``None`` if every file of ``step_dir`` matches its record, else what is wrong (naming the
+    file)."""
+    record_path = os.path.join(step_dir, DIGEST_NAME)
+    try:
+        with open(record_path) as f:
+            files = json.load(f)["files"]
+    except FileNotFoundError:
+        return f"{record_path} is missing (an interrupted save, or one from before the record)"
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"{record_path} is damaged ({type(e).__name__}: {e})"
+    present = set(_files(step_dir))
+    for rel, expected in sorted(files.items()):
+        path = os.path.join(step_dir, rel)
+        if rel not in present:
+            return f"{path} is missing"
+        size = os.path.getsize(path)
+        if size != expected["size"]:
+            what = "empty" if size == 0 else f"{size} bytes"
+            return f"{path} is {what}, expected {expected['size']} bytes (truncated or replaced)"
+        if _sha256(path) != expected["sha256"]:
+            return f"{path} has changed (SHA-256 mismatch)"
+    extra = sorted(present - set(files))
+    if extra:
+        return f"{os.path.join(step_dir, extra[0])} was not part of the saved checkpoint"
+    return None
