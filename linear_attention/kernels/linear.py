@@ -8,10 +8,13 @@ Causal linear attention with an optional log decay a_t ≤ 0 is the recurrence
 
 `q` and `k` are already featurised (φ(q), φ(k), width M). Every method computes the same numbers;
 they differ in cost: "quadratic" O(T²) memory, "scan" sequential, "associative_scan" a parallel
-prefix with a state per token, "chunk" dense matmuls within chunks and a prefix over chunks.
+prefix with a state per token, "chunk" dense matmuls within chunks and a prefix over chunks,
+"chunk_parallel" the same with every chunk at once (a parallel prefix over chunk summaries).
 """
 
 from __future__ import annotations
+
+import functools
 
 import jax.numpy as jnp
 
@@ -23,12 +26,13 @@ from linear_attention.kernels._checks import (
     check_same,
 )
 from linear_attention.kernels.associative import causal_associative
+from linear_attention.kernels.chunk_parallel import causal_chunk_parallel
 from linear_attention.kernels.chunked import causal_chunked
 from linear_attention.kernels.quadratic import causal_quadratic
 from linear_attention.kernels.recurrent import causal_scan
 from linear_attention.kernels.state import LinearAttentionState, check_state
 
-METHODS = ("chunk", "scan", "associative_scan", "quadratic")
+METHODS = ("chunk", "scan", "associative_scan", "quadratic", "chunk_parallel")
 
 
 def linear_attention(q, k, v, *, normalize: bool = True, eps: float = 1e-6):
@@ -84,8 +88,9 @@ def causal_linear_attention(
         gated linear attention). None: no decay.
       normalize: divide by q_tᵀ k_sum_t + eps.
       eps: added to the normaliser.
-      method: "chunk" (default, the training path), "scan", "associative_scan" or "quadratic".
-      chunk_size: tokens per chunk for "chunk"; T need not be a multiple of it.
+      method: "chunk" (default, the training path), "scan", "associative_scan", "quadratic" or
+        "chunk_parallel" (every chunk at once, shaped for accelerators).
+      chunk_size: tokens per chunk for "chunk" and "chunk_parallel"; T need not be a multiple.
       initial_state: state before the first token; None means zeros.
       return_state: also return the state after the last token.
     Returns:
@@ -122,9 +127,11 @@ def causal_linear_attention(
             eps=eps,
         )
     else:
-        core = {"scan": causal_scan, "associative_scan": causal_associative}.get(
-            method, causal_quadratic
-        )
+        core = {
+            "scan": causal_scan,
+            "associative_scan": causal_associative,
+            "chunk_parallel": functools.partial(causal_chunk_parallel, chunk_size=chunk_size),
+        }.get(method, causal_quadratic)
         # The normaliser is the output for a value that is always 1: one more value column.
         if with_sum:
             v32 = jnp.concatenate([v32, jnp.ones((B, T, H, 1), jnp.float32)], axis=-1)

@@ -132,10 +132,11 @@ def test_matches_float64_recurrence(method):
                     assert rel_err(o, o_quad) < 1e-4, where
 
 
+@pytest.mark.parametrize("method", ["chunk", "chunk_parallel"])
 @pytest.mark.parametrize("chunk_size", [1, 5, 13, 64])
-def test_chunk_sizes_agree(chunk_size):
+def test_chunk_sizes_agree(chunk_size, method):
     q, k, v, decays, kv0, k_sum0 = make_inputs(seed=1)
-    o, state = run(q, k, v, decays["per_token"], kv0, k_sum0, method="chunk", chunk_size=chunk_size)
+    o, state = run(q, k, v, decays["per_token"], kv0, k_sum0, method=method, chunk_size=chunk_size)
     ref_o, ref_kv, _ = causal_linear_attention_loop(q, k, v, decays["per_token"], kv0, k_sum0)
     assert rel_err(o, ref_o) < 1e-5
     assert rel_err(state.kv, ref_kv) < 1e-5
@@ -184,7 +185,7 @@ def loss_fn(method, normalize):
     return jax.jit(jax.grad(loss, argnums=range(6)))
 
 
-@pytest.mark.parametrize("method", ["chunk", "scan", "associative_scan"])
+@pytest.mark.parametrize("method", ["chunk", "chunk_parallel", "scan", "associative_scan"])
 def test_gradients_match_quadratic(method):
     q, k, v, decays, kv0, k_sum0 = make_inputs(seed=2)
     names = ("q", "k", "v", "log_decay", "kv0", "k_sum0")
