@@ -1,7 +1,7 @@
 """Language models over the mixer registry: `ModelConfig`, `LanguageModel`, decoding."""
 
 from linear_attention.models.config import ModelConfig
-from linear_attention.models.decoding import generate, state_size_bytes, step_fn
+from linear_attention.models.decoding import generate, generate_stream, state_size_bytes, step_fn
 from linear_attention.models.model import LanguageModel, ModelState, redraw_features
 
 __all__ = [
@@ -9,6 +9,7 @@ __all__ = [
     "LanguageModel",
     "ModelState",
     "generate",
+    "generate_stream",
     "redraw_features",
     "state_size_bytes",
     "step_fn",

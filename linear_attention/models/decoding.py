@@ -18,7 +18,7 @@ from linear_attention.models.config import ModelConfig
 from linear_attention.models.model import LanguageModel, ModelState
 
 
-@functools.partial(jax.jit, static_argnums=0)
+@functools.partial(jax.jit, static_argnums=0, donate_argnums=3)
 def _step(graphdef, params, tokens, state):
     return nnx.merge(graphdef, params).step(tokens, state)
 
@@ -26,7 +26,9 @@ def _step(graphdef, params, tokens, state):
 def step_fn(model: LanguageModel):
     """`model.step` as one compiled function `(tokens[B], state) -> (logits[B, V], state)`.
 
-    The model's variables are captured now (split); call `step_fn` again after updating them.
+    The state is donated: its buffers are updated in place (a softmax KV cache is not copied
+    per token), so the state passed in must not be used again; keep the returned one. The
+    model's variables are captured now (split); call `step_fn` again after updating them.
     """
     graphdef, params = nnx.split(model)
     return functools.partial(_step, graphdef, params)
@@ -74,6 +76,62 @@ def generate(
     function. Token i is drawn from `fold_in(rng, i)` with `softmax(logits / temperature)`,
     restricted to the `top_k` largest logits if set; `temperature=0` is greedy (argmax).
     """
+    _check_generate_args(model, prompt, num_tokens, temperature, top_k)
+    graphdef, params = nnx.split(model)
+    return _generate(
+        graphdef,
+        params,
+        jnp.asarray(prompt, jnp.int32),
+        rng,
+        num_tokens=num_tokens,
+        temperature=float(temperature),
+        top_k=top_k,
+    )
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "temperature", "top_k"))
+def _prefill_sample(graphdef, params, prompt, state, key, *, temperature, top_k):
+    logits, state = nnx.merge(graphdef, params).prefill(prompt, state)
+    return _sample(logits[:, -1], key, temperature, top_k), state
+
+
+@functools.partial(
+    jax.jit, static_argnames=("graphdef", "temperature", "top_k"), donate_argnames=("state",)
+)
+def _step_sample(graphdef, params, token, state, key, *, temperature, top_k):
+    logits, state = nnx.merge(graphdef, params).step(token, state)
+    return _sample(logits, key, temperature, top_k), state
+
+
+def generate_stream(
+    model: LanguageModel,
+    prompt: jax.Array,
+    num_tokens: int,
+    *,
+    rng: jax.Array,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+):
+    """Yield the `num_tokens` new tokens of `generate` one at a time, each `[B]` as soon as it
+    is drawn (for streaming): the same arguments, the same draws (token i from `fold_in(rng,
+    i)`), one compiled prefill and one compiled step (state donated) per token."""
+    _check_generate_args(model, prompt, num_tokens, temperature, top_k)
+    graphdef, params = nnx.split(model)
+    prompt = jnp.asarray(prompt, jnp.int32)
+    options = dict(graphdef=graphdef, temperature=float(temperature), top_k=top_k)
+    state = model.init_state(prompt.shape[0], prompt.shape[1] + num_tokens)
+    token, state = _prefill_sample(
+        params=params, prompt=prompt, state=state, key=jax.random.fold_in(rng, 0), **options
+    )
+    yield token
+    for i in range(1, num_tokens):
+        token, state = _step_sample(
+            params=params, token=token, state=state, key=jax.random.fold_in(rng, i), **options
+        )
+        yield token
+
+
+def _check_generate_args(model, prompt, num_tokens, temperature, top_k) -> None:
     config = model.config
     if jnp.ndim(prompt) != 2 or not jnp.issubdtype(jnp.asarray(prompt).dtype, jnp.integer):
         raise ValueError(f"prompt must be integer tokens [B, T0], got shape {jnp.shape(prompt)}")
@@ -89,16 +147,6 @@ def generate(
         raise ValueError(f"temperature must be a number >= 0, got {temperature!r}")
     if top_k is not None and (not isinstance(top_k, int) or not 1 <= top_k <= config.vocab_size):
         raise ValueError(f"top_k must be None or an int in [1, {config.vocab_size}], got {top_k!r}")
-    graphdef, params = nnx.split(model)
-    return _generate(
-        graphdef,
-        params,
-        jnp.asarray(prompt, jnp.int32),
-        rng,
-        num_tokens=num_tokens,
-        temperature=float(temperature),
-        top_k=top_k,
-    )
 
 
 def state_size_bytes(config: ModelConfig) -> int:
@@ -122,4 +170,4 @@ def state_size_bytes(config: ModelConfig) -> int:
     return total(2) - total(1)
 
 
-__all__ = ["ModelState", "generate", "state_size_bytes", "step_fn"]
+__all__ = ["ModelState", "generate", "generate_stream", "state_size_bytes", "step_fn"]

@@ -1,5 +1,6 @@
 """Config-driven training: validated configs, optax chain, orbax checkpoints, device mesh,
-metrics, the loop (`train`) and the command line (`la-train`, `experiments/train.py`)."""
+metrics, the loop (`train`), reloading a run (`load_run`, `evaluate_run`) and the command lines
+(`la-train` / `experiments/train.py`, `la-eval`, `la-generate`)."""
 
 from linear_attention.training.config import (
     ExperimentConfig,
@@ -10,6 +11,7 @@ from linear_attention.training.config import (
     TrainConfig,
     experiment_config,
 )
+from linear_attention.training.load import evaluate_run, load_run
 from linear_attention.training.optim import make_optimizer, make_schedule
 from linear_attention.training.trainer import NonFiniteLossError, build_data, build_model, train
 
@@ -23,7 +25,9 @@ __all__ = [
     "TrainConfig",
     "build_data",
     "build_model",
+    "evaluate_run",
     "experiment_config",
+    "load_run",
     "make_optimizer",
     "make_schedule",
     "train",

@@ -12,9 +12,12 @@ overridden with ``--config.<section>.<field>=value``; ``la-eval`` starts from th
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import difflib
+import hashlib
 import importlib.util
+import itertools
 import json
 import os
 import re
@@ -22,13 +25,18 @@ import sys
 import textwrap
 import typing
 
+import jax
 import ml_collections
+import numpy as np
 from absl import flags
 from ml_collections import config_dict, config_flags
 
+from linear_attention.models import generate_stream
 from linear_attention.models.config import ModelConfig
 from linear_attention.training import config as config_lib
 from linear_attention.training.config import SECTIONS, experiment_config
+from linear_attention.training.load import evaluate_run, load_run, run_config
+from linear_attention.training.metrics import write_json
 from linear_attention.training.trainer import Interrupted, NonFiniteLossError, train
 from linear_attention.training.workdir import RunError
 
@@ -296,6 +304,129 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     finals = {k: v for k, v in summary.items() if k.startswith("eval/")}
     print("final: " + ", ".join(f"{k} {v:.4f}" for k, v in sorted(finals.items())))
+    return 0
+
+
+def _run_config(workdir: str | None, usage: str) -> ml_collections.ConfigDict:
+    if not workdir:
+        raise UsageError(f"--workdir is required\n{usage}")
+    try:
+        return config_from_json(run_config(workdir))
+    except (ValueError, OSError) as e:
+        raise UsageError(e) from None
+
+
+def _pop_workdir(argv: list[str]) -> str | None:
+    """The value of ``--workdir`` (needed before parsing: the overrides apply to its config)."""
+    for i, a in enumerate(argv):
+        if re.match(r"^--?workdir=", a):
+            return a.split("=", 1)[1]
+        if a in ("--workdir", "-workdir") and i + 1 < len(argv):
+            return argv[i + 1]
+    return None
+
+
+def _workdir_flag(fv) -> None:
+    flags.DEFINE_string("workdir", None, "the run's folder (written by la-train)", flag_values=fv)
+    flags.DEFINE_integer("step", None, "checkpoint step (default: the latest)", flag_values=fv)
+
+
+def eval_main(argv: list[str] | None = None) -> int:
+    """Entry point of ``la-eval``: evaluate a run's checkpoint on its evaluation data (or on
+    data given by ``--config.data.*`` overrides); prints the metrics and writes them, with the
+    overrides, to ``--output`` (default ``<workdir>/eval_step<N>[_<overrides digest>].json``;
+    ``summary.json`` is never touched)."""
+    argv = list(sys.argv if argv is None else argv)
+    if any(a in ("-h", "--help", "-help") for a in argv[1:]):
+        print(_help(EVAL_USAGE, f"{eval_main.__doc__}\n\n{_sections_help()}"))
+        return 0
+
+    def extra(fv):
+        _workdir_flag(fv)
+        flags.DEFINE_string("output", None, "JSON file for the metrics", flag_values=fv)
+
+    try:
+        workdir = _pop_workdir(argv)
+        fv = _parse(argv, _run_config(workdir, EVAL_USAGE), extra)
+        overrides = {p: v for p, v in (_override_values(argv)).items()}
+        _validate(fv.config)
+        metrics = evaluate_run(workdir, config=fv.config, step=fv.step)
+    except (UsageError, ValueError) as e:
+        return _error("la-eval", e)
+    step = metrics.pop("step")
+    record = {"step": step, "workdir": os.path.abspath(workdir), "overrides": overrides, **metrics}
+    output = fv.output
+    if output is None:
+        digest = hashlib.sha1(json.dumps(overrides, sort_keys=True).encode()).hexdigest()[:8]
+        output = os.path.join(workdir, f"eval_step{step}{'_' + digest if overrides else ''}.json")
+    write_json(output, record)
+    shown = ", ".join(f"{k} {v:.4f}" for k, v in sorted(metrics.items()))
+    print(f"step {step}: {shown}\nwritten to {output}")
+    return 0
+
+
+def _override_values(argv: list[str]) -> dict[str, str]:
+    return {
+        a.split("=", 1)[0].lstrip("-"): a.split("=", 1)[1] if "=" in a else "True"
+        for a in argv
+        if re.match(r"^--?config\.", a)
+    }
+
+
+def generate_main(argv: list[str] | None = None) -> int:
+    """Entry point of ``la-generate``: sample from a text run's checkpoint, printing the prompt
+    and then each byte as it is drawn. Token i is drawn from ``fold_in(key(seed), i)`` with
+    ``softmax(logits / temperature)`` over the ``top_k`` largest logits (0: all);
+    ``--temperature 0`` is greedy."""
+    argv = list(sys.argv if argv is None else argv)
+    if any(a in ("-h", "--help", "-help") for a in argv[1:]):
+        print(_help(GENERATE_USAGE, generate_main.__doc__))
+        return 0
+
+    def extra(fv):
+        _workdir_flag(fv)
+        flags.DEFINE_string("prompt", None, "text to continue", flag_values=fv)
+        flags.DEFINE_integer("num_tokens", None, "bytes to generate", flag_values=fv)
+        flags.DEFINE_float("temperature", 1.0, "sampling temperature (0: greedy)", flag_values=fv)
+        flags.DEFINE_integer(
+            "top_k", 0, "sample among the k largest logits (0: all)", flag_values=fv
+        )
+        flags.DEFINE_integer("seed", 0, "random seed of the sample", flag_values=fv)
+
+    try:
+        workdir = _pop_workdir(argv)
+        fv = _parse(argv, _run_config(workdir, GENERATE_USAGE), extra)
+        cfg = _validate(fv.config)
+        if cfg.data.kind != "text":
+            raise UsageError(
+                f"la-generate samples bytes; {workdir} is a {cfg.data.kind!r} run "
+                "(config.data.kind must be 'text')"
+            )
+        if not fv.prompt:
+            raise UsageError(f"--prompt is required (a non-empty text)\n{GENERATE_USAGE}")
+        if fv.num_tokens is None:
+            raise UsageError(f"--num_tokens is required\n{GENERATE_USAGE}")
+        if fv.top_k < 0:
+            raise UsageError(f"--top_k must be >= 0 (0: all), got {fv.top_k}")
+        model, _ = load_run(workdir, config=fv.config, step=fv.step)
+        prompt = np.frombuffer(fv.prompt.encode(), np.uint8).astype(np.int32)[None]
+        tokens = generate_stream(
+            model,
+            prompt,
+            fv.num_tokens,
+            rng=jax.random.key(fv.seed),
+            temperature=fv.temperature,
+            top_k=fv.top_k or None,
+        )
+        first = next(tokens)  # arguments are checked when the first token is asked for
+    except (UsageError, ValueError) as e:
+        return _error("la-generate", e)
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    sys.stdout.write(fv.prompt)
+    for token in itertools.chain([first], tokens):
+        sys.stdout.write(decoder.decode(bytes([int(token[0])])))
+        sys.stdout.flush()
+    sys.stdout.write(decoder.decode(b"", final=True) + "\n")
     return 0
 
 

@@ -13,6 +13,7 @@ from linear_attention.models import (
     ModelConfig,
     decoding,
     generate,
+    generate_stream,
     state_size_bytes,
     step_fn,
 )
@@ -64,6 +65,26 @@ def test_generate_greedy_matches_a_naive_full_forward_loop():
     # top_k=1 sampling is greedy whatever the temperature
     top1 = generate(model, prompt, n, rng=jax.random.key(5), temperature=2.0, top_k=1)
     np.testing.assert_array_equal(top1, out)
+
+
+def test_generate_stream_yields_the_tokens_of_generate():
+    model = make(**HYBRID)
+    prompt = jax.random.randint(jax.random.key(2), (B, 3), 0, V)
+    for kwargs in (dict(temperature=0.0), dict(temperature=0.9, top_k=5)):
+        whole = generate(model, prompt, 5, rng=jax.random.key(3), **kwargs)
+        stream = list(generate_stream(model, prompt, 5, rng=jax.random.key(3), **kwargs))
+        assert len(stream) == 5 and stream[0].shape == (B,)
+        np.testing.assert_array_equal(jnp.stack(stream, 1), whole)
+    with pytest.raises(ValueError, match="num_tokens must be an integer >= 1"):
+        next(generate_stream(model, prompt, 0, rng=jax.random.key(0)))
+
+
+def test_step_fn_donates_the_state():
+    model = make(**HYBRID)
+    state = model.init_state(B, 4)
+    _, new_state = step_fn(model)(jnp.zeros((B,), jnp.int32), state)
+    cache = state.layers[1].core.k  # the softmax layer's KV cache was updated in place
+    assert cache.is_deleted() and not new_state.layers[1].core.k.is_deleted()
 
 
 def test_generate_sampling_respects_top_k_and_rng():

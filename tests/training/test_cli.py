@@ -1,16 +1,23 @@
-"""The command lines: la-train's help, dry run and error messages; Ctrl-C in a real process."""
+"""The command lines: la-train's help, dry run and error messages; Ctrl-C in a real process;
+la-eval and la-generate (and `load_run` behind them) on a finished text run."""
 
+import io
 import json
+import math
 import os
 import signal
 import subprocess
 import sys
 import time
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
-from linear_attention.training import cli, experiment_config
-from linear_attention.training.metrics import read_jsonl
+from linear_attention.models import generate
+from linear_attention.training import build_data, cli, experiment_config, load_run, train
+from linear_attention.training.metrics import Reporter, read_jsonl
 from tests.training.conftest import ROOT, load_config
 
 SMOKE = "--config=configs/mqar.py:smoke"
@@ -108,3 +115,117 @@ def test_ctrl_c_saves_a_checkpoint_and_the_rerun_resumes_from_it(tmp_path):
 )
 def test_config_spec_split(spec, path, preset):
     assert cli._split_spec(spec) == (path, preset)
+
+
+@pytest.fixture(scope="module")
+def text_run(tmp_path_factory):
+    """A finished 4-step text run (gated + softmax hybrid, so both decoding states are used)."""
+    workdir = str(tmp_path_factory.mktemp("lm") / "run")
+    config = load_config("lm", "smoke")
+    config.model.mixer = "gated,softmax"
+    config.model.num_layers = 2
+    config.model.max_length = 64
+    config.train.num_steps = 4
+    config.train.sample_tokens = 0
+    train(config, workdir, reporter=Reporter(4, stream=io.StringIO()))
+    return workdir, config
+
+
+def _summary(workdir):
+    with open(os.path.join(workdir, "summary.json")) as f:
+        return json.load(f)
+
+
+def test_load_run_restores_the_final_parameters(text_run):
+    workdir, config = text_run
+    model, cfg = load_run(workdir)
+    assert cfg == experiment_config(config)
+    data = build_data(cfg)
+    # The reloaded model's bits per byte on the validation windows, in float64 here.
+    inputs, labels = data.val_inputs, data.val_labels
+    logits = np.asarray(model(jnp.asarray(inputs)), np.float64)
+    logz = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
+    picked = np.take_along_axis(logits, labels[..., None], -1)[..., 0]
+    np.testing.assert_allclose(
+        (logz - picked).mean() / math.log(2), _summary(workdir)["eval/bits_per_byte"], rtol=1e-5
+    )
+    earlier, _ = load_run(workdir, step=2)
+    assert not np.allclose(earlier.embed.embedding[...], model.embed.embedding[...])
+    with pytest.raises(ValueError, match=r"step must be one of the saved checkpoints \[2, 4\]"):
+        load_run(workdir, step=3)
+    with pytest.raises(ValueError, match="holds no run"):
+        load_run(os.path.dirname(workdir))
+
+
+def test_la_eval_reports_summary_metrics_and_accepts_data_overrides(text_run, capsys):
+    workdir, _ = text_run
+    before = _summary(workdir)
+    assert cli.eval_main(["la-eval", f"--workdir={workdir}"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("step 4: eval/accuracy ")
+    with open(os.path.join(workdir, "eval_step4.json")) as f:
+        record = json.load(f)
+    for key in ("eval/loss", "eval/accuracy", "eval/bits_per_byte"):
+        assert record[key] == pytest.approx(before[key], rel=1e-6)
+    assert record["overrides"] == {} and record["step"] == 4
+    # Other data: shorter windows, fewer of them; the output file names the overrides.
+    argv = ["la-eval", f"--workdir={workdir}", "--config.data.seq_len=16", "--step=2"]
+    assert cli.eval_main([*argv, "--config.data.num_val_windows=5"]) == 0
+    path = capsys.readouterr().out.split("written to ")[1].strip()
+    with open(path) as f:
+        short = json.load(f)
+    assert short["step"] == 2 and short["overrides"]["config.data.seq_len"] == "16"
+    model, cfg = load_run(workdir, step=2)
+    data = build_data(
+        experiment_config(
+            {
+                **cfg.to_dict(),
+                "data": {**cfg.to_dict()["data"], "seq_len": 16, "num_val_windows": 5},
+            }
+        )
+    )
+    assert data.val_inputs.shape == (5, 16)
+    logits = np.asarray(model(jnp.asarray(data.val_inputs)), np.float64)
+    logz = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
+    picked = np.take_along_axis(logits, data.val_labels[..., None], -1)[..., 0]
+    assert short["eval/loss"] == pytest.approx((logz - picked).mean(), rel=1e-5)
+    assert _summary(workdir) == before  # summary.json untouched
+
+
+def test_la_eval_errors(text_run, capsys):
+    workdir, _ = text_run
+    for argv, message in (
+        ([], "--workdir is required"),
+        (
+            [f"--workdir={workdir}", "--config.data.seq_lem=8"],
+            "did you mean --config.data.seq_len?",
+        ),
+        ([f"--workdir={workdir}", "--config.data.seq_len=100"], "config.model.max_length = 64"),
+        (
+            [f"--workdir={workdir}", "--config.model.d_model=16"],
+            "does not fit this config's parameters",
+        ),
+        ([f"--workdir={workdir}/nope"], "holds no run"),
+    ):
+        assert cli.eval_main(["la-eval", *argv]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("la-eval: error: ") and message in err, err
+
+
+def test_la_generate_streams_the_sample_of_generate(text_run, capsys):
+    workdir, _ = text_run
+    argv = ["la-generate", f"--workdir={workdir}", "--prompt=def f(", "--num_tokens=12"]
+    assert cli.generate_main([*argv, "--temperature=0.7", "--top_k=20", "--seed=3"]) == 0
+    out = capsys.readouterr().out
+    model, _ = load_run(workdir)
+    prompt = np.frombuffer(b"def f(", np.uint8).astype(np.int32)[None]
+    tokens = generate(model, prompt, 12, rng=jax.random.key(3), temperature=0.7, top_k=20)
+    expected = b"def f(" + np.asarray(tokens)[0].astype(np.uint8).tobytes()
+    assert out == expected.decode("utf-8", errors="replace") + "\n"
+    for extra, message in (
+        (["--num_tokens=100"], "exceeds max_length=64"),
+        (["--top_k=-1"], "--top_k must be >= 0"),
+        (["--temperature=-1"], "temperature must be a number >= 0"),
+    ):
+        assert cli.generate_main([*argv, *extra]) == 2
+        assert message in capsys.readouterr().err

@@ -1,0 +1,96 @@
+"""A run, reloaded: `load_run(workdir) -> (model, config)` and `evaluate_run` (behind ``la-eval``).
+
+A workdir written by `train` holds ``config.json`` and ``checkpoints/<step>``. Loading rebuilds
+the model (and optimizer) from the config, restores the checkpoint into it, and returns the
+model with the validated `ExperimentConfig`. A config may be given instead of the run's own, e.g.
+with other data fields for evaluation; its model must have the checkpoint's parameter shapes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import NamedTuple
+
+import jax
+from flax import nnx
+
+from linear_attention.models import LanguageModel
+from linear_attention.training.checkpoint import Checkpoints
+from linear_attention.training.config import ExperimentConfig, experiment_config
+from linear_attention.training.mesh import check_batch_size, make_mesh, state_shardings
+from linear_attention.training.optim import make_optimizer
+from linear_attention.training.trainer import build_data, build_model, evaluate
+
+
+class RestoredRun(NamedTuple):
+    """The training state of a checkpoint: ``nnx.merge(graphdef, state)`` is (model, optimizer)."""
+
+    graphdef: nnx.GraphDef
+    state: nnx.State
+    config: ExperimentConfig
+    step: int
+    mesh: jax.sharding.Mesh
+
+
+def run_config(workdir: str) -> dict:
+    """The run's ``config.json`` as a dict; ValueError if the folder holds no run."""
+    path = os.path.join(workdir, "config.json")
+    if not os.path.isfile(path):
+        raise ValueError(f"workdir {workdir!r} holds no run (no config.json)")
+    with open(path) as f:
+        return json.load(f)
+
+
+def restore_run(workdir: str, *, config=None, step: int | None = None) -> RestoredRun:
+    """Restore checkpoint ``step`` (default: the latest) of the run in ``workdir``, built from
+    ``config`` (a ConfigDict, dict or `ExperimentConfig`; default: the run's ``config.json``)."""
+    cfg = experiment_config(run_config(workdir) if config is None else config)
+    folder = os.path.join(workdir, "checkpoints")
+    steps = (
+        sorted(int(d) for d in os.listdir(folder) if d.isdigit()) if os.path.isdir(folder) else []
+    )
+    if not steps:
+        raise ValueError(f"workdir {workdir!r} has no checkpoint yet (nothing in {folder})")
+    if step is None:
+        step = steps[-1]
+    elif step not in steps:
+        raise ValueError(f"step must be one of the saved checkpoints {steps}, got {step!r}")
+    mesh = make_mesh(cfg.mesh.num_devices)
+    check_batch_size("train.eval_batch_size", cfg.train.eval_batch, mesh)
+    tx, _ = make_optimizer(cfg.optimizer, cfg.train.num_steps)
+    graphdef, abstract = nnx.split(nnx.eval_shape(lambda: build_model(cfg, tx)))
+    target = jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+        abstract,
+        state_shardings(abstract, mesh, cfg.mesh.fsdp),
+    )
+    checkpoints = Checkpoints(folder, keep=cfg.train.keep_checkpoints)
+    try:
+        problem = checkpoints.verify(step)
+        if problem is not None:
+            raise ValueError(f"checkpoint step {step} of {workdir!r} is damaged: {problem}")
+        state = checkpoints.restore(step, target)  # RunError (a ValueError) if it does not fit
+    finally:
+        checkpoints.close()
+    return RestoredRun(graphdef, state, cfg, step, mesh)
+
+
+def load_run(
+    workdir: str, *, config=None, step: int | None = None
+) -> tuple[LanguageModel, ExperimentConfig]:
+    """``(model, config)`` of the run in ``workdir``: the `LanguageModel` with the parameters of
+    checkpoint ``step`` (default: the latest) and the run's validated config (or ``config``)."""
+    run = restore_run(workdir, config=config, step=step)
+    model, _ = nnx.merge(run.graphdef, run.state)
+    return model, run.config
+
+
+def evaluate_run(workdir: str, *, config=None, step: int | None = None) -> dict:
+    """Evaluate checkpoint ``step`` (default: the latest) on the evaluation data of ``config``
+    (default: the run's own): the metrics of ``summary.json`` (``eval/loss``,
+    ``eval/accuracy``, ``eval/bits_per_byte`` for text), computed as training computes them,
+    with ``step``."""
+    run = restore_run(workdir, config=config, step=step)
+    metrics = evaluate(run.state, build_data(run.config), run.config, run.graphdef, run.mesh)
+    return {"step": run.step, **metrics}
