@@ -74,6 +74,7 @@ def get_config(arg=None):
     config.train.log_every = 100
     config.train.checkpoint_every = 1000
     config.train.keep_checkpoints = 3
+    config.train.profile_steps = 0  # >0: trace that many steps for TensorBoard (jax.profiler)
     config.train.sample_tokens = 0  # nothing to sample for MQAR
 
     config.mesh = ml_collections.ConfigDict()

@@ -136,6 +136,7 @@ class TrainConfig:
     sample_prompt: str = ""
     sample_temperature: float = 1.0
     sample_top_k: int = 0  # 0: no truncation
+    profile_steps: int = 0  # trace this many steps (after the compiling one) with jax.profiler
 
     def validate(self, path: str):
         for name in ("num_steps", "batch_size", "eval_every", "log_every", "checkpoint_every"):
@@ -144,6 +145,7 @@ class TrainConfig:
         _need_int(f"{path}.keep_checkpoints", self.keep_checkpoints)
         _need_int(f"{path}.sample_tokens", self.sample_tokens, minimum=0)
         _need_int(f"{path}.sample_top_k", self.sample_top_k, minimum=0)
+        _need_int(f"{path}.profile_steps", self.profile_steps, minimum=0)
         _need_range(f"{path}.sample_temperature", self.sample_temperature, 0.0, 1e3)
         if self.sample_tokens and not self.sample_prompt:
             _fail(f"{path}.sample_prompt", "must be non-empty when sample_tokens > 0")

@@ -71,6 +71,9 @@ class MetricsWriter:
         with open(self.path, "a") as f:
             f.write(json.dumps({k: _clean(v) for k, v in record.items()}, sort_keys=True) + "\n")
 
+    def close(self) -> None:
+        """Nothing to release: every write opens and closes the file."""
+
 
 def _fmt(record: dict) -> str:
     parts = []

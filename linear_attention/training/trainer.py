@@ -43,6 +43,7 @@ from linear_attention.training.mesh import (
 )
 from linear_attention.training.metrics import MetricsWriter, Reporter, write_json
 from linear_attention.training.optim import make_optimizer
+from linear_attention.training.tensorboard import Profiler, TensorBoardWriter
 from linear_attention.training.workdir import RunError, WorkdirLock, prepare_workdir
 
 # Independent random streams derived from the seed.
@@ -266,7 +267,7 @@ def train(config, workdir: str, *, reporter: Reporter | None = None) -> dict:
     lock = WorkdirLock(workdir, message=reporter.message)
     if lead:
         lock.acquire()  # one run per workdir; released in `finally`
-    checkpoints = None
+    checkpoints, writers, profiler = None, [], None
     try:
         config_dict = json.loads(json.dumps(cfg.to_dict()))
         _check_resume_config(os.path.join(workdir, "config.json"), config_dict)
@@ -316,11 +317,12 @@ def train(config, workdir: str, *, reporter: Reporter | None = None) -> dict:
         if lead:  # only once the config is known to fit the saved run
             write_json(os.path.join(workdir, "config.json"), config_dict)
         metrics_path = os.path.join(workdir, "metrics.jsonl")
-        writer = (
-            MetricsWriter(metrics_path, resume_step=start, message=reporter.message)
-            if lead
-            else None
-        )
+        if lead:
+            writers = [
+                MetricsWriter(metrics_path, resume_step=start, message=reporter.message),
+                TensorBoardWriter(workdir, resume_step=start),
+            ]
+        profiler = Profiler(workdir, first=start + 1, num_steps=tc.profile_steps)
         reporter.message(
             f"{param_count:,} parameters, {mesh.shape['data']} device(s), "
             f"steps {start}..{tc.num_steps}"
@@ -335,10 +337,11 @@ def train(config, workdir: str, *, reporter: Reporter | None = None) -> dict:
                 fsdp,
                 schedule,
                 checkpoints,
-                writer,
+                writers,
                 reporter,
                 start,
                 stop,
+                profiler,
             )
         state = summary.pop("_state")
         summary.update(
@@ -355,6 +358,10 @@ def train(config, workdir: str, *, reporter: Reporter | None = None) -> dict:
             write_json(os.path.join(workdir, "summary.json"), summary)
         return summary
     finally:
+        if profiler is not None:
+            profiler.close()
+        for writer in writers:
+            writer.close()
         if checkpoints is not None:
             checkpoints.close()
         reporter.close()
@@ -362,7 +369,19 @@ def train(config, workdir: str, *, reporter: Reporter | None = None) -> dict:
 
 
 def _loop(
-    cfg, data, state, graphdef, mesh, fsdp, schedule, checkpoints, writer, reporter, start, stop
+    cfg,
+    data,
+    state,
+    graphdef,
+    mesh,
+    fsdp,
+    schedule,
+    checkpoints,
+    writers,
+    reporter,
+    start,
+    stop,
+    profiler,
 ):
     tc = cfg.train
     key = jax.random.key(cfg.seed)
@@ -385,9 +404,13 @@ def _loop(
                 fsdp=fsdp,
             )
         batch = shard_batch(data.train_batch(s, tc.batch_size), mesh)
+        profiler.before_step(s)
         state, metrics = train_step(state, batch, graphdef=graphdef, mesh=mesh, fsdp=fsdp)
         done = s + 1
         pending.append((done, metrics))
+        traced = profiler.after_step(done, metrics)
+        if traced:
+            reporter.message(traced)
         if s == start:
             # The first step compiles: keep it out of the throughput figures.
             jax.block_until_ready(metrics)
@@ -432,7 +455,7 @@ def _loop(
         if do_eval:
             record.update(evaluate(state, data, cfg, graphdef, mesh))
         if do_log or do_eval:
-            if writer is not None:
+            for writer in writers:
                 writer.write(record)
             reporter.record(record)
         if do_ckpt:

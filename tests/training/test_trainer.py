@@ -6,6 +6,7 @@ import json
 import math
 import os
 import signal
+import struct
 
 import jax
 import numpy as np
@@ -49,15 +50,64 @@ def _np_stats(logits, labels):
     return ce.mean(), acc.mean()
 
 
-def test_tiny_run_writes_every_file_with_checked_numbers(tmp_path, tiny_config):
+def _events(workdir) -> dict[str, dict[int, float]]:
+    """TensorBoard scalars ``{tag: {step: value}}`` of every event file, read independently of
+    the writer: TFRecord framing (u64 length, u32 crc, data, u32 crc) and the Event protobuf. A
+    session START at step s (a resumed run's purge) drops earlier files' values at steps >= s."""
+    from tensorboardX.proto.event_pb2 import Event, SessionLog
+
+    scalars = {}
+    for name in sorted(f for f in os.listdir(workdir) if f.startswith("events.out.tfevents")):
+        with open(os.path.join(workdir, name), "rb") as f:
+            data = f.read()
+        pos = 0
+        while pos < len(data):
+            (length,) = struct.unpack("<Q", data[pos : pos + 8])
+            event = Event.FromString(data[pos + 12 : pos + 12 + length])
+            pos += 12 + length + 4
+            if event.HasField("session_log") and event.session_log.status == SessionLog.START:
+                for values in scalars.values():
+                    for step in [s for s in values if s >= event.step]:
+                        del values[step]
+            for value in event.summary.value:
+                scalars.setdefault(value.tag, {})[event.step] = value.simple_value
+    return scalars
+
+
+def _check_events_match_metrics(workdir):
+    expected = {}
+    for record in _read(workdir, "metrics.jsonl"):
+        for key, value in record.items():
+            if key != "step":
+                expected.setdefault(key, {})[record["step"]] = value
+    found = _events(workdir)
+    assert set(found) == set(expected)
+    for tag, values in expected.items():
+        assert sorted(found[tag]) == sorted(values), tag
+        np.testing.assert_allclose(
+            [found[tag][s] for s in sorted(values)], [values[s] for s in sorted(values)], rtol=1e-6
+        )
+
+
+def test_tiny_run_writes_every_file_with_checked_numbers(tmp_path, tiny_config, capsys):
     workdir = str(tmp_path / "run")
+    tiny_config.train.profile_steps = 2
     summary = trainer.train(tiny_config, workdir)
-    assert sorted(os.listdir(workdir)) == [
+    events = [f for f in os.listdir(workdir) if f.startswith("events.out.tfevents.")]
+    assert len(events) == 1
+    assert sorted(set(os.listdir(workdir)) - set(events)) == [
         "checkpoints",
         "config.json",
         "metrics.jsonl",
+        "plugins",
         "summary.json",
     ]
+    # TensorBoard holds the records of metrics.jsonl; steps 2-3 were traced by jax.profiler.
+    _check_events_match_metrics(workdir)
+    (trace,) = os.listdir(os.path.join(workdir, "plugins", "profile"))
+    traced = os.listdir(os.path.join(workdir, "plugins", "profile", trace))
+    assert any(f.endswith(".xplane.pb") for f in traced)
+    assert "profiled steps 2..3" in capsys.readouterr().out
     cfg = experiment_config(tiny_config)
     assert _read(workdir, "config.json") == json.loads(json.dumps(cfg.to_dict()))
     # keep_checkpoints=3 of the saves at 2, 4, 6.
@@ -139,6 +189,7 @@ def test_interrupt_and_resume_equals_uninterrupted(tmp_path, tiny_config, monkey
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
     ra, rb = _read(straight, "metrics.jsonl"), _read(resumed, "metrics.jsonl")
     assert [r["step"] for r in rb] == [1, 2, 3, 4, 5, 6]
+    _check_events_match_metrics(resumed)  # step 3, logged twice, is shown once
     for x, y in zip(ra, rb, strict=True):
         for key in ("train/loss", "grad_norm", "lr", "eval/loss", "eval/accuracy"):
             assert x.get(key) == y.get(key), (x["step"], key)
