@@ -1,0 +1,328 @@
+"""One command for a new backend (GPU, TPU, or the CPU): are the kernels right here, and how fast?
+
+    python experiments/accelerator_check.py --out runs/accel           # < 5 min (--budget_s 270)
+    python experiments/accelerator_check.py --out /tmp/a --preset tiny # smoke test, seconds
+
+1. Checks, at `check_T` tokens (not a multiple of the chunk), with an initial state and
+   normalisation: every method of `K.causal_linear_attention` against the quadratic form, for
+   decays none / per head [H] / per token [B,T,H] / per key dimension [B,T,H,M] (a kind the
+   library rejects is recorded as unsupported); the gradients of "chunk" and "chunk_parallel"
+   against the quadratic form's; bfloat16 inputs against float32. Checks run at
+   `jax.default_matmul_precision("highest")`: on GPUs XLA may otherwise run float32 matmuls in
+   TF32, which is a precision choice, not a kernel error. Timings use the default precision.
+2. Times, for T = 1K … 64K in bfloat16 and float32 (B=1, H=4, d=64, the shape of
+   `benchmark.py`): `chunk` and `chunk_parallel` (elu+1 features computed outside, no decay,
+   normalised) and softmax by `jax.nn.dot_product_attention(is_causal=True)`, forward and
+   forward+backward (gradient of <f(q, k, v), g> w.r.t. q, k, v). Per T and dtype everything is
+   compiled, run once to warm up, then timed in R interleaved rounds; `chunk_parallel_speedup` is
+   the median over rounds of t_chunk / t_chunk_parallel. A point is skipped (with the reason)
+   when its compiled temporaries exceed the memory budget, when the same method, dtype and pass
+   took over `--time_budget_s` at a smaller T, or once the whole script has run `--budget_s`.
+
+Writes `results.json` (machine, checks, every time, ratios, skips) and `time_vs_T.png`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from linear_attention import kernels as K
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchmark import compile_point, interleaved  # noqa: E402
+from machine import machine_info  # noqa: E402
+
+B, H, D = 1, 4, 64
+MODES = ("fwd", "grad")
+DECAYS = ("none", "per_head", "per_token", "per_key")
+DTYPES = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}
+TOLERANCE = {"float32": 1e-4, "bfloat16": 3e-2}  # relative to the largest reference entry
+PRESETS = {
+    "full": dict(T=tuple(1024 * 2**i for i in range(7)), repeats=5, check_T=300, decays=DECAYS),
+    "tiny": dict(T=(128,), repeats=1, check_T=37, decays=("per_token", "per_key")),
+}
+
+
+def _linear(method, chunk_size=64):
+    return lambda q, k, v: K.causal_linear_attention(q, k, v, method=method, chunk_size=chunk_size)
+
+
+# name -> (function of (q, k, v), whether it takes featurised q and k)
+TIMED = {
+    "chunk": (_linear("chunk"), True),
+    "chunk_parallel": (_linear("chunk_parallel"), True),
+    "softmax": (lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True), False),
+}
+
+
+def rel_err(x, ref) -> float:
+    x, ref = np.asarray(x, np.float64), np.asarray(ref, np.float64)
+    return float(np.max(np.abs(x - ref)) / max(np.max(np.abs(ref)), 1e-30))
+
+
+# ---- 1. correctness against the quadratic form ----
+
+
+def run_checks(T: int, decay_kinds=DECAYS, chunk_size: int = 16) -> list[dict]:
+    """Every method, decay kind and (for chunk, chunk_parallel) gradient vs "quadratic"."""
+    M, Dv = 8, 8
+    rng = np.random.default_rng(0)
+    arr = lambda *s: jnp.asarray(rng.normal(size=s), jnp.float32)  # noqa: E731
+    q, k = jnp.abs(arr(2, T, 2, M)) + 0.1, jnp.abs(arr(2, T, 2, M)) + 0.1
+    v = arr(2, T, 2, Dv)
+    state = K.LinearAttentionState(arr(2, 2, M, Dv), jnp.abs(arr(2, 2, M)) + 0.5)
+    decays = {
+        "none": None,
+        "per_head": jnp.log(jnp.array([0.9, 0.6])),
+        "per_token": jnp.asarray(-rng.uniform(0, 1.5, (2, T, 2)), jnp.float32),
+        "per_key": jnp.asarray(-rng.uniform(0, 1.5, (2, T, 2, M)), jnp.float32),
+    }
+
+    def f(method, q, k, v, a):
+        o, final = K.causal_linear_attention(
+            q, k, v, log_decay=a, method=method, chunk_size=chunk_size, initial_state=state,
+            return_state=True,
+        )  # fmt: skip
+        return o, final.kv
+
+    def loss(method, q, k, v, a):
+        o, kv = f(method, q, k, v, a)
+        w = jnp.cos(jnp.arange(o.size, dtype=jnp.float32)).reshape(o.shape)
+        return jnp.sum(o.astype(jnp.float32) * w) + jnp.sum(jnp.sin(kv))
+
+    out = []
+    with jax.default_matmul_precision("highest"):
+        for kind in decay_kinds:
+            a = decays[kind]
+            try:
+                ref = jax.jit(f, static_argnums=0)("quadratic", q, k, v, a)
+            except ValueError as e:  # a decay kind this version does not accept
+                out.append(dict(check="forward", decay=kind, unsupported=str(e)))
+                continue
+            grad = jax.jit(jax.grad(loss, argnums=(1, 2, 3)), static_argnums=0)
+            ref_grads = grad("quadratic", q, k, v, a)
+            for method in K.METHODS:
+                if method == "quadratic":
+                    continue
+                for dtype in DTYPES if method in TIMED else ("float32",):
+                    x = [t.astype(DTYPES[dtype]) for t in (q, k, v)]
+                    o, kv = jax.jit(f, static_argnums=0)(method, *x, a)
+                    err = max(rel_err(o, ref[0]), rel_err(kv, ref[1]))
+                    out.append(
+                        dict(check="forward", decay=kind, method=method, dtype=dtype, rel_err=err)
+                    )
+                if method in TIMED:
+                    grads = grad(method, q, k, v, a)
+                    err = max(rel_err(g, r) for g, r in zip(grads, ref_grads, strict=True))
+                    out.append(
+                        dict(check="gradient", decay=kind, method=method, dtype="float32",
+                             rel_err=err)
+                    )  # fmt: skip
+    for c in out:
+        if "rel_err" in c:
+            c["ok"] = bool(np.isfinite(c["rel_err"]) and c["rel_err"] < TOLERANCE[c["dtype"]])
+    return out
+
+
+# ---- 2. timings ----
+
+
+def memory_budget() -> float:
+    """80 % of the device's memory where JAX reports it, else 8 GiB (the CPU)."""
+    stats = jax.devices()[0].memory_stats() or {}
+    return 0.8 * stats["bytes_limit"] if "bytes_limit" in stats else 8.0 * 2**30
+
+
+def make_inputs(T: int, dtype):
+    q, k, v, g = (
+        jax.random.normal(key, (B, T, H, D), jnp.float32)
+        for key in jax.random.split(jax.random.key(0), 4)
+    )
+    phi = K.feature_maps.elu_plus_one
+    cast = lambda *xs: tuple(x.astype(dtype) for x in xs)  # noqa: E731
+    return {"raw": cast(q, k, v, g), "feat": cast(phi(q), phi(k), v, g)}
+
+
+def run_timings(T_list, dtypes, repeats, budget_s, time_budget_s, mem_budget, log):
+    start, records, blocked = time.time(), [], {}
+    for T in T_list:
+        for dname in dtypes:
+            inputs = make_inputs(T, DTYPES[dname])
+            points, recs = {}, {}
+            for name, (fn, featurised) in TIMED.items():
+                for mode in MODES:
+                    key = name, dname, mode
+                    rec = recs[key] = dict(method=name, dtype=dname, mode=mode, T=T)
+                    records.append(rec)
+                    if time.time() - start > budget_s:
+                        blocked.setdefault(key, f"script time budget {budget_s:g} s spent")
+                    if key not in blocked:
+                        try:
+                            compiled, args = compile_point(
+                                fn, mode, inputs["feat" if featurised else "raw"]
+                            )
+                        except Exception as e:  # e.g. out of memory while compiling
+                            blocked[key] = f"failed to compile at T={T}: {type(e).__name__}"
+                        else:
+                            rec["temp_bytes"] = compiled.memory_analysis().temp_size_in_bytes
+                            if rec["temp_bytes"] > mem_budget:
+                                blocked[key] = f"temp {rec['temp_bytes'] / 2**30:.3g} GiB at T={T}"
+                    if key in blocked:
+                        rec["skipped"] = blocked[key]
+                        continue
+                    points[key] = (compiled, args)
+            times = interleaved(points, repeats, slow_s=time_budget_s)
+            for key, ts in times.items():
+                timed = ts[1:] or ts
+                recs[key].update(times_s=ts, median_s=statistics.median(timed), min_s=min(timed))
+                if recs[key]["median_s"] > time_budget_s:
+                    blocked[key] = f"took {recs[key]['median_s']:.3g} s at T={T}"
+            for mode in MODES:
+                a, b = times.get(("chunk", dname, mode)), times.get(("chunk_parallel", dname, mode))
+                if a and b:
+                    pairs = list(zip(a, b, strict=False))
+                    pairs = pairs[1:] or pairs
+                    recs["chunk_parallel", dname, mode]["chunk_parallel_speedup"] = (
+                        statistics.median(x / y for x, y in pairs)
+                    )
+            log(
+                f"T={T} {dname}: "
+                + ", ".join(
+                    f"{n}/{m} {r['median_s'] * 1e3:.2f} ms"
+                    for (n, _, m), r in recs.items()
+                    if "median_s" in r
+                )
+            )
+    return records
+
+
+def plot(records, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for ax, mode in zip(axes, MODES, strict=True):
+        for i, name in enumerate(TIMED):
+            for dname, style in (("float32", "o-"), ("bfloat16", "s--")):
+                pts = [
+                    (r["T"], r["median_s"])
+                    for r in records
+                    if (r["method"], r["dtype"], r["mode"]) == (name, dname, mode)
+                    and "median_s" in r
+                ]
+                if pts:
+                    ax.plot(*zip(*pts, strict=True), style, color=f"C{i}", label=f"{name} {dname}")
+        ax.set(title={"fwd": "forward", "grad": "forward + backward"}[mode], xlabel="T")
+        ax.set(ylabel="median time (s)", xscale="log", yscale="log")
+        ax.grid(True, which="both", alpha=0.3)
+    if axes[0].get_legend_handles_labels()[0]:
+        axes[0].legend(fontsize=8)
+    fig.suptitle(f"{jax.devices()[0].device_kind} ({jax.default_backend()}), B={B} H={H} d={D}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run(
+    out,
+    preset="full",
+    T=None,
+    dtypes=tuple(DTYPES),
+    repeats=None,
+    *,
+    budget_s=270.0,
+    time_budget_s=20.0,
+    mem_budget_gb=None,
+    log=print,
+):
+    """Checks and timings into `out`; returns the results dict (also written as results.json)."""
+    if preset not in PRESETS:
+        raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {preset!r}")
+    cfg = PRESETS[preset]
+    T_list = tuple(sorted(set(cfg["T"] if T is None else T)))
+    repeats = cfg["repeats"] if repeats is None else repeats
+    if not T_list or min(T_list) < 1 or repeats < 1:
+        raise ValueError(f"T must be positive and repeats >= 1, got T={T_list}, {repeats=}")
+    unknown = [d for d in dtypes if d not in DTYPES]
+    if unknown or not dtypes:
+        raise ValueError(f"dtypes must be a non-empty list from {list(DTYPES)}, got {dtypes}")
+    mem_budget = memory_budget() if mem_budget_gb is None else mem_budget_gb * 2**30
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    start = time.time()
+    results = dict(
+        machine=dict(machine_info(), backend=jax.default_backend()),
+        config=dict(
+            preset=preset, T=T_list, dtypes=tuple(dtypes), repeats=repeats, B=B, H=H, d=D,
+            chunk_size=64, check_T=cfg["check_T"], check_decays=cfg["decays"], budget_s=budget_s,
+            time_budget_s=time_budget_s, mem_budget_bytes=mem_budget,
+        ),
+    )  # fmt: skip
+    results["checks"] = run_checks(cfg["check_T"], cfg["decays"])
+    failed = [c for c in results["checks"] if c.get("ok") is False]
+    results["checks_passed"] = not failed
+    log(f"checks: {len(results['checks']) - len(failed)} ok, failed: {failed or 'none'}")
+    remaining = budget_s - (time.time() - start)
+    results["records"] = run_timings(
+        T_list, dtypes, repeats, remaining, time_budget_s, mem_budget, log
+    )
+    results["machine"].update(load_avg_end=os.getloadavg(), wall_s=time.time() - start)
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    plot(results["records"], out / "time_vs_T.png")
+    log(table(results["records"]))
+    return results
+
+
+def table(records) -> str:
+    """Markdown: median ms per T, method, dtype and pass, and the chunk_parallel speedup."""
+    cols = [(n, d, m) for d in DTYPES for m in MODES for n in TIMED]
+    get = {(r["method"], r["dtype"], r["mode"], r["T"]): r for r in records}
+    lines = [
+        "| T | " + " | ".join(f"{n} {d} {m}" for n, d, m in cols) + " |",
+        "|---:|" + "---:|" * len(cols),
+    ]
+    for T in sorted({r["T"] for r in records}):
+        cells = []
+        for n, d, m in cols:
+            r = get.get((n, d, m, T), {})
+            cell = f"{r['median_s'] * 1e3:.3g}" if "median_s" in r else "—"
+            if "chunk_parallel_speedup" in r:
+                cell += f" ({r['chunk_parallel_speedup']:.2f}×)"
+            cells.append(cell)
+        lines.append(f"| {T} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default="runs/accelerator_check", help="output directory")
+    p.add_argument("--preset", choices=sorted(PRESETS), default="full")
+    p.add_argument("--T", type=int, nargs="+", help="sequence lengths (default: the preset's)")
+    p.add_argument("--dtypes", nargs="+", choices=list(DTYPES), default=list(DTYPES))
+    p.add_argument("--repeats", type=int, help="timed rounds (default: the preset's)")
+    p.add_argument("--budget_s", type=float, default=270.0, help="stop timing after this")
+    p.add_argument(
+        "--time_budget_s", type=float, default=20.0, help="skip larger T once a run took this"
+    )
+    p.add_argument("--mem_budget_gb", type=float, help="default: 80%% of the device's memory")
+    a = p.parse_args(argv)
+    run(
+        a.out, a.preset, a.T, tuple(a.dtypes), a.repeats, budget_s=a.budget_s,
+        time_budget_s=a.time_budget_s, mem_budget_gb=a.mem_budget_gb,
+    )  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
