@@ -89,7 +89,10 @@ def causal_linear_attention(
       normalize: divide by q_tᵀ k_sum_t + eps.
       eps: added to the normaliser.
       method: "chunk" (default, the training path), "scan", "associative_scan", "quadratic" or
-        "chunk_parallel" (every chunk at once, shaped for accelerators).
+        "chunk_parallel" (every chunk at once, shaped for accelerators). The default is "chunk"
+        on every backend: on the CPU it is 1.6–2.8× faster than "chunk_parallel" at T ≥ 4096
+        (BENCHMARKS.md); on GPU/TPU it is a choice, not yet a measurement
+        (`experiments/accelerator_check.py` measures both there).
       chunk_size: tokens per chunk for "chunk" and "chunk_parallel"; T need not be a multiple.
       initial_state: state before the first token; None means zeros.
       return_state: also return the state after the last token.
