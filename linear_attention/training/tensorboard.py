@@ -13,6 +13,7 @@ drops what the interrupted run logged past its checkpoint (each step is shown on
 from __future__ import annotations
 
 import math
+import time
 
 import jax
 from tensorboardX import SummaryWriter
@@ -22,8 +23,13 @@ class TensorBoardWriter:
     """Scalars of each record (every numeric field but ``step``) at the record's step."""
 
     def __init__(self, workdir: str, *, resume_step: int):
+        # The file name holds the time in seconds only: a suffix in ns keeps a quick rerun's
+        # file apart from (and sorted after) the last one.
         self.writer = SummaryWriter(
-            logdir=workdir, purge_step=resume_step + 1 if resume_step else None, flush_secs=10
+            logdir=workdir,
+            purge_step=resume_step + 1 if resume_step else None,
+            flush_secs=10,
+            filename_suffix=f".{time.time_ns()}",
         )
 
     def write(self, record: dict) -> None:
