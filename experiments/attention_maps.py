@@ -6,9 +6,10 @@
 For every mixer of the preset, the MQAR run in `<workdir>/runs/<mixer>` is trained first when
 `--train` is given or it has no checkpoint yet (`linear_attention.training.train` with
 `configs/mqar.py` and the preset's overrides; rerunning resumes), then loaded from its latest
-checkpoint. On `num_examples` test sequences, each layer's mixer input is computed with the
-model's public modules, and from it the mixer's q, k, v (projection, short conv, rotary),
-features and decays, and the effective T×T matrix A with o = A v:
+checkpoint (`training.load_run`). On `num_examples` test sequences, each layer's mixer input is
+computed with the model's public modules, from it the mixer's own featurised q, k, v and log
+decays (`Mixer.attention_inputs`: projection, short conv, rotary, feature map, as the layer
+computes them), and the effective T×T matrix A with o = A v:
 
     softmax             A_ts = softmax_s(q_t·k_s / √Dk) over s ≤ t
     linear, favor,      A_ts = φ(q_t)·φ(k_s) / (Σ_{s'≤t} φ(q_t)·φ(k_s') + eps)      (s ≤ t)
@@ -48,7 +49,6 @@ table.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import time
@@ -57,28 +57,14 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
 from linear_attention.data import IGNORE_INDEX
-from linear_attention.layers import (
-    FavorMixer,
-    GatedMixer,
-    HedgehogMixer,
-    LinearMixer,
-    RetNetMixer,
-    SoftmaxMixer,
-    TaylorMixer,
-    apply_rotary,
-)
-from linear_attention.training import build_data, build_model, experiment_config, train
-from linear_attention.training.checkpoint import Checkpoints
-from linear_attention.training.optim import make_optimizer
+from linear_attention.layers import LinearMixer, SoftmaxMixer
+from linear_attention.training import build_data, experiment_config, load_run, train
+from linear_attention.training.cli import load_config_file
 
 ROOT = Path(__file__).resolve().parents[1]
 ALL_MIXERS = ("softmax", "linear", "favor", "taylor", "hedgehog", "retnet", "gated")
-# Linear mixer classes whose decay this script knows (none = no decay).
-DECAYS = {LinearMixer: None, FavorMixer: None, TaylorMixer: None, HedgehogMixer: None}
-DECAYS.update({RetNetMixer: "retnet", GatedMixer: "gated"})
 
 PRESETS = {
     # a few seconds of training per mixer: for tests; learns nothing
@@ -114,16 +100,9 @@ PRESETS = {
 
 
 # ----------------------------------------------------------------------------- runs
-def load_config_file(preset: str):
-    spec = importlib.util.spec_from_file_location("mqar_config", ROOT / "configs" / "mqar.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config(preset)
-
-
 def run_config(preset: dict, mixer: str, steps: int | None):
     """The ConfigDict of one mixer's MQAR run."""
-    config = load_config_file(preset["base"])
+    config = load_config_file(f"{ROOT / 'configs' / 'mqar.py'}:{preset['base']}")
     for path, value in preset["overrides"].items():
         section, field = path.split(".")
         config[section][field] = value
@@ -139,26 +118,6 @@ def run_config(preset: dict, mixer: str, steps: int | None):
 def has_checkpoint(run_dir: Path) -> bool:
     ckpt = run_dir / "checkpoints"
     return ckpt.is_dir() and any(p.name.isdigit() for p in ckpt.iterdir())
-
-
-def load_run(run_dir: Path):
-    """`(ExperimentConfig, model)` from the run's `config.json` and latest checkpoint."""
-    cfg = experiment_config(json.loads((run_dir / "config.json").read_text()))
-    tx, _ = make_optimizer(cfg.optimizer, cfg.train.num_steps)
-    abstract = nnx.eval_shape(lambda: build_model(cfg, tx))
-    graphdef, abstract_state = nnx.split(abstract)
-    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    target = jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), abstract_state
-    )
-    checkpoints = Checkpoints(str(run_dir / "checkpoints"), keep=cfg.train.keep_checkpoints)
-    try:
-        step = checkpoints.latest_step()
-        state = checkpoints.restore(step, target)
-    finally:
-        checkpoints.close()
-    model, _ = nnx.merge(graphdef, state)
-    return cfg, model, step
 
 
 def eval_accuracy(run_dir: Path) -> float | None:
@@ -180,72 +139,41 @@ def layer_input(model, tokens_BT, layer: int):
     return block.mixer_norm(x), block.mixer
 
 
-def mixer_qkv(mixer, x_BTD):
-    """q, k `[B, T, H, Dk]`, v `[B, T, H, Dv]` as the mixer makes them (projection, conv, rope)."""
-    b, t, _ = x_BTD.shape
-    h, dk, dv = mixer.num_heads, mixer.qk_dim, mixer.head_dim
-    qkv = mixer.qkv_proj(x_BTD)
-    if mixer.conv is not None:
-        qkv = mixer.conv(qkv)
-    q = qkv[..., : h * dk].reshape(b, t, h, dk)
-    k = qkv[..., h * dk : 2 * h * dk].reshape(b, t, h, dk)
-    v = qkv[..., 2 * h * dk :].reshape(b, t, h, dv)
-    if mixer.rope:
-        pos = jnp.arange(t, dtype=jnp.int32)
-        q = apply_rotary(q, pos, base=mixer.rope_base)
-        k = apply_rotary(k, pos, base=mixer.rope_base)
-    return q, k, v
-
-
-def log_decay(mixer, x_BTD) -> np.ndarray | None:
-    """log γ `[B, T, H]` (float64) of a linear mixer, or None without decay."""
-    kind = DECAYS[type(mixer)]
-    b, t, _ = x_BTD.shape
-    h = mixer.num_heads
-    if kind is None:
-        return None
-    if kind == "retnet":  # γ_h = 1 − 2^(−5−h)
-        gamma = 1.0 - 2.0 ** (-5.0 - np.arange(h, dtype=np.float64))
-        return np.broadcast_to(np.log(gamma), (b, t, h))
-    z = np.asarray(mixer.decay_proj(x_BTD), np.float64) + np.asarray(mixer.dt_bias[...])
-    return -np.logaddexp(0.0, z) * np.exp(np.asarray(mixer.a_log[...], np.float64))
-
-
 def effective_maps(mixer, x_BTD):
     """For one mixer input: `A [B, H, T, T]` (o = A v), the unmasked score matrix for the kernel
-    rank, v, the kind of weights, and M (feature width; None for softmax). float64."""
-    if type(mixer) is not SoftmaxMixer and type(mixer) not in DECAYS:
+    rank, v, the kind of weights, and M (feature width; None for softmax). float64, from the
+    mixer's own `attention_inputs` (featurised q, k, v and log decay)."""
+    if not isinstance(mixer, SoftmaxMixer | LinearMixer):
         raise ValueError(
             f"no effective-matrix rule for mixer class {type(mixer).__name__}; known: "
-            f"SoftmaxMixer, {', '.join(c.__name__ for c in DECAYS)}"
+            "SoftmaxMixer and the LinearMixer family"
         )
-    q, k, v = mixer_qkv(mixer, x_BTD)
-    t = q.shape[1]
-    causal = np.tril(np.ones((t, t), bool))
+    inputs = mixer.attention_inputs(x_BTD)
     f64 = lambda a: np.asarray(a, np.float64).transpose(0, 2, 1, 3)  # noqa: E731 -> [B, H, T, .]
-    if isinstance(mixer, SoftmaxMixer):
-        logits = f64(q) @ f64(k).swapaxes(-1, -2) * mixer.qk_dim**-0.5
-        scores = np.exp(logits - logits.max(-1, keepdims=True))  # unmasked, for the rank
-        logits = np.where(causal, logits, -np.inf)  # mask before exp
+    q, k, v = f64(inputs.q), f64(inputs.k), f64(inputs.v)
+    t = q.shape[2]
+    causal = np.tril(np.ones((t, t), bool))
+    scores = q @ k.swapaxes(-1, -2)
+    if isinstance(mixer, SoftmaxMixer):  # q is already scaled: the logits are q·k
+        logits = np.where(causal, scores, -np.inf)  # mask before exp
         p = np.exp(logits - logits.max(-1, keepdims=True))
-        return p / p.sum(-1, keepdims=True), scores, f64(v), "softmax", None
-    if mixer.K_SCALE:
-        k = k * jnp.asarray(mixer.qk_dim**-0.5, k.dtype)
-    phi_q = f64(mixer.feature_map(q, is_query=True))
-    phi_k = f64(mixer.feature_map(k, is_query=False))
-    scores = phi_q @ phi_k.swapaxes(-1, -2)
+        scores = np.exp(scores - scores.max(-1, keepdims=True))  # unmasked, for the rank
+        return p / p.sum(-1, keepdims=True), scores, v, "softmax", None
     a = np.where(causal, scores, 0.0)
-    decay = log_decay(mixer, x_BTD)
-    if decay is not None:
-        cum = np.cumsum(decay, axis=1).transpose(0, 2, 1)  # L_t = Σ_{r ≤ t} log γ_r, [B, H, T]
-        diff = np.where(causal, cum[..., :, None] - cum[..., None, :], -np.inf)
-        a = a * np.exp(diff)
+    if inputs.log_decay is not None:
+        cum = np.cumsum(np.asarray(inputs.log_decay, np.float64), axis=1)  # L_t = Σ_{r≤t} log γ_r
+        if cum.ndim == 3:  # one decay per head: A_ts *= exp(L_t − L_s)
+            cum = cum.transpose(0, 2, 1)
+            a = a * np.exp(np.where(causal, cum[..., :, None] - cum[..., None, :], -np.inf))
+        else:  # per key dimension (GLA): A_ts = Σ_m q_tm k_sm exp(L_tm − L_sm)
+            gap = np.where(causal[:, :, None, None], cum[:, :, None] - cum[:, None, :], -np.inf)
+            a = np.einsum("bhtm,bhsm,btshm->bhts", q, k, np.exp(gap))
     if mixer.NORMALIZE:
         a = a / (a.sum(-1, keepdims=True) + mixer.eps)
         kind = "normalized"
     else:
         kind = "abs_row_normalized"
-    return a, scores, f64(v), kind, phi_q.shape[-1]
+    return a, scores, v, kind, q.shape[-1]
 
 
 def reconstruct(mixer, x_BTD, a_BHTT, v_BHTD) -> float:
@@ -523,7 +451,8 @@ def run(
         if force_train or not has_checkpoint(run_dir):
             log(f"training {m} in {run_dir}")
             train(configs[m], str(run_dir))
-        cfg, model, step = load_run(run_dir)
+        step = max(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit())
+        model, cfg = load_run(str(run_dir), step=step)
         data = build_data(cfg)
         n = min(num_examples, data.test_inputs.shape[0])
         inputs, labels = data.test_inputs[:n], data.test_labels[:n]

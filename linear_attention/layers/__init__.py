@@ -1,6 +1,6 @@
 """Flax NNX modules: feature maps, attention mixers (one registry), norms, MLP, blocks."""
 
-from linear_attention.layers.base import Mixer, MixerState
+from linear_attention.layers.base import AttentionInputs, Mixer, MixerState
 from linear_attention.layers.block import Block
 from linear_attention.layers.conv import ShortConv
 from linear_attention.layers.feature_maps import (
@@ -27,6 +27,7 @@ from linear_attention.layers.softmax import KVCache, SoftmaxMixer
 __all__ = [
     "MIXERS",
     "get_mixer",
+    "AttentionInputs",
     "Mixer",
     "MixerState",
     "KVCache",

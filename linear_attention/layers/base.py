@@ -29,6 +29,22 @@ from linear_attention.layers.rotary import apply_rotary, check_rotary_dim
 OPTIONAL_OPTIONS = ("feature_map", "feature_dim", "method", "chunk_size", "eps")
 
 
+class AttentionInputs(NamedTuple):
+    """What a mixer attends with on a whole sequence (`Mixer.attention_inputs`), so that
+
+        o_t = Σ_{s ≤ t} w(q_t·k_s) · exp(Σ_{r=s+1..t} log_decay_r) v_s   (then normalised)
+
+    with w = exp and a softmax over s for softmax (q already scaled by Dk^-½), w = identity for
+    linear mixers (q, k are the features φ(q), φ(k); normalised by the same sum with w(q·k) = q·k
+    when the mixer divides by φ(q)ᵀz). q, k `[B, T, H, M]`, v `[B, T, H, Dv]` in the compute
+    dtype; `log_decay` float32 `[B, T, H]`, `[B, T, H, M]` (per key dimension), or None."""
+
+    q: jax.Array
+    k: jax.Array
+    v: jax.Array
+    log_decay: jax.Array | None
+
+
 class MixerState(NamedTuple):
     """Decoding state of one mixer: the family's `core` state (a `LinearAttentionState` or a
     `KVCache`), the conv tail `[B, K−1, C]` float32 (None without conv), and `position`, an int32
@@ -201,6 +217,11 @@ class Mixer(nnx.Module):
     def _mix_step(self, x_BD, q_BHK, k_BHK, v_BHD, core, position) -> tuple[jax.Array, Any]:
         raise NotImplementedError
 
+    def _attention_inputs(self, x_BTD, q_BTHK, k_BTHK, v_BTHD) -> AttentionInputs:
+        """Subclass hook for `attention_inputs`: featurise q and k, give the log decay. The
+        default (q, k as projected, no decay) fits a mixer whose kernel takes them as they are."""
+        return AttentionInputs(q_BTHK, k_BTHK, v_BTHD, None)
+
     # ----------------------------------------------------------------- shared parts
     def _check_input(self, x: jax.Array, rank: int, layout: str) -> None:
         if x.ndim != rank or x.shape[-1] != self.d_model:
@@ -252,6 +273,14 @@ class Mixer(nnx.Module):
         q, k, v, _ = self._qkv(x_BTD, None, 0)
         o_BTHD, _ = self._mix(x_BTD, q, k, v, None, 0)
         return self._output(x_BTD, o_BTHD)
+
+    def attention_inputs(self, x_BTD: jax.Array) -> AttentionInputs:
+        """The featurised queries and keys, values and log decay this mixer attends with on
+        `x[B, T, D]` (a whole sequence from an empty state; projection, conv and rotary as in
+        `__call__`): the inputs of its kernel, for analysis (see `AttentionInputs`)."""
+        self._check_input(x_BTD, 3, "[B, T, D]")
+        q, k, v, _ = self._qkv(x_BTD, None, 0)
+        return self._attention_inputs(x_BTD, q, k, v)
 
     def prefill(self, x_BTD: jax.Array, state: MixerState) -> tuple[jax.Array, MixerState]:
         """Mix `x[B, T, D]` after the tokens summarized by `state`; returns `(y, new state)`."""

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from linear_attention import kernels as K
-from linear_attention.layers.base import Mixer
+from linear_attention.layers.base import AttentionInputs, Mixer
 from linear_attention.layers.feature_maps import (
     FIXED_FEATURE_MAPS,
     FavorFeatures,
@@ -101,6 +101,15 @@ class LinearMixer(Mixer):
         if self.K_SCALE:
             k = k * jnp.asarray(self.qk_dim**-0.5, k.dtype)
         return self.feature_map(q, is_query=True), self.feature_map(k, is_query=False)
+
+    def _attention_inputs(self, x_BTD, q_BTHK, k_BTHK, v_BTHD):
+        phi_q_BTHM, phi_k_BTHM = self._featurize(q_BTHK, k_BTHK)
+        log_decay = self._log_decay(x_BTD)
+        if log_decay is not None:  # [H] (fixed) or [B, T, H] -> [B, T, H]; [B, T, H, M] as is
+            b, t, h = q_BTHK.shape[:3]
+            shape = (b, t, h) if log_decay.ndim < 4 else (b, t, h, log_decay.shape[-1])
+            log_decay = jnp.broadcast_to(log_decay, shape)
+        return AttentionInputs(phi_q_BTHM, phi_k_BTHM, v_BTHD, log_decay)
 
     def _kernel_options(self) -> dict:
         options = dict(normalize=self.NORMALIZE)

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from linear_attention import kernels as K
-from linear_attention.layers.base import Mixer
+from linear_attention.layers.base import AttentionInputs, Mixer
 
 
 class KVCache(NamedTuple):
@@ -42,6 +42,10 @@ class SoftmaxMixer(Mixer):
             k=jnp.zeros((batch_size, max_length, h, self.qk_dim), dtype),
             v=jnp.zeros((batch_size, max_length, h, self.head_dim), dtype),
         )
+
+    def _attention_inputs(self, x_BTD, q_BTHK, k_BTHK, v_BTHD):
+        q_BTHK = q_BTHK * jnp.asarray(self.qk_dim**-0.5, q_BTHK.dtype)  # logits = q·k
+        return AttentionInputs(q_BTHK, k_BTHK, v_BTHD, None)
 
     def _mix(self, x_BTD, q_BTHK, k_BTHK, v_BTHD, core, position):
         scale = self.qk_dim**-0.5

@@ -49,28 +49,25 @@ def test_effective_matrix_is_the_kernel_on_identity_values(am, mixer):
     assert a.shape == (2, 2, 10, 10) and scores.shape == a.shape
     assert np.all(np.triu(a, 1) == 0)  # causal
 
-    # independent: the library's kernels with v = identity give o = A
-    q, k, _ = am.mixer_qkv(layer, x)
+    # independent: the library's kernels on the mixer's attention inputs with v = identity
+    # give o = A (attention_inputs itself is checked against float64 in tests/layers)
+    inputs = layer.attention_inputs(x)
     eye = jnp.broadcast_to(jnp.eye(t)[None, :, None, :], (b, t, h, t))
     if mixer == "softmax":
-        o = K.softmax_attention(q, k, eye, causal=True, scale=layer.qk_dim**-0.5)
+        o = K.softmax_attention(inputs.q, inputs.k, eye, causal=True, scale=1.0)
         assert kind == "softmax" and m is None
     else:
-        if layer.K_SCALE:
-            k = k * layer.qk_dim**-0.5
-        phi_q = layer.feature_map(q, is_query=True)
-        phi_k = layer.feature_map(k, is_query=False)
         opts = dict(eps=layer.eps) if layer.NORMALIZE else {}
         o = K.causal_linear_attention(
-            phi_q,
-            phi_k,
+            inputs.q,
+            inputs.k,
             eye,
-            log_decay=layer._log_decay(x),
+            log_decay=inputs.log_decay,
             normalize=layer.NORMALIZE,
             method="quadratic",
             **opts,
         )
-        assert m == phi_q.shape[-1]
+        assert m == inputs.q.shape[-1]
         assert kind == ("normalized" if layer.NORMALIZE else "abs_row_normalized")
         # the unmasked φ(Q)φ(K)ᵀ has rank at most M
         for i in range(b):

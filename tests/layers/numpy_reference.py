@@ -123,6 +123,14 @@ def mixer_reference(name: str, mixer, x_BTD: np.ndarray, eps: float = 1e-6) -> n
     o = np.einsum("bhts,bshd->bthd", weights, v)
     if normalize:
         o = o / (weights.sum(-1).transpose(0, 2, 1)[..., None] + eps)
+    return output_reference(mixer, x, o)
+
+
+def output_reference(mixer, x_BTD, o_BTHD) -> np.ndarray:
+    """The mixer's output layers (per-head norm, gate, projection) on `o`, in float64."""
+    p = params64(mixer)
+    x, o = np.asarray(x_BTD, np.float64), np.asarray(o_BTHD, np.float64)
+    b, t, h, dv = o.shape
     if "out_norm" in p:
         o = rms_norm(o, p["out_norm"]["scale"])
     o = o.reshape(b, t, h * dv)

@@ -11,7 +11,7 @@ from flax import nnx
 from linear_attention import kernels as K
 from linear_attention.layers import MIXERS, FeatureProjection, KVCache, MixerState, get_mixer
 from linear_attention.layers.rotary import apply_rotary
-from tests.layers.numpy_reference import mixer_reference
+from tests.layers.numpy_reference import mixer_reference, output_reference
 
 B, T, D, H = 2, 12, 16, 2
 SPLIT = 5  # prefill this many tokens, then step
@@ -220,3 +220,50 @@ def test_bad_inputs_raise():
 def test_registry_lists_every_family():
     assert set(MIXERS) == {"softmax", "linear", "favor", "taylor", "hedgehog", "retnet", "gated"}
     assert all(cls.NAME == name for name, cls in MIXERS.items())
+
+
+def _attend64(inputs, *, softmax: bool, normalize: bool, eps: float) -> np.ndarray:
+    """o [B, T, H, Dv] from `AttentionInputs` by the formula in its docstring, in float64."""
+    q, k, v = (np.asarray(a, np.float64) for a in inputs[:3])
+    t = q.shape[1]
+    causal = np.tril(np.ones((t, t), bool))
+    s_BHTS = np.einsum("bthm,bshm->bhts", q, k)
+    if softmax:
+        logits = np.where(causal, s_BHTS, -np.inf)
+        w = np.exp(logits - logits.max(-1, keepdims=True))
+        return np.einsum("bhts,bshd->bthd", w / w.sum(-1, keepdims=True), v)
+    if inputs.log_decay is not None:
+        c = np.cumsum(np.asarray(inputs.log_decay, np.float64), axis=1)  # [B, T, H(, M)]
+        if c.ndim == 3:
+            gap = c.transpose(0, 2, 1)[..., :, None] - c.transpose(0, 2, 1)[..., None, :]
+            s_BHTS = s_BHTS * np.exp(np.where(causal, gap, 0.0))
+        else:  # per key dimension: Σ_m q_tm k_sm exp(c_tm − c_sm)
+            gap = c[:, :, None] - c[:, None, :]  # [B, T, S, H, M]
+            gap = np.where(causal[None, :, :, None, None], gap, 0.0)
+            s_BHTS = np.einsum("bthm,bshm,btshm->bhts", q, k, np.exp(gap))
+    w = np.where(causal, s_BHTS, 0.0)
+    o = np.einsum("bhts,bshd->bthd", w, v)
+    if normalize:
+        o = o / (w.sum(-1).transpose(0, 2, 1)[..., None] + eps)
+    return o
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_attention_inputs_reproduce_the_mixer(case):
+    """q, k, v and the decay from `attention_inputs`, mixed by the formula of `AttentionInputs`
+    and passed through the output layers, give the float64 reference output of the mixer."""
+    name = case.split("_")[0]
+    mixer, x = make(case), inputs()
+    a = mixer.attention_inputs(x)
+    m = a.q.shape[-1]
+    assert a.q.shape == a.k.shape == (B, T, H, m) and a.v.shape == (B, T, H, mixer.head_dim)
+    assert (a.log_decay is not None) == (name in ("retnet", "gated"))
+    if a.log_decay is not None:
+        assert a.log_decay.shape == (B, T, H) and a.log_decay.dtype == jnp.float32
+        assert bool(jnp.all(a.log_decay <= 0))
+    normalize = name == "softmax" or mixer.NORMALIZE
+    eps = 0.0 if name == "softmax" else mixer.eps
+    o = _attend64(a, softmax=name == "softmax", normalize=normalize, eps=eps)
+    # linear + taylor2 is the taylor formula on unprojected heads (rope on as well)
+    ref = mixer_reference("taylor" if case == "linear_taylor2" else name, mixer, x)
+    np.testing.assert_allclose(output_reference(mixer, x, o), ref, rtol=2e-4, atol=2e-5)
