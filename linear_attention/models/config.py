@@ -8,8 +8,10 @@ tuple; `dtype` / `param_dtype` may be a dtype or its name and are stored as the 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax.numpy as jnp
+import numpy as np
 
 from linear_attention.layers import MIXERS, get_mixer
 from linear_attention.layers.base import conv_kernel_size
@@ -26,6 +28,41 @@ def _dtype_name(field: str, value) -> str:
     if name not in DTYPES:
         raise ValueError(f"{field} must be one of {DTYPES}, got {value!r}")
     return name
+
+
+# Field types, checked strictly (a string "False" is not a bool); NumPy scalars are accepted and
+# stored as the Python type, so the config stays hashable and JSON-able.
+_INTS = ("vocab_size", "d_model", "num_layers", "num_heads", "max_length", "chunk_size")
+_INTS += ("redraw_interval", "head_dim", "feature_dim")  # (the last two may be None)
+_BOOLS = ("mlp", "tie_embeddings", "out_norm", "out_gate")  # (the last two may be None)
+_NUMBERS = ("mlp_ratio", "rope_base", "eps", "norm_eps")
+_STRINGS = ("position", "method", "feature_map")  # (feature_map may be None)
+_OPTIONAL = ("head_dim", "feature_dim", "out_norm", "out_gate", "feature_map")
+
+
+def _strict(field: str, value):
+    """``value`` as the Python type of ``field``; ValueError naming it if it has another type."""
+    if value is None and field in _OPTIONAL:
+        return None
+    if field in _BOOLS:
+        if isinstance(value, bool | np.bool_):
+            return bool(value)
+        raise ValueError(f"{field} must be a bool, got {value!r} ({type(value).__name__})")
+    if field in _INTS or (field == "conv" and not isinstance(value, bool | np.bool_)):
+        if isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_):
+            return int(value)
+        kind = "a bool or an integer kernel size" if field == "conv" else "an integer"
+        raise ValueError(f"{field} must be {kind}, got {value!r} ({type(value).__name__})")
+    if field == "conv":
+        return bool(value)
+    if field in _NUMBERS:
+        ok = isinstance(value, int | float | np.integer | np.floating)
+        if not ok or isinstance(value, bool | np.bool_) or not math.isfinite(value) or value <= 0:
+            raise ValueError(f"{field} must be a finite number > 0, got {value!r}")
+        return float(value)
+    if field in _STRINGS and not isinstance(value, str):
+        raise ValueError(f"{field} must be a string, got {value!r} ({type(value).__name__})")
+    return value
 
 
 def _int(field: str, value, minimum: int = 1) -> None:
@@ -56,7 +93,9 @@ class ModelConfig:
       tie_embeddings: output head shares the token embedding.
 
     Options that apply to some layers only (feature_map, feature_dim, redraw_interval) must be
-    used by at least one layer; every field is checked in `__post_init__` (ValueError names it).
+    used by at least one layer; every field is checked in `__post_init__` (ValueError names it),
+    types strictly: bools must be bools (not "False" or 0), numbers finite; NumPy scalars are
+    accepted and stored as Python ints, floats and bools.
     """
 
     vocab_size: int
@@ -86,6 +125,8 @@ class ModelConfig:
 
     def __post_init__(self):
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 (frozen)
+        for field in (*_INTS, *_BOOLS, *_NUMBERS, *_STRINGS, "conv"):
+            set_(field, _strict(field, getattr(self, field)))
         for field in ("vocab_size", "d_model", "num_layers", "num_heads", "max_length"):
             _int(field, getattr(self, field))
         _int("chunk_size", self.chunk_size)
@@ -108,14 +149,8 @@ class ModelConfig:
             get_mixer(name)
         if self.position not in POSITIONS:
             raise ValueError(f"unknown position {self.position!r}; allowed: {', '.join(POSITIONS)}")
-        if not (isinstance(self.mlp_ratio, int | float) and self.mlp_ratio > 0):
-            raise ValueError(f"mlp_ratio must be a number > 0, got {self.mlp_ratio!r}")
         if self.mlp and int(self.mlp_ratio * self.d_model) < 1:
             raise ValueError(f"mlp_ratio={self.mlp_ratio} leaves no hidden units")
-        for field in ("eps", "norm_eps", "rope_base"):
-            value = getattr(self, field)
-            if not (isinstance(value, int | float) and not isinstance(value, bool) and value > 0):
-                raise ValueError(f"{field} must be a number > 0, got {value!r}")
         conv_kernel_size(self.conv)
         set_("dtype", _dtype_name("dtype", self.dtype))
         set_("param_dtype", _dtype_name("param_dtype", self.param_dtype))

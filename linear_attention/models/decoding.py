@@ -8,6 +8,8 @@ every model with the same config (positions live in the state, not in the trace)
 from __future__ import annotations
 
 import functools
+import math
+import numbers
 
 import jax
 import jax.numpy as jnp
@@ -16,6 +18,7 @@ from flax import nnx
 
 from linear_attention.models.config import ModelConfig
 from linear_attention.models.model import LanguageModel, ModelState
+from linear_attention.models.tokens import check_token_ids
 
 
 @functools.partial(jax.jit, static_argnums=0, donate_argnums=3)
@@ -61,12 +64,36 @@ def _generate(graphdef, params, prompt, rng, *, num_tokens, temperature, top_k):
     return jnp.concatenate([tokens_NB.T, last[:, None]], axis=1)
 
 
+def _integer(name: str, value):
+    """A Python or NumPy integer as an int (None stays None); ValueError otherwise."""
+    if value is None:
+        return None
+    if isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_):
+        return int(value)
+    raise ValueError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
+
+
+def _key(name: str, rng) -> jax.Array:
+    """A PRNG key from ``jax.random.key`` (or a legacy ``uint32[2]`` one), or an int seed."""
+    if isinstance(rng, int | np.integer) and not isinstance(rng, bool | np.bool_):
+        return jax.random.key(int(rng))
+    dtype = getattr(rng, "dtype", None)
+    if dtype is not None and jnp.issubdtype(dtype, jax.dtypes.prng_key) and jnp.ndim(rng) == 0:
+        return rng
+    if dtype == jnp.uint32 and jnp.shape(rng) == (2,):
+        return rng
+    raise ValueError(
+        f"{name} must be a PRNG key (jax.random.key(seed)) or an int seed, got "
+        f"{type(rng).__name__} {getattr(rng, 'dtype', '')}{getattr(rng, 'shape', '')}"
+    )
+
+
 def generate(
     model: LanguageModel,
     prompt: jax.Array,
     num_tokens: int,
     *,
-    rng: jax.Array,
+    rng: jax.Array | int,
     temperature: float = 1.0,
     top_k: int | None = None,
 ) -> jax.Array:
@@ -75,8 +102,12 @@ def generate(
     Prefill of the prompt, then `num_tokens − 1` steps in one `lax.scan`, all in one compiled
     function. Token i is drawn from `fold_in(rng, i)` with `softmax(logits / temperature)`,
     restricted to the `top_k` largest logits if set; `temperature=0` is greedy (argmax).
+    `rng` is a key (`jax.random.key(seed)`) or an int seed. Every argument is checked first,
+    the prompt's token ids included.
     """
-    _check_generate_args(model, prompt, num_tokens, temperature, top_k)
+    num_tokens, temperature, top_k, rng = _check_generate_args(
+        model, prompt, num_tokens, temperature, top_k, rng
+    )
     graphdef, params = nnx.split(model)
     return _generate(
         graphdef,
@@ -84,7 +115,7 @@ def generate(
         jnp.asarray(prompt, jnp.int32),
         rng,
         num_tokens=num_tokens,
-        temperature=float(temperature),
+        temperature=temperature,
         top_k=top_k,
     )
 
@@ -108,17 +139,19 @@ def generate_stream(
     prompt: jax.Array,
     num_tokens: int,
     *,
-    rng: jax.Array,
+    rng: jax.Array | int,
     temperature: float = 1.0,
     top_k: int | None = None,
 ):
     """Yield the `num_tokens` new tokens of `generate` one at a time, each `[B]` as soon as it
     is drawn (for streaming): the same arguments, the same draws (token i from `fold_in(rng,
     i)`), one compiled prefill and one compiled step (state donated) per token."""
-    _check_generate_args(model, prompt, num_tokens, temperature, top_k)
+    num_tokens, temperature, top_k, rng = _check_generate_args(
+        model, prompt, num_tokens, temperature, top_k, rng
+    )
     graphdef, params = nnx.split(model)
     prompt = jnp.asarray(prompt, jnp.int32)
-    options = dict(graphdef=graphdef, temperature=float(temperature), top_k=top_k)
+    options = dict(graphdef=graphdef, temperature=temperature, top_k=top_k)
     state = model.init_state(prompt.shape[0], prompt.shape[1] + num_tokens)
     token, state = _prefill_sample(
         params=params, prompt=prompt, state=state, key=jax.random.fold_in(rng, 0), **options
@@ -131,11 +164,17 @@ def generate_stream(
         yield token
 
 
-def _check_generate_args(model, prompt, num_tokens, temperature, top_k) -> None:
+def _check_generate_args(model, prompt, num_tokens, temperature, top_k, rng):
+    """``(num_tokens, temperature, top_k, rng)`` as Python ints/floats and a key, once every
+    argument of `generate` is checked (ValueError naming the bad one)."""
     config = model.config
     if jnp.ndim(prompt) != 2 or not jnp.issubdtype(jnp.asarray(prompt).dtype, jnp.integer):
         raise ValueError(f"prompt must be integer tokens [B, T0], got shape {jnp.shape(prompt)}")
-    if not isinstance(num_tokens, int) or num_tokens < 1:
+    if 0 in jnp.shape(prompt):
+        raise ValueError(f"prompt must hold at least one token per row, got shape {prompt.shape}")
+    check_token_ids(prompt, config.vocab_size, name="prompt")
+    num_tokens = _integer("num_tokens", num_tokens)
+    if num_tokens is None or num_tokens < 1:
         raise ValueError(f"num_tokens must be an integer >= 1, got {num_tokens!r}")
     total = prompt.shape[1] + num_tokens
     if total > config.max_length:
@@ -143,10 +182,13 @@ def _check_generate_args(model, prompt, num_tokens, temperature, top_k) -> None:
             f"prompt length {prompt.shape[1]} + num_tokens {num_tokens} = {total} exceeds "
             f"max_length={config.max_length}"
         )
-    if not isinstance(temperature, int | float) or temperature < 0:
-        raise ValueError(f"temperature must be a number >= 0, got {temperature!r}")
-    if top_k is not None and (not isinstance(top_k, int) or not 1 <= top_k <= config.vocab_size):
+    ok = isinstance(temperature, numbers.Real) and not isinstance(temperature, bool | np.bool_)
+    if not ok or not math.isfinite(temperature) or temperature < 0:
+        raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
+    top_k = _integer("top_k", top_k)
+    if top_k is not None and not 1 <= top_k <= config.vocab_size:
         raise ValueError(f"top_k must be None or an int in [1, {config.vocab_size}], got {top_k!r}")
+    return num_tokens, float(temperature), top_k, _key("rng", rng)
 
 
 def state_size_bytes(config: ModelConfig) -> int:

@@ -8,6 +8,10 @@ Three paths give the same logits: `__call__(tokens[B, T])`, `prefill(tokens, sta
 `step(tokens[B], state)`. The state is a plain pytree (`ModelState`): one `MixerState` per layer
 (a fixed-size `LinearAttentionState` for linear mixers, a KV cache for softmax) and a position
 counter, so a jitted step is compiled once and reused at every position.
+
+Checks: token ids outside [0, vocab) and learned positions past max_length raise on concrete
+input; under jit they give NaN logits at their own positions only (see `tokens`). A state
+must fit the model: its structure, shapes and dtypes are those of `init_state` (`_check_state`).
 """
 
 from __future__ import annotations
@@ -16,10 +20,12 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from linear_attention.layers import Block, FavorMixer, MixerState, RMSNorm
 from linear_attention.models.config import ModelConfig
+from linear_attention.models.tokens import check_token_ids, is_concrete
 
 
 class ModelState(NamedTuple):
@@ -35,6 +41,10 @@ def _check_tokens(tokens, rank: int, layout: str) -> None:
             f"tokens must be integers of rank {rank} {layout}, got shape {jnp.shape(tokens)} "
             f"dtype {jnp.asarray(tokens).dtype}"
         )
+
+
+# (config, batch, cache length) -> the shapes of init_state's result, for `_check_state`.
+_STATE_SHAPES: dict = {}
 
 
 class LanguageModel(nnx.Module):
@@ -79,21 +89,29 @@ class LanguageModel(nnx.Module):
 
     # ------------------------------------------------------------------ pieces
     def _embed(self, tokens, position):
-        x = self.embed(tokens)
+        """``(x, valid)``: embeddings, and whether each position has a token id in range (and,
+        with learned positions, a position < max_length). Invalid positions embed as zeros so
+        that nothing NaN reaches the mixers (`_logits` marks them NaN)."""
+        config = self.config
+        valid = (tokens >= 0) & (tokens < config.vocab_size)
+        x = self.embed(jnp.where(valid, tokens, 0))
         if self.pos_embed is not None:
             t = tokens.shape[-1] if tokens.ndim == 2 else 1
             positions = position + jnp.arange(t, dtype=jnp.int32)
-            pos = self.pos_embed(positions)
+            in_range = positions < config.max_length
+            pos = self.pos_embed(jnp.where(in_range, positions, 0))
             x = x + (pos if tokens.ndim == 2 else pos[0])
-        return x
+            valid = valid & (in_range if tokens.ndim == 2 else in_range[0])
+        return jnp.where(valid[..., None], x, jnp.zeros((), x.dtype)), valid
 
-    def _logits(self, x):
+    def _logits(self, x, valid):
         x = self.final_norm(x)
         w_DV = self.embed.embedding[...].T if self.head is None else self.head.kernel[...]
         # float32 accumulation and output, whatever the compute dtype
-        return jnp.einsum(
+        logits = jnp.einsum(
             "...d,dv->...v", x, w_DV.astype(x.dtype), preferred_element_type=jnp.float32
         )
+        return jnp.where(valid[..., None], logits, jnp.nan)
 
     # ------------------------------------------------------------------ paths
     def __call__(self, tokens: jax.Array) -> jax.Array:
@@ -103,10 +121,11 @@ class LanguageModel(nnx.Module):
             raise ValueError(
                 f"tokens has length {tokens.shape[1]} > max_length={self.config.max_length}"
             )
-        x = self._embed(tokens, 0)
+        check_token_ids(tokens, self.config.vocab_size)
+        x, valid = self._embed(tokens, 0)
         for block in self.blocks:
             x = block(x)
-        return self._logits(x)
+        return self._logits(x, valid)
 
     def init_state(self, batch_size: int, max_length: int | None = None) -> ModelState:
         """Empty decoding state for `batch_size` sequences of up to `max_length` tokens
@@ -120,34 +139,89 @@ class LanguageModel(nnx.Module):
         layers = tuple(block.init_state(batch_size, max_length) for block in self.blocks)
         return ModelState(layers=layers, position=jnp.zeros((), jnp.int32))
 
-    def _check_state(self, state) -> None:
+    def _state_shapes(self, batch: int, length: int) -> ModelState:
+        key = (self.config, batch, length)
+        if key not in _STATE_SHAPES:
+            _STATE_SHAPES[key] = jax.eval_shape(lambda: self.init_state(batch, length))
+        return _STATE_SHAPES[key]
+
+    def _check_state(self, state, batch: int, num_new: int) -> None:
+        """``state`` must be what ``init_state(batch, ...)`` of this model's config makes (the
+        softmax cache length may differ), with room for ``num_new`` more tokens (checked when
+        the position is concrete)."""
         if not isinstance(state, ModelState) or len(state.layers) != len(self.blocks):
             raise ValueError(
                 f"state must be a ModelState with {len(self.blocks)} layer states "
                 "(from model.init_state)"
             )
+        config = self.config
+        # Shapes for two cache lengths: the axes where they differ may have any length.
+        lengths = (1, 2) if config.max_length >= 2 else (1, 1)
+        short, longer = (self._state_shapes(batch, n).layers for n in lengths)
+        position = int(state.position) if is_concrete(state.position) else None
+        for i, (layer, want, want2) in enumerate(zip(state.layers, short, longer, strict=True)):
+            name = f"state.layers[{i}] ({config.layer_mixers[i]})"
+            if jax.tree.structure(layer) != jax.tree.structure(want):
+                raise ValueError(
+                    f"{name} has the structure {jax.tree.structure(layer)}, but this model's "
+                    f"is {jax.tree.structure(want)}: a state from a model with another config"
+                )
+            got_leaves = jax.tree_util.tree_flatten_with_path(layer)[0]
+            for (path, got), w, w2 in zip(
+                got_leaves, jax.tree.leaves(want), jax.tree.leaves(want2), strict=True
+            ):
+                shape = tuple(jnp.shape(got))
+                dtype = getattr(got, "dtype", None) or np.asarray(got).dtype
+                pairs = enumerate(zip(w.shape, w2.shape, strict=True))
+                free = {ax for ax, (a, b) in pairs if a != b}
+                fits = len(shape) == len(w.shape) and all(
+                    n == m or ax in free
+                    for ax, (n, m) in enumerate(zip(shape, w.shape, strict=False))
+                )
+                if not fits or dtype != w.dtype:
+                    expected = tuple("L" if ax in free else n for ax, n in enumerate(w.shape))
+                    raise ValueError(
+                        f"{name}{jax.tree_util.keystr(path)} has shape {shape} {dtype}, but this "
+                        f"model's is {expected} {w.dtype} for batch {batch}: a state from a model "
+                        "with another config (e.g. conv width, heads or head size)"
+                    )
+                if free and position is not None:
+                    capacity = min(shape[ax] for ax in free)
+                    if position + num_new > capacity:
+                        raise ValueError(
+                            f"{name} holds {capacity} tokens (init_state's max_length); it has "
+                            f"{position} and cannot take {num_new} more"
+                        )
+        if self.pos_embed is not None and position is not None:
+            if position + num_new > config.max_length:
+                raise ValueError(
+                    f"position {position} + {num_new} token(s) exceeds max_length="
+                    f"{config.max_length} of the learned position embedding"
+                )
 
     def prefill(self, tokens: jax.Array, state: ModelState) -> tuple[jax.Array, ModelState]:
         """Run `tokens[B, T]` after `state`; returns `(logits[B, T, V], new state)`."""
         _check_tokens(tokens, 2, "[B, T]")
-        self._check_state(state)
-        x = self._embed(tokens, state.position)
+        self._check_state(state, tokens.shape[0], tokens.shape[1])
+        check_token_ids(tokens, self.config.vocab_size)
+        x, valid = self._embed(tokens, state.position)
         layers = []
         for block, layer_state in zip(self.blocks, state.layers, strict=True):
             x, layer_state = block.prefill(x, layer_state)
             layers.append(layer_state)
-        return self._logits(x), ModelState(tuple(layers), state.position + tokens.shape[1])
+        return self._logits(x, valid), ModelState(tuple(layers), state.position + tokens.shape[1])
 
     def step(self, tokens: jax.Array, state: ModelState) -> tuple[jax.Array, ModelState]:
         """One token per sequence `tokens[B]`; returns `(logits[B, V], new state)`."""
         _check_tokens(tokens, 1, "[B]")
-        self._check_state(state)
-        x = self._embed(tokens, state.position)
+        self._check_state(state, tokens.shape[0], 1)
+        check_token_ids(tokens, self.config.vocab_size)
+        x, valid = self._embed(tokens, state.position)
         layers = []
         for block, layer_state in zip(self.blocks, state.layers, strict=True):
             x, layer_state = block.step(x, layer_state)
             layers.append(layer_state)
-        return self._logits(x), ModelState(tuple(layers), state.position + 1)
+        return self._logits(x, valid), ModelState(tuple(layers), state.position + 1)
 
 
 def redraw_features(model: nnx.Module, rng: jax.Array) -> int:

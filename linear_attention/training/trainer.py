@@ -31,7 +31,8 @@ import optax
 from flax import nnx
 
 from linear_attention.data import IGNORE_INDEX, MQARData, TextData
-from linear_attention.models import LanguageModel, generate, redraw_features
+from linear_attention.models import LanguageModel, ModelConfig, generate, redraw_features
+from linear_attention.models.tokens import check_token_ids
 from linear_attention.training.checkpoint import Checkpoints
 from linear_attention.training.config import ExperimentConfig, experiment_config
 from linear_attention.training.mesh import (
@@ -125,6 +126,20 @@ def build_model(config: ExperimentConfig, tx: optax.GradientTransformation):
     return model, nnx.Optimizer(model, tx, wrt=nnx.Param)
 
 
+def checked(batch: dict, model: ModelConfig, where: str) -> dict:
+    """``batch`` once its inputs are token ids of the model and its labels too (or
+    ``IGNORE_INDEX``); `RunError` naming the bad id and ``where`` otherwise."""
+    try:
+        check_token_ids(batch["inputs"], model.vocab_size, name=f"inputs of {where}")
+        labels = np.asarray(batch["labels"])
+        check_token_ids(
+            np.where(labels == IGNORE_INDEX, 0, labels), model.vocab_size, name=f"labels of {where}"
+        )
+    except ValueError as e:
+        raise RunError(f"the data do not fit config.model: {e}") from None
+    return batch
+
+
 def token_stats(logits_BTV: jax.Array, labels_BT: jax.Array):
     """``(sum of cross-entropy, number correct, number labelled)`` over labelled positions
     (``labels != IGNORE_INDEX``), in float32."""
@@ -185,8 +200,10 @@ def evaluate(state, data, config: ExperimentConfig, graphdef, mesh) -> dict[str,
     """Mean loss and accuracy over every labelled position of the evaluation set (for MQAR:
     the query positions only); bits per byte for text."""
     sums = [
-        eval_step(state, shard_batch(batch, mesh), graphdef=graphdef)
-        for batch in data.eval_batches(config.train.eval_batch)
+        eval_step(
+            state, shard_batch(checked(b, config.model, "an eval batch"), mesh), graphdef=graphdef
+        )
+        for b in data.eval_batches(config.train.eval_batch)
     ]
     loss_sum, correct, count = np.asarray(jax.device_get(sums), np.float64).sum(axis=0).tolist()
     count = max(count, 1.0)
@@ -403,7 +420,8 @@ def _loop(
                 mesh=mesh,
                 fsdp=fsdp,
             )
-        batch = shard_batch(data.train_batch(s, tc.batch_size), mesh)
+        batch = data.train_batch(s, tc.batch_size)
+        batch = shard_batch(checked(batch, cfg.model, f"the batch of step {s + 1}"), mesh)
         profiler.before_step(s)
         state, metrics = train_step(state, batch, graphdef=graphdef, mesh=mesh, fsdp=fsdp)
         done = s + 1
