@@ -184,7 +184,7 @@ def _check_generate_args(model, prompt, num_tokens, temperature, top_k, rng):
         )
     ok = isinstance(temperature, numbers.Real) and not isinstance(temperature, bool | np.bool_)
     if not ok or not math.isfinite(temperature) or temperature < 0:
-        raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
+        raise ValueError(f"temperature must be a number >= 0 and finite, got {temperature!r}")
     top_k = _integer("top_k", top_k)
     if top_k is not None and not 1 <= top_k <= config.vocab_size:
         raise ValueError(f"top_k must be None or an int in [1, {config.vocab_size}], got {top_k!r}")

@@ -121,7 +121,7 @@ def test_generate_validates_its_arguments():
     with pytest.raises(ValueError, match="at least one token per row"):
         generate(model, prompt[:, :0], 2, rng=key)
     for temperature in (float("nan"), float("inf"), -0.5, True, "0.5", None):
-        with pytest.raises(ValueError, match="temperature must be a finite number >= 0"):
+        with pytest.raises(ValueError, match="temperature must be a number >= 0 and finite"):
             generate(model, prompt, 2, rng=key, temperature=temperature)
     for rng in ("0", 1.5, jnp.zeros(3), None, True):
         with pytest.raises(ValueError, match=r"rng must be a PRNG key \(jax.random.key"):
