@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 def check_rank(name: str, x, rank: int, layout: str) -> None:
@@ -33,29 +34,73 @@ def check_choice(name: str, value, allowed: Sequence) -> None:
         raise ValueError(f"unknown {name} {value!r}; allowed: {', '.join(map(repr, allowed))}")
 
 
-def check_positive_int(name: str, value) -> None:
-    """Raise unless `value` is an int >= 1."""
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+def check_positive_int(name: str, value) -> int:
+    """Raise unless `value` is an integer >= 1 (Python or NumPy); return it as an int."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
         raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    return int(value)
 
 
-def check_log_decay(log_decay, full_shape, layout):
-    """Broadcast `log_decay` to `full_shape` (float32); raise on a bad shape or a positive value."""
+def check_float(names: Sequence[str], arrays: Sequence) -> None:
+    """Raise unless every array has a real floating dtype (no integer, bool or complex input)."""
+    for name, x in zip(names, arrays, strict=True):
+        dtype = jnp.result_type(x)
+        if not jnp.issubdtype(dtype, jnp.floating):
+            raise ValueError(f"{name} must have a real floating dtype, got {dtype}")
+
+
+def check_eps(eps) -> None:
+    """Raise unless `eps` is a scalar > 0 (a traced eps is the caller's responsibility)."""
+    if jnp.ndim(eps) != 0:
+        raise ValueError(f"eps must be a scalar, got shape {tuple(jnp.shape(eps))}")
+    if isinstance(eps, jax.core.Tracer):
+        return
+    if not float(eps) > 0:  # also catches NaN
+        raise ValueError(f"eps must be > 0, got {eps!r}")
+
+
+def check_log_decay(log_decay, full_shape, layout, *, feature_dim=None):
+    """Check and broadcast a log decay to `full_shape` (e.g. (B, T, H)), float32; None stays None.
+
+    Accepted ranks, each explicit so that no shape is read two ways: 1 (`[H]`, a fixed decay per
+    head), `len(full_shape)` (`layout`, e.g. `[B, T, H]`) and, with `feature_dim`, one more (a
+    decay per key dimension, `full_shape + (M,)`); size-1 axes broadcast. Returns a float32 array
+    of `full_shape` or `full_shape + (M,)`. Values must be ≤ 0 and not NaN (−inf, a reset, is
+    allowed); the values are checked only when they are concrete (eagerly), not under `jit`/`vmap`.
+    """
     if log_decay is None:
         return None
     shape = tuple(jnp.shape(log_decay))
+    layouts = {1: (full_shape[-1:], "[H]"), len(full_shape): (full_shape, layout)}
+    if feature_dim is not None:
+        layouts[len(full_shape) + 1] = (
+            (*full_shape, feature_dim),
+            layout[:-1] + ", M]",
+        )
+    allowed = " or ".join(f"{lay} (rank {r})" for r, (_, lay) in sorted(layouts.items()))
+    if len(shape) not in layouts:
+        raise ValueError(
+            f"log_decay of shape {shape} has rank {len(shape)}; allowed: {allowed}. Ranks are "
+            "explicit: add size-1 axes (e.g. a[..., None]) rather than drop them"
+        )
+    want, lay = layouts[len(shape)]
+    target = full_shape if len(shape) == 1 else want
     try:
-        ok = jnp.broadcast_shapes(shape, full_shape) == full_shape
+        ok = jnp.broadcast_shapes(shape, target) == target
     except ValueError:
         ok = False
     if not ok:
         raise ValueError(
-            f"log_decay of shape {shape} does not broadcast to {full_shape} {layout}; "
-            "use [H] for a fixed per-head decay or the full shape for a data-dependent one"
+            f"log_decay of shape {shape} does not broadcast to {lay} = {want}; allowed: {allowed}"
         )
-    if not isinstance(log_decay, jax.core.Tracer) and bool(jnp.any(jnp.asarray(log_decay) > 0)):
-        raise ValueError(
-            f"log_decay must be <= 0 (a decay factor exp(log_decay) <= 1); got max "
-            f"{float(jnp.max(jnp.asarray(log_decay)))}"
-        )
-    return jnp.broadcast_to(jnp.asarray(log_decay, jnp.float32), full_shape)
+    check_float(("log_decay",), (log_decay,))
+    if not isinstance(log_decay, jax.core.Tracer):
+        values = np.asarray(log_decay, np.float32)
+        if np.any(np.isnan(values)):
+            raise ValueError("log_decay contains NaN")
+        if np.any(values > 0):
+            raise ValueError(
+                f"log_decay must be <= 0 (a decay factor exp(log_decay) <= 1); got max "
+                f"{float(np.max(values))}"
+            )
+    return jnp.broadcast_to(jnp.asarray(log_decay, jnp.float32), target)

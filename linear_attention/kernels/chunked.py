@@ -18,7 +18,9 @@ The gradient is a custom VJP that stores one state per chunk (never one per toke
 steps last to first carrying the state cotangent, G = exp(g) G' + Σ_t exp(b_t) q_t dnum_tᵀ per
 chunk, recomputing scores and normalisers. The decay gradient needs no extra pass: every output
 term carries exp(B_query − B_key) for the global cumulative decay B, so
-dL/dB_t = q_t·dq_t − k_t·dk_t (+ ⟨dS_T, S_T⟩ at the end) and dL/da_s = Σ_{t ≥ s} dL/dB_t.
+dL/dB_t = q_t·dq_t − k_t·dk_t (+ ⟨dS_T, S_T⟩ at the end) and dL/da_s = Σ_{t ≥ s} dL/dB_t, the
+sum stopping at the next reset (see `_suffix_sum_to_reset`). For a decay per key dimension both
+hold per dimension m (every term carries exp(B_tm − B_sm) for one m).
 """
 
 from __future__ import annotations
@@ -28,10 +30,14 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from linear_attention.kernels.segments import cumulative_log_decay, masked_exp
+
 # Tokens handled per scan step (G = TOKENS_PER_STEP // C chunks): large enough to amortise the
 # per-step cost, small enough that a step's matrices stay in cache. Measured on CPU; see
 # BENCHMARKS.md.
 TOKENS_PER_STEP = 128
+# Sub-block of the intra-chunk scores for a decay per key dimension (see `_SubBlocks`).
+SUB_BLOCK = 16
 
 
 def causal_chunked(
@@ -39,23 +45,26 @@ def causal_chunked(
 ):
     """Causal linear attention, chunkwise, on float32 arrays.
 
-    `a_BTH` is the log decay (None: none); `z0_BHM` the initial normaliser state, or None to not
-    track it (only allowed without `normalize`). Returns `(o_BTHD, kv_BHMD, z_BHM)`.
+    `a_BTH` is the log decay, `[B, T, H]` or `[B, T, H, M]` (None: none); `z0_BHM` the initial
+    normaliser state, or None to not track it (only allowed without `normalize`). Returns
+    `(o_BTHD, kv_BHMD, z_BHM)`.
     """
     T = q_BTHM.shape[1]
     C = min(chunk_size, T)
+    # one trailing axis X for the decay: 1 (per head) or M (per key dimension)
+    a_BTHX = None if a_BTH is None else (a_BTH if a_BTH.ndim == 4 else a_BTH[..., None])
 
     # ---- 1. pad time to a multiple of C (zero keys and values, zero log decay: no effect) ----
     pad = -T % C
     if pad:
         widths = ((0, 0), (0, pad), (0, 0), (0, 0))
         q_BTHM, k_BTHM, v_BTHD = (jnp.pad(x, widths) for x in (q_BTHM, k_BTHM, v_BTHD))
-        if a_BTH is not None:
-            a_BTH = jnp.pad(a_BTH, widths[:3])
+        if a_BTHX is not None:
+            a_BTHX = jnp.pad(a_BTHX, widths)
     N = (T + pad) // C
     G = max(g for g in range(1, max(TOKENS_PER_STEP // C, 1) + 1) if N % g == 0)
     o_BTHD, kv_BHMD, z_BHM = _chunked(
-        q_BTHM, k_BTHM, v_BTHD, a_BTH, kv0_BHMD, z0_BHM, (G, C), normalize, float(eps)
+        q_BTHM, k_BTHM, v_BTHD, a_BTHX, kv0_BHMD, z0_BHM, (G, C), normalize, float(eps)
     )
     return o_BTHD[:, :T], kv_BHMD, z_BHM
 
@@ -85,98 +94,196 @@ def _put(x, n, y_BHGC):
     return jax.lax.dynamic_update_index_in_dim(x, jnp.moveaxis(y_BHGC, 1, 3), n, 1)
 
 
-def _mul(x, w, axes=-1):
-    """x * w, w broadcast along `axes` of x; w None means 1."""
-    return x if w is None else x * jnp.expand_dims(w, axes)
-
-
 def _tr(x):
     return jnp.swapaxes(x, -1, -2)
 
 
-class _Decays:
-    """Decay factors of one step of G chunks, from the log decays a [B, H, G, C] (None: none).
+def _sub_block_size(C):
+    """The largest divisor of C that is at most SUB_BLOCK."""
+    return max(c for c in range(1, min(SUB_BLOCK, C) + 1) if C % c == 0)
 
-    Within chunk g: b = cumsum(a), total gt = b_C. Across the step: c_g = Σ_{g' < g} gt_{g'}.
-      intra  [B,H,G,C,C]  exp(b_t − b_s) for s ≤ t, masked before exp
-      start  [B,H,G,C]    exp(b_t): the entering state's weight on q_t
-      end    [B,H,G,C]    exp(gt − b_s): k_s's weight in the chunk's state update u_g
-      across [B,H,G,G]    exp(c_g − c_{g'+1}) for g' < g: u_{g'}'s weight in chunk g's state
-      step_start [B,H,G]  exp(c_g): the step's entering state's weight in chunk g's state
-      step_end   [B,H,G]  exp(c_G − c_{g+1}): u_g's weight in the state leaving the step
-      step_total [B,H]    exp(c_G)
-    Without decay all are None except the 0/1 masks `intra` and `across`.
+
+class _Decays:
+    """Decay factors of one step of G chunks, from the log decays a [B, H, G, C, X] (None: none).
+
+    X = 1 for a decay per head, X = M per key dimension; every factor keeps the trailing X axis, so
+    it broadcasts against q or k [.., C, M] and against the rows of a state [.., M, Dv]. Within
+    chunk g: b = cumsum(a), total gt = b_C. Across the step: c_g = Σ_{g' < g} gt_{g'}.
+      intra  [B,H,G,C,C]    exp(b_t − b_s) for s ≤ t (X = 1 only; vector decays: `_SubBlocks`)
+      start  [B,H,G,C,X]    exp(b_t): the entering state's weight on q_t
+      end    [B,H,G,C,X]    exp(gt − b_s): k_s's weight in the chunk's state update u_g
+      across [B,H,G,G,X]    exp(c_g − c_{g'+1}) for g' < g: u_{g'}'s weight in chunk g's state
+      step_start [B,H,G,X]  exp(c_g): the step's entering state's weight in chunk g's state
+      step_end   [B,H,G,X]  exp(c_G − c_{g+1}): u_g's weight in the state leaving the step
+      step_total [B,H,X]    exp(c_G)
+    Without decay all are None except the 0/1 masks `intra` and `across`. A −inf log decay (a
+    reset) is carried as a reset count beside the finite cumulative sums (`cumulative_log_decay`):
+    a factor spanning a reset is exactly 0, and no −inf enters a difference. Every factor is
+    masked before `exp` and has an exponent ≤ 0, so none overflows.
     """
 
-    def __init__(self, a_BHGC, G, C):
+    def __init__(self, a_BHGCX, G, C):
         tril_CC = jnp.tril(jnp.ones((C, C), dtype=bool))
         strict_GG = jnp.tril(jnp.ones((G, G), dtype=bool), -1)
-        if a_BHGC is None:
-            self.intra, self.across = tril_CC.astype(jnp.float32), strict_GG.astype(jnp.float32)
+        if a_BHGCX is None:
+            self.intra = tril_CC.astype(jnp.float32)
+            self.across = strict_GG[:, :, None].astype(jnp.float32)
             self.start = self.end = self.step_start = self.step_end = self.step_total = None
+            self.b = self.n = None
             return
-        b = jnp.cumsum(a_BHGC, axis=-1)
-        gt = b[..., -1]
-        c_next = jnp.cumsum(gt, axis=-1)  # c_{g+1}
-        c = c_next - gt
-        c_end = c_next[..., -1:]
-        self.intra = jnp.exp(jnp.where(tril_CC, b[..., :, None] - b[..., None, :], -jnp.inf))
-        self.start = jnp.exp(b)
-        self.end = jnp.exp(gt[..., None] - b)
-        self.across = jnp.exp(
-            jnp.where(strict_GG, c[..., :, None] - c_next[..., None, :], -jnp.inf)
-        )
-        self.step_start = jnp.exp(c)
-        self.step_end = jnp.exp(c_end - c_next)
-        self.step_total = jnp.exp(c_end[..., 0])
+        b, n = cumulative_log_decay(a_BHGCX, axis=-2)
+        self.b, self.n = b, n
+        gt, nt = b[..., -1, :], n[..., -1, :]  # [B, H, G, X]
+        c_next, nc_next = jnp.cumsum(gt, axis=2), jnp.cumsum(nt, axis=2)
+        c, nc = _exclusive(c_next), _exclusive(nc_next)
+        c_end, nc_end = c_next[:, :, -1], nc_next[:, :, -1]  # [B, H, X]
+        if a_BHGCX.shape[-1] == 1:
+            b1, n1 = b[..., 0], n[..., 0]
+            keep = tril_CC & (n1[..., :, None] == n1[..., None, :])
+            self.intra = masked_exp(keep, b1[..., :, None] - b1[..., None, :])
+        self.start = masked_exp(n == 0, b)
+        self.end = masked_exp(n == nt[..., None, :], gt[..., None, :] - b)
+        keep = strict_GG[:, :, None] & (nc[:, :, :, None] == nc_next[:, :, None, :])
+        self.across = masked_exp(keep, c[:, :, :, None] - c_next[:, :, None, :])
+        self.step_start = masked_exp(nc == 0, c)
+        self.step_end = masked_exp(nc_end[:, :, None] == nc_next, c_end[:, :, None] - c_next)
+        self.step_total = masked_exp(nc_end == 0, c_end)
 
 
-def _combine(w_BHGG, x_BHG, transpose=False):
-    """Σ_k w[g, k] x[k] (or w[k, g] with `transpose`) over the G chunks of a step."""
-    B, H, G = x_BHG.shape[:3]
-    w_BHGG = jnp.broadcast_to(w_BHGG, (B, H, G, G))
-    spec = "bhkg,bhkf->bhgf" if transpose else "bhgk,bhkf->bhgf"
-    return jnp.einsum(spec, w_BHGG, x_BHG.reshape(B, H, G, -1)).reshape(x_BHG.shape)
+def _exclusive(x_BHGX):
+    """Exclusive prefix along the chunk axis, from the inclusive one."""
+    return jnp.concatenate([jnp.zeros_like(x_BHGX[:, :, :1]), x_BHGX[:, :, :-1]], axis=2)
 
 
-def _state_axes(x):
-    """Axes to expand a [B, H, G] weight over the state dims of x [B, H, G, ...]."""
-    return tuple(range(3, x.ndim))
+class _SubBlocks:
+    """Exact intra-chunk scores Σ_m q_tm k_sm exp(b_tm − b_sm) for a decay per key dimension.
+
+    The exponent depends on m, so the scores are no matmul of decayed q and k unless split:
+    exp(b_t − b_s) = exp(b_t − b_r) · exp(b_r − b_s) around a point r between them, and each
+    factor must have an exponent ≤ 0 (exp(b_t)·exp(−b_s) overflows for strong decays). The chunk
+    is cut into P sub-blocks of c tokens; with r_i the token before sub-block i,
+      off-diagonal (s in an earlier sub-block than t, in sub-block i):
+          (q_t ⊙ exp(b_t − b_{r_i})) · (k_s ⊙ exp(b_{r_i} − b_s))     one [c, C] matmul per i
+      diagonal (s, t in the same sub-block): the masked [c, c, M] decays, exactly.
+    Cost O(C²·M + C·c·M) per chunk. Factors spanning a reset are 0 (see `_Decays`).
+      q_scale [.., P, c, M]     exp(b_t − b_{r_i})
+      k_scale [.., P, C, M]     exp(b_{r_i} − b_s) for s before sub-block i, else 0
+      diag    [.., P, c, c, M]  exp(b_t − b_s) for s ≤ t in one sub-block, else 0
+    """
+
+    def __init__(self, b, n, c):
+        *lead, C, M = b.shape
+        P = C // c
+        self.P, self.c = P, c
+        b_sub, n_sub = b.reshape(*lead, P, c, M), n.reshape(*lead, P, c, M)
+        # r_i: the last token of sub-block i − 1 (sub-block 0 reads no earlier key)
+        b_r = jnp.concatenate([jnp.zeros_like(b_sub[..., :1, -1, :]), b_sub[..., :-1, -1, :]], -2)
+        n_r = jnp.concatenate([jnp.zeros_like(n_sub[..., :1, -1, :]), n_sub[..., :-1, -1, :]], -2)
+        self.q_scale = masked_exp(n_sub == n_r[..., None, :], b_sub - b_r[..., None, :])
+        before_PC = jnp.arange(C)[None, :] < (jnp.arange(P) * c)[:, None]
+        keep = before_PC[:, :, None] & (n_r[..., :, None, :] == n[..., None, :, :])
+        self.k_scale = masked_exp(keep, b_r[..., :, None, :] - b[..., None, :, :])
+        tril_cc = jnp.tril(jnp.ones((c, c), dtype=bool))
+        keep = tril_cc[:, :, None] & (n_sub[..., :, None, :] == n_sub[..., None, :, :])
+        self.diag = masked_exp(keep, b_sub[..., :, None, :] - b_sub[..., None, :, :])
+        self.eye = jnp.eye(P, dtype=bool)[:, None, :, None]  # [P, 1, P, 1]
+
+    def _sub(self, x):
+        return x.reshape(*x.shape[:-2], self.P, self.c, x.shape[-1])
+
+    def scores(self, q, k):
+        """[.., C, M] q and k -> the decayed, masked [.., C, C] scores."""
+        q_sub = self._sub(q)
+        k_t = k[..., None, :, :] * self.k_scale  # [.., P, C, M]
+        off = jnp.einsum("...icm,...ism->...ics", q_sub * self.q_scale, k_t)
+        diag = jnp.einsum("...icm,...ism,...icsm->...ics", q_sub, self._sub(k), self.diag)
+        off = off.reshape(*off.shape[:-1], self.P, self.c)  # [.., P, c, P, c]
+        # select, not add: an off-diagonal entry of the diagonal block is 0 anyway, but select
+        # keeps the blocks independent
+        full = jnp.where(self.eye, diag[..., :, :, None, :], off)
+        return full.reshape(*q.shape[:-2], q.shape[-2], k.shape[-2])
+
+    def grads(self, ds, q, k):
+        """Cotangents of q and k [.., C, M] given that of the scores ds [.., C, C]."""
+        P, c = self.P, self.c
+        ds_off = ds.reshape(*ds.shape[:-2], P, c, ds.shape[-1])  # [.., P, c, C]
+        blocks = ds.reshape(*ds.shape[:-2], P, c, P, c)
+        ds_diag = jnp.moveaxis(jnp.diagonal(blocks, axis1=-4, axis2=-2), -1, -3)  # [.., P, c, c]
+        q_sub, k_sub = self._sub(q), self._sub(k)
+        k_t = k[..., None, :, :] * self.k_scale  # [.., P, C, M]
+        dq = self.q_scale * jnp.einsum("...ics,...ism->...icm", ds_off, k_t)
+        dq += jnp.einsum("...ics,...ism,...icsm->...icm", ds_diag, k_sub, self.diag)
+        dk = jnp.einsum("...ics,...icm,...ism->...sm", ds_off, q_sub * self.q_scale, self.k_scale)
+        dk_diag = jnp.einsum("...ics,...icm,...icsm->...ism", ds_diag, q_sub, self.diag)
+        return dq.reshape(q.shape), dk + dk_diag.reshape(k.shape)
+
+
+def _scores(d: _Decays, sub, q_n, k_n):
+    """The decayed, causally masked intra-chunk scores [B, H, G, C, C]."""
+    if sub is not None:
+        return sub.scores(q_n, k_n)
+    return (q_n @ _tr(k_n)) * d.intra
+
+
+def _mul(x, w):
+    """x * w, a [B, H, G(, ...), X] weight over the state rows of x; w None means 1."""
+    if w is None:
+        return x
+    return x * w.reshape(w.shape + (1,) * (x.ndim - w.ndim))
+
+
+def _combine(w_BHGGX, x_BHG, transpose=False):
+    """Σ_k w[g, k] x[k] (or w[k, g] with `transpose`) over the G chunks of a step, per row m."""
+    B, H, G, M = x_BHG.shape[:4]
+    w_BHGGX = jnp.broadcast_to(w_BHGGX, (B, H, G, G, w_BHGGX.shape[-1]))
+    x_BHGMF = x_BHG.reshape(B, H, G, M, -1)
+    if w_BHGGX.shape[-1] == 1:
+        spec = "bhkg,bhkf->bhgf" if transpose else "bhgk,bhkf->bhgf"
+        out = jnp.einsum(spec, w_BHGGX[..., 0], x_BHGMF.reshape(B, H, G, -1))
+    else:
+        spec = "bhkgm,bhkmf->bhgmf" if transpose else "bhgkm,bhkmf->bhgmf"
+        out = jnp.einsum(spec, w_BHGGX, x_BHGMF)
+    return out.reshape(x_BHG.shape)
 
 
 def _advance(d: _Decays, s, u_BHG):
     """States entering each chunk of the step, and the state leaving it (kv or z)."""
     if s is None:
         return None, None
-    axes = _state_axes(u_BHG)
-    entering = _mul(s[:, :, None], d.step_start, axes) + _combine(d.across, u_BHG)
-    leaving = _mul(s, d.step_total, tuple(a - 1 for a in axes))
-    return entering, leaving + jnp.sum(_mul(u_BHG, d.step_end, axes), axis=2)
+    entering = _mul(s[:, :, None], d.step_start) + _combine(d.across, u_BHG)
+    return entering, _mul(s, d.step_total) + jnp.sum(_mul(u_BHG, d.step_end), axis=2)
 
 
 def _retreat(d: _Decays, g, w_BHG):
     """Cotangents of the states leaving each chunk, and of the state entering the step."""
     if g is None:
         return None, None
-    axes = _state_axes(w_BHG)
-    leaving = _mul(g[:, :, None], d.step_end, axes) + _combine(d.across, w_BHG, transpose=True)
-    entering = _mul(g, d.step_total, tuple(a - 1 for a in axes))
-    return leaving, entering + jnp.sum(_mul(w_BHG, d.step_start, axes), axis=2)
+    leaving = _mul(g[:, :, None], d.step_end) + _combine(d.across, w_BHG, transpose=True)
+    return leaving, _mul(g, d.step_total) + jnp.sum(_mul(w_BHG, d.step_start), axis=2)
 
 
-def _forward(q_BTHM, k_BTHM, v_BTHD, a_BTH, kv0_BHMD, z0_BHM, GC, normalize, eps, keep):
+def _step_decays(a_n, GC, vector):
+    """The step's decay factors and, for a decay per key dimension, its sub-block factors."""
+    G, C = GC
+    d = _Decays(a_n, G, C)
+    sub = _SubBlocks(d.b, d.n, _sub_block_size(C)) if vector else None
+    return d, sub
+
+
+def _forward(q_BTHM, k_BTHM, v_BTHD, a_BTHX, kv0_BHMD, z0_BHM, GC, normalize, eps, keep):
     """Walk the steps in order. With `keep`, also return the state entering every chunk."""
     G, C = GC
     q, k, v = (_split(x, GC) for x in (q_BTHM, k_BTHM, v_BTHD))
-    a = None if a_BTH is None else _split(a_BTH, GC)[..., None]
+    a = None if a_BTHX is None else _split(a_BTHX, GC)
+    vector = a is not None and a.shape[-1] > 1
 
     def step(carry, n):
         kv_BHMD, z_BHM, o_all = carry
         q_n, k_n, v_n, a_n = _step_slice(n, q, k, v, a)
-        d = _Decays(None if a_n is None else a_n[..., 0], G, C)
+        d, sub = _step_decays(a_n, GC, vector)
 
         # ---- 2. intra-chunk: masked, decayed C×C scores ----
-        s_BHGCC = (q_n @ _tr(k_n)) * d.intra
+        s_BHGCC = _scores(d, sub, q_n, k_n)
         # ---- 3. inter-chunk: states entering each chunk, read by the decayed queries ----
         k_end = _mul(k_n, d.end)
         u_BHGMD = _tr(k_end) @ v_n
@@ -197,36 +304,36 @@ def _forward(q_BTHM, k_BTHM, v_BTHD, a_BTH, kv0_BHMD, z0_BHM, GC, normalize, eps
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8))
-def _chunked(q_BTHM, k_BTHM, v_BTHD, a_BTH, kv0_BHMD, z0_BHM, GC, normalize, eps):
-    args = (q_BTHM, k_BTHM, v_BTHD, a_BTH, kv0_BHMD, z0_BHM, GC, normalize, eps)
+def _chunked(q_BTHM, k_BTHM, v_BTHD, a_BTHX, kv0_BHMD, z0_BHM, GC, normalize, eps):
+    args = (q_BTHM, k_BTHM, v_BTHD, a_BTHX, kv0_BHMD, z0_BHM, GC, normalize, eps)
     return _forward(*args, keep=False)[0]
 
 
-def _chunked_fwd(q_BTHM, k_BTHM, v_BTHD, a_BTH, kv0_BHMD, z0_BHM, GC, normalize, eps):
-    args = (q_BTHM, k_BTHM, v_BTHD, a_BTH, kv0_BHMD, z0_BHM, GC, normalize, eps)
+def _chunked_fwd(q_BTHM, k_BTHM, v_BTHD, a_BTHX, kv0_BHMD, z0_BHM, GC, normalize, eps):
+    args = (q_BTHM, k_BTHM, v_BTHD, a_BTHX, kv0_BHMD, z0_BHM, GC, normalize, eps)
     outputs, entering = _forward(*args, keep=True)
     o_BTHD, kv_BHMD, z_BHM = outputs
     # Residuals: inputs, outputs and the state entering each chunk (one per chunk, not per token).
-    return outputs, (q_BTHM, k_BTHM, v_BTHD, a_BTH, o_BTHD, kv_BHMD, z_BHM, entering)
+    return outputs, (q_BTHM, k_BTHM, v_BTHD, a_BTHX, o_BTHD, kv_BHMD, z_BHM, entering)
 
 
 def _chunked_bwd(GC, normalize, eps, residuals, cotangents):
-    q_BTHM, k_BTHM, v_BTHD, a_BTH, o_BTHD, kv_BHMD, z_BHM, (p_all, pz_all) = residuals
+    q_BTHM, k_BTHM, v_BTHD, a_BTHX, o_BTHD, kv_BHMD, z_BHM, (p_all, pz_all) = residuals
     do_BTHD, dkv_BHMD, dz_BHM = cotangents
-    G, C = GC
     q, k, v, o, do = (_split(x, GC) for x in (q_BTHM, k_BTHM, v_BTHD, o_BTHD, do_BTHD))
-    a = None if a_BTH is None else _split(a_BTH, GC)[..., None]
+    a = None if a_BTHX is None else _split(a_BTHX, GC)
+    vector = a is not None and a.shape[-1] > 1
 
     def step(carry, n):
         (g_BHMD, gz_BHM), (dq_all, dk_all, dv_all, db_all) = carry
         q_n, k_n, v_n, o_n, do_n, a_n = _step_slice(n, q, k, v, o, do, a)
         p_BHGMD = p_all[n]
         pz_BHGM = None if pz_all is None else pz_all[n]
-        d = _Decays(None if a_n is None else a_n[..., 0], G, C)
+        d, sub = _step_decays(a_n, GC, vector)
         q_start, k_end = _mul(q_n, d.start), _mul(k_n, d.end)
 
         # ---- recompute scores and normaliser; cotangents of numerator and normaliser ----
-        s_BHGCC = (q_n @ _tr(k_n)) * d.intra
+        s_BHGCC = _scores(d, sub, q_n, k_n)
         dnum, dden = do_n, None
         if normalize:
             den = jnp.sum(s_BHGCC, -1) + jnp.einsum("bhgcm,bhgm->bhgc", q_start, pz_BHGM) + eps
@@ -245,9 +352,11 @@ def _chunked_bwd(GC, normalize, eps, residuals, cotangents):
         dov = dnum @ _tr(v_n)
         if dden is not None:
             dov += dden[..., None]
-        dov *= d.intra
-        dq = dov @ k_n
-        dk = _tr(dov) @ q_n
+        if sub is None:
+            dov *= d.intra
+            dq, dk = dov @ k_n, _tr(dov) @ q_n
+        else:
+            dq, dk = sub.grads(dov, q_n, k_n)
         dv = _tr(s_BHGCC) @ dnum
 
         # ---- inter-chunk: through the states entering (p) and leaving (gl) each chunk ----
@@ -257,30 +366,50 @@ def _chunked_bwd(GC, normalize, eps, residuals, cotangents):
         dk_in = v_n @ _tr(gl_BHGMD)
         if gzl_BHGM is not None:
             dk_in += gzl_BHGM[..., None, :]
-        dq += _mul(dq_in, d.start)
-        dk += _mul(dk_in, d.end)
+        dq += dq_in if d.start is None else dq_in * d.start
+        dk += dk_in if d.end is None else dk_in * d.end
         dv += k_end @ gl_BHGMD
 
         grads = (_put(dq_all, n, dq), _put(dk_all, n, dk), _put(dv_all, n, dv))
-        if db_all is not None:  # dL/dB_t = q_t·dq_t − k_t·dk_t
-            db_all = _put(db_all, n, jnp.sum(q_n * dq, -1) - jnp.sum(k_n * dk, -1))
+        if db_all is not None:  # dL/dB_t = q_t·dq_t − k_t·dk_t, per key dimension if vector
+            db = q_n * dq - k_n * dk
+            db_all = _put(db_all, n, db if vector else jnp.sum(db, -1, keepdims=True))
         return ((g_BHMD, gz_BHM), (*grads, db_all)), None
 
-    db0 = None if a is None else jnp.zeros(q.shape[:-1], jnp.float32)
+    db0 = None if a is None else jnp.zeros(a.shape, jnp.float32)
     zeros = (jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v), db0)
     ((dkv0_BHMD, dz0_BHM), (dq, dk, dv, db)), _ = jax.lax.scan(
         step, ((dkv_BHMD, dz_BHM), zeros), jnp.arange(q.shape[1]), reverse=True
     )
 
     # ---- decay: dL/dB_t (+ ⟨dS, S⟩ at the end), summed over t ≥ s ----
-    da_BTH = None
-    if a_BTH is not None:
-        end_BH = jnp.sum(dkv_BHMD * kv_BHMD, axis=(-2, -1))
+    da_BTHX = None
+    if a_BTHX is not None:
+        end_BHM = jnp.sum(dkv_BHMD * kv_BHMD, axis=-1)
         if z_BHM is not None:
-            end_BH += jnp.sum(dz_BHM * z_BHM, axis=-1)
-        db_BTH = _merge(db).at[:, -1].add(end_BH)
-        da_BTH = jnp.flip(jnp.cumsum(jnp.flip(db_BTH, 1), axis=1), 1)
-    return _merge(dq), _merge(dk), _merge(dv), da_BTH, dkv0_BHMD, dz0_BHM
+            end_BHM += dz_BHM * z_BHM
+        end_BHX = end_BHM if vector else jnp.sum(end_BHM, -1, keepdims=True)
+        db_BTHX = _merge(db).at[:, -1].add(end_BHX)
+        da_BTHX = _suffix_sum_to_reset(db_BTHX, jnp.isneginf(a_BTHX))
+    return _merge(dq), _merge(dk), _merge(dv), da_BTHX, dkv0_BHMD, dz0_BHM
+
+
+def _suffix_sum_to_reset(db_BTHX, reset_BTHX):
+    """dL/da_s = Σ_{s ≤ t < u} dL/dB_t, u the next reset after s; 0 at a reset itself.
+
+    Exact algebra (pairs across a reset have weight 0) gives the plain suffix sum too, but
+    summing past a reset leaves rounding residue: stopping there keeps gradients from crossing
+    a document boundary at all. A reverse scan of da_s = dB_s + [no reset at s+1] · da_{s+1}.
+    """
+    go_on = jnp.pad(~reset_BTHX[:, 1:], ((0, 0), (0, 1), (0, 0), (0, 0))).astype(jnp.float32)
+
+    def combine(later, earlier):  # reverse scan: `later` holds the suffix after `earlier`
+        g_later, x_later = later
+        g, x = earlier
+        return g * g_later, x + g * x_later
+
+    _, da_BTHX = jax.lax.associative_scan(combine, (go_on, db_BTHX), reverse=True, axis=1)
+    return jnp.where(reset_BTHX, 0.0, da_BTHX)
 
 
 _chunked.defvjp(_chunked_fwd, _chunked_bwd)

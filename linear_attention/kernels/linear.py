@@ -2,9 +2,15 @@
 
 Causal linear attention with an optional log decay a_t ≤ 0 is the recurrence
 
-    kv_t    = exp(a_t) kv_{t-1} + k_t v_tᵀ
-    k_sum_t = exp(a_t) k_sum_{t-1} + k_t
+    kv_t    = diag(exp(a_t)) kv_{t-1} + k_t v_tᵀ
+    k_sum_t = exp(a_t) ⊙ k_sum_{t-1} + k_t
     o_t     = q_tᵀ kv_t / (q_tᵀ k_sum_t + eps)      (or q_tᵀ kv_t without normalisation)
+
+with a_t one number per head, or one per key dimension (GLA: it scales the rows of kv). A log
+decay of −inf is a reset (the state is zeroed); packed rows (`segment_ids`) are resets at every
+document start. Non-finite keys or values poison only their own token and what follows it in the
+same document, as in the recurrence: every method computes on zeroed copies and marks the
+affected outputs NaN, since a masked matmul would spread a future NaN backwards (0·NaN = NaN).
 
 `q` and `k` are already featurised (φ(q), φ(k), width M). Every method computes the same numbers;
 they differ in cost: "quadratic" O(T²) memory, "scan" sequential, "associative_scan" a parallel
@@ -16,10 +22,13 @@ from __future__ import annotations
 
 import functools
 
+import jax
 import jax.numpy as jnp
 
 from linear_attention.kernels._checks import (
     check_choice,
+    check_eps,
+    check_float,
     check_log_decay,
     check_positive_int,
     check_rank,
@@ -30,6 +39,7 @@ from linear_attention.kernels.chunk_parallel import causal_chunk_parallel
 from linear_attention.kernels.chunked import causal_chunked
 from linear_attention.kernels.quadratic import causal_quadratic
 from linear_attention.kernels.recurrent import causal_scan
+from linear_attention.kernels.segments import check_segment_ids, segment_log_decay
 from linear_attention.kernels.state import LinearAttentionState, check_state
 
 METHODS = ("chunk", "scan", "associative_scan", "quadratic", "chunk_parallel")
@@ -47,6 +57,8 @@ def linear_attention(q, k, v, *, normalize: bool = True, eps: float = 1e-6):
     Returns:
       `[B, Tq, H, Dv]` in `result_type(q, k, v)`.
     """
+    check_float(("q", "k", "v"), (q, k, v))
+    check_eps(eps)
     check_rank("q", q, 4, "[B, Tq, H, M]")
     check_rank("k", k, 4, "[B, Tk, H, M]")
     check_rank("v", v, 4, "[B, Tk, H, Dv]")
@@ -76,6 +88,7 @@ def causal_linear_attention(
     chunk_size: int = 64,
     initial_state: LinearAttentionState | None = None,
     return_state: bool = False,
+    segment_ids=None,
 ):
     """Causal linear attention, optionally decayed, from an optional initial state.
 
@@ -83,39 +96,56 @@ def causal_linear_attention(
       q: featurised queries `[B, T, H, M]`.
       k: featurised keys `[B, T, H, M]`.
       v: values `[B, T, H, Dv]`.
-      log_decay: log of the per-token state decay, ≤ 0, broadcastable to `[B, T, H]`:
-        `[H]` is a fixed per-head decay (RetNet), `[B, T, H]` a data-dependent one (Mamba-2,
-        gated linear attention). None: no decay.
+      log_decay: log of the per-token state decay, ≤ 0 (−inf: a reset). Its rank says what it
+        is, so no shape is read two ways: `[H]` a fixed per-head decay (RetNet), `[B, T, H]` a
+        data-dependent one per head (Mamba-2, simple GLA), `[B, T, H, M]` one per key dimension
+        (GLA, RWKV-6). Size-1 axes broadcast (`[1, T, H]`, `[B, T, 1]`, ...); other ranks (a
+        `[T, H]` or `[B, T]` array) raise. None: no decay. NaN or positive values raise when
+        the values are concrete; under `jit`/`vmap` only the shape and dtype are checked.
       normalize: divide by q_tᵀ k_sum_t + eps.
-      eps: added to the normaliser.
+      eps: added to the normaliser; must be > 0.
       method: "chunk" (default, the training path), "scan", "associative_scan", "quadratic" or
         "chunk_parallel" (every chunk at once, shaped for accelerators). The default is "chunk"
         on every backend: on the CPU it is 1.6–2.8× faster than "chunk_parallel" at T ≥ 4096
         (BENCHMARKS.md); on GPU/TPU it is a choice, not yet a measurement
         (`experiments/accelerator_check.py` measures both there).
       chunk_size: tokens per chunk for "chunk" and "chunk_parallel"; T need not be a multiple.
-      initial_state: state before the first token; None means zeros.
+      initial_state: state before the first token; None means zeros. Its `k_sum` may be None
+        without `normalize` (then the returned state's is None too).
       return_state: also return the state after the last token.
+      segment_ids: `[B, T]` integers, None for one document per row. The state is zeroed before
+        every token whose id differs from the previous token's (the initial state flows into
+        the first document only): a token attends only to earlier tokens of its document.
     Returns:
       `o: [B, T, H, Dv]` in `result_type(q, k, v)`, and with `return_state` the final
       `LinearAttentionState` (float32).
     """
     check_choice("method", method, METHODS)
-    check_positive_int("chunk_size", chunk_size)
+    chunk_size = check_positive_int("chunk_size", chunk_size)
+    check_eps(eps)
     B, T, H, M, Dv = _check_qkv(q, k, v)
     if initial_state is not None:
-        check_state(initial_state, B, H, M, Dv)
-    a_BTH = check_log_decay(log_decay, (B, T, H), "[B, T, H]")
+        check_state(initial_state, B, H, M, Dv, need_k_sum=normalize)
+    a_BTH = check_log_decay(log_decay, (B, T, H), "[B, T, H]", feature_dim=M)
+    segment_ids = check_segment_ids(segment_ids, B, T)
+    if segment_ids is not None:
+        a_BTH = segment_log_decay(segment_ids, a_BTH, H)
 
     dtype = jnp.result_type(q, k, v)
-    q32, k32, v32 = (x.astype(jnp.float32) for x in (q, k, v))
-    with_sum = normalize or return_state
+    q32, k32, v32 = (jnp.asarray(x, jnp.float32) for x in (q, k, v))
+    with_sum = normalize or (
+        return_state and (initial_state is None or initial_state.k_sum is not None)
+    )
     if initial_state is None:
         kv0_BHMD = jnp.zeros((B, H, M, Dv), jnp.float32)
         z0_BHM = jnp.zeros((B, H, M), jnp.float32) if with_sum else None
     else:
-        kv0_BHMD = initial_state.kv.astype(jnp.float32)
-        z0_BHM = initial_state.k_sum.astype(jnp.float32) if with_sum else None
+        kv0_BHMD = jnp.asarray(initial_state.kv, jnp.float32)
+        z0_BHM = jnp.asarray(initial_state.k_sum, jnp.float32) if with_sum else None
+    if B == 0 or H == 0:  # nothing to compute (and no chunk of zero rows to split)
+        o = jnp.zeros((B, T, H, Dv), dtype)
+        return (o, LinearAttentionState(kv=kv0_BHMD, k_sum=z0_BHM)) if return_state else o
+    k32, v32, poisoned_BTH = _quarantine(k32, v32, a_BTH)
 
     if method == "chunk":
         o_BTHD, kv_BHMD, z_BHM = causal_chunked(
@@ -144,13 +174,36 @@ def causal_linear_attention(
         z_BHM = s_BHMD[..., Dv] if with_sum else None
         if normalize:
             o_BTHD = o_BTHD / (out_BTHD[..., Dv:] + eps)
-    o_BTHD = o_BTHD.astype(dtype)
+    o_BTHD = jnp.where(poisoned_BTH[..., None], jnp.nan, o_BTHD).astype(dtype)
     if not return_state:
         return o_BTHD
+    last_BH11 = poisoned_BTH[:, -1, :, None, None]
+    kv_BHMD = jnp.where(last_BH11, jnp.nan, kv_BHMD)
+    z_BHM = None if z_BHM is None else jnp.where(last_BH11[..., 0], jnp.nan, z_BHM)
     return o_BTHD, LinearAttentionState(kv=kv_BHMD, k_sum=z_BHM)
 
 
+def _quarantine(k_BTHM, v_BTHD, a_BTH):
+    """Zero non-finite keys and values; mark the tokens they reach (`[B, T, H]` bool).
+
+    A bad token s reaches t ≥ s unless a reset (a −inf log decay in every key dimension) lies in
+    (s, t]: it is where the recurrence itself would carry the NaN.
+    """
+    bad_BTH = ~(jnp.all(jnp.isfinite(k_BTHM), -1) & jnp.all(jnp.isfinite(v_BTHD), -1))
+    k_BTHM = jnp.where(jnp.isfinite(k_BTHM), k_BTHM, 0.0)
+    v_BTHD = jnp.where(jnp.isfinite(v_BTHD), v_BTHD, 0.0)
+    if a_BTH is None:
+        resets_BTH = jnp.zeros(bad_BTH.shape, jnp.int32)
+    else:
+        reset = jnp.isneginf(a_BTH)
+        reset_BTH = jnp.all(reset, -1) if a_BTH.ndim == 4 else reset
+        resets_BTH = jnp.cumsum(reset_BTH.astype(jnp.int32), axis=1)
+    last_bad_BTH = jax.lax.cummax(jnp.where(bad_BTH, resets_BTH, -1), axis=1)
+    return k_BTHM, v_BTHD, last_bad_BTH == resets_BTH
+
+
 def _check_qkv(q, k, v):
+    check_float(("q", "k", "v"), (q, k, v))
     check_rank("q", q, 4, "[B, T, H, M]")
     check_rank("k", k, 4, "[B, T, H, M]")
     check_rank("v", v, 4, "[B, T, H, Dv]")

@@ -1,46 +1,54 @@
 """Causal linear attention in its masked O(T²) form: the reference every other method matches.
 
-With B_t = Σ_{s≤t} a_s (the cumulative log decay),
+With B_t = Σ_{s≤t} a_s the cumulative log decay (per head, or per key dimension m for a vector
+decay: then every exp(·) below is taken per m inside the q·k sum),
 
-    o_t = Σ_{s≤t} exp(B_t − B_s) (q_t·k_s) v_s + exp(B_t) q_tᵀ S_0
-    S_T = exp(B_T) S_0 + Σ_s exp(B_T − B_s) k_s v_sᵀ
+    o_t = Σ_{s≤t} Σ_m q_tm k_sm exp(B_tm − B_sm) v_s + (q_t ⊙ exp(B_t))ᵀ S_0
+    S_T = diag(exp(B_T)) S_0 + Σ_s (k_s ⊙ exp(B_T − B_s)) v_sᵀ
 
-The T×T matrix is built explicitly, so memory is O(T²): use it for testing and short sequences.
+A log decay of −inf is a reset: B is kept finite by counting resets (`cumulative_log_decay`) and
+every exp(B_t − B_s) spanning a reset is exactly 0. The T×T (×M for a vector decay) weights are
+built explicitly, so memory is O(T²): use it for testing and short sequences.
 """
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
+
+from linear_attention.kernels.segments import cumulative_log_decay, masked_exp
 
 
 def causal_quadratic(q_BTHM, k_BTHM, v_BTHD, a_BTH, s0_BHMD):
     """Unnormalised causal linear attention; float32 arrays in, `(o_BTHD, s_BHMD)` out.
 
-    `a_BTH` is the log decay per token (None: no decay); `s0_BHMD` the state before token 0.
+    `a_BTH` is the log decay per token, `[B, T, H]` or `[B, T, H, M]` (None: no decay);
+    `s0_BHMD` the state before token 0.
     """
     T = q_BTHM.shape[1]
-    scores_BHTS = jnp.einsum("bthm,bshm->bhts", q_BTHM, k_BTHM)
     causal_TS = jnp.tril(jnp.ones((T, T), dtype=bool))
     if a_BTH is None:
+        scores_BHTS = jnp.einsum("bthm,bshm->bhts", q_BTHM, k_BTHM)
         weights_BHTS = jnp.where(causal_TS, scores_BHTS, 0.0)
         o_BTHD = jnp.einsum("bhts,bshd->bthd", weights_BHTS, v_BTHD)
         o_BTHD += jnp.einsum("bthm,bhmd->bthd", q_BTHM, s0_BHMD)
         s_BHMD = s0_BHMD + jnp.einsum("bshm,bshd->bhmd", k_BTHM, v_BTHD)
         return o_BTHD, s_BHMD
-    cum_BHT = jnp.cumsum(jnp.moveaxis(a_BTH, 1, 2), axis=-1)
+    # [B, H, T, X] with X = 1 (a decay per head) or M (per key dimension)
+    a_BHTX = jnp.moveaxis(a_BTH if a_BTH.ndim == 4 else a_BTH[..., None], 1, 2)
+    b_BHTX, n_BHTX = cumulative_log_decay(a_BHTX, axis=2, restart=True)
     # Mask before exp: above the diagonal B_t − B_s is positive and exp could overflow.
-    diff_BHTS = jnp.where(causal_TS, cum_BHT[..., :, None] - cum_BHT[..., None, :], -jnp.inf)
-    weights_BHTS = scores_BHTS * jnp.exp(diff_BHTS)
+    keep_BHTSX = causal_TS[:, :, None] & (n_BHTX[:, :, :, None] == n_BHTX[:, :, None, :])
+    decay_BHTSX = masked_exp(keep_BHTSX, b_BHTX[:, :, :, None] - b_BHTX[:, :, None, :])
+    if a_BHTX.shape[-1] == 1:
+        scores_BHTS = jnp.einsum("bthm,bshm->bhts", q_BTHM, k_BTHM)
+        weights_BHTS = scores_BHTS * decay_BHTSX[..., 0]
+    else:
+        weights_BHTS = jnp.einsum("bthm,bshm,bhtsm->bhts", q_BTHM, k_BTHM, decay_BHTSX)
     o_BTHD = jnp.einsum("bhts,bshd->bthd", weights_BHTS, v_BTHD)
-    o_BTHD += jnp.einsum("bthm,bhmd->bthd", q_BTHM * _to_bth1(jnp.exp(cum_BHT)), s0_BHMD)
-    last_BH = cum_BHT[..., -1]
-    k_scaled_BTHM = k_BTHM * _to_bth1(jnp.exp(last_BH[..., None] - cum_BHT))
-    s_BHMD = jnp.exp(last_BH)[..., None, None] * s0_BHMD
-    s_BHMD += jnp.einsum("bshm,bshd->bhmd", k_scaled_BTHM, v_BTHD)
+    start_BTHX = jnp.moveaxis(masked_exp(n_BHTX == 0, b_BHTX), 1, 2)
+    o_BTHD += jnp.einsum("bthm,bhmd->bthd", q_BTHM * start_BTHX, s0_BHMD)
+    b_last, n_last = b_BHTX[:, :, -1:], n_BHTX[:, :, -1:]
+    end_BTHX = jnp.moveaxis(masked_exp(n_last == n_BHTX, b_last - b_BHTX), 1, 2)
+    total_BHX1 = masked_exp(n_last == 0, b_last)[:, :, 0, :, None]
+    s_BHMD = total_BHX1 * s0_BHMD + jnp.einsum("bshm,bshd->bhmd", k_BTHM * end_BTHX, v_BTHD)
     return o_BTHD, s_BHMD
-
-
-def _to_bth1(x_BHT: jax.Array) -> jax.Array:
-    """[B, H, T] -> [B, T, H, 1], to scale per-token vectors."""
-    return jnp.moveaxis(x_BHT, 1, 2)[..., None]

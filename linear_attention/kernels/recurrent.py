@@ -1,6 +1,9 @@
 """Causal linear attention as a recurrence: `jax.lax.scan` over time, and one decoding step.
 
-    S_t = exp(a_t) S_{t-1} + k_t v_tᵀ,   o_t = q_tᵀ S_t
+    S_t = diag(exp(a_t)) S_{t-1} + k_t v_tᵀ,   o_t = q_tᵀ S_t
+
+with a_t a log decay per head (a scalar) or per key dimension (a vector scaling the rows of S).
+A log decay of −inf is a reset: exp(−inf) = 0 clears the state.
 
 The scan is the sequential RNN view: O(T) time, O(1) state, no parallelism over time; its
 autodiff keeps a state per token, so it is a reference and a decoding path, not a training path.
@@ -11,17 +14,25 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from linear_attention.kernels._checks import check_log_decay, check_rank, check_same
+from linear_attention.kernels._checks import (
+    check_eps,
+    check_float,
+    check_log_decay,
+    check_rank,
+    check_same,
+)
 from linear_attention.kernels.state import LinearAttentionState, check_state
 
 
 def causal_scan(q_BTHM, k_BTHM, v_BTHD, a_BTH, s0_BHMD):
-    """Unnormalised causal linear attention by `lax.scan`; returns `(o_BTHD, s_BHMD)`."""
+    """Unnormalised causal linear attention by `lax.scan`; returns `(o_BTHD, s_BHMD)`.
+
+    `a_BTH`: `[B, T, H]`, `[B, T, H, M]` or None."""
 
     def step(s_BHMD, inputs):
         q_BHM, k_BHM, v_BHD, a_BH = inputs
         if a_BH is not None:
-            s_BHMD = jnp.exp(a_BH)[..., None, None] * s_BHMD
+            s_BHMD = _decay_rows(a_BH) * s_BHMD
         s_BHMD = s_BHMD + k_BHM[..., :, None] * v_BHD[..., None, :]
         return s_BHMD, jnp.einsum("bhm,bhmd->bhd", q_BHM, s_BHMD)
 
@@ -30,6 +41,11 @@ def causal_scan(q_BTHM, k_BTHM, v_BTHD, a_BTH, s0_BHMD):
     ]
     s_BHMD, o_TBHD = jax.lax.scan(step, s0_BHMD, time_major)
     return jnp.moveaxis(o_TBHD, 0, 1), s_BHMD
+
+
+def _decay_rows(a):
+    """exp(a) shaped to scale a [..., M, Dv] state: a is [B, H] (per head) or [B, H, M]."""
+    return jnp.exp(a)[..., None, None] if a.ndim == 2 else jnp.exp(a)[..., None]
 
 
 def recurrent_step(
@@ -41,10 +57,14 @@ def recurrent_step(
       state: the state after the previous token.
       q, k: featurised query and key of this token `[B, H, M]`.
       v: value `[B, H, Dv]`.
-      log_decay: ≤ 0, broadcastable to `[B, H]`; None: no decay.
+      log_decay: ≤ 0: `[H]` (per head), `[B, H]` (per token and head) or `[B, H, M]` (per key
+        dimension, GLA); size-1 axes broadcast; −inf resets the state; None: no decay.
+      normalize: divide by q·k_sum + eps; the state's k_sum may be None only without it.
     Returns:
       `(o: [B, H, Dv] in result_type(q, k, v), new state)`.
     """
+    check_float(("q", "k", "v"), (q, k, v))
+    check_eps(eps)
     check_rank("q", q, 3, "[B, H, M]")
     check_rank("k", k, 3, "[B, H, M]")
     check_rank("v", v, 3, "[B, H, Dv]")
@@ -52,17 +72,20 @@ def recurrent_step(
     check_same(("q", "k", "v"), (q, k, v), (1, 1, 1), "heads H")
     check_same(("q", "k"), (q, k), (2, 2), "feature width M")
     B, H, M = q.shape
-    check_state(state, B, H, M, v.shape[-1], name="state")
-    a_BH = check_log_decay(log_decay, (B, H), "[B, H]")
+    check_state(state, B, H, M, v.shape[-1], name="state", need_k_sum=normalize)
+    a_BH = check_log_decay(log_decay, (B, H), "[B, H]", feature_dim=M)
 
     dtype = jnp.result_type(q, k, v)
     q32, k32, v32 = (x.astype(jnp.float32) for x in (q, k, v))
-    kv_BHMD, k_sum_BHM = state.kv.astype(jnp.float32), state.k_sum.astype(jnp.float32)
+    kv_BHMD = state.kv.astype(jnp.float32)
+    k_sum_BHM = None if state.k_sum is None else state.k_sum.astype(jnp.float32)
     if a_BH is not None:
-        kv_BHMD = jnp.exp(a_BH)[..., None, None] * kv_BHMD
-        k_sum_BHM = jnp.exp(a_BH)[..., None] * k_sum_BHM
+        kv_BHMD = _decay_rows(a_BH) * kv_BHMD
+        if k_sum_BHM is not None:
+            k_sum_BHM = _decay_rows(a_BH)[..., 0] * k_sum_BHM
     kv_BHMD = kv_BHMD + k32[..., :, None] * v32[..., None, :]
-    k_sum_BHM = k_sum_BHM + k32
+    if k_sum_BHM is not None:
+        k_sum_BHM = k_sum_BHM + k32
     o_BHD = jnp.einsum("bhm,bhmd->bhd", q32, kv_BHMD)
     if normalize:
         o_BHD = o_BHD / (jnp.einsum("bhm,bhm->bh", q32, k_sum_BHM)[..., None] + eps)

@@ -10,6 +10,7 @@ the logits of keys in another segment (`same_segment`).
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 from linear_attention.kernels._checks import check_rank
@@ -53,3 +54,32 @@ def segment_log_decay(segment_ids, log_decay, num_heads: int):
 def same_segment(q_segment_ids, k_segment_ids):
     """`[B, Tq, Tk]` bool: query i and key j are in the same segment (for softmax masks)."""
     return q_segment_ids[:, :, None] == k_segment_ids[:, None, :]
+
+
+def cumulative_log_decay(a, axis: int, restart: bool = False):
+    """Cumulative log decay that stays finite across resets (−inf entries of `a`).
+
+    Returns `(b, n)`: b = cumsum of a with −inf read as 0 (float32), n = cumsum of the resets
+    (int32). Then for s ≤ t, Σ_{s<u≤t} a_u is b_t − b_s if n_t = n_s and −inf otherwise, so
+    exp(B_t − B_s) = `masked_exp(n_t == n_s, b_t − b_s)` with no (−inf) − (−inf) = NaN.
+    With `restart`, b restarts from 0 at every reset (a segmented sum; the same differences):
+    under autodiff no gradient then reaches a log decay before a reset, not even as rounding.
+    """
+    reset = jnp.isneginf(a)
+    finite = jnp.where(reset, 0.0, a)
+    n = jnp.cumsum(reset.astype(jnp.int32), axis=axis)
+    if not restart:
+        return jnp.cumsum(finite, axis=axis), n
+
+    def combine(earlier, later):
+        keep_e, b_e = earlier
+        keep_l, b_l = later
+        return keep_e * keep_l, b_l + keep_l * b_e
+
+    keep = jnp.where(reset, 0.0, 1.0)
+    return jax.lax.associative_scan(combine, (keep, finite), axis=axis)[1], n
+
+
+def masked_exp(keep, x):
+    """exp(x) where `keep`, exactly 0 elsewhere: masked before exp (no overflow, no NaN grad)."""
+    return jnp.exp(jnp.where(keep, x, -jnp.inf))

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 
 
 class LinearAttentionState(NamedTuple):
-    """`kv: [B, H, M, Dv]` and `k_sum: [B, H, M]`, both float32. A pytree."""
+    """`kv: [B, H, M, Dv]` and `k_sum: [B, H, M]` (or None: not tracked), float32. A pytree."""
 
     kv: jax.Array
     k_sum: jax.Array
@@ -34,18 +34,32 @@ class LinearAttentionState(NamedTuple):
     @property
     def size_bytes(self) -> int:
         """Bytes held by the state, for all sequences in the batch."""
-        return int(
-            self.kv.size * self.kv.dtype.itemsize + self.k_sum.size * self.k_sum.dtype.itemsize
-        )
+        arrays = [x for x in (self.kv, self.k_sum) if x is not None]
+        return int(sum(x.size * x.dtype.itemsize for x in arrays))
 
 
-def check_state(state, batch: int, heads: int, m: int, dv: int, name: str = "initial_state"):
-    """Raise a ValueError unless `state` is a LinearAttentionState of the expected shapes."""
+def check_state(
+    state,
+    batch: int,
+    heads: int,
+    m: int,
+    dv: int,
+    name: str = "initial_state",
+    need_k_sum: bool = True,
+):
+    """Raise a ValueError unless `state` is a LinearAttentionState of the expected shapes.
+
+    `k_sum` may be None only when not `need_k_sum` (unnormalised attention)."""
     if not isinstance(state, LinearAttentionState):
         raise ValueError(f"{name} must be a LinearAttentionState, got {type(state).__name__}")
-    want_kv, want_sum = (batch, heads, m, dv), (batch, heads, m)
-    if tuple(state.kv.shape) != want_kv or tuple(state.k_sum.shape) != want_sum:
+    if state.k_sum is None and need_k_sum:
         raise ValueError(
-            f"{name} has kv {tuple(state.kv.shape)} and k_sum {tuple(state.k_sum.shape)}; "
+            f"{name}.k_sum is None, but normalize=True needs it (pass k_sum of shape [B, H, M])"
+        )
+    want_kv, want_sum = (batch, heads, m, dv), (batch, heads, m)
+    sum_shape = want_sum if state.k_sum is None else tuple(jnp.shape(state.k_sum))
+    if tuple(jnp.shape(state.kv)) != want_kv or sum_shape != want_sum:
+        raise ValueError(
+            f"{name} has kv {tuple(jnp.shape(state.kv))} and k_sum {sum_shape}; "
             f"expected kv {want_kv} [B, H, M, Dv] and k_sum {want_sum} [B, H, M]"
         )

@@ -4,27 +4,33 @@ import numpy as np
 
 
 def causal_linear_attention_loop(
-    q, k, v, log_decay=None, kv0=None, k_sum0=None, normalize=True, eps=1e-6
+    q, k, v, log_decay=None, kv0=None, k_sum0=None, normalize=True, eps=1e-6, segment_ids=None
 ):
-    """kv_t = exp(a_t) kv_{t-1} + k_t v_tᵀ; k_sum likewise; o_t = q_tᵀkv_t / (q_tᵀk_sum_t + eps).
+    """kv_t = diag(exp(a_t)) kv_{t-1} + k_t v_tᵀ; k_sum alike; o_t = q_tᵀkv_t / (q_tᵀk_sum_t + eps).
 
-    Returns (o [B,T,H,Dv], kv [B,H,M,Dv], k_sum [B,H,M]) in float64.
+    `log_decay`: None, `[H]`, `[B, T, H]` or `[B, T, H, M]` (per key dimension); −inf resets.
+    `segment_ids [B, T]`: the state is zeroed before every token whose id differs from the
+    previous one's. Returns (o [B,T,H,Dv], kv [B,H,M,Dv], k_sum [B,H,M]) in float64.
     """
     q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
     B, T, H, M = q.shape
     Dv = v.shape[-1]
-    a = (
-        np.zeros((B, T, H))
-        if log_decay is None
-        else np.broadcast_to(np.asarray(log_decay, np.float64), (B, T, H))
-    )
+    if log_decay is None:
+        a = np.zeros((B, T, H, 1))
+    elif np.ndim(log_decay) == 4:
+        a = np.broadcast_to(np.asarray(log_decay, np.float64), (B, T, H, M))
+    else:
+        a = np.broadcast_to(np.asarray(log_decay, np.float64), (B, T, H))[..., None]
     kv = np.zeros((B, H, M, Dv)) if kv0 is None else np.array(kv0, np.float64)
     k_sum = np.zeros((B, H, M)) if k_sum0 is None else np.array(k_sum0, np.float64)
     o = np.zeros((B, T, H, Dv))
     for t in range(T):
-        decay = np.exp(a[:, t])
-        kv = decay[..., None, None] * kv + k[:, t, :, :, None] * v[:, t, :, None, :]
-        k_sum = decay[..., None] * k_sum + k[:, t]
+        decay = np.exp(a[:, t])  # [B, H, 1 or M]
+        if segment_ids is not None and t > 0:
+            new_doc = np.asarray(segment_ids)[:, t] != np.asarray(segment_ids)[:, t - 1]
+            decay = np.where(new_doc[:, None, None], 0.0, decay)
+        kv = decay[..., None] * kv + k[:, t, :, :, None] * v[:, t, :, None, :]
+        k_sum = decay * k_sum + k[:, t]
         num = np.einsum("bhm,bhmd->bhd", q[:, t], kv)
         if normalize:
             num = num / (np.einsum("bhm,bhm->bh", q[:, t], k_sum)[..., None] + eps)

@@ -77,13 +77,13 @@ def worked_example(decay=None):
 @pytest.mark.parametrize("method", METHODS)
 def test_worked_example_causal(method):
     q, k, v, _ = worked_example()
-    o = K.causal_linear_attention(q, k, v, method=method, chunk_size=1, eps=0.0)
+    o = K.causal_linear_attention(q, k, v, method=method, chunk_size=1, eps=1e-12)
     np.testing.assert_allclose(o[0, 1, 0], [0.75, 0.5], rtol=1e-6)
     # At the first position only (k1, v1) is visible: o = v1.
     np.testing.assert_allclose(o[0, 0, 0], [1.0, 0.0], rtol=1e-6)
     # With decay 0.5: S = [[0.5, 0], [0, 2]], z = [0.5, 1]; o = [1.5, 2] / 2.5.
     q, k, v, log_decay = worked_example(decay=0.5)
-    o = K.causal_linear_attention(q, k, v, log_decay=log_decay, method=method, eps=0.0)
+    o = K.causal_linear_attention(q, k, v, log_decay=log_decay, method=method, eps=1e-12)
     np.testing.assert_allclose(o[0, 1, 0], [0.6, 0.8], rtol=1e-6)
 
 
@@ -92,7 +92,7 @@ def test_worked_example_gradient(method):
     # o_0 = q_0 / (q_0 + q_1) at the second position: do_0/dq = [q_1, -q_0] / (q_0 + q_1)^2.
     q, k, v, _ = worked_example()
     grad = jax.grad(
-        lambda q: K.causal_linear_attention(q, k, v, method=method, chunk_size=1, eps=0.0)[
+        lambda q: K.causal_linear_attention(q, k, v, method=method, chunk_size=1, eps=1e-12)[
             0, 1, 0, 0
         ]
     )(q)
@@ -102,7 +102,7 @@ def test_worked_example_gradient(method):
 
 def test_worked_example_noncausal():
     q, k, v, _ = worked_example()
-    o = K.linear_attention(q, k, v, eps=0.0)
+    o = K.linear_attention(q, k, v, eps=1e-12)
     np.testing.assert_allclose(o[0, 1, 0], [0.75, 0.5], rtol=1e-6)
     np.testing.assert_allclose(o[0, 0, 0], [0.5, 1.0], rtol=1e-6)  # [1, 2] / 2
 
