@@ -327,3 +327,65 @@ def test_lock_of_another_host_or_damaged_lock(tmp_path):
         with pytest.raises(RunError, match=f"process {os.getpid()} on this host"):
             WorkdirLock(workdir).acquire()  # the same lock taken twice in this process
     assert not os.path.exists(lock)
+
+
+def test_batch_size_not_divisible_by_the_devices_exits_2(tmp_path):
+    """Four forced CPU devices, a mesh of 3: the smoke batch of 8 does not split."""
+    code = "import sys; from linear_attention.training import cli; sys.exit(cli.main(sys.argv))"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            code,
+            "--config",
+            "configs/mqar.py:smoke",
+            "--workdir",
+            str(tmp_path / "run"),
+            "--config.mesh.num_devices=3",
+        ],
+        cwd=ROOT,
+        env={
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
+        },
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith(
+        "la-train: error: config.train.batch_size = 8 must be divisible by the number of "
+        "devices (3)"
+    )
+    assert "Traceback" not in proc.stderr
+    assert not os.path.exists(tmp_path / "run")  # refused before the workdir was made
+
+
+def test_a_batch_with_ids_outside_the_vocabulary_stops_the_run(tmp_path, monkeypatch):
+    real_build = trainer.build_data
+
+    def bad_build(cfg):
+        data = real_build(cfg)
+        real_batch = data.train_batch
+
+        def train_batch(step, batch_size):
+            batch = real_batch(step, batch_size)
+            if step == 2:
+                batch["inputs"] = batch["inputs"].copy()
+                batch["inputs"][1, 4] = cfg.model.vocab_size
+            return batch
+
+        data.train_batch = train_batch
+        return data
+
+    monkeypatch.setattr(trainer, "build_data", bad_build)
+    config = smoke()
+    with pytest.raises(RunError, match=r"inputs of the batch of step 3 must be token ids in \[0, "):
+        trainer.train(config, str(tmp_path / "run"), reporter=Log().reporter())
+    # Labels may be IGNORE_INDEX, nothing else outside the vocabulary.
+    batch = {"inputs": np.zeros((1, 3), np.int32), "labels": np.array([[-100, 5, 64]])}
+    with pytest.raises(RunError, match=r"labels of here .* got 64 at index \(0, 2\)"):
+        trainer.checked(batch, trainer.experiment_config(config).model, "here")
+    batch["labels"][0, 2] = 63
+    assert trainer.checked(batch, trainer.experiment_config(config).model, "here") is batch
