@@ -5,16 +5,21 @@ Example, with `from linear_attention import kernels as K` and `phi = K.feature_m
 """
 
 from linear_attention.kernels import feature_maps
+from linear_attention.kernels.delta import METHODS as DELTA_METHODS
+from linear_attention.kernels.delta import delta_rule, delta_rule_step
 from linear_attention.kernels.linear import METHODS, causal_linear_attention, linear_attention
 from linear_attention.kernels.recurrent import recurrent_step
 from linear_attention.kernels.softmax import blockwise_softmax_attention, softmax_attention
 from linear_attention.kernels.state import LinearAttentionState
 
 __all__ = [
+    "DELTA_METHODS",
     "METHODS",
     "LinearAttentionState",
     "blockwise_softmax_attention",
     "causal_linear_attention",
+    "delta_rule",
+    "delta_rule_step",
     "feature_maps",
     "linear_attention",
     "recurrent_step",

@@ -46,3 +46,27 @@ def linear_attention_noncausal(q, k, v, normalize=True, eps=1e-6):
     if normalize:
         o = o / (np.einsum("bhts->bth", w)[..., None] + eps)
     return o
+
+
+def delta_rule_loop(q, k, v, beta, log_decay=None, s0=None):
+    """S_t = exp(a_t)(I − β_t k_t k_tᵀ) S_{t−1} + β_t k_t v_tᵀ; o_t = S_tᵀ q_t, in float64.
+
+    `log_decay` broadcastable to [B,T,H] (−inf resets). Returns (o [B,T,H,Dv], S [B,H,K,Dv]).
+    """
+    q, k, v, beta = (np.asarray(x, np.float64) for x in (q, k, v, beta))
+    B, T, H, K = q.shape
+    a = (
+        np.zeros((B, T, H))
+        if log_decay is None
+        else np.broadcast_to(np.asarray(log_decay, np.float64), (B, T, H))
+    )
+    S = np.zeros((B, H, K, v.shape[-1])) if s0 is None else np.array(s0, np.float64)
+    o = np.zeros((B, T, H, v.shape[-1]))
+    eye = np.eye(K)
+    for t in range(T):
+        kt, bt = k[:, t], beta[:, t][..., None, None]
+        kk = kt[..., :, None] * kt[..., None, :]
+        transition = np.exp(a[:, t])[..., None, None] * (eye - bt * kk)
+        S = transition @ S + bt * kt[..., :, None] * v[:, t, :, None, :]
+        o[:, t] = np.einsum("bhk,bhkd->bhd", q[:, t], S)
+    return o, S
