@@ -14,6 +14,14 @@ the key sequence: query i sees key j iff `j ≤ i + (Tk − Tq)`. With `Tq = Tk`
 to the cached keys and to themselves). When `Tq > Tk` the first `Tq − Tk` queries see no key at
 all; such fully masked rows give a zero output (and zero gradients), never NaN.
 
+Packed rows. With `segment_ids: [B, T]` (then Tq = Tk = T) query i sees key j only if both have
+the same id (and, if causal, j ≤ i): each document attends only within itself.
+
+Non-finite values. A masked matmul would spread a NaN of a key the query cannot see (0·NaN =
+NaN), so values are zeroed where non-finite and the key of such a value is made NaN instead: its
+logit is NaN exactly where it is visible and −∞ (selected by `where`) where it is not. A bad key
+or value thus poisons only the queries that see it.
+
 Grouped (multi-query) heads are not supported: q, k and v must have the same number of heads.
 """
 
@@ -26,12 +34,20 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from linear_attention.kernels._checks import check_positive_int, check_rank, check_same
+from linear_attention.kernels._checks import (
+    check_float,
+    check_positive_int,
+    check_rank,
+    check_same,
+)
+from linear_attention.kernels.segments import check_segment_ids, same_segment
 
 __all__ = ["softmax_attention", "blockwise_softmax_attention"]
 
 
-def _check_inputs(q, k, v, scale) -> None:
+def _check_inputs(q, k, v, scale, segment_ids=None):
+    """Check shapes, dtypes and the scale; return the checked segment ids (or None)."""
+    check_float(("q", "k", "v"), (q, k, v))
     check_rank("q", q, 4, "[B, Tq, H, D]")
     check_rank("k", k, 4, "[B, Tk, H, D]")
     check_rank("v", v, 4, "[B, Tk, H, Dv]")
@@ -39,16 +55,30 @@ def _check_inputs(q, k, v, scale) -> None:
     check_same(("q", "k", "v"), (q, k, v), (2, 2, 2), "H (heads)")
     check_same(("q", "k"), (q, k), (3, 3), "D (query/key width)")
     check_same(("k", "v"), (k, v), (1, 1), "Tk (key length)")
+    if segment_ids is not None and q.shape[1] != k.shape[1]:
+        raise ValueError(
+            f"segment_ids needs Tq = Tk (one id per token), got q {tuple(q.shape)}, "
+            f"k {tuple(k.shape)}"
+        )
+    segment_ids = check_segment_ids(segment_ids, q.shape[0], q.shape[1])
     if scale is None:
-        return
+        return segment_ids
     if jnp.ndim(scale) != 0:
         raise ValueError(f"scale must be a scalar, got shape {tuple(jnp.shape(scale))}")
     try:
         value = float(scale)
     except jax.errors.ConcretizationTypeError:
-        return  # a traced scale cannot be checked here; its value is the caller's responsibility
+        return segment_ids  # a traced scale cannot be checked here: the caller's responsibility
     if not value > 0:
         raise ValueError(f"scale must be > 0, got {value!r}")
+    return segment_ids
+
+
+def _quarantine(k, v):
+    """Zero non-finite values and make their keys NaN (float32): see the module docstring."""
+    k, v = jnp.asarray(k, jnp.float32), jnp.asarray(v, jnp.float32)
+    bad_BTH1 = ~jnp.all(jnp.isfinite(v), axis=-1, keepdims=True)
+    return jnp.where(bad_BTH1, jnp.nan, k), jnp.where(jnp.isfinite(v), v, 0.0)
 
 
 def _scale(scale, d: int):
@@ -63,20 +93,26 @@ def _visible(q_pos, k_pos, tq: int, tk: int, causal: bool):
     return ok
 
 
-def softmax_attention(q, k, v, *, causal: bool = False, scale=None):
+def softmax_attention(q, k, v, *, causal: bool = False, scale=None, segment_ids=None):
     """Exact softmax attention, O(Tq·Tk) memory: the quadratic baseline.
 
     q `[B, Tq, H, D]`, k `[B, Tk, H, D]`, v `[B, Tk, H, Dv]` -> o `[B, Tq, H, Dv]` in
-    `result_type(q, k, v)`. `causal` aligns queries to the end of the keys (module docstring).
+    `result_type(q, k, v)`. `causal` aligns queries to the end of the keys; `segment_ids [B, T]`
+    restricts each token to its own document (module docstring).
     """
-    _check_inputs(q, k, v, scale)
+    segment_ids = _check_inputs(q, k, v, scale, segment_ids)
     out_dtype = jnp.result_type(q, k, v)
     tq, tk, d = q.shape[1], k.shape[1], q.shape[3]
     f32 = jnp.float32
-    logits_BHQK = jnp.einsum("bqhd,bkhd->bhqk", q.astype(f32), k.astype(f32)) * _scale(scale, d)
+    k32, v32 = _quarantine(k, v)
+    logits_BHQK = jnp.einsum("bqhd,bkhd->bhqk", jnp.asarray(q, f32), k32) * _scale(scale, d)
+    visible = jnp.ones((tq, tk), bool)
     if causal:
-        visible_QK = _visible(jnp.arange(tq), jnp.arange(tk), tq, tk, causal=True)
-        logits_BHQK = jnp.where(visible_QK, logits_BHQK, -jnp.inf)
+        visible = _visible(jnp.arange(tq), jnp.arange(tk), tq, tk, causal=True)
+    if segment_ids is not None:
+        visible = visible & same_segment(segment_ids, segment_ids)[:, None]
+    if causal or segment_ids is not None:
+        logits_BHQK = jnp.where(visible, logits_BHQK, -jnp.inf)
     # The shift cancels in the softmax, so it carries no gradient (as in jax.nn.softmax); a row
     # with no visible key has max −∞, replaced by 0 so that exp(−∞ − 0) = 0 rather than NaN.
     max_BHQ1 = jax.lax.stop_gradient(jnp.max(logits_BHQK, axis=-1, keepdims=True, initial=-jnp.inf))
@@ -84,16 +120,19 @@ def softmax_attention(q, k, v, *, causal: bool = False, scale=None):
     p_BHQK = jnp.exp(logits_BHQK - max_BHQ1)
     denom_BHQ1 = jnp.sum(p_BHQK, axis=-1, keepdims=True)
     p_BHQK = p_BHQK / jnp.where(denom_BHQ1 > 0, denom_BHQ1, 1.0)
-    o_BQHE = jnp.einsum("bhqk,bkhe->bqhe", p_BHQK, v.astype(f32))
+    o_BQHE = jnp.einsum("bhqk,bkhe->bqhe", p_BHQK, v32)
     return o_BQHE.astype(out_dtype)
 
 
-def blockwise_softmax_attention(q, k, v, *, causal: bool = False, scale=None, block_size=512):
+def blockwise_softmax_attention(
+    q, k, v, *, causal: bool = False, scale=None, block_size=512, segment_ids=None
+):
     """Exact softmax attention by an online softmax over blocks: O(T) memory.
 
-    Same arguments, numbers and dtype rules as `softmax_attention`. Queries and keys are cut into
-    blocks of `block_size` (zero-padded; padded keys are masked, padded query rows dropped). For
-    each query block a loop over key blocks keeps a running max m_i, running sum
+    Same arguments (`segment_ids` too), numbers and dtype rules as `softmax_attention`. Queries
+    and keys are cut into blocks of `block_size` (zero-padded; padded keys are masked, padded
+    query rows dropped). For each query block a loop over key blocks keeps a running max m_i,
+    running sum
     l_i = Σ_j exp(s_ij − m_i) and running numerator a_i = Σ_j exp(s_ij − m_i) v_j (all float32);
     a new block with max m'_i rescales them by exp(m_i − m'_i), and o_i = a_i / l_i at the end.
     With `causal=True` the key blocks wholly after a query block's last visible key are skipped,
@@ -103,17 +142,20 @@ def blockwise_softmax_attention(q, k, v, *, causal: bool = False, scale=None, bl
     log-sum-exp per query, and the backward recomputes each block's probabilities, so the
     gradient's memory is O(T) too. Reverse mode only (no `jax.jvp`).
     """
-    _check_inputs(q, k, v, scale)
-    check_positive_int("block_size", block_size)
+    segment_ids = _check_inputs(q, k, v, scale, segment_ids)
+    block_size = check_positive_int("block_size", block_size)
     out_dtype = jnp.result_type(q, k, v)
     tq, tk, d = q.shape[1], k.shape[1], q.shape[3]
+    if tq == 0 or tk == 0:  # no query, or no key to see: zero rows (as for fully masked rows)
+        return jnp.zeros((q.shape[0], tq, q.shape[2], v.shape[3]), out_dtype)
     f32 = jnp.float32
     # Folding the scale into q lets the custom VJP work at scale 1; autodiff of this product
     # carries the gradient to q (and to a traced scale).
-    q_scaled = q.astype(f32) * _scale(scale, d)
+    q_scaled = jnp.asarray(q, f32) * _scale(scale, d)
+    k32, v32 = _quarantine(k, v)
     # never pad a short sequence (e.g. one decoded token) up to a long block
-    q_block, k_block = min(block_size, max(tq, 1)), min(block_size, max(tk, 1))
-    o = _flash(q_scaled, k.astype(f32), v.astype(f32), bool(causal), q_block, k_block)
+    q_block, k_block = min(block_size, tq), min(block_size, tk)
+    o = _flash(q_scaled, k32, v32, segment_ids, bool(causal), q_block, k_block)
     return o.astype(out_dtype)
 
 
@@ -123,6 +165,15 @@ def _to_blocks(x_BTHD, block: int):
     n = -(-t // block)
     x_BTHD = jnp.pad(x_BTHD, ((0, 0), (0, n * block - t), (0, 0), (0, 0)))
     return x_BTHD.reshape(b, n, block, h, d).transpose(1, 0, 3, 2, 4)
+
+
+def _segment_blocks(ids_BT, block: int):
+    """[B, T] segment ids -> [N, B, block] (None stays None; padding is masked elsewhere)."""
+    if ids_BT is None:
+        return None
+    b, t = ids_BT.shape
+    n = -(-t // block)
+    return jnp.pad(ids_BT, ((0, 0), (0, n * block - t))).reshape(b, n, block).transpose(1, 0, 2)
 
 
 def _from_blocks(x_NBHCD, t: int):
@@ -162,20 +213,24 @@ class _Blocks(NamedTuple):
         first_row = j * self.k_block - (self.tk - self.tq)  # first row that sees key j·k_block
         return jnp.clip(first_row // self.q_block, 0, self.num_q)
 
-    def logits(self, q_BHQD, k_BHCD, i, j):
-        """Query block i against key block j, −∞ where masked: [B, H, q_block, k_block]."""
+    def logits(self, q_BHQD, k_BHCD, i, j, seg_q_BQ=None, seg_k_BC=None):
+        """Query block i against key block j, −∞ where masked: [B, H, q_block, k_block].
+
+        `seg_q_BQ`, `seg_k_BC`: the blocks' segment ids (None: one segment)."""
         logits_BHQC = jnp.einsum("bhqd,bhcd->bhqc", q_BHQD, k_BHCD)
         q_pos = i * self.q_block + jnp.arange(self.q_block)
         k_pos = j * self.k_block + jnp.arange(self.k_block)
-        return jnp.where(
-            _visible(q_pos, k_pos, self.tq, self.tk, self.causal), logits_BHQC, -jnp.inf
-        )
+        visible = _visible(q_pos, k_pos, self.tq, self.tk, self.causal)
+        if seg_q_BQ is not None:
+            visible = visible & (seg_q_BQ[:, None, :, None] == seg_k_BC[:, None, None, :])
+        return jnp.where(visible, logits_BHQC, -jnp.inf)
 
 
-def _flash_forward(q, k, v, grid: _Blocks):
+def _flash_forward(q, k, v, seg, grid: _Blocks):
     """Online softmax. Returns o [B, Tq, H, Dv] and lse [N_q, B, H, q_block] (float32)."""
     q_NBHQD = _to_blocks(q, grid.q_block)
     k_NBHCD, v_NBHCE = _to_blocks(k, grid.k_block), _to_blocks(v, grid.k_block)
+    seg_q, seg_k = _segment_blocks(seg, grid.q_block), _segment_blocks(seg, grid.k_block)
     b, h, dv = q.shape[0], q.shape[2], v.shape[3]
 
     def query_block(xs):
@@ -183,7 +238,7 @@ def _flash_forward(q, k, v, grid: _Blocks):
 
         def key_block(j, carry):
             max_BHQ, sum_BHQ, acc_BHQE = carry
-            logits_BHQC = grid.logits(q_BHQD, k_NBHCD[j], i, j)
+            logits_BHQC = grid.logits(q_BHQD, k_NBHCD[j], i, j, *_pair(seg_q, seg_k, i, j))
             new_max_BHQ = jnp.maximum(max_BHQ, jnp.max(logits_BHQC, axis=-1))
             # A row that has seen no visible key yet keeps max −∞; shifting by 0 instead keeps
             # exp(−∞ − shift) = 0 and avoids (−∞) − (−∞) = NaN.
@@ -210,16 +265,21 @@ def _flash_forward(q, k, v, grid: _Blocks):
     return _from_blocks(o_NBHQE, grid.tq), lse_NBHQ
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
-def _flash(q, k, v, causal: bool, q_block: int, k_block: int):
-    grid = _Blocks(q.shape[1], k.shape[1], q_block, k_block, causal)
-    return _flash_forward(q, k, v, grid)[0]
+def _pair(seg_q, seg_k, i, j):
+    """The segment ids of query block i and key block j (None, None without segments)."""
+    return (None, None) if seg_q is None else (seg_q[i], seg_k[j])
 
 
-def _flash_fwd(q, k, v, causal: bool, q_block: int, k_block: int):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def _flash(q, k, v, seg, causal: bool, q_block: int, k_block: int):
     grid = _Blocks(q.shape[1], k.shape[1], q_block, k_block, causal)
-    o, lse_NBHQ = _flash_forward(q, k, v, grid)
-    return o, (q, k, v, o, lse_NBHQ)
+    return _flash_forward(q, k, v, seg, grid)[0]
+
+
+def _flash_fwd(q, k, v, seg, causal: bool, q_block: int, k_block: int):
+    grid = _Blocks(q.shape[1], k.shape[1], q_block, k_block, causal)
+    o, lse_NBHQ = _flash_forward(q, k, v, seg, grid)
+    return o, (q, k, v, seg, o, lse_NBHQ)
 
 
 def _flash_bwd(causal: bool, q_block: int, k_block: int, residuals, do):
@@ -228,8 +288,9 @@ def _flash_bwd(causal: bool, q_block: int, k_block: int, residuals, do):
     The outer scan runs over key blocks (each produces its dk, dv), the inner loop over the query
     blocks that can see it, adding ds·k into the carried dq.
     """
-    q, k, v, o, lse_NBHQ = residuals
+    q, k, v, seg, o, lse_NBHQ = residuals
     grid = _Blocks(q.shape[1], k.shape[1], q_block, k_block, causal)
+    seg_q, seg_k = _segment_blocks(seg, q_block), _segment_blocks(seg, k_block)
     do = do.astype(jnp.float32)
     # Σ_j p_ij (do_i·v_j) = do_i·o_i: the softmax Jacobian's correction term, one per row.
     delta_NBHQ = _to_blocks(jnp.sum(do * o, axis=-1, keepdims=True), q_block)[..., 0]
@@ -242,7 +303,8 @@ def _flash_bwd(causal: bool, q_block: int, k_block: int, residuals, do):
         def query_block(i, carry):
             dq_NBHQD, dk_BHCD, dv_BHCE = carry
             q_BHQD, do_BHQE = q_NBHQD[i], do_NBHQE[i]
-            p_BHQC = jnp.exp(grid.logits(q_BHQD, k_BHCD, i, j) - lse_NBHQ[i][..., None])
+            logits_BHQC = grid.logits(q_BHQD, k_BHCD, i, j, *_pair(seg_q, seg_k, i, j))
+            p_BHQC = jnp.exp(logits_BHQC - lse_NBHQ[i][..., None])
             dv_BHCE = dv_BHCE + jnp.einsum("bhqc,bhqe->bhce", p_BHQC, do_BHQE)
             dp_BHQC = jnp.einsum("bhqe,bhce->bhqc", do_BHQE, v_BHCE)
             ds_BHQC = p_BHQC * (dp_BHQC - delta_NBHQ[i][..., None])
@@ -263,6 +325,7 @@ def _flash_bwd(causal: bool, q_block: int, k_block: int, residuals, do):
         _from_blocks(dq_NBHQD, grid.tq),
         _from_blocks(dk_NBHCD, grid.tk),
         _from_blocks(dv_NBHCE, grid.tk),
+        None,  # segment ids: integers, no cotangent
     )
 
 

@@ -181,3 +181,46 @@ def test_traced_scale_matches_static_and_gets_a_gradient():
     loss = [np.sum(np_attention(q, k, v, True, 0.3 + e)[0] ** 2) for e in (h, -h)]
     np.testing.assert_allclose(grads, (loss[0] - loss[1]) / (2 * h), rtol=1e-4)
     assert abs(float(grads[0])) > 1e-3
+
+
+# ---- packed rows ----
+
+SEG = np.array([[0] * 4 + [1] * 7, [3] * 2 + [5] * 5 + [6] * 4])
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("blockwise", [False, True])
+def test_segments_equal_each_document_alone(causal, blockwise):
+    rng = np.random.default_rng(11)
+    q, k, v = (jnp.asarray(rng.normal(size=(2, 11, 2, 4)), jnp.float32) for _ in range(3))
+    if blockwise:  # blocks of 3 straddle the document boundaries
+        f = functools.partial(blockwise_softmax_attention, block_size=3)
+    else:
+        f = softmax_attention
+    o = f(q, k, v, causal=causal, segment_ids=jnp.asarray(SEG))
+    want = np.zeros(o.shape)
+    for b in range(2):
+        for doc in np.unique(SEG[b]):
+            m = SEG[b] == doc
+            want[b, m] = np_attention(q[b : b + 1, m], k[b : b + 1, m], v[b : b + 1, m], causal)[0][
+                0
+            ]
+    np.testing.assert_allclose(o, want, atol=2e-6)
+    # no gradient crosses a boundary: the second document of row 0 ignores the first
+    g = jax.grad(
+        lambda k, v: jnp.sum(f(q, k, v, causal=causal, segment_ids=jnp.asarray(SEG))[0, 4:] ** 2),
+        argnums=(0, 1),
+    )(k, v)
+    for x in g:
+        assert np.all(np.asarray(x)[0, :4] == 0.0) and np.any(np.asarray(x)[0, 4:] != 0.0)
+
+
+def test_bad_segment_ids():
+    q = jnp.zeros((2, 11, 2, 4))
+    for f in (softmax_attention, blockwise_softmax_attention):
+        with pytest.raises(ValueError, match="segment_ids"):
+            f(q, q, q, segment_ids=jnp.zeros((2, 10), jnp.int32))
+        with pytest.raises(ValueError, match="integers"):
+            f(q, q, q, segment_ids=jnp.zeros((2, 11)))
+        with pytest.raises(ValueError, match="Tq = Tk"):
+            f(q[:, :3], q, q, segment_ids=jnp.zeros((2, 11), jnp.int32))
