@@ -241,6 +241,22 @@ def _check_resume_config(path: str, current: dict) -> None:
         )
 
 
+def _read_summary(path: str, reporter: Reporter) -> dict | None:
+    """A finished run's summary, or None if there is none or it is damaged (then it is
+    rewritten by a final evaluation)."""
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path) as f:
+            summary = json.load(f)
+        if isinstance(summary, dict):
+            return summary
+    except (OSError, ValueError):
+        pass
+    reporter.message(f"{path} is damaged: evaluating the final checkpoint again to rewrite it")
+    return None
+
+
 def _param_count(abstract_model) -> int:
     return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(abstract_model, nnx.Param)))
 
@@ -308,14 +324,11 @@ def train(config, workdir: str, *, reporter: Reporter | None = None) -> dict:
                 f"{latest} to continue it, or use another workdir)"
             )
         summary_path = os.path.join(workdir, "summary.json")
-        if (
-            latest == tc.num_steps
-            and os.path.exists(summary_path)
-            and checkpoints.verify(latest) is None
-        ):
+        summary = None
+        if latest == tc.num_steps and checkpoints.verify(latest) is None:
+            summary = _read_summary(summary_path, reporter)
+        if summary is not None:
             # Nothing to train: the finished run's summary (and its timings) stay as they are.
-            with open(summary_path) as f:
-                summary = json.load(f)
             reporter.message(
                 f"{workdir} is already trained to step {latest} (config.train.num_steps = "
                 f"{tc.num_steps}): nothing to do; its summary.json is kept"

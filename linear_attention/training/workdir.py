@@ -115,7 +115,8 @@ class WorkdirLock:
                 raise RunError(
                     f"workdir {os.path.dirname(self.path)!r} is in use by another run "
                     f"(process {pid} on this host, since {owner.get('started', '?')}); wait for "
-                    "it to finish or use another workdir"
+                    f"it to finish or use another workdir (if process {pid} is no training run, "
+                    f"delete {self.path})"
                 )
             else:
                 self.message(

@@ -178,6 +178,17 @@ def test_damaged_config_json_is_named(finished_run, tmp_path):
         trainer.train(smoke(), workdir, reporter=Log().reporter())
 
 
+def test_damaged_summary_of_a_finished_run_is_rewritten(finished_run, tmp_path):
+    workdir = _copy(finished_run, tmp_path)
+    path = os.path.join(workdir, "summary.json")
+    open(path, "w").close()
+    log = Log()
+    summary = trainer.train(smoke(), workdir, reporter=log.reporter())
+    assert f"{path} is damaged: evaluating the final checkpoint again" in log.text
+    assert summary["steps_this_run"] == 0
+    assert json.load(open(path))["eval/loss"] == finished_run[1]["eval/loss"]
+
+
 def _la_train(workdir, *overrides):
     return cli.main(
         ["la-train", "--config", "configs/mqar.py:smoke", "--workdir", str(workdir), *overrides]
