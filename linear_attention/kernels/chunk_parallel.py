@@ -20,8 +20,10 @@ batched over chunks:
      batched matmuls.
 
 Resets. A log decay of −inf (a gate of exactly 0: a document boundary) must cut the sum, and
-b_t − b_s would be −inf − (−inf) = NaN. So the cumulative sum is taken over the finite part only
-and the −inf tokens are counted: r_t = #{−inf at or before t in the chunk}. A weight
+b_t − b_s would be −inf − (−inf) = NaN. So the cumulative sum is taken over the finite part only,
+restarting at every reset (so no gradient reaches a decay before one, not even as rounding), and
+the −inf tokens are counted: r_t = #{−inf at or before t in the chunk}
+(`segments.cumulative_log_decay`). A weight
 exp(b_t − b_s) is kept only where r_t = r_s (no reset in (s, t]), masked to −inf before `exp`;
 never split into exp(b_t)·exp(−b_s), which overflows for strong decays (−30 per token).
 
@@ -38,6 +40,8 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+
+from linear_attention.kernels.segments import cumulative_log_decay, masked_exp
 
 
 def causal_chunk_parallel(q_BTHM, k_BTHM, v_BTHD, a_BTH, s0_BHMD, *, chunk_size: int):
@@ -64,11 +68,12 @@ def causal_chunk_parallel(q_BTHM, k_BTHM, v_BTHD, a_BTH, s0_BHMD, *, chunk_size:
         scan_BHNMD = jnp.cumsum(u_BHNMD, axis=2)
         ends_BHNMD = s0_BHMD[:, :, None] + scan_BHNMD
     else:
-        b, r = _cumulative(chunks(a_BTH if a_BTH.ndim == 4 else a_BTH[..., None]))  # K: 1 or M
+        a_BHNCK = chunks(a_BTH if a_BTH.ndim == 4 else a_BTH[..., None])  # K: 1 or M
+        b, r = cumulative_log_decay(a_BHNCK, axis=-2, restart=True)
         b_end, r_end = b[..., -1:, :], r[..., -1:, :]
         # exp(b_t), the entering state's weight on q_t; exp(g − b_s), k_s's weight in U.
-        start_BHNCK = _masked_exp(r == 0, b)
-        end_BHNCK = _masked_exp(r == r_end, b_end - b)
+        start_BHNCK = masked_exp(r == 0, b)
+        end_BHNCK = masked_exp(r == r_end, b_end - b)
         g_BHNK = jnp.where(r_end == 0, b_end, -jnp.inf)[..., 0, :]
 
         # ---- 2. chunk summaries: U = Σ_s exp(g − b_s) k_s v_sᵀ ----
@@ -90,18 +95,6 @@ def causal_chunk_parallel(q_BTHM, k_BTHM, v_BTHD, a_BTH, s0_BHMD, *, chunk_size:
     return o_BTHD, ends_BHNMD[:, :, -1]
 
 
-def _cumulative(a_BHNCK):
-    """Within each chunk: cumulative finite log decay b, and the count r of −inf (resets)."""
-    reset = jnp.isneginf(a_BHNCK)
-    b = jnp.cumsum(jnp.where(reset, 0.0, a_BHNCK), axis=-2)
-    return b, jnp.cumsum(reset.astype(jnp.int32), axis=-2)
-
-
-def _masked_exp(keep, x):
-    """exp(x) where `keep`, 0 elsewhere, masked before `exp`."""
-    return jnp.exp(jnp.where(keep, x, -jnp.inf))
-
-
 def _outputs(q, k, v, b, r, start_BHNCK, entering_BHNMD):
     """o_t = Σ_{s ≤ t} exp(b_t − b_s)(q_t·k_s) v_s + (exp(b_t) ⊙ q_t)ᵀ S_entering, every chunk."""
     C = q.shape[-2]
@@ -111,7 +104,7 @@ def _outputs(q, k, v, b, r, start_BHNCK, entering_BHNMD):
     else:
         # exp(b_t − b_s) where s ≤ t and no reset in (s, t]: [B, H, N, C(t), C(s), K].
         keep = causal_CC[:, :, None] & (r[..., :, None, :] == r[..., None, :, :])
-        decay_BHNCCK = _masked_exp(keep, b[..., :, None, :] - b[..., None, :, :])
+        decay_BHNCCK = masked_exp(keep, b[..., :, None, :] - b[..., None, :, :])
         if decay_BHNCCK.shape[-1] == 1:  # one decay per head: it scales the C×C scores
             scores_BHNCC = jnp.einsum("bhncm,bhnsm->bhncs", q, k) * decay_BHNCCK[..., 0]
         else:  # one decay per key dimension: it weights each term of q_t·k_s
