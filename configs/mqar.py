@@ -135,6 +135,7 @@ def _model_config(vocab_size):
     model.method = "chunk"
     model.chunk_size = 64
     model.eps = 1e-6
+    model.allow_neg_eigval = False  # deltanet / gated_deltanet: β = 2·sigmoid in (0, 2)
     model.norm_eps = 1e-6
     model.redraw_interval = 0  # favor layers: redraw the random features every this many steps
     model.dtype = "float32"

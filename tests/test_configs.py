@@ -74,6 +74,15 @@ def test_overrides_apply_and_tie_fields():
     assert cfg.train.num_steps == 500
     hybrid, _ = parse_args(_args("--config.model.mixer=gated,softmax", config="configs/lm.py:cpu"))
     assert experiment_config(hybrid).model.mixer == ("gated", "softmax")
+    delta, _ = parse_args(
+        _args(
+            "--config.model.mixer=gated_deltanet,softmax",
+            "--config.model.allow_neg_eigval=True",
+            config="configs/mqar.py:cpu",
+        )
+    )
+    model = experiment_config(delta).model
+    assert model.mixer == ("gated_deltanet", "softmax") and model.allow_neg_eigval is True
 
 
 @pytest.mark.parametrize(

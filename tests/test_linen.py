@@ -21,6 +21,8 @@ OPTIONS = {
     "hedgehog": dict(),
     "retnet": dict(conv=True),
     "gated": dict(),
+    "deltanet": dict(),
+    "gated_deltanet": dict(allow_neg_eigval=True, chunk_size=4),
 }
 
 

@@ -3,6 +3,7 @@
 from linear_attention.layers.base import AttentionInputs, Mixer, MixerState
 from linear_attention.layers.block import Block
 from linear_attention.layers.conv import ShortConv
+from linear_attention.layers.delta import DeltaNetMixer, GatedDeltaNetMixer
 from linear_attention.layers.feature_maps import (
     FIXED_FEATURE_MAPS,
     FavorFeatures,
@@ -48,4 +49,6 @@ __all__ = [
     "HedgehogMixer",
     "RetNetMixer",
     "GatedMixer",
+    "DeltaNetMixer",
+    "GatedDeltaNetMixer",
 ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from linear_attention.layers.base import Mixer
+from linear_attention.layers.delta import DeltaNetMixer, GatedDeltaNetMixer
 from linear_attention.layers.linear import (
     FavorMixer,
     GatedMixer,
@@ -23,6 +24,8 @@ MIXERS: dict[str, type[Mixer]] = {
         HedgehogMixer,
         RetNetMixer,
         GatedMixer,
+        DeltaNetMixer,
+        GatedDeltaNetMixer,
     )
 }
 

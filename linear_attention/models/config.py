@@ -34,10 +34,10 @@ def _dtype_name(field: str, value) -> str:
 # stored as the Python type, so the config stays hashable and JSON-able.
 _INTS = ("vocab_size", "d_model", "num_layers", "num_heads", "max_length", "chunk_size")
 _INTS += ("redraw_interval", "head_dim", "feature_dim")  # (the last two may be None)
-_BOOLS = ("mlp", "tie_embeddings", "out_norm", "out_gate")  # (the last two may be None)
+_BOOLS = ("mlp", "tie_embeddings", "allow_neg_eigval", "out_norm", "out_gate")  # (last 2: None)
 _NUMBERS = ("mlp_ratio", "rope_base", "eps", "norm_eps")
 _STRINGS = ("position", "method", "feature_map")  # (feature_map may be None)
-_OPTIONAL = ("head_dim", "feature_dim", "out_norm", "out_gate", "feature_map")
+_OPTIONAL = ("head_dim", "feature_dim", "out_norm", "out_gate", "feature_map", "conv")
 
 
 def _strict(field: str, value):
@@ -82,12 +82,16 @@ class ModelConfig:
         gated, softmax, gated, softmax).
       feature_map: fixed φ for `linear` / `retnet` / `gated` layers (None: each mixer's default).
       feature_dim: width for `favor` (random features), `taylor` (projected q/k), `hedgehog`.
-      conv: short causal conv on q/k/v: False, True (kernel 4) or a kernel size.
+      conv: short causal conv on q/k/v: False, True (kernel 4) or a kernel size; None: each
+        mixer's default (on for `deltanet` / `gated_deltanet`, off for the others).
       out_norm, out_gate: per-head output RMSNorm / swish gate (None: each mixer's default).
       mlp, mlp_ratio: SwiGLU MLP in every block (Zoology's MQAR models use none).
       position: "none", "learned" (absolute embeddings, needs max_length) or "rope" (all mixers).
       max_length: the longest sequence (learned positions; the softmax KV cache in decoding).
-      method, chunk_size, eps: passed to the linear-attention kernel.
+      method, chunk_size, eps: passed to the linear-attention kernel (method and chunk_size to
+        the delta rule's for `deltanet` / `gated_deltanet`, which take "chunk" or "scan").
+      allow_neg_eigval: `deltanet` / `gated_deltanet` with β = 2·sigmoid in (0, 2) (negative
+        eigenvalues of the state transition).
       redraw_interval: training redraws `favor` projections every this many steps (0: never).
       dtype, param_dtype: compute and parameter dtypes (names).
       tie_embeddings: output head shares the token embedding.
@@ -106,7 +110,7 @@ class ModelConfig:
     mixer: str | tuple[str, ...] = "linear"
     feature_map: str | None = None
     feature_dim: int | None = None
-    conv: bool | int = False
+    conv: bool | int | None = None
     out_norm: bool | None = None
     out_gate: bool | None = None
     mlp: bool = True
@@ -117,6 +121,7 @@ class ModelConfig:
     method: str = "chunk"
     chunk_size: int = 64
     eps: float = 1e-6
+    allow_neg_eigval: bool = False
     norm_eps: float = 1e-6
     redraw_interval: int = 0
     dtype: str = "float32"
@@ -162,6 +167,11 @@ class ModelConfig:
                     f"{field}={getattr(self, field)!r} is not used by any layer "
                     f"(mixers: {', '.join(sorted(set(self.layer_mixers)))})"
                 )
+        if self.allow_neg_eigval and "allow_neg_eigval" not in used:
+            raise ValueError(
+                "allow_neg_eigval=True is not used by any layer "
+                f"(mixers: {', '.join(sorted(set(self.layer_mixers)))})"
+            )
         if self.redraw_interval and "favor" not in self.layer_mixers:
             raise ValueError(
                 f"redraw_interval={self.redraw_interval} needs a favor layer "
@@ -188,7 +198,14 @@ class ModelConfig:
             rope=self.position == "rope",
             rope_base=float(self.rope_base),
         )
-        for field in ("feature_map", "feature_dim", "method", "chunk_size", "eps"):
+        for field in (
+            "feature_map",
+            "feature_dim",
+            "method",
+            "chunk_size",
+            "eps",
+            "allow_neg_eigval",
+        ):
             if field in cls.USES:
                 options[field] = getattr(self, field)
         return options

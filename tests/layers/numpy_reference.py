@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 from flax import nnx
 
+from tests.kernels.reference import delta_rule_loop
+
 
 def params64(module) -> dict:
     """All variables of `module` as nested dicts of float64 NumPy arrays."""
@@ -71,6 +73,8 @@ def mixer_reference(name: str, mixer, x_BTD: np.ndarray, eps: float = 1e-6) -> n
     v = qkv[..., 2 * h * dk :].reshape(b, t, h, dv)
     if mixer.rope:
         q, k = rotate(q, np.arange(t)), rotate(k, np.arange(t))
+    if name in ("deltanet", "gated_deltanet"):
+        return output_reference(mixer, x, _delta_reference(name, mixer, p, x, q, k, v))
     s_BHTS = np.einsum("bthd,bshd->bhts", q, k)
     causal = np.tril(np.ones((t, t), bool))
     log_decay_BTH = np.zeros((b, t, h))
@@ -124,6 +128,23 @@ def mixer_reference(name: str, mixer, x_BTD: np.ndarray, eps: float = 1e-6) -> n
     if normalize:
         o = o / (weights.sum(-1).transpose(0, 2, 1)[..., None] + eps)
     return output_reference(mixer, x, o)
+
+
+def _delta_reference(name, mixer, p, x, q, k, v):
+    """silu (here unless the conv did it), L2-normalised q·dk^-½ and k, β = sigmoid(x W_β)
+    (×2 with allow_neg_eigval), the gated decay for gated_deltanet; the delta-rule loop."""
+    if "conv" not in p:
+        q, k, v = silu(q), silu(k), silu(v)
+    l2 = lambda z: z / np.sqrt(np.sum(z * z, -1, keepdims=True) + 1e-6)  # noqa: E731
+    q, k = l2(q) / np.sqrt(q.shape[-1]), l2(k)
+    beta = 1.0 / (1.0 + np.exp(-(x @ p["beta_proj"]["kernel"])))
+    if mixer.allow_neg_eigval:
+        beta = 2.0 * beta
+    log_decay = None
+    if name == "gated_deltanet":
+        z = x @ p["decay_proj"]["kernel"] + p["dt_bias"]
+        log_decay = -softplus(z) * np.exp(p["a_log"])
+    return delta_rule_loop(q, k, v, beta, log_decay)[0]
 
 
 def output_reference(mixer, x_BTD, o_BTHD) -> np.ndarray:

@@ -27,12 +27,20 @@ CASES = {
     "hedgehog": dict(conv=True, method="quadratic"),
     "retnet": dict(conv=True, rope=True),
     "gated": dict(conv=True),
+    "deltanet": dict(chunk_size=5),  # conv, norm and gate on by default
+    "deltanet_scan": dict(method="scan", conv=False, allow_neg_eigval=True),
+    "gated_deltanet": dict(chunk_size=4, allow_neg_eigval=True, rope=True),
 }
+DELTA = ("deltanet", "gated_deltanet")
+
+
+def mixer_name(case: str) -> str:
+    """The registry name of a case: itself, or the part before its last `_` (a variant)."""
+    return case if case in MIXERS else case.rsplit("_", 1)[0]
 
 
 def make(case: str, seed: int = 0, **extra):
-    name = case.split("_")[0]
-    return get_mixer(name)(D, H, **CASES[case], **extra, rngs=nnx.Rngs(seed))
+    return get_mixer(mixer_name(case))(D, H, **CASES[case], **extra, rngs=nnx.Rngs(seed))
 
 
 def inputs(seed: int = 1, dtype=jnp.float32):
@@ -73,7 +81,7 @@ def test_paths_agree_and_match_numpy_reference(case):
     for other in (prefilled, stepped, mixed):
         np.testing.assert_allclose(other, full, rtol=1e-4, atol=1e-4)
     reference = (
-        mixer_reference(case.split("_")[0], mixer, np.asarray(x))
+        mixer_reference(mixer_name(case), mixer, np.asarray(x))
         if case != ("linear_taylor2")
         else None
     )
@@ -93,7 +101,7 @@ def test_linear_taylor2_matches_taylor_mixer_reference():
 
 def test_states_have_fixed_size_and_float32():
     x = inputs()
-    for name in ("linear", "gated"):
+    for name in ("linear", "gated", "gated_deltanet"):
         mixer = make(name)
         empty = mixer.init_state(B, 100)
         _, state = prefill(mixer, x, empty)
@@ -119,7 +127,7 @@ def test_softmax_cache_overflow_gives_nan_not_wrong_numbers():
         mixer.prefill(x[:, :5], mixer.init_state(B, 4))
 
 
-@pytest.mark.parametrize("name", ["gated", "softmax"])
+@pytest.mark.parametrize("name", ["gated", "softmax", "gated_deltanet"])
 def test_bfloat16_compute(name):
     mixer32 = make(name)
     mixer16 = make(name, dtype=jnp.bfloat16)
@@ -194,6 +202,10 @@ BAD_OPTIONS = [
     (dict(rope=True, head_dim=7), "even q/k head dimension"),
     (dict(name="taylor", rope=True, feature_dim=3), "even q/k head dimension"),
     (dict(rope_base=0.0), "rope_base"),
+    (dict(name="deltanet", method="quadratic"), "unknown method 'quadratic' for mixer 'deltanet'"),
+    (dict(name="gated_deltanet", eps=1e-3), "does not use option eps"),
+    (dict(name="deltanet", allow_neg_eigval=1), "allow_neg_eigval must be a bool"),
+    (dict(name="gated_deltanet", chunk_size=0), "chunk_size"),
 ]
 
 
@@ -218,7 +230,10 @@ def test_bad_inputs_raise():
 
 
 def test_registry_lists_every_family():
-    assert set(MIXERS) == {"softmax", "linear", "favor", "taylor", "hedgehog", "retnet", "gated"}
+    assert set(MIXERS) == {
+        *("softmax", "linear", "favor", "taylor", "hedgehog", "retnet", "gated"),
+        *DELTA,
+    }
     assert all(cls.NAME == name for name, cls in MIXERS.items())
 
 
@@ -252,8 +267,12 @@ def _attend64(inputs, *, softmax: bool, normalize: bool, eps: float) -> np.ndarr
 def test_attention_inputs_reproduce_the_mixer(case):
     """q, k, v and the decay from `attention_inputs`, mixed by the formula of `AttentionInputs`
     and passed through the output layers, give the float64 reference output of the mixer."""
-    name = case.split("_")[0]
+    name = mixer_name(case)
     mixer, x = make(case), inputs()
+    if name in DELTA:  # not a weighted sum of values over (q·k): no AttentionInputs
+        with pytest.raises(ValueError, match="has no attention_inputs"):
+            mixer.attention_inputs(x)
+        return
     a = mixer.attention_inputs(x)
     m = a.q.shape[-1]
     assert a.q.shape == a.k.shape == (B, T, H, m) and a.v.shape == (B, T, H, mixer.head_dim)
@@ -267,3 +286,20 @@ def test_attention_inputs_reproduce_the_mixer(case):
     # linear + taylor2 is the taylor formula on unprojected heads (rope on as well)
     ref = mixer_reference("taylor" if case == "linear_taylor2" else name, mixer, x)
     np.testing.assert_allclose(output_reference(mixer, x, o), ref, rtol=2e-4, atol=2e-5)
+
+
+@pytest.mark.parametrize("name", DELTA)
+def test_delta_mixer_defaults_and_state(name):
+    mixer = get_mixer(name)(D, H, rngs=nnx.Rngs(0))
+    assert mixer.conv is not None and mixer.conv.kernel_size == 4  # on by default
+    assert mixer.out_norm is not None and mixer.gate_proj is not None
+    assert mixer.method == "chunk" and not mixer.allow_neg_eigval
+    assert get_mixer(name)(D, H, conv=False, rngs=nnx.Rngs(0)).conv is None
+    core = mixer.init_state(B, 10).core
+    assert core.k_sum is None and core.kv.shape == (B, H, D // H, D // H)
+    assert (name == "gated_deltanet") == hasattr(mixer, "decay_proj")
+    # β = sigmoid, or 2·sigmoid with allow_neg_eigval: the same projection, doubled
+    neg = get_mixer(name)(D, H, allow_neg_eigval=True, rngs=nnx.Rngs(0))
+    x = inputs()
+    np.testing.assert_allclose(neg._beta(x), 2.0 * mixer._beta(x), rtol=1e-6)
+    assert float(jnp.max(neg._beta(x))) > 1.0

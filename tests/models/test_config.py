@@ -36,6 +36,10 @@ def test_mixer_options_only_pass_what_a_mixer_uses():
     assert config.mixer_options("favor")["method"] == "scan"
     assert "feature_dim" not in config.mixer_options("softmax")
     assert "method" not in config.mixer_options("softmax")
+    delta = ModelConfig(**BASE, mixer=("gated_deltanet", "gated"), allow_neg_eigval=True)
+    assert delta.mixer_options("gated_deltanet")["allow_neg_eigval"] is True
+    assert "allow_neg_eigval" not in delta.mixer_options("gated")
+    assert delta.conv is None  # each mixer's default: on for the delta rule, off for gated
 
 
 BAD = [
@@ -64,6 +68,9 @@ BAD = [
     (dict(eps=0.0), "eps"),
     (dict(position="rope", head_dim=7), "even q/k head dimension"),
     (dict(out_gate="no"), "out_gate"),
+    (dict(mixer="linear", allow_neg_eigval=True), "allow_neg_eigval=True is not used by any"),
+    (dict(mixer="deltanet", allow_neg_eigval="yes"), "allow_neg_eigval must be a bool"),
+    (dict(mixer="deltanet", method="associative_scan"), "unknown method 'associative_scan'"),
 ]
 
 

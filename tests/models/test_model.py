@@ -14,6 +14,7 @@ from linear_attention.models import LanguageModel, ModelConfig, ModelState, redr
 
 V, B, T, SPLIT = 32, 2, 12, 5
 ALL_MIXERS = ("linear", "favor", "taylor", "hedgehog", "retnet", "gated", "softmax")
+ALL_MIXERS += ("deltanet", "gated_deltanet")
 
 
 def make(seed: int = 0, **fields):
@@ -51,11 +52,13 @@ CASES = {
     "learned": dict(
         mixer=("favor", "taylor"), position="learned", tie_embeddings=False, mlp=False, chunk_size=4
     ),
+    # the delta rule in a hybrid (its conv on by default), several chunks
+    "hybrid_delta": dict(mixer=("gated_deltanet", "softmax"), chunk_size=4, allow_neg_eigval=True),
 }
 # every mixer once (each path is checked per mixer in tests/layers)
 ALL = dict(
     mixer=ALL_MIXERS,
-    num_layers=7,
+    num_layers=len(ALL_MIXERS),
     position="learned",
     tie_embeddings=False,
     mlp=False,
