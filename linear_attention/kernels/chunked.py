@@ -376,7 +376,7 @@ def _chunked_bwd(GC, normalize, eps, residuals, cotangents):
             db_all = _put(db_all, n, db if vector else jnp.sum(db, -1, keepdims=True))
         return ((g_BHMD, gz_BHM), (*grads, db_all)), None
 
-    db0 = None if a is None else jnp.zeros(a.shape, jnp.float32)
+    db0 = None if a is None else jnp.zeros_like(a)  # zeros_like: typed like a in shard_map
     zeros = (jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v), db0)
     ((dkv0_BHMD, dz0_BHM), (dq, dk, dv, db)), _ = jax.lax.scan(
         step, ((dkv_BHMD, dz_BHM), zeros), jnp.arange(q.shape[1]), reverse=True

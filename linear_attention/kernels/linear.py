@@ -40,6 +40,7 @@ from linear_attention.kernels.chunked import causal_chunked
 from linear_attention.kernels.quadratic import causal_quadratic
 from linear_attention.kernels.recurrent import causal_scan
 from linear_attention.kernels.segments import check_segment_ids, segment_log_decay
+from linear_attention.kernels.sequence_parallel import linear_sequence_parallel
 from linear_attention.kernels.state import LinearAttentionState, check_state
 
 METHODS = ("chunk", "scan", "associative_scan", "quadratic", "chunk_parallel")
@@ -89,6 +90,7 @@ def causal_linear_attention(
     initial_state: LinearAttentionState | None = None,
     return_state: bool = False,
     segment_ids=None,
+    axis_name: str | None = None,
 ):
     """Causal linear attention, optionally decayed, from an optional initial state.
 
@@ -116,6 +118,9 @@ def causal_linear_attention(
       segment_ids: `[B, T]` integers, None for one document per row. The state is zeroed before
         every token whose id differs from the previous token's (the initial state flows into
         the first document only): a token attends only to earlier tokens of its document.
+      axis_name: inside `jax.shard_map` with time split over this mesh axis, compute the
+        unsplit result (outputs, gradients, and the global final state on every shard) by
+        sequence parallelism (`sequence_parallel.py`). None: no split.
     Returns:
       `o: [B, T, H, Dv]` in `result_type(q, k, v)`, and with `return_state` the final
       `LinearAttentionState` (float32).
@@ -142,6 +147,21 @@ def causal_linear_attention(
     else:
         kv0_BHMD = jnp.asarray(initial_state.kv, jnp.float32)
         z0_BHM = jnp.asarray(initial_state.k_sum, jnp.float32) if with_sum else None
+    if axis_name is not None:  # time split: the unsplit kernel per shard, then a combine
+        local = functools.partial(
+            causal_linear_attention, normalize=False, method=method, chunk_size=chunk_size
+        )
+        o_BTHD, kv_BHMD, z_BHM = linear_sequence_parallel(
+            local,
+            (q32, k32, v32, a_BTH),
+            (kv0_BHMD, z0_BHM),
+            segment_ids,
+            axis_name,
+            normalize,
+            eps,
+        )
+        o_BTHD = o_BTHD.astype(dtype)
+        return (o_BTHD, LinearAttentionState(kv_BHMD, z_BHM)) if return_state else o_BTHD
     if B == 0 or H == 0:  # nothing to compute (and no chunk of zero rows to split)
         o = jnp.zeros((B, T, H, Dv), dtype)
         return (o, LinearAttentionState(kv=kv0_BHMD, k_sum=z0_BHM)) if return_state else o
