@@ -19,26 +19,24 @@ untimed tokens (the previous block evicted this point's state from the CPU cache
 timed ones, so load on a shared machine hits all points alike; the figure is the median over
 all rounds.
 
-How the state "holds N tokens": the softmax mixer's `step` attends over its whole KV cache
-`[B, L, H, D]` (masked by position), so its cost is set by the cache length L, not by the
-position. A cache with `max_length` = the largest N and a position counter would therefore cost
-the same at every position; instead each N gets its own cache, `init_state(B, max_length=N)`,
+How the state "holds N tokens": each N gets its own KV cache, `init_state(B, max_length=N)`,
 filled with random keys and values, with the position set to N − (steps to run), so that every
-timed step attends to just under N real slots and never writes past the end. That is exactly the
-work of decoding at context N (the values in the slots do not change the cost). Linear states
+timed step attends to just under N real slots and never writes past the end: the work of
+decoding at context N (the values in the slots do not change the cost). Linear states
 (`LinearAttentionState`, fixed size) are filled with random non-negative numbers and the
 position set the same way; for them N changes nothing but the position counter, which is the
-point. Note that `step_fn` does not donate the state, so each softmax step also copies its cache
-(O(N) memory traffic, the same order as reading it); `--donate` times the same step with the
-state donated (cache updated in place) to separate the two.
+point. The softmax step reads only the filled blocks of its cache
+(`kernels.cached_softmax_attention`), so a cache longer than the context should cost nothing
+extra: the points `softmax_maxcache` decode at the same positions in one cache of the largest N
+to show it. `step_fn` donates the state, so a step updates the cache in place (no copy).
 
 State bytes per sequence: counted from the arrays of the filled state (without the int32
 position counters) and checked against `models.state_size_bytes` with `max_length` = N.
 
 Prefill: `model.prefill(tokens[B, N], init_state(B, N))`, jitted (split/merge), a warm-up run
 and `prefill_repeats` timed runs (median). A point is skipped (with the reason) when XLA's
-temporary memory for it exceeds `--mem_budget_gb` (softmax prefill materialises the [N, N]
-logits) or when the same mixer's previous length took longer than `--time_budget_s`.
+temporary memory for it exceeds `--mem_budget_gb` or when the same mixer's previous length took
+longer than `--time_budget_s` (softmax prefill is quadratic in time; its memory is blockwise).
 
 Writes `results.json`, `decode_latency.png` (latency vs context, log x; state bytes; prefill
 time) and prints a table with the softmax/linear latency ratio at the longest context and the
@@ -126,6 +124,10 @@ def filled_state(model: LanguageModel, batch: int, context: int, position: int, 
     """A decoding state for `context` tokens at `position`: softmax caches of length `context`,
     every core array (KV cache or linear state) random, conv tails zero."""
     state = model.init_state(batch, context if _has_softmax(model) else 1)
+    return _fill(state, position, key)
+
+
+def _fill(state, position: int, key):
     layers = []
     for i, layer in enumerate(state.layers):
         leaves, treedef = jax.tree.flatten(layer.core)
@@ -147,20 +149,6 @@ def _has_softmax(model: LanguageModel) -> bool:
 def state_bytes(state) -> int:
     """Bytes of the arrays of a state, leaving out the int32 scalar position counters."""
     return sum(int(x.nbytes) for x in jax.tree.leaves(state) if x.ndim > 0)
-
-
-@functools.partial(jax.jit, static_argnums=0, donate_argnums=3)
-def _step_donated(graphdef, params, tokens, state):
-    return nnx.merge(graphdef, params).step(tokens, state)
-
-
-def make_step(model: LanguageModel, donate: bool):
-    """`models.step_fn(model)`, or with `donate` the same step with the state's buffers donated
-    (updated in place: the softmax step then no longer copies its cache)."""
-    if not donate:
-        return step_fn(model)
-    graphdef, params = nnx.split(model)
-    return functools.partial(_step_donated, graphdef, params)
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -212,20 +200,33 @@ def fit_slope(xs, ys) -> float:
     return float(np.polyfit(np.log(xs), np.log(ys), 1)[0])
 
 
-def run_decode(models, cfg, batch, donate, log) -> list[dict]:
+MAXCACHE = "softmax_maxcache"  # softmax decoding at N in one cache of the largest N
+
+
+def run_decode(models, cfg, batch, log) -> list[dict]:
     warmup, rounds, steps = cfg["warmup"], cfg["rounds"], cfg["steps"]
     total = steps_needed(cfg)
     points, records = {}, {}
     token = jnp.zeros((batch,), jnp.int32)
-    for mixer, model in models.items():
-        step = make_step(model, donate)
+    longest = max(cfg["contexts"])
+    variants = [(m, m, False) for m in models]
+    if "softmax" in models:
+        variants.append((MAXCACHE, "softmax", True))
+    for name, mixer, shared in variants:
+        model = models[mixer]
+        step = step_fn(model)
         for n in cfg["contexts"]:
-            state = filled_state(model, batch, n, max(n - total, 0), jax.random.key(n))
-            points[mixer, n] = (step, state, token)
-            config_n = dataclasses.replace(model.config, max_length=n)
-            records[mixer, n] = dict(
-                mixer=mixer,
+            position, key = max(n - total, 0), jax.random.key(n)
+            if shared:
+                state = _fill(model.init_state(batch, longest), position, key)
+            else:
+                state = filled_state(model, batch, n, position, key)
+            points[name, n] = (step, state, token)
+            config_n = dataclasses.replace(model.config, max_length=longest if shared else n)
+            records[name, n] = dict(
+                mixer=name,
                 context=n,
+                cache_length=longest if shared else n,
                 state_bytes=state_bytes(state) // batch,
                 state_size_bytes=state_size_bytes(config_n),
             )
@@ -240,7 +241,7 @@ def run_decode(models, cfg, batch, donate, log) -> list[dict]:
     for n in cfg["contexts"]:
         log(
             f"context {n}: "
-            + ", ".join(f"{m} {records[m, n]['median_s'] * 1e3:.3g} ms" for m in models)
+            + ", ".join(f"{m} {records[m, n]['median_s'] * 1e3:.3g} ms" for m, _, _ in variants)
         )
     return list(records.values())
 
@@ -300,6 +301,10 @@ def headline(decode, prefill, linear_mixers) -> dict:
             sm, lin = get["softmax", longest], get[m, longest]
             out[f"softmax_over_{m}_latency"] = sm["median_s"] / lin["median_s"]
             out[f"softmax_over_{m}_state_bytes"] = sm["state_bytes"] / lin["state_bytes"]
+    if MAXCACHE in by:  # a short context in the longest cache vs in its own cache
+        shortest = min(r["context"] for r in decode)
+        own, big = get["softmax", shortest], get[MAXCACHE, shortest]
+        out["maxcache_over_own_cache_latency_shortest"] = big["median_s"] / own["median_s"]
     done = [r for r in prefill if "median_s" in r]
     for m in dict.fromkeys(r["mixer"] for r in done):
         recs = sorted((r for r in done if r["mixer"] == m), key=lambda r: r["length"])
@@ -355,7 +360,9 @@ def plot(decode, prefill, out: Path) -> None:
 
 
 def table(results) -> str:
-    decode, mixers = results["decode"], results["config"]["mixers"]
+    decode, mixers = results["decode"], list(results["config"]["mixers"])
+    if any(r["mixer"] == MAXCACHE for r in decode):
+        mixers.append(MAXCACHE)
     get = {(r["mixer"], r["context"]): r for r in decode}
     contexts = sorted({r["context"] for r in decode})
     lines = [
@@ -374,12 +381,15 @@ def table(results) -> str:
             + " | ".join(f"{get[m, n]['state_bytes'] / 2**20:.3g}" for m in mixers)
             + " |"
         )
-    lines += ["", "| prefill length | " + " | ".join(f"{m} s" for m in mixers) + " |"]
-    lines.append("|---:|" + "---:|" * len(mixers))
+    prefilled = [m for m in mixers if m != MAXCACHE]
+    lines += ["", "| prefill length | " + " | ".join(f"{m} s" for m in prefilled) + " |"]
+    lines.append("|---:|" + "---:|" * len(prefilled))
     pre = {(r["mixer"], r["length"]): r for r in results["prefill"]}
     for n in sorted({r["length"] for r in results["prefill"]}):
         cells = [
-            f"{pre[m, n]['median_s']:.3g}" if "median_s" in pre[m, n] else "skip" for m in mixers
+            f"{pre[m, n]['median_s']:.3g}" if "median_s" in pre[m, n] else "skip"
+            for m in mixers
+            if (m, n) in pre
         ]
         lines.append(f"| {n} | " + " | ".join(cells) + " |")
     lines.append("\nheadline: " + json.dumps(results["headline"], indent=1))
@@ -394,7 +404,6 @@ def run(
     contexts=None,
     prefill_lengths=None,
     batch_size: int = 1,
-    donate: bool = False,
     mem_budget_gb: float = 2.0,
     time_budget_s: float = 60.0,
     log=print,
@@ -432,7 +441,7 @@ def run(
     for m in mixers:
         models[m] = LanguageModel(model_config(m, cfg, max_length), rngs=nnx.Rngs(0))
         params[m] = sum(int(x.size) for x in jax.tree.leaves(nnx.state(models[m], nnx.Param)))
-    decode = run_decode(models, cfg, batch_size, donate, log)
+    decode = run_decode(models, cfg, batch_size, log)
     prefill = run_prefill(models, cfg, batch_size, (mem_budget_gb * 2**30, time_budget_s), log)
     linear = [m for m in mixers if m != "softmax"]
     results = dict(
@@ -440,7 +449,6 @@ def run(
             preset=preset,
             mixers=mixers,
             batch_size=batch_size,
-            donate=donate,
             param_counts=params,
             mem_budget_gb=mem_budget_gb,
             time_budget_s=time_budget_s,
@@ -466,9 +474,6 @@ def main(argv=None):
     p.add_argument("--contexts", type=int, nargs="+", help="context lengths (default: preset's)")
     p.add_argument("--prefill_lengths", type=int, nargs="+", help="default: the preset's")
     p.add_argument("--batch_size", type=int, default=1)
-    p.add_argument(
-        "--donate", action="store_true", help="donate the state to the step (in-place cache)"
-    )
     p.add_argument("--mem_budget_gb", type=float, default=2.0, help="skip bigger prefills")
     p.add_argument("--time_budget_s", type=float, default=60.0, help="stop a mixer's prefill")
     a = p.parse_args(argv)
@@ -479,7 +484,6 @@ def main(argv=None):
         contexts=a.contexts,
         prefill_lengths=a.prefill_lengths,
         batch_size=a.batch_size,
-        donate=a.donate,
         mem_budget_gb=a.mem_budget_gb,
         time_budget_s=a.time_budget_s,
     )

@@ -9,7 +9,11 @@ from linear_attention.kernels.delta import METHODS as DELTA_METHODS
 from linear_attention.kernels.delta import delta_rule, delta_rule_step
 from linear_attention.kernels.linear import METHODS, causal_linear_attention, linear_attention
 from linear_attention.kernels.recurrent import recurrent_step
-from linear_attention.kernels.softmax import blockwise_softmax_attention, softmax_attention
+from linear_attention.kernels.softmax import (
+    blockwise_softmax_attention,
+    cached_softmax_attention,
+    softmax_attention,
+)
 from linear_attention.kernels.state import LinearAttentionState
 
 __all__ = [
@@ -17,6 +21,7 @@ __all__ = [
     "METHODS",
     "LinearAttentionState",
     "blockwise_softmax_attention",
+    "cached_softmax_attention",
     "causal_linear_attention",
     "delta_rule",
     "delta_rule_step",

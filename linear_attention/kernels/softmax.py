@@ -42,7 +42,7 @@ from linear_attention.kernels._checks import (
 )
 from linear_attention.kernels.segments import check_segment_ids, same_segment
 
-__all__ = ["softmax_attention", "blockwise_softmax_attention"]
+__all__ = ["softmax_attention", "blockwise_softmax_attention", "cached_softmax_attention"]
 
 
 def _check_inputs(q, k, v, scale, segment_ids=None):
@@ -330,3 +330,83 @@ def _flash_bwd(causal: bool, q_block: int, k_block: int, residuals, do):
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
+
+
+def cached_softmax_attention(q, k_cache, v_cache, position, *, scale=None, block_size=512):
+    """Causal softmax attention of new queries over a KV cache, visiting only its filled part.
+
+    q `[B, Tq, H, D]` are the queries at positions `position + i` (i < Tq); `k_cache`
+    `[B, L, H, D]` and `v_cache` `[B, L, H, Dv]` hold the keys and values of positions
+    `0 .. position + Tq − 1` (the new tokens' included) in their first slots; `position` is an
+    int32 scalar and may be traced. Query i sees slot j iff `j ≤ position + i`; the slots after
+    `position + Tq − 1` are never read. Returns o `[B, Tq, H, Dv]` in `result_type(q, k, v)`.
+
+    Queries are cut into blocks of `block_size` (a `lax.map`), and for each query block the
+    cache is read block by block (`block_size` slots, in its own layout: no transposed or
+    padded copy of the cache) by a `lax.while_loop` that stops after the last block a query of
+    the block may see, with the online softmax of `blockwise_softmax_attention` (running max,
+    sum and numerator in float32, masked before `exp`). So one decoded token at position N
+    costs O(N), not O(L), and a prefill of T tokens O(T·(position + T)) time and
+    O(block_size²) memory beyond q, the cache and o. Forward only (a while loop has no
+    reverse-mode gradient); `blockwise_softmax_attention` is the trainable form.
+    """
+    check_rank("q", q, 4, "[B, Tq, H, D]")
+    check_rank("k_cache", k_cache, 4, "[B, L, H, D]")
+    check_rank("v_cache", v_cache, 4, "[B, L, H, Dv]")
+    names, arrays = ("q", "k_cache", "v_cache"), (q, k_cache, v_cache)
+    check_same(names, arrays, (0, 0, 0), "B (batch)")
+    check_same(names, arrays, (2, 2, 2), "H (heads)")
+    check_same(("q", "k_cache"), (q, k_cache), (3, 3), "D (query/key width)")
+    check_same(("k_cache", "v_cache"), (k_cache, v_cache), (1, 1), "L (cache length)")
+    check_positive_int("block_size", block_size)
+    if jnp.ndim(position) != 0:
+        raise ValueError(f"position must be a scalar, got shape {tuple(jnp.shape(position))}")
+    out_dtype = jnp.result_type(q, k_cache, v_cache)
+    b, tq, h, d = q.shape
+    length, dv = k_cache.shape[1], v_cache.shape[3]
+    k_block, q_block = min(block_size, length), min(block_size, tq)
+    num_q = -(-tq // q_block)
+    f32 = jnp.float32
+    q_NBHQD = _to_blocks(q.astype(f32) * _scale(scale, d), q_block)
+    position = jnp.asarray(position, jnp.int32)
+
+    def query_block(xs):
+        q_BHQD, i = xs
+        q_pos_Q = position + i * q_block + jnp.arange(q_block, dtype=jnp.int32)
+        # key blocks [0, n) hold every slot the block's last (unpadded) query may see
+        last = position + jnp.minimum((i + 1) * q_block, tq)
+        num_blocks = jnp.minimum((last + k_block - 1) // k_block, -(-length // k_block))
+
+        def key_block(carry):
+            j, max_BHQ, sum_BHQ, acc_BHQE = carry
+            # The last block may be cut short: read the `k_block` slots ending at L and mask
+            # the ones an earlier block already covered.
+            start = jnp.minimum(j * k_block, length - k_block)
+            k_BCHD = jax.lax.dynamic_slice_in_dim(k_cache, start, k_block, axis=1)
+            v_BCHE = jax.lax.dynamic_slice_in_dim(v_cache, start, k_block, axis=1)
+            logits_BHQC = jnp.einsum("bhqd,bchd->bhqc", q_BHQD, k_BCHD.astype(f32))
+            k_pos_C = start + jnp.arange(k_block, dtype=jnp.int32)
+            visible_QC = (k_pos_C[None, :] >= j * k_block) & (k_pos_C[None, :] <= q_pos_Q[:, None])
+            logits_BHQC = jnp.where(visible_QC, logits_BHQC, -jnp.inf)
+            new_max_BHQ = jnp.maximum(max_BHQ, jnp.max(logits_BHQC, axis=-1))
+            shift_BHQ = jnp.where(jnp.isneginf(new_max_BHQ), 0.0, new_max_BHQ)  # as in _flash
+            rescale_BHQ = jnp.exp(max_BHQ - shift_BHQ)
+            p_BHQC = jnp.exp(logits_BHQC - shift_BHQ[..., None])
+            sum_BHQ = rescale_BHQ * sum_BHQ + jnp.sum(p_BHQC, axis=-1)
+            # empty slots (after the last query) may hold anything, even NaN: select, not 0·v
+            filled_C = k_pos_C < position + tq
+            v_BCHE = jnp.where(filled_C[None, :, None, None], v_BCHE.astype(f32), 0.0)
+            pv_BHQE = jnp.einsum("bhqc,bche->bhqe", p_BHQC, v_BCHE)
+            return j + 1, new_max_BHQ, sum_BHQ, rescale_BHQ[..., None] * acc_BHQE + pv_BHQE
+
+        init = (
+            jnp.zeros((), jnp.int32),
+            jnp.full((b, h, q_block), -jnp.inf, f32),
+            jnp.zeros((b, h, q_block), f32),
+            jnp.zeros((b, h, q_block, dv), f32),
+        )
+        _, _, sum_BHQ, acc_BHQE = jax.lax.while_loop(lambda c: c[0] < num_blocks, key_block, init)
+        return acc_BHQE / jnp.where(sum_BHQ > 0, sum_BHQ, 1.0)[..., None]
+
+    o_NBHQE = jax.lax.map(query_block, (q_NBHQD, jnp.arange(num_q, dtype=jnp.int32)))
+    return _from_blocks(o_NBHQE, tq).astype(out_dtype)

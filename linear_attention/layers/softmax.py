@@ -3,9 +3,12 @@
     o_t = Σ_{s ≤ t} softmax_s(q_t·k_s / √Dk) v_s
 
 `__call__` calls `kernels.softmax_attention(causal=True)`. `prefill` / `step` write k, v into a
-cache `[B, L, H, D]` at `position` (L = `max_length` of `init_state`) and attend with the mask
-`s ≤ position + t` (logits float32, masked before `exp`). Writing past the end of the cache cannot
-be caught at trace time (the position is traced), so those outputs are NaN rather than wrong.
+cache `[B, L, H, D]` at `position` (L = `max_length` of `init_state`) and attend with
+`kernels.cached_softmax_attention` (slot s visible to position p iff s ≤ p; logits float32,
+masked before `exp`), which reads only the filled blocks of the cache: a step at position N
+costs O(N) whatever L, and a prefill never builds `[B, H, T, L]` logits. Writing past the end of
+the cache cannot be caught at trace time (the position is traced), so those outputs are NaN
+rather than wrong.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ class SoftmaxMixer(Mixer):
 
     NAME = "softmax"
     USES = frozenset()
+    CACHE_BLOCK = 512  # slots of the KV cache read per block by prefill / step
 
     def _cache_dtype(self):
         return jnp.dtype(self.dtype or self.param_dtype)
@@ -57,19 +61,10 @@ class SoftmaxMixer(Mixer):
         start = (0, position, 0, 0)
         k_BLHK = jax.lax.dynamic_update_slice(core.k, k_BTHK.astype(core.k.dtype), start)
         v_BLHD = jax.lax.dynamic_update_slice(core.v, v_BTHD.astype(core.v.dtype), start)
-        q_pos_T = position + jnp.arange(t, dtype=jnp.int32)
-        mask_TL = jnp.arange(length, dtype=jnp.int32)[None, :] <= q_pos_T[:, None]
-        logits_BHTL = jnp.einsum(
-            "bthk,blhk->bhtl",
-            q_BTHK,
-            k_BLHK.astype(q_BTHK.dtype),
-            preferred_element_type=jnp.float32,
-        ) * jnp.float32(scale)
-        logits_BHTL = jnp.where(mask_TL, logits_BHTL, -jnp.inf)
-        probs_BHTL = jax.nn.softmax(logits_BHTL, axis=-1)
-        o_BTHD = jnp.einsum("bhtl,blhd->bthd", probs_BHTL, v_BLHD.astype(jnp.float32)).astype(
-            v_BTHD.dtype
-        )
+        # Only the filled slots [0, position + t) are read, block by block (no [B, H, T, L]).
+        o_BTHD = K.cached_softmax_attention(
+            q_BTHK, k_BLHK, v_BLHD, position, scale=scale, block_size=self.CACHE_BLOCK
+        ).astype(v_BTHD.dtype)
         overflow = position + t > length  # the cache write above was clamped: refuse loudly
         o_BTHD = jnp.where(overflow, jnp.nan, o_BTHD).astype(v_BTHD.dtype)
         return o_BTHD, KVCache(k_BLHK, v_BLHD)

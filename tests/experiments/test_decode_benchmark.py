@@ -43,11 +43,22 @@ def test_tiny_preset_measures_every_point(db, tiny):
     cfg = db.PRESETS["tiny"]
     assert (out / "decode_latency.png").stat().st_size > 0
     got = {(r["mixer"], r["context"]): r for r in res["decode"]}
-    assert set(got) == {(m, n) for m in ("gated", "softmax") for n in cfg["contexts"]}
+    names = ("gated", "softmax", db.MAXCACHE)
+    assert set(got) == {(m, n) for m in names for n in cfg["contexts"]}
+    longest = max(cfg["contexts"])
     for (mixer, n), r in got.items():
         assert r["steps_timed"] == cfg["rounds"] * cfg["steps"]
         assert math.isfinite(r["median_s"]) and 0 < r["p10_s"] <= r["median_s"] <= r["p90_s"]
-        assert r["state_bytes"] == r["state_size_bytes"] == expected_state_bytes(mixer, cfg, n)
+        if mixer == db.MAXCACHE:  # every context decoded in one cache of the longest
+            assert r["cache_length"] == longest
+            expected = expected_state_bytes("softmax", cfg, longest)
+        else:
+            assert r["cache_length"] == n
+            expected = expected_state_bytes(mixer, cfg, n)
+        assert r["state_bytes"] == r["state_size_bytes"] == expected
+    small = min(cfg["contexts"])
+    ratio = got[db.MAXCACHE, small]["median_s"] / got["softmax", small]["median_s"]
+    assert res["headline"]["maxcache_over_own_cache_latency_shortest"] == pytest.approx(ratio)
     pre = {(r["mixer"], r["length"]): r for r in res["prefill"]}
     assert set(pre) == {(m, n) for m in ("gated", "softmax") for n in cfg["prefill_lengths"]}
     for r in pre.values():
@@ -84,11 +95,19 @@ def test_filled_state_holds_the_context(db):
         assert bool(jnp.all(jnp.isfinite(logits)))
     logits, _ = step(jnp.zeros((2,), jnp.int32), state)
     assert not bool(jnp.any(jnp.isfinite(logits)))
-    # the donated step gives the same numbers as models.step_fn
+    # the same 100 tokens in a longer cache: the same logits (the empty slots are not read)
     fresh = db.filled_state(model, 2, 300, 100, jax.random.key(1))
+    longer = model.init_state(2, 512)
+    longer = db._fill(longer, 100, jax.random.key(1))
+    cache = fresh.layers[0].core
+    longer_cache = longer.layers[0].core._replace(
+        k=longer.layers[0].core.k.at[:, :300].set(cache.k),
+        v=longer.layers[0].core.v.at[:, :300].set(cache.v),
+    )
+    longer = longer._replace(layers=(longer.layers[0]._replace(core=longer_cache),))
     tokens = jnp.asarray([3, 5], jnp.int32)
-    want, _ = db.make_step(model, False)(tokens, fresh)
-    got, _ = db.make_step(model, True)(tokens, jax.tree.map(jnp.copy, fresh))
+    want, _ = step(tokens, fresh)
+    got, _ = step(tokens, longer)
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
     # a linear state has the same shape whatever the context
     gated = LanguageModel(db.model_config("gated", cfg, 512), rngs=nnx.Rngs(0))

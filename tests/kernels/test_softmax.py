@@ -7,7 +7,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from linear_attention.kernels import blockwise_softmax_attention, softmax_attention
+from linear_attention.kernels import (
+    blockwise_softmax_attention,
+    cached_softmax_attention,
+    softmax_attention,
+)
 
 
 def _visible(tq, tk, causal):
@@ -224,3 +228,34 @@ def test_bad_segment_ids():
             f(q, q, q, segment_ids=jnp.zeros((2, 11)))
         with pytest.raises(ValueError, match="Tq = Tk"):
             f(q[:, :3], q, q, segment_ids=jnp.zeros((2, 11), jnp.int32))
+
+
+# (Tq, L, position, block_size): one token, a prefill from 0 and one after a prefix, several
+# query and key blocks, L not a multiple of the block, the cache exactly full.
+CACHED = [(1, 13, 0, 4), (1, 13, 9, 4), (7, 16, 0, 3), (5, 13, 6, 4), (6, 11, 5, 512), (4, 9, 2, 2)]
+
+
+@pytest.mark.parametrize("tq, length, position, block_size", CACHED)
+def test_cached_attention_reads_the_filled_slots_only(tq, length, position, block_size):
+    """Queries at positions p..p+Tq−1 over a cache filled up to p+Tq−1 equal causal attention
+    over those slots (the float64 reference with Tq < Tk alignment); the empty slots hold NaN
+    and are never used; the position may be traced (one compiled function for all)."""
+    q, k, v, _ = _inputs(7, 2, tq, length, 3, 8, 5)
+    filled = position + tq
+    empty = jnp.arange(length)[None, :, None, None] >= filled
+    k_cache, v_cache = jnp.where(empty, jnp.nan, k), jnp.where(empty, jnp.nan, v)
+    fn = jax.jit(functools.partial(cached_softmax_attention, block_size=block_size, scale=0.4))
+    o = fn(q, k_cache, v_cache, jnp.int32(position))
+    expected, _ = np_attention(q, k[:, :filled], v[:, :filled], causal=True, scale=0.4)
+    assert o.shape == (2, tq, 3, 5) and o.dtype == jnp.float32
+    np.testing.assert_allclose(o, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_cached_attention_bad_input():
+    q, k, v, _ = _inputs(0, 1, 2, 6, 2, 4, 4)
+    with pytest.raises(ValueError, match="L \\(cache length\\)"):
+        cached_softmax_attention(q, k, v[:, :5], 0)
+    with pytest.raises(ValueError, match="position must be a scalar"):
+        cached_softmax_attention(q, k, v, jnp.zeros(2, jnp.int32))
+    with pytest.raises(ValueError, match="block_size"):
+        cached_softmax_attention(q, k, v, 0, block_size=0)
