@@ -384,7 +384,10 @@ def cached_softmax_attention(q, k_cache, v_cache, position, *, scale=None, block
             start = jnp.minimum(j * k_block, length - k_block)
             k_BCHD = jax.lax.dynamic_slice_in_dim(k_cache, start, k_block, axis=1)
             v_BCHE = jax.lax.dynamic_slice_in_dim(v_cache, start, k_block, axis=1)
-            logits_BHQC = jnp.einsum("bhqd,bchd->bhqc", q_BHQD, k_BCHD.astype(f32))
+            # a non-finite value poisons only the queries that see its slot (module docstring);
+            # the empty slots after the last query may hold anything and are never seen
+            k_BCHD, v_BCHE = _quarantine(k_BCHD, v_BCHE)
+            logits_BHQC = jnp.einsum("bhqd,bchd->bhqc", q_BHQD, k_BCHD)
             k_pos_C = start + jnp.arange(k_block, dtype=jnp.int32)
             visible_QC = (k_pos_C[None, :] >= j * k_block) & (k_pos_C[None, :] <= q_pos_Q[:, None])
             logits_BHQC = jnp.where(visible_QC, logits_BHQC, -jnp.inf)
@@ -393,9 +396,6 @@ def cached_softmax_attention(q, k_cache, v_cache, position, *, scale=None, block
             rescale_BHQ = jnp.exp(max_BHQ - shift_BHQ)
             p_BHQC = jnp.exp(logits_BHQC - shift_BHQ[..., None])
             sum_BHQ = rescale_BHQ * sum_BHQ + jnp.sum(p_BHQC, axis=-1)
-            # empty slots (after the last query) may hold anything, even NaN: select, not 0·v
-            filled_C = k_pos_C < position + tq
-            v_BCHE = jnp.where(filled_C[None, :, None, None], v_BCHE.astype(f32), 0.0)
             pv_BHQE = jnp.einsum("bhqc,bche->bhqe", p_BHQC, v_BCHE)
             return j + 1, new_max_BHQ, sum_BHQ, rescale_BHQ[..., None] * acc_BHQE + pv_BHQE
 

@@ -259,3 +259,12 @@ def test_cached_attention_bad_input():
         cached_softmax_attention(q, k, v, jnp.zeros(2, jnp.int32))
     with pytest.raises(ValueError, match="block_size"):
         cached_softmax_attention(q, k, v, 0, block_size=0)
+
+
+def test_cached_attention_nan_value_poisons_only_the_queries_that_see_it():
+    q, k, v, _ = _inputs(3, 1, 6, 10, 2, 4, 4)
+    v = v.at[0, 5, 1, 2].set(jnp.nan)  # slot 5 = the query at position 2 + 3
+    o = cached_softmax_attention(q, k, v, 2, block_size=4)
+    assert bool(jnp.all(jnp.isfinite(o[:, :3]))) and not bool(jnp.any(jnp.isfinite(o[:, 3:, 1])))
+    expected, _ = np_attention(q[:, :3], k[:, :5], v[:, :5], causal=True)
+    np.testing.assert_allclose(o[:, :3], expected, rtol=1e-5, atol=1e-6)
