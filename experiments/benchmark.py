@@ -22,6 +22,12 @@ every larger T.
 Also: a chunk-size sweep of the chunk method at the headline T, and the headline itself (chunk
 vs the baselines, gradient memory, fraction of the matmul peak, a 2048² float32 matmul timed in
 the same rounds). Writes `results.json`, `time_vs_T.png`, `memory_vs_T.png`; prints tables.
+
+The delta rule (`--parts delta`, Gated DeltaNet: L2-normalised keys, β = sigmoid, a data-dependent
+log decay): `K.delta_rule` "chunk" (WY form, remat gradient) against "scan" (autodiff through a
+plain `lax.scan` over tokens: the baseline), gradient w.r.t. q, k, v, β and the log decay, with
+the same interleaved rounds and memory budget; headline at T=2048 (target: chunk gradient ≥ 5×
+faster, ≥ 4× less temporary memory). Writes `delta_vs_T.png`.
 """
 
 from __future__ import annotations
@@ -49,10 +55,17 @@ BASELINES = ("naive_chunked_causal", "performer_causal")
 CHUNK_SIZES = (16, 32, 64, 128, 256)
 DEFAULT_CHUNK = 64  # the library's default; naive_chunked_causal uses the same
 HEADLINE_T = 16384
+DELTA_METHODS = ("delta_chunk", "delta_scan")  # delta_scan: autodiff through lax.scan
+DELTA_HEADLINE_T = 2048
+PARTS = ("linear", "delta")
 PRESETS = {
-    "quick": dict(T=(64, 128), repeats=2, chunk_sizes=(16, 64), matmul_n=256),
+    "quick": dict(T=(64, 128), repeats=2, chunk_sizes=(16, 64), matmul_n=256, delta_T=(64, 128)),
     "full": dict(
-        T=tuple(256 * 2**i for i in range(9)), repeats=5, chunk_sizes=CHUNK_SIZES, matmul_n=2048
+        T=tuple(256 * 2**i for i in range(9)),
+        repeats=5,
+        chunk_sizes=CHUNK_SIZES,
+        matmul_n=2048,
+        delta_T=tuple(256 * 2**i for i in range(6)),
     ),
 }
 
@@ -225,6 +238,129 @@ def run_chunk_sweep(T, chunk_sizes, repeats, slow_s):
     return dict(T=T, records=records, fastest=best)
 
 
+# ---- the delta rule: chunk (WY form) vs autodiff through a plain lax.scan ----
+
+
+def make_delta_inputs(T: int, seed: int = 0):
+    """(q, k, v, beta, log_decay, g): unit-norm keys, β in (0, 1), log decay in (−1, 0)."""
+    keys = jax.random.split(jax.random.key(seed), 6)
+    q, k, v, g = (jax.random.normal(keys[i], (B, T, H, D), jnp.float32) for i in range(4))
+    k = k / jnp.linalg.norm(k, axis=-1, keepdims=True)
+    beta = jax.nn.sigmoid(jax.random.normal(keys[4], (B, T, H)))
+    log_decay = -jax.nn.sigmoid(jax.random.normal(keys[5], (B, T, H)))
+    return q, k, v, beta, log_decay, g
+
+
+def _delta(name):
+    method = name.removeprefix("delta_")
+    return lambda q, k, v, beta, a: K.delta_rule(
+        q, k, v, beta, log_decay=a, method=method, chunk_size=DEFAULT_CHUNK
+    )
+
+
+def compile_delta(name: str, mode: str, args):
+    """Compiled forward or gradient (w.r.t. q, k, v, β, log decay) of `<delta_rule(...), g>`."""
+    fn = _delta(name)
+    if mode == "fwd":
+        return jax.jit(fn).lower(*args[:5]).compile(), args[:5]
+    grad = jax.grad(lambda *a: jnp.vdot(fn(*a[:5]), a[5]), argnums=(0, 1, 2, 3, 4))
+    return jax.jit(grad).lower(*args).compile(), args
+
+
+def run_delta_sweep(T_list, repeats, mem_budget, slow_s, log):
+    """Both delta-rule methods and passes at every T, interleaved; speedups of chunk vs scan
+    (median over rounds of t_scan / t_chunk). Over the memory budget: skipped from then on."""
+    records, blocked = [], {}
+    for T in T_list:
+        inputs = make_delta_inputs(T)
+        points, recs = {}, {}
+        for name in DELTA_METHODS:
+            for mode in MODES:
+                key = name, mode
+                rec = recs[key] = dict(method=name, mode=mode, T=T, temp_bytes=None)
+                records.append(rec)
+                if key not in blocked:
+                    compiled, args = compile_delta(name, mode, inputs)
+                    rec["temp_bytes"] = compiled.memory_analysis().temp_size_in_bytes
+                    if rec["temp_bytes"] > mem_budget:
+                        blocked[key] = f"temp {rec['temp_bytes'] / 2**30:.2g} GiB at T={T}"
+                if key in blocked:
+                    rec["skipped"] = f"over budget: {blocked[key]}"
+                    continue
+                points[key] = (compiled, args)
+        times = interleaved(points, repeats, slow_s)
+        for key, ts in times.items():
+            recs[key].update(_stats(ts))
+        for mode in MODES:
+            chunk, scan = times.get(("delta_chunk", mode)), times.get(("delta_scan", mode))
+            if chunk and scan:
+                pairs = list(zip(scan, chunk, strict=False))
+                pairs = pairs[1:] or pairs
+                recs["delta_chunk", mode]["speedup_vs_delta_scan"] = statistics.median(
+                    s / c for s, c in pairs
+                )
+        log(
+            f"delta T={T}: "
+            + ", ".join(
+                f"{n}/{m} {r['median_s'] * 1e3:.1f} ms"
+                for (n, m), r in recs.items()
+                if "median_s" in r
+            )
+        )
+    return records
+
+
+def delta_headline(records, T):
+    """Chunk vs scan at T: times, speedups, gradient temporaries, the issue's targets."""
+    get = {(r["method"], r["mode"]): r for r in records if r["T"] == T}
+    if not all("median_s" in get.get((n, m), {}) for n in DELTA_METHODS for m in MODES):
+        return None
+    out = dict(T=T, B=B, H=H, K=D, Dv=D, chunk_size=DEFAULT_CHUNK)
+    for name in DELTA_METHODS:
+        for mode in MODES:
+            out[f"{name}_{mode}_ms"] = get[name, mode]["median_s"] * 1e3
+            out[f"{name}_{mode}_temp_MB"] = get[name, mode]["temp_bytes"] / 2**20
+    for mode in MODES:
+        out[f"{mode}_speedup"] = get["delta_chunk", mode]["speedup_vs_delta_scan"]
+    out["grad_memory_ratio"] = get["delta_scan", "grad"]["temp_bytes"] / max(
+        get["delta_chunk", "grad"]["temp_bytes"], 1
+    )
+    out["meets_5x_grad_speed"] = out["grad_speedup"] >= 5.0
+    out["meets_4x_grad_memory"] = out["grad_memory_ratio"] >= 4.0
+    return out
+
+
+def plot_delta(records, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for ax, key, ylabel in (
+        (axes[0], "median_s", "median time (s)"),
+        (axes[1], "temp_bytes", "XLA temp memory (bytes)"),
+    ):
+        for name in DELTA_METHODS:
+            for mode, style in (("fwd", "o--"), ("grad", "o-")):
+                pts = [
+                    (r["T"], r[key])
+                    for r in records
+                    if r["method"] == name and r["mode"] == mode and r.get(key)
+                ]
+                if pts:
+                    ax.plot(*zip(*pts, strict=True), style, label=f"{name} {mode}")
+        ax.set(title=f"delta rule (Gated DeltaNet): {ylabel}", xlabel="T", ylabel=ylabel)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.grid(True, which="both", alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "delta_vs_T.png", dpi=110)
+    plt.close(fig)
+
+
 def headline(records, matmul, T):
     """Chunk at T: times, speedups, gradient memory, fraction of the matmul peak."""
     get = {(r["method"], r["mode"]): r for r in records if r["T"] == T}
@@ -347,6 +483,32 @@ def tables(results) -> str:
         lines.append(f"\nfastest: {sweep['fastest']}")
     if results.get("headline"):
         lines.append("\nheadline: " + json.dumps(results["headline"], indent=1))
+    delta = results.get("delta")
+    if delta:
+        lines.extend(
+            [
+                "\ndelta rule: median ms (temp MiB); speedup of chunk vs scan\n",
+                "| T | chunk fwd | scan fwd | fwd speedup | chunk grad | scan grad | "
+                "grad speedup |",
+                "|---:|---:|---:|---:|---:|---:|---:|",
+            ]
+        )
+        get = {(r["method"], r["mode"], r["T"]): r for r in delta["records"]}
+
+        def cell(r):
+            if "median_s" not in r:
+                return "skip"
+            return f"{r['median_s'] * 1e3:.3g} ({r['temp_bytes'] / 2**20:.3g})"
+
+        for T in dict.fromkeys(r["T"] for r in delta["records"]):
+            row = []
+            for mode in MODES:
+                c, s = get["delta_chunk", mode, T], get["delta_scan", mode, T]
+                sp = c.get("speedup_vs_delta_scan")
+                row += [cell(c), cell(s), "-" if sp is None else f"{sp:.2f}"]
+            lines.append(f"| {T} | " + " | ".join(row) + " |")
+        if delta.get("headline"):
+            lines.append("\ndelta headline: " + json.dumps(delta["headline"], indent=1))
     return "\n".join(lines)
 
 
@@ -360,9 +522,13 @@ def run(
     mem_budget_gb=4.0,
     time_budget_s=150.0,
     slow_s=10.0,
+    parts=PARTS,
     log=print,
 ):
-    """Run the benchmark into `out`; returns the results dict (also written as results.json)."""
+    """Run the benchmark into `out`; returns the results dict (also written as results.json).
+
+    `parts`: "linear" (every causal kernel and the baselines, T sweep, chunk sweep, headline)
+    and/or "delta" (the delta rule, chunk vs scan)."""
     if preset not in PRESETS:
         raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {preset!r}")
     cfg = PRESETS[preset]
@@ -379,6 +545,9 @@ def run(
         raise ValueError(f"methods must be a non-empty list from {list(METHODS)}, got {unknown}")
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
+    parts = tuple(parts)
+    if not parts or any(p not in PARTS for p in parts):
+        raise ValueError(f"parts must be a non-empty list from {list(PARTS)}, got {list(parts)}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     headline_T = HEADLINE_T if HEADLINE_T in T_list else max(T_list)
@@ -399,19 +568,32 @@ def run(
             time_budget_s=time_budget_s,
             slow_s=slow_s,
             headline_T=headline_T,
+            parts=parts,
         ),
     )
     budgets = (mem_budget_gb * 2**30, time_budget_s, slow_s)
-    records, matmul = run_T_sweep(
-        T_list, methods, repeats, budgets, headline_T, cfg["matmul_n"], log
-    )
+    records, matmul = [], None
+    if "linear" in parts:
+        records, matmul = run_T_sweep(
+            T_list, methods, repeats, budgets, headline_T, cfg["matmul_n"], log
+        )
     results.update(records=records, matmul=matmul)
-    if "chunk" in methods:
+    if "linear" in parts and "chunk" in methods:
         results["chunk_sweep"] = run_chunk_sweep(headline_T, cfg["chunk_sizes"], repeats, slow_s)
     results["headline"] = headline(records, matmul, headline_T)
+    if "delta" in parts:
+        delta_T = cfg["delta_T"] if T is None else T_list
+        delta_records = run_delta_sweep(delta_T, repeats, budgets[0], slow_s, log)
+        head_T = DELTA_HEADLINE_T if DELTA_HEADLINE_T in delta_T else max(delta_T)
+        results["delta"] = dict(
+            T=delta_T, records=delta_records, headline=delta_headline(delta_records, head_T)
+        )
     results["machine"].update(load_avg_end=os.getloadavg(), wall_s=time.time() - start)
     (out / "results.json").write_text(json.dumps(results, indent=1))
-    plot(records, out)
+    if "linear" in parts:
+        plot(records, out)
+    if "delta" in parts:
+        plot_delta(results["delta"]["records"], out)
     log(tables(results))
     return results
 
@@ -441,6 +623,7 @@ def main(argv=None):
         default=10.0,
         help="time a point once (its warm-up run) when that run took longer than this",
     )
+    p.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS), help="default: both")
     a = p.parse_args(argv)
     run(
         a.out,
@@ -451,6 +634,7 @@ def main(argv=None):
         mem_budget_gb=a.mem_budget_gb,
         time_budget_s=a.time_budget_s,
         slow_s=a.slow_s,
+        parts=a.parts,
     )
 
 

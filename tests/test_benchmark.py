@@ -87,7 +87,7 @@ def test_speedups_and_headline_follow_from_the_raw_times(quick, bench):
 
 
 def test_budgets_skip_points_with_a_reason(bench, tmp_path):
-    run = dict(methods=["performer_causal"], repeats=1, log=lambda _: None)
+    run = dict(methods=["performer_causal"], repeats=1, parts=("linear",), log=lambda _: None)
     # Memory, on the compiled program: over budget at the first T, skipped from then on.
     res = bench.run(tmp_path / "a", T=(64, 128), mem_budget_gb=1e-9, **run)
     recs = {(r["mode"], r["T"]): r for r in res["records"]}
@@ -121,6 +121,27 @@ def test_budgets_skip_points_with_a_reason(bench, tmp_path):
         assert recs[mode, 192]["skipped"] == recs[mode, 128]["skipped"]
 
 
+def test_quick_preset_measures_the_delta_rule(quick):
+    out, res = quick
+    assert (out / "delta_vs_T.png").stat().st_size > 0
+    delta = res["delta"]
+    got = {(r["method"], r["mode"], r["T"]): r for r in delta["records"]}
+    methods = ("delta_chunk", "delta_scan")
+    modes = ("fwd", "grad")
+    assert set(got) == {(m, mode, T) for m in methods for mode in modes for T in delta["T"]}
+    for rec in got.values():
+        assert "skipped" not in rec and rec["median_s"] > 0 and rec["temp_bytes"] >= 0
+    T = max(delta["T"])
+    head = delta["headline"]
+    for mode in ("fwd", "grad"):
+        chunk, scan = (got[m, mode, T]["times_s"] for m in methods)
+        ratio = statistics.median(s / c for s, c in zip(scan[1:], chunk[1:], strict=True))
+        assert head[f"{mode}_speedup"] == pytest.approx(ratio)
+    temps = [got[m, "grad", T]["temp_bytes"] for m in methods]
+    assert head["grad_memory_ratio"] == pytest.approx(temps[1] / temps[0])
+    assert head["meets_4x_grad_memory"] == (head["grad_memory_ratio"] >= 4.0)
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [
@@ -128,6 +149,7 @@ def test_budgets_skip_points_with_a_reason(bench, tmp_path):
         (dict(T=(100,)), "T must be multiples of 64"),
         (dict(methods=["flash"]), "methods"),
         (dict(repeats=0), "repeats"),
+        (dict(parts=("softmax",)), "parts"),
     ],
 )
 def test_bad_arguments_raise(bench, tmp_path, kwargs, match):

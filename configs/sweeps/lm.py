@@ -5,7 +5,8 @@ Command (2 CPU cores, about 15 minutes; writes results.csv, results.md and loss_
     python experiments/sweep.py --config configs/sweeps/lm.py:cpu --workdir runs/lm-sweep
 
 Each variant is softmax, linear (elu+1), favor (64 random features), taylor (Based, 16
-projected dims), retnet, gated, or a hybrid (gated layers with one softmax layer), on the
+projected dims), retnet, gated, a hybrid (gated layers with one softmax layer), deltanet or
+gated_deltanet (the delta rule, issue 8; not yet in the measured table below), on the
 built-in corpus (the standard library's source). d_model is adjusted per variant so parameter
 counts stay within 1% of softmax's (the counts are in results.md; ``--dry-run`` prints them).
 The table gives validation bits per byte, training tokens/s and decoding tokens/s (a fresh
@@ -40,6 +41,8 @@ VARIANTS = {
         ("retnet", "retnet", 496),
         ("gated", "gated", 496),
         ("hybrid", HYBRID_8, 496),
+        ("deltanet", "deltanet", 496),
+        ("gated_deltanet", "gated_deltanet", 496),
     ),
     "cpu": (
         ("softmax", "softmax", 128),
@@ -49,6 +52,8 @@ VARIANTS = {
         ("retnet", "retnet", 124),
         ("gated", "gated", 124),
         ("hybrid", ("gated", "softmax"), 126),
+        ("deltanet", "deltanet", 124),
+        ("gated_deltanet", "gated_deltanet", 124),
     ),
     "smoke": (
         ("softmax", "softmax", 32),

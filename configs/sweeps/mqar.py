@@ -15,9 +15,9 @@ Presets (``configs/sweeps/mqar.py:<arg>``):
   (none) / ``default``: the Zoology grid for an accelerator: vocab 8192, d_model 64…512,
       (seq_len, kv pairs) = (64, 4), (128, 8), (256, 16), (512, 64), learning rates
       logspace(-4, -2, 4), 20k steps of batch 256 per run.
-  ``cpu``: 5 mixers × d_model (32, 64, 128) × (seq_len, kv) = (64, 4), (64, 8), learning
-      rate 1e-2, 400 steps of batch 64 per run, Taylor with 8 projected dims (30 runs of
-      43-168 s, 30-47 min on 2 shared cores).
+  ``cpu``: 7 mixers × d_model (32, 64, 128) × (seq_len, kv) = (64, 4), (64, 8), learning
+      rate 1e-2, 400 steps of batch 64 per run, Taylor with 8 projected dims (42 runs; the
+      30 of the first five mixers took 43-168 s each, 30-47 min on 2 shared cores).
   ``smoke``: 4 tiny runs (softmax, linear × 2 learning rates) for the test; seconds.
 
 A grid axis is ``ConfigDict(field=path or tuple of paths, choices=(...), labels=optional)``;
@@ -31,7 +31,7 @@ from pathlib import Path
 import ml_collections
 
 PRESETS = ("default", "cpu", "smoke")
-MIXERS = ("softmax", "linear", "taylor", "retnet", "gated")
+MIXERS = ("softmax", "linear", "taylor", "retnet", "gated", "deltanet", "gated_deltanet")
 
 
 def _base(preset):

@@ -71,11 +71,11 @@ def test_presets_expand_and_validate(sweep):
             sizes[Path(path).stem, preset] = len(points)
     assert sizes == {
         ("mqar", "smoke"): 4,
-        ("mqar", "cpu"): 30,
-        ("mqar", "default"): 320,
+        ("mqar", "cpu"): 42,
+        ("mqar", "default"): 448,
         ("lm", "smoke"): 2,
-        ("lm", "cpu"): 7,
-        ("lm", "default"): 14,
+        ("lm", "cpu"): 9,
+        ("lm", "default"): 18,
     }
 
 
@@ -87,7 +87,10 @@ def test_lm_cpu_variants_match_softmax_parameter_count(sweep):
         model = nnx.eval_shape(lambda cfg=cfg: LanguageModel(cfg.model, rngs=nnx.Rngs(0)))
         leaves = jax.tree.leaves(nnx.state(model, nnx.Param))
         counts[p.labels["mixer"]] = sum(int(np.prod(x.shape)) for x in leaves)
-    assert set(counts) == {"softmax", "linear", "favor", "taylor", "retnet", "gated", "hybrid"}
+    assert set(counts) == {
+        *("softmax", "linear", "favor", "taylor", "retnet", "gated", "hybrid"),
+        *("deltanet", "gated_deltanet"),
+    }
     for name, count in counts.items():
         assert abs(count / counts["softmax"] - 1) < 0.01, (name, count, counts["softmax"])
 
