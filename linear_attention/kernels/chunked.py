@@ -36,11 +36,6 @@ from linear_attention.kernels.segments import cumulative_log_decay, masked_exp
 # per-step cost, small enough that a step's matrices stay in cache. Measured on CPU; see
 # BENCHMARKS.md.
 TOKENS_PER_STEP = 128
-# A forward pass that is not differentiated (evaluation, prefill) walks in larger steps: at 128
-# tokens about a third of its time is per-step slicing and layout copies, and 512 measured faster
-# on CPU (BENCHMARKS.md). The gradient's forward and reverse walks keep TOKENS_PER_STEP, which
-# measured faster for them (the reverse walk's larger G×G and sub-block work per step grows).
-TOKENS_PER_FORWARD_STEP = 512
 # Sub-block of the intra-chunk scores for a decay per key dimension (see `_SubBlocks`).
 SUB_BLOCK = 16
 
@@ -67,17 +62,11 @@ def causal_chunked(
         if a_BTHX is not None:
             a_BTHX = jnp.pad(a_BTHX, widths)
     N = (T + pad) // C
-    G = _chunks_per_step(TOKENS_PER_STEP, C, N)
-    G_primal = _chunks_per_step(TOKENS_PER_FORWARD_STEP, C, N)
+    G = max(g for g in range(1, max(TOKENS_PER_STEP // C, 1) + 1) if N % g == 0)
     o_BTHD, kv_BHMD, z_BHM = _chunked(
-        q_BTHM, k_BTHM, v_BTHD, a_BTHX, kv0_BHMD, z0_BHM, (G, C), G_primal, normalize, float(eps)
+        q_BTHM, k_BTHM, v_BTHD, a_BTHX, kv0_BHMD, z0_BHM, (G, C), normalize, float(eps)
     )
     return o_BTHD[:, :T], kv_BHMD, z_BHM
-
-
-def _chunks_per_step(tokens, C, N):
-    """G: the most chunks, at most tokens // C (at least 1), that divide the N chunks."""
-    return max(g for g in range(1, max(tokens // C, 1) + 1) if N % g == 0)
 
 
 # ---- layout helpers: [B, T, H, ...] is viewed as [B, steps, G, C, H, ...] ----
@@ -314,14 +303,13 @@ def _forward(q_BTHM, k_BTHM, v_BTHD, a_BTHX, kv0_BHMD, z0_BHM, GC, normalize, ep
     return (_merge(o), kv_BHMD, z_BHM), entering
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8, 9))
-def _chunked(q_BTHM, k_BTHM, v_BTHD, a_BTHX, kv0_BHMD, z0_BHM, GC, G_primal, normalize, eps):
-    """`GC` = (G, C) for the gradient's walks; an undifferentiated call takes G_primal chunks."""
-    args = (q_BTHM, k_BTHM, v_BTHD, a_BTHX, kv0_BHMD, z0_BHM, (G_primal, GC[1]), normalize, eps)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8))
+def _chunked(q_BTHM, k_BTHM, v_BTHD, a_BTHX, kv0_BHMD, z0_BHM, GC, normalize, eps):
+    args = (q_BTHM, k_BTHM, v_BTHD, a_BTHX, kv0_BHMD, z0_BHM, GC, normalize, eps)
     return _forward(*args, keep=False)[0]
 
 
-def _chunked_fwd(q_BTHM, k_BTHM, v_BTHD, a_BTHX, kv0_BHMD, z0_BHM, GC, G_primal, normalize, eps):
+def _chunked_fwd(q_BTHM, k_BTHM, v_BTHD, a_BTHX, kv0_BHMD, z0_BHM, GC, normalize, eps):
     args = (q_BTHM, k_BTHM, v_BTHD, a_BTHX, kv0_BHMD, z0_BHM, GC, normalize, eps)
     outputs, entering = _forward(*args, keep=True)
     o_BTHD, kv_BHMD, z_BHM = outputs
@@ -329,7 +317,7 @@ def _chunked_fwd(q_BTHM, k_BTHM, v_BTHD, a_BTHX, kv0_BHMD, z0_BHM, GC, G_primal,
     return outputs, (q_BTHM, k_BTHM, v_BTHD, a_BTHX, o_BTHD, kv_BHMD, z_BHM, entering)
 
 
-def _chunked_bwd(GC, G_primal, normalize, eps, residuals, cotangents):
+def _chunked_bwd(GC, normalize, eps, residuals, cotangents):
     q_BTHM, k_BTHM, v_BTHD, a_BTHX, o_BTHD, kv_BHMD, z_BHM, (p_all, pz_all) = residuals
     do_BTHD, dkv_BHMD, dz_BHM = cotangents
     q, k, v, o, do = (_split(x, GC) for x in (q_BTHM, k_BTHM, v_BTHD, o_BTHD, do_BTHD))

@@ -10,7 +10,6 @@ import pytest
 from jax.test_util import check_grads
 
 from linear_attention import kernels as K
-from linear_attention.kernels import chunked
 from tests.kernels.reference import causal_linear_attention_loop, linear_attention_noncausal
 
 METHODS = K.METHODS
@@ -141,27 +140,6 @@ def test_chunk_sizes_agree(chunk_size, method):
     ref_o, ref_kv, _ = causal_linear_attention_loop(q, k, v, decays["per_token"], kv0, k_sum0)
     assert rel_err(o, ref_o) < 1e-5
     assert rel_err(state.kv, ref_kv) < 1e-5
-
-
-def test_chunk_forward_walk_matches_the_gradient_walk():
-    # An undifferentiated call walks TOKENS_PER_FORWARD_STEP tokens per step, the gradient
-    # TOKENS_PER_STEP: at chunk 2 and T=600, 2 steps of 150 chunks against 5 of 60.
-    C, T_long = 2, 600
-    tokens = (chunked.TOKENS_PER_STEP, chunked.TOKENS_PER_FORWARD_STEP)
-    G, G_primal = (chunked._chunks_per_step(t, C, T_long // C) for t in tokens)
-    assert G < G_primal < T_long // C, (G, G_primal)  # the walks differ, both in several steps
-    q, k, v, decays, kv0, k_sum0 = make_inputs(seed=11, T=T_long)
-    a = decays["per_token"]
-
-    def f(q):
-        return run(q, k, v, a, kv0, k_sum0, method="chunk", chunk_size=C)
-
-    o, state = f(q)
-    (o_vjp, state_vjp), _ = jax.vjp(f, q)
-    ref_o, ref_kv, ref_sum = causal_linear_attention_loop(q, k, v, a, kv0, k_sum0)
-    for out in ((o, state), (o_vjp, state_vjp)):
-        assert rel_err(out[0], ref_o) < 1e-5 and rel_err(out[1].kv, ref_kv) < 1e-5
-        assert rel_err(out[1].k_sum, ref_sum) < 1e-5
 
 
 def test_without_return_state_gives_same_output():
