@@ -268,3 +268,13 @@ def test_cached_attention_nan_value_poisons_only_the_queries_that_see_it():
     assert bool(jnp.all(jnp.isfinite(o[:, :3]))) and not bool(jnp.any(jnp.isfinite(o[:, 3:, 1])))
     expected, _ = np_attention(q[:, :3], k[:, :5], v[:, :5], causal=True)
     np.testing.assert_allclose(o[:, :3], expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_cached_attention_long_prefill_matches_blockwise():
+    """1024 queries at positions 7168.. of an 8192-slot cache (default blocks of 512): the
+    trainable blockwise kernel with the decode alignment (Tq < Tk) gives the same output."""
+    q, k, v, _ = _inputs(5, 1, 1024, 8192, 2, 32, 32)
+    o = jax.jit(cached_softmax_attention)(q, k, v, jnp.int32(8192 - 1024))
+    want = blockwise_softmax_attention(q, k, v, causal=True)
+    np.testing.assert_allclose(o, want, rtol=1e-4, atol=1e-5)
