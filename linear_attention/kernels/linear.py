@@ -108,8 +108,8 @@ def causal_linear_attention(
       eps: added to the normaliser; must be > 0.
       method: "chunk" (default, the training path), "scan", "associative_scan", "quadratic" or
         "chunk_parallel" (every chunk at once, shaped for accelerators). The default is "chunk"
-        on every backend: on the CPU it is 1.6–2.8× faster than "chunk_parallel" at T ≥ 4096
-        (BENCHMARKS.md); on GPU/TPU it is a choice, not yet a measurement
+        on every backend: on the CPU it is about 2× faster than "chunk_parallel" at T = 16384
+        and level at T ≤ 4096 (BENCHMARKS.md); on GPU/TPU it is a choice, not yet a measurement
         (`experiments/accelerator_check.py` measures both there).
       chunk_size: tokens per chunk for "chunk" and "chunk_parallel"; T need not be a multiple.
       initial_state: state before the first token; None means zeros. Its `k_sum` may be None
