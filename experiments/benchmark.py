@@ -6,7 +6,8 @@
 Shape B=1, H=4, d=64, float32, T = 256 … 65536 (full). Linear methods and the baselines get keys
 and queries featurised with elu+1 (featurisation is outside the timed function); the softmax
 methods get the raw ones. "fwd" times `f(q, k, v)`, "grad" times the gradient of the scalar
-`<f(q, k, v), g>` (fixed random g) w.r.t. q, k and v.
+`<f(q, k, v), g>` (fixed random g) w.r.t. q, k and v. "chunk_decay" and "chunk_gla" are the chunk
+method with a data-dependent log decay per head ([B, T, H]) and per key dimension ([B, T, H, d]).
 
 Method: for each T, everything is compiled first (which also gives XLA's temporary memory,
 `memory_analysis().temp_size_in_bytes`, without running), then a warm-up round, then R rounds
@@ -70,13 +71,26 @@ PRESETS = {
 }
 
 
-def _linear(method, chunk_size=DEFAULT_CHUNK):
-    return lambda q, k, v: K.causal_linear_attention(q, k, v, method=method, chunk_size=chunk_size)
+def _linear(method, chunk_size=DEFAULT_CHUNK, decay=None):
+    """`decay`: None, "head" (a [B, T, H] log decay) or "key" ([B, T, H, d], GLA), both computed
+    from q inside the timed function (−0.1·sigmoid), so the gradient reaches them."""
+
+    def f(q, k, v):
+        a = None
+        if decay == "head":
+            a = -0.1 * jax.nn.sigmoid(q[..., 0])
+        elif decay == "key":
+            a = -0.1 * jax.nn.sigmoid(q)
+        return K.causal_linear_attention(q, k, v, log_decay=a, method=method, chunk_size=chunk_size)
+
+    return f
 
 
 # name -> (function of (q, k, v), whether it takes featurised q and k)
 METHODS = {
     "chunk": (_linear("chunk"), True),
+    "chunk_decay": (_linear("chunk", decay="head"), True),
+    "chunk_gla": (_linear("chunk", decay="key"), True),
     "scan": (_linear("scan"), True),
     "associative_scan": (_linear("associative_scan"), True),
     "quadratic": (_linear("quadratic"), True),

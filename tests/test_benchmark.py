@@ -16,6 +16,8 @@ from tests.scripts import load_module
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = [
     "chunk",
+    "chunk_decay",
+    "chunk_gla",
     "scan",
     "associative_scan",
     "quadratic",

@@ -9,6 +9,16 @@ and g = b_C its total, the state (S, z) entering a chunk gives, for t in the chu
     S'     = exp(g) S + Σ_{s in chunk} exp(g − b_s) k_s v_sᵀ        (z: the same with v_s = 1)
     o_t    = num_t / (den_t + eps)        (or num_t unnormalised)
 
+A decay per key dimension (GLA, a [B,T,H,M]) makes b, g vectors over m: exp(b_t) and exp(g − b_s)
+scale q_t and k_s elementwise and exp(g) the rows of S. The intra-chunk scores
+Σ_m q_tm k_sm exp(b_tm − b_sm) are no longer one matmul; they are computed in sub-blocks of 16
+tokens (`_SubBlocks`): pairs in different sub-blocks factor around the boundary r of the query's
+sub-block as (q_t ⊙ exp(b_t − b_r))·(k_s ⊙ exp(b_r − b_s)), both exponents ≤ 0, and the
+diagonal sub-blocks use the exact masked [16, 16, M] decays. Nothing overflows for log decays of
+−30 per token or more. A log decay of −inf (a reset; packed documents) is carried as a count of
+resets beside finite cumulative sums, so no (−inf) − (−inf) arises: a factor spanning a reset is
+exactly 0. A per-head decay keeps the plain C×C path.
+
 Work is O(T·C·M + T·M·Dv) in dense matmuls. A `lax.scan` walks the sequence in steps of G
 chunks; the G chunks of a step are computed together, their entering states by a G×G decay
 weighting of the chunk updates. One step's matrices stay in cache and no per-token temporaries
@@ -41,13 +51,25 @@ SUB_BLOCK = 16
 
 
 def causal_chunked(
-    q_BTHM, k_BTHM, v_BTHD, a_BTH, kv0_BHMD, z0_BHM, *, chunk_size: int, normalize: bool, eps
+    q_BTHM,
+    k_BTHM,
+    v_BTHD,
+    a_BTH,
+    kv0_BHMD,
+    z0_BHM,
+    *,
+    chunk_size: int,
+    normalize: bool,
+    eps,
+    guard=None,
 ):
     """Causal linear attention, chunkwise, on float32 arrays.
 
     `a_BTH` is the log decay, `[B, T, H]` or `[B, T, H, M]` (None: none); `z0_BHM` the initial
-    normaliser state, or None to not track it (only allowed without `normalize`). Returns
-    `(o_BTHD, kv_BHMD, z_BHM)`.
+    normaliser state, or None to not track it (only allowed without `normalize`). `guard`:
+    None, or `(ok_BTH, poisoned_BTH)` bool: tokens whose key and value are finite (the others
+    are zeroed inside each step, so a NaN cannot reach earlier outputs through a masked matmul)
+    and outputs to set to NaN (those the bad tokens reach). Returns `(o_BTHD, kv_BHMD, z_BHM)`.
     """
     T = q_BTHM.shape[1]
     C = min(chunk_size, T)
@@ -61,10 +83,16 @@ def causal_chunked(
         q_BTHM, k_BTHM, v_BTHD = (jnp.pad(x, widths) for x in (q_BTHM, k_BTHM, v_BTHD))
         if a_BTHX is not None:
             a_BTHX = jnp.pad(a_BTHX, widths)
+        if guard is not None:
+            ok_BTH, poisoned_BTH = guard
+            guard = (
+                jnp.pad(ok_BTH, widths[:3], constant_values=True),
+                jnp.pad(poisoned_BTH, widths[:3]),
+            )
     N = (T + pad) // C
     G = max(g for g in range(1, max(TOKENS_PER_STEP // C, 1) + 1) if N % g == 0)
     o_BTHD, kv_BHMD, z_BHM = _chunked(
-        q_BTHM, k_BTHM, v_BTHD, a_BTHX, kv0_BHMD, z0_BHM, (G, C), normalize, float(eps)
+        q_BTHM, k_BTHM, v_BTHD, a_BTHX, kv0_BHMD, z0_BHM, guard, (G, C), normalize, float(eps)
     )
     return o_BTHD[:, :T], kv_BHMD, z_BHM
 
@@ -96,6 +124,20 @@ def _put(x, n, y_BHGC):
 
 def _tr(x):
     return jnp.swapaxes(x, -1, -2)
+
+
+def _split_guard(guard, GC):
+    """(ok, poisoned) [B, T, H] bool -> [B, steps, G, C, H, 1] each; (None, None) without."""
+    if guard is None:
+        return None, None
+    return tuple(_split(x[..., None], GC) for x in guard)
+
+
+def _clean(ok_n, k_n, v_n):
+    """Zero the keys and values of non-finite tokens (a NaN times a zero weight is still NaN)."""
+    if ok_n is None:
+        return k_n, v_n
+    return jnp.where(ok_n, k_n, 0.0), jnp.where(ok_n, v_n, 0.0)
 
 
 def _sub_block_size(C):
@@ -270,16 +312,18 @@ def _step_decays(a_n, GC, vector):
     return d, sub
 
 
-def _forward(q_BTHM, k_BTHM, v_BTHD, a_BTHX, kv0_BHMD, z0_BHM, GC, normalize, eps, keep):
+def _forward(q_BTHM, k_BTHM, v_BTHD, a_BTHX, kv0_BHMD, z0_BHM, guard, GC, normalize, eps, keep):
     """Walk the steps in order. With `keep`, also return the state entering every chunk."""
     G, C = GC
     q, k, v = (_split(x, GC) for x in (q_BTHM, k_BTHM, v_BTHD))
     a = None if a_BTHX is None else _split(a_BTHX, GC)
     vector = a is not None and a.shape[-1] > 1
+    flags = _split_guard(guard, GC)
 
     def step(carry, n):
         kv_BHMD, z_BHM, o_all = carry
-        q_n, k_n, v_n, a_n = _step_slice(n, q, k, v, a)
+        q_n, k_n, v_n, a_n, ok_n, poisoned_n = _step_slice(n, q, k, v, a, *flags)
+        k_n, v_n = _clean(ok_n, k_n, v_n)
         d, sub = _step_decays(a_n, GC, vector)
 
         # ---- 2. intra-chunk: masked, decayed C×C scores ----
@@ -296,6 +340,8 @@ def _forward(q_BTHM, k_BTHM, v_BTHD, a_BTHX, kv0_BHMD, z0_BHM, GC, normalize, ep
             den_BHGC = jnp.sum(s_BHGCC, -1) + jnp.einsum("bhgcm,bhgm->bhgc", q_start, pz_BHGM)
             o_BHGCD = o_BHGCD / (den_BHGC[..., None] + eps)
         # ---- 4. finish: write the step's outputs in place ----
+        if poisoned_n is not None:
+            o_BHGCD = jnp.where(poisoned_n, jnp.nan, o_BHGCD)
         return (kv_next, z_next, _put(o_all, n, o_BHGCD)), ((p_BHGMD, pz_BHGM) if keep else None)
 
     init = (kv0_BHMD, z0_BHM, jnp.zeros_like(v))
@@ -303,30 +349,33 @@ def _forward(q_BTHM, k_BTHM, v_BTHD, a_BTHX, kv0_BHMD, z0_BHM, GC, normalize, ep
     return (_merge(o), kv_BHMD, z_BHM), entering
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8))
-def _chunked(q_BTHM, k_BTHM, v_BTHD, a_BTHX, kv0_BHMD, z0_BHM, GC, normalize, eps):
-    args = (q_BTHM, k_BTHM, v_BTHD, a_BTHX, kv0_BHMD, z0_BHM, GC, normalize, eps)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9))
+def _chunked(q_BTHM, k_BTHM, v_BTHD, a_BTHX, kv0_BHMD, z0_BHM, guard, GC, normalize, eps):
+    args = (q_BTHM, k_BTHM, v_BTHD, a_BTHX, kv0_BHMD, z0_BHM, guard, GC, normalize, eps)
     return _forward(*args, keep=False)[0]
 
 
-def _chunked_fwd(q_BTHM, k_BTHM, v_BTHD, a_BTHX, kv0_BHMD, z0_BHM, GC, normalize, eps):
-    args = (q_BTHM, k_BTHM, v_BTHD, a_BTHX, kv0_BHMD, z0_BHM, GC, normalize, eps)
+def _chunked_fwd(q_BTHM, k_BTHM, v_BTHD, a_BTHX, kv0_BHMD, z0_BHM, guard, GC, normalize, eps):
+    args = (q_BTHM, k_BTHM, v_BTHD, a_BTHX, kv0_BHMD, z0_BHM, guard, GC, normalize, eps)
     outputs, entering = _forward(*args, keep=True)
     o_BTHD, kv_BHMD, z_BHM = outputs
     # Residuals: inputs, outputs and the state entering each chunk (one per chunk, not per token).
-    return outputs, (q_BTHM, k_BTHM, v_BTHD, a_BTHX, o_BTHD, kv_BHMD, z_BHM, entering)
+    residuals = (q_BTHM, k_BTHM, v_BTHD, a_BTHX, o_BTHD, kv_BHMD, z_BHM, guard, entering)
+    return outputs, residuals
 
 
 def _chunked_bwd(GC, normalize, eps, residuals, cotangents):
-    q_BTHM, k_BTHM, v_BTHD, a_BTHX, o_BTHD, kv_BHMD, z_BHM, (p_all, pz_all) = residuals
+    q_BTHM, k_BTHM, v_BTHD, a_BTHX, o_BTHD, kv_BHMD, z_BHM, guard, (p_all, pz_all) = residuals
     do_BTHD, dkv_BHMD, dz_BHM = cotangents
     q, k, v, o, do = (_split(x, GC) for x in (q_BTHM, k_BTHM, v_BTHD, o_BTHD, do_BTHD))
     a = None if a_BTHX is None else _split(a_BTHX, GC)
     vector = a is not None and a.shape[-1] > 1
+    flags = _split_guard(guard, GC)
 
     def step(carry, n):
         (g_BHMD, gz_BHM), (dq_all, dk_all, dv_all, db_all) = carry
-        q_n, k_n, v_n, o_n, do_n, a_n = _step_slice(n, q, k, v, o, do, a)
+        q_n, k_n, v_n, o_n, do_n, a_n, ok_n, _ = _step_slice(n, q, k, v, o, do, a, *flags)
+        k_n, v_n = _clean(ok_n, k_n, v_n)
         p_BHGMD = p_all[n]
         pz_BHGM = None if pz_all is None else pz_all[n]
         d, sub = _step_decays(a_n, GC, vector)
@@ -391,7 +440,7 @@ def _chunked_bwd(GC, normalize, eps, residuals, cotangents):
         end_BHX = end_BHM if vector else jnp.sum(end_BHM, -1, keepdims=True)
         db_BTHX = _merge(db).at[:, -1].add(end_BHX)
         da_BTHX = _suffix_sum_to_reset(db_BTHX, jnp.isneginf(a_BTHX))
-    return _merge(dq), _merge(dk), _merge(dv), da_BTHX, dkv0_BHMD, dz0_BHM
+    return _merge(dq), _merge(dk), _merge(dv), da_BTHX, dkv0_BHMD, dz0_BHM, None
 
 
 def _suffix_sum_to_reset(db_BTHX, reset_BTHX):

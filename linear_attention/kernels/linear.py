@@ -9,8 +9,8 @@ Causal linear attention with an optional log decay a_t ≤ 0 is the recurrence
 with a_t one number per head, or one per key dimension (GLA: it scales the rows of kv). A log
 decay of −inf is a reset (the state is zeroed); packed rows (`segment_ids`) are resets at every
 document start. Non-finite keys or values poison only their own token and what follows it in the
-same document, as in the recurrence: every method computes on zeroed copies and marks the
-affected outputs NaN, since a masked matmul would spread a future NaN backwards (0·NaN = NaN).
+same document, as in the recurrence: every method computes with those tokens zeroed and marks
+the affected outputs NaN, since a masked matmul would spread a future NaN backwards (0·NaN = NaN).
 
 `q` and `k` are already featurised (φ(q), φ(k), width M). Every method computes the same numbers;
 they differ in cost: "quadratic" O(T²) memory, "scan" sequential, "associative_scan" a parallel
@@ -165,9 +165,9 @@ def causal_linear_attention(
     if B == 0 or H == 0:  # nothing to compute (and no chunk of zero rows to split)
         o = jnp.zeros((B, T, H, Dv), dtype)
         return (o, LinearAttentionState(kv=kv0_BHMD, k_sum=z0_BHM)) if return_state else o
-    k32, v32, poisoned_BTH = _quarantine(k32, v32, a_BTH)
+    ok_BTH, poisoned_BTH = _bad_tokens(k32, v32, a_BTH)
 
-    if method == "chunk":
+    if method == "chunk":  # zeroes bad tokens inside its steps, no extra pass over k and v
         o_BTHD, kv_BHMD, z_BHM = causal_chunked(
             q32,
             k32,
@@ -178,8 +178,11 @@ def causal_linear_attention(
             chunk_size=chunk_size,
             normalize=normalize,
             eps=eps,
+            guard=(ok_BTH, poisoned_BTH),
         )
     else:
+        ok_BTH1 = ok_BTH[..., None]
+        k32, v32 = jnp.where(ok_BTH1, k32, 0.0), jnp.where(ok_BTH1, v32, 0.0)
         core = {
             "scan": causal_scan,
             "associative_scan": causal_associative,
@@ -194,7 +197,8 @@ def causal_linear_attention(
         z_BHM = s_BHMD[..., Dv] if with_sum else None
         if normalize:
             o_BTHD = o_BTHD / (out_BTHD[..., Dv:] + eps)
-    o_BTHD = jnp.where(poisoned_BTH[..., None], jnp.nan, o_BTHD).astype(dtype)
+        o_BTHD = jnp.where(poisoned_BTH[..., None], jnp.nan, o_BTHD)
+    o_BTHD = o_BTHD.astype(dtype)
     if not return_state:
         return o_BTHD
     last_BH11 = poisoned_BTH[:, -1, :, None, None]
@@ -203,15 +207,15 @@ def causal_linear_attention(
     return o_BTHD, LinearAttentionState(kv=kv_BHMD, k_sum=z_BHM)
 
 
-def _quarantine(k_BTHM, v_BTHD, a_BTH):
-    """Zero non-finite keys and values; mark the tokens they reach (`[B, T, H]` bool).
+def _bad_tokens(k_BTHM, v_BTHD, a_BTH):
+    """Tokens with finite keys and values (`ok`), and the outputs a non-finite one reaches.
 
     A bad token s reaches t ≥ s unless a reset (a −inf log decay in every key dimension) lies in
-    (s, t]: it is where the recurrence itself would carry the NaN.
+    (s, t]: it is where the recurrence itself would carry the NaN. Both `[B, T, H]` bool.
     """
-    bad_BTH = ~(jnp.all(jnp.isfinite(k_BTHM), -1) & jnp.all(jnp.isfinite(v_BTHD), -1))
-    k_BTHM = jnp.where(jnp.isfinite(k_BTHM), k_BTHM, 0.0)
-    v_BTHD = jnp.where(jnp.isfinite(v_BTHD), v_BTHD, 0.0)
+    # a sum is finite iff every term is: one reduction per array, not an elementwise test
+    ok_BTH = jnp.isfinite(jnp.sum(k_BTHM, -1) + jnp.sum(v_BTHD, -1))
+    bad_BTH = ~ok_BTH
     if a_BTH is None:
         resets_BTH = jnp.zeros(bad_BTH.shape, jnp.int32)
     else:
@@ -219,7 +223,7 @@ def _quarantine(k_BTHM, v_BTHD, a_BTH):
         reset_BTH = jnp.all(reset, -1) if a_BTH.ndim == 4 else reset
         resets_BTH = jnp.cumsum(reset_BTH.astype(jnp.int32), axis=1)
     last_bad_BTH = jax.lax.cummax(jnp.where(bad_BTH, resets_BTH, -1), axis=1)
-    return k_BTHM, v_BTHD, last_bad_BTH == resets_BTH
+    return ok_BTH, last_bad_BTH == resets_BTH
 
 
 def _check_qkv(q, k, v):
