@@ -80,7 +80,11 @@ def get_config(arg=None):
     config.mesh = ml_collections.ConfigDict()
     config.mesh.num_devices = 0  # 0: every device
     config.mesh.fsdp = False
-    config.mesh.multi_host = False
+    config.mesh.seq = 1  # devices splitting the time axis (sequence parallelism)
+    config.mesh.multi_host = False  # one of several processes (jax.distributed)
+    config.mesh.coordinator_address = ""  # "" / 0: from the environment or cluster
+    config.mesh.num_processes = 0
+    config.mesh.process_id = 0
 
     if arg == "cpu":
         vocab_size.set(512)

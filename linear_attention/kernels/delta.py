@@ -44,6 +44,8 @@ product form (I − N)⁻¹ = Π(I + N^(2^j)) is unstable for β near 2 (its pow
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -61,6 +63,7 @@ from linear_attention.kernels.segments import (
     masked_exp,
     segment_log_decay,
 )
+from linear_attention.kernels.sequence_parallel import delta_sequence_parallel
 from linear_attention.kernels.state import LinearAttentionState
 
 METHODS = ("chunk", "scan")
@@ -78,6 +81,7 @@ def delta_rule(
     initial_state: LinearAttentionState | None = None,
     return_state: bool = False,
     segment_ids=None,
+    axis_name: str | None = None,
 ):
     """The (gated) delta rule over a sequence, from an optional initial state.
 
@@ -94,6 +98,9 @@ def delta_rule(
       return_state: also return the state after the last token.
       segment_ids: `[B, T]` ints for packed rows; the state is zeroed before every token whose id
         differs from the previous token's. None: one document per row.
+      axis_name: inside `jax.shard_map` with time split over this mesh axis, compute the
+        unsplit result (outputs, gradients, the global final state on every shard) by sequence
+        parallelism (`sequence_parallel.py`). None: no split.
     Returns:
       `o: [B, T, H, Dv]` in `result_type(q, k, v)`, and with `return_state` the final
       `LinearAttentionState(kv, None)` (float32).
@@ -114,9 +121,15 @@ def delta_rule(
         s0_BHKD = jnp.zeros((B, H, Kd, Dv), jnp.float32)
     else:
         s0_BHKD = initial_state.kv.astype(jnp.float32)
-    core = delta_chunked if method == "chunk" else delta_scan
-    kwargs = {"chunk_size": chunk_size} if method == "chunk" else {}
-    o_BTHD, s_BHKD = core(q32, k32, v32, beta32, a_BTH, s0_BHKD, **kwargs)
+    if axis_name is not None:  # time split: the unsplit kernel per shard, then a combine
+        local = functools.partial(delta_rule, method=method, chunk_size=chunk_size)
+        o_BTHD, s_BHKD = delta_sequence_parallel(
+            local, (q32, k32, v32, beta32, a_BTH), s0_BHKD, segment_ids, axis_name
+        )
+    else:
+        core = delta_chunked if method == "chunk" else delta_scan
+        kwargs = {"chunk_size": chunk_size} if method == "chunk" else {}
+        o_BTHD, s_BHKD = core(q32, k32, v32, beta32, a_BTH, s0_BHKD, **kwargs)
     o_BTHD = o_BTHD.astype(dtype)
     if not return_state:
         return o_BTHD

@@ -27,6 +27,10 @@ Work per device is O(T/n) plus O(n) state-sized combines. Packed rows (`segment_
 span starts too: the previous shard's last id arrives by `ppermute`. Gradients are JAX's own
 through the collectives (the transpose of `all_gather` is a reduce-scatter), so they equal the
 unsplit call's, including those of an initial state replicated over the axis.
+
+Softmax attention has no such state: `softmax_context_parallel` gathers the keys and values of
+every shard instead (context parallelism, O(T/n · T) logits per device) and masks with the
+global positions.
 """
 
 from __future__ import annotations
@@ -128,6 +132,29 @@ def delta_sequence_parallel(local, qkvba, s0_BHKD, segment_ids, axis_name):
     # ---- 3. the entering state's contribution: (A_t S_in)ᵀ q_t ----
     o_BTHD = out_BTHX[..., :Dv] + jnp.einsum("bthk,bhkd->bthd", out_BTHX[..., Dv:], s_in_BHKD)
     return o_BTHD, s_out_BHKD
+
+
+def softmax_context_parallel(q_BTHD, k_BTHD, v_BTHD, *, axis_name, scale, segment_ids=None):
+    """Causal softmax attention with time split over `axis_name`: this shard's queries attend
+    to the gathered keys and values of every shard, query s·T + t seeing key j iff j ≤ s·T + t
+    (and, with `segment_ids [B, T]`, the same id). Logits and softmax in float32, masked before
+    `exp`; the output has dtype `result_type(q, k, v)`."""
+    dtype = jnp.result_type(q_BTHD, k_BTHD, v_BTHD)
+    T = q_BTHD.shape[1]
+    k_BSHD = jax.lax.all_gather(k_BTHD, axis_name, axis=1, tiled=True)
+    v_BSHD = jax.lax.all_gather(v_BTHD, axis_name, axis=1, tiled=True)
+    q_pos_T = jax.lax.axis_index(axis_name) * T + jnp.arange(T)
+    visible_BTS = (jnp.arange(k_BSHD.shape[1])[None, :] <= q_pos_T[:, None])[None]
+    if segment_ids is not None:
+        ids_BS = jax.lax.all_gather(segment_ids, axis_name, axis=1, tiled=True)
+        visible_BTS = visible_BTS & (segment_ids[:, :, None] == ids_BS[:, None, :])
+    logits_BHTS = jnp.einsum(
+        "bthd,bshd->bhts", q_BTHD, k_BSHD, preferred_element_type=jnp.float32
+    ) * jnp.float32(scale)
+    logits_BHTS = jnp.where(visible_BTS[:, None], logits_BHTS, -jnp.inf)
+    probs_BHTS = jax.nn.softmax(logits_BHTS, axis=-1)  # every query sees itself: no empty row
+    o_BTHD = jnp.einsum("bhts,bshd->bthd", probs_BHTS, v_BSHD.astype(jnp.float32))
+    return o_BTHD.astype(dtype)
 
 
 def _vma(x):

@@ -23,6 +23,7 @@ from flax import nnx
 from linear_attention.layers.conv import ShortConv
 from linear_attention.layers.norm import RMSNorm
 from linear_attention.layers.rotary import apply_rotary, check_rotary_dim
+from linear_attention.layers.sequence import previous_tail, sequence_axis, sequence_offset
 
 # Options that only some mixers use; `None` means "not set". A mixer whose `USES` lacks one of
 # these raises if it is set, so nothing is silently ignored.
@@ -84,6 +85,8 @@ class Mixer(nnx.Module):
     USES: ClassVar[frozenset[str]] = frozenset()
     DEFAULT_OUT_NORM: ClassVar[bool] = False
     DEFAULT_OUT_GATE: ClassVar[bool] = False
+    # `__call__` may run with time split over a mesh axis (layers/sequence.py).
+    SEQUENCE_PARALLEL: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -234,8 +237,10 @@ class Mixer(nnx.Module):
         h, dk, dv = self.num_heads, self.qk_dim, self.head_dim
         qkv = self.qkv_proj(x_BTD)
         if self.conv is not None:
-            if conv_tail is None:
-                conv_tail = self.conv.init_state(b)
+            if conv_tail is None:  # time split: the previous shard's last K − 1 inputs
+                k_1 = self.conv.kernel_size - 1
+                axis = sequence_axis()
+                conv_tail = self.conv.init_state(b) if axis is None else previous_tail(qkv, k_1)
             qkv, conv_tail = self.conv.prefill(qkv, conv_tail)
         q_BTHK = qkv[..., : h * dk].reshape(b, t, h, dk)
         k_BTHK = qkv[..., h * dk : 2 * h * dk].reshape(b, t, h, dk)
@@ -270,8 +275,11 @@ class Mixer(nnx.Module):
     def __call__(self, x_BTD: jax.Array) -> jax.Array:
         """Causal mixing of a whole sequence `[B, T, d_model]` from an empty state."""
         self._check_input(x_BTD, 3, "[B, T, D]")
-        q, k, v, _ = self._qkv(x_BTD, None, 0)
-        o_BTHD, _ = self._mix(x_BTD, q, k, v, None, 0)
+        if sequence_axis() is not None and not self.SEQUENCE_PARALLEL:
+            raise ValueError(f"mixer {self.NAME!r} does not support a split time axis")
+        position = sequence_offset(x_BTD.shape[1])  # 0 unless time is split
+        q, k, v, _ = self._qkv(x_BTD, None, position)
+        o_BTHD, _ = self._mix(x_BTD, q, k, v, None, position)
         return self._output(x_BTD, o_BTHD)
 
     def attention_inputs(self, x_BTD: jax.Array) -> AttentionInputs:
@@ -285,6 +293,8 @@ class Mixer(nnx.Module):
     def prefill(self, x_BTD: jax.Array, state: MixerState) -> tuple[jax.Array, MixerState]:
         """Mix `x[B, T, D]` after the tokens summarized by `state`; returns `(y, new state)`."""
         self._check_input(x_BTD, 3, "[B, T, D]")
+        if sequence_axis() is not None:
+            raise ValueError("prefill does not split time: call it outside split_sequence")
         q, k, v, tail = self._qkv(x_BTD, state.conv, state.position)
         o_BTHD, core = self._mix(x_BTD, q, k, v, state.core, state.position)
         position = state.position + x_BTD.shape[1]

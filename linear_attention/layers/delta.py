@@ -28,6 +28,7 @@ from flax import nnx
 from linear_attention import kernels as K
 from linear_attention.layers.base import Mixer
 from linear_attention.layers.linear import GatedMixer
+from linear_attention.layers.sequence import sequence_axis
 
 L2_EPS = 1e-6  # inside the square root of the q/k L2 norm
 
@@ -41,6 +42,7 @@ class DeltaNetMixer(Mixer):
     """DeltaNet: the delta rule with β = sigmoid(x W_β) per head, no decay."""
 
     NAME = "deltanet"
+    SEQUENCE_PARALLEL = True
     USES = frozenset({"method", "chunk_size", "allow_neg_eigval"})
     DEFAULT_OUT_NORM = True
     DEFAULT_OUT_GATE = True
@@ -116,6 +118,7 @@ class DeltaNetMixer(Mixer):
             method=self.method,
             chunk_size=self.chunk_size,
             segment_ids=segment_ids,
+            axis_name=sequence_axis(),
         )
         beta = self._beta(x_BTD)
         if core is None:

@@ -34,6 +34,7 @@ from linear_attention.layers.feature_maps import (
     FixedFeatureMap,
     HedgehogFeatures,
 )
+from linear_attention.layers.sequence import sequence_axis
 
 
 class LinearMixer(Mixer):
@@ -44,6 +45,7 @@ class LinearMixer(Mixer):
     """
 
     NAME = "linear"
+    SEQUENCE_PARALLEL = True
     USES = frozenset({"feature_map", "method", "chunk_size", "eps"})
     NORMALIZE: ClassVar[bool] = True
     K_SCALE: ClassVar[bool] = False
@@ -130,6 +132,7 @@ class LinearMixer(Mixer):
             log_decay=self._log_decay(x_BTD),
             method=self.method,
             chunk_size=self.chunk_size,
+            axis_name=sequence_axis(),
             **self._kernel_options(),
         )
         if core is None:

@@ -19,7 +19,9 @@ import jax
 import jax.numpy as jnp
 
 from linear_attention import kernels as K
+from linear_attention.kernels.sequence_parallel import softmax_context_parallel
 from linear_attention.layers.base import AttentionInputs, Mixer
+from linear_attention.layers.sequence import sequence_axis
 
 
 class KVCache(NamedTuple):
@@ -34,6 +36,7 @@ class SoftmaxMixer(Mixer):
     """Causal softmax attention; use `rope=True` (or learned positions in the model) for order."""
 
     NAME = "softmax"
+    SEQUENCE_PARALLEL = True
     USES = frozenset()
     CACHE_BLOCK = 512  # slots of the KV cache read per block by prefill / step
 
@@ -53,6 +56,11 @@ class SoftmaxMixer(Mixer):
 
     def _mix(self, x_BTD, q_BTHK, k_BTHK, v_BTHD, core, position):
         scale = self.qk_dim**-0.5
+        if core is None and sequence_axis() is not None:  # context parallel over the split
+            o = softmax_context_parallel(
+                q_BTHK, k_BTHK, v_BTHD, axis_name=sequence_axis(), scale=scale
+            )
+            return o, None
         if core is None:
             return K.softmax_attention(q_BTHK, k_BTHK, v_BTHD, causal=True, scale=scale), None
         t, length = q_BTHK.shape[1], core.k.shape[1]

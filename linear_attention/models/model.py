@@ -24,6 +24,7 @@ import numpy as np
 from flax import nnx
 
 from linear_attention.layers import Block, FavorMixer, MixerState, RMSNorm
+from linear_attention.layers.sequence import sequence_offset
 from linear_attention.models.config import ModelConfig
 from linear_attention.models.tokens import check_token_ids, is_concrete
 
@@ -122,7 +123,7 @@ class LanguageModel(nnx.Module):
                 f"tokens has length {tokens.shape[1]} > max_length={self.config.max_length}"
             )
         check_token_ids(tokens, self.config.vocab_size)
-        x, valid = self._embed(tokens, 0)
+        x, valid = self._embed(tokens, sequence_offset(tokens.shape[1]))  # 0 unless split
         for block in self.blocks:
             x = block(x)
         return self._logits(x, valid)

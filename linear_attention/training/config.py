@@ -157,14 +157,35 @@ class TrainConfig:
 
 @dataclasses.dataclass(frozen=True)
 class MeshConfig:
-    """Devices: a 1-D mesh over ``num_devices`` (0: all) with axis ``data``."""
+    """Devices: a mesh over ``num_devices`` (0: all) with axes ``data`` (batch rows) and ``seq``
+    (``seq`` devices split the time axis: sequence parallelism). With ``multi_host`` the run is
+    one of ``num_processes`` processes joined by ``jax.distributed.initialize``; an empty
+    address and ``num_processes = 0`` are taken from the environment or the cluster."""
 
     num_devices: int = 0
     fsdp: bool = False  # shard parameters and optimizer state over the data axis
+    seq: int = 1  # devices splitting the time axis; the others split the batch
     multi_host: bool = False  # call jax.distributed.initialize() first
+    coordinator_address: str = ""  # "host:port" of process 0
+    num_processes: int = 0
+    process_id: int = 0  # read when num_processes > 0
 
     def validate(self, path: str):
         _need_int(f"{path}.num_devices", self.num_devices, minimum=0)
+        _need_int(f"{path}.seq", self.seq)
+        if self.num_devices and self.num_devices % self.seq:
+            _fail(f"{path}.seq", f"= {self.seq} must divide num_devices = {self.num_devices}")
+        _need_int(f"{path}.num_processes", self.num_processes, minimum=0)
+        _need_int(f"{path}.process_id", self.process_id, minimum=0)
+        if self.num_processes and self.process_id >= self.num_processes:
+            _fail(
+                f"{path}.process_id",
+                f"= {self.process_id} must be < num_processes = {self.num_processes}",
+            )
+        if not self.multi_host:
+            for name in ("coordinator_address", "num_processes", "process_id"):
+                if getattr(self, name):
+                    _fail(f"{path}.{name}", "is set but multi_host is False")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -291,6 +312,8 @@ def experiment_config(config) -> ExperimentConfig:
                 f"= {train.sample_tokens} plus the prompt's {total - train.sample_tokens} bytes "
                 f"exceeds config.model.max_length = {model.max_length}",
             )
+    if data.seq_len % mesh.seq:
+        _fail("mesh.seq", f"= {mesh.seq} must divide config.data.seq_len = {data.seq_len}")
     if optimizer.warmup_steps > train.num_steps:
         _fail(
             "optimizer.warmup_steps",

@@ -1,31 +1,49 @@
-"""Devices: a 1-D `Mesh` with axis ``data``; batches split over it, parameters replicated or
-FSDP-sharded (each array split along its first dimension divisible by the device count)."""
+"""Devices: a `Mesh` with axes ``data`` and ``seq``. Batch rows split over ``data``, parameters
+replicated or FSDP-sharded over it (each array split along its first dimension divisible by the
+``data`` size); with ``seq > 1`` the model's loss runs in `jax.shard_map` with time split over
+``seq`` (`sequence_parallel_stats`: the mixers' sequence parallelism, layers/sequence.py)."""
 
 from __future__ import annotations
 
 import jax
 import numpy as np
+from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from linear_attention.layers.sequence import split_sequence
+
 DATA_AXIS = "data"
+SEQ_AXIS = "seq"
 
 
-def initialize_distributed(multi_host: bool) -> None:
-    """Join a multi-host run (coordinator and process ids come from the environment)."""
-    if multi_host and not jax.distributed.is_initialized():
-        jax.distributed.initialize()
+def initialize_distributed(mesh_config) -> None:
+    """Join a multi-process run (``config.mesh.multi_host``): the coordinator address, the
+    number of processes and this process's id from ``config.mesh`` where set, otherwise from the
+    environment or the cluster (`jax.distributed.initialize`'s auto-detection)."""
+    if not mesh_config.multi_host or jax.distributed.is_initialized():
+        return
+    kwargs = {}
+    if mesh_config.coordinator_address:
+        kwargs["coordinator_address"] = mesh_config.coordinator_address
+    if mesh_config.num_processes:
+        kwargs["num_processes"] = mesh_config.num_processes
+        kwargs["process_id"] = mesh_config.process_id
+    jax.distributed.initialize(**kwargs)
 
 
-def make_mesh(num_devices: int = 0) -> Mesh:
-    """A mesh over the first ``num_devices`` devices (0: all of them)."""
+def make_mesh(num_devices: int = 0, seq: int = 1) -> Mesh:
+    """A ``(data, seq)`` mesh over the first ``num_devices`` devices (0: all of them), ``seq``
+    of them along the time axis."""
     devices = jax.devices()
     if num_devices > len(devices):
         raise ValueError(
             f"config.mesh.num_devices = {num_devices} but only {len(devices)} devices are visible"
         )
     devices = devices[: num_devices or len(devices)]
-    return Mesh(np.asarray(devices), (DATA_AXIS,))
+    if len(devices) % seq:
+        raise ValueError(f"config.mesh.seq = {seq} must divide the {len(devices)} devices")
+    return Mesh(np.asarray(devices).reshape(-1, seq), (DATA_AXIS, SEQ_AXIS))
 
 
 def check_batch_size(name: str, batch_size: int, mesh: Mesh) -> None:
@@ -67,3 +85,21 @@ def shard_batch(batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array
         k: jax.make_array_from_callback(v.shape, sharding, lambda idx, v=v: v[idx])
         for k, v in batch.items()
     }
+
+
+def sequence_parallel_stats(stats_fn, model, batch, mesh: Mesh):
+    """``stats_fn(model, inputs, labels)`` summed over the whole batch, computed in
+    `jax.shard_map` with rows split over ``data`` and time over ``seq``; the model runs in
+    `split_sequence` (its mixers then see their shard of the time axis and combine over ``seq``).
+    Parameters enter replicated; the sums are `psum`-ed over both axes."""
+    graphdef, params = nnx.split(model)
+
+    def local(params, inputs, labels):
+        with split_sequence(SEQ_AXIS):
+            stats = stats_fn(nnx.merge(graphdef, params), inputs, labels)
+        return jax.lax.psum(stats, (DATA_AXIS, SEQ_AXIS))
+
+    rows_time = P(DATA_AXIS, SEQ_AXIS)
+    return jax.shard_map(local, mesh=mesh, in_specs=(P(), rows_time, rows_time), out_specs=P())(
+        params, batch["inputs"], batch["labels"]
+    )

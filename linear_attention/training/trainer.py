@@ -39,6 +39,7 @@ from linear_attention.training.mesh import (
     check_batch_size,
     initialize_distributed,
     make_mesh,
+    sequence_parallel_stats,
     shard_batch,
     state_shardings,
 )
@@ -163,7 +164,7 @@ def train_step(state, batch, *, graphdef, mesh, fsdp):
     model, optimizer = nnx.merge(graphdef, state)
 
     def loss_fn(model):
-        loss_sum, correct, count = token_stats(model(batch["inputs"]), batch["labels"])
+        loss_sum, correct, count = model_stats(model, batch, mesh)
         count = jnp.maximum(count, 1.0)
         return loss_sum / count, correct / count
 
@@ -179,10 +180,19 @@ def train_step(state, batch, *, graphdef, mesh, fsdp):
     return new_state, metrics
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef",))
-def eval_step(state, batch, *, graphdef):
+def model_stats(model, batch, mesh=None):
+    """`token_stats` of the model on ``batch``; with a ``seq`` mesh axis over more than one
+    device, time split over it (sequence parallelism)."""
+    if mesh is None or mesh.shape.get("seq", 1) == 1:
+        return token_stats(model(batch["inputs"]), batch["labels"])
+    stats = lambda model, inputs, labels: token_stats(model(inputs), labels)  # noqa: E731
+    return sequence_parallel_stats(stats, model, batch, mesh)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "mesh"))
+def eval_step(state, batch, *, graphdef, mesh=None):
     model, _ = nnx.merge(graphdef, state)
-    return token_stats(model(batch["inputs"]), batch["labels"])
+    return model_stats(model, batch, mesh)
 
 
 @functools.partial(
@@ -201,7 +211,10 @@ def evaluate(state, data, config: ExperimentConfig, graphdef, mesh) -> dict[str,
     the query positions only); bits per byte for text."""
     sums = [
         eval_step(
-            state, shard_batch(checked(b, config.model, "an eval batch"), mesh), graphdef=graphdef
+            state,
+            shard_batch(checked(b, config.model, "an eval batch"), mesh),
+            graphdef=graphdef,
+            mesh=mesh,
         )
         for b in data.eval_batches(config.train.eval_batch)
     ]
@@ -285,9 +298,9 @@ def train(config, workdir: str, *, reporter: Reporter | None = None) -> dict:
     start_time = time.perf_counter()
     cfg = experiment_config(config)
     tc = cfg.train
-    initialize_distributed(cfg.mesh.multi_host)
+    initialize_distributed(cfg.mesh)
     try:
-        mesh = make_mesh(cfg.mesh.num_devices)
+        mesh = make_mesh(cfg.mesh.num_devices, cfg.mesh.seq)
         check_batch_size("train.batch_size", tc.batch_size, mesh)
         check_batch_size("train.eval_batch_size", tc.eval_batch, mesh)
     except ValueError as e:
@@ -354,7 +367,8 @@ def train(config, workdir: str, *, reporter: Reporter | None = None) -> dict:
             ]
         profiler = Profiler(workdir, first=start + 1, num_steps=tc.profile_steps)
         reporter.message(
-            f"{param_count:,} parameters, {mesh.shape['data']} device(s), "
+            f"{param_count:,} parameters, {mesh.devices.size} device(s) "
+            f"(data {mesh.shape['data']} × seq {mesh.shape['seq']}), "
             f"steps {start}..{tc.num_steps}"
         )
         with _StopSignals(reporter) as stop:
@@ -377,7 +391,7 @@ def train(config, workdir: str, *, reporter: Reporter | None = None) -> dict:
         summary.update(
             workdir=os.path.abspath(workdir),
             param_count=param_count,
-            num_devices=mesh.shape["data"],
+            num_devices=int(mesh.devices.size),
             resumed_from_step=start,
             wall_time_sec=time.perf_counter() - start_time,
         )

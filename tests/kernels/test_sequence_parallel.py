@@ -134,6 +134,32 @@ def main():
         assert rel_err(x, ref) <= 1e-4, rel_err(x, ref)
     print("CHECKED loop/BTHM/segments/n=8", flush=True)
 
+    # The delta rule: L2-normalised keys, β in (0, 2), gated or not, packed rows.
+    unit = lambda x: x / jnp.linalg.norm(x, axis=-1, keepdims=True)  # noqa: E731
+    delta_base = {
+        "q": f(B, T, H, M),
+        "k": unit(f(B, T, H, M)),
+        "v": f(B, T, H, DV),
+        "beta": jax.nn.sigmoid(f(B, T, H)) * 1.5,
+        "s0": f(B, H, M, DV),
+    }
+
+    def delta(xs, seg, *, axis_name, method):
+        return K.delta_rule(
+            xs["q"], xs["k"], xs["v"], xs["beta"], log_decay=xs.get("a"),
+            initial_state=K.LinearAttentionState(xs["s0"], None), segment_ids=seg,
+            method=method, chunk_size=4, return_state=True, axis_name=axis_name,
+        )  # fmt: skip
+
+    for name, n, gated, method, segments in (
+        ("delta/chunk/n=2", 2, False, "chunk", False),
+        ("delta/chunk/gated/segments/n=8", 8, True, "chunk", True),
+        ("delta/scan/gated/n=4", 4, True, "scan", False),
+    ):
+        xs = {**delta_base, "a": decays["BTH"]} if gated else delta_base
+        seg = jnp.asarray(SEGMENTS) if segments else None
+        check(name, functools.partial(delta, method=method), xs, seg, n)
+
 
 EXPECTED = [
     "chunk/BTH/n=2",
@@ -149,6 +175,9 @@ EXPECTED = [
     "quadratic/BTHM/segments",
     "chunk_parallel/BTHM/segments",
     "loop/BTHM/segments/n=8",
+    "delta/chunk/n=2",
+    "delta/chunk/gated/segments/n=8",
+    "delta/scan/gated/n=4",
 ]
 
 

@@ -1,0 +1,143 @@
+"""Sequence parallelism in training (`config.mesh.seq`): on 8 forced CPU devices, the loss
+statistics and gradients of every mixer with time split over ``seq = 4`` (and rows over
+``data = 2``) equal the unsplit model's — with the short conv (halo across shards), rotary and
+learned positions (global offsets) — and a whole training run of a hybrid with ``seq = 4``
+equals one device. One subprocess runs every check."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from linear_attention.training import experiment_config
+from tests.training.conftest import ROOT, tiny_mqar
+
+MIXERS = (
+    "softmax", "linear", "favor", "taylor", "hedgehog", "retnet", "gated", "deltanet",
+    "gated_deltanet",
+)  # fmt: skip
+FEATURE_DIM = {"favor": 8, "taylor": 4, "hedgehog": 8}
+
+
+def main(workdir):
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from linear_attention.layers.registry import MIXERS as REGISTRY
+    from linear_attention.models import LanguageModel, ModelConfig
+    from linear_attention.training import trainer
+    from linear_attention.training.mesh import make_mesh
+    from tests.training.test_multidevice import summarize
+
+    assert jax.device_count() == 8, jax.devices()
+    assert set(MIXERS) == set(REGISTRY), "a new mixer: add it to the sequence-parallel test"
+    rng = np.random.default_rng(0)
+    B, T = 4, 16  # 4 shards of 4 tokens: the conv's 3-token halo comes from one shard back
+    tokens = jnp.asarray(rng.integers(0, 32, (B, T)), jnp.int32)
+    labels = np.asarray(rng.integers(0, 32, (B, T)), np.int32)
+    labels[rng.random((B, T)) < 0.3] = -100  # IGNORE_INDEX
+    batch = {"inputs": tokens, "labels": jnp.asarray(labels)}
+    split = make_mesh(8, seq=4)
+    assert dict(split.shape) == {"data": 2, "seq": 4}
+
+    def grads_and_stats(config, mesh):
+        graphdef, state = nnx.split(LanguageModel(config, rngs=nnx.Rngs(0)))
+
+        @jax.jit
+        def run(state, batch):
+            def loss(state):
+                stats = trainer.model_stats(nnx.merge(graphdef, state), batch, mesh)
+                return stats[0] / stats[2], stats
+
+            return jax.grad(loss, has_aux=True)(state)
+
+        return run(state, batch)
+
+    out = {}
+    for i, name in enumerate(MIXERS):
+        config = ModelConfig(
+            vocab_size=32, d_model=16, num_layers=1, num_heads=2, mixer=name, conv=True,
+            feature_dim=FEATURE_DIM.get(name), position=("rope", "learned")[i % 2],
+            max_length=T, chunk_size=4, mlp=False,
+        )  # fmt: skip
+        (g_one, s_one), (g_split, s_split) = (grads_and_stats(config, m) for m in (None, split))
+        errs = [
+            float(np.max(np.abs(np.asarray(a) - np.asarray(b))) / (np.max(np.abs(b)) + 1e-12))
+            for a, b in zip(jax.tree.leaves(g_split), jax.tree.leaves(g_one), strict=True)
+        ]
+        out[name] = {
+            "stats": [np.asarray(s_one).tolist(), np.asarray(s_split).tolist()],
+            "max_grad_rel_err": max(errs),
+            "grad_norm": float(optax_norm(g_one)),
+        }
+
+    # A whole run: the favor + softmax hybrid (redraws, conv) on data 1 × seq 4 vs one device.
+    runs = {}
+    for name, num_devices, seq in (("one", 1, 1), ("seq4", 4, 4)):
+        config = tiny_mqar()
+        config.mesh.num_devices, config.mesh.seq = num_devices, seq
+        runs[name] = summarize(trainer.train(config, f"{workdir}/{name}"))
+    out["runs"] = runs
+    print("RESULT" + json.dumps(out))
+
+
+def optax_norm(tree):
+    import optax
+
+    return optax.tree.norm(tree)
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("seq")
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+    env["JAX_PLATFORMS"] = "cpu"
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    code = "import sys; from tests.training.test_sequence_parallel import main; main(sys.argv[1])"
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(workdir)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT"))
+    return json.loads(line[len("RESULT") :])
+
+
+@pytest.mark.parametrize("mixer", MIXERS)
+def test_every_mixer_split_over_seq_equals_unsplit(result, mixer):
+    r = result[mixer]
+    one, split = r["stats"]
+    np.testing.assert_allclose(split, one, rtol=1e-5)  # loss sum, correct, labelled count
+    assert one[2] > 0 and r["grad_norm"] > 0
+    assert r["max_grad_rel_err"] <= 1e-4, r["max_grad_rel_err"]
+
+
+def test_training_run_with_seq_4_equals_one_device(result):
+    one, seq4 = result["runs"]["one"], result["runs"]["seq4"]
+    assert [one["num_devices"], seq4["num_devices"]] == [1, 4]
+    for key in ("train_loss", "grad_norm", "eval_loss"):
+        np.testing.assert_allclose(seq4[key], one[key], rtol=1e-5, err_msg=key)
+
+
+def test_mesh_config_checks():
+    config = tiny_mqar()
+    config.mesh.seq = 3  # does not divide seq_len = 32
+    with pytest.raises(ValueError, match=r"config\.mesh\.seq = 3 must divide config\.data"):
+        experiment_config(config)
+    config = tiny_mqar()
+    config.mesh.seq = 0
+    with pytest.raises(ValueError, match=r"config\.mesh\.seq must be an integer >= 1"):
+        experiment_config(config)
+    config = tiny_mqar()
+    config.mesh.num_devices, config.mesh.seq = 6, 4
+    with pytest.raises(ValueError, match=r"config\.mesh\.seq = 4 must divide num_devices = 6"):
+        experiment_config(config)
