@@ -40,7 +40,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from linear_attention.kernels.segments import cumulative_log_decay, masked_exp
+from linear_attention.kernels.segments import masked_exp
 
 # Tokens handled per scan step (G = TOKENS_PER_STEP // C chunks): large enough to amortise the
 # per-step cost, small enough that a step's matrices stay in cache. Measured on CPU; see
@@ -159,7 +159,7 @@ class _Decays:
       step_end   [B,H,G,X]  exp(c_G − c_{g+1}): u_g's weight in the state leaving the step
       step_total [B,H,X]    exp(c_G)
     Without decay all are None except the 0/1 masks `intra` and `across`. A −inf log decay (a
-    reset) is carried as a reset count beside the finite cumulative sums (`cumulative_log_decay`):
+    reset) is carried as a reset count beside the finite cumulative sums (`_cumulative_in_chunk`):
     a factor spanning a reset is exactly 0, and no −inf enters a difference. Every factor is
     masked before `exp` and has an exponent ≤ 0, so none overflows.
     """
@@ -173,7 +173,7 @@ class _Decays:
             self.start = self.end = self.step_start = self.step_end = self.step_total = None
             self.b = self.n = None
             return
-        b, n = cumulative_log_decay(a_BHGCX, axis=-2)
+        b, n = _cumulative_in_chunk(a_BHGCX)
         self.b, self.n = b, n
         gt, nt = b[..., -1, :], n[..., -1, :]  # [B, H, G, X]
         c_next, nc_next = jnp.cumsum(gt, axis=2), jnp.cumsum(nt, axis=2)
@@ -190,6 +190,18 @@ class _Decays:
         self.step_start = masked_exp(nc == 0, c)
         self.step_end = masked_exp(nc_end[:, :, None] == nc_next, c_end[:, :, None] - c_next)
         self.step_total = masked_exp(nc_end == 0, c_end)
+
+
+def _cumulative_in_chunk(a_BHGCX):
+    """`cumulative_log_decay` along the C axis, as matmuls with a triangle (faster than cumsum on
+    CPU); reset counts as float32 (exact integers)."""
+    C = a_BHGCX.shape[-2]
+    upper_CC = jnp.triu(jnp.ones((C, C), jnp.float32))  # [s, t]: s ≤ t
+    reset = jnp.isneginf(a_BHGCX)
+    finite = jnp.where(reset, 0.0, a_BHGCX)
+    b = jnp.einsum("...sx,st->...tx", finite, upper_CC)
+    n = jnp.einsum("...sx,st->...tx", reset.astype(jnp.float32), upper_CC)
+    return b, n
 
 
 def _exclusive(x_BHGX):
