@@ -78,6 +78,7 @@ def variant(kernels, decay):
 
 def run(base: str, out: Path, T: int, repeats: int, log=print) -> dict:
     out.mkdir(parents=True, exist_ok=True)
+    machine = machine_info()  # records the load average at the start
     with tempfile.TemporaryDirectory() as tmp:
         old = load_base(base, Path(tmp))
         q, k, v, g = (
@@ -122,7 +123,6 @@ def run(base: str, out: Path, T: int, repeats: int, log=print) -> dict:
                 n / h for n, h in zip(ts[1:], head_ts[1:], strict=True)
             )
         rows.append(row)
-    machine = machine_info()
     machine["load_avg_end"] = os.getloadavg()
     results = dict(
         machine=machine, config=dict(base=base, T=T, B=B, H=H, d=D, repeats=repeats), rows=rows
