@@ -41,6 +41,10 @@ def get_config(arg=None):
     config.data.max_bytes = 0  # 0: the whole corpus
     config.data.val_fraction = 0.02
     config.data.num_val_windows = 512
+    # Documents packed with segment ids: each file is a document, the model's states, conv and
+    # attention reset at every document start (a separator, e.g. "\n\n\n", cuts files further).
+    config.data.pack = True
+    config.data.separator = ""
 
     model = config.model = ml_collections.ConfigDict()
     model.vocab_size = 256
@@ -58,6 +62,7 @@ def get_config(arg=None):
     model.mlp_ratio = 4.0
     model.position = "none"
     model.rope_base = 10000.0
+    model.reset_positions = True  # packed rows: positions restart at each document
     model.max_length = 2048  # >= seq_len; also bounds prompt + sample_tokens at the end
     model.method = "chunk"
     model.chunk_size = 64

@@ -135,6 +135,7 @@ def _model_config(vocab_size):
     model.mlp_ratio = 4.0
     model.position = "none"
     model.rope_base = 10000.0
+    model.reset_positions = True  # (only with packed rows, which MQAR does not use)
     model.max_length = 2048  # >= data.seq_len (learned positions / decoding cache size)
     model.method = "chunk"
     model.chunk_size = 64

@@ -83,6 +83,10 @@ def test_overrides_apply_and_tie_fields():
     )
     model = experiment_config(delta).model
     assert model.mixer == ("gated_deltanet", "softmax") and model.allow_neg_eigval is True
+    # a document separator given on a command line: backslash escapes are decoded
+    packed, _ = parse_args(_args(r"--config.data.separator=\n\n", config="configs/lm.py:cpu"))
+    data = experiment_config(packed).data
+    assert data.pack and data.separator == "\\n\\n" and data.separator_bytes == b"\n\n"
 
 
 @pytest.mark.parametrize(
@@ -135,6 +139,16 @@ def test_overrides_apply_and_tie_fields():
             ("--config.data.path=/no/such/file",),
             "configs/lm.py:cpu",
             "config.data.path '/no/such/file' does not exist",
+        ),
+        (
+            ("--config.data.pack=False", "--config.data.separator=;"),
+            "configs/lm.py:cpu",
+            "config.data.separator = ';' needs config.data.pack = True",
+        ),
+        (
+            ("--config.data.separator=a\\",),
+            "configs/lm.py:cpu",
+            "config.data.separator = 'a\\\\\\\\' has a bad escape",
         ),
         (
             ("--config.train.sample_tokens=5000",),

@@ -23,6 +23,7 @@ OPTIONS = {
     "gated": dict(),
     "deltanet": dict(),
     "gated_deltanet": dict(allow_neg_eigval=True, chunk_size=4),
+    "gla": dict(conv=True),
 }
 
 
@@ -81,6 +82,18 @@ def test_mixer_inside_a_linen_model():
     loss = lambda p: jnp.sum(model.apply({"params": p}, x) ** 2)  # noqa: E731
     grads = jax.jit(jax.grad(loss))(variables["params"])
     assert float(jnp.abs(grads["mixer"]["qkv_proj"]["kernel"]).max()) > 0
+
+
+def test_packed_rows_through_the_wrapper():
+    """`segment_ids` reach the NNX mixer through the bridge (gla: vector decay, conv, resets)."""
+    x = jax.random.normal(jax.random.key(0), (B, T, D))
+    segments = jnp.asarray([[0] * 5 + [1] * 7, [0] * 9 + [1] * 3], jnp.int32)
+    module = get_mixer("gla")(D, H, conv=True, rngs=nnx.Rngs(5))
+    layer = la_linen.gla(D, H, conv=True)
+    y = jax.jit(layer.apply)(nnx_variables(module), x, segments)
+    expected = nnx.jit(lambda m, x, s: m(x, s))(module, x, segments)
+    np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-6)
+    assert not np.allclose(y, nnx.jit(lambda m, x: m(x))(module, x), atol=1e-4)
 
 
 def test_bad_options_raise_when_the_wrapper_is_made():

@@ -5,15 +5,17 @@ Command (2 CPU cores, about 15 minutes; writes results.csv, results.md and loss_
     python experiments/sweep.py --config configs/sweeps/lm.py:cpu --workdir runs/lm-sweep
 
 Each variant is softmax, linear (elu+1), favor (64 random features), taylor (Based, 16
-projected dims), retnet, gated, a hybrid (gated layers with one softmax layer), deltanet or
-gated_deltanet (the delta rule, issue 8; not yet in the measured table below), on the
-built-in corpus (the standard library's source). d_model is adjusted per variant so parameter
-counts stay within 1% of softmax's (the counts are in results.md; ``--dry-run`` prints them).
+projected dims), retnet, gated, gla (a decay per key dimension), a hybrid (gated layers with one
+softmax layer), deltanet or gated_deltanet (the delta rule, issue 8; gla and the delta rule are
+not yet in the measured table below), on the built-in corpus (the standard library's source).
+d_model is adjusted per variant so parameter counts stay within 1% of softmax's (gla at
+``:cpu``: +1.03%, the nearest width; the counts are in results.md; ``--dry-run`` prints them).
 The table gives validation bits per byte, training tokens/s and decoding tokens/s (a fresh
 model of the same config stepping through a whole ``seq_len`` context, batch 1). Measured
 with ``:cpu`` (EXPERIMENTS.md, section 2; ~15 min on 2 shared cores), validation bits per
 byte: gated 2.16, hybrid 2.20, retnet 2.41, softmax 2.46, favor 2.62, taylor 2.68, linear
-2.75; at a 128-byte context every mixer decodes at 2-4k tokens/s (overhead, not state).
+2.75 (gla, added later, is not in these figures); at a 128-byte context every mixer decodes
+at 2-4k tokens/s (overhead, not state).
 
 Presets (``configs/sweeps/lm.py:<arg>``):
   (none) / ``default``: the accelerator model of ``configs/lm.py`` (8 layers, d_model 512 for
@@ -40,6 +42,7 @@ VARIANTS = {
         ("taylor", "taylor", 536),
         ("retnet", "retnet", 496),
         ("gated", "gated", 496),
+        ("gla", "gla", 496),
         ("hybrid", HYBRID_8, 496),
         ("deltanet", "deltanet", 496),
         ("gated_deltanet", "gated_deltanet", 496),
@@ -51,6 +54,7 @@ VARIANTS = {
         ("taylor", "taylor", 134),
         ("retnet", "retnet", 124),
         ("gated", "gated", 124),
+        ("gla", "gla", 124),  # +1.03% (122: −2.1%)
         ("hybrid", ("gated", "softmax"), 126),
         ("deltanet", "deltanet", 124),
         ("gated_deltanet", "gated_deltanet", 124),

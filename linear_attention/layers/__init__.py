@@ -14,6 +14,7 @@ from linear_attention.layers.feature_maps import (
 from linear_attention.layers.linear import (
     FavorMixer,
     GatedMixer,
+    GLAMixer,
     HedgehogMixer,
     LinearMixer,
     RetNetMixer,
@@ -51,4 +52,5 @@ __all__ = [
     "GatedMixer",
     "DeltaNetMixer",
     "GatedDeltaNetMixer",
+    "GLAMixer",
 ]

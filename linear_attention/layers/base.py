@@ -10,6 +10,11 @@ A mixer maps `x[B, T, d_model]` to `y[B, T, d_model]`:
 and has three paths giving the same numbers: `__call__` (whole sequence from an empty state),
 `prefill(x, state) -> (y, state)` and `step(x[B, D], state) -> (y[B, D], state)`. States are
 plain pytrees (`MixerState`), not NNX variables, so a jitted step can be reused at any position.
+
+Packed rows: `__call__(x, segment_ids)` with `segment_ids[B, T]` (see `layers.segments`) mixes
+each document on its own: the conv reads no other document, rotary positions restart at each
+document (`reset_positions=True`, the default; else they count along the row), and `_mix` gets
+the document ids as `segment_ids` for the kernel's mask or state resets.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from flax import nnx
 from linear_attention.layers.conv import ShortConv
 from linear_attention.layers.norm import RMSNorm
 from linear_attention.layers.rotary import apply_rotary, check_rotary_dim
+from linear_attention.layers.segments import check_segment_ids, document_ids, document_positions
 from linear_attention.layers.sequence import previous_tail, sequence_axis, sequence_offset
 
 # Options that only some mixers use; `None` means "not set". A mixer whose `USES` lacks one of
@@ -101,6 +107,7 @@ class Mixer(nnx.Module):
         out_gate: bool | None = None,
         rope: bool = False,
         rope_base: float = 10000.0,
+        reset_positions: bool = True,
         method: str | None = None,
         chunk_size: int | None = None,
         eps: float | None = None,
@@ -124,6 +131,7 @@ class Mixer(nnx.Module):
             out_gate=out_gate,
             rope=rope,
             rope_base=rope_base,
+            reset_positions=reset_positions,
             **options,
         )
         self.d_model = d_model
@@ -132,6 +140,7 @@ class Mixer(nnx.Module):
         self.qk_dim = self._qk_dim(self.head_dim, feature_dim)
         self.rope = bool(rope)
         self.rope_base = float(rope_base)
+        self.reset_positions = reset_positions
         self.dtype = dtype
         self.param_dtype = param_dtype
         h, dk, dv = num_heads, self.qk_dim, self.head_dim
@@ -170,6 +179,7 @@ class Mixer(nnx.Module):
         out_gate: bool | None = None,
         rope: bool = False,
         rope_base: float = 10000.0,
+        reset_positions: bool = True,
         **options,
     ) -> None:
         """Raise ValueError naming the first bad option (called before any parameter exists)."""
@@ -184,7 +194,12 @@ class Mixer(nnx.Module):
         else:
             _check_int("head_dim", head_dim)
         conv_kernel_size(conv)
-        for name, value in (("out_norm", out_norm), ("out_gate", out_gate), ("rope", rope)):
+        for name, value in (
+            ("out_norm", out_norm),
+            ("out_gate", out_gate),
+            ("rope", rope),
+            ("reset_positions", reset_positions),
+        ):
             if value is not None and not isinstance(value, bool):
                 raise ValueError(f"{name} must be a bool (or None for the default), got {value!r}")
         if not (isinstance(rope_base, int | float) and rope_base > 0):
@@ -213,8 +228,11 @@ class Mixer(nnx.Module):
     def _init_core(self, batch_size: int, max_length: int) -> Any:
         raise NotImplementedError
 
-    def _mix(self, x_BTD, q_BTHK, k_BTHK, v_BTHD, core, position) -> tuple[jax.Array, Any]:
-        """Sequence path; `core=None` means an empty state and no state is returned."""
+    def _mix(
+        self, x_BTD, q_BTHK, k_BTHK, v_BTHD, core, position, segment_ids=None
+    ) -> tuple[jax.Array, Any]:
+        """Sequence path; `core=None` means an empty state and no state is returned.
+        `segment_ids`: document ids `[B, T]` (0, 1, … per row; only with `core=None`)."""
         raise NotImplementedError
 
     def _mix_step(self, x_BD, q_BHK, k_BHK, v_BHD, core, position) -> tuple[jax.Array, Any]:
@@ -232,11 +250,13 @@ class Mixer(nnx.Module):
                 f"x must be {layout} with d_model={self.d_model}, got shape {tuple(x.shape)}"
             )
 
-    def _qkv(self, x_BTD, conv_tail, position):
+    def _qkv(self, x_BTD, conv_tail, position, documents_BT=None):
         b, t, _ = x_BTD.shape
         h, dk, dv = self.num_heads, self.qk_dim, self.head_dim
         qkv = self.qkv_proj(x_BTD)
-        if self.conv is not None:
+        if self.conv is not None and documents_BT is not None:  # packed rows (from empty)
+            qkv = self.conv(qkv, documents_BT)
+        elif self.conv is not None:
             if conv_tail is None:  # time split: the previous shard's last K − 1 inputs
                 k_1 = self.conv.kernel_size - 1
                 axis = sequence_axis()
@@ -247,6 +267,8 @@ class Mixer(nnx.Module):
         v_BTHD = qkv[..., 2 * h * dk :].reshape(b, t, h, dv)
         if self.rope:
             positions_T = position + jnp.arange(t, dtype=jnp.int32)
+            if documents_BT is not None and self.reset_positions:
+                positions_T = document_positions(documents_BT)  # [B, T]
             q_BTHK = apply_rotary(q_BTHK, positions_T, base=self.rope_base)
             k_BTHK = apply_rotary(k_BTHK, positions_T, base=self.rope_base)
         return q_BTHK, k_BTHK, v_BTHD, conv_tail
@@ -272,14 +294,25 @@ class Mixer(nnx.Module):
             position=jnp.zeros((), jnp.int32),
         )
 
-    def __call__(self, x_BTD: jax.Array) -> jax.Array:
-        """Causal mixing of a whole sequence `[B, T, d_model]` from an empty state."""
+    def __call__(self, x_BTD: jax.Array, segment_ids: jax.Array | None = None) -> jax.Array:
+        """Causal mixing of a whole sequence `[B, T, d_model]` from an empty state; with
+        `segment_ids[B, T]` (int) each document of a packed row is mixed on its own."""
         self._check_input(x_BTD, 3, "[B, T, D]")
         if sequence_axis() is not None and not self.SEQUENCE_PARALLEL:
             raise ValueError(f"mixer {self.NAME!r} does not support a split time axis")
-        position = sequence_offset(x_BTD.shape[1])  # 0 unless time is split
-        q, k, v, _ = self._qkv(x_BTD, None, position)
-        o_BTHD, _ = self._mix(x_BTD, q, k, v, None, position)
+        if segment_ids is None:
+            position = sequence_offset(x_BTD.shape[1])  # 0 unless time is split
+            q, k, v, _ = self._qkv(x_BTD, None, position)
+            o_BTHD, _ = self._mix(x_BTD, q, k, v, None, position)
+        else:
+            if sequence_axis() is not None:
+                raise ValueError(
+                    "segment_ids (packed rows) with a split time axis is not supported"
+                )
+            check_segment_ids(segment_ids, x_BTD.shape[:2])
+            documents_BT = document_ids(segment_ids)
+            q, k, v, _ = self._qkv(x_BTD, None, 0, documents_BT)
+            o_BTHD, _ = self._mix(x_BTD, q, k, v, None, 0, segment_ids=documents_BT)
         return self._output(x_BTD, o_BTHD)
 
     def attention_inputs(self, x_BTD: jax.Array) -> AttentionInputs:

@@ -4,7 +4,8 @@
 
 The decoding state is the tail: the last `K − 1` inputs `[B, K−1, C]`, kept in float32. With a
 zero tail the layer is the usual zero-padded causal convolution, so `__call__`, `prefill` and
-`step` give the same numbers.
+`step` give the same numbers. For packed rows, `__call__(x, document_ids)` treats the inputs of
+other documents as zeros (each document is convolved as if it were alone).
 """
 
 from __future__ import annotations
@@ -62,9 +63,27 @@ class ShortConv(nnx.Module):
         new_tail = xp_BSC[:, t:].astype(jnp.float32)
         return ACTIVATIONS[self.activation](y_BTC), new_tail
 
-    def __call__(self, x_BTC: jax.Array) -> jax.Array:
-        """Zero-padded causal convolution of a whole sequence."""
-        return self.prefill(x_BTC, self.init_state(x_BTC.shape[0]))[0]
+    def __call__(self, x_BTC: jax.Array, document_ids_BT: jax.Array | None = None) -> jax.Array:
+        """Zero-padded causal convolution of a whole sequence; with `document_ids[B, T]`
+        (packed rows, see `layers.segments`) an input from another document counts as zero,
+        so no output mixes two documents."""
+        if document_ids_BT is None:
+            return self.prefill(x_BTC, self.init_state(x_BTC.shape[0]))[0]
+        w_KC, b_C, dtype = self._weights(x_BTC)
+        k, t = self.kernel_size, x_BTC.shape[1]
+        xp_BSC = jnp.concatenate(
+            [jnp.zeros((x_BTC.shape[0], k - 1, x_BTC.shape[2]), dtype), x_BTC.astype(dtype)], 1
+        )
+        # the zero padding belongs to the first document (its value is zero anyway)
+        dp_BS = jnp.concatenate([jnp.repeat(document_ids_BT[:, :1], k - 1, 1), document_ids_BT], 1)
+        y_BTC = b_C + sum(
+            w_KC[j]
+            * jnp.where(
+                (dp_BS[:, j : j + t] == document_ids_BT)[..., None], xp_BSC[:, j : j + t], 0
+            )
+            for j in range(k)
+        )
+        return ACTIVATIONS[self.activation](y_BTC)
 
     def step(self, x_BC: jax.Array, tail_BKC: jax.Array) -> tuple[jax.Array, jax.Array]:
         """One token `x[B, C]`; returns `(y[B, C], new tail)`."""

@@ -1,7 +1,7 @@
 """The linear-attention mixers: one base class; the families differ only in φ, decay, norm, gate.
 
     S_t = γ_t S_{t−1} + φ(k_t) v_tᵀ,    z_t = γ_t z_{t−1} + φ(k_t)
-    o_t = φ(q_t)ᵀ S_t / (φ(q_t)ᵀ z_t + eps)     (retnet, gated: o_t = φ(q_t)ᵀ S_t, no denominator)
+    o_t = φ(q_t)ᵀ S_t / (φ(q_t)ᵀ z_t + eps)     (retnet, gated, gla: no denominator)
 
 | name       | φ                                      | γ_t (decay)                  | norm+gate |
 | ---------- | -------------------------------------- | ---------------------------- | --------- |
@@ -11,11 +11,14 @@
 | `hedgehog` | learned `[softmax(xW), softmax(−xW)]`  | 1                            | no        |
 | `retnet`   | identity (k scaled by Dk^-½)           | fixed γ_h = 1 − 2^(−5−h)     | yes       |
 | `gated`    | identity (k scaled by Dk^-½)           | exp(−softplus(x·w_h+b_h)e^A) | yes       |
+| `gla`      | identity (k scaled by Dk^-½)           | σ(x W₁W₂ + b)^(1/16), vector | yes       |
 
-(`norm+gate` are defaults; `out_norm` / `out_gate` override them.) The whole-sequence paths call
-`kernels.causal_linear_attention` with `method` / `chunk_size`; `step` calls
-`kernels.recurrent_step`. The state `LinearAttentionState(kv [B,H,M,Dv], k_sum [B,H,M])` is float32
-and its size does not depend on the context length.
+(`norm+gate` are defaults; `out_norm` / `out_gate` override them. `gla`'s decay is a vector,
+one per key dimension: `S_t = diag(γ_t) S_{t−1} + φ(k_t) v_tᵀ`, a rank-4 `[B, T, H, M]` log
+decay for the kernels.) The whole-sequence paths call `kernels.causal_linear_attention` with
+`method` / `chunk_size`; `step` calls `kernels.recurrent_step`. The state
+`LinearAttentionState(kv [B,H,M,Dv], k_sum [B,H,M])` is float32 and its size does not depend on
+the context length.
 """
 
 from __future__ import annotations
@@ -125,7 +128,7 @@ class LinearMixer(Mixer):
             batch_size, self.num_heads, self.state_feature_dim, self.head_dim
         )
 
-    def _mix(self, x_BTD, q_BTHK, k_BTHK, v_BTHD, core, position):
+    def _mix(self, x_BTD, q_BTHK, k_BTHK, v_BTHD, core, position, segment_ids=None):
         del position
         phi_q_BTHM, phi_k_BTHM = self._featurize(q_BTHK, k_BTHK)
         options = dict(
@@ -135,6 +138,8 @@ class LinearMixer(Mixer):
             axis_name=sequence_axis(),
             **self._kernel_options(),
         )
+        if segment_ids is not None:
+            options["segment_ids"] = segment_ids
         if core is None:
             return K.causal_linear_attention(phi_q_BTHM, phi_k_BTHM, v_BTHD, **options), None
         return K.causal_linear_attention(
@@ -145,8 +150,8 @@ class LinearMixer(Mixer):
         del position
         phi_q_BHM, phi_k_BHM = self._featurize(q_BHK, k_BHK)
         log_decay = self._log_decay(x_BD[:, None])
-        if log_decay is not None and log_decay.ndim == 3:
-            log_decay = log_decay[:, 0]  # [B, 1, H] -> [B, H]
+        if log_decay is not None and log_decay.ndim >= 3:
+            log_decay = log_decay[:, 0]  # [B, 1, H(, M)] -> [B, H(, M)]
         return K.recurrent_step(
             core, phi_q_BHM, phi_k_BHM, v_BHD, log_decay=log_decay, **self._kernel_options()
         )
@@ -257,3 +262,36 @@ class GatedMixer(LinearMixer):
     def _log_decay(self, x_BTD):
         z_BTH = self.decay_proj(x_BTD).astype(jnp.float32) + self.dt_bias[...].astype(jnp.float32)
         return -jax.nn.softplus(z_BTH) * jnp.exp(self.a_log[...].astype(jnp.float32))
+
+
+class GLAMixer(LinearMixer):
+    """Gated linear attention (GLA, Yang et al. 2023): a data-dependent decay per key dimension
+    from a low-rank gate projection,
+
+        log γ_t = logsigmoid(x_t W₁ W₂ + b) / τ        W₁: [d_model, 16], W₂: [16, H·Dk], τ = 16
+        S_t = diag(γ_t) S_{t−1} + k_t v_tᵀ,    o_t = S_tᵀ q_t         (q·k scaled by Dk^-½)
+
+    no denominator, per-head RMSNorm of the output and a swish output gate (as published; q, k
+    and v share `head_dim` here, where the paper halves the key width)."""
+
+    NAME = "gla"
+    USES = frozenset({"method", "chunk_size"})
+    NORMALIZE = False
+    K_SCALE = True
+    DEFAULT_FEATURE_MAP = "identity"
+    DEFAULT_OUT_NORM = True
+    DEFAULT_OUT_GATE = True
+    GATE_RANK: ClassVar[int] = 16
+    GATE_TEMPERATURE: ClassVar[float] = 16.0  # τ: keeps γ near 1 (long memory) at init
+
+    def _build_decay(self, *, rngs):
+        # float32 end to end (decays), whatever the compute dtype
+        lin = dict(dtype=jnp.float32, param_dtype=self.param_dtype, rngs=rngs)
+        self.gate_down = nnx.Linear(self.d_model, self.GATE_RANK, use_bias=False, **lin)
+        self.gate_up = nnx.Linear(self.GATE_RANK, self.num_heads * self.qk_dim, **lin)
+
+    def _log_decay(self, x_BTD):
+        b, t, _ = x_BTD.shape
+        z_BTF = self.gate_up(self.gate_down(x_BTD.astype(jnp.float32)))
+        log_gamma_BTF = jax.nn.log_sigmoid(z_BTF) / self.GATE_TEMPERATURE
+        return log_gamma_BTF.reshape(b, t, self.num_heads, self.qk_dim)  # [B, T, H, M]

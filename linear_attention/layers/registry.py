@@ -7,6 +7,7 @@ from linear_attention.layers.delta import DeltaNetMixer, GatedDeltaNetMixer
 from linear_attention.layers.linear import (
     FavorMixer,
     GatedMixer,
+    GLAMixer,
     HedgehogMixer,
     LinearMixer,
     RetNetMixer,
@@ -26,6 +27,7 @@ MIXERS: dict[str, type[Mixer]] = {
         GatedMixer,
         DeltaNetMixer,
         GatedDeltaNetMixer,
+        GLAMixer,
     )
 }
 

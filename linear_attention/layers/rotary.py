@@ -21,13 +21,14 @@ def check_rotary_dim(name: str, dim: int) -> None:
 
 
 def apply_rotary(x_BTHD: jax.Array, positions_T: jax.Array, *, base: float = 10000.0) -> jax.Array:
-    """Rotate `x[B, T, H, D]` by the angles of `positions[T]` (absolute token positions)."""
+    """Rotate `x[B, T, H, D]` by the angles of `positions` (token positions): `[T]`, shared by
+    the batch, or `[B, T]` (per row, e.g. positions within packed documents)."""
     d = x_BTHD.shape[-1]
     check_rotary_dim("head dimension", d)
     half = d // 2
     inv_freq_F = base ** (-jnp.arange(half, dtype=jnp.float32) / half)
-    angle_TF = positions_T.astype(jnp.float32)[:, None] * inv_freq_F[None, :]
-    cos_T1F, sin_T1F = jnp.cos(angle_TF)[:, None, :], jnp.sin(angle_TF)[:, None, :]
+    angle_TF = positions_T.astype(jnp.float32)[..., None] * inv_freq_F  # [T, F] or [B, T, F]
+    cos_T1F, sin_T1F = jnp.cos(angle_TF)[..., None, :], jnp.sin(angle_TF)[..., None, :]
     x32 = x_BTHD.astype(jnp.float32)
     x1, x2 = x32[..., :half], x32[..., half:]
     out = jnp.concatenate([x1 * cos_T1F - x2 * sin_T1F, x2 * cos_T1F + x1 * sin_T1F], axis=-1)

@@ -54,7 +54,7 @@ class SoftmaxMixer(Mixer):
         q_BTHK = q_BTHK * jnp.asarray(self.qk_dim**-0.5, q_BTHK.dtype)  # logits = q·k
         return AttentionInputs(q_BTHK, k_BTHK, v_BTHD, None)
 
-    def _mix(self, x_BTD, q_BTHK, k_BTHK, v_BTHD, core, position):
+    def _mix(self, x_BTD, q_BTHK, k_BTHK, v_BTHD, core, position, segment_ids=None):
         scale = self.qk_dim**-0.5
         if core is None and sequence_axis() is not None:  # context parallel over the split
             o = softmax_context_parallel(
@@ -62,7 +62,11 @@ class SoftmaxMixer(Mixer):
             )
             return o, None
         if core is None:
-            return K.softmax_attention(q_BTHK, k_BTHK, v_BTHD, causal=True, scale=scale), None
+            segments = {} if segment_ids is None else dict(segment_ids=segment_ids)
+            o_BTHD = K.softmax_attention(
+                q_BTHK, k_BTHK, v_BTHD, causal=True, scale=scale, **segments
+            )
+            return o_BTHD, None
         t, length = q_BTHK.shape[1], core.k.shape[1]
         if t > length:
             raise ValueError(f"cannot prefill {t} tokens into a KV cache of max_length {length}")

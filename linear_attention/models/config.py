@@ -77,8 +77,8 @@ class ModelConfig:
     Fields:
       vocab_size, d_model, num_layers, num_heads: sizes; `head_dim` defaults to d_model/num_heads.
       mixer: a registry name (`softmax`, `linear`, `favor`, `taylor`, `hedgehog`, `retnet`,
-        `gated`) for every layer, or a tuple of names: one per layer, or a shorter pattern whose
-        length divides `num_layers`, repeated (`("gated", "softmax")` with 4 layers is
+        `gated`, `gla`) for every layer, or a tuple of names: one per layer, or a shorter
+        pattern whose length divides `num_layers`, repeated (`("gated", "softmax")` with 4 layers is
         gated, softmax, gated, softmax).
       feature_map: fixed φ for `linear` / `retnet` / `gated` layers (None: each mixer's default).
       feature_dim: width for `favor` (random features), `taylor` (projected q/k), `hedgehog`.
@@ -87,6 +87,9 @@ class ModelConfig:
       out_norm, out_gate: per-head output RMSNorm / swish gate (None: each mixer's default).
       mlp, mlp_ratio: SwiGLU MLP in every block (Zoology's MQAR models use none).
       position: "none", "learned" (absolute embeddings, needs max_length) or "rope" (all mixers).
+      reset_positions: with packed rows (`model(tokens, segment_ids)`), positions (learned or
+        rope) restart at 0 at each document, as if it were run alone (default True; False:
+        they count along the row). Only meaningful with position "learned" or "rope".
       max_length: the longest sequence (learned positions; the softmax KV cache in decoding).
       method, chunk_size, eps: passed to the linear-attention kernel (method and chunk_size to
         the delta rule's for `deltanet` / `gated_deltanet`, which take "chunk" or "scan").
@@ -117,6 +120,7 @@ class ModelConfig:
     mlp_ratio: float = 4.0
     position: str = "none"
     rope_base: float = 10000.0
+    reset_positions: bool = True
     max_length: int = 2048
     method: str = "chunk"
     chunk_size: int = 64
@@ -157,6 +161,10 @@ class ModelConfig:
         if self.mlp and int(self.mlp_ratio * self.d_model) < 1:
             raise ValueError(f"mlp_ratio={self.mlp_ratio} leaves no hidden units")
         conv_kernel_size(self.conv)
+        if not isinstance(self.reset_positions, bool):
+            raise ValueError(f"reset_positions must be a bool, got {self.reset_positions!r}")
+        if not self.reset_positions and self.position == "none":
+            raise ValueError("reset_positions=False needs position 'learned' or 'rope'")
         set_("dtype", _dtype_name("dtype", self.dtype))
         set_("param_dtype", _dtype_name("param_dtype", self.param_dtype))
         # Per-layer options: each mixer checks the ones it uses; the others must be used somewhere.
@@ -197,6 +205,7 @@ class ModelConfig:
             out_gate=self.out_gate,
             rope=self.position == "rope",
             rope_base=float(self.rope_base),
+            reset_positions=self.reset_positions,
         )
         for field in (
             "feature_map",

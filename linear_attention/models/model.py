@@ -4,6 +4,10 @@
     x = block_l(x) for each layer l            pre-norm mixer (+ SwiGLU MLP) residual blocks
     logits = RMSNorm(x) · Eᵀ  (tied) or  RMSNorm(x) W_out          float32
 
+Packed rows: `__call__(tokens, segment_ids[B, T])` runs each document of a row on its own (every
+mixer, its conv and rotary positions, and learned positions, which restart at each document
+when `config.reset_positions`), so a packed row gives the logits of its documents run alone.
+
 Three paths give the same logits: `__call__(tokens[B, T])`, `prefill(tokens, state)` and
 `step(tokens[B], state)`. The state is a plain pytree (`ModelState`): one `MixerState` per layer
 (a fixed-size `LinearAttentionState` for linear mixers, a KV cache for softmax) and a position
@@ -24,6 +28,7 @@ import numpy as np
 from flax import nnx
 
 from linear_attention.layers import Block, FavorMixer, MixerState, RMSNorm
+from linear_attention.layers.segments import check_segment_ids, document_ids, document_positions
 from linear_attention.layers.sequence import sequence_offset
 from linear_attention.models.config import ModelConfig
 from linear_attention.models.tokens import check_token_ids, is_concrete
@@ -89,16 +94,19 @@ class LanguageModel(nnx.Module):
         )
 
     # ------------------------------------------------------------------ pieces
-    def _embed(self, tokens, position):
+    def _embed(self, tokens, position, documents_BT=None):
         """``(x, valid)``: embeddings, and whether each position has a token id in range (and,
         with learned positions, a position < max_length). Invalid positions embed as zeros so
-        that nothing NaN reaches the mixers (`_logits` marks them NaN)."""
+        that nothing NaN reaches the mixers (`_logits` marks them NaN). With `documents_BT`
+        (packed rows) and `config.reset_positions`, learned positions restart per document."""
         config = self.config
         valid = (tokens >= 0) & (tokens < config.vocab_size)
         x = self.embed(jnp.where(valid, tokens, 0))
         if self.pos_embed is not None:
             t = tokens.shape[-1] if tokens.ndim == 2 else 1
             positions = position + jnp.arange(t, dtype=jnp.int32)
+            if documents_BT is not None and config.reset_positions:
+                positions = document_positions(documents_BT)  # [B, T]
             in_range = positions < config.max_length
             pos = self.pos_embed(jnp.where(in_range, positions, 0))
             x = x + (pos if tokens.ndim == 2 else pos[0])
@@ -115,17 +123,23 @@ class LanguageModel(nnx.Module):
         return jnp.where(valid[..., None], logits, jnp.nan)
 
     # ------------------------------------------------------------------ paths
-    def __call__(self, tokens: jax.Array) -> jax.Array:
-        """`tokens[B, T]` -> `logits[B, T, vocab]` float32; position t sees tokens ≤ t only."""
+    def __call__(self, tokens: jax.Array, segment_ids: jax.Array | None = None) -> jax.Array:
+        """`tokens[B, T]` -> `logits[B, T, vocab]` float32; position t sees tokens ≤ t only, and
+        with `segment_ids[B, T]` (int; a document is a run of equal ids) only its document's."""
         _check_tokens(tokens, 2, "[B, T]")
         if tokens.shape[1] > self.config.max_length:
             raise ValueError(
                 f"tokens has length {tokens.shape[1]} > max_length={self.config.max_length}"
             )
         check_token_ids(tokens, self.config.vocab_size)
-        x, valid = self._embed(tokens, sequence_offset(tokens.shape[1]))  # 0 unless split
+        documents_BT = None
+        if segment_ids is not None:
+            check_segment_ids(segment_ids, tokens.shape)
+            documents_BT = document_ids(segment_ids)
+        # position 0 unless time is split (packed rows with a split time axis raise in the mixers)
+        x, valid = self._embed(tokens, sequence_offset(tokens.shape[1]), documents_BT)
         for block in self.blocks:
-            x = block(x)
+            x = block(x, documents_BT)
         return self._logits(x, valid)
 
     def init_state(self, batch_size: int, max_length: int | None = None) -> ModelState:

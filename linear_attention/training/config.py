@@ -7,6 +7,7 @@ Every unknown field, missing field, wrong type or bad value raises `ValueError` 
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import math
 import os
@@ -72,7 +73,10 @@ class MQARDataConfig:
 @dataclasses.dataclass(frozen=True)
 class TextDataConfig:
     """Byte-level text (see `linear_attention.data.text`); ``path=""`` is the built-in corpus,
-    ``max_bytes=0`` reads it all."""
+    ``max_bytes=0`` reads it all. ``pack``: rows carry ``segment_ids`` (documents: each file,
+    or the pieces ending with ``separator`` when it is not empty) and the model keeps the
+    documents apart. Backslash escapes in ``separator`` are decoded (`separator_bytes`), so
+    ``--config.data.separator='\\n\\n\\n'`` on a command line is three newlines."""
 
     kind: str
     seq_len: int
@@ -80,6 +84,8 @@ class TextDataConfig:
     max_bytes: int = 0
     val_fraction: float = 0.02
     num_val_windows: int = 512
+    pack: bool = False
+    separator: str = ""
 
     def validate(self, path: str):
         _need_int(f"{path}.seq_len", self.seq_len)
@@ -88,6 +94,17 @@ class TextDataConfig:
         _need_int(f"{path}.num_val_windows", self.num_val_windows)
         if self.path and not os.path.exists(self.path):
             _fail(f"{path}.path", f"{self.path!r} does not exist")
+        if self.separator and not self.pack:
+            _fail(f"{path}.separator", f"= {self.separator!r} needs config.{path}.pack = True")
+        try:
+            _ = self.separator_bytes
+        except ValueError as e:
+            _fail(f"{path}.separator", f"= {self.separator!r} has a bad escape: {e}")
+
+    @property
+    def separator_bytes(self) -> bytes:
+        """``separator`` as UTF-8 bytes, backslash escapes (``\\n``, ``\\xNN``, …) decoded."""
+        return codecs.escape_decode(self.separator.encode())[0]
 
     @property
     def tokens(self) -> int:
@@ -318,6 +335,10 @@ def experiment_config(config) -> ExperimentConfig:
         _fail(
             "optimizer.warmup_steps",
             f"= {optimizer.warmup_steps} exceeds config.train.num_steps = {train.num_steps}",
+        )
+    if kind == "text" and data.pack and mesh.seq > 1:
+        _fail(
+            "data.pack", f"with config.mesh.seq = {mesh.seq} (a split time axis) is not supported"
         )
     if kind == "mqar":
         if train.batch_size > data.num_train_examples:

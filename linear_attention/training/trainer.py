@@ -118,6 +118,8 @@ def build_data(config: ExperimentConfig) -> MQARData | TextData:
         val_fraction=d.val_fraction,
         num_val_windows=d.num_val_windows,
         seed=config.seed,
+        pack=d.pack,
+        separator=d.separator_bytes,
     )
 
 
@@ -160,7 +162,8 @@ def token_stats(logits_BTV: jax.Array, labels_BT: jax.Array):
 )
 def train_step(state, batch, *, graphdef, mesh, fsdp):
     """One optimizer step: ``(state, batch) -> (state, metrics)``; loss = mean cross-entropy
-    over the labelled positions of the whole (global) batch."""
+    over the labelled positions of the whole (global) batch. A batch with ``segment_ids``
+    (packed documents) is run with them."""
     model, optimizer = nnx.merge(graphdef, state)
 
     def loss_fn(model):
@@ -181,10 +184,12 @@ def train_step(state, batch, *, graphdef, mesh, fsdp):
 
 
 def model_stats(model, batch, mesh=None):
-    """`token_stats` of the model on ``batch``; with a ``seq`` mesh axis over more than one
-    device, time split over it (sequence parallelism)."""
+    """`token_stats` of the model on ``batch`` (with its ``segment_ids`` if packed); with a
+    ``seq`` mesh axis over more than one device, time split over it (sequence parallelism)."""
     if mesh is None or mesh.shape.get("seq", 1) == 1:
-        return token_stats(model(batch["inputs"]), batch["labels"])
+        return token_stats(model(batch["inputs"], batch.get("segment_ids")), batch["labels"])
+    if "segment_ids" in batch:
+        raise ValueError("packed rows (segment_ids) with a split time axis are not supported")
     stats = lambda model, inputs, labels: token_stats(model(inputs), labels)  # noqa: E731
     return sequence_parallel_stats(stats, model, batch, mesh)
 

@@ -118,6 +118,14 @@ def mixer_reference(name: str, mixer, x_BTD: np.ndarray, eps: float = 1e-6) -> n
         else:
             z = x @ p["decay_proj"]["kernel"] + p["dt_bias"]
             log_decay_BTH = -softplus(z) * np.exp(p["a_log"])
+    elif name == "gla":  # a decay per key dimension: A[t, s] = Σ_k q_tk k_sk Π_r γ_rk / √dk
+        z = x @ p["gate_down"]["kernel"] @ p["gate_up"]["kernel"] + p["gate_up"]["bias"]
+        log_gamma = -np.logaddexp(0.0, -z).reshape(b, t, h, dk) / 16.0  # logsigmoid / τ
+        c_BTHK = np.cumsum(log_gamma, axis=1)
+        gap_BTSHK = c_BTHK[:, :, None] - c_BTHK[:, None, :]
+        decay = np.exp(np.where(causal[None, :, :, None, None], gap_BTSHK, -np.inf))
+        weights = np.einsum("bthk,bshk,btshk->bhts", q, k, decay) / np.sqrt(dk)
+        normalize = False
     else:
         raise ValueError(name)
     # Π_{r=s+1..t} γ_r = exp(c_t − c_s) with c the cumulative log decay

@@ -9,8 +9,16 @@ import pytest
 from flax import nnx
 
 from linear_attention import kernels as K
-from linear_attention.layers import MIXERS, FeatureProjection, KVCache, MixerState, get_mixer
+from linear_attention.layers import (
+    MIXERS,
+    FeatureProjection,
+    KVCache,
+    MixerState,
+    ShortConv,
+    get_mixer,
+)
 from linear_attention.layers.rotary import apply_rotary
+from linear_attention.layers.segments import document_ids, document_positions
 from tests.layers.numpy_reference import mixer_reference, output_reference
 
 B, T, D, H = 2, 12, 16, 2
@@ -30,6 +38,7 @@ CASES = {
     "deltanet": dict(chunk_size=5),  # conv, norm and gate on by default
     "deltanet_scan": dict(method="scan", conv=False, allow_neg_eigval=True),
     "gated_deltanet": dict(chunk_size=4, allow_neg_eigval=True, rope=True),
+    "gla": dict(conv=True, rope=True, chunk_size=5),
 }
 DELTA = ("deltanet", "gated_deltanet")
 
@@ -206,6 +215,9 @@ BAD_OPTIONS = [
     (dict(name="gated_deltanet", eps=1e-3), "does not use option eps"),
     (dict(name="deltanet", allow_neg_eigval=1), "allow_neg_eigval must be a bool"),
     (dict(name="gated_deltanet", chunk_size=0), "chunk_size"),
+    (dict(reset_positions=1), "reset_positions must be a bool"),
+    (dict(name="gla", feature_map="relu"), "does not use option feature_map"),
+    (dict(name="gla", eps=1e-3), "does not use option eps"),
 ]
 
 
@@ -231,7 +243,7 @@ def test_bad_inputs_raise():
 
 def test_registry_lists_every_family():
     assert set(MIXERS) == {
-        *("softmax", "linear", "favor", "taylor", "hedgehog", "retnet", "gated"),
+        *("softmax", "linear", "favor", "taylor", "hedgehog", "retnet", "gated", "gla"),
         *DELTA,
     }
     assert all(cls.NAME == name for name, cls in MIXERS.items())
@@ -276,9 +288,10 @@ def test_attention_inputs_reproduce_the_mixer(case):
     a = mixer.attention_inputs(x)
     m = a.q.shape[-1]
     assert a.q.shape == a.k.shape == (B, T, H, m) and a.v.shape == (B, T, H, mixer.head_dim)
-    assert (a.log_decay is not None) == (name in ("retnet", "gated"))
+    assert (a.log_decay is not None) == (name in ("retnet", "gated", "gla"))
     if a.log_decay is not None:
-        assert a.log_decay.shape == (B, T, H) and a.log_decay.dtype == jnp.float32
+        shape = (B, T, H, m) if name == "gla" else (B, T, H)  # gla: a decay per key dimension
+        assert a.log_decay.shape == shape and a.log_decay.dtype == jnp.float32
         assert bool(jnp.all(a.log_decay <= 0))
     normalize = name == "softmax" or mixer.NORMALIZE
     eps = 0.0 if name == "softmax" else mixer.eps
@@ -303,3 +316,64 @@ def test_delta_mixer_defaults_and_state(name):
     x = inputs()
     np.testing.assert_allclose(neg._beta(x), 2.0 * mixer._beta(x), rtol=1e-6)
     assert float(jnp.max(neg._beta(x))) > 1.0
+
+
+# Packed rows: ids are compared with the previous token's, so row 0's id 5 coming back is a third
+# document; row 1 has a one-token document.
+SEGMENTS = np.array([[5, 5, 5, 2, 2, 2, 2, 5, 5, 5, 5, 5], [0, 0, 0, 0, 1, 2, 2, 2, 2, 2, 2, 2]])
+DOCUMENTS = [[(0, 3), (3, 7), (7, 12)], [(0, 4), (4, 5), (5, 12)]]  # [start, end) per row
+
+call_segments = nnx.jit(lambda mixer, x, seg: mixer(x, seg))
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_packed_rows_match_each_document_alone(case):
+    """mixer(x, segment_ids) equals the float64 reference run on each document alone (its own
+    zero-padded conv, rotary positions from 0, an empty state)."""
+    name = "taylor" if case == "linear_taylor2" else mixer_name(case)  # (see above)
+    mixer, x = make(case), inputs()
+    y = call_segments(mixer, x, jnp.asarray(SEGMENTS, jnp.int32))
+    x64 = np.asarray(x, np.float64)
+    for row, documents in enumerate(DOCUMENTS):
+        for start, end in documents:
+            alone = mixer_reference(name, mixer, x64[row : row + 1, start:end])
+            np.testing.assert_allclose(y[row, start:end], alone[0], rtol=1e-4, atol=1e-4)
+    # and the documents did matter: without segments the later documents differ
+    assert not np.allclose(call(mixer, x)[:, 7:], y[:, 7:], atol=1e-3)
+
+
+def test_conv_reads_no_other_document_by_gradients():
+    """d y_t / d x_s of the segment-aware short conv is zero across a boundary, nonzero within
+    the kernel's reach inside a document."""
+    conv = ShortConv(3, 4, rngs=nnx.Rngs(0))
+    docs = jnp.asarray([[0, 0, 0, 1, 1, 1, 1, 1, 2, 2]], jnp.int32)
+    x = jax.random.normal(jax.random.key(0), (1, 10, 3))
+    for t in range(10):
+        g = jax.grad(lambda x, t=t: jnp.sum(conv(x, docs)[:, t]))(x)[0]  # [T, C]
+        reach = jnp.abs(g).sum(-1) > 0
+        doc = np.asarray(docs[0])
+        want = (doc == doc[t]) & (np.arange(10) <= t) & (np.arange(10) > t - 4)
+        np.testing.assert_array_equal(reach, want)
+    # one document: the same numbers as the plain conv
+    np.testing.assert_allclose(conv(x, jnp.zeros((1, 10), jnp.int32)), conv(x), rtol=1e-6)
+
+
+def test_segment_helpers_hand_cases():
+    seg = jnp.asarray([[7, 7, 3, 3, 3, 7], [1, 2, 3, 3, 3, 3]])
+    docs = document_ids(seg)
+    np.testing.assert_array_equal(docs, [[0, 0, 1, 1, 1, 2], [0, 1, 2, 2, 2, 2]])
+    np.testing.assert_array_equal(
+        document_positions(docs), [[0, 1, 0, 1, 2, 0], [0, 0, 0, 1, 2, 3]]
+    )
+
+
+def test_bad_segment_ids_raise():
+    mixer, x = make("gated"), inputs()
+    with pytest.raises(
+        ValueError, match=r"segment_ids must be integers of shape \[B, T\] = \(2, 12\)"
+    ):
+        mixer(x, jnp.zeros((B, T + 1), jnp.int32))
+    with pytest.raises(ValueError, match="dtype float32"):
+        mixer(x, jnp.zeros((B, T), jnp.float32))
+    with pytest.raises(ValueError, match=r"got shape \(12,\)"):
+        mixer(x, jnp.zeros((T,), jnp.int32))

@@ -71,6 +71,9 @@ BAD = [
     (dict(mixer="linear", allow_neg_eigval=True), "allow_neg_eigval=True is not used by any"),
     (dict(mixer="deltanet", allow_neg_eigval="yes"), "allow_neg_eigval must be a bool"),
     (dict(mixer="deltanet", method="associative_scan"), "unknown method 'associative_scan'"),
+    (dict(reset_positions="yes"), "reset_positions must be a bool"),
+    (dict(reset_positions=False), "reset_positions=False needs position 'learned' or 'rope'"),
+    (dict(mixer="gla", feature_map="relu"), "feature_map='relu' is not used by any layer"),
 ]
 
 

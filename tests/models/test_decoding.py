@@ -135,6 +135,8 @@ def test_state_size_bytes_against_formulas():
     # delta rule: kv H·Dk·Dv only (no k_sum), conv on by default
     assert state_size_bytes(_config(mixer="deltanet")) == 2 * (4 * h * 8 * dv + 4 * 3 * 48)
     assert state_size_bytes(_config(mixer="gated_deltanet", conv=False)) == 2 * 4 * h * 8 * dv
+    # gla: the same state (a vector decay changes the update, not the size), M = Dk = 8
+    assert state_size_bytes(_config(mixer="gla")) == 2 * linear(8)
     # softmax: K and V caches at max_length, in the compute dtype
     assert state_size_bytes(_config(mixer="softmax", max_length=16)) == 2 * 2 * 16 * h * dv * 4
     assert state_size_bytes(_config(mixer="softmax", max_length=16, dtype="bfloat16")) == (

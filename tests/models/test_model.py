@@ -13,7 +13,7 @@ from linear_attention.layers import KVCache
 from linear_attention.models import LanguageModel, ModelConfig, ModelState, redraw_features
 
 V, B, T, SPLIT = 32, 2, 12, 5
-ALL_MIXERS = ("linear", "favor", "taylor", "hedgehog", "retnet", "gated", "softmax")
+ALL_MIXERS = ("linear", "favor", "taylor", "hedgehog", "retnet", "gated", "gla", "softmax")
 ALL_MIXERS += ("deltanet", "gated_deltanet")
 
 
@@ -147,6 +147,79 @@ def test_redraw_features_redraws_every_favor_layer():
     assert not np.allclose(model.blocks[0].mixer.feature_map.projection[...], after[0])
 
 
+# Packed rows (T = 12): row 0 holds documents [0, 5) and [5, 12), row 1 [0, 3), [3, 4), [4, 12).
+PACKED = np.array([[0] * 5 + [1] * 7, [4] * 3 + [9] + [4] * 8], np.int32)
+PACKED_DOCUMENTS = [(0, 0, 5), (0, 5, 12), (1, 0, 3), (1, 3, 4), (1, 4, 12)]  # (row, start, end)
+PACKED_CASES = {
+    "softmax_rope": dict(mixer="softmax", position="rope", conv=True),
+    "linear_learned": dict(mixer="linear", position="learned"),
+    "gated_conv": dict(mixer="gated", conv=True, chunk_size=4),
+    "gla_rope": dict(mixer="gla", conv=True, position="rope", chunk_size=4),
+    "hybrid_learned": dict(mixer=("gla", "softmax"), position="learned", conv=True),
+    "gated_deltanet_rope": dict(mixer="gated_deltanet", position="rope", chunk_size=4),
+}
+
+
+@nnx.jit
+def _packed_and_alone(model, tokens_BT, segment_ids_BT, alone_NT):
+    return model(tokens_BT, segment_ids_BT), model(alone_NT)
+
+
+def _alone_rows(toks):
+    """Each document of `PACKED_DOCUMENTS` alone, left-aligned in a row of T tokens (the rest is
+    filler; by causality the document's logits do not see it)."""
+    rows = np.zeros((len(PACKED_DOCUMENTS), T), np.int32)
+    for i, (row, start, end) in enumerate(PACKED_DOCUMENTS):
+        rows[i, : end - start] = toks[row, start:end]
+        rows[i, end - start :] = (np.arange(T - end + start) * 7 + 3) % V
+    return rows
+
+
+@pytest.mark.parametrize("case", list(PACKED_CASES))
+def test_packed_rows_give_the_logits_of_each_document_alone(case):
+    model, toks = make(**PACKED_CASES[case]), np.asarray(tokens())
+    packed, alone = _packed_and_alone(model, toks, PACKED, _alone_rows(toks))
+    for i, (row, start, end) in enumerate(PACKED_DOCUMENTS):
+        np.testing.assert_allclose(
+            packed[row, start:end], alone[i, : end - start], rtol=1e-4, atol=1e-4
+        )
+    # not vacuous: without segments the second documents read the first ones
+    whole = nnx.jit(lambda m, x: m(x))(model, toks)
+    assert not np.allclose(whole[0, 5:], packed[0, 5:], atol=1e-3)
+
+
+def test_reset_positions_false_keeps_counting_along_the_row():
+    model, toks = make(mixer="linear", position="learned", reset_positions=False), tokens()
+    packed, alone = _packed_and_alone(model, toks, PACKED, _alone_rows(np.asarray(toks)))
+    np.testing.assert_allclose(packed[0, :5], alone[0, :5], rtol=1e-4, atol=1e-4)  # first doc
+    assert not np.allclose(packed[0, 5:], alone[1, :7], atol=1e-3)  # positions 5.. not 0..
+    with pytest.raises(ValueError, match="reset_positions=False needs position"):
+        ModelConfig(vocab_size=V, reset_positions=False)
+
+
+@nnx.jit
+def _grad_embedding_packed(model, tokens_BT, segment_ids_BT, t, w_V):
+    def loss(model):
+        return jnp.sum(model(tokens_BT, segment_ids_BT)[:, t] * w_V)
+
+    return nnx.grad(loss)(model)["embed"]["embedding"][...]
+
+
+def test_no_document_reads_another_by_gradients():
+    """Every mixer with its conv, and learned positions: logits at t depend on the tokens of t's
+    document up to t, and on nothing of the other documents."""
+    model = make(**ALL)
+    toks = jax.random.permutation(jax.random.key(0), V)[:T][None].repeat(B, 0)
+    segments = jnp.asarray([[0] * 6 + [1] * 6] * B, jnp.int32)
+    w = jax.random.normal(jax.random.key(1), (V,))
+    for t, (lo, hi) in ((2, (0, 2)), (6, (6, 6)), (9, (6, 9))):
+        g_VD = _grad_embedding_packed(model, toks, segments, t, w)
+        row_norm_T = np.asarray(jnp.abs(g_VD[toks[0]]).sum(-1))
+        inside = (np.arange(T) >= lo) & (np.arange(T) <= hi)
+        assert (row_norm_T[~inside] == 0.0).all(), (t, row_norm_T)
+        assert (row_norm_T[inside] > 0.0).all(), (t, row_norm_T)
+
+
 def test_bad_inputs_raise():
     model = make()
     with pytest.raises(ValueError, match=r"integers of rank 2 \[B, T\]"):
@@ -161,5 +234,10 @@ def test_bad_inputs_raise():
         model.step(jnp.zeros((B, 1), jnp.int32), model.init_state(B))
     with pytest.raises(ValueError, match="ModelState with 2 layer states"):
         model.prefill(jnp.zeros((B, 3), jnp.int32), model.init_state(B).layers)
+    toks = jnp.zeros((B, T), jnp.int32)
+    with pytest.raises(ValueError, match=r"segment_ids must be integers of shape \[B, T\]"):
+        model(toks, jnp.zeros((B, T - 1), jnp.int32))
+    with pytest.raises(ValueError, match="dtype float32"):
+        model(toks, jnp.zeros((B, T), jnp.float32))
     with pytest.raises(ValueError, match="config must be a ModelConfig"):
         LanguageModel(dict(vocab_size=V), rngs=nnx.Rngs(0))

@@ -1,5 +1,5 @@
 """The training loop on a tiny MQAR run: workdir files, numbers against an independent NumPy
-computation, interrupt-and-resume equality, non-finite loss handling."""
+computation, interrupt-and-resume equality, non-finite loss handling; a packed text run."""
 
 import io
 import json
@@ -264,3 +264,34 @@ def test_sigterm_saves_a_checkpoint_at_the_current_step(tmp_path, tiny_config, m
     _, b = _final_state(stopped, tiny_config)
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_packed_text_run_feeds_segment_ids_to_the_model(tmp_path):
+    """configs/lm.py:smoke packs documents: the run trains on rows with segment ids, and the
+    loss the loop computes is the model's loss *with* those segments (NumPy cross-entropy)."""
+    from tests.training.conftest import load_config
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(60):  # 60 short documents (25-80 bytes): many 32-byte rows cross a boundary
+        words = rng.choice([b"def", b"x", b"=", b"(", b")", b"return", b"\n"], rng.integers(8, 25))
+        (corpus / f"{i:02d}.py").write_bytes(b" ".join(words))
+    config = load_config("lm", "smoke")
+    assert config.data.pack
+    config.data.path, config.data.max_bytes = str(corpus), 0
+    config.data.val_fraction, config.data.num_val_windows = 0.2, 8
+    config.train.sample_tokens = 0
+    summary = trainer.train(config, str(tmp_path / "run"))
+    assert math.isfinite(summary["eval/bits_per_byte"])
+
+    cfg = experiment_config(config)
+    graphdef, state = _final_state(str(tmp_path / "run"), config)
+    batch = trainer.build_data(cfg).train_batch(cfg.train.num_steps, cfg.train.batch_size)
+    assert (batch["segment_ids"][:, -1] > 0).mean() >= 0.5
+    model, _ = nnx.merge(graphdef, state)
+    loss_sum, _, count = trainer.eval_step(state, batch, graphdef=graphdef)
+    want, _ = _np_stats(model(batch["inputs"], batch["segment_ids"]), batch["labels"])
+    np.testing.assert_allclose(float(loss_sum / count), want, rtol=1e-5)
+    unpacked, _ = _np_stats(model(batch["inputs"]), batch["labels"])
+    assert abs(unpacked - want) > 1e-4  # the segments changed the loss
