@@ -4,8 +4,10 @@ Command (2 CPU cores; validation bits-per-byte well below 8, then a generated sa
 
     python experiments/train.py --config configs/lm.py:cpu --workdir runs/lm
 
-Measured: eval/bits_per_byte 2.46, 2.11, 1.96 at steps 200, 400, 600 (uniform bytes: 8),
-about 7 minutes on a shared 2-core machine (6k tokens/s).
+Measured (packed, the default): eval/bits_per_byte 2.47, 2.12, 1.98 at steps 200, 400, 600
+(uniform bytes: 8; unpacked, ``--config.data.pack=False``: 2.46, 2.11, 1.96; EXPERIMENTS.md,
+section 5); the unpacked run took 7.5 minutes (5.6k tokens/s) at a light load on a shared
+2-core machine, the packed one 16 minutes at load ~10 (the load, not the packing).
 
 Any mixer or hybrid (names per layer, repeated): ``--config.model.mixer=softmax``,
 ``--config.model.mixer=gated,softmax``; another corpus: ``--config.data.path=/file/or/folder``.
@@ -15,6 +17,9 @@ Presets (``configs/lm.py:<arg>``):
       compute, the whole standard library (~30 MB).
   ``cpu``: 2 layers, d_model 128, sequence 128, batch 32, 600 steps on 8 MB of the corpus.
   ``smoke``: a tiny run for tests (seconds, learns little).
+
+Documents are packed (``data.pack``): each file is a document, and states, conv and attention
+reset at each document start (``--config.data.separator='\\n\\n\\n'`` cuts files further).
 
 The model is gated linear attention (data-dependent decay per head, as in Mamba-2 / simple
 GLA) with the short causal convolution, SwiGLU MLPs and no position embedding (the decay and
