@@ -87,19 +87,17 @@ def shard_batch(batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array
     }
 
 
-def sequence_parallel_stats(stats_fn, model, batch, mesh: Mesh):
-    """``stats_fn(model, inputs, labels)`` summed over the whole batch, computed in
-    `jax.shard_map` with rows split over ``data`` and time over ``seq``; the model runs in
-    `split_sequence` (its mixers then see their shard of the time axis and combine over ``seq``).
-    Parameters enter replicated; the sums are `psum`-ed over both axes."""
+def sequence_parallel_stats(stats_fn, model, batch: dict, mesh: Mesh):
+    """``stats_fn(model, batch)`` (sums over the batch) computed in `jax.shard_map`: every batch
+    entry (``[B, T]``) split by rows over ``data`` and by time over ``seq``, the model run in
+    `split_sequence` (its mixers then see their shard of the time axis and combine over
+    ``seq``). Parameters enter replicated; the sums are `psum`-ed over both axes."""
     graphdef, params = nnx.split(model)
 
-    def local(params, inputs, labels):
+    def local(params, batch):
         with split_sequence(SEQ_AXIS):
-            stats = stats_fn(nnx.merge(graphdef, params), inputs, labels)
+            stats = stats_fn(nnx.merge(graphdef, params), batch)
         return jax.lax.psum(stats, (DATA_AXIS, SEQ_AXIS))
 
-    rows_time = P(DATA_AXIS, SEQ_AXIS)
-    return jax.shard_map(local, mesh=mesh, in_specs=(P(), rows_time, rows_time), out_specs=P())(
-        params, batch["inputs"], batch["labels"]
-    )
+    in_specs = (P(), P(DATA_AXIS, SEQ_AXIS))
+    return jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=P())(params, batch)

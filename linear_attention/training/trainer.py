@@ -186,11 +186,14 @@ def train_step(state, batch, *, graphdef, mesh, fsdp):
 def model_stats(model, batch, mesh=None):
     """`token_stats` of the model on ``batch`` (with its ``segment_ids`` if packed); with a
     ``seq`` mesh axis over more than one device, time split over it (sequence parallelism)."""
-    if mesh is None or mesh.shape.get("seq", 1) == 1:
+
+    def stats(model, batch):
         return token_stats(model(batch["inputs"], batch.get("segment_ids")), batch["labels"])
+
+    if mesh is None or mesh.shape.get("seq", 1) == 1:
+        return stats(model, batch)
     if "segment_ids" in batch:
         raise ValueError("packed rows (segment_ids) with a split time axis are not supported")
-    stats = lambda model, inputs, labels: token_stats(model(inputs), labels)  # noqa: E731
     return sequence_parallel_stats(stats, model, batch, mesh)
 
 
