@@ -17,7 +17,7 @@ from tests.training.conftest import ROOT, tiny_mqar
 
 MIXERS = (
     "softmax", "linear", "favor", "taylor", "hedgehog", "retnet", "gated", "deltanet",
-    "gated_deltanet",
+    "gated_deltanet", "gla",
 )  # fmt: skip
 FEATURE_DIM = {"favor": 8, "taylor": 4, "hedgehog": 8}
 
