@@ -151,6 +151,11 @@ def test_overrides_apply_and_tie_fields():
             "config.data.separator = 'a\\\\\\\\' has a bad escape",
         ),
         (
+            ("--config.mesh.seq=2",),
+            "configs/lm.py:cpu",
+            "config.data.pack with config.mesh.seq = 2 \\(a split time axis\\) is not supported",
+        ),
+        (
             ("--config.train.sample_tokens=5000",),
             "configs/lm.py:cpu",
             "config.train.sample_tokens = 5000",

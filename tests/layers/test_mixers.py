@@ -19,6 +19,7 @@ from linear_attention.layers import (
 )
 from linear_attention.layers.rotary import apply_rotary
 from linear_attention.layers.segments import document_ids, document_positions
+from linear_attention.layers.sequence import split_sequence
 from tests.layers.numpy_reference import mixer_reference, output_reference
 
 B, T, D, H = 2, 12, 16, 2
@@ -377,3 +378,5 @@ def test_bad_segment_ids_raise():
         mixer(x, jnp.zeros((B, T), jnp.float32))
     with pytest.raises(ValueError, match=r"got shape \(12,\)"):
         mixer(x, jnp.zeros((T,), jnp.int32))
+    with split_sequence("seq"), pytest.raises(ValueError, match="with a split time axis"):
+        mixer(x, jnp.zeros((B, T), jnp.int32))
