@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from linear_attention.data import IGNORE_INDEX
 from linear_attention.models import generate
 from linear_attention.training import build_data, cli, experiment_config, load_run, train
 from linear_attention.training.metrics import Reporter, read_jsonl
@@ -185,10 +186,14 @@ def test_la_eval_reports_summary_metrics_and_accepts_data_overrides(text_run, ca
         )
     )
     assert data.val_inputs.shape == (5, 16)
-    logits = np.asarray(model(jnp.asarray(data.val_inputs)), np.float64)
+    # the smoke preset packs documents: the model gets the segment ids, boundary labels are ignored
+    segments = None if data.val_segment_ids is None else jnp.asarray(data.val_segment_ids)
+    logits = np.asarray(model(jnp.asarray(data.val_inputs), segments), np.float64)
     logz = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
-    picked = np.take_along_axis(logits, data.val_labels[..., None], -1)[..., 0]
-    assert short["eval/loss"] == pytest.approx((logz - picked).mean(), rel=1e-5)
+    labelled = data.val_labels != IGNORE_INDEX
+    picked = np.take_along_axis(logits, np.where(labelled, data.val_labels, 0)[..., None], -1)
+    want = (logz - picked[..., 0])[labelled].mean()
+    assert short["eval/loss"] == pytest.approx(want, rel=1e-5)
     assert _summary(workdir) == before  # summary.json untouched
 
 
