@@ -11,6 +11,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from linear_attention.kernels.segments import segment_starts
+
 
 def check_segment_ids(segment_ids, shape: tuple[int, int], name: str = "segment_ids") -> None:
     """Raise ValueError unless `segment_ids` is an integer array of `shape` ([B, T])."""
@@ -28,15 +30,8 @@ def check_segment_ids(segment_ids, shape: tuple[int, int], name: str = "segment_
 
 def document_ids(segment_ids_BT: jax.Array) -> jax.Array:
     """int32 `[B, T]`: the index of each token's document in its row (0 at t = 0, +1 at every
-    change of id)."""
-    change_BT = jnp.concatenate(
-        [
-            jnp.zeros_like(segment_ids_BT[:, :1], dtype=bool),
-            segment_ids_BT[:, 1:] != segment_ids_BT[:, :-1],
-        ],
-        axis=1,
-    )
-    return jnp.cumsum(change_BT, axis=1, dtype=jnp.int32)
+    change of id, where the kernels reset their states)."""
+    return jnp.cumsum(segment_starts(segment_ids_BT), axis=1, dtype=jnp.int32)
 
 
 def document_positions(document_ids_BT: jax.Array) -> jax.Array:
