@@ -12,23 +12,21 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-
-from linear_attention.kernels._checks import check_rank
+import numpy as np
 
 
 def check_segment_ids(segment_ids, batch: int, time: int):
-    """Raise unless `segment_ids` is an integer array of shape `[B, T]`; return it as an array."""
+    """Raise unless `segment_ids` is an integer array of shape `[B, T]` = `(batch, time)`; return
+    it as an array (None stays None). Bool and arrays without a dtype (lists) are rejected."""
     if segment_ids is None:
         return None
-    check_rank("segment_ids", segment_ids, 2, "[B, T]")
-    if tuple(jnp.shape(segment_ids)) != (batch, time):
+    shape = tuple(np.shape(segment_ids))  # np: also a list, without a JAX warning
+    dtype = getattr(segment_ids, "dtype", None)
+    if shape != (batch, time) or dtype is None or not jnp.issubdtype(dtype, jnp.integer):
         raise ValueError(
-            f"segment_ids must have shape (B, T) = {(batch, time)}, got "
-            f"{tuple(jnp.shape(segment_ids))}"
+            f"segment_ids must be integers of shape [B, T] = {(batch, time)}, got shape {shape} "
+            f"dtype {dtype}"
         )
-    dtype = jnp.result_type(segment_ids)
-    if not jnp.issubdtype(dtype, jnp.integer) or jnp.issubdtype(dtype, jnp.bool_):
-        raise ValueError(f"segment_ids must be integers, got dtype {dtype}")
     return jnp.asarray(segment_ids)
 
 

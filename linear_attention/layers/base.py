@@ -25,10 +25,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from linear_attention.kernels.segments import check_segment_ids
 from linear_attention.layers.conv import ShortConv
 from linear_attention.layers.norm import RMSNorm
 from linear_attention.layers.rotary import apply_rotary, check_rotary_dim
-from linear_attention.layers.segments import check_segment_ids, document_ids, document_positions
+from linear_attention.layers.segments import document_ids, document_positions
 from linear_attention.layers.sequence import previous_tail, sequence_axis, sequence_offset
 
 # Options that only some mixers use; `None` means "not set". A mixer whose `USES` lacks one of
@@ -309,7 +310,7 @@ class Mixer(nnx.Module):
                 raise ValueError(
                     "segment_ids (packed rows) with a split time axis is not supported"
                 )
-            check_segment_ids(segment_ids, x_BTD.shape[:2])
+            check_segment_ids(segment_ids, *x_BTD.shape[:2])
             documents_BT = document_ids(segment_ids)
             q, k, v, _ = self._qkv(x_BTD, None, 0, documents_BT)
             o_BTHD, _ = self._mix(x_BTD, q, k, v, None, 0, segment_ids=documents_BT)

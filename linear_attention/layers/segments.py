@@ -14,20 +14,6 @@ import jax.numpy as jnp
 from linear_attention.kernels.segments import segment_starts
 
 
-def check_segment_ids(segment_ids, shape: tuple[int, int], name: str = "segment_ids") -> None:
-    """Raise ValueError unless `segment_ids` is an integer array of `shape` ([B, T])."""
-    dtype = jnp.asarray(segment_ids).dtype if hasattr(segment_ids, "dtype") else None
-    if (
-        tuple(jnp.shape(segment_ids)) != tuple(shape)
-        or dtype is None
-        or not (jnp.issubdtype(dtype, jnp.integer))
-    ):
-        raise ValueError(
-            f"{name} must be integers of shape [B, T] = {tuple(shape)}, got shape "
-            f"{tuple(jnp.shape(segment_ids))} dtype {dtype}"
-        )
-
-
 def document_ids(segment_ids_BT: jax.Array) -> jax.Array:
     """int32 `[B, T]`: the index of each token's document in its row (0 at t = 0, +1 at every
     change of id, where the kernels reset their states)."""

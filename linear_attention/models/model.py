@@ -27,8 +27,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from linear_attention.kernels.segments import check_segment_ids
 from linear_attention.layers import Block, FavorMixer, MixerState, RMSNorm
-from linear_attention.layers.segments import check_segment_ids, document_ids, document_positions
+from linear_attention.layers.segments import document_ids, document_positions
 from linear_attention.layers.sequence import sequence_offset
 from linear_attention.models.config import ModelConfig
 from linear_attention.models.tokens import check_token_ids, is_concrete
@@ -134,7 +135,7 @@ class LanguageModel(nnx.Module):
         check_token_ids(tokens, self.config.vocab_size)
         documents_BT = None
         if segment_ids is not None:
-            check_segment_ids(segment_ids, tokens.shape)
+            check_segment_ids(segment_ids, *tokens.shape)
             documents_BT = document_ids(segment_ids)
         # position 0 unless time is split (packed rows with a split time axis raise in the mixers)
         x, valid = self._embed(tokens, sequence_offset(tokens.shape[1]), documents_BT)

@@ -262,7 +262,10 @@ def test_long_sequence_is_finite():
             dict(initial_state=K.LinearAttentionState(np.zeros((B, H, DV, KD)), None)),
             r"initial_state.kv has shape",
         ),
-        (dict(segment_ids=np.zeros((B, T + 1), np.int32)), "segment_ids must have shape"),
+        (
+            dict(segment_ids=np.zeros((B, T + 1), np.int32)),
+            rf"segment_ids must be integers of shape \[B, T\] = \({B}, {T}\), got shape",
+        ),
         (dict(segment_ids=np.zeros((B, T), np.float32)), "segment_ids must be integers"),
     ],
 )

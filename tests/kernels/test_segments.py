@@ -45,11 +45,18 @@ def test_same_segment_mask():
     [
         (np.zeros((3, 6), np.float32), "must be integers"),
         (np.zeros((3, 6), bool), "must be integers"),
-        (np.zeros((3, 5), np.int32), r"shape \(B, T\) = \(3, 6\)"),
-        (np.zeros((3, 6, 1), np.int32), "rank 2"),
+        (np.zeros((3, 5), np.int32), r"\[B, T\] = \(3, 6\), got shape \(3, 5\) dtype int32"),
+        (np.zeros((3, 6, 1), np.int32), r"got shape \(3, 6, 1\)"),
+        (IDS.tolist(), r"got shape \(3, 6\) dtype None"),  # a list: no dtype to trust
     ],
 )
 def test_bad_segment_ids(ids, match):
     with pytest.raises(ValueError, match=match):
         check_segment_ids(ids, 3, 6)
     assert check_segment_ids(None, 3, 6) is None
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.uint8])
+def test_good_segment_ids_pass_through(dtype):
+    out = check_segment_ids(IDS.astype(dtype), 3, 6)
+    np.testing.assert_array_equal(np.asarray(out), IDS)
