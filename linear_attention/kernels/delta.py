@@ -1,6 +1,6 @@
 """The delta rule (DeltaNet) and its gated form (Gated DeltaNet): scan and chunkwise WY form.
 
-Per head, with a log decay a_t ≤ 0 (none for DeltaNet) and a write strength β_t in (0, 2),
+Per head, with a log decay a_t ≤ 0 (none for DeltaNet) and a write strength β_t in [0, 2],
 
     S_t = exp(a_t) (I − β_t k_t k_tᵀ) S_{t−1} + β_t k_t v_tᵀ         S: [K, Dv], float32
     o_t = S_tᵀ q_t
@@ -19,13 +19,12 @@ Unrolling u_t inside the chunk gives a unit lower-triangular system (the UT tran
     S' = e^{b_C} S + (K ⊙ e^{b_C − b})ᵀ U'
 
 U, W and the C×C scores depend only on the chunk's own tokens: they are computed for all chunks
-at once (batched matmuls and one batched triangular solve); only the three lines in S are
+at once (batched matmuls and one batched triangular inverse); only the three lines in S are
 sequential, a `lax.scan` across chunks. Work is O(T·C·(K + Dv) + T·K·Dv).
 
-Resets. A log decay of −inf (a decay of exactly 0: the `segment_ids` boundaries) would make
-b_t − b_s = −inf − (−inf). Resets are therefore taken out of the cumulative sum (a ← 0 there) and
-counted; a factor exp(b_t − b_s) is kept only where no reset lies in (s, t], masked with
-`jnp.where` before the `exp`.
+Resets. A log decay of −inf (a decay of exactly 0: the `segment_ids` boundaries) is taken out
+of the cumulative sum and counted (`segments.cumulative_log_decay`), so that b_t − b_s never
+reads −inf − (−inf): a factor exp(b_t − b_s) is kept only where no reset lies in (s, t].
 
 Gradient. Autodiff, with the scan's chunk step rematerialised (`jax.checkpoint`): the backward
 pass stores the state entering each chunk (one [K, Dv] state per chunk, never one per token)
@@ -83,24 +82,24 @@ def delta_rule(
     segment_ids=None,
     axis_name: str | None = None,
 ):
-    """The (gated) delta rule over a sequence, from an optional initial state.
+    """The delta rule (DeltaNet; with `log_decay`, Gated DeltaNet) over a sequence, per head:
+
+        S_t = exp(a_t) (I − β_t k_t k_tᵀ) S_{t−1} + β_t k_t v_tᵀ,    o_t = S_tᵀ q_t
+
+    from S_0 = `initial_state` (zeros if None); S is `[K, Dv]`, float32.
 
     Args:
-      q: queries `[B, T, H, K]` (no scaling is applied inside).
-      k: keys `[B, T, H, K]` (usually L2-normalised; the kernel does not normalise).
-      v: values `[B, T, H, Dv]`.
-      beta: write strengths `[B, T, H]` in [0, 2] (β > 1: negative eigenvalues of the transition).
-      log_decay: ≤ 0, broadcastable to `[B, T, H]` (Gated DeltaNet); −inf resets the state.
-        None: no decay (DeltaNet).
-      method: "chunk" (default, the training path: WY form inside chunks) or "scan".
+      q, k: `[B, T, H, K]`, used as given (no scaling; keys are usually L2-normalised).
+      v: `[B, T, H, Dv]`.
+      beta: β `[B, T, H]` in [0, 2] (β > 1 gives the transition a negative eigenvalue).
+      log_decay: a ≤ 0, `[H]` or broadcastable to `[B, T, H]`; −inf resets S. None: a = 0.
+      method: "chunk" (the training path, WY form) or "scan" (token by token, the reference).
       chunk_size: tokens per chunk for "chunk"; T need not be a multiple of it.
-      initial_state: `LinearAttentionState(kv=[B, H, K, Dv], k_sum=None)`; None means zeros.
+      initial_state: `LinearAttentionState(kv=[B, H, K, Dv], k_sum=None)`.
       return_state: also return the state after the last token.
-      segment_ids: `[B, T]` ints for packed rows; the state is zeroed before every token whose id
-        differs from the previous token's. None: one document per row.
-      axis_name: inside `jax.shard_map` with time split over this mesh axis, compute the
-        unsplit result (outputs, gradients, the global final state on every shard) by sequence
-        parallelism (`sequence_parallel.py`). None: no split.
+      segment_ids: `[B, T]` integers (packed rows): S is reset before every change of id.
+      axis_name: time split over this `shard_map` axis: the unsplit result by sequence
+        parallelism (`sequence_parallel.py`).
     Returns:
       `o: [B, T, H, Dv]` in `result_type(q, k, v)`, and with `return_state` the final
       `LinearAttentionState(kv, None)` (float32).
