@@ -175,8 +175,9 @@ class FavorMixer(LinearMixer):
 
 
 class TaylorMixer(LinearMixer):
-    """Based: q, k projected to `feature_dim` (default 16) per head, then the 2nd-order Taylor
-    feature map `[1, x/c₁, (x⊗x)/c₂]`; normalized."""
+    """Based: q, k projected to `feature_dim` d (default 16) per head, then the 2nd-order Taylor
+    feature map `[1, x/c₁, upper triangle of (x⊗x)/c₂]` (`kernels.feature_maps.taylor2`):
+    M = 1 + d + d(d+1)/2 (153 at d = 16); normalized."""
 
     NAME = "taylor"
     USES = frozenset({"feature_dim", "method", "chunk_size", "eps"})

@@ -29,17 +29,42 @@ def test_elementwise_maps_values_and_signs():
     assert np.all(np.asarray(fm.relu(x_big)) >= 0)
 
 
-def test_taylor2_is_the_second_order_taylor_kernel():
-    d = 6
+@pytest.mark.parametrize("d", [1, 6, 16])
+def test_taylor2_is_the_second_order_taylor_kernel(d):
     q, k = _normal(1, (4, 3, d), 1.5), _normal(2, (4, 3, d), 1.5)
     phi_q, phi_k = fm.taylor2(q), fm.taylor2(k)
-    assert phi_q.shape == (4, 3, 1 + d + d * d) and phi_q.dtype == jnp.float32
-    s = np.sum(np.asarray(q, np.float64) * np.asarray(k), axis=-1) / np.sqrt(d)
+    # the upper triangle of x⊗x: 1 + d + d(d+1)/2 features (153 at d = 16)
+    assert phi_q.shape == (4, 3, 1 + d + d * (d + 1) // 2) and phi_q.dtype == jnp.float32
+    q64, k64 = np.asarray(q, np.float64), np.asarray(k, np.float64)
+    s = np.sum(q64 * k64, axis=-1) / np.sqrt(d)
     got = np.sum(np.asarray(phi_q, np.float64) * np.asarray(phi_k, np.float64), axis=-1)
     np.testing.assert_allclose(got, 1 + s + s**2 / 2, rtol=1e-5)
-    # each block on its own: constant, linear x/d^{1/4}, and (x⊗x)/(√2·√d)
+
+    # the same kernel values as the full form [1, x/d^{1/4}, vec(x⊗x)/(√2·√d)] (1 + d + d²)
+    def full(x):
+        outer = (x[..., :, None] * x[..., None, :]).reshape(*x.shape[:-1], d * d)
+        return np.concatenate([np.ones_like(x[..., :1]), x / d**0.25, outer / np.sqrt(2 * d)], -1)
+
+    np.testing.assert_allclose(got, np.sum(full(q64) * full(k64), axis=-1), rtol=1e-5)
     np.testing.assert_array_equal(phi_q[..., 0], 1.0)
     np.testing.assert_allclose(phi_q[..., 1 : 1 + d], q / d**0.25, rtol=1e-6)
+
+
+def test_taylor2_features_by_hand():
+    """d = 2, x = (a, b): [1, a/2^¼, b/2^¼, a²/2, ab/√2, b²/2] (√2·√d = 2, off-diagonal ×√2)."""
+    a, b = 3.0, -0.5
+    want = [1.0, a / 2**0.25, b / 2**0.25, a * a / 2, a * b / np.sqrt(2), b * b / 2]
+    np.testing.assert_allclose(fm.taylor2(jnp.array([a, b])), want, rtol=1e-6)
+
+
+def test_taylor2_kernel_gradient():
+    """∂/∂q (1 + s + s²/2) = (1 + s)·k/√d, s = q·k/√d, through the features."""
+    d = 5
+    q, k = _normal(4, (3, d)), _normal(5, (3, d))
+    grad = jax.grad(lambda q: jnp.sum(fm.taylor2(q) * fm.taylor2(k)))(q)
+    q64, k64 = np.asarray(q, np.float64), np.asarray(k, np.float64)
+    s = np.sum(q64 * k64, -1, keepdims=True) / np.sqrt(d)
+    np.testing.assert_allclose(grad, (1 + s) * k64 / np.sqrt(d), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize(

@@ -109,6 +109,15 @@ def test_linear_taylor2_matches_taylor_mixer_reference():
     )
 
 
+def test_taylor_state_is_the_upper_triangle_size():
+    """Based's count: M = 1 + d + d(d+1)/2 = 153 for 16 projected dims (not 1 + d + d² = 273)."""
+    mixer = get_mixer("taylor")(D, H, rngs=nnx.Rngs(0))
+    core = jax.eval_shape(lambda: mixer.init_state(B, 10)).core
+    assert mixer.state_feature_dim == 153
+    assert core.kv.shape == (B, H, 153, D // H) and core.k_sum.shape == (B, H, 153)
+    assert get_mixer("taylor")(D, H, feature_dim=8, rngs=nnx.Rngs(0)).state_feature_dim == 45
+
+
 def test_states_have_fixed_size_and_float32():
     x = inputs()
     for name in ("linear", "gated", "gated_deltanet"):

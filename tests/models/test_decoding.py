@@ -128,7 +128,10 @@ def test_state_size_bytes_against_formulas():
     linear = lambda m: 4 * (h * m * dv + h * m)  # noqa: E731
     assert state_size_bytes(_config(mixer="linear")) == 2 * linear(8)
     assert state_size_bytes(_config(mixer="favor", feature_dim=20)) == 2 * linear(20)
-    assert state_size_bytes(_config(mixer="taylor", feature_dim=4)) == 2 * linear(1 + 4 + 16)
+    # taylor: M = 1 + d + d(d+1)/2 (upper triangle of x⊗x) = 15 at d = 4; by hand, 2 layers ×
+    # 4 bytes × (kv 2·15·8 + k_sum 2·15) = 2160
+    assert state_size_bytes(_config(mixer="taylor", feature_dim=4)) == 2 * linear(1 + 4 + 10)
+    assert state_size_bytes(_config(mixer="taylor", feature_dim=4)) == 2160
     assert state_size_bytes(_config(mixer="hedgehog", feature_dim=5)) == 2 * linear(10)
     # conv tail: (K − 1) · 3·H·Dh channels, float32
     assert state_size_bytes(_config(mixer="gated", conv=True)) == 2 * (linear(8) + 4 * 3 * 48)
