@@ -1,0 +1,331 @@
+"""Length generalisation: language models trained at one length, evaluated on longer windows.
+
+    python experiments/length_gen.py runs/lm-sweep/runs/lr-0.003_mixer-gated \
+        softmax-rope=runs/length-gen/runs/lr-0.003_mixer-softmax-rope ... \
+        --lengths 128 512 2048 --out runs/length-gen/eval
+
+Each run (a workdir, or ``label=workdir``) is reloaded with `load_run` (its latest checkpoint)
+and evaluated, for every length ``L`` of ``--lengths``, on windows of ``L + 1`` bytes of its
+validation split that lie inside one document (so a window is one stretch of one file: no
+segment ids, no document boundary, and position ``t`` of the window has ``t`` bytes of context
+from the same file; a window starts anywhere in its file, as training windows do). The windows
+are consecutive stretches of every validation document, at most ``--max_tokens // L`` of them,
+evenly spaced over the candidates; the same windows for every run of the same data. The
+loss of every token is summed per position and reported as bits per byte per position bucket
+``[e_i, e_(i+1))`` (``--edges``; default ``0, T, 2T, 4T, ...`` with ``T`` the first run's
+training length) and over the whole window.
+
+Position embeddings: a run's model is rebuilt with ``max_length`` raised to the longest length
+(it only sizes decoding caches, and bounds the input, for "none" and "rope" positions).
+Learned absolute positions have a table of ``max_length`` rows (2048 in ``configs/lm.py``):
+the rows past the training length were never trained (they keep their initialisation, shrunk
+by weight decay), and they are used as they are; lengths past the table are not applicable and
+are reported as skipped, with the reason.
+
+``--max_bytes`` reads more of the corpus than the runs were trained on (default: each run's
+own ``data.max_bytes``): the validation blocks of the first ``max_bytes`` are the same, and the
+rest is text no run trained on, so it only adds validation windows.
+
+Writes ``length_gen.json`` (machine, settings, per run and length: windows, tokens, bits per
+byte per bucket and overall, seconds) and ``length_gen.png`` (left: bits per byte per bucket at
+each run's longest length, one line per run; right: mean bits per byte against the evaluation
+length); prints a Markdown table. Evaluation is jitted once per (length, batch), batch
+``--tokens_per_batch // L`` windows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import matplotlib
+import numpy as np
+from flax import nnx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, uninstalled
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import machine_info  # noqa: E402
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from linear_attention.data.text import load_documents, split_corpus, split_documents  # noqa: E402
+from linear_attention.training import experiment_config  # noqa: E402
+from linear_attention.training.load import load_run, run_config  # noqa: E402
+
+
+def default_edges(train_length: int, max_length: int) -> list[int]:
+    """``0, T, 2T, 4T, ...`` up to ``max_length`` (the last edge is ``max_length``)."""
+    edges, edge = [0], train_length
+    while edge < max_length:
+        edges.append(edge)
+        edge *= 2
+    return edges + [max_length]
+
+
+def bucket_bits(nll_sum_T: np.ndarray, count_T: np.ndarray, edges) -> list[dict]:
+    """Bits per byte over positions ``[edges[i], edges[i+1])`` that exist (``< T``)."""
+    out = []
+    for lo, hi in zip(edges[:-1], edges[1:], strict=True):
+        hi = min(hi, nll_sum_T.size)
+        if lo >= hi:
+            break
+        n = float(count_T[lo:hi].sum())
+        bits = nll_sum_T[lo:hi].sum() / n / math.log(2)
+        out.append(dict(start=lo, end=hi, tokens=int(n), bits_per_byte=bits))
+    return out
+
+
+def validation_windows(data, length: int, max_tokens: int) -> np.ndarray:
+    """``uint8[N, length + 1]``: consecutive windows inside each validation document of a
+    text-data config (`TextDataConfig`), at most ``max_tokens // length`` evenly spaced."""
+    corpus, starts = load_documents(
+        data.path or None, max_bytes=data.max_bytes or None, separator=data.separator_bytes
+    )
+    val = split_corpus(corpus, val_fraction=data.val_fraction)[1]
+    docs = split_documents(corpus.size, starts, val_fraction=data.val_fraction)[1]
+    first = np.flatnonzero(np.r_[True, docs[1:] != docs[:-1]])
+    ends = np.r_[first[1:], docs.size]
+    begin = [np.arange(a, b - length, length) for a, b in zip(first, ends, strict=True)]
+    begin = np.concatenate(begin) if begin else np.zeros(0, np.int64)
+    if begin.size == 0:
+        raise ValueError(
+            f"no validation document is longer than length + 1 = {length + 1} bytes; use a "
+            f"shorter length or a larger corpus (--max_bytes)"
+        )
+    n = max(1, min(begin.size, max_tokens // length))
+    pick = np.unique(np.linspace(0, begin.size - 1, n).round().astype(np.int64))
+    return val[begin[pick, None] + np.arange(length + 1)]
+
+
+@nnx.jit
+def _position_nll(model, inputs_BT, labels_BT, weight_B):
+    """Per position, the weighted sum over rows of the next-byte NLL (float32)."""
+    logits_BTV = model(inputs_BT).astype(jnp.float32)
+    logp_BTV = jax.nn.log_softmax(logits_BTV, axis=-1)
+    nll_BT = -jnp.take_along_axis(logp_BTV, labels_BT[..., None], axis=-1)[..., 0]
+    return (nll_BT * weight_B[:, None]).sum(axis=0)
+
+
+def position_nll(model, windows: np.ndarray, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(nll_sum[T], count[T])`` float64 over ``windows[N, T + 1]`` (inputs ``w[:, :-1]``,
+    labels ``w[:, 1:]``), in batches of ``batch_size`` (the last padded with zero weight)."""
+    n, t = windows.shape[0], windows.shape[1] - 1
+    total = np.zeros(t, np.float64)
+    for i in range(0, n, batch_size):
+        rows = windows[i : i + batch_size].astype(np.int32)
+        weight = np.ones(batch_size, np.float32)
+        if rows.shape[0] < batch_size:
+            weight[rows.shape[0] :] = 0.0
+            rows = np.concatenate([rows, np.repeat(rows[:1], batch_size - rows.shape[0], 0)])
+        total += np.asarray(_position_nll(model, rows[:, :-1], rows[:, 1:], weight), np.float64)
+    return total, np.full(t, float(n))
+
+
+def _label(config) -> str:
+    m = config.model
+    mixer = m.mixer if isinstance(m.mixer, str) else ",".join(m.mixer)
+    return mixer if m.position == "none" else f"{mixer}+{m.position}"
+
+
+def evaluate_run(
+    workdir: str,
+    lengths,
+    edges,
+    *,
+    max_tokens,
+    tokens_per_batch,
+    max_bytes=None,
+    label=None,
+    log=print,
+) -> dict:
+    """Bits per byte per bucket at every length for the run in ``workdir`` (see the module
+    docstring); lengths a learned position table cannot index are skipped with the reason."""
+    raw = run_config(workdir)
+    cfg = experiment_config(raw)
+    if cfg.data.kind != "text":
+        raise ValueError(f"{workdir} is not a text run (data.kind = {cfg.data.kind!r})")
+    learned = cfg.model.position == "learned"
+    table = cfg.model.max_length
+    if not learned:  # max_length bounds the input only; raise it to the longest length
+        raw = json.loads(json.dumps(raw))
+        raw["model"]["max_length"] = max(table, max(lengths))
+    model, cfg = load_run(workdir, config=raw)
+    data = cfg.data
+    if max_bytes is not None:
+        data = dataclasses.replace(data, max_bytes=max_bytes)
+    out = dict(
+        label=label or _label(cfg),
+        workdir=str(workdir),
+        mixer=cfg.model.mixer,
+        position=cfg.model.position,
+        window=getattr(cfg.model, "window", None),
+        train_length=cfg.data.seq_len,
+        d_model=cfg.model.d_model,
+        seed=cfg.seed,
+        steps=cfg.train.num_steps,
+        learning_rate=cfg.optimizer.learning_rate,
+        max_bytes=data.max_bytes,
+        lengths={},
+    )
+    for length in lengths:
+        if learned and length > table:
+            out["lengths"][str(length)] = dict(
+                skipped=f"learned position embedding has {table} rows (max_length); "
+                f"length {length} is past it"
+            )
+            log(f"  {out['label']} L={length}: skipped (learned positions end at {table})")
+            continue
+        windows = validation_windows(data, length, max_tokens)
+        start = time.perf_counter()
+        nll, count = position_nll(model, windows, max(1, tokens_per_batch // length))
+        seconds = time.perf_counter() - start
+        buckets = bucket_bits(nll, count, edges)
+        mean = nll.sum() / count.sum() / math.log(2)
+        out["lengths"][str(length)] = dict(
+            windows=int(windows.shape[0]), bits_per_byte=mean, buckets=buckets, seconds=seconds
+        )
+        cells = " ".join(f"{b['bits_per_byte']:.3f}" for b in buckets)
+        log(
+            f"  {out['label']} L={length}: {windows.shape[0]} windows, {mean:.4f} ({cells}) "
+            f"{seconds:.1f}s"
+        )
+    return out
+
+
+def _evaluated(run) -> list[int]:
+    return sorted(int(k) for k, v in run["lengths"].items() if "skipped" not in v)
+
+
+def markdown(runs, edges) -> str:
+    lengths = sorted({int(k) for r in runs for k in r["lengths"]})
+    names = [f"[{a}, {b})" for a, b in zip(edges[:-1], edges[1:], strict=True)]
+    head = ["model", *(f"{n}" for n in names), *(f"mean @{L}" for L in lengths)]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in runs:
+        done = _evaluated(r)
+        longest = r["lengths"][str(done[-1])]["buckets"] if done else []
+        cells = [f"{b['bits_per_byte']:.3f}" for b in longest]
+        cells += ["—"] * (len(names) - len(cells))
+        for length in lengths:
+            v = r["lengths"].get(str(length), {})
+            cells.append(f"{v['bits_per_byte']:.3f}" if "bits_per_byte" in v else "n/a")
+        lines.append("| " + " | ".join([r["label"], *cells]) + " |")
+    return "\n".join(lines)
+
+
+def plot(runs, edges, out: Path) -> None:
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(13, 4.8), width_ratios=(3, 2))
+    cmap = plt.get_cmap("tab20")
+    for i, r in enumerate(runs):
+        done = _evaluated(r)
+        if not done:
+            continue
+        style = dict(color=cmap(i % 20), marker="o", ms=3)
+        style["ls"] = "--" if "softmax" in r["label"] or r["mixer"] == "swa" else "-"
+        buckets = r["lengths"][str(done[-1])]["buckets"]
+        ax.plot(
+            range(len(buckets)), [b["bits_per_byte"] for b in buckets], label=r["label"], **style
+        )
+        ax2.plot(done, [r["lengths"][str(L)]["bits_per_byte"] for L in done], **style)
+    ax.set_xticks(range(len(edges) - 1))
+    ax.set_xticklabels(
+        [f"[{a},{b})" for a, b in zip(edges[:-1], edges[1:], strict=True)], fontsize=8
+    )
+    ax.axvline(0.5, color="grey", lw=0.8, ls=":")
+    ax.set_xlabel("position in the window (bucket); trained on the first bucket's length")
+    ax.set_ylabel("validation bits per byte")
+    ax.set_title("loss per position bucket, longest evaluated length")
+    ax.set_yscale("log")
+    ax.legend(fontsize=7, ncol=2)
+    ax2.set_xscale("log", base=2)
+    ax2.set_yscale("log")
+    ax2.set_xlabel("evaluation length (bytes)")
+    ax2.set_title("mean over the window")
+    ax2.grid(alpha=0.3)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("runs", nargs="+", help="workdir or label=workdir")
+    parser.add_argument("--lengths", type=int, nargs="+", default=[128, 512, 2048])
+    parser.add_argument(
+        "--edges",
+        type=int,
+        nargs="+",
+        default=None,
+        help="bucket edges (default 0, T, 2T, 4T, ... to the longest length)",
+    )
+    parser.add_argument("--max_tokens", type=int, default=131072, help="tokens per length")
+    parser.add_argument("--tokens_per_batch", type=int, default=4096)
+    parser.add_argument("--max_bytes", type=int, default=None, help="corpus bytes to read")
+    parser.add_argument("--out", required=True, help="folder for length_gen.json / .png")
+    args = parser.parse_args(argv)
+    if any(L < 1 for L in args.lengths):
+        raise ValueError(f"--lengths must be >= 1, got {args.lengths}")
+    if args.max_tokens < 1 or args.tokens_per_batch < 1:
+        raise ValueError(
+            f"--max_tokens and --tokens_per_batch must be >= 1, got {args.max_tokens} and "
+            f"{args.tokens_per_batch}"
+        )
+    specs = [r.split("=", 1) if "=" in r else [None, r] for r in args.runs]
+    for _, workdir in specs:
+        run_config(workdir)  # every run exists before any work
+    lengths = sorted(set(args.lengths))
+    edges = args.edges
+    if edges is None:
+        edges = default_edges(experiment_config(run_config(specs[0][1])).data.seq_len, lengths[-1])
+    if edges[0] != 0 or any(b <= a for a, b in zip(edges[:-1], edges[1:], strict=False)):
+        raise ValueError(f"--edges must start at 0 and increase, got {edges}")
+    machine = machine_info()
+    start = time.perf_counter()
+    runs = []
+    for label, workdir in specs:
+        runs.append(
+            evaluate_run(
+                workdir,
+                lengths,
+                edges,
+                max_tokens=args.max_tokens,
+                tokens_per_batch=args.tokens_per_batch,
+                max_bytes=args.max_bytes,
+                label=label,
+            )
+        )
+    table = markdown(runs, edges)
+    print(table)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    result = dict(
+        machine=machine,
+        load_avg_end=os.getloadavg(),
+        wall_time_sec=time.perf_counter() - start,
+        settings=dict(
+            lengths=lengths,
+            edges=edges,
+            max_tokens=args.max_tokens,
+            tokens_per_batch=args.tokens_per_batch,
+            max_bytes=args.max_bytes,
+        ),
+        runs=runs,
+    )
+    (out / "length_gen.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / "length_gen.md").write_text(table + "\n")
+    plot(runs, edges, out / "length_gen.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+"""experiments/length_gen.py: per-position-bucket loss of trained runs on longer windows."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from linear_attention.training import trainer
+from linear_attention.training.load import load_run, run_config
+from tests.scripts import load_module
+from tests.training.conftest import load_config
+from tests.training.test_trainer import _np_stats
+
+FILES, FILE_BYTES, BLOCK = 10, 2000, 200  # 20 kB: blocks of 200 bytes, 10 per file
+
+
+def _train(tmp_path, corpus, name, **model):
+    config = load_config("lm", "smoke")  # seq_len 32
+    config.data.path, config.data.max_bytes = str(corpus), 0
+    config.data.val_fraction, config.data.num_val_windows = 0.25, 4
+    config.train.sample_tokens, config.train.num_steps = 0, 2
+    for key, value in model.items():
+        setattr(config.model, key, value)
+    workdir = str(tmp_path / name)
+    trainer.train(config, workdir)
+    return workdir
+
+
+def test_bucket_figures_match_per_token_loss(tmp_path):
+    lg = load_module("experiments/length_gen.py", "length_gen")
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    rng = np.random.default_rng(0)
+    texts = [rng.integers(97, 123, FILE_BYTES).astype(np.uint8).tobytes() for _ in range(FILES)]
+    for i, text in enumerate(texts):
+        (corpus / f"{i:02d}.txt").write_bytes(text)
+    # gated (no positions) with max_length 64 < the 96 evaluated; softmax with a learned table
+    gated = _train(tmp_path, corpus, "gated", max_length=64)
+    learned = _train(
+        tmp_path, corpus, "learned", mixer="softmax", position="learned", max_length=64
+    )
+    out = tmp_path / "out"
+    args = [gated, f"sm={learned}", "--lengths", "96", "32", "--out", str(out)]
+    assert lg.main(args) == 0
+    result = json.loads((out / "length_gen.json").read_text())
+    assert (out / "length_gen.png").stat().st_size > 0
+    assert result["settings"]["edges"] == [0, 32, 64, 96]  # from the training length 32
+    g, s = result["runs"]
+    assert (g["label"], s["label"]) == ("gated", "sm")
+    assert "max_length" in s["lengths"]["96"]["skipped"] and s["lengths"]["32"]["windows"] == 150
+
+    # The windows: every validation block (every 4th, a whole 200-byte piece of one file) cut
+    # into consecutive stretches of L + 1 bytes starting at its first byte.
+    stream = b"".join(texts)
+    for length, per_block in ((96, 2), (32, 6)):
+        want = [
+            stream[b * BLOCK + k * length : b * BLOCK + k * length + length + 1]
+            for b in range(3, FILES * FILE_BYTES // BLOCK, 4)
+            for k in range(per_block)
+        ]
+        cfg = trainer.experiment_config(run_config(gated))
+        got = lg.validation_windows(cfg.data, length, max_tokens=10**6)
+        assert [w.tobytes() for w in got] == want
+    assert lg.validation_windows(cfg.data, 32, max_tokens=32 * 10).shape == (10, 33)
+
+    # The figures against a float64 NumPy cross-entropy of the model's logits, token by token
+    # (the gated model rebuilt with max_length 96; it has no position table).
+    raw = run_config(gated)
+    raw["model"]["max_length"] = 96
+    model, _ = load_run(gated, config=raw)
+    windows = lg.validation_windows(cfg.data, 96, max_tokens=10**6)
+    logits = np.asarray(model(windows[:, :-1].astype(np.int32)), np.float64)
+    labels = windows[:, 1:].astype(np.int64)
+    logz = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
+    nll = logz - np.take_along_axis(logits, labels[..., None], -1)[..., 0]  # [N, 96]
+    at96 = g["lengths"]["96"]
+    assert at96["windows"] == 50
+    assert at96["bits_per_byte"] == pytest.approx(nll.mean() / math.log(2), rel=1e-5)
+    for bucket, (lo, hi) in zip(at96["buckets"], [(0, 32), (32, 64), (64, 96)], strict=True):
+        assert (bucket["start"], bucket["end"], bucket["tokens"]) == (lo, hi, 50 * (hi - lo))
+        want = nll[:, lo:hi].mean() / math.log(2)
+        assert bucket["bits_per_byte"] == pytest.approx(want, rel=1e-5)
+    # at the training length: one bucket, equal to the whole window (and to _np_stats)
+    at32 = g["lengths"]["32"]
+    (only,) = at32["buckets"]
+    assert only["bits_per_byte"] == pytest.approx(at32["bits_per_byte"], rel=1e-12)
+    w32 = lg.validation_windows(cfg.data, 32, max_tokens=10**6)
+    ce = _np_stats(model(w32[:, :-1].astype(np.int32)), w32[:, 1:].astype(np.int64))[0]
+    assert at32["bits_per_byte"] == pytest.approx(ce / math.log(2), rel=1e-5)
+
+
+def test_bad_arguments(tmp_path):
+    lg = load_module("experiments/length_gen.py", "length_gen")
+    with pytest.raises(ValueError, match="--lengths"):
+        lg.main(["x", "--lengths", "0", "--out", str(tmp_path)])
+    with pytest.raises(ValueError, match="no run"):
+        lg.main([str(tmp_path / "missing"), "--out", str(tmp_path)])
+    assert lg.default_edges(128, 2048) == [0, 128, 256, 512, 1024, 2048]
+    assert lg.default_edges(128, 128) == [0, 128]
+    assert lg.default_edges(100, 300) == [0, 100, 200, 300]
