@@ -26,6 +26,10 @@ are reported as skipped, with the reason.
 own ``data.max_bytes``): the validation blocks of the first ``max_bytes`` are the same, and the
 rest is text no run trained on, so it only adds validation windows.
 
+``--reuse`` keeps the figures of runs already in ``--out``'s JSON (same workdir, checkpoint step
+and settings), so runs can be added as they finish training; each run records the load average
+before its evaluation (the figures do not depend on it, the seconds do).
+
 Writes ``length_gen.json`` (machine, settings, per run and length: windows, tokens, bits per
 byte per bucket and overall, seconds) and ``length_gen.png`` (left: bits per byte per bucket at
 each run's longest length, one line per run; right: mean bits per byte against the evaluation
@@ -37,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -84,14 +89,20 @@ def bucket_bits(nll_sum_T: np.ndarray, count_T: np.ndarray, edges) -> list[dict]
     return out
 
 
+@functools.lru_cache(maxsize=4)
+def _validation_split(path, max_bytes, separator, val_fraction):
+    """The validation bytes and their document ids (read once per corpus setting)."""
+    corpus, starts = load_documents(path, max_bytes=max_bytes, separator=separator)
+    val = split_corpus(corpus, val_fraction=val_fraction)[1]
+    return val, split_documents(corpus.size, starts, val_fraction=val_fraction)[1]
+
+
 def validation_windows(data, length: int, max_tokens: int) -> np.ndarray:
     """``uint8[N, length + 1]``: consecutive windows inside each validation document of a
     text-data config (`TextDataConfig`), at most ``max_tokens // length`` evenly spaced."""
-    corpus, starts = load_documents(
-        data.path or None, max_bytes=data.max_bytes or None, separator=data.separator_bytes
+    val, docs = _validation_split(
+        data.path or None, data.max_bytes or None, data.separator_bytes, data.val_fraction
     )
-    val = split_corpus(corpus, val_fraction=data.val_fraction)[1]
-    docs = split_documents(corpus.size, starts, val_fraction=data.val_fraction)[1]
     first = np.flatnonzero(np.r_[True, docs[1:] != docs[:-1]])
     ends = np.r_[first[1:], docs.size]
     begin = [np.arange(a, b - length, length) for a, b in zip(first, ends, strict=True)]
@@ -136,6 +147,15 @@ def _label(config) -> str:
     return mixer if m.position == "none" else f"{mixer}+{m.position}"
 
 
+def latest_step(workdir: str) -> int:
+    """The newest checkpoint's step (ValueError if there is none)."""
+    folder = os.path.join(workdir, "checkpoints")
+    steps = [int(d) for d in os.listdir(folder) if d.isdigit()] if os.path.isdir(folder) else []
+    if not steps:
+        raise ValueError(f"workdir {workdir!r} has no checkpoint yet (nothing in {folder})")
+    return max(steps)
+
+
 def evaluate_run(
     workdir: str,
     lengths,
@@ -158,13 +178,15 @@ def evaluate_run(
     if not learned:  # max_length bounds the input only; raise it to the longest length
         raw = json.loads(json.dumps(raw))
         raw["model"]["max_length"] = max(table, max(lengths))
-    model, cfg = load_run(workdir, config=raw)
+    step = latest_step(workdir)
+    model, cfg = load_run(workdir, config=raw, step=step)
     data = cfg.data
     if max_bytes is not None:
         data = dataclasses.replace(data, max_bytes=max_bytes)
     out = dict(
         label=label or _label(cfg),
         workdir=str(workdir),
+        step=step,
         mixer=cfg.model.mixer,
         position=cfg.model.position,
         window=getattr(cfg.model, "window", None),
@@ -174,6 +196,7 @@ def evaluate_run(
         steps=cfg.train.num_steps,
         learning_rate=cfg.optimizer.learning_rate,
         max_bytes=data.max_bytes,
+        load_avg=os.getloadavg(),
         lengths={},
     )
     for length in lengths:
@@ -272,6 +295,12 @@ def main(argv=None) -> int:
     parser.add_argument("--tokens_per_batch", type=int, default=4096)
     parser.add_argument("--max_bytes", type=int, default=None, help="corpus bytes to read")
     parser.add_argument("--out", required=True, help="folder for length_gen.json / .png")
+    parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="take a run's figures from --out's length_gen.json when it holds that workdir at "
+        "the same checkpoint step with the same settings (evaluate only the new runs)",
+    )
     args = parser.parse_args(argv)
     if any(L < 1 for L in args.lengths):
         raise ValueError(f"--lengths must be >= 1, got {args.lengths}")
@@ -289,10 +318,28 @@ def main(argv=None) -> int:
         edges = default_edges(experiment_config(run_config(specs[0][1])).data.seq_len, lengths[-1])
     if edges[0] != 0 or any(b <= a for a, b in zip(edges[:-1], edges[1:], strict=False)):
         raise ValueError(f"--edges must start at 0 and increase, got {edges}")
+    settings = dict(
+        lengths=lengths,
+        edges=edges,
+        max_tokens=args.max_tokens,
+        tokens_per_batch=args.tokens_per_batch,
+        max_bytes=args.max_bytes,
+    )
+    out = Path(args.out)
+    previous = {}
+    if args.reuse and (out / "length_gen.json").exists():
+        old = json.loads((out / "length_gen.json").read_text())
+        if old["settings"] == settings:
+            previous = {(r["workdir"], r["step"]): r for r in old["runs"]}
     machine = machine_info()
     start = time.perf_counter()
     runs = []
     for label, workdir in specs:
+        reused = previous.get((str(workdir), latest_step(workdir)))
+        if reused is not None:
+            runs.append({**reused, "label": label or reused["label"]})
+            print(f"  {runs[-1]['label']}: reused from {out / 'length_gen.json'}")
+            continue
         runs.append(
             evaluate_run(
                 workdir,
@@ -306,19 +353,12 @@ def main(argv=None) -> int:
         )
     table = markdown(runs, edges)
     print(table)
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     result = dict(
         machine=machine,
         load_avg_end=os.getloadavg(),
         wall_time_sec=time.perf_counter() - start,
-        settings=dict(
-            lengths=lengths,
-            edges=edges,
-            max_tokens=args.max_tokens,
-            tokens_per_batch=args.tokens_per_batch,
-            max_bytes=args.max_bytes,
-        ),
+        settings=settings,
         runs=runs,
     )
     (out / "length_gen.json").write_text(json.dumps(result, indent=2) + "\n")

@@ -29,7 +29,7 @@ def _train(tmp_path, corpus, name, **model):
     return workdir
 
 
-def test_bucket_figures_match_per_token_loss(tmp_path):
+def test_bucket_figures_match_per_token_loss(tmp_path, monkeypatch):
     lg = load_module("experiments/length_gen.py", "length_gen")
     corpus = tmp_path / "corpus"
     corpus.mkdir()
@@ -51,6 +51,18 @@ def test_bucket_figures_match_per_token_loss(tmp_path):
     g, s = result["runs"]
     assert (g["label"], s["label"]) == ("gated", "sm")
     assert "max_length" in s["lengths"]["96"]["skipped"] and s["lengths"]["32"]["windows"] == 150
+    assert g["step"] == s["step"] == 2
+
+    def no_evaluation(*args, **kwargs):
+        raise AssertionError("a run in the JSON was evaluated again")
+
+    # --reuse: the same runs (one relabelled) at the same steps and settings are not evaluated
+    with monkeypatch.context() as m:
+        m.setattr(lg, "evaluate_run", no_evaluation)
+        assert lg.main([f"g2={gated}", f"sm={learned}", *args[2:], "--reuse"]) == 0
+    again = json.loads((out / "length_gen.json").read_text())["runs"]
+    assert again[0]["label"] == "g2" and again[0]["lengths"] == g["lengths"]
+    assert again[1] == s
 
     # The windows: every validation block (every 4th, a whole 200-byte piece of one file) cut
     # into consecutive stretches of L + 1 bytes starting at its first byte.
