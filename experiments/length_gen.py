@@ -5,22 +5,25 @@
         --lengths 128 512 2048 --out runs/length-gen/eval
 
 Each run (a workdir, or ``label=workdir``) is reloaded with `load_run` (its latest checkpoint)
-and evaluated, for every length ``L`` of ``--lengths``, on windows of ``L + 1`` bytes of its
+and evaluated on windows of ``L + 1`` bytes, ``L`` the longest of ``--lengths``, of its
 validation split that lie inside one document (so a window is one stretch of one file: no
 segment ids, no document boundary, and position ``t`` of the window has ``t`` bytes of context
 from the same file; a window starts anywhere in its file, as training windows do). The windows
 are consecutive stretches of every validation document, at most ``--max_tokens // L`` of them,
-evenly spaced over the candidates; the same windows for every run of the same data. The
-loss of every token is summed per position and reported as bits per byte per position bucket
+evenly spaced over the candidates; the same windows for every run of the same data. The loss
+of every token is summed per position and reported as bits per byte per position bucket
 ``[e_i, e_(i+1))`` (``--edges``; default ``0, T, 2T, 4T, ...`` with ``T`` the first run's
-training length) and over the whole window.
+training length) and, for every length ``l`` of ``--lengths``, as the mean over positions
+``[0, l)``: the models are causal, so that is their evaluation at length ``l`` on the windows'
+first ``l + 1`` bytes (the same windows at every length; the test checks it).
 
-Position embeddings: a run's model is rebuilt with ``max_length`` raised to the longest length
-(it only sizes decoding caches, and bounds the input, for "none" and "rope" positions).
-Learned absolute positions have a table of ``max_length`` rows (2048 in ``configs/lm.py``):
-the rows past the training length were never trained (they keep their initialisation, shrunk
-by weight decay), and they are used as they are; lengths past the table are not applicable and
-are reported as skipped, with the reason.
+Position embeddings: a run's model is rebuilt with ``max_length`` raised to ``L`` (it only
+sizes decoding caches, and bounds the input, for "none" and "rope" positions). Learned absolute
+positions have a table of ``max_length`` rows (2048 in ``configs/lm.py``): the rows past the
+training length were never trained (they keep their initialisation, shrunk by weight decay),
+and they are used as they are; such a model is evaluated on the windows' first
+``max_length + 1`` bytes, and the lengths and buckets past its table are reported as not
+applicable, with the reason.
 
 ``--max_bytes`` reads more of the corpus than the runs were trained on (default: each run's
 own ``data.max_bytes``): the validation blocks of the first ``max_bytes`` are the same, and the
@@ -30,11 +33,11 @@ rest is text no run trained on, so it only adds validation windows.
 and settings), so runs can be added as they finish training; each run records the load average
 before its evaluation (the figures do not depend on it, the seconds do).
 
-Writes ``length_gen.json`` (machine, settings, per run and length: windows, tokens, bits per
-byte per bucket and overall, seconds) and ``length_gen.png`` (left: bits per byte per bucket at
-each run's longest length, one line per run; right: mean bits per byte against the evaluation
-length); prints a Markdown table. Evaluation is jitted once per (length, batch), batch
-``--tokens_per_batch // L`` windows.
+Writes ``length_gen.json`` (machine, settings, per run: windows, bits per byte per bucket and
+per length, seconds) and ``length_gen.png`` (left: bits per byte per bucket, one line per run;
+right: mean bits per byte against the evaluation length); prints a Markdown table. The
+evaluation is jitted once per run (one shape), in batches of ``--tokens_per_batch // L``
+windows.
 """
 
 from __future__ import annotations
@@ -167,22 +170,37 @@ def evaluate_run(
     label=None,
     log=print,
 ) -> dict:
-    """Bits per byte per bucket at every length for the run in ``workdir`` (see the module
-    docstring); lengths a learned position table cannot index are skipped with the reason."""
+    """Bits per byte per bucket and per length for the run in ``workdir`` (see the module
+    docstring); lengths a learned position table cannot index are reported as skipped."""
     raw = run_config(workdir)
     cfg = experiment_config(raw)
     if cfg.data.kind != "text":
         raise ValueError(f"{workdir} is not a text run (data.kind = {cfg.data.kind!r})")
+    longest = max(lengths)
     learned = cfg.model.position == "learned"
     table = cfg.model.max_length
     if not learned:  # max_length bounds the input only; raise it to the longest length
         raw = json.loads(json.dumps(raw))
-        raw["model"]["max_length"] = max(table, max(lengths))
+        raw["model"]["max_length"] = max(table, longest)
     step = latest_step(workdir)
     model, cfg = load_run(workdir, config=raw, step=step)
     data = cfg.data
     if max_bytes is not None:
         data = dataclasses.replace(data, max_bytes=max_bytes)
+    length = min(longest, table) if learned else longest
+    load_avg = os.getloadavg()
+    windows = validation_windows(data, longest, max_tokens)[:, : length + 1]
+    start = time.perf_counter()
+    nll, count = position_nll(model, windows, max(1, tokens_per_batch // longest))
+    seconds = time.perf_counter() - start
+    means = {}
+    for l in lengths:
+        if l > length:
+            means[str(l)] = (
+                f"not applicable: the learned position embedding has {table} rows (max_length)"
+            )
+        else:
+            means[str(l)] = nll[:l].sum() / count[:l].sum() / math.log(2)
     out = dict(
         label=label or _label(cfg),
         workdir=str(workdir),
@@ -196,51 +214,34 @@ def evaluate_run(
         steps=cfg.train.num_steps,
         learning_rate=cfg.optimizer.learning_rate,
         max_bytes=data.max_bytes,
-        load_avg=os.getloadavg(),
-        lengths={},
+        eval_length=length,
+        windows=int(windows.shape[0]),
+        buckets=bucket_bits(nll, count, edges),
+        bits_per_byte=means,
+        seconds=seconds,
+        load_avg=load_avg,
     )
-    for length in lengths:
-        if learned and length > table:
-            out["lengths"][str(length)] = dict(
-                skipped=f"learned position embedding has {table} rows (max_length); "
-                f"length {length} is past it"
-            )
-            log(f"  {out['label']} L={length}: skipped (learned positions end at {table})")
-            continue
-        windows = validation_windows(data, length, max_tokens)
-        start = time.perf_counter()
-        nll, count = position_nll(model, windows, max(1, tokens_per_batch // length))
-        seconds = time.perf_counter() - start
-        buckets = bucket_bits(nll, count, edges)
-        mean = nll.sum() / count.sum() / math.log(2)
-        out["lengths"][str(length)] = dict(
-            windows=int(windows.shape[0]), bits_per_byte=mean, buckets=buckets, seconds=seconds
-        )
-        cells = " ".join(f"{b['bits_per_byte']:.3f}" for b in buckets)
-        log(
-            f"  {out['label']} L={length}: {windows.shape[0]} windows, {mean:.4f} ({cells}) "
-            f"{seconds:.1f}s"
-        )
+    cells = " ".join(f"{b['bits_per_byte']:.3f}" for b in out["buckets"])
+    log(
+        f"  {out['label']}: {windows.shape[0]} windows of {length}, buckets {cells}, {seconds:.0f}s"
+    )
     return out
 
 
-def _evaluated(run) -> list[int]:
-    return sorted(int(k) for k, v in run["lengths"].items() if "skipped" not in v)
+def _lengths(run) -> list[int]:
+    return sorted(int(k) for k, v in run["bits_per_byte"].items() if not isinstance(v, str))
 
 
-def markdown(runs, edges) -> str:
-    lengths = sorted({int(k) for r in runs for k in r["lengths"]})
+def markdown(runs, edges, lengths) -> str:
     names = [f"[{a}, {b})" for a, b in zip(edges[:-1], edges[1:], strict=True)]
-    head = ["model", *(f"{n}" for n in names), *(f"mean @{L}" for L in lengths)]
+    head = ["model", *names, *(f"mean @{l}" for l in lengths)]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in runs:
-        done = _evaluated(r)
-        longest = r["lengths"][str(done[-1])]["buckets"] if done else []
-        cells = [f"{b['bits_per_byte']:.3f}" for b in longest]
-        cells += ["—"] * (len(names) - len(cells))
-        for length in lengths:
-            v = r["lengths"].get(str(length), {})
-            cells.append(f"{v['bits_per_byte']:.3f}" if "bits_per_byte" in v else "n/a")
+        cells = [f"{b['bits_per_byte']:.3f}" for b in r["buckets"]]
+        cells += ["n/a"] * (len(names) - len(cells))
+        for l in lengths:
+            v = r["bits_per_byte"][str(l)]
+            cells.append("n/a" if isinstance(v, str) else f"{v:.3f}")
         lines.append("| " + " | ".join([r["label"], *cells]) + " |")
     return "\n".join(lines)
 
@@ -249,16 +250,14 @@ def plot(runs, edges, out: Path) -> None:
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(13, 4.8), width_ratios=(3, 2))
     cmap = plt.get_cmap("tab20")
     for i, r in enumerate(runs):
-        done = _evaluated(r)
-        if not done:
-            continue
         style = dict(color=cmap(i % 20), marker="o", ms=3)
         style["ls"] = "--" if "softmax" in r["label"] or r["mixer"] == "swa" else "-"
-        buckets = r["lengths"][str(done[-1])]["buckets"]
+        buckets = r["buckets"]
         ax.plot(
             range(len(buckets)), [b["bits_per_byte"] for b in buckets], label=r["label"], **style
         )
-        ax2.plot(done, [r["lengths"][str(L)]["bits_per_byte"] for L in done], **style)
+        done = _lengths(r)
+        ax2.plot(done, [r["bits_per_byte"][str(l)] for l in done], **style)
     ax.set_xticks(range(len(edges) - 1))
     ax.set_xticklabels(
         [f"[{a},{b})" for a, b in zip(edges[:-1], edges[1:], strict=True)], fontsize=8
@@ -266,13 +265,13 @@ def plot(runs, edges, out: Path) -> None:
     ax.axvline(0.5, color="grey", lw=0.8, ls=":")
     ax.set_xlabel("position in the window (bucket); trained on the first bucket's length")
     ax.set_ylabel("validation bits per byte")
-    ax.set_title("loss per position bucket, longest evaluated length")
+    ax.set_title("loss per position bucket")
     ax.set_yscale("log")
     ax.legend(fontsize=7, ncol=2)
     ax2.set_xscale("log", base=2)
     ax2.set_yscale("log")
-    ax2.set_xlabel("evaluation length (bytes)")
-    ax2.set_title("mean over the window")
+    ax2.set_xlabel("evaluation length l (mean over positions [0, l))")
+    ax2.set_title("mean bits per byte")
     ax2.grid(alpha=0.3)
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -292,7 +291,7 @@ def main(argv=None) -> int:
         help="bucket edges (default 0, T, 2T, 4T, ... to the longest length)",
     )
     parser.add_argument("--max_tokens", type=int, default=131072, help="tokens per length")
-    parser.add_argument("--tokens_per_batch", type=int, default=4096)
+    parser.add_argument("--tokens_per_batch", type=int, default=4096)  # at least one window
     parser.add_argument("--max_bytes", type=int, default=None, help="corpus bytes to read")
     parser.add_argument("--out", required=True, help="folder for length_gen.json / .png")
     parser.add_argument(
@@ -351,7 +350,7 @@ def main(argv=None) -> int:
                 label=label,
             )
         )
-    table = markdown(runs, edges)
+    table = markdown(runs, edges, lengths)
     print(table)
     out.mkdir(parents=True, exist_ok=True)
     result = dict(

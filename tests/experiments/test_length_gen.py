@@ -50,8 +50,9 @@ def test_bucket_figures_match_per_token_loss(tmp_path, monkeypatch):
     assert result["settings"]["edges"] == [0, 32, 64, 96]  # from the training length 32
     g, s = result["runs"]
     assert (g["label"], s["label"]) == ("gated", "sm")
-    assert "max_length" in s["lengths"]["96"]["skipped"] and s["lengths"]["32"]["windows"] == 150
     assert g["step"] == s["step"] == 2
+    assert (g["eval_length"], g["windows"], s["eval_length"], s["windows"]) == (96, 50, 64, 50)
+    assert "max_length" in s["bits_per_byte"]["96"] and len(s["buckets"]) == 2
 
     def no_evaluation(*args, **kwargs):
         raise AssertionError("a run in the JSON was evaluated again")
@@ -61,19 +62,18 @@ def test_bucket_figures_match_per_token_loss(tmp_path, monkeypatch):
         m.setattr(lg, "evaluate_run", no_evaluation)
         assert lg.main([f"g2={gated}", f"sm={learned}", *args[2:], "--reuse"]) == 0
     again = json.loads((out / "length_gen.json").read_text())["runs"]
-    assert again[0]["label"] == "g2" and again[0]["lengths"] == g["lengths"]
-    assert again[1] == s
+    assert again[0] == {**g, "label": "g2"} and again[1] == s
 
     # The windows: every validation block (every 4th, a whole 200-byte piece of one file) cut
     # into consecutive stretches of L + 1 bytes starting at its first byte.
     stream = b"".join(texts)
+    cfg = trainer.experiment_config(run_config(gated))
     for length, per_block in ((96, 2), (32, 6)):
         want = [
             stream[b * BLOCK + k * length : b * BLOCK + k * length + length + 1]
             for b in range(3, FILES * FILE_BYTES // BLOCK, 4)
             for k in range(per_block)
         ]
-        cfg = trainer.experiment_config(run_config(gated))
         got = lg.validation_windows(cfg.data, length, max_tokens=10**6)
         assert [w.tobytes() for w in got] == want
     assert lg.validation_windows(cfg.data, 32, max_tokens=32 * 10).shape == (10, 33)
@@ -84,24 +84,30 @@ def test_bucket_figures_match_per_token_loss(tmp_path, monkeypatch):
     raw["model"]["max_length"] = 96
     model, _ = load_run(gated, config=raw)
     windows = lg.validation_windows(cfg.data, 96, max_tokens=10**6)
-    logits = np.asarray(model(windows[:, :-1].astype(np.int32)), np.float64)
-    labels = windows[:, 1:].astype(np.int64)
-    logz = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
-    nll = logz - np.take_along_axis(logits, labels[..., None], -1)[..., 0]  # [N, 96]
-    at96 = g["lengths"]["96"]
-    assert at96["windows"] == 50
-    assert at96["bits_per_byte"] == pytest.approx(nll.mean() / math.log(2), rel=1e-5)
-    for bucket, (lo, hi) in zip(at96["buckets"], [(0, 32), (32, 64), (64, 96)], strict=True):
+
+    def per_token_nll(model, windows):
+        logits = np.asarray(model(windows[:, :-1].astype(np.int32)), np.float64)
+        labels = windows[:, 1:].astype(np.int64)
+        logz = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
+        return logz - np.take_along_axis(logits, labels[..., None], -1)[..., 0]
+
+    nll = per_token_nll(model, windows)  # [50, 96]
+    assert g["bits_per_byte"]["96"] == pytest.approx(nll.mean() / math.log(2), rel=1e-5)
+    assert g["bits_per_byte"]["32"] == pytest.approx(nll[:, :32].mean() / math.log(2), rel=1e-5)
+    for bucket, (lo, hi) in zip(g["buckets"], [(0, 32), (32, 64), (64, 96)], strict=True):
         assert (bucket["start"], bucket["end"], bucket["tokens"]) == (lo, hi, 50 * (hi - lo))
         want = nll[:, lo:hi].mean() / math.log(2)
         assert bucket["bits_per_byte"] == pytest.approx(want, rel=1e-5)
-    # at the training length: one bucket, equal to the whole window (and to _np_stats)
-    at32 = g["lengths"]["32"]
-    (only,) = at32["buckets"]
-    assert only["bits_per_byte"] == pytest.approx(at32["bits_per_byte"], rel=1e-12)
-    w32 = lg.validation_windows(cfg.data, 32, max_tokens=10**6)
-    ce = _np_stats(model(w32[:, :-1].astype(np.int32)), w32[:, 1:].astype(np.int64))[0]
-    assert at32["bits_per_byte"] == pytest.approx(ce / math.log(2), rel=1e-5)
+    # the mean over [0, 32) is an evaluation at length 32 (causal model): the same windows cut
+    # to 33 bytes, scored as training scores them
+    ce = _np_stats(model(windows[:, :32].astype(np.int32)), windows[:, 1:33].astype(np.int64))[0]
+    assert g["bits_per_byte"]["32"] == pytest.approx(ce / math.log(2), rel=1e-5)
+    # the learned table (64 rows): the same windows cut to 65 bytes
+    model, _ = load_run(learned)
+    nll = per_token_nll(model, windows[:, :65])
+    for bucket, (lo, hi) in zip(s["buckets"], [(0, 32), (32, 64)], strict=True):
+        want = nll[:, lo:hi].mean() / math.log(2)
+        assert bucket["bits_per_byte"] == pytest.approx(want, rel=1e-5)
 
 
 def test_bad_arguments(tmp_path):
