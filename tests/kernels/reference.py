@@ -1,6 +1,13 @@
-"""Float64 NumPy references for the linear-attention kernels: the recurrence, token by token."""
+"""Float64 NumPy references for the linear-attention kernels (the recurrences, token by token),
+and the relative error the kernel tests compare against them with."""
 
 import numpy as np
+
+
+def rel_err(x, ref) -> float:
+    """max |x − ref| / max |ref| in float64 (the denominator floored at 1e-12)."""
+    x, ref = np.asarray(x, np.float64), np.asarray(ref, np.float64)
+    return float(np.max(np.abs(x - ref)) / max(np.max(np.abs(ref)), 1e-12))
 
 
 def causal_linear_attention_loop(

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from linear_attention import kernels as K
-from tests.kernels.reference import causal_linear_attention_loop
+from tests.kernels.reference import causal_linear_attention_loop, rel_err
 
 METHODS = K.METHODS
 B, T, H, M, DV = 2, 10, 2, 3, 2
@@ -21,11 +21,6 @@ def inputs(seed=0):
     k = np.abs(rng.normal(size=(B, T, H, M))) + 0.1
     v = rng.normal(size=(B, T, H, DV))
     return tuple(jnp.asarray(x, jnp.float32) for x in (q, k, v))
-
-
-def rel_err(x, ref):
-    x, ref = np.asarray(x, np.float64), np.asarray(ref, np.float64)
-    return np.max(np.abs(x - ref)) / max(np.max(np.abs(ref)), 1e-12)
 
 
 # ---- −inf log decay: a reset, in every method, with the chunk boundaries anywhere ----

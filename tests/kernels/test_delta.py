@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from linear_attention import kernels as K
-from tests.kernels.reference import delta_rule_loop
+from tests.kernels.reference import delta_rule_loop, rel_err
 
 B, T, H, KD, DV = 2, 37, 2, 3, 4
 # (method, chunk_size): 16 does not divide T; 64 ≥ T is a single chunk
@@ -50,11 +50,6 @@ def make_inputs(seed=0, T=T, dtype=np.float32):
     cast = lambda x: jnp.asarray(x, dtype)  # noqa: E731
     decays = {n: None if a is None else jnp.asarray(a, jnp.float32) for n, a in decays.items()}
     return cast(q), cast(k), cast(v), jnp.asarray(beta, jnp.float32), decays, cast(s0)
-
-
-def rel_err(x, ref):
-    x, ref = np.asarray(x, np.float64), np.asarray(ref, np.float64)
-    return np.max(np.abs(x - ref)) / max(np.max(np.abs(ref)), 1e-12)
 
 
 @pytest.mark.parametrize("decay", ["none", "per_head", "per_token"])

@@ -10,7 +10,11 @@ import pytest
 from jax.test_util import check_grads
 
 from linear_attention import kernels as K
-from tests.kernels.reference import causal_linear_attention_loop, linear_attention_noncausal
+from tests.kernels.reference import (
+    causal_linear_attention_loop,
+    linear_attention_noncausal,
+    rel_err,
+)
 
 METHODS = K.METHODS
 B, T, H, M, DV, CHUNK = 2, 13, 2, 3, 4, 4  # T is not a multiple of the chunk size
@@ -55,11 +59,6 @@ def make_inputs(seed=0, T=T, dtype=np.float32):
         cast(kv0),
         cast(k_sum0),
     )
-
-
-def rel_err(x, ref):
-    x, ref = np.asarray(x, np.float64), np.asarray(ref, np.float64)
-    return np.max(np.abs(x - ref)) / max(np.max(np.abs(ref)), 1e-12)
 
 
 # ---- the seed's worked example, and the same with a decay ----

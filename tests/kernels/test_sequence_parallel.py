@@ -11,6 +11,7 @@ import sys
 
 import numpy as np
 
+from tests.kernels.reference import rel_err  # NumPy only: safe before JAX is configured
 from tests.scripts import ROOT
 
 B, T, H, M, DV = 2, 24, 2, 3, 4
@@ -20,11 +21,6 @@ SEGMENTS = np.array(  # boundaries at shard edges (6, 12 of 4 shards) and inside
 
 
 REPLICATED = ("kv0", "z0", "s0")  # the initial state is the same on every shard
-
-
-def rel_err(x, ref):
-    x, ref = np.asarray(x, np.float64), np.asarray(ref, np.float64)
-    return float(np.max(np.abs(x - ref)) / max(np.max(np.abs(ref)), 1e-12))
 
 
 def check(name, kernel, xs, seg, n, tol=1e-4):

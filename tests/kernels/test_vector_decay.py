@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from linear_attention import kernels as K
-from tests.kernels.reference import causal_linear_attention_loop
+from tests.kernels.reference import causal_linear_attention_loop, rel_err
 
 METHODS = K.METHODS
 B, T, H, M, DV = 2, 21, 2, 3, 2
@@ -62,11 +62,6 @@ def inputs(seed=0, strong=False, T=T):
     kv0 = rng.normal(size=(B, H, M, DV))
     k_sum0 = np.abs(rng.normal(size=(B, H, M))) + 0.5
     return tuple(jnp.asarray(x, jnp.float32) for x in (q, k, v, a, kv0, k_sum0))
-
-
-def rel_err(x, ref):
-    x, ref = np.asarray(x, np.float64), np.asarray(ref, np.float64)
-    return np.max(np.abs(x - ref)) / max(np.max(np.abs(ref)), 1e-12)
 
 
 @pytest.mark.parametrize("method", METHODS)
