@@ -76,6 +76,8 @@ def get_config(arg=None):
     config.train.keep_checkpoints = 3
     config.train.profile_steps = 0  # >0: trace that many steps for TensorBoard (jax.profiler)
     config.train.sample_tokens = 0  # nothing to sample for MQAR
+    config.train.stop_at = 0.0  # > 0: stop after an eval with accuracy >= this (0: off)
+    config.train.stop_metric = "eval/accuracy"
 
     config.mesh = ml_collections.ConfigDict()
     config.mesh.num_devices = 0  # 0: every device

@@ -33,6 +33,7 @@ validation points from ``metrics.jsonl``.
 from __future__ import annotations
 
 import argparse
+import base64
 import copy
 import csv
 import dataclasses
@@ -42,8 +43,12 @@ import itertools
 import json
 import math
 import os
+import pickle
+import queue
 import re
+import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -75,7 +80,14 @@ SUMMARY_KEYS = (
     "param_count",
     "train_time_sec",
     "compile_time_sec",
+    "wall_time_sec",
+    "step",
+    "stopped_early",
 )
+# Worker processes (--jobs N) run XLA on one thread each: these models are too small for
+# XLA's intra-op threads to keep two cores busy (EXPERIMENTS.md, the MQAR study).
+WORKER_XLA_FLAGS = "--xla_cpu_multi_thread_eigen=false"
+_RESULT = "@@sweep-result "
 
 
 # --------------------------------------------------------------------------- the grid
@@ -276,9 +288,14 @@ def measure_decode(cfg, batch_size: int) -> dict:
     }
 
 
-def run_point(point: Point, run_dir: Path, *, decode_batch_size: int, log=print) -> str:
-    """Train (or skip / resume) one point; returns its status: done, skipped or diverged."""
-    cfg = experiment_config(point.config)
+def is_finished(run_dir: Path) -> bool:
+    return (run_dir / "summary.json").exists() or (run_dir / "failed.json").exists()
+
+
+def run_point(config, run_dir: Path, *, decode_batch_size: int, log=print) -> str:
+    """Train (or skip / resume) one point's config; returns its status: done, skipped or
+    diverged."""
+    cfg = experiment_config(config)
     config_dict = json.loads(json.dumps(cfg.to_dict()))
     summary_path, failed_path = run_dir / "summary.json", run_dir / "failed.json"
     if summary_path.exists() or failed_path.exists():
@@ -291,7 +308,7 @@ def run_point(point: Point, run_dir: Path, *, decode_batch_size: int, log=print)
         with open(run_dir / "train.log", "a") as stream:
             reporter = Reporter(cfg.train.num_steps, stream=stream, tty=False)
             try:
-                train(point.config, str(run_dir), reporter=reporter)
+                train(cfg, str(run_dir), reporter=reporter)
                 status = "done"
             except NonFiniteLossError as e:
                 write_json(str(failed_path), {"error": str(e)})
@@ -300,6 +317,78 @@ def run_point(point: Point, run_dir: Path, *, decode_batch_size: int, log=print)
     if cfg.data.kind == "text" and summary_path.exists() and not (run_dir / "decode.json").exists():
         write_json(str(run_dir / "decode.json"), measure_decode(cfg, decode_batch_size))
     return status
+
+
+def _worker_main() -> int:
+    """``sweep.py --worker``: run the points sent on stdin (one pickled, base64 line each:
+    config, run directory, decode batch size) and answer each with a result line."""
+    for line in sys.stdin:
+        cfg, run_dir, decode_batch_size = pickle.loads(base64.b64decode(line))
+        start = time.perf_counter()
+        try:
+            status = run_point(cfg, Path(run_dir), decode_batch_size=decode_batch_size, log=quiet)
+            result = {"status": status}
+        except Exception as e:  # reported to the parent, which stops the sweep
+            result = {"error": f"{type(e).__name__}: {e}"}
+        result["seconds"] = time.perf_counter() - start
+        print(_RESULT + json.dumps(result), flush=True)
+    return 0
+
+
+def quiet(*_):
+    pass
+
+
+def run_parallel(points: list[Point], runs_dir: Path, *, jobs: int, decode_batch_size: int, log):
+    """Train ``points`` in ``jobs`` worker processes (one XLA thread each); every worker
+    writes only its points' run directories, this process writes every results file."""
+    todo = queue.Queue()
+    for i, point in enumerate(points):
+        todo.put((i, point))
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {WORKER_XLA_FLAGS}".strip()
+    errors = []
+
+    def drive(worker):
+        while not errors:
+            try:
+                i, point = todo.get_nowait()
+            except queue.Empty:
+                return
+            job = (experiment_config(point.config), str(runs_dir / point.name), decode_batch_size)
+            worker.stdin.write(base64.b64encode(pickle.dumps(job)).decode() + "\n")
+            worker.stdin.flush()
+            for line in worker.stdout:
+                if line.startswith(_RESULT):
+                    result = json.loads(line[len(_RESULT) :])
+                    break
+            else:
+                result = {"error": f"worker exited (code {worker.wait()})", "seconds": 0.0}
+            if "error" in result:
+                errors.append(f"{point.name}: {result['error']}")
+                return
+            log(
+                f"[{i + 1}/{len(points)}] {point.name}: {result['status']} in "
+                f"{result['seconds']:.0f} s"
+            )
+
+    command = [sys.executable, str(Path(__file__).resolve()), "--worker"]
+    workers = [
+        subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        for _ in range(min(jobs, len(points)))
+    ]
+    threads = [threading.Thread(target=drive, args=(w,)) for w in workers]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        for worker in workers:
+            worker.stdin.close()
+            worker.wait()
+    if errors:
+        raise RuntimeError("sweep worker failed: " + "; ".join(errors))
 
 
 # --------------------------------------------------------------------------- results
@@ -333,11 +422,17 @@ def metric_value(row: dict, kind: str) -> float:
     return float(value) if row["status"] == "ok" and value is not None else math.nan
 
 
-def best_rows(rows: list[dict], axes: list[Axis], tune: str | None, kind: str) -> list[dict]:
-    """Per setting (every axis but ``tune``), the row with the best metric; a setting whose
-    runs all diverged keeps one diverged row; settings with a pending run are left out."""
-    _, larger = METRICS[kind]
-    keys = [a.name for a in axes if a.name != tune]
+def best_rows(
+    rows: list[dict], axes: list[Axis], tune: str | None, kind: str, replicate: str | None = None
+) -> list[dict]:
+    """One row per setting (every axis but ``tune`` and ``replicate``): the ``tune`` choice
+    (learning rate) whose metric averaged over the ``replicate`` runs (seeds) is best, as
+    Zoology. A choice with a diverged run is not eligible; a setting with none eligible keeps
+    one diverged row; settings with a pending run are left out. The row is the choice's first
+    run with the metric replaced by the mean and ``<metric> min`` / ``max`` (the spread over
+    the replicates), ``<metric> runs`` (each value) and ``seeds`` (how many) added."""
+    key, larger = METRICS[kind]
+    keys = [a.name for a in axes if a.name not in (tune, replicate)]
     groups: dict[tuple, list[dict]] = {}
     for row in rows:
         groups.setdefault(tuple(row[k] for k in keys), []).append(row)
@@ -345,21 +440,45 @@ def best_rows(rows: list[dict], axes: list[Axis], tune: str | None, kind: str) -
     for group in groups.values():
         if any(r["status"] == "pending" for r in group):
             continue
-        finite = [r for r in group if math.isfinite(metric_value(r, kind))]
-        if not finite:
-            best.append(group[0])
+        by_choice: dict[str | None, list[dict]] = {}
+        for row in group:
+            by_choice.setdefault(row[tune] if tune else None, []).append(row)
+        candidates = []
+        for runs in by_choice.values():
+            values = [metric_value(r, kind) for r in runs]
+            if all(math.isfinite(v) for v in values):
+                candidates.append((float(np.mean(values)), runs, values))
+        if not candidates:
+            failed = [r for r in group if r["status"] != "ok"]
+            cell = dict(failed[0] if failed else group[0])
+            cell.update({key: math.nan, "seeds": 0})
+            best.append(cell)
             continue
         sign = -1.0 if larger else 1.0
-        best.append(min(finite, key=lambda r: sign * metric_value(r, kind)))
+        mean, runs, values = min(candidates, key=lambda c: sign * c[0])
+        cell = dict(runs[0])
+        cell.update(
+            {
+                key: mean,
+                f"{key} min": min(values),
+                f"{key} max": max(values),
+                f"{key} runs": "/".join(f"{v:.4f}" for v in values),
+                "seeds": len(values),
+            }
+        )
+        best.append(cell)
     return best
 
 
 def write_csv(path: Path, rows: list[dict]) -> None:
+    """Written to a temporary file and renamed: a reader never sees half a table."""
     columns = list(dict.fromkeys(k for row in rows for k in row))
-    with open(path, "w", newline="") as f:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
         writer.writerows(rows)
+    os.replace(tmp, path)
 
 
 def _fmt(value, digits=3) -> str:
@@ -386,8 +505,19 @@ def _panel_title(axis: Axis, label: str) -> str:
     return ", ".join(f"{field.split('.')[-1]}={_label(v)}" for field, v in pairs)
 
 
+def _with_spread(row: dict, kind: str) -> str:
+    """The mean, and the min–max over seeds when there are several: ``0.912 (0.871–0.953)``."""
+    key, _ = METRICS[kind]
+    text = _fmt(metric_value(row, kind))
+    if row.get("seeds", 1) > 1:
+        text += f" ({_fmt(row[key + ' min'])}–{_fmt(row[key + ' max'])})"
+    return text
+
+
 def mqar_report(best: list[dict], axes: list[Axis], sweep) -> str:
     plot = sweep.plot
+    replicate = sweep.get("replicate")
+    spread = " mean (min–max) over seeds," if replicate else ""
     x_axis, line_axis, panel_axis = (_axis_of(axes, plot[k]) for k in ("x", "line", "panel"))
     parts = []
     for panel in panel_axis.labels:
@@ -403,24 +533,27 @@ def mqar_report(best: list[dict], axes: list[Axis], sweep) -> str:
                 body.append(
                     [line]
                     + [
-                        _fmt(metric_value(cells[line, x], "mqar")) if (line, x) in cells else ""
+                        _with_spread(cells[line, x], "mqar") if (line, x) in cells else ""
                         for x in xs
                     ]
                 )
         header = [f"{line_axis.name} \\ {x_axis.name}"] + xs
         parts.append(
-            f"**{_panel_title(panel_axis, panel)}** (eval accuracy, best lr)\n\n"
+            f"**{_panel_title(panel_axis, panel)}** (eval accuracy,{spread} best lr)\n\n"
             + _table(header, body)
         )
-    others = [a.name for a in axes if a.name != sweep.get("tune")]
+    others = [a.name for a in axes if a.name not in (sweep.get("tune"), replicate)]
     header = [*others, "state bytes", "params", sweep.get("tune") or "-", "accuracy", "status"]
+    if replicate:
+        header[-1:-1] = ["per seed"]
     body = [
         [
             *(r[k] for k in others),
             str(r["state_bytes"]),
             str(r.get("param_count", "")),
             str(r.get(sweep.get("tune"), "")),
-            _fmt(metric_value(r, "mqar")),
+            _with_spread(r, "mqar"),
+            *([r.get("eval/accuracy runs", "")] if replicate else []),
             r["status"],
         ]
         for r in best
@@ -492,12 +625,26 @@ def plot_mqar(best: list[dict], axes: list[Axis], sweep, out: Path) -> None:
                     (
                         float(x_value[r[xkey]]) if xkey == x_axis.name else float(r[xkey]),
                         metric_value(r, "mqar"),
+                        r.get("eval/accuracy min", math.nan),
+                        r.get("eval/accuracy max", math.nan),
                     )
                     for r in rows
                 )
                 if pts:
-                    xs, ys = zip(*pts, strict=True)
-                    ax.plot(xs, ys, "o-", color=colors[line], label=line, ms=4)
+                    xs, ys, lows, highs = (np.array(v) for v in zip(*pts, strict=True))
+                    # error bars: the min–max over seeds (none where a setting has one run)
+                    yerr = np.nan_to_num(np.stack([ys - lows, highs - ys]), nan=0.0)
+                    ax.errorbar(
+                        xs,
+                        ys,
+                        yerr=yerr,
+                        fmt="o-",
+                        color=colors[line],
+                        label=line,
+                        ms=4,
+                        capsize=3,
+                        lw=1.2,
+                    )
             if logx:
                 ax.set_xscale("log", base=2 if xkey == x_axis.name else 10)
             if xkey == x_axis.name:
@@ -547,7 +694,9 @@ def report(sweep, axes: list[Axis], points: list[Point], workdir: Path) -> dict:
     runs_dir = workdir / "runs"
     rows = collect(axes, points, runs_dir)
     write_csv(workdir / "results.csv", rows)
-    best = best_rows(rows, axes, sweep.get("tune"), kind)
+    best = best_rows(rows, axes, sweep.get("tune"), kind, sweep.get("replicate"))
+    if best:
+        write_csv(workdir / "best.csv", best)
     if kind == "mqar":
         text = mqar_report(best, axes, sweep)
         plot_mqar(best, axes, sweep, workdir)
@@ -588,8 +737,9 @@ def prepare(sweep, only=()) -> tuple[list[Axis], list[Point]]:
     return axes, points
 
 
-def run(sweep, workdir, *, only=(), dry=False, report_only=False, log=print) -> dict | None:
-    """Run (or resume) every selected point, then write the results; see the module doc."""
+def run(sweep, workdir, *, only=(), dry=False, report_only=False, jobs=1, log=print) -> dict | None:
+    """Run (or resume) every selected point, then write the results; see the module doc.
+    ``jobs`` > 1 trains the unfinished points in that many worker processes."""
     workdir = Path(workdir)
     axes, points = prepare(sweep, only)
     if dry:
@@ -598,11 +748,19 @@ def run(sweep, workdir, *, only=(), dry=False, report_only=False, log=print) -> 
     workdir.mkdir(parents=True, exist_ok=True)
     decode_batch_size = int(sweep.get("decode_batch_size", 1))
     if not report_only:
+        runs_dir = workdir / "runs"
+        parallel = jobs > 1 and sum(not is_finished(runs_dir / p.name) for p in points) > 1
         for i, point in enumerate(points):
+            if parallel and not is_finished(runs_dir / point.name):
+                continue  # trained by the workers below
             log(f"[{i + 1}/{len(points)}] {point.name}")
             run_point(
-                point, workdir / "runs" / point.name, decode_batch_size=decode_batch_size, log=log
+                point.config, runs_dir / point.name, decode_batch_size=decode_batch_size, log=log
             )
+        if parallel:
+            todo = [p for p in points if not is_finished(runs_dir / p.name)]
+            log(f"{len(todo)} points in {min(jobs, len(todo))} worker processes")
+            run_parallel(todo, runs_dir, jobs=jobs, decode_batch_size=decode_batch_size, log=log)
     # The tables cover the whole grid: points run earlier (or by another --only) count too.
     results = report(sweep, *expand(sweep), workdir)
     log(results["markdown"])
@@ -622,20 +780,37 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--dry-run", action="store_true", help="print the grid and stop")
     parser.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="worker processes training points in parallel (one XLA thread each)",
+    )
+    parser.add_argument(
         "--report-only",
         action="store_true",
         help="write tables and plots from finished points; train nothing",
     )
     args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error(f"--jobs must be >= 1, got {args.jobs}")
     try:  # a bad config, grid or --only stops here, before anything is trained
         sweep = load_sweep(args.config)
         prepare(sweep, args.only)
     except ValueError as e:
         print(f"sweep: error: {e}", file=sys.stderr)
         return 2
-    run(sweep, args.workdir, only=args.only, dry=args.dry_run, report_only=args.report_only)
+    run(
+        sweep,
+        args.workdir,
+        only=args.only,
+        dry=args.dry_run,
+        report_only=args.report_only,
+        jobs=args.jobs,
+    )
     return 0
 
 
 if __name__ == "__main__":
+    if sys.argv[1:] == ["--worker"]:
+        sys.exit(_worker_main())
     sys.exit(main())

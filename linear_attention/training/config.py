@@ -20,6 +20,8 @@ from linear_attention.data import check_mqar_settings
 from linear_attention.models.config import ModelConfig
 
 SCHEDULES = ("cosine", "linear", "constant")
+# Metrics an early stop can watch, and whether larger is better.
+STOP_METRICS = {"eval/accuracy": True, "eval/loss": False, "eval/bits_per_byte": False}
 DATA_KINDS = ("mqar", "text")
 
 
@@ -154,6 +156,10 @@ class TrainConfig:
     sample_temperature: float = 1.0
     sample_top_k: int = 0  # 0: no truncation
     profile_steps: int = 0  # trace this many steps (after the compiling one) with jax.profiler
+    # Early stop: end the run after an evaluation whose `stop_metric` reaches `stop_at`
+    # (>= for accuracy, <= for losses); 0: off, every run trains num_steps.
+    stop_at: float = 0.0
+    stop_metric: str = "eval/accuracy"
 
     def validate(self, path: str):
         for name in ("num_steps", "batch_size", "eval_every", "log_every", "checkpoint_every"):
@@ -166,6 +172,21 @@ class TrainConfig:
         _need_range(f"{path}.sample_temperature", self.sample_temperature, 0.0, 1e3)
         if self.sample_tokens and not self.sample_prompt:
             _fail(f"{path}.sample_prompt", "must be non-empty when sample_tokens > 0")
+        if self.stop_metric not in STOP_METRICS:
+            _fail(
+                f"{path}.stop_metric",
+                f"must be one of {tuple(STOP_METRICS)}, got {self.stop_metric!r}",
+            )
+        high = 1.0 if STOP_METRICS[self.stop_metric] else math.inf
+        if not (0.0 <= self.stop_at <= high) or math.isnan(self.stop_at):
+            _fail(f"{path}.stop_at", f"must be in [0, {high}] (0: off), got {self.stop_at}")
+
+    def should_stop(self, record: Mapping[str, float]) -> bool:
+        """Whether an evaluation ``record`` meets the early-stop threshold (never when off)."""
+        if not self.stop_at or self.stop_metric not in record:
+            return False
+        value = record[self.stop_metric]
+        return value >= self.stop_at if STOP_METRICS[self.stop_metric] else value <= self.stop_at
 
     @property
     def eval_batch(self) -> int:
@@ -349,6 +370,8 @@ def experiment_config(config) -> ExperimentConfig:
             )
         if train.sample_tokens:
             _fail("train.sample_tokens", "must be 0 for MQAR (there is no text to sample)")
+        if train.stop_metric == "eval/bits_per_byte":
+            _fail("train.stop_metric", "= 'eval/bits_per_byte' is for text data, not MQAR")
     return ExperimentConfig(
         seed=seed, model=model, data=data, optimizer=optimizer, train=train, mesh=mesh
     )

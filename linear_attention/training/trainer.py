@@ -346,13 +346,21 @@ def train(config, workdir: str, *, reporter: Reporter | None = None) -> dict:
             )
         summary_path = os.path.join(workdir, "summary.json")
         summary = None
-        if latest == tc.num_steps and checkpoints.verify(latest) is None:
+        if latest and checkpoints.verify(latest) is None:
             summary = _read_summary(summary_path, reporter)
-        if summary is not None:
+        # Finished: trained to num_steps, or stopped early at `latest` by a criterion that
+        # still holds (a raised or disabled threshold trains on).
+        stopped = summary is not None and summary.get("stopped_early") and tc.should_stop(summary)
+        if (
+            summary is not None
+            and summary.get("step") == latest
+            and (latest == tc.num_steps or stopped)
+        ):
             # Nothing to train: the finished run's summary (and its timings) stay as they are.
             reporter.message(
                 f"{workdir} is already trained to step {latest} (config.train.num_steps = "
-                f"{tc.num_steps}): nothing to do; its summary.json is kept"
+                f"{tc.num_steps}{', stopped early' if latest < tc.num_steps else ''}): "
+                "nothing to do; its summary.json is kept"
             )
             return summary
         target = jax.tree.map(
@@ -445,6 +453,7 @@ def _loop(
     log_steps, log_time = 0, 0.0  # timed steps and seconds since the last log record
     total_steps, total_time, compile_time = 0, 0.0, 0.0
     record, last = {}, {}
+    done, stopped_early = start, False
 
     for s in range(start, tc.num_steps):
         if redraw and s > 0 and s % redraw == 0:
@@ -507,14 +516,18 @@ def _loop(
             since_log, log_steps, log_time = [], 0, 0.0
         if do_eval:
             record.update(evaluate(state, data, cfg, graphdef, mesh))
+            stopped_early = not final and tc.should_stop(record)
         if do_log or do_eval:
             for writer in writers:
                 writer.write(record)
             reporter.record(record)
-        if do_ckpt:
+        if do_ckpt or stopped_early:
             checkpoints.save(done, state)
         if interrupted:
             raise Interrupted(done, stop.received)
+        if stopped_early:
+            reporter.message(f"early stop at step {done}: {tc.stop_metric} meets {tc.stop_at}")
+            break
         mark = time.perf_counter()  # eval and checkpoint time is not training time
 
     if start >= tc.num_steps:  # already complete: just report the final evaluation
@@ -522,7 +535,8 @@ def _loop(
         reporter.record(record)
     summary = {k: v for k, v in record.items() if k.startswith("eval/")}
     summary.update(last)
-    summary.update(step=tc.num_steps, steps_this_run=tc.num_steps - start, _state=state)
+    summary.update(step=done, steps_this_run=done - start, _state=state)
+    summary["stopped_early"] = stopped_early
     if total_steps:  # timings only when steps were timed (never a 0.0 from a no-op rerun)
         summary.update(
             compile_time_sec=compile_time,

@@ -295,3 +295,54 @@ def test_packed_text_run_feeds_segment_ids_to_the_model(tmp_path):
     np.testing.assert_allclose(float(loss_sum / count), want, rtol=1e-5)
     unpacked, _ = _np_stats(model(batch["inputs"]), batch["labels"])
     assert abs(unpacked - want) > 1e-4  # the segments changed the loss
+
+
+def test_early_stop_ends_at_the_eval_that_meets_the_threshold(tmp_path, tiny_config, monkeypatch):
+    """stop_at on eval/loss set to the straight run's step-3 eval loss: the run stops at step 3
+    (not at 6) with that evaluation, counts as finished on rerun, and trains on to step 6 with
+    the straight run's numbers once the threshold is switched off."""
+    straight, stopped = str(tmp_path / "straight"), str(tmp_path / "stopped")
+    trainer.train(tiny_config, straight)
+    evals = {r["step"]: r for r in _read(straight, "metrics.jsonl") if "eval/loss" in r}
+    assert sorted(evals) == [3, 6] and evals[6]["eval/loss"] < evals[3]["eval/loss"]
+
+    tiny_config.train.stop_metric = "eval/loss"
+    tiny_config.train.stop_at = evals[3]["eval/loss"]  # met at step 3 (<=), exactly
+    summary = trainer.train(tiny_config, stopped)
+    assert summary["stopped_early"] is True
+    assert summary["step"] == summary["steps_this_run"] == 3
+    assert summary["eval/loss"] == evals[3]["eval/loss"]
+    assert summary["eval/accuracy"] == evals[3]["eval/accuracy"]
+    assert [r["step"] for r in _read(stopped, "metrics.jsonl")] == [1, 2, 3]
+    assert sorted(os.listdir(os.path.join(stopped, "checkpoints"))) == ["2", "3"]
+    assert _read(stopped, "summary.json")["step"] == 3
+
+    # A rerun with the same threshold trains nothing and keeps the summary.
+    def no_step(*args, **kwargs):
+        raise AssertionError("a stopped run was trained again")
+
+    monkeypatch.setattr(trainer, "train_step", no_step)
+    assert trainer.train(tiny_config, stopped) == _read(stopped, "summary.json")
+    monkeypatch.undo()
+
+    # Switched off (or raised), the run resumes at 3 and ends as the straight run.
+    tiny_config.train.stop_at = 0.0
+    summary = trainer.train(tiny_config, stopped)
+    assert summary["resumed_from_step"] == 3 and summary["step"] == 6
+    assert summary["stopped_early"] is False
+    assert summary["eval/loss"] == _read(straight, "summary.json")["eval/loss"]
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("stop_at", 1.5, r"config\.train\.stop_at must be in \[0, 1\.0\]"),
+        ("stop_at", -0.1, r"config\.train\.stop_at must be in"),
+        ("stop_metric", "eval/acc", r"config\.train\.stop_metric must be one of"),
+        ("stop_metric", "eval/bits_per_byte", "is for text data, not MQAR"),
+    ],
+)
+def test_bad_early_stop_settings_raise(tiny_config, field, value, message):
+    tiny_config.train[field] = value
+    with pytest.raises(ValueError, match=message):
+        experiment_config(tiny_config)
