@@ -5,29 +5,40 @@
     ... --dry-run                        # print the grid (parameters, state bytes), train nothing
     ... --only mixer=softmax,linear      # train a subset (repeatable; labels of that axis)
     ... --report-only                    # tables and plots from the finished points only
+    ... --jobs 2                         # two worker processes, one XLA thread each
 
 Tables and plots always cover the whole grid; a setting with a run still pending is left out.
 
 A sweep config (``get_config(arg)``) has ``base`` (a config of ``configs/mqar.py`` or
 ``configs/lm.py``), ``grid`` (axis name -> ``ConfigDict(field, choices, labels)``; ``field`` is
 a dotted path such as ``model.d_model`` or a tuple of paths set together, each choice a value or
-a tuple of values), ``tune`` (the axis whose best choice is kept per setting, the learning rate)
-and, for MQAR, ``plot`` (the axes for x, lines and panels). Every point of the product is a run
-of `linear_attention.training.train` in ``workdir/runs/<point>/``: a point whose
+a tuple of values), ``tune`` (the axis whose best choice is kept per setting, the learning rate),
+optionally ``replicate`` (an axis of repeated runs, the seed: ``tune`` then picks the choice with
+the best mean over them, and the tables and plots show the mean and the min–max over them) and
+``order`` (the axes from outermost to innermost in the order points are trained, each in the
+order of its choices), and, for MQAR, ``plot`` (the axes for x, lines and panels). Every point
+of the product is a run of `linear_attention.training.train` in ``workdir/runs/<point>/``: a
+point whose
 ``summary.json`` exists is skipped (its ``config.json`` must match the grid's), one without
 resumes from its latest checkpoint, one that diverged (``failed.json``) is recorded as such.
 
-Outputs in the workdir: ``results.csv`` (every run), ``results.md`` (best learning rate per
-setting) and plots. MQAR: ``accuracy_vs_d_model.png`` (one line per mixer, one panel per
-(seq_len, kv pairs), Zoology Fig. 2) and ``accuracy_vs_state_bytes.png`` (one point per
-best-lr run against `state_size_bytes`, log x: the Based recall–memory plot). The state of a
-softmax model is its KV cache at ``data.seq_len`` (not ``model.max_length``), the context the
-task needs. LM: validation bits per byte, training tokens/s (``summary.json``) and decoding
-tokens/s, measured after training on a freshly built model of the same config (the weights do
-not change the work per token): ``step_fn`` over a whole ``seq_len`` context from an empty state
-at ``decode_batch_size`` sequences, after one compiling step; written to ``decode.json``.
-``loss_curves.png`` plots every best-lr run's training loss (in bits per byte) and its
-validation points from ``metrics.jsonl``.
+With ``--jobs N`` the unfinished points are trained by N worker processes (``sweep.py
+--worker``, one XLA thread each: these small models leave a second intra-op thread idle), a
+setting's seeds on one worker in a row (they share its compiled step); only this process writes
+the results files. A run that stops early (``train.stop_at``) counts as finished.
+
+Outputs in the workdir: ``results.csv`` (every run, with its seed, steps run and whether it
+stopped early), ``best.csv`` and ``results.md`` (the best learning rate per setting) and plots.
+MQAR: ``accuracy_vs_d_model.png`` (one line per mixer, one panel per (seq_len, kv pairs),
+Zoology Fig. 2; error bars: the min–max over seeds) and ``accuracy_vs_state_bytes.png`` (one
+point per best-lr setting against `state_size_bytes`, log x: the Based recall–memory plot).
+The state of a softmax model is its KV cache at ``data.seq_len`` (not ``model.max_length``),
+the context the task needs. LM: validation bits per byte, training tokens/s (``summary.json``)
+and decoding tokens/s, measured after training on a freshly built model of the same config (the
+weights do not change the work per token): ``step_fn`` over a whole ``seq_len`` context from an
+empty state at ``decode_batch_size`` sequences, after one compiling step; written to
+``decode.json``. ``loss_curves.png`` plots every best-lr run's training loss (in bits per byte)
+and its validation points from ``metrics.jsonl``.
 """
 
 from __future__ import annotations
@@ -234,19 +245,43 @@ def load_sweep(spec: str):
 
 
 # --------------------------------------------------------------------------- running
-def _first_difference(old, new, prefix=""):
+_MISSING = object()
+
+
+def _first_difference(old, new, prefix="", defaults=None):
+    """The first (path, old, new) where two config dicts differ; a field missing from ``old``
+    (added to the code after that run) is no difference when ``new`` holds its default."""
     if isinstance(old, dict) and isinstance(new, dict):
+        defaults = defaults if isinstance(defaults, dict) else {}
         for key in sorted(set(old) | set(new)):
-            diff = _first_difference(old.get(key), new.get(key), f"{prefix}{key}.")
+            if key not in old and defaults.get(key, _MISSING) == new[key]:
+                continue
+            diff = _first_difference(
+                old.get(key), new.get(key), f"{prefix}{key}.", defaults.get(key)
+            )
             if diff:
                 return diff
         return None
     return None if old == new else (prefix.rstrip("."), old, new)
 
 
-def _check_finished(run_dir: Path, config_dict: dict) -> None:
+def _defaults(cfg) -> dict:
+    """The dataclass defaults of every section of an `ExperimentConfig`, as nested dicts."""
+    return {
+        section.name: {
+            f.name: f.default
+            for f in dataclasses.fields(getattr(cfg, section.name))
+            if f.default is not dataclasses.MISSING
+        }
+        for section in dataclasses.fields(cfg)
+        if dataclasses.is_dataclass(getattr(cfg, section.name))
+    }
+
+
+def _check_finished(run_dir: Path, cfg) -> None:
     saved = json.loads((run_dir / "config.json").read_text())
-    diff = _first_difference(saved, config_dict)
+    config_dict = json.loads(json.dumps(cfg.to_dict()))
+    diff = _first_difference(saved, config_dict, defaults=_defaults(cfg))
     if diff:
         raise ValueError(
             f"{run_dir} finished with config.{diff[0]} = {diff[1]!r} but the grid now has "
@@ -296,10 +331,9 @@ def run_point(config, run_dir: Path, *, decode_batch_size: int, log=print) -> st
     """Train (or skip / resume) one point's config; returns its status: done, skipped or
     diverged."""
     cfg = experiment_config(config)
-    config_dict = json.loads(json.dumps(cfg.to_dict()))
     summary_path, failed_path = run_dir / "summary.json", run_dir / "failed.json"
     if summary_path.exists() or failed_path.exists():
-        _check_finished(run_dir, config_dict)
+        _check_finished(run_dir, cfg)
         status = "skipped"
         log("  skipped (finished)")
     else:
@@ -339,12 +373,20 @@ def quiet(*_):
     pass
 
 
-def run_parallel(points: list[Point], runs_dir: Path, *, jobs: int, decode_batch_size: int, log):
+def run_parallel(
+    points: list[Point], runs_dir: Path, *, jobs: int, decode_batch_size: int, log, replicate=None
+):
     """Train ``points`` in ``jobs`` worker processes (one XLA thread each); every worker
-    writes only its points' run directories, this process writes every results file."""
-    todo = queue.Queue()
+    writes only its points' run directories, this process writes every results file. The
+    ``replicate`` runs (seeds) of a setting go to one worker, one after the other: they share
+    its compiled step (a seed changes no shape or constant), which saves a compilation each."""
+    groups: dict[tuple, list[tuple[int, Point]]] = {}
     for i, point in enumerate(points):
-        todo.put((i, point))
+        key = tuple(sorted((k, v) for k, v in point.labels.items() if k != replicate))
+        groups.setdefault(key, []).append((i, point))
+    todo = queue.Queue()
+    for group in groups.values():
+        todo.put(group)
     env = dict(os.environ)
     env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {WORKER_XLA_FLAGS}".strip()
     errors = []
@@ -352,25 +394,30 @@ def run_parallel(points: list[Point], runs_dir: Path, *, jobs: int, decode_batch
     def drive(worker):
         while not errors:
             try:
-                i, point = todo.get_nowait()
+                group = todo.get_nowait()
             except queue.Empty:
                 return
-            job = (experiment_config(point.config), str(runs_dir / point.name), decode_batch_size)
-            worker.stdin.write(base64.b64encode(pickle.dumps(job)).decode() + "\n")
-            worker.stdin.flush()
-            for line in worker.stdout:
-                if line.startswith(_RESULT):
-                    result = json.loads(line[len(_RESULT) :])
-                    break
-            else:
-                result = {"error": f"worker exited (code {worker.wait()})", "seconds": 0.0}
-            if "error" in result:
-                errors.append(f"{point.name}: {result['error']}")
-                return
-            log(
-                f"[{i + 1}/{len(points)}] {point.name}: {result['status']} in "
-                f"{result['seconds']:.0f} s"
-            )
+            for i, point in group:
+                if not run_one(worker, i, point):
+                    return
+
+    def run_one(worker, i, point) -> bool:
+        job = (experiment_config(point.config), str(runs_dir / point.name), decode_batch_size)
+        worker.stdin.write(base64.b64encode(pickle.dumps(job)).decode() + "\n")
+        worker.stdin.flush()
+        for line in worker.stdout:
+            if line.startswith(_RESULT):
+                result = json.loads(line[len(_RESULT) :])
+                break
+        else:
+            result = {"error": f"worker exited (code {worker.wait()})", "seconds": 0.0}
+        if "error" in result:
+            errors.append(f"{point.name}: {result['error']}")
+            return False
+        log(
+            f"[{i + 1}/{len(points)}] {point.name}: {result['status']} in {result['seconds']:.0f} s"
+        )
+        return True
 
     command = [sys.executable, str(Path(__file__).resolve()), "--worker"]
     workers = [
@@ -737,6 +784,26 @@ def prepare(sweep, only=()) -> tuple[list[Axis], list[Point]]:
     return axes, points
 
 
+def run_order(sweep, axes: list[Axis], points: list[Point]) -> list[Point]:
+    """The order points are trained in: ``sweep.order`` (axis names, outermost first, each
+    axis in the order of its choices) when given, else a setting's runs (every learning rate
+    and seed) one after another, so that an interrupted sweep leaves whole settings."""
+    by_name = {a.name: a for a in axes}
+    order = list(sweep.get("order") or ())
+    unknown = sorted(set(order) - set(by_name))
+    if unknown:
+        raise ValueError(f"order names unknown axes {unknown}; axes: {list(by_name)}")
+    if order:
+        return sorted(
+            points, key=lambda p: tuple(by_name[a].labels.index(p.labels[a]) for a in order)
+        )
+    cell = [a.name for a in axes if a.name not in (sweep.get("tune"), sweep.get("replicate"))]
+    first = {}
+    for p in points:
+        first.setdefault(tuple(p.labels[k] for k in cell), len(first))
+    return sorted(points, key=lambda p: first[tuple(p.labels[k] for k in cell)])
+
+
 def run(sweep, workdir, *, only=(), dry=False, report_only=False, jobs=1, log=print) -> dict | None:
     """Run (or resume) every selected point, then write the results; see the module doc.
     ``jobs`` > 1 trains the unfinished points in that many worker processes."""
@@ -749,18 +816,26 @@ def run(sweep, workdir, *, only=(), dry=False, report_only=False, jobs=1, log=pr
     decode_batch_size = int(sweep.get("decode_batch_size", 1))
     if not report_only:
         runs_dir = workdir / "runs"
-        parallel = jobs > 1 and sum(not is_finished(runs_dir / p.name) for p in points) > 1
-        for i, point in enumerate(points):
-            if parallel and not is_finished(runs_dir / point.name):
+        ordered = run_order(sweep, axes, points)
+        todo = [p for p in ordered if not is_finished(runs_dir / p.name)]
+        parallel = jobs > 1 and len(todo) > 1
+        for i, point in enumerate(ordered):
+            if parallel and point in todo:
                 continue  # trained by the workers below
             log(f"[{i + 1}/{len(points)}] {point.name}")
             run_point(
                 point.config, runs_dir / point.name, decode_batch_size=decode_batch_size, log=log
             )
         if parallel:
-            todo = [p for p in points if not is_finished(runs_dir / p.name)]
             log(f"{len(todo)} points in {min(jobs, len(todo))} worker processes")
-            run_parallel(todo, runs_dir, jobs=jobs, decode_batch_size=decode_batch_size, log=log)
+            run_parallel(
+                todo,
+                runs_dir,
+                jobs=jobs,
+                decode_batch_size=decode_batch_size,
+                log=log,
+                replicate=sweep.get("replicate"),
+            )
     # The tables cover the whole grid: points run earlier (or by another --only) count too.
     results = report(sweep, *expand(sweep), workdir)
     log(results["markdown"])

@@ -43,12 +43,13 @@ def no_training(*args, **kwargs):
 def test_expand_applies_each_choice_and_keeps_base(sweep):
     config = sweep.load_sweep(f"{MQAR}:smoke")
     axes, points = sweep.expand(config)
-    assert [a.name for a in axes] == ["d_model", "lr", "mixer", "task"]
-    assert len(points) == 4 and len({p.name for p in points}) == 4
-    got = {(p.config.model.mixer, p.config.optimizer.learning_rate) for p in points}
-    assert got == {(m, lr) for m in ("softmax", "linear") for lr in (1e-3, 3e-3)}
+    names = ["d_model", "lr", "mixer", "seed", "task"]
+    assert [a.name for a in axes] == names
+    assert len(points) == 8 and len({p.name for p in points}) == 8
+    got = {(p.config.model.mixer, p.config.optimizer.learning_rate, p.config.seed) for p in points}
+    assert got == {(m, lr, s) for m in ("softmax", "linear") for lr in (1e-3, 3e-3) for s in (0, 1)}
     for p in points:
-        assert p.name == "_".join(f"{k}-{p.labels[k]}" for k in ("d_model", "lr", "mixer", "task"))
+        assert p.name == "_".join(f"{k}-{p.labels[k]}" for k in names)
         assert (p.config.data.seq_len, p.config.data.num_kv_pairs) == (32, 4)
         experiment_config(p.config)
     # each point is a deep copy: the shared vocab reference still links data and model
@@ -57,8 +58,8 @@ def test_expand_applies_each_choice_and_keeps_base(sweep):
     assert p.config.model.vocab_size == 96 and points[1].config.model.vocab_size == 64
     assert config.base.model.mixer == "softmax" and config.base.optimizer.learning_rate == 1e-3
 
-    _, only = sweep.expand(config, ["mixer=linear", "lr=0.003"])
-    assert [p.name for p in only] == ["d_model-32_lr-0.003_mixer-linear_task-32x4"]
+    _, only = sweep.expand(config, ["mixer=linear", "lr=0.003", "seed=1"])
+    assert [p.name for p in only] == ["d_model-32_lr-0.003_mixer-linear_seed-1_task-32x4"]
 
 
 def test_presets_expand_and_validate(sweep):
@@ -70,9 +71,9 @@ def test_presets_expand_and_validate(sweep):
                 experiment_config(p.config)
             sizes[Path(path).stem, preset] = len(points)
     assert sizes == {
-        ("mqar", "smoke"): 4,
-        ("mqar", "cpu"): 48,
-        ("mqar", "default"): 512,
+        ("mqar", "smoke"): 8,
+        ("mqar", "cpu"): 96,  # 8 mixers x 2 widths x 3 lrs x 2 seeds
+        ("mqar", "default"): 1024,
         ("lm", "smoke"): 2,
         ("lm", "cpu"): 10,
         ("lm", "default"): 20,
@@ -95,6 +96,33 @@ def test_lm_cpu_variants_match_softmax_parameter_count(sweep):
         # gla: +1.03% at d_model 124, the nearest width (122: −2.1%)
         tolerance = 0.011 if name == "gla" else 0.01
         assert abs(count / counts["softmax"] - 1) < tolerance, (name, count, counts["softmax"])
+
+
+def test_run_order(sweep):
+    """cpu: d_model, then lr in its listed order (1e-2 first), then mixer, seed; without an
+    ``order``, a setting's runs (every lr and seed) are consecutive."""
+    config = sweep.load_sweep(f"{MQAR}:cpu")
+    axes, points = sweep.expand(config)
+    ordered = sweep.run_order(config, axes, points)
+    assert sorted(p.name for p in ordered) == sorted(p.name for p in points)
+    n = 2 * len(config.grid.mixer.choices)  # every mixer, both seeds
+    first = ordered[:n]
+    assert {(p.labels["d_model"], p.labels["lr"]) for p in first} == {("64", "0.01")}
+    assert [p.labels["seed"] for p in first[:4]] == ["0", "1", "0", "1"]
+    assert [p.labels["mixer"] for p in first[:4:2]] == ["softmax", "linear"]
+    assert [p.labels["lr"] for p in ordered[n : n + 1] + ordered[2 * n : 2 * n + 1]] == [
+        "0.03",
+        "0.003",
+    ]
+    assert ordered[3 * n].labels["d_model"] == "128"
+
+    del config["order"]
+    ordered = sweep.run_order(config, axes, points)
+    cells = [(p.labels["d_model"], p.labels["mixer"]) for p in ordered]
+    assert cells[:6] == [("64", "softmax")] * 6 and cells[6] == ("64", "linear")
+    config.order = ("lr", "width")
+    with pytest.raises(ValueError, match=r"order names unknown axes \['width'\]"):
+        sweep.run_order(config, axes, points)
 
 
 @pytest.mark.parametrize(
@@ -123,7 +151,7 @@ def test_bad_only_and_cli_errors(sweep, tmp_path, capsys):
         sweep.expand(config, ["width=32"])
     assert sweep.main(["--config", f"{MQAR}:smoke", "--workdir", str(tmp_path), "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert "4 points" in out and "11,296 params" in out
+    assert "8 points" in out and "11,296 params" in out
     assert not (tmp_path / "runs").exists()
     args = ["--config", f"{MQAR}:nope", "--workdir", str(tmp_path)]
     assert sweep.main(args) == 2
@@ -131,49 +159,66 @@ def test_bad_only_and_cli_errors(sweep, tmp_path, capsys):
 
 
 # --------------------------------------------------------------------------- selection
-def test_best_lr_and_diverged_points_from_hand_made_runs(sweep, tmp_path, monkeypatch):
-    """Runs replaced by files with chosen accuracies: the best lr per setting is the one with
-    the highest accuracy; a diverged run is recorded and never chosen; all-diverged settings
-    keep a diverged row."""
+def test_lr_tuned_by_mean_over_seeds_and_diverged_runs(sweep, tmp_path, monkeypatch):
+    """Runs replaced by files with chosen accuracies (mixer, lr, seed). softmax: lr 1e-3 holds
+    the single best run (0.9) but the lower mean (0.5 against 0.55), so 3e-3 is chosen;
+    linear: lr 3e-3 has the best run (0.99) and a diverged seed, so it is not eligible and
+    1e-3 is chosen. Diverged runs are recorded; an all-diverged setting keeps a diverged row."""
     config = sweep.load_sweep(f"{MQAR}:smoke")
-    accuracy = {("softmax", 1e-3): 0.25, ("softmax", 3e-3): 0.75, ("linear", 1e-3): 0.5}
+    accuracy = {
+        ("softmax", 1e-3, 0): 0.9,
+        ("softmax", 1e-3, 1): 0.1,
+        ("softmax", 3e-3, 0): 0.6,
+        ("softmax", 3e-3, 1): 0.5,
+        ("linear", 1e-3, 0): 0.3,
+        ("linear", 1e-3, 1): 0.4,
+        ("linear", 3e-3, 1): 0.99,
+    }
 
     def fake_train(config, workdir, *, reporter):
         cfg = experiment_config(config)
         sweep.write_json(f"{workdir}/config.json", json.loads(json.dumps(cfg.to_dict())))
-        key = (cfg.model.mixer, cfg.optimizer.learning_rate)
+        key = (cfg.model.mixer, cfg.optimizer.learning_rate, cfg.seed)
         if key not in accuracy:
             raise sweep.NonFiniteLossError("non-finite loss at step 3")
-        sweep.write_json(f"{workdir}/summary.json", {"eval/accuracy": accuracy[key]})
+        sweep.write_json(f"{workdir}/summary.json", {"eval/accuracy": accuracy[key], "step": 6})
 
     monkeypatch.setattr(sweep, "train", fake_train)
     # --only trains a subset; the tables still list the whole grid, the rest pending
     result = sweep.run(config, tmp_path, only=["mixer=softmax"], log=quiet)
-    status = {(r["mixer"], r["lr"]): r["status"] for r in read_csv(tmp_path / "results.csv")}
-    assert status == {
-        ("softmax", "0.001"): "ok",
-        ("softmax", "0.003"): "ok",
-        ("linear", "0.001"): "pending",
-        ("linear", "0.003"): "pending",
-    }
+    status = {(r["mixer"], r["lr"], r["seed"]) for r in read_csv(tmp_path / "results.csv")}
+    assert len(status) == 8
+    rows = read_csv(tmp_path / "results.csv")
+    assert {r["status"] for r in rows if r["mixer"] == "linear"} == {"pending"}
     assert [(r["mixer"], r["lr"]) for r in result["best"]] == [("softmax", "0.003")]
 
     result = sweep.run(config, tmp_path, log=quiet)
-    rows = {(r["mixer"], r["lr"]): r for r in read_csv(tmp_path / "results.csv")}
-    assert rows["linear", "0.003"]["status"] == "diverged"
+    rows = {(r["mixer"], r["lr"], r["seed"]): r for r in read_csv(tmp_path / "results.csv")}
+    for key, value in accuracy.items():
+        row = rows[key[0], f"{key[1]:g}", str(key[2])]
+        assert float(row["eval/accuracy"]) == value and row["seed"] == str(key[2])
+        assert row["model.mixer"] == key[0] and float(row["optimizer.learning_rate"]) == key[1]
+    assert rows["linear", "0.003", "0"]["status"] == "diverged"
+    best = {r["mixer"]: r for r in result["best"]}
+    assert (best["softmax"]["lr"], best["linear"]["lr"]) == ("0.003", "0.001")
+    assert best["softmax"]["eval/accuracy"] == pytest.approx(0.55)
+    assert best["softmax"]["eval/accuracy min"] == 0.5
+    assert best["softmax"]["eval/accuracy max"] == 0.6
     assert (
-        "non-finite"
-        in (tmp_path / "runs" / rows["linear", "0.003"]["point"] / "failed.json").read_text()
+        best["softmax"]["seeds"] == 2 and best["softmax"]["eval/accuracy runs"] == "0.6000/0.5000"
     )
-    best = {r["mixer"]: (r["lr"], r["status"]) for r in result["best"]}
-    assert best == {"softmax": ("0.003", "ok"), "linear": ("0.001", "ok")}
+    assert best["linear"]["eval/accuracy"] == pytest.approx(0.35)
+    md = (tmp_path / "results.md").read_text()
+    assert "| softmax | 0.550 (0.500–0.600) |" in md and "| linear | 0.350 (0.300–0.400) |" in md
+    cells = {r["mixer"]: r for r in read_csv(tmp_path / "best.csv")}
+    assert float(cells["softmax"]["eval/accuracy"]) == pytest.approx(0.55)
 
-    # all of linear's runs diverged: its setting keeps a diverged row with no accuracy
-    accuracy.pop(("linear", 1e-3))
-    (tmp_path / "runs" / rows["linear", "0.001"]["point"] / "summary.json").unlink()
+    # all of linear's lrs have a diverged seed: its setting keeps a diverged row
+    accuracy.pop(("linear", 1e-3, 1))
+    (tmp_path / "runs" / rows["linear", "0.001", "1"]["point"] / "summary.json").unlink()
     result = sweep.run(config, tmp_path, log=quiet)
     best = {r["mixer"]: r for r in result["best"]}
-    assert best["linear"]["status"] == "diverged"
+    assert best["linear"]["status"] == "diverged" and best["linear"]["seeds"] == 0
     assert "| linear | nan |" in (tmp_path / "results.md").read_text()
 
 
@@ -189,18 +234,40 @@ def mqar_run(sweep, tmp_path_factory):
 def test_mqar_smoke_sweep_writes_sane_results(sweep, mqar_run):
     config, workdir, result = mqar_run
     rows = read_csv(workdir / "results.csv")
-    assert len(rows) == 4
+    assert len(rows) == 8
+    for column in (
+        *("model.mixer", "optimizer.learning_rate", "seed", "model.d_model", "data.seq_len"),
+        *("data.num_kv_pairs", "state_bytes", "eval/accuracy", "step", "stopped_early"),
+        *("train_time_sec", "wall_time_sec"),
+    ):
+        assert column in rows[0], column
     for row in rows:
         assert row["status"] == "ok"
         assert 0.0 <= float(row["eval/accuracy"]) <= 1.0
         summary = json.loads((workdir / "runs" / row["point"] / "summary.json").read_text())
         assert float(row["eval/accuracy"]) == summary["eval/accuracy"]
         assert int(row["param_count"]) == summary["param_count"] == 11_296
-    # best lr per mixer: the maximum over its rows in the CSV
+        assert (row["step"], row["stopped_early"]) == ("6", "False")
+        assert json.loads((workdir / "runs" / row["point"] / "config.json").read_text())[
+            "seed"
+        ] == int(row["seed"])
+    # the two seeds are different runs (initialisation and batches)
+    by_seed = {}
+    for row in rows:
+        by_seed.setdefault((row["mixer"], row["lr"]), set()).add(row["eval/loss"])
+    assert all(len(losses) == 2 for losses in by_seed.values())
+    # best lr per mixer: the largest mean over seeds of its rows in the CSV
     best = {r["mixer"]: r for r in result["best"]}
     for mixer in ("softmax", "linear"):
-        top = max(float(r["eval/accuracy"]) for r in rows if r["mixer"] == mixer)
-        assert best[mixer]["eval/accuracy"] == top
+        means = {}
+        for r in rows:
+            if r["mixer"] == mixer:
+                means.setdefault(r["lr"], []).append(float(r["eval/accuracy"]))
+        lr = max(means, key=lambda k: np.mean(means[k]))
+        assert best[mixer]["lr"] == lr
+        assert best[mixer]["eval/accuracy"] == pytest.approx(np.mean(means[lr]), abs=1e-12)
+        assert best[mixer]["eval/accuracy min"] == min(means[lr])
+        assert best[mixer]["eval/accuracy max"] == max(means[lr])
     # state bytes: softmax's KV cache (2·T·H·D float32 per layer at T = seq_len) against the
     # linear state (H·M·Dv + H·M, M = Dv = head dim); the conv tails are the same and cancel.
     state = {r["mixer"]: int(r["state_bytes"]) for r in rows}
@@ -211,6 +278,7 @@ def test_mqar_smoke_sweep_writes_sane_results(sweep, mqar_run):
         assert (workdir / name).read_bytes()[:4] == b"\x89PNG"
     md = (workdir / "results.md").read_text()
     assert "seq_len=32, num_kv_pairs=4" in md and md.count("| softmax |") == 2
+    assert "mean (min–max) over seeds" in md
 
 
 def test_mqar_rerun_skips_finished_points_and_resumes_unfinished(sweep, mqar_run, monkeypatch):
@@ -239,6 +307,21 @@ def test_mqar_rerun_skips_finished_points_and_resumes_unfinished(sweep, mqar_run
     assert float(after[point]["eval/accuracy"]) == pytest.approx(
         float(before[0]["eval/accuracy"]), abs=1e-6
     )
+
+    # a run from before a config field existed (absent from its config.json) still counts
+    # as finished while the grid holds that field's default, and is refused otherwise
+    saved_path = workdir / "runs" / point / "config.json"
+    saved = json.loads(saved_path.read_text())
+    del saved["train"]["stop_at"]
+    saved_path.write_text(json.dumps(saved))
+    monkeypatch.setattr(sweep, "train", no_training)
+    sweep.run(config, workdir, log=quiet)
+    config.base.train.stop_at = 0.5
+    with pytest.raises(
+        ValueError, match=r"config\.train\.stop_at = None but the grid now has 0\.5"
+    ):
+        sweep.run(config, workdir, log=quiet)
+    config.base.train.stop_at = 0.0
 
     # the same workdir with a changed grid is refused before anything runs
     config.base.train.num_steps = 7
@@ -274,3 +357,36 @@ def test_lm_smoke_sweep_bits_per_byte_throughput_and_curves(sweep, tmp_path, mon
     monkeypatch.setattr(sweep, "measure_decode", no_training)
     sweep.run(config, tmp_path, log=quiet)
     assert read_csv(tmp_path / "results.csv") == rows
+
+
+def test_mqar_sweep_early_stop_and_parallel_workers(sweep, mqar_run, tmp_path, monkeypatch):
+    """Two worker processes (--jobs 2, one XLA thread each) give the serial sweep's numbers;
+    with an early stop that every run meets at its first evaluation (eval/loss <= 1e9, at
+    step 3 of 6), every run ends at step 3 and a rerun trains nothing."""
+    config, workdir, _ = mqar_run
+    serial = {r["point"]: r for r in read_csv(workdir / "results.csv")}
+    parallel = tmp_path / "parallel"
+    sweep.run(config, parallel, only=["mixer=linear"], jobs=2, log=quiet)
+    rows = [r for r in read_csv(parallel / "results.csv") if r["status"] != "pending"]
+    assert len(rows) == 4
+    for row in rows:
+        ref = serial[row["point"]]
+        assert float(row["eval/loss"]) == pytest.approx(float(ref["eval/loss"]), rel=1e-4)
+        assert float(row["eval/accuracy"]) == pytest.approx(float(ref["eval/accuracy"]), abs=0.01)
+
+    config.base.train.stop_metric = "eval/loss"
+    config.base.train.stop_at = 1e9
+    try:
+        stopped = tmp_path / "stopped"
+        sweep.run(config, stopped, only=["mixer=softmax", "lr=0.001"], log=quiet)
+        rows = [r for r in read_csv(stopped / "results.csv") if r["status"] == "ok"]
+        assert len(rows) == 2
+        for row in rows:
+            assert (row["step"], row["stopped_early"]) == ("3", "True")
+            metrics = (stopped / "runs" / row["point"] / "metrics.jsonl").read_text().splitlines()
+            assert json.loads(metrics[-1])["step"] == 3
+        monkeypatch.setattr(sweep, "train", no_training)
+        sweep.run(config, stopped, only=["mixer=softmax", "lr=0.001"], log=quiet)
+    finally:
+        config.base.train.stop_metric = "eval/accuracy"
+        config.base.train.stop_at = 0.0
