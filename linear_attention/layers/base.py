@@ -68,6 +68,14 @@ def _check_int(name: str, value, minimum: int = 1) -> None:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
 
 
+def _check_method(mixer: str, method, allowed) -> None:
+    """Raise unless `method` is None (the mixer's default) or one of the kernel's `allowed`."""
+    if method is not None and method not in allowed:
+        raise ValueError(
+            f"unknown method {method!r} for mixer {mixer!r}; allowed: {', '.join(allowed)}"
+        )
+
+
 def conv_kernel_size(conv) -> int:
     """`conv` option to a kernel size: False/0 -> 0 (off), True -> 4, an int >= 2 -> itself."""
     if conv is False or conv is None:

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from linear_attention import kernels as K
-from linear_attention.layers.base import Mixer
+from linear_attention.layers.base import Mixer, _check_int, _check_method
 from linear_attention.layers.linear import GatedMixer
 from linear_attention.layers.sequence import sequence_axis
 
@@ -68,15 +68,9 @@ class DeltaNetMixer(Mixer):
 
     @classmethod
     def _check_family_options(cls, *, method, chunk_size, **_) -> None:
-        if method is not None and method not in K.DELTA_METHODS:
-            raise ValueError(
-                f"unknown method {method!r} for mixer {cls.NAME!r}; allowed: "
-                f"{', '.join(K.DELTA_METHODS)}"
-            )
-        if chunk_size is not None and (
-            not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1
-        ):
-            raise ValueError(f"chunk_size must be an integer >= 1, got {chunk_size!r}")
+        _check_method(cls.NAME, method, K.DELTA_METHODS)
+        if chunk_size is not None:
+            _check_int("chunk_size", chunk_size)
 
     def _build(self, *, rngs, method, chunk_size, **_) -> None:
         self.method = method or "chunk"

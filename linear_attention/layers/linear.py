@@ -30,7 +30,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from linear_attention import kernels as K
-from linear_attention.layers.base import AttentionInputs, Mixer
+from linear_attention.layers.base import AttentionInputs, Mixer, _check_int, _check_method
 from linear_attention.layers.feature_maps import (
     FIXED_FEATURE_MAPS,
     FavorFeatures,
@@ -63,16 +63,11 @@ class LinearMixer(Mixer):
                 f"unknown feature_map {feature_map!r} for mixer {cls.NAME!r}; allowed: "
                 f"{', '.join(cls.FEATURE_MAPS)}"
             )
-        if feature_dim is not None and (
-            not isinstance(feature_dim, int) or isinstance(feature_dim, bool) or feature_dim < 1
-        ):
-            raise ValueError(f"feature_dim must be an integer >= 1, got {feature_dim!r}")
-        if method is not None and method not in K.METHODS:
-            raise ValueError(f"unknown method {method!r}; allowed: {', '.join(K.METHODS)}")
-        if chunk_size is not None and (
-            not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1
-        ):
-            raise ValueError(f"chunk_size must be an integer >= 1, got {chunk_size!r}")
+        if feature_dim is not None:
+            _check_int("feature_dim", feature_dim)
+        _check_method(cls.NAME, method, K.METHODS)
+        if chunk_size is not None:
+            _check_int("chunk_size", chunk_size)
         if eps is not None and not (isinstance(eps, int | float) and eps > 0):
             raise ValueError(f"eps must be a number > 0, got {eps!r}")
 
