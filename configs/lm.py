@@ -60,6 +60,7 @@ def get_config(arg=None):
     model.mixer = "gated"
     model.feature_map = config_dict.placeholder(str)  # None: the mixer's default
     model.feature_dim = config_dict.placeholder(int)
+    model.feature_scale = config_dict.placeholder(float)  # linear: φ(c·q), φ(c·k)
     model.conv = 4
     model.out_norm = config_dict.placeholder(bool)
     model.out_gate = config_dict.placeholder(bool)

@@ -130,6 +130,7 @@ def _model_config(vocab_size):
     model.mixer = "softmax"
     model.feature_map = config_dict.placeholder(str)  # None: the mixer's default (elu+1)
     model.feature_dim = config_dict.placeholder(int)
+    model.feature_scale = config_dict.placeholder(float)  # linear: φ(c·q), φ(c·k)
     model.conv = 4
     model.out_norm = config_dict.placeholder(bool)
     model.out_gate = config_dict.placeholder(bool)

@@ -34,7 +34,7 @@ from linear_attention.layers.sequence import previous_tail, sequence_axis, seque
 
 # Options that only some mixers use; `None` means "not set". A mixer whose `USES` lacks one of
 # these raises if it is set, so nothing is silently ignored.
-OPTIONAL_OPTIONS = ("feature_map", "feature_dim", "method", "chunk_size", "eps")
+OPTIONAL_OPTIONS = ("feature_map", "feature_dim", "feature_scale", "method", "chunk_size", "eps")
 
 
 class AttentionInputs(NamedTuple):
@@ -111,6 +111,7 @@ class Mixer(nnx.Module):
         head_dim: int | None = None,
         feature_map: str | None = None,
         feature_dim: int | None = None,
+        feature_scale: float | None = None,
         conv: bool | int = False,
         out_norm: bool | None = None,
         out_gate: bool | None = None,
@@ -127,6 +128,7 @@ class Mixer(nnx.Module):
         options = dict(
             feature_map=feature_map,
             feature_dim=feature_dim,
+            feature_scale=feature_scale,
             method=method,
             chunk_size=chunk_size,
             eps=eps,

@@ -5,13 +5,17 @@
 
 | name       | φ                                      | γ_t (decay)                  | norm+gate |
 | ---------- | -------------------------------------- | ---------------------------- | --------- |
-| `linear`   | fixed map (`elu_plus_one` default)     | 1                            | no        |
+| `linear`   | fixed map (`elu_plus_one` default)¹    | 1                            | no        |
 | `favor`    | FAVOR+ random features (redrawable)    | 1                            | no        |
 | `taylor`   | `taylor2` of q, k projected to 16 dims | 1                            | no        |
 | `hedgehog` | learned `[softmax(xW), softmax(−xW)]`  | 1                            | no        |
 | `retnet`   | identity (k scaled by Dk^-½)           | fixed γ_h = 1 − 2^(−5−h)     | yes       |
 | `gated`    | identity (k scaled by Dk^-½)           | exp(−softplus(x·w_h+b_h)e^A) | yes       |
 | `gla`      | identity (k scaled by Dk^-½)           | σ(x W₁W₂ + b)^(1/16), vector | yes       |
+
+¹ of `feature_scale`·q and `feature_scale`·k (default 1; Zoology's `temp`): elu+1 is not
+scale-invariant, and at the scale of q, k at init (std ~0.3) it is ≈ 1 + x, so φ(q)·φ(k) ≈
+Dk + Σq + Σk + q·k is nearly constant and attention nearly uniform (EXPERIMENTS.md, section 1).
 
 (`norm+gate` are defaults; `out_norm` / `out_gate` override them. `gla`'s decay is a vector,
 one per key dimension: `S_t = diag(γ_t) S_{t−1} + φ(k_t) v_tᵀ`, a rank-4 `[B, T, H, M]` log
@@ -23,6 +27,7 @@ the context length.
 
 from __future__ import annotations
 
+import math
 from typing import ClassVar
 
 import jax
@@ -43,13 +48,15 @@ from linear_attention.layers.sequence import sequence_axis
 class LinearMixer(Mixer):
     """Base of the linear-attention family (and the `linear` mixer itself: a fixed feature map).
 
+    `feature_scale` c (the `linear` mixer only): φ(c·q), φ(c·k) instead of φ(q), φ(k).
+
     Subclass knobs: `NORMALIZE` (divide by φ(q)ᵀz), `K_SCALE` (scale k by Dk^-½ before φ),
     `FEATURE_MAPS` / `DEFAULT_FEATURE_MAP` (for a fixed φ), `_build_feature_map`, `_log_decay`.
     """
 
     NAME = "linear"
     SEQUENCE_PARALLEL = True
-    USES = frozenset({"feature_map", "method", "chunk_size", "eps"})
+    USES = frozenset({"feature_map", "feature_scale", "method", "chunk_size", "eps"})
     NORMALIZE: ClassVar[bool] = True
     K_SCALE: ClassVar[bool] = False
     FEATURE_MAPS: ClassVar[tuple[str, ...]] = FIXED_FEATURE_MAPS
@@ -57,7 +64,9 @@ class LinearMixer(Mixer):
     DEFAULT_FEATURE_DIM: ClassVar[int | None] = None
 
     @classmethod
-    def _check_family_options(cls, *, feature_map, feature_dim, method, chunk_size, eps) -> None:
+    def _check_family_options(
+        cls, *, feature_map, feature_dim, feature_scale, method, chunk_size, eps
+    ) -> None:
         if feature_map is not None and feature_map not in cls.FEATURE_MAPS:
             raise ValueError(
                 f"unknown feature_map {feature_map!r} for mixer {cls.NAME!r}; allowed: "
@@ -65,14 +74,24 @@ class LinearMixer(Mixer):
             )
         if feature_dim is not None:
             _check_int("feature_dim", feature_dim)
+        if feature_scale is not None and not (
+            isinstance(feature_scale, int | float)
+            and not isinstance(feature_scale, bool)
+            and math.isfinite(feature_scale)
+            and feature_scale > 0
+        ):
+            raise ValueError(f"feature_scale must be a finite number > 0, got {feature_scale!r}")
         _check_method(cls.NAME, method, K.METHODS)
         if chunk_size is not None:
             _check_int("chunk_size", chunk_size)
         if eps is not None and not (isinstance(eps, int | float) and eps > 0):
             raise ValueError(f"eps must be a number > 0, got {eps!r}")
 
-    def _build(self, *, rngs, feature_map, feature_dim, method, chunk_size, eps) -> None:
+    def _build(
+        self, *, rngs, feature_map, feature_dim, feature_scale, method, chunk_size, eps
+    ) -> None:
         self.method = method or "chunk"
+        self.feature_scale = 1.0 if feature_scale is None else float(feature_scale)
         self.chunk_size = chunk_size or 64
         self.eps = 1e-6 if eps is None else float(eps)
         self.feature_map = self._build_feature_map(
@@ -98,6 +117,9 @@ class LinearMixer(Mixer):
         return self.feature_map.feature_dim
 
     def _featurize(self, q, k):
+        if self.feature_scale != 1.0:
+            q = q * jnp.asarray(self.feature_scale, q.dtype)
+            k = k * jnp.asarray(self.feature_scale, k.dtype)
         if self.K_SCALE:
             k = k * jnp.asarray(self.qk_dim**-0.5, k.dtype)
         return self.feature_map(q, is_query=True), self.feature_map(k, is_query=False)

@@ -35,9 +35,10 @@ def _dtype_name(field: str, value) -> str:
 _INTS = ("vocab_size", "d_model", "num_layers", "num_heads", "max_length", "chunk_size")
 _INTS += ("redraw_interval", "head_dim", "feature_dim")  # (the last two may be None)
 _BOOLS = ("mlp", "tie_embeddings", "allow_neg_eigval", "out_norm", "out_gate")  # (last 2: None)
-_NUMBERS = ("mlp_ratio", "rope_base", "eps", "norm_eps")
+_NUMBERS = ("mlp_ratio", "rope_base", "eps", "norm_eps", "feature_scale")  # (last: None)
 _STRINGS = ("position", "method", "feature_map")  # (feature_map may be None)
-_OPTIONAL = ("head_dim", "feature_dim", "out_norm", "out_gate", "feature_map", "conv")
+_OPTIONAL = ("head_dim", "feature_dim", "feature_scale", "out_norm", "out_gate", "feature_map")
+_OPTIONAL += ("conv",)
 
 
 def _strict(field: str, value):
@@ -82,6 +83,7 @@ class ModelConfig:
         gated, softmax, gated, softmax).
       feature_map: fixed φ for `linear` / `retnet` / `gated` layers (None: each mixer's default).
       feature_dim: width for `favor` (random features), `taylor` (projected q/k), `hedgehog`.
+      feature_scale: `linear` layers apply φ to feature_scale·q and feature_scale·k (None: 1).
       conv: short causal conv on q/k/v: False, True (kernel 4) or a kernel size; None: each
         mixer's default (on for `deltanet` / `gated_deltanet`, off for the others).
       out_norm, out_gate: per-head output RMSNorm / swish gate (None: each mixer's default).
@@ -113,6 +115,7 @@ class ModelConfig:
     mixer: str | tuple[str, ...] = "linear"
     feature_map: str | None = None
     feature_dim: int | None = None
+    feature_scale: float | None = None
     conv: bool | int | None = None
     out_norm: bool | None = None
     out_gate: bool | None = None
@@ -169,7 +172,7 @@ class ModelConfig:
         set_("param_dtype", _dtype_name("param_dtype", self.param_dtype))
         # Per-layer options: each mixer checks the ones it uses; the others must be used somewhere.
         used = set().union(*(MIXERS[name].USES for name in self.layer_mixers))
-        for field in ("feature_map", "feature_dim"):
+        for field in ("feature_map", "feature_dim", "feature_scale"):
             if getattr(self, field) is not None and field not in used:
                 raise ValueError(
                     f"{field}={getattr(self, field)!r} is not used by any layer "
@@ -210,6 +213,7 @@ class ModelConfig:
         for field in (
             "feature_map",
             "feature_dim",
+            "feature_scale",
             "method",
             "chunk_size",
             "eps",

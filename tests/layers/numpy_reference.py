@@ -59,8 +59,11 @@ def elu_plus_one(x):
     return np.where(x > 0, x + 1.0, np.exp(np.minimum(x, 0.0)))
 
 
-def mixer_reference(name: str, mixer, x_BTD: np.ndarray, eps: float = 1e-6) -> np.ndarray:
-    """The output of `mixer` (an NNX mixer named `name`) on `x`, in float64."""
+def mixer_reference(
+    name: str, mixer, x_BTD: np.ndarray, eps: float = 1e-6, feature_scale: float = 1.0
+) -> np.ndarray:
+    """The output of `mixer` (an NNX mixer named `name`) on `x`, in float64 (`feature_scale`:
+    the `linear` mixer's c in φ(c·q)·φ(c·k))."""
     p = params64(mixer)
     x = np.asarray(x_BTD, np.float64)
     b, t, _ = x.shape
@@ -84,7 +87,8 @@ def mixer_reference(name: str, mixer, x_BTD: np.ndarray, eps: float = 1e-6) -> n
         weights = np.exp(logits - logits.max(-1, keepdims=True))
         eps = 0.0
     elif name == "linear":  # elu_plus_one (the default)
-        weights = np.einsum("bthm,bshm->bhts", elu_plus_one(q), elu_plus_one(k))
+        c = feature_scale
+        weights = np.einsum("bthm,bshm->bhts", elu_plus_one(c * q), elu_plus_one(c * k))
     elif name == "taylor":  # taylor2 features: φ(q)·φ(k) = 1 + s + s²/2, s = q·k/√d
         s = s_BHTS / np.sqrt(dk)
         weights = 1.0 + s + s * s / 2.0

@@ -109,6 +109,20 @@ def test_linear_taylor2_matches_taylor_mixer_reference():
     )
 
 
+def test_linear_feature_scale_matches_numpy_reference():
+    """feature_scale c: φ(c·q)·φ(c·k) in every path (after the conv's SiLU, before elu+1)."""
+    mixer, x = make("linear", feature_scale=3.0), inputs()
+    full, prefilled, stepped, mixed = all_paths(mixer, x)
+    for other in (prefilled, stepped, mixed):
+        np.testing.assert_allclose(other, full, rtol=1e-4, atol=1e-4)
+    ref = mixer_reference("linear", mixer, np.asarray(x), feature_scale=3.0)
+    np.testing.assert_allclose(full, ref, rtol=1e-4, atol=1e-4)
+    # the same parameters without the scale give another output (elu+1 is not scale-invariant)
+    unscaled = mixer_reference("linear", mixer, np.asarray(x))
+    assert np.max(np.abs(unscaled - ref)) > 1e-2
+    assert make("linear").feature_scale == 1.0
+
+
 def test_taylor_state_is_the_upper_triangle_size():
     """Based's count: M = 1 + d + d(d+1)/2 = 153 for 16 projected dims (not 1 + d + d² = 273)."""
     mixer = get_mixer("taylor")(D, H, rngs=nnx.Rngs(0))
@@ -211,6 +225,10 @@ BAD_OPTIONS = [
     (dict(name="linear", feature_map="favor_plus"), "unknown feature_map 'favor_plus'"),
     (dict(name="linear", feature_dim=8), "does not use option feature_dim"),
     (dict(name="taylor", feature_dim=0), "feature_dim must be an integer >= 1, got 0"),
+    (dict(name="taylor", feature_scale=2.0), "does not use option feature_scale"),
+    (dict(name="linear", feature_scale=0.0), "feature_scale must be a finite number > 0"),
+    (dict(name="linear", feature_scale=True), "feature_scale must be a finite number > 0"),
+    (dict(name="linear", feature_scale=float("inf")), "feature_scale must be"),
     (dict(name="softmax", method="chunk"), "does not use option method"),
     (dict(name="gated", method="fft"), "unknown method 'fft' for mixer 'gated'; allowed: "),
     (dict(name="retnet", chunk_size=0), "chunk_size"),

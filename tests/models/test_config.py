@@ -40,6 +40,10 @@ def test_mixer_options_only_pass_what_a_mixer_uses():
     assert delta.mixer_options("gated_deltanet")["allow_neg_eigval"] is True
     assert "allow_neg_eigval" not in delta.mixer_options("gated")
     assert delta.conv is None  # each mixer's default: on for the delta rule, off for gated
+    scaled = ModelConfig(**BASE, mixer=("linear", "softmax"), feature_scale=8)
+    assert scaled.feature_scale == 8.0 and isinstance(scaled.feature_scale, float)
+    assert scaled.mixer_options("linear")["feature_scale"] == 8.0
+    assert "feature_scale" not in scaled.mixer_options("softmax")
 
 
 BAD = [
@@ -57,6 +61,8 @@ BAD = [
     (dict(param_dtype="float64"), "param_dtype"),
     (dict(mixer="softmax", feature_map="relu"), "feature_map='relu' is not used by any layer"),
     (dict(mixer="linear", feature_dim=8), "feature_dim=8 is not used by any layer"),
+    (dict(mixer="taylor", feature_scale=8.0), "feature_scale=8.0 is not used by any layer"),
+    (dict(mixer="linear", feature_scale=-1.0), "feature_scale must be a finite number > 0"),
     (dict(mixer="linear", feature_map="favor_plus"), "unknown feature_map 'favor_plus'"),
     (dict(mixer=("favor", "linear"), feature_map="relu", feature_dim=0), "feature_dim"),
     (dict(mixer="linear", redraw_interval=10), "redraw_interval=10 needs a favor layer"),
