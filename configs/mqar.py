@@ -144,6 +144,7 @@ def _model_config(vocab_size):
     model.chunk_size = 64
     model.eps = 1e-6
     model.allow_neg_eigval = False  # deltanet / gated_deltanet: β = 2·sigmoid in (0, 2)
+    model.window = 64  # swa: tokens each layer sees (Based: mixer=taylor,swa)
     model.norm_eps = 1e-6
     model.redraw_interval = 0  # favor layers: redraw the random features every this many steps
     model.dtype = "float32"

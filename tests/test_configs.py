@@ -83,6 +83,19 @@ def test_overrides_apply_and_tie_fields():
     )
     model = experiment_config(delta).model
     assert model.mixer == ("gated_deltanet", "softmax") and model.allow_neg_eigval is True
+    # Based: taylor + sliding window, written either way on the command line
+    for mixer in ("taylor,swa", "('taylor','swa')", '("taylor", "swa")'):
+        based, _ = parse_args(
+            _args(
+                f"--config.model.mixer={mixer}",
+                "--config.model.feature_dim=16",
+                "--config.model.window=32",
+            )
+        )
+        model = experiment_config(based).model
+        assert (model.mixer, model.feature_dim, model.window) == (("taylor", "swa"), 16, 32)
+        assert model.mixer_options("swa")["window"] == 32
+        assert "window" not in model.mixer_options("taylor")
     # a document separator given on a command line: backslash escapes are decoded
     packed, _ = parse_args(_args(r"--config.data.separator=\n\n", config="configs/lm.py:cpu"))
     data = experiment_config(packed).data
@@ -114,6 +127,11 @@ def test_overrides_apply_and_tie_fields():
             ("--config.train.num_steps=0",),
             "configs/mqar.py:cpu",
             "config.train.num_steps must be an integer >= 1, got 0",
+        ),
+        (
+            ("--config.model.mixer=swa", "--config.model.window=0"),
+            "configs/mqar.py:cpu",
+            "config.model: window must be an integer >= 1, got 0",
         ),
         (
             ("--config.model.mixer=nope",),

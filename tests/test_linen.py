@@ -24,6 +24,7 @@ OPTIONS = {
     "deltanet": dict(),
     "gated_deltanet": dict(allow_neg_eigval=True, chunk_size=4),
     "gla": dict(conv=True),
+    "swa": dict(window=3, rope=True),
 }
 
 

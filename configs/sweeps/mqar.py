@@ -13,7 +13,8 @@ grows. Measured with ``:cpu`` (EXPERIMENTS.md, section 1), d_model 128, 4 / 8 pa
 is not in these figures.)
 
 Presets (``configs/sweeps/mqar.py:<arg>``):
-  (none) / ``default``: the Zoology grid for an accelerator: vocab 8192, d_model 64…512,
+  (none) / ``default``: the Zoology grid for an accelerator: the 8 mixers of ``cpu``, ``swa``
+      and Based (``mixer=("taylor", "swa")``, 16 Taylor dims), vocab 8192, d_model 64…512,
       (seq_len, kv pairs) = (64, 4), (128, 8), (256, 16), (512, 64), learning rates
       logspace(-4, -2, 4), 20k steps of batch 256 per run.
   ``cpu``: 8 mixers × d_model (32, 64, 128) × (seq_len, kv) = (64, 4), (64, 8), learning
@@ -33,6 +34,18 @@ import ml_collections
 
 PRESETS = ("default", "cpu", "smoke")
 MIXERS = ("softmax", "linear", "taylor", "retnet", "gated", "gla", "deltanet", "gated_deltanet")
+# The accelerator grid adds sliding-window softmax (window = base.model.window, 64) and Based:
+# taylor and swa layers alternating (README, "Based"), its taylor layers at `taylor_dim`.
+BASED = ("taylor", "swa")
+DEFAULT_MIXERS = (*MIXERS, "swa", "based")
+
+
+def _mixer_choices(names, taylor_dim):
+    """(model.mixer, model.feature_dim) per mixer label; only taylor layers use feature_dim."""
+    return [
+        (BASED if m == "based" else m, taylor_dim if m in ("taylor", "based") else None)
+        for m in names
+    ]
 
 
 def _base(preset):
@@ -64,6 +77,7 @@ def get_config(arg=None):
     task = ("data.seq_len", "data.num_kv_pairs")
 
     if arg == "default":
+        grid.mixer = _axis(mixer, _mixer_choices(DEFAULT_MIXERS, 16), DEFAULT_MIXERS)
         # Zoology: d_model 64…512; seq_len and kv pairs grow together; lr = logspace(-4, -2, 4).
         grid.d_model = _axis("model.d_model", (64, 128, 256, 512))
         grid.task = _axis(task, ((64, 4), (128, 8), (256, 16), (512, 64)))

@@ -9,6 +9,7 @@ from linear_attention.kernels.delta import METHODS as DELTA_METHODS
 from linear_attention.kernels.delta import delta_rule, delta_rule_step
 from linear_attention.kernels.linear import METHODS, causal_linear_attention, linear_attention
 from linear_attention.kernels.recurrent import recurrent_step
+from linear_attention.kernels.sliding_window import sliding_window_attention
 from linear_attention.kernels.softmax import (
     blockwise_softmax_attention,
     cached_softmax_attention,
@@ -28,5 +29,6 @@ __all__ = [
     "feature_maps",
     "linear_attention",
     "recurrent_step",
+    "sliding_window_attention",
     "softmax_attention",
 ]

@@ -287,7 +287,7 @@ class _ChunkDecays:
             self.tril, self.strict = tril_CC.astype(jnp.float32), strict_CC.astype(jnp.float32)
             self.start = self.end = self.total = None
             return
-        b, r = cumulative_log_decay(a_BHNC, axis=-1)  # resets taken out of b, counted in r
+        b, r = cumulative_log_decay(a_BHNC, axis=-1, restart=True)  # no gradient across a reset
         same_CC = r[..., :, None] == r[..., None, :]
         self.tril = masked_exp(tril_CC & same_CC, b[..., :, None] - b[..., None, :])
         self.strict = jnp.where(strict_CC, self.tril, 0.0)

@@ -24,6 +24,7 @@ from linear_attention.layers.mlp import SwiGLU
 from linear_attention.layers.norm import RMSNorm
 from linear_attention.layers.registry import MIXERS, get_mixer
 from linear_attention.layers.rotary import apply_rotary
+from linear_attention.layers.sliding_window import RingBuffer, SlidingWindowMixer
 from linear_attention.layers.softmax import KVCache, SoftmaxMixer
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "Mixer",
     "MixerState",
     "KVCache",
+    "RingBuffer",
     "Block",
     "ShortConv",
     "RMSNorm",
@@ -53,4 +55,5 @@ __all__ = [
     "DeltaNetMixer",
     "GatedDeltaNetMixer",
     "GLAMixer",
+    "SlidingWindowMixer",
 ]

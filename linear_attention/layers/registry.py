@@ -13,6 +13,7 @@ from linear_attention.layers.linear import (
     RetNetMixer,
     TaylorMixer,
 )
+from linear_attention.layers.sliding_window import SlidingWindowMixer
 from linear_attention.layers.softmax import SoftmaxMixer
 
 MIXERS: dict[str, type[Mixer]] = {
@@ -28,6 +29,7 @@ MIXERS: dict[str, type[Mixer]] = {
         DeltaNetMixer,
         GatedDeltaNetMixer,
         GLAMixer,
+        SlidingWindowMixer,
     )
 }
 

@@ -32,7 +32,7 @@ def _dtype_name(field: str, value) -> str:
 
 # Field types, checked strictly (a string "False" is not a bool); NumPy scalars are accepted and
 # stored as the Python type, so the config stays hashable and JSON-able.
-_INTS = ("vocab_size", "d_model", "num_layers", "num_heads", "max_length", "chunk_size")
+_INTS = ("vocab_size", "d_model", "num_layers", "num_heads", "max_length", "chunk_size", "window")
 _INTS += ("redraw_interval", "head_dim", "feature_dim")  # (the last two may be None)
 _BOOLS = ("mlp", "tie_embeddings", "allow_neg_eigval", "out_norm", "out_gate")  # (last 2: None)
 _NUMBERS = ("mlp_ratio", "rope_base", "eps", "norm_eps", "feature_scale")  # (last: None)
@@ -78,9 +78,10 @@ class ModelConfig:
     Fields:
       vocab_size, d_model, num_layers, num_heads: sizes; `head_dim` defaults to d_model/num_heads.
       mixer: a registry name (`softmax`, `linear`, `favor`, `taylor`, `hedgehog`, `retnet`,
-        `gated`, `gla`) for every layer, or a tuple of names: one per layer, or a shorter
-        pattern whose length divides `num_layers`, repeated (`("gated", "softmax")` with 4 layers is
-        gated, softmax, gated, softmax).
+        `gated`, `gla`, `deltanet`, `gated_deltanet`, `swa`) for every layer, or a tuple of
+        names: one per layer, or a shorter pattern whose length divides `num_layers`, repeated
+        (`("gated", "softmax")` with 4 layers is gated, softmax, gated, softmax).
+        Based: `("taylor", "swa")` with feature_dim=16 (README, "Based").
       feature_map: fixed φ for `linear` / `retnet` / `gated` layers (None: each mixer's default).
       feature_dim: width for `favor` (random features), `taylor` (projected q/k), `hedgehog`.
       feature_scale: `linear` layers apply φ to feature_scale·q and feature_scale·k (None: 1).
@@ -97,6 +98,8 @@ class ModelConfig:
         the delta rule's for `deltanet` / `gated_deltanet`, which take "chunk" or "scan").
       allow_neg_eigval: `deltanet` / `gated_deltanet` with β = 2·sigmoid in (0, 2) (negative
         eigenvalues of the state transition).
+      window: tokens each `swa` layer sees (itself and window − 1 before; its decoding state
+        is a ring buffer of this many keys and values, whatever max_length).
       redraw_interval: training redraws `favor` projections every this many steps (0: never).
       dtype, param_dtype: compute and parameter dtypes (names).
       tie_embeddings: output head shares the token embedding.
@@ -129,6 +132,7 @@ class ModelConfig:
     chunk_size: int = 64
     eps: float = 1e-6
     allow_neg_eigval: bool = False
+    window: int = 64
     norm_eps: float = 1e-6
     redraw_interval: int = 0
     dtype: str = "float32"
@@ -142,6 +146,7 @@ class ModelConfig:
         for field in ("vocab_size", "d_model", "num_layers", "num_heads", "max_length"):
             _int(field, getattr(self, field))
         _int("chunk_size", self.chunk_size)
+        _int("window", self.window)
         _int("redraw_interval", self.redraw_interval, minimum=0)
         if self.head_dim is not None:
             _int("head_dim", self.head_dim)
@@ -218,6 +223,7 @@ class ModelConfig:
             "chunk_size",
             "eps",
             "allow_neg_eigval",
+            "window",
         ):
             if field in cls.USES:
                 options[field] = getattr(self, field)

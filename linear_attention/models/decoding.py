@@ -196,7 +196,8 @@ def state_size_bytes(config: ModelConfig) -> int:
 
     Linear mixers: the float32 `LinearAttentionState` (kv `H·M·Dv` + k_sum `H·M`) and the conv
     tail — fixed, whatever the context. Softmax mixers: the KV cache at `config.max_length`
-    (`2·L·H·D` in the compute dtype), which grows linearly with the context. Computed without
+    (`2·L·H·D` in the compute dtype), which grows linearly with the context. `swa` mixers: a ring
+    buffer of `window` keys and values (`2·W·H·D`, compute dtype), fixed. Computed without
     allocating, as init_state(batch 2) − init_state(batch 1), so the per-batch position counters
     are not counted.
     """

@@ -73,7 +73,7 @@ def test_presets_expand_and_validate(sweep):
     assert sizes == {
         ("mqar", "smoke"): 8,
         ("mqar", "cpu"): 96,  # 8 mixers x 2 widths x 3 lrs x 2 seeds
-        ("mqar", "default"): 1024,
+        ("mqar", "default"): 1280,  # 10 mixers (swa and Based included) x 4 x 4 x 4 x 2 seeds
         ("lm", "smoke"): 2,
         ("lm", "cpu"): 10,
         ("lm", "default"): 20,

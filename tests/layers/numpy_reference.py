@@ -82,8 +82,10 @@ def mixer_reference(
     causal = np.tril(np.ones((t, t), bool))
     log_decay_BTH = np.zeros((b, t, h))
     normalize = True
-    if name == "softmax":
-        logits = np.where(causal, s_BHTS / np.sqrt(dk), -np.inf)
+    if name in ("softmax", "swa"):  # swa: the last `window` keys only
+        lag = np.arange(t)[:, None] - np.arange(t)[None, :]
+        seen = causal if name == "softmax" else causal & (lag < mixer.window)
+        logits = np.where(seen, s_BHTS / np.sqrt(dk), -np.inf)
         weights = np.exp(logits - logits.max(-1, keepdims=True))
         eps = 0.0
     elif name == "linear":  # elu_plus_one (the default)

@@ -40,6 +40,8 @@ CASES = {
     "deltanet_scan": dict(method="scan", conv=False, allow_neg_eigval=True),
     "gated_deltanet": dict(chunk_size=4, allow_neg_eigval=True, rope=True),
     "gla": dict(conv=True, rope=True, chunk_size=5),
+    # window 4 < SPLIT: the prefill overflows the ring buffer and the steps wrap around it
+    "swa": dict(window=4, conv=True, rope=True, out_gate=True),
 }
 DELTA = ("deltanet", "gated_deltanet")
 
@@ -160,7 +162,7 @@ def test_softmax_cache_overflow_gives_nan_not_wrong_numbers():
         mixer.prefill(x[:, :5], mixer.init_state(B, 4))
 
 
-@pytest.mark.parametrize("name", ["gated", "softmax", "gated_deltanet"])
+@pytest.mark.parametrize("name", ["gated", "softmax", "gated_deltanet", "swa"])
 def test_bfloat16_compute(name):
     mixer32 = make(name)
     mixer16 = make(name, dtype=jnp.bfloat16)
@@ -176,7 +178,7 @@ def test_bfloat16_compute(name):
     assert y16_step.dtype == jnp.bfloat16
     core_dtypes = {leaf.dtype for leaf in jax.tree.leaves(state.core)}
     assert core_dtypes == (
-        {jnp.dtype(jnp.bfloat16)} if name == "softmax" else {jnp.dtype("float32")}
+        {jnp.dtype(jnp.bfloat16)} if name in ("softmax", "swa") else {jnp.dtype("float32")}
     )
 
 
@@ -246,6 +248,9 @@ BAD_OPTIONS = [
     (dict(reset_positions=1), "reset_positions must be a bool"),
     (dict(name="gla", feature_map="relu"), "does not use option feature_map"),
     (dict(name="gla", eps=1e-3), "does not use option eps"),
+    (dict(name="swa", window=0), "window must be an integer >= 1, got 0"),
+    (dict(name="swa", window=2.5), "window must be an integer >= 1, got 2.5"),
+    (dict(name="swa", method="chunk"), "does not use option method"),
 ]
 
 
@@ -271,7 +276,7 @@ def test_bad_inputs_raise():
 
 def test_registry_lists_every_family():
     assert set(MIXERS) == {
-        *("softmax", "linear", "favor", "taylor", "hedgehog", "retnet", "gated", "gla"),
+        *("softmax", "linear", "favor", "taylor", "hedgehog", "retnet", "gated", "gla", "swa"),
         *DELTA,
     }
     assert all(cls.NAME == name for name, cls in MIXERS.items())
@@ -309,7 +314,7 @@ def test_attention_inputs_reproduce_the_mixer(case):
     and passed through the output layers, give the float64 reference output of the mixer."""
     name = mixer_name(case)
     mixer, x = make(case), inputs()
-    if name in DELTA:  # not a weighted sum of values over (q·k): no AttentionInputs
+    if name in (*DELTA, "swa"):  # not the causal weighted sum of AttentionInputs
         with pytest.raises(ValueError, match="has no attention_inputs"):
             mixer.attention_inputs(x)
         return

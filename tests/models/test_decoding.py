@@ -149,6 +149,15 @@ def test_state_size_bytes_against_formulas():
     assert state_size_bytes(_config(mixer="retnet", max_length=1 << 20)) == 2 * linear(8)
     hybrid = lambda n: state_size_bytes(_config(mixer=("retnet", "softmax"), max_length=n))  # noqa: E731
     assert hybrid(64) - hybrid(32) == 2 * 32 * h * dv * 4
+    # swa: a ring buffer of `window` keys and values (compute dtype), whatever max_length
+    for n in (16, 1 << 20):
+        swa = _config(mixer="swa", window=5, max_length=n, dtype="bfloat16")
+        assert state_size_bytes(swa) == 2 * 2 * 5 * h * dv * 2
+    based = lambda n: state_size_bytes(  # noqa: E731
+        _config(mixer=("taylor", "swa"), feature_dim=4, window=5, max_length=n)
+    )
+    taylor_layer = state_size_bytes(_config(mixer="taylor", feature_dim=4)) // 2
+    assert based(16) == based(1 << 20) == taylor_layer + 2 * 5 * h * dv * 4
 
 
 def test_state_size_bytes_is_what_a_real_state_holds():

@@ -14,7 +14,8 @@ from linear_attention.models import LanguageModel, ModelConfig, ModelState, redr
 
 V, B, T, SPLIT = 32, 2, 12, 5
 ALL_MIXERS = ("linear", "favor", "taylor", "hedgehog", "retnet", "gated", "gla", "softmax")
-ALL_MIXERS += ("deltanet", "gated_deltanet")
+# (a layer after gated_deltanet: its chunk gradient must not leak across a reset, even rounding)
+ALL_MIXERS += ("deltanet", "gated_deltanet", "swa")
 
 
 def make(seed: int = 0, **fields):
@@ -54,6 +55,8 @@ CASES = {
     ),
     # the delta rule in a hybrid (its conv on by default), several chunks
     "hybrid_delta": dict(mixer=("gated_deltanet", "softmax"), chunk_size=4, allow_neg_eigval=True),
+    # Based: taylor + sliding window (window 3 < SPLIT: the ring buffer wraps), rope and conv
+    "based": dict(mixer=("taylor", "swa"), feature_dim=4, window=3, position="rope", conv=True),
 }
 # every mixer once (each path is checked per mixer in tests/layers)
 ALL = dict(
@@ -101,6 +104,18 @@ def test_causality_by_gradients():
         row_norm_T = jnp.abs(g_VD[toks[0]]).sum(-1)
         assert bool(jnp.all(row_norm_T[t + 1 :] == 0.0)), (t, row_norm_T)
         assert bool(jnp.all(row_norm_T[: t + 1] > 0.0)), (t, row_norm_T)
+
+
+def test_swa_sees_exactly_its_window_by_gradients():
+    """One swa layer (no conv, MLP or positions): logits at t depend on tokens t − W < s ≤ t."""
+    window = 3
+    model = make(mixer="swa", window=window, num_layers=1, mlp=False, tie_embeddings=False)
+    toks = jax.random.permutation(jax.random.key(0), V)[:T][None].repeat(B, 0)
+    w = jax.random.normal(jax.random.key(1), (V,))
+    for t in (0, 1, 6, T - 1):
+        row_norm_T = np.asarray(jnp.abs(_grad_embedding(model, toks, t, w)[toks[0]]).sum(-1))
+        seen = (np.arange(T) <= t) & (np.arange(T) > t - window)
+        assert (row_norm_T[~seen] == 0.0).all() and (row_norm_T[seen] > 0.0).all(), (t, row_norm_T)
 
 
 def test_bfloat16_model():

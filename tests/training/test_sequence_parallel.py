@@ -17,7 +17,7 @@ from tests.training.conftest import ROOT, tiny_mqar
 
 MIXERS = (
     "softmax", "linear", "favor", "taylor", "hedgehog", "retnet", "gated", "deltanet",
-    "gated_deltanet", "gla",
+    "gated_deltanet", "gla", "swa",
 )  # fmt: skip
 FEATURE_DIM = {"favor": 8, "taylor": 4, "hedgehog": 8}
 
@@ -62,8 +62,9 @@ def main(workdir):
         config = ModelConfig(
             vocab_size=32, d_model=16, num_layers=1, num_heads=2, mixer=name, conv=True,
             feature_dim=FEATURE_DIM.get(name), position=("rope", "learned")[i % 2],
-            max_length=T, chunk_size=4, mlp=False,
+            max_length=T, chunk_size=4, mlp=False, window=5,
         )  # fmt: skip
+        # (swa with window 5: a halo of 4 keys, one whole shard back)
         (g_one, s_one), (g_split, s_split) = (grads_and_stats(config, m) for m in (None, split))
         errs = [
             float(np.max(np.abs(np.asarray(a) - np.asarray(b))) / (np.max(np.abs(b)) + 1e-12))
