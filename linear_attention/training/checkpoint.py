@@ -91,17 +91,22 @@ class Checkpoints:
         """Restore step ``step`` into the structure, dtypes and shardings of ``abstract_state``
         (a State of `jax.ShapeDtypeStruct` with ``sharding`` set)."""
         target = nnx.to_pure_dict(abstract_state)
-        try:
-            restored = self.manager.restore(step, args=ocp.args.StandardRestore(target))
-        except (ValueError, KeyError, TypeError) as e:
-            # The files are intact (checked) but hold another tree: the config changed.
-            detail = self._tree_difference(step, target) or str(e).strip().split("\n")[0]
+        # Compare the trees first: a restore into another tree fails part-way and leaves orbax's
+        # pending reads to fail later, when garbage-collected (noise in whatever runs then).
+        detail = self._tree_difference(step, target)
+        if not detail:
+            try:
+                restored = self.manager.restore(step, args=ocp.args.StandardRestore(target))
+            except (ValueError, KeyError, TypeError) as e:
+                # The files are intact (checked) but hold another tree: the config changed.
+                detail = str(e).strip().split("\n")[0] or type(e).__name__
+        if detail:
             raise RunError(
                 f"checkpoint step {step} in {self.directory} does not fit this config's "
                 f"parameters and optimizer state ({detail}); the model or optimizer settings "
                 "(e.g. config.optimizer.grad_clip on/off) changed since it was saved: resume "
                 "with the same settings, or use another workdir"
-            ) from None
+            )
         state = jax.tree.map(lambda x: x, abstract_state)
         nnx.replace_by_pure_dict(state, restored)
         return state
@@ -110,7 +115,11 @@ class Checkpoints:
         """The first array path (and shape) the checkpoint and ``target`` disagree on."""
         try:
             item_dir = os.path.join(self.step_dir(step), "default")
-            saved = ocp.StandardCheckpointer().metadata(item_dir)
+            checkpointer = ocp.StandardCheckpointer()
+            try:
+                saved = checkpointer.metadata(item_dir)
+            finally:
+                checkpointer.close()
             saved = getattr(saved, "item_metadata", saved)
             saved = getattr(saved, "tree", saved)
             flat = lambda tree: {  # noqa: E731
