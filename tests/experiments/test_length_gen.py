@@ -119,3 +119,25 @@ def test_bad_arguments(tmp_path):
     assert lg.default_edges(128, 2048) == [0, 128, 256, 512, 1024, 2048]
     assert lg.default_edges(128, 128) == [0, 128]
     assert lg.default_edges(100, 300) == [0, 100, 200, 300]
+
+
+def test_sweep_config_is_the_lm_sweep_but_mixer_and_position():
+    sweep = load_module("experiments/sweep.py", "sweep_for_length_gen")
+    root = "configs/sweeps"
+    _, points = sweep.expand(sweep.load_sweep(f"{root}/length_gen.py:cpu"))
+    _, lm_points = sweep.expand(sweep.load_sweep(f"{root}/lm.py:cpu"))
+    (softmax,) = [p for p in lm_points if p.labels["mixer"] == "softmax"]
+    base = trainer.experiment_config(softmax.config).to_dict()
+    got = {}
+    for p in points:
+        cfg = trainer.experiment_config(p.config).to_dict()
+        got[p.labels["mixer"]] = (cfg["model"]["mixer"], cfg["model"]["position"])
+        for key in ("mixer", "position"):
+            cfg["model"].pop(key)
+            base["model"].pop(key, None)
+        assert cfg == base, p.labels["mixer"]
+    assert got == {
+        "softmax-learned": ("softmax", "learned"),
+        "softmax-rope": ("softmax", "rope"),
+        "swa": ("swa", "none"),
+    }
