@@ -14,8 +14,9 @@
    `benchmark.py`): `chunk` and `chunk_parallel` (elu+1 features computed outside, no decay,
    normalised) and softmax by `jax.nn.dot_product_attention(is_causal=True)`, forward and
    forward+backward (gradient of <f(q, k, v), g> w.r.t. q, k, v). Per T and dtype everything is
-   compiled, run once to warm up, then timed in R interleaved rounds (each starting one point
-   later, so that no point always follows one that freed large temporaries);
+   compiled, run once to warm up, then timed in R interleaved rounds (`benchmark.interleaved`:
+   a fresh random order each round, so that no point always follows one that freed large
+   temporaries);
    `chunk_parallel_speedup` is the median over rounds of t_chunk / t_chunk_parallel. A point is
    skipped (with the reason) when its compiled temporaries exceed the memory budget, when the
    same method, dtype and pass took over `--time_budget_s` at a smaller T, or once the whole
@@ -41,7 +42,7 @@ import numpy as np
 from linear_attention import kernels as K
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchmark import compile_point  # noqa: E402
+from benchmark import compile_point, interleaved  # noqa: E402
 from machine import machine_info  # noqa: E402
 
 B, H, D = 1, 4, 64
@@ -153,25 +154,6 @@ def make_inputs(T: int, dtype):
     phi = K.feature_maps.elu_plus_one
     cast = lambda *xs: tuple(x.astype(dtype) for x in xs)  # noqa: E731
     return {"raw": cast(q, k, v, g), "feat": cast(phi(q), phi(k), v, g)}
-
-
-def interleaved(points: dict, rounds: int, slow_s: float) -> dict:
-    """{key: (compiled, args)} -> {key: [seconds]}: a warm-up round, then `rounds` rounds that
-    each time every point once, each round starting one point later: what runs right after a
-    point that freed large temporaries pays for fresh memory pages, so no point is always there.
-    A point whose warm-up took over `slow_s` keeps that one run as its only measurement."""
-
-    def once(compiled, args):
-        start = time.perf_counter()
-        jax.block_until_ready(compiled(*args))
-        return time.perf_counter() - start
-
-    times = {key: [once(*point)] for key, point in points.items()}
-    fast = [key for key in points if times[key][0] <= slow_s]
-    for r in range(rounds if fast else 0):
-        for key in fast[r % len(fast) :] + fast[: r % len(fast)]:
-            times[key].append(once(*points[key]))
-    return times
 
 
 def run_timings(T_list, dtypes, repeats, budget_s, time_budget_s, mem_budget, log):

@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
 import sys
 import time
@@ -71,9 +72,10 @@ PRESETS = {
 }
 
 
-def _linear(method, chunk_size=DEFAULT_CHUNK, decay=None):
+def _linear(method, chunk_size=DEFAULT_CHUNK, decay=None, kernels=K):
     """`decay`: None, "head" (a [B, T, H] log decay) or "key" ([B, T, H, d], GLA), both computed
-    from q inside the timed function (−0.1·sigmoid), so the gradient reaches them."""
+    from q inside the timed function (−0.1·sigmoid), so the gradient reaches them. `kernels`:
+    the kernels package to call (another revision's, in `chunk_speed.py`)."""
 
     def f(q, k, v):
         a = None
@@ -81,7 +83,9 @@ def _linear(method, chunk_size=DEFAULT_CHUNK, decay=None):
             a = -0.1 * jax.nn.sigmoid(q[..., 0])
         elif decay == "key":
             a = -0.1 * jax.nn.sigmoid(q)
-        return K.causal_linear_attention(q, k, v, log_decay=a, method=method, chunk_size=chunk_size)
+        return kernels.causal_linear_attention(
+            q, k, v, log_decay=a, method=method, chunk_size=chunk_size
+        )
 
     return f
 
@@ -127,22 +131,29 @@ def compile_point(fn, mode: str, args):
     return jax.jit(grad).lower(*args).compile(), args
 
 
-def interleaved(points: dict, rounds: int, slow_s: float) -> dict:
+def interleaved(points: dict, rounds: int, slow_s: float, cpu_times: dict | None = None) -> dict:
     """{key: (compiled, args)} -> {key: [seconds]}: a timed warm-up round, then `rounds` rounds
-    that each time every point once. A point whose warm-up run took over `slow_s` keeps that one
-    post-compilation run as its only measurement (listed first in every point's times, so index
-    0 is always the same round)."""
+    that each time every point once, in a fresh (seeded) random order: the run right after a
+    point that freed large temporaries pays for fresh memory pages, and a fixed or rotated order
+    would always put the same neighbour there. A point whose warm-up run took over `slow_s`
+    keeps that one post-compilation run as its only measurement (listed first in every point's
+    times, so index 0 is always the same round). With `cpu_times` (a dict), each run's process
+    CPU time (user + system, all threads) is recorded there under the same keys and indices."""
+    cpu_times = {} if cpu_times is None else cpu_times
 
-    def once(compiled, args):
-        start = time.perf_counter()
+    def once(key):
+        compiled, args = points[key]
+        cpu, start = time.process_time(), time.perf_counter()
         jax.block_until_ready(compiled(*args))
+        cpu_times.setdefault(key, []).append(time.process_time() - cpu)
         return time.perf_counter() - start
 
-    times = {key: [once(*point)] for key, point in points.items()}
-    fast = {key: point for key, point in points.items() if times[key][0] <= slow_s}
-    for _ in range(rounds):
-        for key, point in fast.items():
-            times[key].append(once(*point))
+    times = {key: [once(key)] for key in points}
+    fast = [key for key in points if times[key][0] <= slow_s]
+    order = random.Random(0)
+    for _ in range(rounds if fast else 0):
+        for key in order.sample(fast, len(fast)):
+            times[key].append(once(key))
     return times
 
 

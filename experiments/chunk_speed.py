@@ -1,135 +1,166 @@
-"""The chunk kernel's CPU speed before and after a change, in one process, against the baselines.
+"""The chunk kernel's CPU speed against the issue-13 targets, and against another revision.
 
-    python experiments/chunk_speed.py --out runs/chunk_speed --before d5babeb   # ~2 min here
-    python experiments/chunk_speed.py --out /tmp/cs --T 256 --repeats 1         # smoke test
+    python experiments/chunk_speed.py --out runs/chunk_speed                    # ~1 min here
+    python experiments/chunk_speed.py --out runs/cs --before d5babeb --decays none head key
+    python experiments/chunk_speed.py --out /tmp/cs --T 256 --repeats 1 --matmul_n 64  # smoke
 
-Loads `kernels/chunked.py` of the working tree ("after") and, with `--before REV`, the same file
-at a git revision ("before") as a second module, and times both, `naive_chunked_causal` of
-`baselines.py` and a float32 N×N matmul (the machine's matmul peak), forward and
-forward+backward, in interleaved rounds that each start one point later (B=1, H=4, d=64,
-chunk 64, elu+1 features, normalised, no decay: the issue's headline shape at T=16384). Each run
-is timed in wall time and in process CPU time (user + system, all threads): on a machine shared
-with other jobs, the CPU time is what the run itself cost. Reported per round and as medians:
-ms, speedups over the naive form (median over rounds of t_naive / t), the forward's fraction of
-the matmul peak (forward FLOPs 4·T·H·(C·d + d²) per second over the matmul's), and XLA's
-temporary memory. Writes `results.json` and `speed.png`.
+Times, in one process, `causal_linear_attention(method="chunk")` (the library call, as in
+`benchmark.py`: B=1, H=4, d=64, float32, chunk 64, elu+1 features computed outside, normalised)
+for each decay kind asked for — none, per head ([B, T, H]) and per key dimension ([B, T, H, d]),
+both −0.1·sigmoid(q) inside the timed function — with `--before REV` the same calls into the
+`linear_attention/kernels` package of git revision REV (loaded beside the tree's), the
+baseline `naive_chunked_causal` of `baselines.py` (no decay) and a float32 N×N matmul (the
+machine's matmul peak). Forward `f(q, k, v)` and forward+backward (the gradient of
+<f(q, k, v), g> w.r.t. q, k, v), compiled first, then timed by `benchmark.interleaved`: a
+warm-up round and R rounds, each in a fresh random order, in wall time and in process CPU time
+(user + system, all threads: on a shared machine what the run itself cost). Ratios are medians
+over rounds of the ratio within a round.
+
+Reports the issue's targets at the headline shape (T=16384, no decay): forward ≥ 3.5× and
+forward+backward ≥ 3× faster than the naive chunked form, forward at ≥ 0.40 of the matmul peak
+(forward FLOPs 4·T·H·(C·d + d²) per second over the matmul's, per round), gradient temporaries
+(XLA's compiled `temp_size_in_bytes`) ≤ 64 MiB; each in wall and CPU time. Writes
+`results.json` and `speed.png`; prints a markdown table.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import importlib
+import io
 import json
 import os
 import statistics
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from pathlib import Path
 
-import jax
-import jax.numpy as jnp
-
-from linear_attention import kernels as K
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "experiments"))
 from baselines import naive_chunked_causal  # noqa: E402
+from benchmark import (  # noqa: E402
+    DEFAULT_CHUNK,
+    B,
+    D,
+    H,
+    _linear,
+    chunk_flops,
+    compile_point,
+    interleaved,
+    make_inputs,
+    matmul_point,
+)
 from machine import machine_info  # noqa: E402
 
-B, H, D, C = 1, 4, 64, 64
-KERNEL = "linear_attention/kernels/chunked.py"
+DECAYS = ("none", "head", "key")
+MODES = ("fwd", "grad")
+CLOCKS = ("wall", "cpu")
+# the issue's targets: (record field, comparison, bound)
+TARGETS = {
+    "fwd_speedup_vs_naive": (">=", 3.5),
+    "grad_speedup_vs_naive": (">=", 3.0),
+    "fwd_fraction_of_peak": (">=", 0.40),
+    "grad_temp_MiB": ("<=", 64.0),
+}
 
 
-def load_kernel(rev: str | None):
-    """`causal_chunked` of the working tree (rev None) or of KERNEL at git revision `rev`."""
-    path = ROOT / KERNEL
-    if rev is not None:
-        source = subprocess.run(
-            ["git", "-C", str(ROOT), "show", f"{rev}:{KERNEL}"],
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout
-        path = Path(tempfile.mkdtemp()) / f"chunked_{rev}.py"
-        path.write_text(source)
-    spec = importlib.util.spec_from_file_location(f"chunked_{rev or 'tree'}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-
-    def fn(q, k, v):
-        kv0, z0 = jnp.zeros((B, H, D, D)), jnp.zeros((B, H, D))
-        return module.causal_chunked(
-            q, k, v, None, kv0, z0, chunk_size=C, normalize=True, eps=1e-6
-        )[0]
-
-    return fn
+def load_kernels(rev: str, into: Path):
+    """The `linear_attention/kernels` package of git revision `rev`, importable beside the tree's
+    (extracted under `into` as `la_<rev>`, its imports renamed)."""
+    tar = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", rev, "linear_attention/kernels"],
+        check=True,
+        capture_output=True,
+    ).stdout
+    with tarfile.open(fileobj=io.BytesIO(tar)) as t:
+        t.extractall(into, filter="data")
+    name = f"la_{rev}".replace("-", "_").replace("~", "_").replace("^", "_")
+    pkg = into / name
+    (into / "linear_attention").rename(pkg)
+    (pkg / "__init__.py").write_text("")
+    for f in pkg.rglob("*.py"):
+        f.write_text(f.read_text().replace("linear_attention.", f"{name}."))
+    sys.path.insert(0, str(into))
+    return importlib.import_module(f"{name}.kernels")
 
 
-def compile_points(fns: dict, T: int, matmul_n: int) -> dict:
-    q, k, v, g = (
-        jax.random.normal(key, (B, T, H, D), jnp.float32)
-        for key in jax.random.split(jax.random.key(0), 4)
-    )
-    q, k = K.feature_maps.elu_plus_one(q), K.feature_maps.elu_plus_one(k)
-    points = {}
-    for name, fn in fns.items():
-        points[name, "fwd"] = (jax.jit(fn).lower(q, k, v).compile(), (q, k, v))
-        grad = jax.grad(lambda q, k, v, g, fn=fn: jnp.vdot(fn(q, k, v), g), argnums=(0, 1, 2))
-        points[name, "grad"] = (jax.jit(grad).lower(q, k, v, g).compile(), (q, k, v, g))
-    a = jax.random.normal(jax.random.key(1), (matmul_n, matmul_n), jnp.float32)
-    points["matmul", "fwd"] = (jax.jit(jnp.matmul).lower(a, a).compile(), (a, a))
-    return points
+def compile_points(kernels: dict, decays, T: int, matmul_n: int, log) -> tuple[dict, dict]:
+    """{(name, decay, mode): (compiled, args)} and {(name, decay, mode): reason} for the skipped."""
+    inputs = make_inputs(T)["feat"]
+    points, skipped = {}, {}
+    for mode in MODES:
+        points["naive", "none", mode] = compile_point(naive_chunked_causal, mode, inputs)
+        for name, kern in kernels.items():
+            for decay in decays:
+                fn = _linear("chunk", DEFAULT_CHUNK, None if decay == "none" else decay, kern)
+                try:
+                    points[name, decay, mode] = compile_point(fn, mode, inputs)
+                except (ValueError, TypeError) as e:  # an old revision without that decay kind
+                    skipped[name, decay, mode] = f"{type(e).__name__}: {e}"
+                    log(f"skip {name} {decay} {mode}: {e}")
+    points["matmul", "none", "fwd"] = matmul_point(matmul_n)
+    return points, skipped
 
 
-def time_rounds(points: dict, rounds: int) -> dict:
-    """{key: {"wall": [s], "cpu": [s]}} over `rounds` rounds after one warm-up round.
-
-    Each round starts one point later than the previous: what runs right after the naive form
-    (which frees ~150 MiB of temporaries) pays for fresh pages, so no point may always be there.
-    """
-    times = {key: {"wall": [], "cpu": []} for key in points}
-    keys = list(points)
-    for r in range(rounds + 1):
-        for key in keys[r % len(keys) :] + keys[: r % len(keys)]:
-            compiled, args = points[key]
-            c0, t0 = time.process_time(), time.perf_counter()
-            jax.block_until_ready(compiled(*args))
-            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-            if r:
-                times[key]["wall"].append(wall)
-                times[key]["cpu"].append(cpu)
-    return times
+def _ratio(num, den):
+    """Median over rounds of num / den within a round (index 0, the warm-up, left out)."""
+    return statistics.median(n / d for n, d in zip(num[1:], den[1:], strict=True))
 
 
-def summarize(times: dict, points: dict, T: int, matmul_n: int) -> list[dict]:
-    flops = 4.0 * B * T * H * (C * D + D * D)
+def summarize(points: dict, times: dict, T: int, matmul_n: int, before: str | None) -> list:
+    flops = chunk_flops(T, DEFAULT_CHUNK)
     records = []
-    for (name, mode), ts in times.items():
+    for key, (compiled, _) in points.items():
+        name, decay, mode = key
         if name == "matmul":
             continue
         rec = dict(
             name=name,
+            decay=decay,
             mode=mode,
             T=T,
-            temp_MiB=points[name, mode][0].memory_analysis().temp_size_in_bytes / 2**20,
+            temp_MiB=compiled.memory_analysis().temp_size_in_bytes / 2**20,
         )
-        for clock in ("wall", "cpu"):
-            own, naive = ts[clock], times["naive", mode][clock]
-            rec[f"{clock}_ms"] = statistics.median(own) * 1e3
+        for clock in CLOCKS:
+            own = times[clock][key]
             rec[f"{clock}_times_s"] = own
-            rec[f"{clock}_speedup_vs_naive"] = statistics.median(
-                n / t for n, t in zip(naive, own, strict=True)
-            )
-            if mode == "fwd":
-                peak = [2.0 * matmul_n**3 / t for t in times["matmul", "fwd"][clock]]
+            rec[f"{clock}_ms"] = statistics.median(own[1:]) * 1e3
+            rec[f"{clock}_min_ms"] = min(own[1:]) * 1e3
+            if decay == "none":
+                rec[f"{clock}_speedup_vs_naive"] = _ratio(times[clock]["naive", "none", mode], own)
+            if before is not None and name == "chunk" and (f"@{before}", decay, mode) in points:
+                rec[f"{clock}_over_before"] = _ratio(own, times[clock][f"@{before}", decay, mode])
+            if mode == "fwd" and decay == "none":
+                mm = times[clock]["matmul", "none", "fwd"]
+                peak = [2.0 * matmul_n**3 / t for t in mm[1:]]
                 rec[f"{clock}_matmul_gflops"] = statistics.median(peak) / 1e9
                 rec[f"{clock}_fraction_of_peak"] = statistics.median(
-                    flops / t / p for t, p in zip(own, peak, strict=True)
+                    flops / t / p for t, p in zip(own[1:], peak, strict=True)
                 )
         records.append(rec)
     return records
+
+
+def targets(records: list, name: str = "chunk") -> dict:
+    """The issue's four targets for `name` (no decay), per clock: value and whether it is met."""
+    rec = {r["mode"]: r for r in records if r["name"] == name and r["decay"] == "none"}
+    out = {}
+    for clock in CLOCKS:
+        values = {
+            "fwd_speedup_vs_naive": rec["fwd"][f"{clock}_speedup_vs_naive"],
+            "grad_speedup_vs_naive": rec["grad"][f"{clock}_speedup_vs_naive"],
+            "fwd_fraction_of_peak": rec["fwd"][f"{clock}_fraction_of_peak"],
+            "grad_temp_MiB": rec["grad"]["temp_MiB"],
+        }
+        out[clock] = {
+            field: dict(value=v, bound=b, met=(v >= b) if op == ">=" else (v <= b))
+            for field, v in values.items()
+            for op, b in [TARGETS[field]]
+        }
+    return out
 
 
 def plot(records, path: Path) -> None:
@@ -138,70 +169,115 @@ def plot(records, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for ax, clock in zip(axes, ("wall", "cpu"), strict=True):
-        names = list(dict.fromkeys(r["name"] for r in records))
-        for i, mode in enumerate(("fwd", "grad")):
-            ys = [
-                next(r[f"{clock}_ms"] for r in records if (r["name"], r["mode"]) == (n, mode))
-                for n in names
-            ]
-            ax.bar([j + 0.4 * i for j in range(len(names))], ys, 0.4, label=mode)
-        ax.set_xticks([j + 0.2 for j in range(len(names))], names)
-        ax.set(title=f"{clock} time, median (ms)", ylabel="ms")
+    labels = list(dict.fromkeys(f"{r['name']}\n{r['decay']}" for r in records))
+    fig, axes = plt.subplots(1, 2, figsize=(max(8, 1.6 * len(labels)), 4))
+    for ax, clock in zip(axes, CLOCKS, strict=True):
+        for i, mode in enumerate(MODES):
+            ys = {
+                f"{r['name']}\n{r['decay']}": r[f"{clock}_ms"] for r in records if r["mode"] == mode
+            }
+            ax.bar([j + 0.4 * i for j in range(len(labels))], [ys.get(l, 0) for l in labels], 0.4,
+                   label=mode)  # fmt: skip
+        ax.set_xticks([j + 0.2 for j in range(len(labels))], labels, fontsize=8)
+        ax.set(title=f"{clock} time, median (ms)", ylabel="ms", yscale="log")
         ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-def run(out, before=None, T=16384, repeats=9, matmul_n=2048, log=print):
+def table(results) -> str:
+    lines = [
+        "| kernel | decay | pass | wall ms (min) | CPU ms (min) | × naive wall / CPU "
+        "| over before wall / CPU | peak fraction wall / CPU | temp MiB |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+
+    def pair(r, field, fmt):
+        if f"wall_{field}" not in r:
+            return ""
+        return f"{r[f'wall_{field}']:{fmt}} / {r[f'cpu_{field}']:{fmt}}"
+
+    for r in results["records"]:
+        lines.append(
+            f"| {r['name']} | {r['decay']} | {r['mode']} "
+            f"| {r['wall_ms']:.1f} ({r['wall_min_ms']:.1f}) | {r['cpu_ms']:.1f} "
+            f"({r['cpu_min_ms']:.1f}) | {pair(r, 'speedup_vs_naive', '.2f')} "
+            f"| {pair(r, 'over_before', '.3f')} | {pair(r, 'fraction_of_peak', '.2f')} "
+            f"| {r['temp_MiB']:.1f} |"
+        )
+    lines.append("")
+    for name, per_clock in results["targets"].items():
+        for clock, ts in per_clock.items():
+            lines.append(
+                f"{name}, {clock}: "
+                + ", ".join(
+                    f"{f} {t['value']:.2f} ({'met' if t['met'] else 'NOT met'}, bound {t['bound']})"
+                    for f, t in ts.items()
+                )
+            )
+    m = results["machine"]
+    lines.append(f"load average {m['load_avg_start']} -> {m['load_avg_end']}")
+    return "\n".join(lines)
+
+
+def run(out, before=None, T=16384, repeats=9, matmul_n=2048, decays=("none",), log=print):
     """Time the kernels into `out`; returns the results dict (also written as results.json)."""
-    if T < C or T % C or repeats < 1:
-        raise ValueError(f"T must be a multiple of {C} and repeats >= 1, got {T=}, {repeats=}")
+    if T < DEFAULT_CHUNK or T % DEFAULT_CHUNK or repeats < 1 or not set(decays) <= set(DECAYS):
+        raise ValueError(
+            f"T must be a multiple of {DEFAULT_CHUNK} (the naive form's chunk), repeats >= 1 and "
+            f"decays in {DECAYS}; got {T=}, {repeats=}, {decays=}"
+        )
+    if "none" not in decays:
+        decays = ("none", *decays)  # the targets are stated without decay
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    fns = {"naive": naive_chunked_causal, "chunk": load_kernel(None)}
-    if before is not None:
-        fns[f"chunk@{before}"] = load_kernel(before)
     start = time.time()
     results = dict(
         machine=machine_info(),
-        config=dict(T=T, B=B, H=H, d=D, chunk_size=C, repeats=repeats, matmul_n=matmul_n),
+        config=dict(
+            T=T,
+            B=B,
+            H=H,
+            d=D,
+            chunk_size=DEFAULT_CHUNK,
+            repeats=repeats,
+            matmul_n=matmul_n,
+            decays=list(decays),
+        ),  # fmt: skip
         before=before,
     )
-    points = compile_points(fns, T, matmul_n)
-    times = time_rounds(points, repeats)
-    results["records"] = summarize(times, points, T, matmul_n)
+    with tempfile.TemporaryDirectory() as tmp:
+        from linear_attention import kernels as K
+
+        kernels = {"chunk": K}
+        if before is not None:
+            kernels[f"@{before}"] = load_kernels(before, Path(tmp))
+        points, skipped = compile_points(kernels, decays, T, matmul_n, log)
+        cpu = {}
+        wall = interleaved(points, repeats, slow_s=float("inf"), cpu_times=cpu)
     results["machine"].update(load_avg_end=os.getloadavg(), wall_s=time.time() - start)
+    results["records"] = summarize(points, {"wall": wall, "cpu": cpu}, T, matmul_n, before)
+    results["skipped"] = [
+        dict(name=n, decay=d, mode=m, reason=r) for (n, d, m), r in skipped.items()
+    ]
+    results["targets"] = {name: targets(results["records"], name) for name in kernels}
     (out / "results.json").write_text(json.dumps(results, indent=1))
     plot(results["records"], out / "speed.png")
-    for r in results["records"]:
-        log(
-            f"{r['name']:>16} {r['mode']:4}: wall {r['wall_ms']:7.1f} ms "
-            f"({r['wall_speedup_vs_naive']:.2f}x naive), cpu {r['cpu_ms']:7.1f} ms "
-            f"({r['cpu_speedup_vs_naive']:.2f}x naive)"
-            + (
-                f", peak fraction wall {r['wall_fraction_of_peak']:.2f} "
-                f"cpu {r['cpu_fraction_of_peak']:.2f}"
-                if r["mode"] == "fwd"
-                else ""
-            )
-            + f", temp {r['temp_MiB']:.1f} MiB"
-        )
-    log(f"load average {results['machine']['load_avg_start']} -> {os.getloadavg()}")
+    log(table(results))
     return results
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="runs/chunk_speed")
-    p.add_argument("--before", help="git revision whose kernels/chunked.py is timed as well")
+    p.add_argument("--before", help="git revision whose kernels are timed as well")
     p.add_argument("--T", type=int, default=16384)
     p.add_argument("--repeats", type=int, default=9)
     p.add_argument("--matmul_n", type=int, default=2048)
+    p.add_argument("--decays", nargs="+", default=["none"], choices=DECAYS)
     a = p.parse_args(argv)
-    run(a.out, a.before, a.T, a.repeats, a.matmul_n)
+    run(a.out, a.before, a.T, a.repeats, a.matmul_n, tuple(a.decays))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""experiments/chunk_speed.py: a tiny run end to end (files, every point, ratios from the raw
-times), and the kernel it loads from a git revision computes what the library computes."""
+"""experiments/chunk_speed.py: a tiny run end to end (files, every point, ratios and targets from
+the raw times), the kernels it loads from a git revision compute what the library computes, and
+benchmark.interleaved (its timer) times every point every round in varying order."""
 
 import json
 import statistics
@@ -18,27 +19,55 @@ def cs():
 
 
 def test_tiny_run_before_and_after(cs, tmp_path):
-    res = cs.run(tmp_path, before="HEAD", T=128, repeats=2, matmul_n=64, log=lambda _: None)
+    res = cs.run(
+        tmp_path, before="HEAD", T=128, repeats=2, matmul_n=64, decays=("head",), log=lambda _: None
+    )
     assert (tmp_path / "speed.png").stat().st_size > 0
     assert json.loads((tmp_path / "results.json").read_text())["before"] == "HEAD"
-    recs = {(r["name"], r["mode"]): r for r in res["records"]}
-    assert set(recs) == {(n, m) for n in ("naive", "chunk", "chunk@HEAD") for m in ("fwd", "grad")}
-    for (_, mode), r in recs.items():
+    recs = {(r["name"], r["decay"], r["mode"]): r for r in res["records"]}
+    expected = {("naive", "none", m) for m in ("fwd", "grad")} | {
+        (n, d, m) for n in ("chunk", "@HEAD") for d in ("none", "head") for m in ("fwd", "grad")
+    }
+    assert set(recs) == expected
+    for (name, decay, mode), r in recs.items():
         for clock in ("wall", "cpu"):
-            own, naive = r[f"{clock}_times_s"], recs["naive", mode][f"{clock}_times_s"]
-            assert len(own) == 2 and min(own) >= 0
-            ratio = statistics.median(n / t for n, t in zip(naive, own, strict=True))
-            assert r[f"{clock}_speedup_vs_naive"] == pytest.approx(ratio)
-        if mode == "fwd":
-            assert 0 < r["wall_fraction_of_peak"] and r["temp_MiB"] >= 0
+            own = r[f"{clock}_times_s"]
+            assert len(own) == 3 and min(own) >= 0  # warm-up + 2 rounds
+            assert r[f"{clock}_ms"] == pytest.approx(1e3 * statistics.median(own[1:]))
+            if decay == "none":
+                naive = recs["naive", "none", mode][f"{clock}_times_s"]
+                ratio = statistics.median(n / t for n, t in zip(naive[1:], own[1:], strict=True))
+                assert r[f"{clock}_speedup_vs_naive"] == pytest.approx(ratio)
+            if name == "chunk":
+                old = recs["@HEAD", decay, mode][f"{clock}_times_s"]
+                ratio = statistics.median(t / o for t, o in zip(own[1:], old[1:], strict=True))
+                assert r[f"{clock}_over_before"] == pytest.approx(ratio)
+        if mode == "fwd" and decay == "none":
+            assert r["wall_fraction_of_peak"] > 0
+    t = res["targets"]["chunk"]["cpu"]
+    assert t["grad_temp_MiB"]["value"] == recs["chunk", "none", "grad"]["temp_MiB"]
+    assert t["grad_temp_MiB"]["met"] == (t["grad_temp_MiB"]["value"] <= 64)
+    speedup = recs["chunk", "none", "fwd"]["cpu_speedup_vs_naive"]
+    assert t["fwd_speedup_vs_naive"] == dict(value=speedup, bound=3.5, met=speedup >= 3.5)
 
 
-def test_loaded_kernels_compute_the_library_numbers(cs):
+def test_loaded_kernels_compute_the_library_numbers(cs, tmp_path):
     q, k, v = (jax.random.uniform(key, (cs.B, 70, cs.H, cs.D)) for key in jax.random.split(
         jax.random.key(0), 3))  # fmt: skip
     ref = K.causal_linear_attention(q, k, v, method="quadratic")
-    for rev in (None, "HEAD"):
-        o = cs.load_kernel(rev)(q, k, v)
-        np.testing.assert_allclose(o, ref, rtol=1e-4, atol=1e-5)
+    old = cs.load_kernels("HEAD", tmp_path)
+    np.testing.assert_allclose(old.causal_linear_attention(q, k, v), ref, rtol=1e-4, atol=1e-5)
     with pytest.raises(ValueError, match="multiple"):
-        cs.run("/tmp/unused", T=100)
+        cs.run(tmp_path, T=100)
+
+
+def test_interleaved_times_every_point_every_round_in_varying_order():
+    bench = load_module("experiments/benchmark.py", "benchmark_for_chunk_speed")
+    calls = []
+    points = {i: (lambda i=i: calls.append(i), ()) for i in range(4)}
+    cpu = {}
+    times = bench.interleaved(points, rounds=6, slow_s=float("inf"), cpu_times=cpu)
+    assert all(len(times[i]) == len(cpu[i]) == 7 for i in range(4))
+    rounds = [tuple(calls[4 * r : 4 * r + 4]) for r in range(7)]
+    assert all(sorted(r) == [0, 1, 2, 3] for r in rounds)
+    assert len({r[r.index(0) - 1] for r in rounds[1:]}) > 1  # not always the same predecessor
