@@ -17,8 +17,10 @@ the first shard) are never seen.
 
 Algorithm, O(T·W) time and memory (never a T×T mask or logits):
 
-  1. Cut the queries into blocks of `c ≥ W − 1` steps and left-pad the keys so that key block
-     i + 1 holds the keys of query block i, and key block 0 the keys before the queries.
+  1. Cut the queries into blocks of `c = max(block_size, W)` steps and left-pad the keys so that
+     key block i + 1 holds the keys of query block i, and key block 0 the keys before the
+     queries. (Tq ≤ c: one query block against all the keys, unpadded: a decoding step
+     costs O(W).)
   2. Query block i attends to key blocks i and i + 1 ([c, 2c] logits per block) under the band
      mask 0 ≤ (query position − key position) < W (plus key validity and segment ids).
   3. A softmax over the 2c keys of each row; rows with no visible key give zeros.
@@ -73,29 +75,36 @@ def sliding_window_attention(
     # Keys more than W − 1 before the first query are seen by no query: drop them.
     num_prefix = min(tk - tq, window - 1)
     k, v = k[:, tk - tq - num_prefix :], v[:, tk - tq - num_prefix :]
-    # c ≥ W − 1 so that a query's window lies in its own key block and the one before; a
-    # single block (c ≥ Tq) only needs to hold the prefix.
-    c = min(max(block_size, window), max(tq, num_prefix, 1))
-    n = -(-tq // c)
+    k32, v32 = _quarantine(k, v)
+    c = max(block_size, window)  # ≥ W − 1: a window lies in its own key block and the one before
+    if tq <= c:
+        # One query block (a decoding step, a short sequence): it sees all the keys, no padding.
+        c, n, lead = tq, 1, num_prefix
+
+        def key_blocks(x_BT_):
+            return x_BT_[:, None]
+    else:
+        n, lead = -(-tq // c), c
+
+        def key_blocks(x_BT_):
+            """[B, Tk', ...] -> [B, N, 2c, ...]: key blocks i and i + 1 for query block i."""
+            pad = ((0, 0), (c - num_prefix, n * c - tq)) + ((0, 0),) * (x_BT_.ndim - 2)
+            x_BMC_ = jnp.pad(x_BT_, pad).reshape(b, n + 1, c, *x_BT_.shape[2:])
+            return jnp.concatenate([x_BMC_[:, :-1], x_BMC_[:, 1:]], axis=2)
+
     q_scaled = jnp.asarray(q, f32) * _scale(scale, d)
     q_BNCHD = jnp.pad(q_scaled, ((0, 0), (0, n * c - tq), (0, 0), (0, 0))).reshape(b, n, c, h, d)
-    k32, v32 = _quarantine(k, v)
-    pad = ((0, 0), (c - num_prefix, n * c - tq), (0, 0), (0, 0))
-
-    def pairs(x_BTHE):
-        """[B, Tk', H, E] -> [B, N, 2c, H, E]: key blocks i and i + 1 for query block i."""
-        x_BMCHE = jnp.pad(x_BTHE, pad).reshape(b, n + 1, c, h, x_BTHE.shape[-1])
-        return jnp.concatenate([x_BMCHE[:, :-1], x_BMCHE[:, 1:]], axis=2)
-
-    k_BNSHD, v_BNSHE = pairs(k32), pairs(v32)
+    k_BNSHD, v_BNSHE = key_blocks(k32), key_blocks(v32)
 
     # ------------------------------------------------------------ 2. band-masked logits
+    # Query row r of block i is query i·c + r; key slot s of its span is key i·c + s − lead of
+    # the queries' own (slot `lead` is the key of the block's first query).
     logits_BHNCS = jnp.einsum("bnchd,bnshd->bhncs", q_BNCHD, k_BNSHD)
     i_N11 = jnp.arange(n)[:, None, None]
     r_1C1 = jnp.arange(c)[None, :, None]
-    s_11S = jnp.arange(2 * c)[None, None, :]
-    lag_NCS = r_1C1 + c - s_11S  # query position − key position
-    key_index_NCS = i_N11 * c + s_11S - (c - num_prefix)  # index into the (trimmed) keys
+    s_11S = jnp.arange(k_BNSHD.shape[2])[None, None, :]
+    lag_NCS = r_1C1 + lead - s_11S  # query position − key position
+    key_index_NCS = i_N11 * c + s_11S - lead + num_prefix  # index into the (trimmed) keys
     visible_NCS = (lag_NCS >= 0) & (lag_NCS < window)
     visible_NCS &= (key_index_NCS >= 0) & (key_index_NCS < tq + num_prefix)
     # absolute key position = position − num_prefix + key index: never before the sequence
@@ -103,9 +112,7 @@ def sliding_window_attention(
     visible = visible_NCS[None]  # [1, N, C, S]
     if segment_ids is not None:  # (then num_prefix = 0)
         seg_BNC = jnp.pad(segment_ids, ((0, 0), (0, n * c - tq))).reshape(b, n, c)
-        seg_BNS = jnp.pad(segment_ids, ((0, 0), (c, n * c - tq))).reshape(b, n + 1, c)
-        seg_BNS = jnp.concatenate([seg_BNS[:, :-1], seg_BNS[:, 1:]], axis=2)
-        visible = visible & (seg_BNC[..., :, None] == seg_BNS[..., None, :])
+        visible = visible & (seg_BNC[..., :, None] == key_blocks(segment_ids)[..., None, :])
     logits_BHNCS = jnp.where(visible[:, None], logits_BHNCS, -jnp.inf)
 
     # ------------------------------------------------------------ 3. softmax over the band

@@ -412,3 +412,21 @@ def test_bad_segment_ids_raise():
         mixer(x, jnp.zeros((T,), jnp.int32))
     with split_sequence("seq"), pytest.raises(ValueError, match="with a split time axis"):
         mixer(x, jnp.zeros((B, T), jnp.int32))
+
+
+def test_swa_split_time_needs_shards_of_window_minus_one():
+    """Under a split time axis each shard takes a halo of window − 1 keys from the one before:
+    a shorter shard raises, naming the window and config.mesh.seq (trace time, one device)."""
+    from jax.sharding import PartitionSpec as P
+
+    mixer = get_mixer("swa")(D, H, window=T + 2, rngs=nnx.Rngs(0))
+    graphdef, state = nnx.split(mixer)
+
+    def split_call(state, x):
+        with split_sequence("seq"):
+            return nnx.merge(graphdef, state)(x)
+
+    mesh = jax.make_mesh((1,), ("seq",))
+    f = jax.shard_map(split_call, mesh=mesh, in_specs=(P(), P()), out_specs=P())
+    with pytest.raises(ValueError, match=r"swa window=14 needs shards of at least .* = 13 tokens"):
+        f(state, inputs())
