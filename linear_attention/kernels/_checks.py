@@ -28,6 +28,37 @@ def check_same(names: Sequence[str], arrays: Sequence, axes: Sequence[int], what
         raise ValueError(f"{' / '.join(names)} disagree on {what} ({shapes})")
 
 
+# What each axis letter of a layout stands for, in messages.
+AXES = {
+    "B": "B (batch)",
+    "T": "T (time)",
+    "Tk": "Tk (key length)",
+    "H": "H (heads)",
+    "M": "M (feature width)",
+    "K": "K (key width)",
+    "D": "D (query/key width)",
+    "L": "L (cache length)",
+}
+
+
+def check_layouts(**arrays) -> dict[str, int]:
+    """Check arrays against their layouts, e.g. `check_layouts(q=(q, "[B, T, H, M]"), ...)`: each
+    has its layout's rank, and each axis letter has one size in every array it appears in.
+    Returns the sizes by letter. Ranks are checked first (in argument order), then the axes in
+    order of first appearance, so a message names the first thing that is wrong."""
+    axes = {}
+    for name, (x, layout) in arrays.items():
+        axes[name] = layout.strip("[]").split(", ")
+        check_rank(name, x, len(axes[name]), layout)
+    sizes = {}
+    for axis in dict.fromkeys(a for names in axes.values() for a in names):
+        holders = [name for name in arrays if axis in axes[name]]
+        positions = [axes[name].index(axis) for name in holders]
+        check_same(holders, [arrays[n][0] for n in holders], positions, AXES.get(axis, axis))
+        sizes[axis] = jnp.shape(arrays[holders[0]][0])[positions[0]]
+    return sizes
+
+
 def check_choice(name: str, value, allowed: Sequence) -> None:
     """Raise unless `value` is one of `allowed`."""
     if value not in allowed:

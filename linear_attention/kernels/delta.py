@@ -51,10 +51,9 @@ import jax.numpy as jnp
 from linear_attention.kernels._checks import (
     check_choice,
     check_float,
+    check_layouts,
     check_log_decay,
     check_positive_int,
-    check_rank,
-    check_same,
 )
 from linear_attention.kernels.segments import (
     check_segment_ids,
@@ -299,22 +298,14 @@ class _ChunkDecays:
 
 def _check_qkv_beta(q, k, v, beta, *, time: bool):
     """Ranks and sizes of q, k, v, beta with or without a time axis; returns the sizes."""
-    if time:
-        qk, vl, bl = "[B, T, H, K]", "[B, T, H, Dv]", "[B, T, H]"
-        names = ("B", "T", "H")
-    else:
-        qk, vl, bl = "[B, H, K]", "[B, H, Dv]", "[B, H]"
-        names = ("B", "H")
-    rank = len(names) + 1
-    check_rank("q", q, rank, qk)
-    check_rank("k", k, rank, qk)
-    check_rank("v", v, rank, vl)
-    check_rank("beta", beta, rank - 1, bl)
+    lead = "B, T, H" if time else "B, H"
+    check_layouts(
+        q=(q, f"[{lead}, K]"),
+        k=(k, f"[{lead}, K]"),
+        v=(v, f"[{lead}, Dv]"),
+        beta=(beta, f"[{lead}]"),
+    )
     check_float(("q", "k", "v", "beta"), (q, k, v, beta))
-    what = {"B": "batch size B", "T": "time T", "H": "heads H"}
-    for axis, name in enumerate(names):
-        check_same(("q", "k", "v", "beta"), (q, k, v, beta), (axis,) * 4, what[name])
-    check_same(("q", "k"), (q, k), (rank - 1, rank - 1), "key width K")
     if time and q.shape[1] == 0:
         raise ValueError(f"q, k, v must have at least one time step, got shape {q.shape}")
     if not isinstance(beta, jax.core.Tracer):

@@ -29,10 +29,9 @@ from linear_attention.kernels._checks import (
     check_choice,
     check_eps,
     check_float,
+    check_layouts,
     check_log_decay,
     check_positive_int,
-    check_rank,
-    check_same,
 )
 from linear_attention.kernels.associative import causal_associative
 from linear_attention.kernels.chunk_parallel import causal_chunk_parallel
@@ -60,13 +59,7 @@ def linear_attention(q, k, v, *, normalize: bool = True, eps: float = 1e-6):
     """
     check_float(("q", "k", "v"), (q, k, v))
     check_eps(eps)
-    check_rank("q", q, 4, "[B, Tq, H, M]")
-    check_rank("k", k, 4, "[B, Tk, H, M]")
-    check_rank("v", v, 4, "[B, Tk, H, Dv]")
-    check_same(("q", "k", "v"), (q, k, v), (0, 0, 0), "batch size B")
-    check_same(("q", "k", "v"), (q, k, v), (2, 2, 2), "heads H")
-    check_same(("k", "v"), (k, v), (1, 1), "time Tk")
-    check_same(("q", "k"), (q, k), (3, 3), "feature width M")
+    check_layouts(q=(q, "[B, Tq, H, M]"), k=(k, "[B, Tk, H, M]"), v=(v, "[B, Tk, H, Dv]"))
     dtype = jnp.result_type(q, k, v)
     q32, k32, v32 = (x.astype(jnp.float32) for x in (q, k, v))
     kv_BHMD = jnp.einsum("bshm,bshd->bhmd", k32, v32)
@@ -228,13 +221,7 @@ def _bad_tokens(k_BTHM, v_BTHD, a_BTH):
 
 def _check_qkv(q, k, v):
     check_float(("q", "k", "v"), (q, k, v))
-    check_rank("q", q, 4, "[B, T, H, M]")
-    check_rank("k", k, 4, "[B, T, H, M]")
-    check_rank("v", v, 4, "[B, T, H, Dv]")
-    check_same(("q", "k", "v"), (q, k, v), (0, 0, 0), "batch size B")
-    check_same(("q", "k", "v"), (q, k, v), (1, 1, 1), "time T")
-    check_same(("q", "k", "v"), (q, k, v), (2, 2, 2), "heads H")
-    check_same(("q", "k"), (q, k), (3, 3), "feature width M")
+    check_layouts(q=(q, "[B, T, H, M]"), k=(k, "[B, T, H, M]"), v=(v, "[B, T, H, Dv]"))
     if q.shape[1] == 0:
         raise ValueError(f"q, k, v must have at least one time step, got shape {q.shape}")
     return (*q.shape, v.shape[-1])

@@ -17,9 +17,8 @@ import jax.numpy as jnp
 from linear_attention.kernels._checks import (
     check_eps,
     check_float,
+    check_layouts,
     check_log_decay,
-    check_rank,
-    check_same,
 )
 from linear_attention.kernels.state import LinearAttentionState, check_state
 
@@ -65,12 +64,7 @@ def recurrent_step(
     """
     check_float(("q", "k", "v"), (q, k, v))
     check_eps(eps)
-    check_rank("q", q, 3, "[B, H, M]")
-    check_rank("k", k, 3, "[B, H, M]")
-    check_rank("v", v, 3, "[B, H, Dv]")
-    check_same(("q", "k", "v"), (q, k, v), (0, 0, 0), "batch size B")
-    check_same(("q", "k", "v"), (q, k, v), (1, 1, 1), "heads H")
-    check_same(("q", "k"), (q, k), (2, 2), "feature width M")
+    check_layouts(q=(q, "[B, H, M]"), k=(k, "[B, H, M]"), v=(v, "[B, H, Dv]"))
     B, H, M = q.shape
     check_state(state, B, H, M, v.shape[-1], name="state", need_k_sum=normalize)
     a_BH = check_log_decay(log_decay, (B, H), "[B, H]", feature_dim=M)

@@ -36,9 +36,8 @@ import jax.numpy as jnp
 
 from linear_attention.kernels._checks import (
     check_float,
+    check_layouts,
     check_positive_int,
-    check_rank,
-    check_same,
 )
 from linear_attention.kernels.segments import check_segment_ids, same_segment
 
@@ -48,13 +47,7 @@ __all__ = ["softmax_attention", "blockwise_softmax_attention", "cached_softmax_a
 def _check_inputs(q, k, v, scale, segment_ids=None):
     """Check shapes, dtypes and the scale; return the checked segment ids (or None)."""
     check_float(("q", "k", "v"), (q, k, v))
-    check_rank("q", q, 4, "[B, Tq, H, D]")
-    check_rank("k", k, 4, "[B, Tk, H, D]")
-    check_rank("v", v, 4, "[B, Tk, H, Dv]")
-    check_same(("q", "k", "v"), (q, k, v), (0, 0, 0), "B (batch)")
-    check_same(("q", "k", "v"), (q, k, v), (2, 2, 2), "H (heads)")
-    check_same(("q", "k"), (q, k), (3, 3), "D (query/key width)")
-    check_same(("k", "v"), (k, v), (1, 1), "Tk (key length)")
+    check_layouts(q=(q, "[B, Tq, H, D]"), k=(k, "[B, Tk, H, D]"), v=(v, "[B, Tk, H, Dv]"))
     if segment_ids is not None and q.shape[1] != k.shape[1]:
         raise ValueError(
             f"segment_ids needs Tq = Tk (one id per token), got q {tuple(q.shape)}, "
@@ -350,14 +343,11 @@ def cached_softmax_attention(q, k_cache, v_cache, position, *, scale=None, block
     O(block_size²) memory beyond q, the cache and o. Forward only (a while loop has no
     reverse-mode gradient); `blockwise_softmax_attention` is the trainable form.
     """
-    check_rank("q", q, 4, "[B, Tq, H, D]")
-    check_rank("k_cache", k_cache, 4, "[B, L, H, D]")
-    check_rank("v_cache", v_cache, 4, "[B, L, H, Dv]")
-    names, arrays = ("q", "k_cache", "v_cache"), (q, k_cache, v_cache)
-    check_same(names, arrays, (0, 0, 0), "B (batch)")
-    check_same(names, arrays, (2, 2, 2), "H (heads)")
-    check_same(("q", "k_cache"), (q, k_cache), (3, 3), "D (query/key width)")
-    check_same(("k_cache", "v_cache"), (k_cache, v_cache), (1, 1), "L (cache length)")
+    check_layouts(
+        q=(q, "[B, Tq, H, D]"),
+        k_cache=(k_cache, "[B, L, H, D]"),
+        v_cache=(v_cache, "[B, L, H, Dv]"),
+    )
     check_positive_int("block_size", block_size)
     if jnp.ndim(position) != 0:
         raise ValueError(f"position must be a scalar, got shape {tuple(jnp.shape(position))}")

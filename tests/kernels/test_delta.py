@@ -243,9 +243,9 @@ def test_long_sequence_is_finite():
     "change, match",
     [
         (dict(q=np.zeros((B, T, KD))), "q must have rank 4"),
-        (dict(k=np.zeros((B, T, H, KD + 1))), "key width K"),
-        (dict(v=np.zeros((B, T + 1, H, DV))), "time T"),
-        (dict(beta=np.zeros((B, T, H + 1))), "heads H"),
+        (dict(k=np.zeros((B, T, H, KD + 1))), r"q / k disagree on K \(key width\)"),
+        (dict(v=np.zeros((B, T + 1, H, DV))), r"q / k / v / beta disagree on T \(time\)"),
+        (dict(beta=np.zeros((B, T, H + 1))), r"q / k / v / beta disagree on H \(heads\)"),
         (dict(beta=np.zeros((B, T))), "beta must have rank 3"),
         (dict(beta=np.full((B, T, H), 2.5)), "beta must lie in"),
         (dict(log_decay=np.full((H,), 0.1)), "log_decay must be <= 0"),

@@ -379,10 +379,10 @@ def test_bad_input_raises_naming_the_argument():
     cases = [
         (lambda: cla(q[0], k, v), "q must have rank 4"),
         (lambda: cla(q, k[..., None], v), "k must have rank 4"),
-        (lambda: cla(q, k, v[:1]), "batch size B"),
-        (lambda: cla(q, k[:, :5], v), "time T"),
-        (lambda: cla(q, k[:, :, :1], v), "heads H"),
-        (lambda: cla(q, k[..., :2], v), "feature width M"),
+        (lambda: cla(q, k, v[:1]), r"q / k / v disagree on B \(batch\)"),
+        (lambda: cla(q, k[:, :5], v), r"q / k / v disagree on T \(time\)"),
+        (lambda: cla(q, k[:, :, :1], v), r"q / k / v disagree on H \(heads\)"),
+        (lambda: cla(q, k[..., :2], v), r"q / k disagree on M \(feature width\)"),
         (lambda: cla(q, k, v, method="fft"), "method"),
         (lambda: cla(q, k, v, chunk_size=0), "chunk_size"),
         (lambda: cla(q, k, v, chunk_size=2.5), "chunk_size"),
@@ -395,13 +395,16 @@ def test_bad_input_raises_naming_the_argument():
         ),
         (lambda: cla(q, k, v, initial_state=(kv0, k_sum0)), "initial_state"),
         (lambda: cla(q[:, :0], k[:, :0], v[:, :0]), "at least one time step"),
-        (lambda: K.linear_attention(q, k, v[:, :4]), "time Tk"),
+        (lambda: K.linear_attention(q, k, v[:, :4]), r"k / v disagree on Tk \(key length\)"),
         (lambda: K.linear_attention(q[..., 0], k, v), "q must have rank 4"),
     ]
     state = K.LinearAttentionState(kv0, k_sum0)
     cases += [
         (lambda: K.recurrent_step(state, q[:, 0], k[:, 0], v), "v must have rank 3"),
-        (lambda: K.recurrent_step(state, q[:, 0, :1], k[:, 0], v[:, 0]), "heads H"),
+        (
+            lambda: K.recurrent_step(state, q[:, 0, :1], k[:, 0], v[:, 0]),
+            r"q / k / v disagree on H \(heads\)",
+        ),
         (
             lambda: K.recurrent_step(state._replace(kv=kv0[..., :1]), q[:, 0], k[:, 0], v[:, 0]),
             "state has kv",
