@@ -5,6 +5,7 @@
     ... --dry-run                        # print the grid (parameters, state bytes), train nothing
     ... --only mixer=softmax,linear      # train a subset (repeatable; labels of that axis)
     ... --report-only                    # tables and plots from the finished points only
+    ... --report-only --only lr=0.01     # ... of a part of the grid (tuned over those lrs)
     ... --jobs 2                         # two worker processes, one XLA thread each
 
 Tables and plots always cover the whole grid; a setting with a run still pending is left out.
@@ -836,8 +837,9 @@ def run(sweep, workdir, *, only=(), dry=False, report_only=False, jobs=1, log=pr
                 log=log,
                 replicate=sweep.get("replicate"),
             )
-    # The tables cover the whole grid: points run earlier (or by another --only) count too.
-    results = report(sweep, *expand(sweep), workdir)
+    # The tables cover the whole grid: points run earlier (or by another --only) count too;
+    # --report-only with --only: that part of the grid (e.g. the learning rates finished).
+    results = report(sweep, *expand(sweep, only if report_only else ()), workdir)
     log(results["markdown"])
     return results
 

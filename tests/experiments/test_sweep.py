@@ -212,6 +212,12 @@ def test_lr_tuned_by_mean_over_seeds_and_diverged_runs(sweep, tmp_path, monkeypa
     assert "| softmax | 0.550 (0.500–0.600) |" in md and "| linear | 0.350 (0.300–0.400) |" in md
     cells = {r["mixer"]: r for r in read_csv(tmp_path / "best.csv")}
     assert float(cells["softmax"]["eval/accuracy"]) == pytest.approx(0.55)
+    # --report-only --only: the tables of that part of the grid (here: tuned over lr 1e-3)
+    part = sweep.run(config, tmp_path, only=["lr=0.001"], report_only=True, log=quiet)
+    assert len(read_csv(tmp_path / "results.csv")) == 4
+    best = {r["mixer"]: r for r in part["best"]}
+    assert best["softmax"]["lr"] == "0.001" and best["softmax"]["eval/accuracy"] == 0.5
+    sweep.run(config, tmp_path, report_only=True, log=quiet)
 
     # all of linear's lrs have a diverged seed: its setting keeps a diverged row
     accuracy.pop(("linear", 1e-3, 1))
