@@ -78,6 +78,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from linear_attention.models import LanguageModel, state_size_bytes, step_fn  # noqa: E402
 from linear_attention.training import NonFiniteLossError, experiment_config, train  # noqa: E402
+from linear_attention.training.config import config_difference  # noqa: E402
 from linear_attention.training.metrics import Reporter, read_jsonl, write_json  # noqa: E402
 
 # The metric each kind of run is judged by, and whether larger is better.
@@ -246,43 +247,10 @@ def load_sweep(spec: str):
 
 
 # --------------------------------------------------------------------------- running
-_MISSING = object()
-
-
-def _first_difference(old, new, prefix="", defaults=None):
-    """The first (path, old, new) where two config dicts differ; a field missing from ``old``
-    (added to the code after that run) is no difference when ``new`` holds its default."""
-    if isinstance(old, dict) and isinstance(new, dict):
-        defaults = defaults if isinstance(defaults, dict) else {}
-        for key in sorted(set(old) | set(new)):
-            if key not in old and defaults.get(key, _MISSING) == new[key]:
-                continue
-            diff = _first_difference(
-                old.get(key), new.get(key), f"{prefix}{key}.", defaults.get(key)
-            )
-            if diff:
-                return diff
-        return None
-    return None if old == new else (prefix.rstrip("."), old, new)
-
-
-def _defaults(cfg) -> dict:
-    """The dataclass defaults of every section of an `ExperimentConfig`, as nested dicts."""
-    return {
-        section.name: {
-            f.name: f.default
-            for f in dataclasses.fields(getattr(cfg, section.name))
-            if f.default is not dataclasses.MISSING
-        }
-        for section in dataclasses.fields(cfg)
-        if dataclasses.is_dataclass(getattr(cfg, section.name))
-    }
-
-
 def _check_finished(run_dir: Path, cfg) -> None:
     saved = json.loads((run_dir / "config.json").read_text())
     config_dict = json.loads(json.dumps(cfg.to_dict()))
-    diff = _first_difference(saved, config_dict, defaults=_defaults(cfg))
+    diff = config_difference(saved, config_dict, cfg)
     if diff:
         raise ValueError(
             f"{run_dir} finished with config.{diff[0]} = {diff[1]!r} but the grid now has "

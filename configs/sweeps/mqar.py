@@ -40,12 +40,16 @@ BASED = ("taylor", "swa")
 DEFAULT_MIXERS = (*MIXERS, "swa", "based")
 
 
-def _mixer_choices(names, taylor_dim):
-    """(model.mixer, model.feature_dim) per mixer label; only taylor layers use feature_dim."""
-    return [
-        (BASED if m == "based" else m, taylor_dim if m in ("taylor", "based") else None)
-        for m in names
-    ]
+def _mixer_choices(names, taylor_dim, window=None):
+    """(model.mixer, model.feature_dim[, model.window]) per mixer label; only taylor layers
+    use feature_dim, only swa layers the window (the others keep the default, 64)."""
+    choices = []
+    for m in names:
+        choice = (BASED if m == "based" else m, taylor_dim if m in ("taylor", "based") else None)
+        if window is not None:
+            choice += (window if m in ("swa", "based") else 64,)
+        choices.append(choice)
+    return choices
 
 
 def _base(preset):
@@ -96,7 +100,12 @@ def get_config(arg=None):
         # Taylor with 8 projected dims (M = 1 + 8 + 36 = 45 features): at d_model 64 its state
         # is 1.4x elu+1's, near Based's "equal state" comparison; 16 (M = 153) would exceed
         # softmax's whole KV cache at seq_len 64.
-        grid.mixer = _axis(mixer, [(m, 8 if m == "taylor" else None) for m in MIXERS], MIXERS)
+        # swa and Based's sliding windows see 16 tokens: at seq_len 64 a 64-token window is
+        # full softmax attention; 16 holds at most 8 pairs when the queries come (no recall of
+        # pairs further back), the point of Based's small windows plus a global linear state.
+        grid.mixer = _axis(
+            (*mixer, "model.window"), _mixer_choices(DEFAULT_MIXERS, 8, 16), DEFAULT_MIXERS
+        )
         # d_model 32 learns nothing in 400 steps (EXPERIMENTS.md); (64, 8) only: the budget.
         grid.d_model = _axis("model.d_model", (64, 128))
         grid.task = _axis(task, ((64, 8),))

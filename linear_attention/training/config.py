@@ -375,3 +375,35 @@ def experiment_config(config) -> ExperimentConfig:
     return ExperimentConfig(
         seed=seed, model=model, data=data, optimizer=optimizer, train=train, mesh=mesh
     )
+
+
+def config_difference(old: Mapping, new: Mapping, cfg: ExperimentConfig):
+    """The first ``(path, old value, new value)`` where a saved config dict ``old`` differs
+    from ``new`` (``cfg.to_dict()`` through JSON), or None. A field missing from ``old`` (added
+    to the code after that run was saved) is no difference while ``new`` holds its default."""
+    defaults = {
+        section.name: {
+            f.name: f.default
+            for f in dataclasses.fields(getattr(cfg, section.name))
+            if f.default is not dataclasses.MISSING
+        }
+        for section in dataclasses.fields(cfg)
+        if dataclasses.is_dataclass(getattr(cfg, section.name))
+    }
+    return _difference(old, new, defaults, "")
+
+
+_ABSENT = object()
+
+
+def _difference(old, new, defaults, prefix):
+    if isinstance(old, Mapping) and isinstance(new, Mapping):
+        defaults = defaults if isinstance(defaults, Mapping) else {}
+        for key in sorted(set(old) | set(new)):
+            if key not in old and defaults.get(key, _ABSENT) == new[key]:
+                continue
+            diff = _difference(old.get(key), new.get(key), defaults.get(key), f"{prefix}{key}.")
+            if diff:
+                return diff
+        return None
+    return None if old == new else (prefix.rstrip("."), old, new)

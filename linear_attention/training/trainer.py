@@ -34,7 +34,11 @@ from linear_attention.data import IGNORE_INDEX, MQARData, TextData
 from linear_attention.models import LanguageModel, ModelConfig, generate, redraw_features
 from linear_attention.models.tokens import check_token_ids
 from linear_attention.training.checkpoint import Checkpoints
-from linear_attention.training.config import ExperimentConfig, experiment_config
+from linear_attention.training.config import (
+    ExperimentConfig,
+    config_difference,
+    experiment_config,
+)
 from linear_attention.training.mesh import (
     check_batch_size,
     initialize_distributed,
@@ -234,7 +238,7 @@ def evaluate(state, data, config: ExperimentConfig, graphdef, mesh) -> dict[str,
     return out
 
 
-def _check_resume_config(path: str, current: dict) -> None:
+def _check_resume_config(path: str, current: dict, cfg: ExperimentConfig) -> None:
     if not os.path.exists(path):
         return
     try:
@@ -247,15 +251,11 @@ def _check_resume_config(path: str, current: dict) -> None:
             f"{path} is damaged ({e}); it records the run this workdir holds: restore it, or "
             "use another workdir"
         ) from None
-    for section in _FIXED_SECTIONS:
-        old, new = previous.get(section), current[section]
-        if old == new:
-            continue
-        if isinstance(old, dict) and isinstance(new, dict):
-            key = next(k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k))
-            name, old, new = f"{section}.{key}", old.get(key), new.get(key)
-        else:
-            name = section
+    # (a field added to the code since the run was saved, at its default, is no difference)
+    fixed = {section: previous.get(section) for section in _FIXED_SECTIONS}
+    diff = config_difference(fixed, {section: current[section] for section in _FIXED_SECTIONS}, cfg)
+    if diff:
+        name, old, new = diff
         raise ResumeConfigError(
             f"{os.path.dirname(path)} holds a run with config.{name} = {old!r}, but this config "
             f"has {new!r}; resume with the same {'/'.join(_FIXED_SECTIONS)} or use another workdir"
@@ -324,7 +324,7 @@ def train(config, workdir: str, *, reporter: Reporter | None = None) -> dict:
     checkpoints, writers, profiler = None, [], None
     try:
         config_dict = json.loads(json.dumps(cfg.to_dict()))
-        _check_resume_config(os.path.join(workdir, "config.json"), config_dict)
+        _check_resume_config(os.path.join(workdir, "config.json"), config_dict, cfg)
         try:
             data = build_data(cfg)
         except ValueError as e:

@@ -72,7 +72,7 @@ def test_presets_expand_and_validate(sweep):
             sizes[Path(path).stem, preset] = len(points)
     assert sizes == {
         ("mqar", "smoke"): 8,
-        ("mqar", "cpu"): 96,  # 8 mixers x 2 widths x 3 lrs x 2 seeds
+        ("mqar", "cpu"): 120,  # 10 mixers x 2 widths x 3 lrs x 2 seeds
         ("mqar", "default"): 1280,  # 10 mixers (swa and Based included) x 4 x 4 x 4 x 2 seeds
         ("lm", "smoke"): 2,
         ("lm", "cpu"): 10,

@@ -325,8 +325,19 @@ def test_early_stop_ends_at_the_eval_that_meets_the_threshold(tmp_path, tiny_con
     assert trainer.train(tiny_config, stopped) == _read(stopped, "summary.json")
     monkeypatch.undo()
 
-    # Switched off (or raised), the run resumes at 3 and ends as the straight run.
+    # A run saved before a config field existed (no `window` in its config.json) resumes
+    # while the field holds its default, and is refused with another value.
     tiny_config.train.stop_at = 0.0
+    saved = _read(stopped, "config.json")
+    del saved["model"]["window"]
+    with open(os.path.join(stopped, "config.json"), "w") as f:
+        json.dump(saved, f)
+    tiny_config.model.window = 8
+    with pytest.raises(ValueError, match="config.model.window = None, but this config has 8"):
+        trainer.train(tiny_config, stopped)
+    tiny_config.model.window = 64
+
+    # Switched off (or raised), the run resumes at 3 and ends as the straight run.
     summary = trainer.train(tiny_config, stopped)
     assert summary["resumed_from_step"] == 3 and summary["step"] == 6
     assert summary["stopped_early"] is False
