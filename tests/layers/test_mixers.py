@@ -430,3 +430,22 @@ def test_swa_split_time_needs_shards_of_window_minus_one():
     f = jax.shard_map(split_call, mesh=mesh, in_specs=(P(), P()), out_specs=P())
     with pytest.raises(ValueError, match=r"swa window=14 needs shards of at least .* = 13 tokens"):
         f(state, inputs())
+
+
+def test_swa_prefills_in_pieces_wrap_the_ring_buffer():
+    """Prefills of 3, 6, 1 and 2 tokens (each from the state the previous one left, the ring of
+    window 4 overwritten several times) give the whole-sequence output; the state stays
+    [B, window, H, D] whatever init_state's max_length."""
+    mixer, x = make("swa"), inputs()
+
+    @nnx.jit
+    def pieces(mixer, x_BTD):
+        state, ys = mixer.init_state(B, 1000), []
+        for start, stop in ((0, 3), (3, 9), (9, 10), (10, 12)):
+            y, state = mixer.prefill(x_BTD[:, start:stop], state)
+            ys.append(y)
+        return jnp.concatenate(ys, axis=1), state
+
+    y, state = pieces(mixer, x)
+    np.testing.assert_allclose(y, call(mixer, x), rtol=1e-4, atol=1e-4)
+    assert state.core.k.shape == (B, 4, H, D // H) and int(state.position) == T
