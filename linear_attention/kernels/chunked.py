@@ -22,7 +22,9 @@ exactly 0. A per-head decay keeps the plain C×C path.
 Work is O(T·C·M + T·M·Dv) in dense matmuls. A `lax.scan` walks the sequence in steps of G
 chunks; the G chunks of a step are computed together, their entering states by a G×G decay
 weighting of the chunk updates. One step's matrices stay in cache and no per-token temporaries
-are made: on CPU this is several times faster than materialising all chunks at once.
+are made: on CPU this is several times faster than materialising all chunks at once. G follows
+the shape (`ROWS_PER_STEP`): with few batch rows and heads, a step must hold enough tokens for
+XLA to split its matmuls over the CPU's threads.
 
 The gradient is a custom VJP that stores one state per chunk (never one per token) and walks the
 steps last to first carrying the state cotangent, G = exp(g) G' + Σ_t exp(b_t) q_t dnum_tᵀ per
@@ -42,10 +44,13 @@ import jax.numpy as jnp
 
 from linear_attention.kernels.segments import masked_exp
 
-# Tokens handled per scan step (G = TOKENS_PER_STEP // C chunks): large enough to amortise the
-# per-step cost, small enough that a step's matrices stay in cache. Measured on CPU; see
-# BENCHMARKS.md.
-TOKENS_PER_STEP = 128
+# Rows (batch × heads × tokens) handled per scan step, half that for a decay per key dimension
+# (its per-step decay tensors are M times larger), and never fewer than MIN_TOKENS_PER_STEP
+# tokens: a step's matmuls must be large enough for XLA to split them over the CPU's threads
+# (at B·H = 4, 128 tokens per step ran on one core), and small enough to stay in cache.
+# Measured on CPU; see BENCHMARKS.md.
+ROWS_PER_STEP = 2048
+MIN_TOKENS_PER_STEP = 128
 # Sub-block of the intra-chunk scores for a decay per key dimension (see `_SubBlocks`).
 SUB_BLOCK = 16
 
@@ -90,7 +95,10 @@ def causal_chunked(
                 jnp.pad(poisoned_BTH, widths[:3]),
             )
     N = (T + pad) // C
-    G = max(g for g in range(1, max(TOKENS_PER_STEP // C, 1) + 1) if N % g == 0)
+    B, H = q_BTHM.shape[0], q_BTHM.shape[2]
+    rows = ROWS_PER_STEP // (2 if a_BTHX is not None and a_BTHX.shape[-1] > 1 else 1)
+    tokens = max(rows // max(B * H, 1), MIN_TOKENS_PER_STEP)
+    G = max(g for g in range(1, max(tokens // C, 1) + 1) if N % g == 0)
     o_BTHD, kv_BHMD, z_BHM = _chunked(
         q_BTHM, k_BTHM, v_BTHD, a_BTHX, kv0_BHMD, z0_BHM, guard, (G, C), normalize, float(eps)
     )
