@@ -44,12 +44,13 @@ import jax.numpy as jnp
 
 from linear_attention.kernels.segments import masked_exp
 
-# Rows (batch × heads × tokens) handled per scan step, half that for a decay per key dimension
-# (its per-step decay tensors are M times larger), and never fewer than MIN_TOKENS_PER_STEP
+# Rows (batch × heads × tokens) handled per scan step, and never fewer than MIN_TOKENS_PER_STEP
 # tokens: a step's matmuls must be large enough for XLA to split them over the CPU's threads
-# (at B·H = 4, 128 tokens per step ran on one core), and small enough to stay in cache.
-# Measured on CPU; see BENCHMARKS.md.
+# (at B·H = 4, 128 tokens per step ran on one core), and small enough to stay in cache. A decay
+# per key dimension keeps 512 rows (its per-step decay tensors are M times larger; larger steps
+# showed no clear gain there). Measured on CPU; see BENCHMARKS.md.
 ROWS_PER_STEP = 2048
+ROWS_PER_STEP_VECTOR_DECAY = 512
 MIN_TOKENS_PER_STEP = 128
 # Sub-block of the intra-chunk scores for a decay per key dimension (see `_SubBlocks`).
 SUB_BLOCK = 16
@@ -96,7 +97,8 @@ def causal_chunked(
             )
     N = (T + pad) // C
     B, H = q_BTHM.shape[0], q_BTHM.shape[2]
-    rows = ROWS_PER_STEP // (2 if a_BTHX is not None and a_BTHX.shape[-1] > 1 else 1)
+    vector = a_BTHX is not None and a_BTHX.shape[-1] > 1
+    rows = ROWS_PER_STEP_VECTOR_DECAY if vector else ROWS_PER_STEP
     tokens = max(rows // max(B * H, 1), MIN_TOKENS_PER_STEP)
     G = max(g for g in range(1, max(tokens // C, 1) + 1) if N % g == 0)
     o_BTHD, kv_BHMD, z_BHM = _chunked(
