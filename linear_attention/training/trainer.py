@@ -392,16 +392,16 @@ def train(config, workdir: str, *, reporter: Reporter | None = None) -> dict:
                 cfg,
                 data,
                 state,
-                graphdef,
-                mesh,
-                fsdp,
-                schedule,
-                checkpoints,
-                writers,
-                reporter,
-                start,
-                stop,
-                profiler,
+                graphdef=graphdef,
+                mesh=mesh,
+                fsdp=fsdp,
+                schedule=schedule,
+                checkpoints=checkpoints,
+                writers=writers,
+                reporter=reporter,
+                start=start,
+                stop=stop,
+                profiler=profiler,
             )
         state = summary.pop("_state")
         summary.update(
@@ -432,6 +432,7 @@ def _loop(
     cfg,
     data,
     state,
+    *,
     graphdef,
     mesh,
     fsdp,
@@ -443,6 +444,8 @@ def _loop(
     stop,
     profiler,
 ):
+    """Steps `start`..num_steps: log, evaluate, checkpoint, stop early or on a signal. Returns
+    the summary, with the final state under "_state" (keyword-only past `state`: 13 arguments)."""
     tc = cfg.train
     key = jax.random.key(cfg.seed)
     redraw = cfg.model.redraw_interval
