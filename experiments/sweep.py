@@ -612,23 +612,36 @@ def plot_mqar(best: list[dict], axes: list[Axis], sweep, out: Path) -> None:
     x_axis, line_axis, panel_axis = (_axis_of(axes, plot[k]) for k in ("x", "line", "panel"))
     panels = [p for p in panel_axis.labels if any(r[panel_axis.name] == p for r in best)]
     colors = {line: f"C{i}" for i, line in enumerate(line_axis.labels)}
+    markers = {line: "os^Dv<>pXP"[i % 10] for i, line in enumerate(line_axis.labels)}
+    # Lines nudged sideways (a factor of 1.03 apart on the log x axis) so that settings with
+    # the same x (same width, or the same state size) and their error bars stay readable.
+    nudge = {
+        line: 1.03 ** (i - (len(line_axis.labels) - 1) / 2)
+        for i, line in enumerate(line_axis.labels)
+    }
     x_value = dict(zip(x_axis.labels, (c[0] for c in x_axis.choices), strict=True))
     if not panels:  # nothing finished yet
         return
 
     for filename, xkey, xlabel, logx in (
-        ("accuracy_vs_d_model.png", x_axis.name, x_axis.fields[0].split(".")[-1], True),
+        (
+            "accuracy_vs_d_model.png",
+            x_axis.name,
+            x_axis.fields[0].split(".")[-1] + " (points nudged apart)",
+            True,
+        ),
         (
             "accuracy_vs_state_bytes.png",
             "state_bytes",
-            "decoding state (bytes per sequence)\nsoftmax: its KV cache at seq_len",
+            "decoding state (bytes per sequence; points nudged apart)\n"
+            "softmax: its KV cache at seq_len",
             True,
         ),
     ):
         fig, axs = plt.subplots(
             1,
             max(len(panels), 1),
-            figsize=(3.6 * max(len(panels), 1), 3.2),
+            figsize=(3.6 * max(len(panels), 1) + 1.4, 3.4),
             squeeze=False,
             sharey=True,
         )
@@ -651,10 +664,10 @@ def plot_mqar(best: list[dict], axes: list[Axis], sweep, out: Path) -> None:
                     # error bars: the min–max over seeds (none where a setting has one run)
                     yerr = np.nan_to_num(np.stack([ys - lows, highs - ys]), nan=0.0)
                     ax.errorbar(
-                        xs,
+                        xs * nudge[line],
                         ys,
                         yerr=yerr,
-                        fmt="o-",
+                        fmt=markers[line] + "-",
                         color=colors[line],
                         label=line,
                         ms=4,
@@ -666,13 +679,18 @@ def plot_mqar(best: list[dict], axes: list[Axis], sweep, out: Path) -> None:
             if xkey == x_axis.name:
                 ticks = sorted({float(v) for v in x_value.values()})
                 ax.set_xticks(ticks, [_label(int(t) if t.is_integer() else t) for t in ticks])
+                ax.set_xlim(ticks[0] / 1.25, ticks[-1] * 1.25)  # room for the nudged lines
                 ax.minorticks_off()
+            if "data.num_kv_pairs" in panel_axis.fields:  # chance: one of the values in context
+                values = panel_axis.choices[panel_axis.labels.index(panel)]
+                pairs = values[panel_axis.fields.index("data.num_kv_pairs")]
+                ax.axhline(1 / pairs, color="0.5", ls=":", lw=1, label="chance (1/pairs)")
             ax.set_title(_panel_title(panel_axis, panel), fontsize=9)
             ax.set_xlabel(xlabel)
             ax.set_ylim(-0.03, 1.03)
             ax.grid(alpha=0.3)
         axs[0][0].set_ylabel("MQAR accuracy")
-        axs[0][-1].legend(fontsize=8)
+        axs[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
         fig.tight_layout()
         fig.savefig(out / filename, dpi=110)
         plt.close(fig)

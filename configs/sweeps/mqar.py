@@ -1,30 +1,42 @@
-"""MQAR recall sweep (Zoology Fig. 2 / the Based recall–memory trade-off).
+"""MQAR recall sweep (Zoology Fig. 2 / the Based recall–memory trade-off), Zoology's protocol:
+every (mixer, d_model, task) trained at several learning rates and seeds; the learning rate with
+the best mean accuracy over the seeds is kept and reported as mean and min–max over the seeds.
 
-Command (2 CPU cores, 30-47 minutes; writes results.csv, results.md and two plots):
+Command (writes results.csv, best.csv, results.md and two plots; resumable):
 
-    python experiments/sweep.py --config configs/sweeps/mqar.py:cpu --workdir runs/mqar-sweep
+    python experiments/sweep.py --config configs/sweeps/mqar.py:cpu --workdir runs/mqar-study \
+        --jobs 2
 
-Expected shape: softmax recalls (accuracy near 1) at every width; fixed-feature-map linear
-attention (elu+1) falls off as the number of key-value pairs grows relative to its state;
-Taylor features (Based) and decay/gating (RetNet, gated) recover part of the gap as the state
-grows. Measured with ``:cpu`` (EXPERIMENTS.md, section 1), d_model 128, 4 / 8 pairs: softmax
-0.998 / 0.999, gated 0.990 / 0.991, retnet 0.970 / 0.977, taylor 0.911 / 0.506, linear 0.320 /
-0.130 (chance: 0.25 / 0.125); at d_model 32 nothing learns in 400 steps. (gla, added later,
-is not in these figures.)
-
-Presets (``configs/sweeps/mqar.py:<arg>``):
-  (none) / ``default``: the Zoology grid for an accelerator: the 8 mixers of ``cpu``, ``swa``
-      and Based (``mixer=("taylor", "swa")``, 16 Taylor dims), vocab 8192, d_model 64…512,
+Presets (``configs/sweeps/mqar.py:<arg>``), both with the 10 mixers (softmax, linear = elu+1,
+taylor, retnet, gated, gla, deltanet, gated_deltanet, swa, Based = ``("taylor", "swa")``: a
+Taylor layer then a sliding-window layer) and 2 seeds:
+  (none) / ``default``: the Zoology grid for an accelerator: vocab 8192, d_model 64…512,
       (seq_len, kv pairs) = (64, 4), (128, 8), (256, 16), (512, 64), learning rates
-      logspace(-4, -2, 4), 20k steps of batch 256 per run.
-  ``cpu``: 8 mixers × d_model (32, 64, 128) × (seq_len, kv) = (64, 4), (64, 8), learning
-      rate 1e-2, 400 steps of batch 64 per run, Taylor with 8 projected dims (48 runs; the
-      30 of the first five mixers took 43-168 s each, 30-47 min on 2 shared cores).
-  ``smoke``: 4 tiny runs (softmax, linear × 2 learning rates) for the test; seconds.
+      logspace(-4, -2, 4), 20k steps of batch 256 per run; Taylor and Based with 16 projected
+      dims, windows of 64 (at seq_len 64 that window is full softmax attention). 1280 runs.
+  ``cpu``: d_model (64, 128) × (seq_len 64, 8 pairs) × learning rates (1e-2, 3e-2, 3e-3) ×
+      seeds (0, 1): 120 runs of at most 400 steps of batch 64 (warmup 40, cosine), stopped
+      at the first evaluation (every 50 steps, 512 held-out examples) with accuracy >= 0.99;
+      Taylor and Based with 8 projected dims (45 features), swa and Based with windows of 16.
+      Budget, measured at 10:37 on the 2-core machine at load ~1: a 400-step d_model-64 run
+      costs ~0.09 CPU-s per step for softmax and ~0.2 for deltanet (plus 5-10 s to compile):
+      ~40-90 CPU-s a run at d_model 64 and ~1.5x that at 128, about 75 min for the grid with
+      two workers on two idle cores (``--jobs 2``; one XLA thread each: one process used 0.6
+      of a core). On the shared machine (load 15-24 from other jobs) a run took 3-12 min of
+      wall time and only d_model 64 at lr 1e-2 finished (EXPERIMENTS.md, section 1).
+      ``order`` runs d_model 64 first and lr 1e-2 first, so a sweep cut short leaves every
+      mixer at the same settings; ``--report-only --only lr=0.01`` tables what finished.
+  ``smoke``: 8 tiny runs (softmax, linear × 2 learning rates × 2 seeds) for the test; seconds.
+
+Expected shape (Zoology, Based, DeltaNet): softmax solves every width; elu+1 stays near
+chance (1/8 with 8 pairs; its q/k scale, EXPERIMENTS.md); Taylor features, decay/gating and
+the delta rule recover recall as the state grows, the delta rule most at equal state; a
+16-token window alone cannot recall pairs further back, Based's global Taylor layer can.
 
 A grid axis is ``ConfigDict(field=path or tuple of paths, choices=(...), labels=optional)``;
-``tune`` names the axis whose best choice is kept per setting (the learning rate, as Zoology);
-``plot`` names the axes of the accuracy-vs-d_model figure (x, one line per, one panel per).
+``tune`` names the axis whose best choice is kept per setting (the learning rate, as Zoology),
+``replicate`` the axis averaged over (the seed); ``plot`` names the axes of the
+accuracy-vs-d_model figure (x, one line per, one panel per).
 """
 
 import importlib.util
