@@ -6,6 +6,7 @@
     ... --only mixer=softmax,linear      # train a subset (repeatable; labels of that axis)
     ... --report-only                    # tables and plots from the finished points only
     ... --report-only --only lr=0.01     # ... of a part of the grid (tuned over those lrs)
+    ... --report-only --partial          # ... tuned over each setting's finished lrs
     ... --jobs 2                         # two worker processes, one XLA thread each
 
 Tables and plots always cover the whole grid; a setting with a run still pending is left out.
@@ -96,6 +97,7 @@ SUMMARY_KEYS = (
     "wall_time_sec",
     "step",
     "stopped_early",
+    "resumed_from_step",
 )
 # Worker processes (--jobs N) run XLA on one thread each: these models are too small for
 # XLA's intra-op threads to keep two cores busy (EXPERIMENTS.md, the MQAR study).
@@ -439,14 +441,22 @@ def metric_value(row: dict, kind: str) -> float:
 
 
 def best_rows(
-    rows: list[dict], axes: list[Axis], tune: str | None, kind: str, replicate: str | None = None
+    rows: list[dict],
+    axes: list[Axis],
+    tune: str | None,
+    kind: str,
+    replicate: str | None = None,
+    *,
+    partial: bool = False,
 ) -> list[dict]:
     """One row per setting (every axis but ``tune`` and ``replicate``): the ``tune`` choice
     (learning rate) whose metric averaged over the ``replicate`` runs (seeds) is best, as
     Zoology. A choice with a diverged run is not eligible; a setting with none eligible keeps
     one diverged row; settings with a pending run are left out. The row is the choice's first
     run with the metric replaced by the mean and ``<metric> min`` / ``max`` (the spread over
-    the replicates), ``<metric> runs`` (each value) and ``seeds`` (how many) added."""
+    the replicates), ``<metric> runs`` (each value), ``seeds`` (how many) and ``tuned over``
+    (``finished/all`` choices of ``tune``) added. ``partial``: a setting with pending runs is
+    tuned over its finished choices (all of their replicates done) instead of left out."""
     key, larger = METRICS[kind]
     keys = [a.name for a in axes if a.name not in (tune, replicate)]
     groups: dict[tuple, list[dict]] = {}
@@ -454,20 +464,29 @@ def best_rows(
         groups.setdefault(tuple(row[k] for k in keys), []).append(row)
     best = []
     for group in groups.values():
-        if any(r["status"] == "pending" for r in group):
+        if any(r["status"] == "pending" for r in group) and not partial:
             continue
         by_choice: dict[str | None, list[dict]] = {}
         for row in group:
             by_choice.setdefault(row[tune] if tune else None, []).append(row)
+        finished = {
+            c: runs
+            for c, runs in by_choice.items()
+            if not any(r["status"] == "pending" for r in runs)
+        }
+        if not finished:
+            continue
+        tuned_over = f"{len(finished)}/{len(by_choice)}"
+        group = [r for runs in finished.values() for r in runs]
         candidates = []
-        for runs in by_choice.values():
+        for runs in finished.values():
             values = [metric_value(r, kind) for r in runs]
             if all(math.isfinite(v) for v in values):
                 candidates.append((float(np.mean(values)), runs, values))
         if not candidates:
             failed = [r for r in group if r["status"] != "ok"]
             cell = dict(failed[0] if failed else group[0])
-            cell.update({key: math.nan, "seeds": 0})
+            cell.update({key: math.nan, "seeds": 0, "tuned over": tuned_over})
             best.append(cell)
             continue
         sign = -1.0 if larger else 1.0
@@ -480,6 +499,7 @@ def best_rows(
                 f"{key} max": max(values),
                 f"{key} runs": "/".join(f"{v:.4f}" for v in values),
                 "seeds": len(values),
+                "tuned over": tuned_over,
             }
         )
         best.append(cell)
@@ -562,6 +582,8 @@ def mqar_report(best: list[dict], axes: list[Axis], sweep) -> str:
     header = [*others, "state bytes", "params", sweep.get("tune") or "-", "accuracy", "status"]
     if replicate:
         header[-1:-1] = ["per seed"]
+    if sweep.get("tune"):
+        header[-1:-1] = [f"{sweep.get('tune')}s run"]
     body = [
         [
             *(r[k] for k in others),
@@ -570,6 +592,7 @@ def mqar_report(best: list[dict], axes: list[Axis], sweep) -> str:
             str(r.get(sweep.get("tune"), "")),
             _with_spread(r, "mqar"),
             *([r.get("eval/accuracy runs", "")] if replicate else []),
+            *([r.get("tuned over", "")] if sweep.get("tune") else []),
             r["status"],
         ]
         for r in best
@@ -722,13 +745,15 @@ def plot_loss_curves(best: list[dict], axes: list[Axis], sweep, runs_dir: Path, 
     plt.close(fig)
 
 
-def report(sweep, axes: list[Axis], points: list[Point], workdir: Path) -> dict:
+def report(
+    sweep, axes: list[Axis], points: list[Point], workdir: Path, *, partial: bool = False
+) -> dict:
     """Write results.csv, results.md and the plots from what is finished; returns the rows."""
     kind = sweep.base.data.kind
     runs_dir = workdir / "runs"
     rows = collect(axes, points, runs_dir)
     write_csv(workdir / "results.csv", rows)
-    best = best_rows(rows, axes, sweep.get("tune"), kind, sweep.get("replicate"))
+    best = best_rows(rows, axes, sweep.get("tune"), kind, sweep.get("replicate"), partial=partial)
     if best:
         write_csv(workdir / "best.csv", best)
     if kind == "mqar":
@@ -791,9 +816,12 @@ def run_order(sweep, axes: list[Axis], points: list[Point]) -> list[Point]:
     return sorted(points, key=lambda p: first[tuple(p.labels[k] for k in cell)])
 
 
-def run(sweep, workdir, *, only=(), dry=False, report_only=False, jobs=1, log=print) -> dict | None:
+def run(
+    sweep, workdir, *, only=(), dry=False, report_only=False, jobs=1, partial=False, log=print
+) -> dict | None:
     """Run (or resume) every selected point, then write the results; see the module doc.
-    ``jobs`` > 1 trains the unfinished points in that many worker processes."""
+    ``jobs`` > 1 trains the unfinished points in that many worker processes; ``partial``
+    tunes a setting with pending runs over its finished learning rates (`best_rows`)."""
     workdir = Path(workdir)
     axes, points = prepare(sweep, only)
     if dry:
@@ -825,7 +853,7 @@ def run(sweep, workdir, *, only=(), dry=False, report_only=False, jobs=1, log=pr
             )
     # The tables cover the whole grid: points run earlier (or by another --only) count too;
     # --report-only with --only: that part of the grid (e.g. the learning rates finished).
-    results = report(sweep, *expand(sweep, only if report_only else ()), workdir)
+    results = report(sweep, *expand(sweep, only if report_only else ()), workdir, partial=partial)
     log(results["markdown"])
     return results
 
@@ -842,6 +870,11 @@ def main(argv=None) -> int:
         help="run only these labels of an axis (repeatable)",
     )
     parser.add_argument("--dry-run", action="store_true", help="print the grid and stop")
+    parser.add_argument(
+        "--partial",
+        action="store_true",
+        help="tables: tune a setting with pending runs over its finished learning rates",
+    )
     parser.add_argument(
         "--jobs",
         type=int,
@@ -869,6 +902,7 @@ def main(argv=None) -> int:
         dry=args.dry_run,
         report_only=args.report_only,
         jobs=args.jobs,
+        partial=args.partial,
     )
     return 0
 

@@ -218,6 +218,18 @@ def test_lr_tuned_by_mean_over_seeds_and_diverged_runs(sweep, tmp_path, monkeypa
     best = {r["mixer"]: r for r in part["best"]}
     assert best["softmax"]["lr"] == "0.001" and best["softmax"]["eval/accuracy"] == 0.5
     sweep.run(config, tmp_path, report_only=True, log=quiet)
+    # --partial: linear's lr 3e-3 made pending again; tuned over its finished lr (1e-3) only
+    hidden = tmp_path / "runs" / rows["linear", "0.003", "1"]["point"]
+    (hidden / "summary.json").rename(hidden / "summary.hidden")
+    full = sweep.run(config, tmp_path, report_only=True, log=quiet)
+    assert [r["mixer"] for r in full["best"]] == ["softmax"]  # linear has a pending run
+    part = sweep.run(config, tmp_path, report_only=True, partial=True, log=quiet)
+    best = {r["mixer"]: r for r in part["best"]}
+    assert (best["linear"]["lr"], best["linear"]["tuned over"]) == ("0.001", "1/2")
+    assert best["linear"]["eval/accuracy"] == pytest.approx(0.35)
+    assert best["softmax"]["tuned over"] == "2/2"
+    assert "| 0.3000/0.4000 | 1/2 | ok |" in (tmp_path / "results.md").read_text()
+    (hidden / "summary.hidden").rename(hidden / "summary.json")
 
     # all of linear's lrs have a diverged seed: its setting keeps a diverged row
     accuracy.pop(("linear", 1e-3, 1))
