@@ -636,10 +636,10 @@ def plot_mqar(best: list[dict], axes: list[Axis], sweep, out: Path) -> None:
     panels = [p for p in panel_axis.labels if any(r[panel_axis.name] == p for r in best)]
     colors = {line: f"C{i}" for i, line in enumerate(line_axis.labels)}
     markers = {line: "os^Dv<>pXP"[i % 10] for i, line in enumerate(line_axis.labels)}
-    # Lines nudged sideways (a factor of 1.03 apart on the log x axis) so that settings with
+    # Lines nudged sideways (a factor of 1.02 apart on the log x axis) so that settings with
     # the same x (same width, or the same state size) and their error bars stay readable.
     nudge = {
-        line: 1.03 ** (i - (len(line_axis.labels) - 1) / 2)
+        line: 1.02 ** (i - (len(line_axis.labels) - 1) / 2)
         for i, line in enumerate(line_axis.labels)
     }
     x_value = dict(zip(x_axis.labels, (c[0] for c in x_axis.choices), strict=True))
