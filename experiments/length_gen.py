@@ -248,9 +248,9 @@ def markdown(runs, edges, lengths) -> str:
 
 def plot(runs, edges, out: Path) -> None:
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(13, 4.8), width_ratios=(3, 2))
-    cmap = plt.get_cmap("tab20")
+    cmap = plt.get_cmap("tab10")
     for i, r in enumerate(runs):
-        style = dict(color=cmap(i % 20), marker="o", ms=3)
+        style = dict(color=cmap(i % 10), marker="o", ms=3)
         style["ls"] = "--" if "softmax" in r["label"] or r["mixer"] == "swa" else "-"
         buckets = r["buckets"]
         ax.plot(
@@ -265,11 +265,9 @@ def plot(runs, edges, out: Path) -> None:
     ax.axvline(0.5, color="grey", lw=0.8, ls=":")
     ax.set_xlabel("position in the window (bucket); trained on the first bucket's length")
     ax.set_ylabel("validation bits per byte")
-    ax.set_title("loss per position bucket")
-    ax.set_yscale("log")
+    ax.set_title("loss per position bucket (the same windows for every model)")
     ax.legend(fontsize=7, ncol=2)
     ax2.set_xscale("log", base=2)
-    ax2.set_yscale("log")
     ax2.set_xlabel("evaluation length l (mean over positions [0, l))")
     ax2.set_title("mean bits per byte")
     ax2.grid(alpha=0.3)

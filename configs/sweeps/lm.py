@@ -1,21 +1,23 @@
 """Byte-level language-model comparison of the mixers at one parameter budget.
 
-Command (2 CPU cores, about 15 minutes; writes results.csv, results.md and loss_curves.png):
+Command (2 CPU cores, about 20 minutes at light load; writes results.csv, results.md and
+loss_curves.png):
 
     python experiments/sweep.py --config configs/sweeps/lm.py:cpu --workdir runs/lm-sweep
 
 Each variant is softmax, linear (elu+1), favor (64 random features), taylor (Based, 16
 projected dims), retnet, gated, gla (a decay per key dimension), a hybrid (gated layers with one
-softmax layer), deltanet or gated_deltanet (the delta rule, issue 8; gla and the delta rule are
-not yet in the measured table below), on the built-in corpus (the standard library's source).
-d_model is adjusted per variant so parameter counts stay within 1% of softmax's (gla at
-``:cpu``: +1.03%, the nearest width; the counts are in results.md; ``--dry-run`` prints them).
-The table gives validation bits per byte, training tokens/s and decoding tokens/s (a fresh
-model of the same config stepping through a whole ``seq_len`` context, batch 1). Measured
-with ``:cpu`` (EXPERIMENTS.md, section 2; ~15 min on 2 shared cores), validation bits per
-byte: gated 2.16, hybrid 2.20, retnet 2.41, softmax 2.46, favor 2.62, taylor 2.68, linear
-2.75 (gla, added later, is not in these figures); at a 128-byte context every mixer decodes
-at 2-4k tokens/s (overhead, not state).
+softmax layer), deltanet or gated_deltanet (the delta rule), on the built-in corpus (the standard
+library's source, documents packed per file). d_model is adjusted per variant so parameter
+counts stay within 1% of softmax's (gla at ``:cpu``: +1.03%, the nearest width; the counts are
+in results.md; ``--dry-run`` prints them). The table gives validation bits per byte, training
+tokens/s and decoding tokens/s (a fresh model of the same config stepping through a whole
+``seq_len`` context, batch 1). Measured with ``:cpu`` (EXPERIMENTS.md, section 2; on 2 cores
+shared at load 9-25, so the tokens/s there are load figures, the bits per byte are not),
+validation bits per byte: gated_deltanet 2.17, gated 2.17, hybrid 2.20, gla 2.24, deltanet
+2.31, retnet 2.39, softmax 2.46, favor 2.63, linear 2.75 (taylor not rerun; 2.68 earlier,
+unpacked; its rerun was stopped for time). At that load the 9 runs took 1.5 hours of wall time,
+3-4 at a time.
 
 Presets (``configs/sweeps/lm.py:<arg>``):
   (none) / ``default``: the accelerator model of ``configs/lm.py`` (8 layers, d_model 512 for
