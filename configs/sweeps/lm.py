@@ -15,9 +15,8 @@ tokens/s and decoding tokens/s (a fresh model of the same config stepping throug
 ``seq_len`` context, batch 1). Measured with ``:cpu`` (EXPERIMENTS.md, section 2; on 2 cores
 shared at load 9-25, so the tokens/s there are load figures, the bits per byte are not),
 validation bits per byte: gated_deltanet 2.17, gated 2.17, hybrid 2.20, gla 2.24, deltanet
-2.31, retnet 2.39, softmax 2.46, favor 2.63, linear 2.75 (taylor not rerun; 2.68 earlier,
-unpacked; its rerun was stopped for time). At that load the 9 runs took 1.5 hours of wall time,
-3-4 at a time.
+2.31, retnet 2.39, softmax 2.46, favor 2.63, taylor 2.68, linear 2.75. At that load the 10
+runs took 1.7 hours of wall time, 3-4 at a time.
 
 Presets (``configs/sweeps/lm.py:<arg>``):
   (none) / ``default``: the accelerator model of ``configs/lm.py`` (8 layers, d_model 512 for
