@@ -23,8 +23,9 @@ Taylor layer then a sliding-window layer) and 2 seeds:
       ~40-90 CPU-s a run at d_model 64 and ~1.5x that at 128, about 75 min for the grid with
       two workers on two idle cores (``--jobs 2``; one XLA thread each: one process used 0.6
       of a core). On the shared machine (load 15-24 from other jobs) a run took 3-12 min of
-      wall time and only d_model 64 at lr 1e-2 (and softmax at 3e-2) finished, 22 of 120
-      runs (EXPERIMENTS.md, section 1: deltanet 0.946 (0.923–0.970), softmax at 3e-2 0.995).
+      wall time; later at load 4-9 1-3 min. 60 of 120 runs finished (EXPERIMENTS.md, section
+      1; d_model 64 tuned: softmax 0.995, deltanet 0.946, taylor 0.943, gla 0.903, linear
+      0.104; d_model 128, lr 1e-2: deltanet 0.991, gated_deltanet 0.980).
       ``order`` runs d_model 64 first and lr 1e-2 first, so a sweep cut short leaves every
       mixer at the same settings; ``--report-only --only lr=0.01`` tables what finished.
   ``smoke``: 8 tiny runs (softmax, linear × 2 learning rates × 2 seeds) for the test; seconds.
