@@ -30,8 +30,11 @@ never split into exp(b_t)·exp(−b_s), which overflows for strong decays (−30
 Gradient. Plain autodiff, memory-lean by `jax.checkpoint` around stage 4: its residuals are its
 inputs, per-token vectors and one state per chunk ([N, M, Dv], never one per token); the C×C
 scores and decay weights are recomputed in the backward pass. The associative scan keeps about
-2N chunk states. For a decay per key dimension stage 4 builds a [C, C, M] decay per chunk
-(O(T·C·M) temporaries, not kept for the backward): use a smaller chunk for large M.
+2N chunk states. For a decay per key dimension the scores Σ_m q_tm k_sm exp(b_tm − b_sm) are
+no single matmul: they are taken in sub-blocks of c ≤ 16 tokens (`chunked.SubBlocks`, the
+factorisation `chunk` uses), so the decay weights are [C/c, C, M] + [C/c, c, c, M] per chunk,
+O(T·(C/c + c)·M), not the O(T·C·M) of a full [C, C, M] decay (at C = 64: 20 instead of 64
+weights per token and key dimension).
 
 The normaliser is not special here: the dispatcher appends a value column of ones.
 """
@@ -41,6 +44,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from linear_attention.kernels.chunked import SubBlocks, sub_block_size
 from linear_attention.kernels.segments import cumulative_log_decay, masked_exp
 
 
@@ -101,14 +105,13 @@ def _outputs(q, k, v, b, r, start_BHNCK, entering_BHNMD):
     causal_CC = jnp.tril(jnp.ones((C, C), bool))
     if b is None:
         scores_BHNCC = jnp.where(causal_CC, jnp.einsum("bhncm,bhnsm->bhncs", q, k), 0.0)
-    else:
-        # exp(b_t − b_s) where s ≤ t and no reset in (s, t]: [B, H, N, C(t), C(s), K].
-        keep = causal_CC[:, :, None] & (r[..., :, None, :] == r[..., None, :, :])
-        decay_BHNCCK = masked_exp(keep, b[..., :, None, :] - b[..., None, :, :])
-        if decay_BHNCCK.shape[-1] == 1:  # one decay per head: it scales the C×C scores
-            scores_BHNCC = jnp.einsum("bhncm,bhnsm->bhncs", q, k) * decay_BHNCCK[..., 0]
-        else:  # one decay per key dimension: it weights each term of q_t·k_s
-            scores_BHNCC = jnp.einsum("bhncm,bhnsm,bhncsm->bhncs", q, k, decay_BHNCCK)
+    elif b.shape[-1] == 1:  # one decay per head: exp(b_t − b_s) scales the C×C scores
+        keep = causal_CC & (r[..., :, None, 0] == r[..., None, :, 0])
+        decay_BHNCC = masked_exp(keep, b[..., :, None, 0] - b[..., None, :, 0])
+        scores_BHNCC = jnp.einsum("bhncm,bhnsm->bhncs", q, k) * decay_BHNCC
+    else:  # one decay per key dimension: it weights each term of q_t·k_s (see the docstring)
+        scores_BHNCC = SubBlocks(b, r, sub_block_size(C)).scores(q, k)
+    if b is not None:
         q = q * start_BHNCK
     return jnp.einsum("bhncs,bhnsd->bhncd", scores_BHNCC, v) + jnp.einsum(
         "bhncm,bhnmd->bhncd", q, entering_BHNMD

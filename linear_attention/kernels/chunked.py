@@ -12,7 +12,7 @@ and g = b_C its total, the state (S, z) entering a chunk gives, for t in the chu
 A decay per key dimension (GLA, a [B,T,H,M]) makes b, g vectors over m: exp(b_t) and exp(g − b_s)
 scale q_t and k_s elementwise and exp(g) the rows of S. The intra-chunk scores
 Σ_m q_tm k_sm exp(b_tm − b_sm) are no longer one matmul; they are computed in sub-blocks of 16
-tokens (`_SubBlocks`): pairs in different sub-blocks factor around the boundary r of the query's
+tokens (`SubBlocks`): pairs in different sub-blocks factor around the boundary r of the query's
 sub-block as (q_t ⊙ exp(b_t − b_r))·(k_s ⊙ exp(b_r − b_s)), both exponents ≤ 0, and the
 diagonal sub-blocks use the exact masked [16, 16, M] decays. Nothing overflows for log decays of
 −30 per token or more. A log decay of −inf (a reset; packed documents) is carried as a count of
@@ -52,7 +52,7 @@ from linear_attention.kernels.segments import masked_exp
 ROWS_PER_STEP = 2048
 ROWS_PER_STEP_VECTOR_DECAY = 512
 MIN_TOKENS_PER_STEP = 128
-# Sub-block of the intra-chunk scores for a decay per key dimension (see `_SubBlocks`).
+# Sub-block of the intra-chunk scores for a decay per key dimension (see `SubBlocks`).
 SUB_BLOCK = 16
 
 
@@ -150,7 +150,7 @@ def _clean(ok_n, k_n, v_n):
     return jnp.where(ok_n, k_n, 0.0), jnp.where(ok_n, v_n, 0.0)
 
 
-def _sub_block_size(C):
+def sub_block_size(C):
     """The largest divisor of C that is at most SUB_BLOCK."""
     return max(c for c in range(1, min(SUB_BLOCK, C) + 1) if C % c == 0)
 
@@ -161,7 +161,7 @@ class _Decays:
     X = 1 for a decay per head, X = M per key dimension; every factor keeps the trailing X axis, so
     it broadcasts against q or k [.., C, M] and against the rows of a state [.., M, Dv]. Within
     chunk g: b = cumsum(a), total gt = b_C. Across the step: c_g = Σ_{g' < g} gt_{g'}.
-      intra  [B,H,G,C,C]    exp(b_t − b_s) for s ≤ t (X = 1 only; vector decays: `_SubBlocks`)
+      intra  [B,H,G,C,C]    exp(b_t − b_s) for s ≤ t (X = 1 only; vector decays: `SubBlocks`)
       start  [B,H,G,C,X]    exp(b_t): the entering state's weight on q_t
       end    [B,H,G,C,X]    exp(gt − b_s): k_s's weight in the chunk's state update u_g
       across [B,H,G,G,X]    exp(c_g − c_{g'+1}) for g' < g: u_{g'}'s weight in chunk g's state
@@ -219,7 +219,7 @@ def _exclusive(x_BHGX):
     return jnp.concatenate([jnp.zeros_like(x_BHGX[:, :, :1]), x_BHGX[:, :, :-1]], axis=2)
 
 
-class _SubBlocks:
+class SubBlocks:
     """Exact intra-chunk scores Σ_m q_tm k_sm exp(b_tm − b_sm) for a decay per key dimension.
 
     The exponent depends on m, so the scores are no matmul of decayed q and k unless split:
@@ -330,7 +330,7 @@ def _step_decays(a_n, GC, vector):
     """The step's decay factors and, for a decay per key dimension, its sub-block factors."""
     G, C = GC
     d = _Decays(a_n, G, C)
-    sub = _SubBlocks(d.b, d.n, _sub_block_size(C)) if vector else None
+    sub = SubBlocks(d.b, d.n, sub_block_size(C)) if vector else None
     return d, sub
 
 

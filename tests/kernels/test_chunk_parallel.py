@@ -2,6 +2,8 @@
 decays per key dimension, resets (−inf log decays), strong decays, chunk sizes, and a gradient
 that keeps one state per chunk. References: a float64 NumPy loop and the quadratic form."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -120,3 +122,17 @@ def test_gradient_keeps_no_state_per_token():
     per_token_states = T_long * Hl * Ml * Ml * 4
     assert temp_bytes("chunk_parallel") < per_token_states / 3
     assert temp_bytes("associative_scan") > per_token_states  # the bound is not vacuous
+
+
+def test_decay_per_key_dimension_needs_no_full_decay_per_chunk():
+    # A [C, C, M] decay per chunk would be T·C·M floats; the sub-block factorisation keeps
+    # [C/c, C, M] + [C/c, c, c, M] per chunk (c = 16): (C/c + c)·M = 20·M per token at C = 64.
+    T_long, Hl, Ml, C = 2048, 2, 64, 64
+    shape = jax.ShapeDtypeStruct((1, T_long, Hl, Ml), jnp.float32)
+    f = jax.jit(functools.partial(causal_chunk_parallel, chunk_size=C))
+    compiled = f.lower(
+        shape, shape, shape, shape, jax.ShapeDtypeStruct((1, Hl, Ml, Ml), jnp.float32)
+    )
+    temp = compiled.compile().memory_analysis().temp_size_in_bytes
+    full_decay = T_long * Hl * C * Ml * 4
+    assert temp < full_decay  # the full form: 2.1 times full_decay (a decay and a product)
