@@ -19,7 +19,10 @@ over rounds of the ratio within a round.
 Reports the issue's targets at the headline shape (T=16384, no decay): forward ≥ 3.5× and
 forward+backward ≥ 3× faster than the naive chunked form, forward at ≥ 0.40 of the matmul peak
 (forward FLOPs 4·T·H·(C·d + d²) per second over the matmul's, per round), gradient temporaries
-(XLA's compiled `temp_size_in_bytes`) ≤ 64 MiB; each in wall and CPU time. Writes
+(XLA's compiled `temp_size_in_bytes`) ≤ 64 MiB; each in wall and CPU time. Also timed: `stream`,
+one elementwise pass over the same arrays (the memory traffic no kernel avoids), and each
+kernel's time over it; a forward as fast as `stream` would reach `fraction_of_peak_at_stream` of
+the matmul peak, the most the peak-fraction target can show on the machine. Writes
 `results.json` and `speed.png`; prints a markdown table.
 """
 
@@ -37,6 +40,8 @@ import tarfile
 import tempfile
 import time
 from pathlib import Path
+
+import jax
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "experiments"))
@@ -102,7 +107,23 @@ def compile_points(kernels: dict, decays, T: int, matmul_n: int, log) -> tuple[d
                     skipped[name, decay, mode] = f"{type(e).__name__}: {e}"
                     log(f"skip {name} {decay} {mode}: {e}")
     points["matmul", "none", "fwd"] = matmul_point(matmul_n)
+    # the memory traffic no kernel avoids (see `stream`)
+    points["stream", "none", "fwd"] = jax.jit(stream).lower(*inputs[:3]).compile(), inputs[:3]
+    points["stream", "none", "grad"] = jax.jit(stream_grad).lower(*inputs).compile(), inputs
     return points, skipped
+
+
+def stream(q, k, v):
+    """One elementwise pass that reads q, k, v and writes an array of v's shape: the forward's
+    unavoidable memory traffic. On a machine with little memory bandwidth this, not the matmul
+    peak, bounds the kernel."""
+    return q + k + v
+
+
+def stream_grad(q, k, v, g):
+    """The gradient's unavoidable traffic: reads q, k, v and the cotangent g, writes three
+    arrays (autodiff of `stream` would only forward g)."""
+    return q * g, k * g, v * g
 
 
 def _ratio(num, den):
@@ -115,7 +136,7 @@ def summarize(points: dict, times: dict, T: int, matmul_n: int, before: str | No
     records = []
     for key, (compiled, _) in points.items():
         name, decay, mode = key
-        if name == "matmul":
+        if name in ("matmul", "stream"):
             continue
         rec = dict(
             name=name,
@@ -133,12 +154,19 @@ def summarize(points: dict, times: dict, T: int, matmul_n: int, before: str | No
                 rec[f"{clock}_speedup_vs_naive"] = _ratio(times[clock]["naive", "none", mode], own)
             if before is not None and name == "chunk" and (f"@{before}", decay, mode) in points:
                 rec[f"{clock}_over_before"] = _ratio(own, times[clock][f"@{before}", decay, mode])
+            st = times[clock]["stream", "none", mode]
+            rec[f"{clock}_stream_ms"] = statistics.median(st[1:]) * 1e3
+            rec[f"{clock}_over_stream"] = _ratio(own, st)
             if mode == "fwd" and decay == "none":
                 mm = times[clock]["matmul", "none", "fwd"]
                 peak = [2.0 * matmul_n**3 / t for t in mm[1:]]
                 rec[f"{clock}_matmul_gflops"] = statistics.median(peak) / 1e9
                 rec[f"{clock}_fraction_of_peak"] = statistics.median(
                     flops / t / p for t, p in zip(own[1:], peak, strict=True)
+                )
+                # the fraction a kernel as fast as its memory traffic alone would reach
+                rec[f"{clock}_fraction_of_peak_at_stream"] = statistics.median(
+                    flops / t / p for t, p in zip(st[1:], peak, strict=True)
                 )
         records.append(rec)
     return records
@@ -189,8 +217,8 @@ def plot(records, path: Path) -> None:
 def table(results) -> str:
     lines = [
         "| kernel | decay | pass | wall ms (min) | CPU ms (min) | × naive wall / CPU "
-        "| over before wall / CPU | peak fraction wall / CPU | temp MiB |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|",
+        "| over before wall / CPU | peak fraction wall / CPU | × stream wall / CPU | temp MiB |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
 
     def pair(r, field, fmt):
@@ -204,7 +232,7 @@ def table(results) -> str:
             f"| {r['wall_ms']:.1f} ({r['wall_min_ms']:.1f}) | {r['cpu_ms']:.1f} "
             f"({r['cpu_min_ms']:.1f}) | {pair(r, 'speedup_vs_naive', '.2f')} "
             f"| {pair(r, 'over_before', '.3f')} | {pair(r, 'fraction_of_peak', '.2f')} "
-            f"| {r['temp_MiB']:.1f} |"
+            f"| {pair(r, 'over_stream', '.2f')} | {r['temp_MiB']:.1f} |"
         )
     lines.append("")
     for name, per_clock in results["targets"].items():
@@ -214,6 +242,19 @@ def table(results) -> str:
                 + ", ".join(
                     f"{f} {t['value']:.2f} ({'met' if t['met'] else 'NOT met'}, bound {t['bound']})"
                     for f, t in ts.items()
+                )
+            )
+    for r in results["records"]:
+        if r["name"] == "chunk" and r["decay"] == "none":
+            lines.append(
+                f"stream ({r['mode']}): {r['wall_stream_ms']:.1f} ms wall / "
+                f"{r['cpu_stream_ms']:.1f} ms CPU"
+                + (
+                    "; a forward that fast would be at "
+                    f"{pair(r, 'fraction_of_peak_at_stream', '.2f')} of the matmul peak"
+                    " (wall / CPU)"
+                    if r["mode"] == "fwd"
+                    else ""
                 )
             )
     m = results["machine"]
@@ -258,6 +299,10 @@ def run(out, before=None, T=16384, repeats=9, matmul_n=2048, decays=("none",), l
         wall = interleaved(points, repeats, slow_s=float("inf"), cpu_times=cpu)
     results["machine"].update(load_avg_end=os.getloadavg(), wall_s=time.time() - start)
     results["records"] = summarize(points, {"wall": wall, "cpu": cpu}, T, matmul_n, before)
+    results["stream_times_s"] = {
+        mode: dict(wall=wall["stream", "none", mode], cpu=cpu["stream", "none", mode])
+        for mode in MODES
+    }
     results["skipped"] = [
         dict(name=n, decay=d, mode=m, reason=r) for (n, d, m), r in skipped.items()
     ]

@@ -25,6 +25,11 @@ def test_tiny_run_before_and_after(cs, tmp_path):
     assert (tmp_path / "speed.png").stat().st_size > 0
     assert json.loads((tmp_path / "results.json").read_text())["before"] == "HEAD"
     recs = {(r["name"], r["decay"], r["mode"]): r for r in res["records"]}
+    raw = json.loads((tmp_path / "results.json").read_text())
+    assert raw["records"] == json.loads(json.dumps(res["records"]))
+    recs_stream = {
+        m: {c: res["stream_times_s"][m][c] for c in ("wall", "cpu")} for m in ("fwd", "grad")
+    }
     expected = {("naive", "none", m) for m in ("fwd", "grad")} | {
         (n, d, m) for n in ("chunk", "@HEAD") for d in ("none", "head") for m in ("fwd", "grad")
     }
@@ -42,13 +47,25 @@ def test_tiny_run_before_and_after(cs, tmp_path):
                 old = recs["@HEAD", decay, mode][f"{clock}_times_s"]
                 ratio = statistics.median(t / o for t, o in zip(own[1:], old[1:], strict=True))
                 assert r[f"{clock}_over_before"] == pytest.approx(ratio)
+            stream = recs_stream[mode][clock]
+            ratio = statistics.median(t / s for t, s in zip(own[1:], stream[1:], strict=True))
+            assert r[f"{clock}_over_stream"] == pytest.approx(ratio)
         if mode == "fwd" and decay == "none":
             assert r["wall_fraction_of_peak"] > 0
+            assert r["wall_fraction_of_peak_at_stream"] > 0
     t = res["targets"]["chunk"]["cpu"]
     assert t["grad_temp_MiB"]["value"] == recs["chunk", "none", "grad"]["temp_MiB"]
     assert t["grad_temp_MiB"]["met"] == (t["grad_temp_MiB"]["value"] <= 64)
     speedup = recs["chunk", "none", "fwd"]["cpu_speedup_vs_naive"]
     assert t["fwd_speedup_vs_naive"] == dict(value=speedup, bound=3.5, met=speedup >= 3.5)
+
+
+def test_stream_reads_every_input_once(cs):
+    q, k, v = (np.full((1, 3, 2, 4), x, np.float32) for x in (1.0, 2.0, 4.0))
+    np.testing.assert_array_equal(cs.stream(q, k, v), np.full((1, 3, 2, 4), 7.0))
+    dq, dk, dv = cs.stream_grad(q, k, v, 3 * q)
+    for got, want in ((dq, 3.0), (dk, 6.0), (dv, 12.0)):
+        np.testing.assert_array_equal(got, np.full((1, 3, 2, 4), want))
 
 
 def test_loaded_kernels_compute_the_library_numbers(cs, tmp_path):
