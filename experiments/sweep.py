@@ -772,13 +772,15 @@ def dry_run(axes, points, log=print) -> None:
     log(f"{len(points)} points; axes: " + ", ".join(f"{a.name} {list(a.labels)}" for a in axes))
     for point in points:
         cfg = experiment_config(point.config)
-        key = model_config_at(cfg, cfg.data.seq_len)
+        key = (cfg.model, cfg.data.seq_len)
         if key not in cache:
-            abstract = nnx.eval_shape(lambda key=key: LanguageModel(key, rngs=nnx.Rngs(0)))
+            # the model as trained (learned positions: max_length rows); the state at the
+            # training context (softmax: a KV cache of seq_len tokens), as in results.csv
+            abstract = nnx.eval_shape(lambda m=cfg.model: LanguageModel(m, rngs=nnx.Rngs(0)))
             params = sum(
                 int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(abstract, nnx.Param))
             )
-            cache[key] = (params, state_size_bytes(key))
+            cache[key] = (params, _state_bytes(model_config_at(cfg, cfg.data.seq_len)))
         params, state = cache[key]
         log(
             f"  {point.name}: {params:,} params, state {state:,} B, "

@@ -158,6 +158,19 @@ def test_bad_only_and_cli_errors(sweep, tmp_path, capsys):
     assert "unknown preset 'nope'" in capsys.readouterr().err
 
 
+def test_dry_run_counts_the_parameters_of_the_model_as_trained(sweep):
+    # learned positions: max_length (2048) rows, not the training context's 32
+    config = sweep.load_sweep(f"{MQAR}:smoke")
+    config.base.model.position = "learned"
+    axes, points = sweep.prepare(config)
+    lines = []
+    sweep.dry_run(axes, points[:1], log=lines.append)
+    model = LanguageModel(experiment_config(points[0].config).model, rngs=nnx.Rngs(0))
+    params = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+    assert params == 11_296 + 2048 * 32
+    assert f"{params:,} params" in lines[1]
+
+
 # --------------------------------------------------------------------------- selection
 def test_lr_tuned_by_mean_over_seeds_and_diverged_runs(sweep, tmp_path, monkeypatch):
     """Runs replaced by files with chosen accuracies (mixer, lr, seed). softmax: lr 1e-3 holds
