@@ -7,15 +7,16 @@ Command (writes results.csv, best.csv, results.md and two plots; resumable):
     python experiments/sweep.py --config configs/sweeps/mqar.py:cpu --workdir runs/mqar-study \
         --jobs 2
 
-Presets (``configs/sweeps/mqar.py:<arg>``), both with the 10 mixers (softmax, linear = elu+1,
+Presets (``configs/sweeps/mqar.py:<arg>``), both with 11 mixers (softmax, linear = elu+1,
 taylor, retnet, gated, gla, deltanet, gated_deltanet, swa, Based = ``("taylor", "swa")``: a
-Taylor layer then a sliding-window layer) and 2 seeds:
+Taylor layer then a sliding-window layer, and linear_scale8 = elu+1 with q and k scaled by 8
+before the feature map) and 2 seeds:
   (none) / ``default``: the Zoology grid for an accelerator: vocab 8192, d_model 64…512,
       (seq_len, kv pairs) = (64, 4), (128, 8), (256, 16), (512, 64), learning rates
       logspace(-4, -2, 4), 20k steps of batch 256 per run; Taylor and Based with 16 projected
-      dims, windows of 64 (at seq_len 64 that window is full softmax attention). 1280 runs.
+      dims, windows of 64 (at seq_len 64 that window is full softmax attention). 1408 runs.
   ``cpu``: d_model (64, 128) × (seq_len 64, 8 pairs) × learning rates (1e-2, 3e-2, 3e-3) ×
-      seeds (0, 1): 120 runs of at most 400 steps of batch 64 (warmup 40, cosine), stopped
+      seeds (0, 1): 132 runs of at most 400 steps of batch 64 (warmup 40, cosine), stopped
       at the first evaluation (every 50 steps, 512 held-out examples) with accuracy >= 0.99;
       Taylor and Based with 8 projected dims (45 features), swa and Based with windows of 16.
       Budget, measured at 10:37 on the 2-core machine at load ~1: a 400-step d_model-64 run
@@ -51,18 +52,28 @@ MIXERS = ("softmax", "linear", "taylor", "retnet", "gated", "gla", "deltanet", "
 # The accelerator grid adds sliding-window softmax (window = base.model.window, 64) and Based:
 # taylor and swa layers alternating (README, "Based"), its taylor layers at `taylor_dim`.
 BASED = ("taylor", "swa")
-DEFAULT_MIXERS = (*MIXERS, "swa", "based")
+# elu+1 with q and k scaled by 8 before the feature map (EXPERIMENTS.md, "Why elu+1 sits at
+# chance"): the fixed feature map at a scale where it learns; "linear" is the published scale 1.
+LINEAR_SCALED = "linear_scale8"
+DEFAULT_MIXERS = (*MIXERS, "swa", "based", LINEAR_SCALED)
+MIXER_FIELDS = ("model.mixer", "model.feature_dim", "model.window", "model.feature_scale")
 
 
-def _mixer_choices(names, taylor_dim, window=None):
-    """(model.mixer, model.feature_dim[, model.window]) per mixer label; only taylor layers
-    use feature_dim, only swa layers the window (the others keep the default, 64)."""
+def _mixer_choices(names, taylor_dim, window):
+    """(model.mixer, model.feature_dim, model.window, model.feature_scale) per mixer label
+    (`MIXER_FIELDS`); only taylor layers use feature_dim, only swa layers the window (the others
+    keep the default, 64), only the scaled elu+1 a feature_scale."""
     choices = []
     for m in names:
-        choice = (BASED if m == "based" else m, taylor_dim if m in ("taylor", "based") else None)
-        if window is not None:
-            choice += (window if m in ("swa", "based") else 64,)
-        choices.append(choice)
+        mixer = {"based": BASED, LINEAR_SCALED: "linear"}.get(m, m)
+        choices.append(
+            (
+                mixer,
+                taylor_dim if m in ("taylor", "based") else None,
+                window if m in ("swa", "based") else 64,
+                8.0 if m == LINEAR_SCALED else None,
+            )
+        )
     return choices
 
 
@@ -95,7 +106,7 @@ def get_config(arg=None):
     task = ("data.seq_len", "data.num_kv_pairs")
 
     if arg == "default":
-        grid.mixer = _axis(mixer, _mixer_choices(DEFAULT_MIXERS, 16), DEFAULT_MIXERS)
+        grid.mixer = _axis(MIXER_FIELDS, _mixer_choices(DEFAULT_MIXERS, 16, 64), DEFAULT_MIXERS)
         # Zoology: d_model 64…512; seq_len and kv pairs grow together; lr = logspace(-4, -2, 4).
         grid.d_model = _axis("model.d_model", (64, 128, 256, 512))
         grid.task = _axis(task, ((64, 4), (128, 8), (256, 16), (512, 64)))
@@ -117,9 +128,7 @@ def get_config(arg=None):
         # swa and Based's sliding windows see 16 tokens: at seq_len 64 a 64-token window is
         # full softmax attention; 16 holds at most 8 pairs when the queries come (no recall of
         # pairs further back), the point of Based's small windows plus a global linear state.
-        grid.mixer = _axis(
-            (*mixer, "model.window"), _mixer_choices(DEFAULT_MIXERS, 8, 16), DEFAULT_MIXERS
-        )
+        grid.mixer = _axis(MIXER_FIELDS, _mixer_choices(DEFAULT_MIXERS, 8, 16), DEFAULT_MIXERS)
         # d_model 32 learns nothing in 400 steps (EXPERIMENTS.md); (64, 8) only: the budget.
         grid.d_model = _axis("model.d_model", (64, 128))
         grid.task = _axis(task, ((64, 8),))

@@ -72,12 +72,23 @@ def test_presets_expand_and_validate(sweep):
             sizes[Path(path).stem, preset] = len(points)
     assert sizes == {
         ("mqar", "smoke"): 8,
-        ("mqar", "cpu"): 120,  # 10 mixers x 2 widths x 3 lrs x 2 seeds
-        ("mqar", "default"): 1280,  # 10 mixers (swa and Based included) x 4 x 4 x 4 x 2 seeds
+        ("mqar", "cpu"): 132,  # 11 mixers x 2 widths x 3 lrs x 2 seeds
+        ("mqar", "default"): 1408,  # 11 mixers (swa, Based, scaled elu+1) x 4 x 4 x 4 x 2 seeds
         ("lm", "smoke"): 2,
         ("lm", "cpu"): 10,
         ("lm", "default"): 20,
     }
+
+
+def test_mqar_cpu_mixer_labels_set_their_options(sweep):
+    _, points = sweep.expand(sweep.load_sweep(f"{MQAR}:cpu"), ["d_model=64", "lr=0.01", "seed=0"])
+    models = {p.labels["mixer"]: experiment_config(p.config).model for p in points}
+    assert len(models) == 11
+    scaled, linear = models["linear_scale8"], models["linear"]
+    assert (scaled.mixer, scaled.feature_scale, linear.feature_scale) == ("linear", 8.0, None)
+    assert (models["based"].mixer, models["based"].feature_dim) == (("taylor", "swa"), 8)
+    assert models["swa"].window == models["based"].window == 16
+    assert models["softmax"].window == 64 and models["softmax"].feature_dim is None
 
 
 def test_lm_cpu_variants_match_softmax_parameter_count(sweep):
