@@ -27,7 +27,9 @@ resumes from its latest checkpoint, one that diverged (``failed.json``) is recor
 With ``--jobs N`` the unfinished points are trained by N worker processes (``sweep.py
 --worker``, one XLA thread each: these small models leave a second intra-op thread idle), a
 setting's seeds on one worker in a row (they share its compiled step); only this process writes
-the results files. A run that stops early (``train.stop_at``) counts as finished.
+the results files. A run that stops early (``train.stop_at``) counts as finished. Ctrl-C (or
+SIGTERM) stops the sweep after every run in progress has saved a checkpoint (the workers get
+the signal from this process, once), exits with 130, and the same command resumes.
 
 Outputs in the workdir: ``results.csv`` (every run, with its seed, steps run and whether it
 stopped early), ``best.csv`` and ``results.md`` (the best learning rate per setting) and plots.
@@ -59,6 +61,7 @@ import os
 import pickle
 import queue
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -327,21 +330,34 @@ def run_point(config, run_dir: Path, *, decode_batch_size: int, log=print) -> st
 def _worker_main() -> int:
     """``sweep.py --worker``: run the points sent on stdin (one pickled, base64 line each:
     config, run directory, decode batch size) and answer each with a result line."""
-    for line in sys.stdin:
-        cfg, run_dir, decode_batch_size = pickle.loads(base64.b64decode(line))
-        start = time.perf_counter()
-        try:
-            status = run_point(cfg, Path(run_dir), decode_batch_size=decode_batch_size, log=quiet)
-            result = {"status": status}
-        except Exception as e:  # reported to the parent, which stops the sweep
-            result = {"error": f"{type(e).__name__}: {e}"}
-        result["seconds"] = time.perf_counter() - start
-        print(_RESULT + json.dumps(result), flush=True)
+    try:
+        for line in sys.stdin:
+            cfg, run_dir, decode_batch_size = pickle.loads(base64.b64decode(line))
+            start = time.perf_counter()
+            try:
+                status = run_point(
+                    cfg, Path(run_dir), decode_batch_size=decode_batch_size, log=quiet
+                )
+                result = {"status": status}
+            except KeyboardInterrupt as e:  # the parent forwarded SIGINT (Interrupted: saved)
+                result = {"interrupted": str(e) or "before training started"}
+            except Exception as e:  # reported to the parent, which stops the sweep
+                result = {"error": f"{type(e).__name__}: {e}"}
+            result["seconds"] = time.perf_counter() - start
+            print(_RESULT + json.dumps(result), flush=True)
+            if "interrupted" in result:
+                return 130
+    except KeyboardInterrupt:  # between points: nothing to save
+        return 130
     return 0
 
 
 def quiet(*_):
     pass
+
+
+class SweepInterrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM stopped the sweep; the runs in progress saved checkpoints."""
 
 
 def run_parallel(
@@ -360,10 +376,10 @@ def run_parallel(
         todo.put(group)
     env = dict(os.environ)
     env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {WORKER_XLA_FLAGS}".strip()
-    errors = []
+    errors, interrupted = [], []
 
     def drive(worker):
-        while not errors:
+        while not errors and not interrupted:
             try:
                 group = todo.get_nowait()
             except queue.Empty:
@@ -381,7 +397,14 @@ def run_parallel(
                 result = json.loads(line[len(_RESULT) :])
                 break
         else:
-            result = {"error": f"worker exited (code {worker.wait()})", "seconds": 0.0}
+            code = worker.wait()
+            if interrupted:  # stopped by the forwarded signal before it could report
+                result = {"interrupted": f"worker exited (code {code})"}
+            else:
+                result = {"error": f"worker exited (code {code})", "seconds": 0.0}
+        if "interrupted" in result:
+            interrupted.append(f"{point.name}: {result['interrupted']}")
+            return False
         if "error" in result:
             errors.append(f"{point.name}: {result['error']}")
             return False
@@ -391,22 +414,45 @@ def run_parallel(
         return True
 
     command = [sys.executable, str(Path(__file__).resolve()), "--worker"]
+    # Workers in their own session: a Ctrl-C at the terminal reaches this process only, which
+    # forwards it once (a second signal to a worker means "stop now, without a checkpoint").
     workers = [
-        subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        subprocess.Popen(
+            command,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+            start_new_session=True,
+        )
         for _ in range(min(jobs, len(points)))
     ]
     threads = [threading.Thread(target=drive, args=(w,)) for w in workers]
+
+    def forward(signum, _frame):
+        interrupted.append(signal.Signals(signum).name)  # no new points from here on
+        for worker in workers:
+            if worker.poll() is None:
+                worker.send_signal(signum)
+
+    handlers = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         for thread in threads:
             thread.start()
         for thread in threads:
-            thread.join()
+            while thread.is_alive():  # a timed join lets the signal handler run
+                thread.join(0.5)
     finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
         for worker in workers:
             worker.stdin.close()
             worker.wait()
     if errors:
         raise RuntimeError("sweep worker failed: " + "; ".join(errors))
+    if interrupted:
+        runs = [i for i in interrupted if ": " in i]
+        raise SweepInterrupted("; ".join(runs) or "before any run reported")
 
 
 # --------------------------------------------------------------------------- results
@@ -897,15 +943,23 @@ def main(argv=None) -> int:
     except ValueError as e:
         print(f"sweep: error: {e}", file=sys.stderr)
         return 2
-    run(
-        sweep,
-        args.workdir,
-        only=args.only,
-        dry=args.dry_run,
-        report_only=args.report_only,
-        jobs=args.jobs,
-        partial=args.partial,
-    )
+    try:
+        run(
+            sweep,
+            args.workdir,
+            only=args.only,
+            dry=args.dry_run,
+            report_only=args.report_only,
+            jobs=args.jobs,
+            partial=args.partial,
+        )
+    except KeyboardInterrupt as e:  # Interrupted (one run), SweepInterrupted (workers), Ctrl-C
+        detail = f" ({e})" if str(e) else ""
+        print(
+            f"sweep: interrupted{detail}; rerun the same command to resume in {args.workdir}",
+            file=sys.stderr,
+        )
+        return 130
     return 0
 
 

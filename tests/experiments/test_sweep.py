@@ -5,6 +5,11 @@ without summary resumes from its checkpoint, a changed grid on the same workdir 
 import csv
 import json
 import math
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import jax
@@ -432,3 +437,56 @@ def test_mqar_sweep_early_stop_and_parallel_workers(sweep, mqar_run, tmp_path, m
     finally:
         config.base.train.stop_metric = "eval/accuracy"
         config.base.train.stop_at = 0.0
+
+
+def test_ctrl_c_stops_parallel_workers_with_checkpoints(tmp_path):
+    """SIGINT to `sweep.py --jobs 2` (a terminal's Ctrl-C reaches the parent only: workers run
+    in their own session) is forwarded once: every run in progress saves a checkpoint, the sweep
+    exits 130 with one line naming them and no traceback, and nothing is marked finished."""
+    grid = tmp_path / "long.py"
+    grid.write_text(
+        "import importlib.util\n"
+        f"spec = importlib.util.spec_from_file_location('mqar_sweep', {MQAR!r})\n"
+        "module = importlib.util.module_from_spec(spec)\n"
+        "spec.loader.exec_module(module)\n\n\n"
+        "def get_config(arg=None):\n"
+        "    config = module.get_config('smoke')\n"
+        "    config.base.train.num_steps = 100_000\n"
+        "    config.base.train.log_every = 1\n"
+        "    config.base.train.eval_every = 100_000\n"
+        "    config.base.train.checkpoint_every = 100_000\n"
+        "    return config\n"
+    )
+    workdir = tmp_path / "sweep"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, str(ROOT / "experiments/sweep.py"), "--config", str(grid)]
+    proc = subprocess.Popen(
+        [*command, "--workdir", str(workdir), "--jobs", "2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and proc.poll() is None:
+            logs = list(workdir.glob("runs/*/train.log"))
+            if len(logs) == 2 and all("step " in p.read_text() for p in logs):
+                break
+            time.sleep(0.5)
+        assert proc.poll() is None, proc.communicate()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=240)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, (out, err)
+    assert "Traceback" not in out + err, err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("sweep: interrupted (") and "rerun the same command" in line
+    assert line.count("checkpoint saved") == 2
+    for log in logs:
+        run = log.parent
+        assert run.name in line
+        steps = [int(p.name) for p in (run / "checkpoints").iterdir() if p.name.isdigit()]
+        assert steps and max(steps) > 0
+        assert not (run / "summary.json").exists()
