@@ -680,8 +680,10 @@ def plot_mqar(best: list[dict], axes: list[Axis], sweep, out: Path) -> None:
     plot = sweep.plot
     x_axis, line_axis, panel_axis = (_axis_of(axes, plot[k]) for k in ("x", "line", "panel"))
     panels = [p for p in panel_axis.labels if any(r[panel_axis.name] == p for r in best)]
-    colors = {line: f"C{i}" for i, line in enumerate(line_axis.labels)}
-    markers = {line: "os^Dv<>pXP"[i % 10] for i, line in enumerate(line_axis.labels)}
+    # the ten default colours, then black and greys; a marker each (up to 15 lines apart)
+    palette = [f"C{i}" for i in range(10)] + ["black", "0.45", "0.65", "0.3", "0.55"]
+    colors = {line: palette[i % len(palette)] for i, line in enumerate(line_axis.labels)}
+    markers = {line: "os^Dv<>pXP*hd8H"[i % 15] for i, line in enumerate(line_axis.labels)}
     # Lines nudged sideways (a factor of 1.02 apart on the log x axis) so that settings with
     # the same x (same width, or the same state size) and their error bars stay readable.
     nudge = {
