@@ -19,14 +19,11 @@ before the feature map) and 2 seeds:
       seeds (0, 1): 132 runs of at most 400 steps of batch 64 (warmup 40, cosine), stopped
       at the first evaluation (every 50 steps, 512 held-out examples) with accuracy >= 0.99;
       Taylor and Based with 8 projected dims (45 features), swa and Based with windows of 16.
-      Budget, measured at 10:37 on the 2-core machine at load ~1: a 400-step d_model-64 run
-      costs ~0.09 CPU-s per step for softmax and ~0.2 for deltanet (plus 5-10 s to compile):
-      ~40-90 CPU-s a run at d_model 64 and ~1.5x that at 128, about 75 min for the grid with
-      two workers on two idle cores (``--jobs 2``; one XLA thread each: one process used 0.6
-      of a core). On the shared machine (load 15-24 from other jobs) a run took 3-12 min of
-      wall time; later at load 4-9 1-3 min. 60 of 120 runs finished (EXPERIMENTS.md, section
-      1; d_model 64 tuned: softmax 0.995, deltanet 0.946, taylor 0.943, gla 0.903, linear
-      0.104; d_model 128, lr 1e-2: deltanet 0.991, gated_deltanet 0.980).
+      Budget: a run takes ~1 min at d_model 64 and ~1.7 min at 128 (medians, two workers
+      with ``--jobs 2``, one XLA thread each, on the 2-core machine at load 3-8), about 1.5 h
+      for the grid. All 132 runs finished (EXPERIMENTS.md, section 1; tuned, d_model 64 /
+      128: softmax 0.995 / 0.997, deltanet 0.946 / 0.991, taylor 0.943 / 0.937, gla 0.903 /
+      0.987, linear 0.104 / 0.301, linear_scale8 0.683 / 0.809).
       ``order`` runs d_model 64 first and lr 1e-2 first, so a sweep cut short leaves every
       mixer at the same settings; ``--report-only --only lr=0.01`` tables what finished.
   ``smoke``: 8 tiny runs (softmax, linear × 2 learning rates × 2 seeds) for the test; seconds.
