@@ -46,8 +46,8 @@ import ml_collections
 
 PRESETS = ("default", "cpu", "smoke")
 MIXERS = ("softmax", "linear", "taylor", "retnet", "gated", "gla", "deltanet", "gated_deltanet")
-# The accelerator grid adds sliding-window softmax (window = base.model.window, 64) and Based:
-# taylor and swa layers alternating (README, "Based"), its taylor layers at `taylor_dim`.
+# Both grids add sliding-window softmax and Based: taylor and swa layers alternating (README,
+# "Based"), its taylor layers at the preset's projected width.
 BASED = ("taylor", "swa")
 # elu+1 with q and k scaled by 8 before the feature map (EXPERIMENTS.md, "Why elu+1 sits at
 # chance"): the fixed feature map at a scale where it learns; "linear" is the published scale 1.
@@ -96,9 +96,6 @@ def get_config(arg=None):
     config.replicate = "seed"  # ... by its mean over the seeds (Zoology's protocol)
     config.plot = ml_collections.ConfigDict(dict(x="d_model", line="mixer", panel="task"))
     grid = config.grid = ml_collections.ConfigDict()
-    # feature_dim is set with the mixer: only taylor uses it (Based's projected q/k width).
-    mixer = ("model.mixer", "model.feature_dim")
-    grid.mixer = _axis(mixer, [(m, 16 if m == "taylor" else None) for m in MIXERS], MIXERS)
     grid.seed = _axis("seed", (0, 1))
     task = ("data.seq_len", "data.num_kv_pairs")
 
@@ -134,7 +131,11 @@ def get_config(arg=None):
         grid.lr = _axis("optimizer.learning_rate", (1e-2, 3e-2, 3e-3))
         config.order = ("d_model", "lr", "mixer", "seed", "task")
     else:  # smoke
-        grid.mixer = _axis(mixer, (("softmax", None), ("linear", None)), ("softmax", "linear"))
+        grid.mixer = _axis(
+            ("model.mixer", "model.feature_dim"),
+            (("softmax", None), ("linear", None)),
+            ("softmax", "linear"),
+        )
         grid.d_model = _axis("model.d_model", (32,))
         grid.task = _axis(task, ((32, 4),))
         grid.lr = _axis("optimizer.learning_rate", (1e-3, 3e-3))
