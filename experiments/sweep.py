@@ -429,19 +429,28 @@ def run_parallel(
     ]
     threads = [threading.Thread(target=drive, args=(w,)) for w in workers]
 
-    def forward(signum, _frame):
-        interrupted.append(signal.Signals(signum).name)  # no new points from here on
-        for worker in workers:
-            if worker.poll() is None:
-                worker.send_signal(signum)
+    received = []  # signals caught and not yet forwarded
 
-    handlers = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    def on_signal(signum, _frame):
+        # Only set flags (no I/O in a handler, issue 23); the loop below forwards.
+        received.append(signum)
+        interrupted.append(signal.Signals(signum).name)  # no new points from here on
+
+    def forward_received():
+        while received:
+            signum = received.pop(0)
+            for worker in workers:
+                if worker.poll() is None:
+                    worker.send_signal(signum)
+
+    handlers = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         for thread in threads:
             thread.start()
         for thread in threads:
             while thread.is_alive():  # a timed join lets the signal handler run
-                thread.join(0.5)
+                thread.join(0.1)
+                forward_received()
     finally:
         for sig, handler in handlers.items():
             signal.signal(sig, handler)

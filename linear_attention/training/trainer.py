@@ -81,15 +81,23 @@ class _StopSignals:
 
     def __init__(self, reporter: Reporter):
         self.reporter, self.received, self._previous = reporter, None, {}
+        self._announced = False
 
     def _handle(self, signum, frame):
+        # Only set a flag: a handler that writes to a stream the loop is writing to raises
+        # "reentrant call" (issue 23), so the loop prints the message (`announce`).
         if self.received is not None:  # a second signal: do not wait any longer
             raise KeyboardInterrupt
         self.received = signal.Signals(signum).name
-        self.reporter.message(
-            f"{self.received} received: saving a checkpoint after this step "
-            "(send it again to stop now)"
-        )
+
+    def announce(self) -> None:
+        """Called by the loop between steps: says once that a signal arrived."""
+        if self.received is not None and not self._announced:
+            self._announced = True
+            self.reporter.message(
+                f"{self.received} received: saving a checkpoint after this step "
+                "(send it again to stop now)"
+            )
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
@@ -490,6 +498,7 @@ def _loop(
         do_eval = done % tc.eval_every == 0 or final
         # A stop signal: check and save what was trained, then stop (no extra log record, so
         # the resumed run's metrics.jsonl matches an uninterrupted one's).
+        stop.announce()
         interrupted = stop.received is not None and not final
         do_ckpt = done % tc.checkpoint_every == 0 or final or interrupted
         if not (do_log or do_eval or do_ckpt):
