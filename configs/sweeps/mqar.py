@@ -58,8 +58,9 @@ MIXER_FIELDS = ("model.mixer", "model.feature_dim", "model.window", "model.featu
 
 def _mixer_choices(names, taylor_dim, window):
     """(model.mixer, model.feature_dim, model.window, model.feature_scale) per mixer label
-    (`MIXER_FIELDS`); only taylor layers use feature_dim, only swa layers the window (the others
-    keep the default, 64), only the scaled elu+1 a feature_scale."""
+    (`MIXER_FIELDS`); only taylor layers use feature_dim, only swa layers the window, only the
+    scaled elu+1 a feature_scale (the others leave them unset: a mixer refuses an option it does
+    not use)."""
     choices = []
     for m in names:
         mixer = {"based": BASED, LINEAR_SCALED: "linear"}.get(m, m)
@@ -67,7 +68,7 @@ def _mixer_choices(names, taylor_dim, window):
             (
                 mixer,
                 taylor_dim if m in ("taylor", "based") else None,
-                window if m in ("swa", "based") else 64,
+                window if m in ("swa", "based") else None,
                 8.0 if m == LINEAR_SCALED else None,
             )
         )

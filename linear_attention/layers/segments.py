@@ -1,17 +1,56 @@
 """Packed rows: several documents in one row, told apart by `segment_ids[B, T]` (integers).
 
 A document is a maximal run of equal ids: a token starts a new document when its id differs
-from the previous token's (as the kernels reset their states). Every mixer reduces the ids to
-`document_ids` (0, 1, 2, … per row), so a softmax mask over equal ids and a recurrent reset at
-changes of id describe the same documents even if an id value comes back later in a row.
+from the previous token's (as the kernels reset their states). `Segments.from_ids` checks the
+ids once and computes, once per model call, everything the layers need:
+
+    ids        int32 [B, T]  the index of each token's document in its row (0, 1, 2, …): a
+                             softmax mask over equal ids and a recurrent reset at changes of id
+                             then describe the same documents even if an id comes back later
+    starts     bool  [B, T]  True where a document starts (t = 0 and every change of id)
+    positions  int32 [B, T]  each token's position within its document (rotary, learned)
+
+The model builds it and passes it down its blocks; a mixer called with raw `segment_ids` builds
+it itself. Layers below never validate or convert the ids again (the public kernels, which take
+`ids` as their `segment_ids`, keep their own input checks).
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 
-from linear_attention.kernels.segments import segment_starts
+from linear_attention.kernels.segments import check_segment_ids, segment_starts
+
+
+class Segments(NamedTuple):
+    """Document ids, starts and positions of packed rows, `[B, T]` each (see the module)."""
+
+    ids: jax.Array
+    starts: jax.Array
+    positions: jax.Array
+
+    @classmethod
+    def from_ids(cls, segment_ids, batch: int, time: int) -> Segments:
+        """Check `segment_ids` (integers `[batch, time]`, ValueError otherwise) and derive the
+        document ids, starts and positions."""
+        segment_ids = check_segment_ids(segment_ids, batch, time)
+        changes_BT = segment_starts(segment_ids)
+        ids_BT = jnp.cumsum(changes_BT, axis=1, dtype=jnp.int32)
+        starts_BT = changes_BT.at[:, 0].set(True)
+        index_T = jnp.arange(time, dtype=jnp.int32)
+        first_BT = jax.lax.cummax(jnp.where(starts_BT, index_T, 0), axis=1)
+        return cls(ids_BT, starts_BT, index_T - first_BT)
+
+
+def as_segments(segments, batch: int, time: int) -> Segments | None:
+    """`segments` as a `Segments`: None and `Segments` pass through, raw ids are checked and
+    converted (the entry point of a layer called on its own)."""
+    if segments is None or isinstance(segments, Segments):
+        return segments
+    return Segments.from_ids(segments, batch, time)
 
 
 def document_ids(segment_ids_BT: jax.Array) -> jax.Array:
@@ -22,14 +61,5 @@ def document_ids(segment_ids_BT: jax.Array) -> jax.Array:
 
 def document_positions(document_ids_BT: jax.Array) -> jax.Array:
     """int32 `[B, T]`: each token's position within its document (0 at a document's start)."""
-    t = document_ids_BT.shape[1]
-    index_T = jnp.arange(t, dtype=jnp.int32)
-    start_BT = jnp.concatenate(
-        [
-            jnp.ones_like(document_ids_BT[:, :1], dtype=bool),
-            document_ids_BT[:, 1:] != document_ids_BT[:, :-1],
-        ],
-        axis=1,
-    )
-    first_BT = jax.lax.cummax(jnp.where(start_BT, index_T, 0), axis=1)
-    return index_T - first_BT
+    b, t = document_ids_BT.shape
+    return Segments.from_ids(document_ids_BT.astype(jnp.int32), b, t).positions

@@ -27,9 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from linear_attention.kernels.segments import check_segment_ids
-from linear_attention.layers import Block, FavorMixer, MixerState, RMSNorm
-from linear_attention.layers.segments import document_ids, document_positions
+from linear_attention.layers import Block, FavorMixer, MixerState, RMSNorm, Segments
 from linear_attention.layers.sequence import sequence_offset
 from linear_attention.models.config import ModelConfig
 from linear_attention.models.tokens import check_token_ids, is_concrete
@@ -95,10 +93,10 @@ class LanguageModel(nnx.Module):
         )
 
     # ------------------------------------------------------------------ pieces
-    def _embed(self, tokens, position, documents_BT=None):
+    def _embed(self, tokens, position, segments=None):
         """``(x, valid)``: embeddings, and whether each position has a token id in range (and,
         with learned positions, a position < max_length). Invalid positions embed as zeros so
-        that nothing NaN reaches the mixers (`_logits` marks them NaN). With `documents_BT`
+        that nothing NaN reaches the mixers (`_logits` marks them NaN). With `segments`
         (packed rows) and `config.reset_positions`, learned positions restart per document."""
         config = self.config
         valid = (tokens >= 0) & (tokens < config.vocab_size)
@@ -106,8 +104,8 @@ class LanguageModel(nnx.Module):
         if self.pos_embed is not None:
             t = tokens.shape[-1] if tokens.ndim == 2 else 1
             positions = position + jnp.arange(t, dtype=jnp.int32)
-            if documents_BT is not None and config.reset_positions:
-                positions = document_positions(documents_BT)  # [B, T]
+            if segments is not None and config.reset_positions:
+                positions = segments.positions  # [B, T]
             in_range = positions < config.max_length
             pos = self.pos_embed(jnp.where(in_range, positions, 0))
             x = x + (pos if tokens.ndim == 2 else pos[0])
@@ -133,14 +131,12 @@ class LanguageModel(nnx.Module):
                 f"tokens has length {tokens.shape[1]} > max_length={self.config.max_length}"
             )
         check_token_ids(tokens, self.config.vocab_size)
-        documents_BT = None
-        if segment_ids is not None:
-            check_segment_ids(segment_ids, *tokens.shape)
-            documents_BT = document_ids(segment_ids)
+        # checked and turned into document ids, starts and positions once, for every layer
+        segments = None if segment_ids is None else Segments.from_ids(segment_ids, *tokens.shape)
         # position 0 unless time is split (packed rows with a split time axis raise in the mixers)
-        x, valid = self._embed(tokens, sequence_offset(tokens.shape[1]), documents_BT)
+        x, valid = self._embed(tokens, sequence_offset(tokens.shape[1]), segments)
         for block in self.blocks:
-            x = block(x, documents_BT)
+            x = block(x, segments)
         return self._logits(x, valid)
 
     def init_state(self, batch_size: int, max_length: int | None = None) -> ModelState:

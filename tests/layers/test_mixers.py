@@ -15,6 +15,7 @@ from linear_attention.layers import (
     KVCache,
     MixerState,
     ShortConv,
+    attention_inputs,
     get_mixer,
 )
 from linear_attention.layers.rotary import apply_rotary
@@ -251,6 +252,7 @@ BAD_OPTIONS = [
     (dict(name="swa", window=0), "window must be an integer >= 1, got 0"),
     (dict(name="swa", window=2.5), "window must be an integer >= 1, got 2.5"),
     (dict(name="swa", method="chunk"), "does not use option method"),
+    (dict(name="softmax", bogus=1), "mixer 'softmax' does not use option bogus=1"),
 ]
 
 
@@ -316,9 +318,9 @@ def test_attention_inputs_reproduce_the_mixer(case):
     mixer, x = make(case), inputs()
     if name in (*DELTA, "swa"):  # not the causal weighted sum of AttentionInputs
         with pytest.raises(ValueError, match="has no attention_inputs"):
-            mixer.attention_inputs(x)
+            attention_inputs(mixer, x)
         return
-    a = mixer.attention_inputs(x)
+    a = attention_inputs(mixer, x)
     m = a.q.shape[-1]
     assert a.q.shape == a.k.shape == (B, T, H, m) and a.v.shape == (B, T, H, mixer.head_dim)
     assert (a.log_decay is not None) == (name in ("retnet", "gated", "gla"))
@@ -337,18 +339,18 @@ def test_attention_inputs_reproduce_the_mixer(case):
 @pytest.mark.parametrize("name", DELTA)
 def test_delta_mixer_defaults_and_state(name):
     mixer = get_mixer(name)(D, H, rngs=nnx.Rngs(0))
-    assert mixer.conv is not None and mixer.conv.kernel_size == 4  # on by default
-    assert mixer.out_norm is not None and mixer.gate_proj is not None
+    assert mixer.inputs.conv is not None and mixer.inputs.conv.kernel_size == 4  # on by default
+    assert mixer.output.norm is not None and mixer.output.gate_proj is not None
     assert mixer.method == "chunk" and not mixer.allow_neg_eigval
-    assert get_mixer(name)(D, H, conv=False, rngs=nnx.Rngs(0)).conv is None
+    assert get_mixer(name)(D, H, conv=False, rngs=nnx.Rngs(0)).inputs.conv is None
     core = mixer.init_state(B, 10).core
     assert core.k_sum is None and core.kv.shape == (B, H, D // H, D // H)
-    assert (name == "gated_deltanet") == hasattr(mixer, "decay_proj")
+    assert (name == "gated_deltanet") == (mixer.decay is not None)
     # β = sigmoid, or 2·sigmoid with allow_neg_eigval: the same projection, doubled
     neg = get_mixer(name)(D, H, allow_neg_eigval=True, rngs=nnx.Rngs(0))
     x = inputs()
-    np.testing.assert_allclose(neg._beta(x), 2.0 * mixer._beta(x), rtol=1e-6)
-    assert float(jnp.max(neg._beta(x))) > 1.0
+    np.testing.assert_allclose(neg.beta(x), 2.0 * mixer.beta(x), rtol=1e-6)
+    assert float(jnp.max(neg.beta(x))) > 1.0
 
 
 # Packed rows: ids are compared with the previous token's, so row 0's id 5 coming back is a third
