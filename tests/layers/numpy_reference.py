@@ -159,7 +159,7 @@ def _delta_reference(name, mixer, p, x, q, k, v):
     gated_deltaproduct, per key channel for kda); the delta-rule loop (the kernels' reference
     for one key per token and no grouping, else `delta_loop` below)."""
     b, t, h, n, dk = k.shape
-    hv, dv = v.shape[2], v.shape[-1]
+    hv = v.shape[2]
     if "conv" not in p["inputs"]:
         q, k, v = silu(q), silu(k), silu(v)
     l2 = lambda z: z / np.sqrt(np.sum(z * z, -1, keepdims=True) + 1e-6)  # noqa: E731
