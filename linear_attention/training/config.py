@@ -249,6 +249,11 @@ class TrainConfig:
     # (>= for accuracy, <= for losses); 0: off, every run trains num_steps.
     stop_at: float = 0.0
     stop_metric: str = "eval/accuracy"
+    # The batch of a step is split into this many micro-batches, run one after another with
+    # their gradients summed (memory of one micro-batch; the same update to float32 rounding).
+    grad_accum_steps: int = 1
+    # Peak FLOP/s of one device (e.g. 989e12: H100 bfloat16 dense); > 0 logs MFU.
+    peak_flops: float = 0.0
 
     def validate(self, path: str):
         for name in ("num_steps", "batch_size", "eval_every", "log_every", "checkpoint_every"):
@@ -258,6 +263,14 @@ class TrainConfig:
         _need_int(f"{path}.sample_tokens", self.sample_tokens, minimum=0)
         _need_int(f"{path}.sample_top_k", self.sample_top_k, minimum=0)
         _need_int(f"{path}.profile_steps", self.profile_steps, minimum=0)
+        _need_int(f"{path}.grad_accum_steps", self.grad_accum_steps)
+        if self.batch_size % self.grad_accum_steps:
+            _fail(
+                f"{path}.grad_accum_steps",
+                f"= {self.grad_accum_steps} must divide config.{path}.batch_size = "
+                f"{self.batch_size}",
+            )
+        _need_range(f"{path}.peak_flops", self.peak_flops, 0.0, math.inf)
         _need_range(f"{path}.sample_temperature", self.sample_temperature, 0.0, 1e3)
         if self.sample_tokens and not self.sample_prompt:
             _fail(f"{path}.sample_prompt", "must be non-empty when sample_tokens > 0")

@@ -195,6 +195,19 @@ def test_interrupt_and_resume_equals_uninterrupted(tmp_path, tiny_config, monkey
             assert x.get(key) == y.get(key), (x["step"], key)
     sa, sb = _read(straight, "summary.json"), _read(resumed, "summary.json")
     assert sa["eval/loss"] == sb["eval/loss"] and sa["eval/accuracy"] == sb["eval/accuracy"]
+    # Timings cover both sessions: the first's up to its checkpoint at step 2 (saved with it:
+    # step 2 timed, step 1 compiled) and the second's (steps 4-6 timed, step 3 compiled).
+    ckpt = Checkpoints(os.path.join(resumed, "checkpoints"), keep=3)
+    try:
+        first = ckpt.meta(2)["timings"]
+    finally:
+        ckpt.close()
+    assert first["timed_steps"] == 1 and sa["timed_steps"] == 5 and sb["timed_steps"] == 1 + 3
+    assert sb["train_time_sec"] > first["train_time_sec"] > 0
+    assert sb["compile_time_sec"] > first["compile_time_sec"] > 0
+    assert sb["wall_time_sec"] > first["wall_time_sec"]
+    tokens_per_step = experiment_config(tiny_config).tokens_per_step
+    np.testing.assert_allclose(sb["tokens_per_sec"], 4 * tokens_per_step / sb["train_time_sec"])
 
     # Rerunning a finished run trains nothing and keeps its summary (timings included).
     with open(os.path.join(resumed, "summary.json")) as f:
