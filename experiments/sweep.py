@@ -7,6 +7,8 @@
     ... --report-only                    # tables and plots from the finished points only
     ... --report-only --only lr=0.01     # ... of a part of the grid (tuned over those lrs)
     ... --report-only --partial          # ... tuned over each setting's finished lrs
+    ... --report-only --results-csv docs/results/mqar_sweep_cpu.csv
+                                         # ... of the runs in that file (no run folders)
     ... --jobs 2                         # two worker processes, one XLA thread each
 
 Tables and plots always cover the whole grid; a setting with a run still pending is left out.
@@ -489,6 +491,52 @@ def collect(axes: list[Axis], points: list[Point], runs_dir: Path) -> list[dict]
     return rows
 
 
+def _number(text: str):
+    """A results.csv cell back to the value `collect` wrote: int, float, bool or None."""
+    if text in ("", "None"):
+        return None
+    if text in ("True", "False"):
+        return text == "True"
+    try:
+        return int(text)
+    except ValueError:
+        return float(text)
+
+
+def rows_from_csv(axes: list[Axis], points: list[Point], path: Path) -> list[dict]:
+    """The rows of `collect`, read back from a results.csv an earlier sweep of this grid wrote
+    (e.g. ``docs/results/mqar_sweep_cpu.csv``), for tables and figures without the run
+    directories. A point the file lacks is pending; one whose field values differ from the
+    grid's raises (the file is of another grid)."""
+    with open(path, newline="") as f:
+        saved = {row["point"]: row for row in csv.DictReader(f)}
+    rows = []
+    for point in points:
+        row = {"point": point.name, **point.labels}
+        row.update({field: _value(v) for field, v in point.values.items()})
+        old = saved.get(point.name)
+        if old is None:
+            cfg = experiment_config(point.config)
+            row["state_bytes"] = _state_bytes(model_config_at(cfg, cfg.data.seq_len))
+            row["status"] = "pending"
+            rows.append(row)
+            continue
+        for field in point.values:
+            if old.get(field) != row[field]:
+                raise ValueError(
+                    f"{path}: point {point.name} has {field} = {old.get(field)!r} but the grid "
+                    f"has {row[field]!r}; the file is of another grid"
+                )
+        row["state_bytes"] = int(old["state_bytes"])
+        row["status"] = old["status"]
+        for key in (*SUMMARY_KEYS, "decode_tokens_per_sec"):
+            value = _number(old.get(key, ""))
+            if value is not None:
+                row[key] = value
+        rows.append(row)
+    return rows
+
+
 def metric_value(row: dict, kind: str) -> float:
     key, _ = METRICS[kind]
     value = row.get(key)
@@ -685,46 +733,60 @@ def lm_report(best: list[dict], axes: list[Axis], sweep) -> str:
     return _table(header, body) + "\n"
 
 
+# Lines are nudged sideways on the log x axis so that settings at the same x (same width, or the
+# same state size) and their error bars stay apart: line i of n by a factor
+# NUDGE ** ((i - (n - 1) / 2) / ((n - 1) / 2)), so the outermost lines sit NUDGE off their true x
+# (2.5%: far enough to separate markers, near enough that a point stays at its value).
+NUDGE = 1.025
+# state-axis ticks: 1, 1.5, 2, 3, 5 and 7 times a power of ten bytes, shown in kB
+_STATE_TICKS = [m * 10**e for e in range(2, 12) for m in (1, 1.5, 2, 3, 5, 7)]
+
+
+def nudge_factors(lines) -> dict:
+    """The factor each line's x is multiplied by (see `NUDGE`): 1 for a single line."""
+    half = (len(lines) - 1) / 2
+    return {line: NUDGE ** ((i - half) / half) if half else 1.0 for i, line in enumerate(lines)}
+
+
 def plot_mqar(best: list[dict], axes: list[Axis], sweep, out: Path) -> None:
+    """``accuracy_vs_d_model.png`` and ``accuracy_vs_state_bytes.png``: per line (mixer) the
+    mean over seeds at the best learning rate, bars the min–max over the seeds; the figure says
+    how many seeds and how far the points are nudged (`NUDGE`)."""
     plot = sweep.plot
     x_axis, line_axis, panel_axis = (_axis_of(axes, plot[k]) for k in ("x", "line", "panel"))
     panels = [p for p in panel_axis.labels if any(r[panel_axis.name] == p for r in best)]
+    if not panels:  # nothing finished yet
+        return
     # the ten default colours, then black and greys; a marker each (up to 15 lines apart)
     palette = [f"C{i}" for i in range(10)] + ["black", "0.45", "0.65", "0.3", "0.55"]
     colors = {line: palette[i % len(palette)] for i, line in enumerate(line_axis.labels)}
     markers = {line: "os^Dv<>pXP*hd8H"[i % 15] for i, line in enumerate(line_axis.labels)}
-    # Lines nudged sideways (a factor of 1.02 apart on the log x axis) so that settings with
-    # the same x (same width, or the same state size) and their error bars stay readable.
-    nudge = {
-        line: 1.02 ** (i - (len(line_axis.labels) - 1) / 2)
-        for i, line in enumerate(line_axis.labels)
-    }
+    nudge = nudge_factors(line_axis.labels)
     x_value = dict(zip(x_axis.labels, (c[0] for c in x_axis.choices), strict=True))
-    if not panels:  # nothing finished yet
-        return
+    seeds = sorted({int(r.get("seeds", 1)) for r in best if r.get("seeds")})
+    if seeds and seeds[-1] > 1:
+        n = "/".join(str(s) for s in seeds)
+        what = f"mean over {n} seeds at the best learning rate; bars: min–max over the {n} seeds"
+    else:
+        what = "one run per setting, at the best learning rate"
+    shift = f"points nudged sideways by at most ±{100 * (NUDGE - 1):.1f}% of x to stay apart"
 
-    for filename, xkey, xlabel, logx in (
-        (
-            "accuracy_vs_d_model.png",
-            x_axis.name,
-            x_axis.fields[0].split(".")[-1] + " (points nudged apart)",
-            True,
-        ),
+    for filename, xkey, xlabel in (
+        ("accuracy_vs_d_model.png", x_axis.name, x_axis.fields[0].split(".")[-1]),
         (
             "accuracy_vs_state_bytes.png",
             "state_bytes",
-            "decoding state (bytes per sequence; points nudged apart)\n"
-            "softmax: its KV cache at seq_len",
-            True,
+            "decoding state per sequence (kB, log scale; softmax: its KV cache at seq_len)",
         ),
     ):
         fig, axs = plt.subplots(
             1,
-            max(len(panels), 1),
-            figsize=(3.6 * max(len(panels), 1) + 1.4, 3.4),
+            len(panels),
+            figsize=(7.0 * len(panels) + 2.4, 5.6),
             squeeze=False,
             sharey=True,
         )
+        all_x = []
         for ax, panel in zip(axs[0], panels, strict=True):
             for line in line_axis.labels:
                 rows = [
@@ -734,13 +796,14 @@ def plot_mqar(best: list[dict], axes: list[Axis], sweep, out: Path) -> None:
                     (
                         float(x_value[r[xkey]]) if xkey == x_axis.name else float(r[xkey]),
                         metric_value(r, "mqar"),
-                        r.get("eval/accuracy min", math.nan),
-                        r.get("eval/accuracy max", math.nan),
+                        float(r.get("eval/accuracy min", math.nan)),
+                        float(r.get("eval/accuracy max", math.nan)),
                     )
                     for r in rows
                 )
                 if pts:
                     xs, ys, lows, highs = (np.array(v) for v in zip(*pts, strict=True))
+                    all_x.extend(xs)
                     # error bars: the min–max over seeds (none where a setting has one run)
                     yerr = np.nan_to_num(np.stack([ys - lows, highs - ys]), nan=0.0)
                     ax.errorbar(
@@ -750,29 +813,36 @@ def plot_mqar(best: list[dict], axes: list[Axis], sweep, out: Path) -> None:
                         fmt=markers[line] + "-",
                         color=colors[line],
                         label=line,
-                        ms=4,
+                        ms=6,
                         capsize=3,
-                        lw=1.2,
+                        lw=1.3,
+                        elinewidth=1.0,
                     )
-            if logx:
-                ax.set_xscale("log", base=2 if xkey == x_axis.name else 10)
+            ax.set_xscale("log", base=2 if xkey == x_axis.name else 10)
+            ax.minorticks_off()
             if xkey == x_axis.name:
                 ticks = sorted({float(v) for v in x_value.values()})
                 ax.set_xticks(ticks, [_label(int(t) if t.is_integer() else t) for t in ticks])
-                ax.set_xlim(ticks[0] / 1.25, ticks[-1] * 1.25)  # room for the nudged lines
-                ax.minorticks_off()
+                ax.set_xlim(ticks[0] / 1.12, ticks[-1] * 1.12)
+            else:
+                lo, hi = min(all_x) / 1.12, max(all_x) * 1.12
+                ticks = [t for t in _STATE_TICKS if lo <= t <= hi]
+                ax.set_xticks(ticks, [f"{t / 1e3:g}" for t in ticks])
+                ax.set_xlim(lo, hi)
+            ax.tick_params(labelsize=10)
             if "data.num_kv_pairs" in panel_axis.fields:  # chance: one of the values in context
                 values = panel_axis.choices[panel_axis.labels.index(panel)]
                 pairs = values[panel_axis.fields.index("data.num_kv_pairs")]
                 ax.axhline(1 / pairs, color="0.5", ls=":", lw=1, label="chance (1/pairs)")
-            ax.set_title(_panel_title(panel_axis, panel), fontsize=9)
-            ax.set_xlabel(xlabel)
+            ax.set_title(_panel_title(panel_axis, panel), fontsize=10)
+            ax.set_xlabel(f"{xlabel}\n({shift})", fontsize=10)
             ax.set_ylim(-0.03, 1.03)
             ax.grid(alpha=0.3)
-        axs[0][0].set_ylabel("MQAR accuracy")
-        axs[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+        axs[0][0].set_ylabel("MQAR accuracy", fontsize=11)
+        axs[0][-1].legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+        fig.suptitle(what, fontsize=11)
         fig.tight_layout()
-        fig.savefig(out / filename, dpi=110)
+        fig.savefig(out / filename, dpi=120)
         plt.close(fig)
 
 
@@ -803,12 +873,22 @@ def plot_loss_curves(best: list[dict], axes: list[Axis], sweep, runs_dir: Path, 
 
 
 def report(
-    sweep, axes: list[Axis], points: list[Point], workdir: Path, *, partial: bool = False
+    sweep,
+    axes: list[Axis],
+    points: list[Point],
+    workdir: Path,
+    *,
+    partial: bool = False,
+    results_csv: Path | None = None,
 ) -> dict:
-    """Write results.csv, results.md and the plots from what is finished; returns the rows."""
+    """Write results.csv, results.md and the plots from what is finished (``results_csv``:
+    from that file's rows instead of the run directories); returns the rows."""
     kind = sweep.base.data.kind
     runs_dir = workdir / "runs"
-    rows = collect(axes, points, runs_dir)
+    if results_csv is None:
+        rows = collect(axes, points, runs_dir)
+    else:
+        rows = rows_from_csv(axes, points, Path(results_csv))
     write_csv(workdir / "results.csv", rows)
     best = best_rows(rows, axes, sweep.get("tune"), kind, sweep.get("replicate"), partial=partial)
     if best:
@@ -875,13 +955,39 @@ def run_order(sweep, axes: list[Axis], points: list[Point]) -> list[Point]:
     return sorted(points, key=lambda p: first[tuple(p.labels[k] for k in cell)])
 
 
+def check_results_csv(sweep, results_csv, report_only: bool) -> None:
+    """``results_csv`` redraws the tables and figures of finished MQAR runs (ValueError else)."""
+    if results_csv is None:
+        return
+    if not report_only:
+        raise ValueError("results_csv redraws finished results: use it with report_only")
+    if sweep.base.data.kind != "mqar":
+        raise ValueError(
+            "results_csv redraws MQAR sweeps only (the LM loss curves read every run's "
+            f"metrics.jsonl); this sweep's data.kind is {sweep.base.data.kind!r}"
+        )
+    if not Path(results_csv).is_file():
+        raise ValueError(f"results_csv {str(results_csv)!r} is not a file")
+
+
 def run(
-    sweep, workdir, *, only=(), dry=False, report_only=False, jobs=1, partial=False, log=print
+    sweep,
+    workdir,
+    *,
+    only=(),
+    dry=False,
+    report_only=False,
+    jobs=1,
+    partial=False,
+    results_csv=None,
+    log=print,
 ) -> dict | None:
     """Run (or resume) every selected point, then write the results; see the module doc.
     ``jobs`` > 1 trains the unfinished points in that many worker processes; ``partial``
-    tunes a setting with pending runs over its finished learning rates (`best_rows`)."""
+    tunes a setting with pending runs over its finished learning rates (`best_rows`);
+    ``results_csv`` (with ``report_only``) takes the finished runs from that results.csv."""
     workdir = Path(workdir)
+    check_results_csv(sweep, results_csv, report_only)
     axes, points = prepare(sweep, only)
     if dry:
         dry_run(axes, points, log)
@@ -912,7 +1018,13 @@ def run(
             )
     # The tables cover the whole grid: points run earlier (or by another --only) count too;
     # --report-only with --only: that part of the grid (e.g. the learning rates finished).
-    results = report(sweep, *expand(sweep, only if report_only else ()), workdir, partial=partial)
+    results = report(
+        sweep,
+        *expand(sweep, only if report_only else ()),
+        workdir,
+        partial=partial,
+        results_csv=results_csv,
+    )
     log(results["markdown"])
     return results
 
@@ -945,12 +1057,22 @@ def main(argv=None) -> int:
         action="store_true",
         help="write tables and plots from finished points; train nothing",
     )
+    parser.add_argument(
+        "--results-csv",
+        default=None,
+        metavar="FILE",
+        help="with --report-only (MQAR): the finished runs from this results.csv of an earlier "
+        "sweep of the grid instead of the workdir's runs (docs/results/mqar_sweep_cpu.csv)",
+    )
     args = parser.parse_args(argv)
+    if args.results_csv is not None and not args.report_only:
+        parser.error("--results-csv needs --report-only (it redraws finished results)")
     if args.jobs < 1:
         parser.error(f"--jobs must be >= 1, got {args.jobs}")
     try:  # a bad config, grid or --only stops here, before anything is trained
         sweep = load_sweep(args.config)
         prepare(sweep, args.only)
+        check_results_csv(sweep, args.results_csv, args.report_only)
     except ValueError as e:
         print(f"sweep: error: {e}", file=sys.stderr)
         return 2
@@ -963,6 +1085,7 @@ def main(argv=None) -> int:
             report_only=args.report_only,
             jobs=args.jobs,
             partial=args.partial,
+            results_csv=args.results_csv,
         )
     except KeyboardInterrupt as e:  # Interrupted (one run), SweepInterrupted (workers), Ctrl-C
         detail = f" ({e})" if str(e) else ""

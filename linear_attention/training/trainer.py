@@ -34,6 +34,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from linear_attention.data import IGNORE_INDEX, MQARData, TextData
+from linear_attention.data.mad import MADData
+from linear_attention.data.state_tracking import StateTrackingData
 from linear_attention.models import LanguageModel, ModelConfig, generate, redraw_features
 from linear_attention.models.tokens import check_token_ids
 from linear_attention.training.checkpoint import Checkpoints
@@ -54,6 +56,11 @@ from linear_attention.training.mesh import (
 )
 from linear_attention.training.metrics import MetricsWriter, Reporter, Throughput, write_json
 from linear_attention.training.optim import make_optimizer
+from linear_attention.training.scores import (
+    class_macro_accuracy,
+    class_token_stats,
+    length_metrics,
+)
 from linear_attention.training.tensorboard import Profiler, TensorBoardWriter
 from linear_attention.training.workdir import RunError, WorkdirLock, prepare_workdir
 
@@ -115,8 +122,17 @@ class _StopSignals:
             signal.signal(sig, handler)
 
 
-def build_data(config: ExperimentConfig) -> MQARData | TextData:
+def build_data(config: ExperimentConfig):
     d = config.data
+    if d.kind == "state_tracking":
+        return StateTrackingData(
+            task=d.task,
+            min_len=d.min_len,
+            max_len=d.seq_len,
+            eval_lengths=d.eval_lengths,
+            num_eval_examples=d.num_eval_examples,
+            seed=config.seed,
+        )
     if d.kind == "mqar":
         return MQARData(
             vocab_size=d.vocab_size,
@@ -127,6 +143,17 @@ def build_data(config: ExperimentConfig) -> MQARData | TextData:
             power_a=d.power_a,
             random_non_queries=d.random_non_queries,
             seed=config.seed,
+            num_reassignments=d.num_reassignments,
+        )
+    if d.kind == "mad":
+        return MADData(
+            task=d.task,
+            vocab_size=d.vocab_size,
+            seq_len=d.seq_len,
+            num_train_examples=d.num_train_examples,
+            num_test_examples=d.num_test_examples,
+            seed=config.seed,
+            **d.options,
         )
     return TextData(
         seq_len=d.seq_len,
@@ -273,21 +300,44 @@ def redraw_step(state, key, *, graphdef, mesh, fsdp):
     return jax.lax.with_sharding_constraint(new_state, state_shardings(new_state, mesh, fsdp))
 
 
+@functools.partial(jax.jit, static_argnames=("graphdef",))
+def class_eval_step(state, batch, *, graphdef):
+    """`scores.class_token_stats` of the model on ``batch`` (for class-macro accuracy)."""
+    model, _ = nnx.merge(graphdef, state)
+    return class_token_stats(model(batch["inputs"]), batch["labels"])
+
+
 def evaluate(state, data, config: ExperimentConfig, graphdef, mesh) -> dict[str, float]:
     """Mean loss and accuracy over every labelled position of the evaluation set (for MQAR:
-    the query positions only); bits per byte for text."""
-    sums = [
-        eval_step(
-            state,
-            shard_batch(checked(b, config.model, "an eval batch"), mesh),
-            graphdef=graphdef,
-            mesh=mesh,
+    the query positions only); bits per byte for text. A source scored ``class_macro`` (MAD)
+    reports that as eval/accuracy; one with ``eval_groups`` (state tracking) reports each
+    group's accuracy and their mean (`scores`)."""
+    batch_size = config.train.eval_batch
+    macro = getattr(data, "score", "micro") == "class_macro"
+    groups = getattr(data, "eval_groups", None)
+    groups = groups(batch_size) if groups else {"": data.eval_batches(batch_size)}
+    totals = {}
+    for name, batches in groups.items():
+        sums = []
+        for b in batches:
+            b = shard_batch(checked(b, config.model, "an eval batch"), mesh)
+            if macro:
+                sums.append(class_eval_step(state, b, graphdef=graphdef))
+            else:
+                sums.append(eval_step(state, b, graphdef=graphdef, mesh=mesh))
+        parts = zip(*jax.device_get(sums), strict=True)  # (loss sums, corrects, counts)
+        totals[name] = [np.asarray(x, np.float64).sum(axis=0) for x in parts]
+    if "" not in totals:
+        return length_metrics(
+            {name: [float(np.sum(x)) for x in t] for name, t in totals.items()}, data.chance
         )
-        for b in data.eval_batches(config.train.eval_batch)
-    ]
-    loss_sum, correct, count = np.asarray(jax.device_get(sums), np.float64).sum(axis=0).tolist()
-    count = max(count, 1.0)
-    out = {"eval/loss": loss_sum / count, "eval/accuracy": correct / count}
+    loss_sum, correct, count = totals[""]
+    count_total = max(float(np.sum(count)), 1.0)
+    out = {"eval/loss": float(loss_sum) / count_total}
+    out["eval/accuracy"] = float(np.sum(correct)) / count_total
+    if macro:  # MAD's score; the plain token accuracy is kept beside it
+        out["eval/token_accuracy"] = out["eval/accuracy"]
+        out["eval/accuracy"] = class_macro_accuracy(correct, count)
     if config.data.kind == "text":
         out["eval/bits_per_byte"] = out["eval/loss"] / math.log(2)  # one token is one byte
     return out

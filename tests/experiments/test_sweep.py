@@ -328,6 +328,34 @@ def test_mqar_smoke_sweep_writes_sane_results(sweep, mqar_run):
     assert "mean (min–max) over seeds" in md
 
 
+def test_report_from_results_csv_matches_the_run_folders(sweep, mqar_run, tmp_path):
+    """--report-only --results-csv: the tables and figures of a finished sweep from its
+    results.csv alone (no run folders) are the ones the sweep wrote; a file of another grid
+    raises, and the figures' nudge is at most NUDGE either way."""
+    config, workdir, result = mqar_run
+    saved = tmp_path / "saved.csv"
+    saved.write_text((workdir / "results.csv").read_text())
+    again = sweep.run(config, tmp_path / "re", report_only=True, results_csv=saved, log=quiet)
+    assert again["markdown"] == result["markdown"]
+    assert read_csv(tmp_path / "re" / "best.csv") == read_csv(workdir / "best.csv")
+    assert read_csv(tmp_path / "re" / "results.csv") == read_csv(workdir / "results.csv")
+    for name in ("accuracy_vs_d_model.png", "accuracy_vs_state_bytes.png"):
+        assert (tmp_path / "re" / name).read_bytes()[:4] == b"\x89PNG"
+    assert not (tmp_path / "re" / "runs").exists()
+    # a row with another learning rate than the grid's point of that name: another grid
+    text = saved.read_text().splitlines()
+    text[1] = text[1].replace(",0.001,", ",0.002,")
+    saved.write_text("\n".join(text) + "\n")
+    with pytest.raises(ValueError, match="optimizer.learning_rate = '0.002'.* another grid"):
+        sweep.run(config, tmp_path / "re", report_only=True, results_csv=saved, log=quiet)
+    with pytest.raises(ValueError, match="use it with report_only"):
+        sweep.run(config, tmp_path / "re", results_csv=saved, log=quiet)
+    nudge = sweep.nudge_factors(["a", "b", "c", "d"])
+    assert max(nudge.values()) == pytest.approx(sweep.NUDGE) and sweep.NUDGE <= 1.03
+    assert min(nudge.values()) == pytest.approx(1 / sweep.NUDGE)
+    assert nudge["b"] * nudge["c"] == pytest.approx(1.0) and sweep.nudge_factors(["a"]) == {"a": 1}
+
+
 def test_mqar_rerun_skips_finished_points_and_resumes_unfinished(sweep, mqar_run, monkeypatch):
     config, workdir, _ = mqar_run
     before = read_csv(workdir / "results.csv")
