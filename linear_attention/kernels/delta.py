@@ -47,6 +47,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from linear_attention.kernels._checks import (
     check_choice,
@@ -54,6 +55,8 @@ from linear_attention.kernels._checks import (
     check_layouts,
     check_log_decay,
     check_positive_int,
+    check_static,
+    concrete,
 )
 from linear_attention.kernels.segments import (
     check_segment_ids,
@@ -105,6 +108,7 @@ def delta_rule(
     """
     check_choice("method", method, METHODS)
     check_positive_int("chunk_size", chunk_size)
+    check_static("return_state", return_state)
     B, T, H, Kd, Dv = _check_qkv_beta(q, k, v, beta, time=True)
     if initial_state is not None:
         _check_delta_state(initial_state, B, H, Kd, Dv, "initial_state")
@@ -308,8 +312,9 @@ def _check_qkv_beta(q, k, v, beta, *, time: bool):
     check_float(("q", "k", "v", "beta"), (q, k, v, beta))
     if time and q.shape[1] == 0:
         raise ValueError(f"q, k, v must have at least one time step, got shape {q.shape}")
-    if not isinstance(beta, jax.core.Tracer):
-        lo, hi = float(jnp.min(beta)), float(jnp.max(beta))
+    values = concrete(beta)
+    if values is not None and values.size:
+        lo, hi = float(np.min(values)), float(np.max(values))
         if not (lo >= 0.0 and hi <= 2.0):
             raise ValueError(f"beta must lie in [0, 2], got values in [{lo}, {hi}]")
     return (*q.shape, v.shape[-1])
