@@ -263,7 +263,8 @@ def analyse(cfg, model, inputs, labels, rtol: float):
         a, scores, v, kind, m = effective_maps(mixer, x)
         recon = reconstruct(mixer, x, a, v)
         p = row_normalized(a)
-        window = 0 if mixer.conv is None else mixer.conv.kernel_size - 1
+        conv = mixer.inputs.conv
+        window = 0 if conv is None else conv.kernel_size - 1
         heads = []
         for h in range(a.shape[1]):
             per_ex = [

@@ -6,6 +6,7 @@ from linear_attention.layers.block import Block
 from linear_attention.layers.conv import ShortConv
 from linear_attention.layers.decays import ChannelDecay, FixedDecay, KeyDecay, ScalarDecay
 from linear_attention.layers.delta import DeltaNetMixer, GatedDeltaNetMixer
+from linear_attention.layers.delta_product import GatedDeltaProductMixer
 from linear_attention.layers.feature_maps import (
     FIXED_FEATURE_MAPS,
     FavorFeatures,
@@ -13,6 +14,7 @@ from linear_attention.layers.feature_maps import (
     FixedFeatureMap,
     HedgehogFeatures,
 )
+from linear_attention.layers.kda import KDAMixer
 from linear_attention.layers.linear import (
     FavorMixer,
     GatedMixer,
@@ -71,6 +73,8 @@ __all__ = [
     "GatedMixer",
     "DeltaNetMixer",
     "GatedDeltaNetMixer",
+    "KDAMixer",
+    "GatedDeltaProductMixer",
     "GLAMixer",
     "SlidingWindowMixer",
 ]

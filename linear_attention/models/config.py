@@ -26,6 +26,8 @@ from linear_attention.layers import MIXERS, Option, get_mixer
 from linear_attention.layers.options import conv_kernel_size
 
 POSITIONS = ("none", "learned", "rope")
+# Rematerialisation: what the backward pass keeps of each block's forward pass (see `remat`).
+REMAT = ("none", "block", "dots", "dots_no_batch")
 DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -52,6 +54,11 @@ def _mixer_option_table() -> dict[str, Option]:
 
 
 MIXER_OPTIONS = _mixer_option_table()
+
+
+# The largest position a decoding state can count to: positions are int32 (as token ids are),
+# so a counter past it would wrap to a negative position rather than fail.
+MAX_POSITION = 2**31 - 1
 
 
 def _int(field: str, value, minimum: int = 1) -> None:
@@ -115,6 +122,7 @@ class _ModelFields:
     dtype: str = "float32"
     param_dtype: str = "float32"
     tie_embeddings: bool = True
+    remat: str = "none"
 
     def __post_init__(self):
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 (frozen)
@@ -123,6 +131,11 @@ class _ModelFields:
                 set_(field, _strict(field, getattr(self, field), kinds))
         for field in ("vocab_size", "d_model", "num_layers", "num_heads", "max_length"):
             _int(field, getattr(self, field))
+        if self.max_length > MAX_POSITION:
+            raise ValueError(
+                f"max_length must be <= {MAX_POSITION} (2**31 - 1), got {self.max_length}: "
+                "decoding counts positions in int32, which would wrap to negative past it"
+            )
         _int("redraw_interval", self.redraw_interval, minimum=0)
         if self.head_dim is not None:
             _int("head_dim", self.head_dim)
@@ -140,6 +153,8 @@ class _ModelFields:
             raise ValueError(f"mixer must be a name or a tuple of names, got {mixer!r}")
         for name in self.layer_mixers:
             get_mixer(name)
+        if self.remat not in REMAT:
+            raise ValueError(f"unknown remat {self.remat!r}; allowed: {', '.join(REMAT)}")
         if self.position not in POSITIONS:
             raise ValueError(f"unknown position {self.position!r}; allowed: {', '.join(POSITIONS)}")
         if self.mlp and int(self.mlp_ratio * self.d_model) < 1:
@@ -226,9 +241,17 @@ Fields:
   reset_positions: with packed rows (`model(tokens, segment_ids)`), positions (learned or
     rope) restart at 0 at each document, as if it were run alone (default True; False:
     they count along the row). Only meaningful with position "learned" or "rope".
-  max_length: the longest sequence (learned positions; the softmax KV cache in decoding).
+  max_length: the longest sequence (learned positions; the softmax KV cache in decoding);
+    at most 2**31 − 1, the largest int32 position.
   redraw_interval: training redraws `favor` projections every this many steps (0: never).
-  dtype, param_dtype: compute and parameter dtypes (names).
+  dtype, param_dtype: compute and parameter dtypes (names); param_dtype "bfloat16" keeps
+    parameters and optimizer state in bfloat16 (half the memory of both).
+  remat: rematerialisation of each block in training: "none" (the backward pass keeps every
+    activation), "block" (keeps only each block's input and recomputes the rest: memory
+    per layer drops to one [B, T, D] array, for about one more forward pass), "dots"
+    (`jax.checkpoint_policies.dots_saveable`: matmul outputs kept, elementwise work
+    recomputed) or "dots_no_batch" (`dots_with_no_batch_dims_saveable`: only matmuls
+    without batch dimensions kept, i.e. the projections, not the attention scores).
   tie_embeddings: output head shares the token embedding.
   The mixers' own options (`method`, `chunk_size`, `eps`, `feature_map`, `feature_dim`,
   `feature_scale`, `allow_neg_eigval`, `window`, …; `MIXER_OPTIONS`, described by each

@@ -43,8 +43,13 @@ CASES = {
     "gla": dict(conv=True, rope=True, chunk_size=5),
     # window 4 < SPLIT: the prefill overflows the ring buffer and the steps wrap around it
     "swa": dict(window=4, conv=True, rope=True, out_gate=True),
+    # grouped value heads (4 value heads read 2 q/k heads), a decay per key channel, rope
+    "kda": dict(chunk_size=5, num_value_heads=4, rope=True),
+    "gated_deltanet_grouped": dict(num_value_heads=4, conv=False, method="scan"),
+    "gated_deltaproduct": dict(chunk_size=4, allow_neg_eigval=True),  # n = 2 (the default)
+    "gated_deltaproduct_3": dict(num_householder=3, rope=True, method="scan"),
 }
-DELTA = ("deltanet", "gated_deltanet")
+DELTA = ("deltanet", "gated_deltanet", "kda", "gated_deltaproduct")
 
 
 def mixer_name(case: str) -> str:
@@ -281,6 +286,11 @@ def test_registry_lists_every_family():
         *("softmax", "linear", "favor", "taylor", "hedgehog", "retnet", "gated", "gla", "swa"),
         *DELTA,
     }
+    # every option is declared once, with the same type wherever two mixers share it
+    types = {}
+    for cls in MIXERS.values():
+        for option_name, option in cls.option_table().items():
+            assert types.setdefault(option_name, option.type) is option.type
     assert all(cls.NAME == name for name, cls in MIXERS.items())
 
 
@@ -345,7 +355,7 @@ def test_delta_mixer_defaults_and_state(name):
     assert get_mixer(name)(D, H, conv=False, rngs=nnx.Rngs(0)).inputs.conv is None
     core = mixer.init_state(B, 10).core
     assert core.k_sum is None and core.kv.shape == (B, H, D // H, D // H)
-    assert (name == "gated_deltanet") == (mixer.decay is not None)
+    assert (name != "deltanet") == (mixer.decay is not None)  # deltanet: no decay
     # β = sigmoid, or 2·sigmoid with allow_neg_eigval: the same projection, doubled
     neg = get_mixer(name)(D, H, allow_neg_eigval=True, rngs=nnx.Rngs(0))
     x = inputs()
