@@ -25,6 +25,8 @@ OPTIONS = {
     "gated_deltanet": dict(allow_neg_eigval=True, chunk_size=4),
     "gla": dict(conv=True),
     "swa": dict(window=3, rope=True),
+    "kda": dict(num_value_heads=4, chunk_size=4),
+    "gated_deltaproduct": dict(num_householder=2, chunk_size=4),
 }
 
 
