@@ -14,7 +14,9 @@ from linear_attention.layers import (
     FeatureProjection,
     KVCache,
     MixerState,
+    Segments,
     ShortConv,
+    TokenShift,
     attention_inputs,
     get_mixer,
 )
@@ -461,3 +463,18 @@ def test_swa_prefills_in_pieces_wrap_the_ring_buffer():
     y, state = pieces(mixer, x)
     np.testing.assert_allclose(y, call(mixer, x), rtol=1e-4, atol=1e-4)
     assert state.core.k.shape == (B, 4, H, D // H) and int(state.position) == T
+
+
+def test_token_shift_hand_case():
+    """x_{t−1} per token: zeros before the first token and at a document start; the tail
+    carries the last input into the next call."""
+    shift = TokenShift(2)
+    x = jnp.arange(1.0, 11.0).reshape(1, 5, 2)  # tokens (1, 2), (3, 4), …, (9, 10)
+    prev, tail = shift(x, None)
+    np.testing.assert_array_equal(prev[0], [[0, 0], [1, 2], [3, 4], [5, 6], [7, 8]])
+    np.testing.assert_array_equal(tail, [[[9, 10]]])
+    segments = Segments.from_ids(jnp.asarray([[0, 0, 1, 1, 1]], jnp.int32), 1, 5)
+    prev, _ = shift(x, None, segments)
+    np.testing.assert_array_equal(prev[0], [[0, 0], [1, 2], [0, 0], [5, 6], [7, 8]])
+    step_prev, _ = shift(x[:, :1] + 100, tail)  # the next token reads the previous call's last
+    np.testing.assert_array_equal(step_prev, [[[9, 10]]])
