@@ -15,6 +15,7 @@ import shutil
 
 import jax
 import orbax.checkpoint as ocp
+from etils import epath
 from flax import nnx
 
 from linear_attention.training.workdir import RunError, verify_digest, write_digest
@@ -114,12 +115,14 @@ class Checkpoints:
     def _tree_difference(self, step: int, target) -> str:
         """The first array path (and shape) the checkpoint and ``target`` disagree on."""
         try:
-            item_dir = os.path.join(self.step_dir(step), "default")
-            checkpointer = ocp.StandardCheckpointer()
+            # The item's handler, not a `StandardCheckpointer`: the checkpointer looks for a
+            # step-level `_CHECKPOINT_METADATA` inside the item folder and logs a warning on
+            # every resume when it is not there (it never is: the manager writes it a level up).
+            handler = ocp.StandardCheckpointHandler()
             try:
-                saved = checkpointer.metadata(item_dir)
+                saved = handler.metadata(epath.Path(self.step_dir(step), "default"))
             finally:
-                checkpointer.close()
+                handler.close()
             saved = getattr(saved, "item_metadata", saved)
             saved = getattr(saved, "tree", saved)
             flat = lambda tree: {  # noqa: E731
