@@ -23,7 +23,10 @@ causal linear attention (0 after a reset, a log decay of −inf), and the K×K m
      to the numerator (and q_tᵀ diag(exp(b_t)) z_in to the normaliser) with b_t the cumulative
      log decay from the span's start, or (A_tᵀ q_t)ᵀ S_in for the delta rule.
 
-Work per device is O(T/n) plus O(n) state-sized combines. Packed rows (`segment_ids`) reset at
+A non-finite key or value (NaN outputs of the local kernel, a NaN summary) is carried as a flag
+beside clean numbers (`_prefix`), so that it reaches later shards only up to a reset, as in the
+unsplit call, and no 0·NaN enters the outputs or the gradient. Work per device is O(T/n) plus
+O(n) state-sized combines. Packed rows (`segment_ids`) reset at
 span starts too: the previous shard's last id arrives by `ppermute`. Gradients are JAX's own
 through the collectives (the transpose of `all_gather` is a reduce-scatter), so they equal the
 unsplit call's, including those of an initial state replicated over the axis.

@@ -208,7 +208,7 @@ def check_nan(name, kernel, xs, seg, n):
     nan_token = ~np.all(np.isfinite(np.asarray(xs["v"])), axis=(2, 3))
     for path, g in jax.tree_util.tree_leaves_with_path(g_split):
         g = np.asarray(g)
-        ok = g if g.ndim < 3 else g[~nan_token]
+        ok = g[~nan_token] if g.shape[:2] == nan_token.shape else g  # per token, or a state
         assert np.all(np.isfinite(ok)), (name, jax.tree_util.keystr(path))
     if name.startswith("nan/delta"):
         assert finite.any() and not finite.all(), name
@@ -221,7 +221,7 @@ def check_nan(name, kernel, xs, seg, n):
     g_unsplit = jax.jit(jax.grad(functools.partial(loss, unsplit)))(xs)
     for x, y in zip(jax.tree.leaves(g_split), jax.tree.leaves(g_unsplit), strict=True):
         x, y = np.asarray(x), np.asarray(y)
-        keep = np.ones(x.shape, bool) if x.ndim < 3 else ~nan_token
+        keep = ~nan_token if x.shape[:2] == nan_token.shape else ...
         assert rel_err(x[keep], y[keep]) <= 1e-4, name
     print("CHECKED", name, flush=True)
     return o_split, g_split
