@@ -105,6 +105,10 @@ def delta_rule(
     Returns:
       `o: [B, T, H, Dv]` in `result_type(q, k, v)`, and with `return_state` the final
       `LinearAttentionState(kv, None)` (float32).
+
+    No NaN guard (unlike `causal_linear_attention`): a non-finite key, value or β spreads to its
+    whole chunk (earlier tokens included) and, since exp(−inf)·NaN = NaN, past resets; under
+    `axis_name` a NaN carried into a later shard stops at that shard's first reset.
     """
     check_choice("method", method, METHODS)
     check_positive_int("chunk_size", chunk_size)
