@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from linear_attention.kernels._checks import (
     check_choice,
@@ -53,6 +54,8 @@ from linear_attention.kernels._checks import (
     check_layouts,
     check_log_decay,
     check_positive_int,
+    check_static,
+    concrete,
 )
 from linear_attention.kernels.chunked import SubBlocks, sub_block_size
 from linear_attention.kernels.primitives import (
@@ -117,6 +120,7 @@ def delta_rule(
     """
     check_choice("method", method, METHODS)
     check_positive_int("chunk_size", chunk_size)
+    check_static("return_state", return_state)
     B, T, H, HV, Kd, Dv = check_delta_inputs(q, k, v, beta, time=True)
     if initial_state is not None:
         check_delta_state(initial_state, B, HV, Kd, Dv, "initial_state")
@@ -369,9 +373,11 @@ def check_delta_inputs(q, k, v, beta, *, time: bool):
 
 
 def check_beta(beta, lo_allowed, hi_allowed, name="beta"):
-    """Raise unless the concrete values of `beta` lie in [lo_allowed, hi_allowed] (traced: skip)."""
-    if not isinstance(beta, jax.core.Tracer):
-        lo, hi = float(jnp.min(beta)), float(jnp.max(beta))
+    """Raise unless the concrete values of `beta` lie in [lo_allowed, hi_allowed]. Values are read
+    with NumPy when concrete (a constant closed over under `jit` included); traced: skip."""
+    values = concrete(beta)
+    if values is not None and values.size:
+        lo, hi = float(np.min(values)), float(np.max(values))
         if not (lo >= lo_allowed and hi <= hi_allowed):
             raise ValueError(
                 f"{name} must lie in [{lo_allowed:g}, {hi_allowed:g}], got values in [{lo}, {hi}]"

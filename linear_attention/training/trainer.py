@@ -44,6 +44,7 @@ from linear_attention.training.config import (
     config_difference,
     experiment_config,
 )
+from linear_attention.training.flops import flops_per_token
 from linear_attention.training.mesh import (
     DATA_AXIS,
     check_batch_size,
@@ -467,6 +468,11 @@ class Run:
         self.graphdef, abstract_state = nnx.split((abstract_model, abstract_opt))
         shardings = state_shardings(abstract_state, mesh, self.fsdp)
         self.param_count = _param_count(abstract_model)
+        try:
+            self.flops = flops_per_token(abstract_model, cfg.data.seq_len)
+        except ValueError as e:  # a mixer without a count: no FLOPs or MFU, said once
+            self.flops = None
+            reporter.message(f"FLOPs per token and MFU are not logged: {e}")
 
         self.checkpoints = Checkpoints(
             os.path.join(workdir, "checkpoints"), keep=tc.keep_checkpoints
@@ -510,6 +516,9 @@ class Run:
             f"(data {mesh.shape['data']} × seq {mesh.shape['seq']}), "
             f"steps {self.start}..{tc.num_steps}"
         )
+        if self.flops is not None:
+            parts = ", ".join(f"{k} {v:.3g}" for k, v in self.flops.items() if k != "total")
+            reporter.message(f"{self.flops['total']:.4g} train FLOPs per token ({parts})")
 
     def _finished_summary(self) -> dict | None:
         """The summary of a run that is already finished (nothing to train), else None:
@@ -631,10 +640,22 @@ class Run:
         since = self.since_log
         record = {k: float(np.mean([v[k] for v in since])) for k in since[0]}
         record["lr"] = float(self.schedule(self.done - 1))
-        record.update(self.throughput.interval())
+        record.update(self._speed(self.throughput.interval()))
         self.last_train = {k: record[k] for k in ("train/loss", "train/accuracy")}
         self.since_log = []
         return record
+
+    def _speed(self, timings: dict[str, float]) -> dict[str, float]:
+        """``timings`` with tokens/s per device and, when `config.train.peak_flops` is set, the
+        model FLOPs utilisation (FLOPs per token × tokens/s per device / peak)."""
+        if "tokens_per_sec" not in timings:
+            return timings
+        out = dict(timings)
+        out["tokens_per_sec_per_device"] = timings["tokens_per_sec"] / self.mesh.devices.size
+        peak = self.cfg.train.peak_flops
+        if peak and self.flops is not None:
+            out["mfu"] = self.flops["total"] * out["tokens_per_sec_per_device"] / peak
+        return out
 
     def evaluate(self) -> dict[str, float]:
         return evaluate(self.state, self.data, self.cfg, self.graphdef, self.mesh)
@@ -651,7 +672,9 @@ class Run:
         summary.update(self.last_train)
         summary.update(step=self.done, steps_this_run=self.done - self.start)
         summary["stopped_early"] = self.stopped_early
-        summary.update(self.throughput.summary())
+        summary.update(self._speed(self.throughput.summary()))
+        if self.flops is not None:
+            summary["flops_per_token"] = self.flops["total"]
         summary.update(
             workdir=os.path.abspath(self.workdir),
             param_count=self.param_count,
