@@ -476,10 +476,6 @@ def experiment_config(config) -> ExperimentConfig:
             "optimizer.warmup_steps",
             f"= {optimizer.warmup_steps} exceeds config.train.num_steps = {train.num_steps}",
         )
-    if kind == "text" and data.pack and mesh.seq > 1:
-        _fail(
-            "data.pack", f"with config.mesh.seq = {mesh.seq} (a split time axis) is not supported"
-        )
     if kind not in ("text", "mqar"):  # (MQAR says so below, in its own words)
         if train.sample_tokens:
             _fail("train.sample_tokens", f"must be 0 for {kind} (there is no text to sample)")

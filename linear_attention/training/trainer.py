@@ -278,8 +278,6 @@ def model_stats(model, batch, mesh=None):
 
     if mesh is None or mesh.shape.get("seq", 1) == 1:
         return stats(model, batch)
-    if "segment_ids" in batch:
-        raise ValueError("packed rows (segment_ids) with a split time axis are not supported")
     return sequence_parallel_stats(stats, model, batch, mesh)
 
 
