@@ -13,7 +13,9 @@ causal linear attention (0 after a reset, a log decay of −inf), and the K×K m
   1. every shard runs the local kernel from a zero state, which gives its local outputs and its
      summary (A, U) — for the delta rule in the same run, on extra value columns: from the
      initial state [0 | I] with values [v | 0] the recurrence, linear in (S, v) jointly, ends
-     in [U | A] and its extra output columns are A_tᵀ q_t, the entering state's read-out map;
+     in [U | A] and its extra output columns are A_tᵀ q_t, the entering state's read-out map
+     (`affine_sequence_parallel`, which takes any such local kernel: the delta rule, KDA, DPLR,
+     DeltaProduct);
   2. the summaries are gathered over the axis (`all_gather`, O(n·state) per device) and an
      inclusive `associative_scan` over shards composes them; shard i enters with the prefix of
      shards < i applied to the global initial state (which so flows into shard 0 only), and
@@ -57,7 +59,7 @@ def linear_sequence_parallel(local, qkva, state0, segment_ids, axis_name, normal
     kv0_BHMD, z0_BHM = state0
     B, T, H, M = q_BTHM.shape
     Dv = v_BTHD.shape[-1]
-    a_BTH = _like(_span_resets(a_BTH, segment_ids, H, axis_name), q_BTHM)
+    a_BTH = _like(span_resets(a_BTH, segment_ids, H, axis_name), q_BTHM)
 
     # ---- 1. local outputs and summary from a zero state (normaliser: a value that is 1) ----
     with_sum = normalize or z0_BHM is not None
@@ -112,48 +114,38 @@ def linear_sequence_parallel(local, qkva, state0, segment_ids, axis_name, normal
     return o_BTHD, kv_BHMD, z_BHM
 
 
-def delta_sequence_parallel(local, qkvba, s0_BHKD, segment_ids, axis_name):
-    """The delta rule with time split over `axis_name`, on float32 arrays.
+def affine_sequence_parallel(local, v, s0_BHKD, axis_name, *, like, resets_BTH=None):
+    """Any recurrence whose state update is affine in the entering state, with time split over
+    `axis_name`, on float32 arrays: the one combine of the delta family.
 
-    `local(q, k, v, beta, log_decay=, initial_state=, return_state=True)` is the unsplit kernel;
-    `qkvba = (q_BTHK, k_BTHK, v_BTHD, beta_BTH, a_BTH)`. Returns `(o_BTHD, s_BHKD)` with the
-    global final state.
+    `local(v_ext, s_init) -> (o_ext, s_final)` is the unsplit kernel on this shard's tokens: it
+    must be linear in (s_init, v_ext) jointly (S_t = M_t S_{t−1} + k_t v_tᵀ-like writes, any
+    transition M_t) and read its outputs as o_t = S_tᵀ q_t. `v: [..., Dv]` (e.g. `[B, T, H, Dv]`
+    or `[B, T, H, n, Dv]`), `s0_BHKD` the global initial state, `like` an input that varies over
+    the mesh (the zero/identity columns are typed like it). One local run on [v | 0] from
+    [0 | I] gives outputs [o | A_tᵀ q_t] (o `[B, T, H, Dv + K]`) and the state [U | A]; the
+    summaries (A, U) compose over shards (`_prefix`). `resets_BTH`: whether a reset (a
+    transition that zeroes every state) lies in this span at or before each token, so that a
+    NaN carried in from an earlier shard stops there; None: no resets known. Returns
+    `(o_BTHD, s_BHKD)` with the global final state.
     """
-    q_BTHK, k_BTHK, v_BTHD, beta_BTH, a_BTH = qkvba
-    B, T, H, K = q_BTHK.shape
-    Dv = v_BTHD.shape[-1]
-    a_BTH = _like(_span_resets(a_BTH, segment_ids, H, axis_name), q_BTHK)
-    beta_BTH = _like(beta_BTH, q_BTHK)
+    Kd, Dv = s0_BHKD.shape[-2:]
+    v_ext = jnp.concatenate([v, jnp.zeros((*v.shape[:-1], Kd), jnp.float32)], axis=-1)
+    eye = jnp.broadcast_to(jnp.eye(Kd, dtype=jnp.float32), (*s0_BHKD.shape[:-1], Kd))
+    init = jnp.concatenate([jnp.zeros_like(s0_BHKD), eye], axis=-1)
+    out_BTHX, state_BHKX = local(_like(v_ext, like), _like(init, like))
+    u_BHKD, A_BHKK = state_BHKX[..., :Dv], state_BHKX[..., Dv:]
 
-    # ---- 1. one local run on [v | 0] from [0 | I]: outputs [o | A_tᵀ q_t], state [U | A] ----
-    v_ext = jnp.concatenate([v_BTHD, jnp.zeros((B, T, H, K), jnp.float32)], axis=-1)
-    eye_BHKK = jnp.broadcast_to(jnp.eye(K, dtype=jnp.float32), (B, H, K, K))
-    init = jnp.concatenate([jnp.zeros((B, H, K, Dv), jnp.float32), eye_BHKK], axis=-1)
-    init_state = LinearAttentionState(kv=_like(init, q_BTHK), k_sum=None)
-    out_BTHX, state = local(
-        q_BTHK,
-        k_BTHK,
-        v_ext,
-        beta_BTH,
-        log_decay=a_BTH,
-        initial_state=init_state,
-        return_state=True,
-    )
-    u_BHKD, A_BHKK = state.kv[..., :Dv], state.kv[..., Dv:]
-
-    # ---- 2. gather the summaries, compose them over shards ----
-    if a_BTH is None:
-        reset_BTH = jnp.zeros((B, T, H), bool)
-    else:
-        reset_BTH = jnp.isneginf(jnp.cumsum(a_BTH, axis=1))
+    # ---- gather the summaries, compose them over shards ----
+    resets_BTH = jnp.zeros(out_BTHX.shape[:3], bool) if resets_BTH is None else resets_BTH
     s_in_BHKD, bad_in_BH, s_out_BHKD = _prefix(
-        A_BHKK, u_BHKD, s0_BHKD, reset_BTH[:, -1], axis_name, jnp.matmul
+        A_BHKK, u_BHKD, s0_BHKD, resets_BTH[:, -1], axis_name, jnp.matmul
     )
 
-    # ---- 3. the entering state's contribution: (A_t S_in)ᵀ q_t ----
+    # the entering state's contribution: (A_t S_in)ᵀ q_t; a bad one reaches tokens up to a reset
     read_BTHK = jnp.where(jnp.isfinite(out_BTHX[..., Dv:]), out_BTHX[..., Dv:], 0.0)
     o_BTHD = out_BTHX[..., :Dv] + jnp.einsum("bthk,bhkd->bthd", read_BTHK, s_in_BHKD)
-    o_BTHD = jnp.where((bad_in_BH[:, None] & ~reset_BTH)[..., None], jnp.nan, o_BTHD)
+    o_BTHD = jnp.where((bad_in_BH[:, None] & ~resets_BTH)[..., None], jnp.nan, o_BTHD)
     return o_BTHD, s_out_BHKD
 
 
@@ -196,17 +188,24 @@ def _like(x, ref):
     return jax.lax.pcast(x, missing, to="varying") if missing else x
 
 
-def _span_resets(a_BTH, segment_ids, num_heads, axis_name):
-    """Fold the reset at this span's first token (its id differs from the previous span's last
-    id) into the log decay; the kernels reset only inside a row, never at its first token."""
-    if segment_ids is None:
-        return a_BTH
+def span_start_reset(segment_ids, axis_name):
+    """`[B]` bool: this span's first token starts a new document (its id differs from the
+    previous span's last id, which arrives by `ppermute`); False on the first shard."""
     n = jax.lax.axis_size(axis_name)
     idx = jax.lax.axis_index(axis_name)
     prev_last_B = jax.lax.ppermute(
         segment_ids[:, -1], axis_name, perm=[(i, i + 1) for i in range(n - 1)]
     )
-    reset_B = (idx > 0) & (segment_ids[:, 0] != prev_last_B)
+    return (idx > 0) & (segment_ids[:, 0] != prev_last_B)
+
+
+def span_resets(a_BTH, segment_ids, num_heads, axis_name):
+    """Fold the reset at this span's first token (`span_start_reset`) into the log decay
+    `[B, T, H]` or `[B, T, H, K]` (None: zeros `[B, T, H]` are made); the kernels reset only
+    inside a row, never at its first token. Without `segment_ids`, `a_BTH` is returned."""
+    if segment_ids is None:
+        return a_BTH
+    reset_B = span_start_reset(segment_ids, axis_name)
     if a_BTH is None:
         a_BTH = jnp.zeros((*segment_ids.shape, num_heads), jnp.float32)
     first = a_BTH[:, 0]

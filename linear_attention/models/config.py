@@ -17,6 +17,8 @@ from linear_attention.layers import MIXERS, get_mixer
 from linear_attention.layers.base import conv_kernel_size
 
 POSITIONS = ("none", "learned", "rope")
+# Rematerialisation: what the backward pass keeps of each block's forward pass (see `remat`).
+REMAT = ("none", "block", "dots", "dots_no_batch")
 DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -36,7 +38,7 @@ _INTS = ("vocab_size", "d_model", "num_layers", "num_heads", "max_length", "chun
 _INTS += ("redraw_interval", "head_dim", "feature_dim")  # (the last two may be None)
 _BOOLS = ("mlp", "tie_embeddings", "allow_neg_eigval", "out_norm", "out_gate")  # (last 2: None)
 _NUMBERS = ("mlp_ratio", "rope_base", "eps", "norm_eps", "feature_scale")  # (last: None)
-_STRINGS = ("position", "method", "feature_map")  # (feature_map may be None)
+_STRINGS = ("position", "method", "feature_map", "remat")  # (feature_map may be None)
 _OPTIONAL = ("head_dim", "feature_dim", "feature_scale", "out_norm", "out_gate", "feature_map")
 _OPTIONAL += ("conv",)
 
@@ -107,7 +109,14 @@ class ModelConfig:
       window: tokens each `swa` layer sees (itself and window − 1 before; its decoding state
         is a ring buffer of this many keys and values, whatever max_length).
       redraw_interval: training redraws `favor` projections every this many steps (0: never).
-      dtype, param_dtype: compute and parameter dtypes (names).
+      dtype, param_dtype: compute and parameter dtypes (names); param_dtype "bfloat16" keeps
+        parameters and optimizer state in bfloat16 (half the memory of both).
+      remat: rematerialisation of each block in training: "none" (the backward pass keeps every
+        activation), "block" (keeps only each block's input and recomputes the rest: memory
+        per layer drops to one [B, T, D] array, for about one more forward pass), "dots"
+        (`jax.checkpoint_policies.dots_saveable`: matmul outputs kept, elementwise work
+        recomputed) or "dots_no_batch" (`dots_with_no_batch_dims_saveable`: only matmuls
+        without batch dimensions kept, i.e. the projections, not the attention scores).
       tie_embeddings: output head shares the token embedding.
 
     Options that apply to some layers only (feature_map, feature_dim, redraw_interval) must be
@@ -144,6 +153,7 @@ class ModelConfig:
     dtype: str = "float32"
     param_dtype: str = "float32"
     tie_embeddings: bool = True
+    remat: str = "none"
 
     def __post_init__(self):
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 (frozen)
@@ -175,6 +185,8 @@ class ModelConfig:
             raise ValueError(f"mixer must be a name or a tuple of names, got {mixer!r}")
         for name in self.layer_mixers:
             get_mixer(name)
+        if self.remat not in REMAT:
+            raise ValueError(f"unknown remat {self.remat!r}; allowed: {', '.join(REMAT)}")
         if self.position not in POSITIONS:
             raise ValueError(f"unknown position {self.position!r}; allowed: {', '.join(POSITIONS)}")
         if self.mlp and int(self.mlp_ratio * self.d_model) < 1:

@@ -54,6 +54,26 @@ def _check_tokens(tokens, rank: int, layout: str) -> None:
 _STATE_SHAPES: dict = {}
 
 
+def _call_block(block, x_BTD, documents_BT):
+    return block(x_BTD, documents_BT)
+
+
+# The checkpoint policy of each `ModelConfig.remat` ("none": no rematerialisation).
+_REMAT_POLICIES = {
+    "block": None,  # save nothing inside the block: only its input is kept
+    "dots": jax.checkpoint_policies.dots_saveable,
+    "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+def _remat_block(remat: str):
+    """``(block, x, documents) -> block output``, rematerialised in the backward pass as
+    ``remat`` says (`ModelConfig.remat`); the same numbers either way."""
+    if remat == "none":
+        return _call_block
+    return nnx.remat(_call_block, policy=_REMAT_POLICIES[remat])
+
+
 class LanguageModel(nnx.Module):
     """Decoder-only language model described by a `ModelConfig`."""
 
@@ -137,10 +157,11 @@ class LanguageModel(nnx.Module):
         if segment_ids is not None:
             check_segment_ids(segment_ids, *tokens.shape)
             documents_BT = document_ids(segment_ids)
-        # position 0 unless time is split (packed rows with a split time axis raise in the mixers)
+        # position 0 unless time is split (then document ids and positions are the whole row's)
         x, valid = self._embed(tokens, sequence_offset(tokens.shape[1]), documents_BT)
+        run_block = _remat_block(self.config.remat)
         for block in self.blocks:
-            x = block(x, documents_BT)
+            x = run_block(block, x, documents_BT)
         return self._logits(x, valid)
 
     def init_state(self, batch_size: int, max_length: int | None = None) -> ModelState:

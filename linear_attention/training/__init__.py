@@ -1,6 +1,7 @@
 """Config-driven training: validated configs, optax chain, orbax checkpoints, device mesh,
 metrics, the loop (`train`), reloading a run (`load_run`, `evaluate_run`) and the command lines
-(`la-train` / `experiments/train.py`, `la-eval`, `la-generate`)."""
+(`la-train` / `experiments/train.py`, `la-eval`, `la-generate`). The sweep engine is the
+subpackage `linear_attention.training.sweep` (imported on its own: it draws figures)."""
 
 from linear_attention.training.config import (
     ExperimentConfig,

@@ -6,10 +6,14 @@ training goes on (and before its device buffers are donated to the next step).
 Every saved step gets an integrity record (``<step>/integrity.json``, see `workdir`), checked
 before a restore: `restore_latest` skips a damaged or incomplete step, names it and the damaged
 file, moves it aside to ``checkpoints_damaged/`` (so the step is saved afresh when the run
-reaches it again) and falls back to the newest intact one."""
+reaches it again) and falls back to the newest intact one.
+
+Beside the arrays, a step may hold ``meta.json``: a small JSON object the loop saves with it (the
+run's timings so far), covered by the integrity record like every other file."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 
@@ -19,6 +23,8 @@ from etils import epath
 from flax import nnx
 
 from linear_attention.training.workdir import RunError, verify_digest, write_digest
+
+META_NAME = "meta.json"
 
 
 class Checkpoints:
@@ -34,14 +40,27 @@ class Checkpoints:
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
 
-    def save(self, step: int, state: nnx.State) -> None:
-        """Save ``state`` as step ``step`` (a no-op if that step is already saved)."""
+    def save(self, step: int, state: nnx.State, meta: dict | None = None) -> None:
+        """Save ``state`` as step ``step`` (a no-op if that step is already saved), with
+        ``meta`` (a JSON object) as ``meta.json``."""
         if step in self.manager.all_steps():
             return
         self.manager.save(step, args=ocp.args.StandardSave(nnx.to_pure_dict(state)), force=True)
         self.manager.wait_until_finished()
         if jax.process_index() == 0:
+            if meta is not None:
+                with open(os.path.join(self.step_dir(step), META_NAME), "w") as f:
+                    json.dump(meta, f, sort_keys=True)
             write_digest(self.step_dir(step))
+
+    def meta(self, step: int) -> dict:
+        """The ``meta`` saved with step ``step`` ({} if none: a step saved without it)."""
+        try:
+            with open(os.path.join(self.step_dir(step), META_NAME)) as f:
+                meta = json.load(f)
+        except FileNotFoundError:
+            return {}
+        return meta if isinstance(meta, dict) else {}
 
     def step_dir(self, step: int) -> str:
         return os.path.join(self.directory, str(step))
