@@ -3,6 +3,10 @@
 the newest ``keep`` kept. Saving is synchronous, so a checkpoint is complete on disk before
 training goes on (and before its device buffers are donated to the next step).
 
+A data pipeline with an iterator (the Grain loader) has its state saved in each step's folder
+too (``data_iterator.process<i>.json``, one per process), so a resumed run continues the data
+where the checkpoint left it.
+
 Every saved step gets an integrity record (``<step>/integrity.json``, see `workdir`), checked
 before a restore: `restore_latest` skips a damaged or incomplete step, names it and the damaged
 file, moves it aside to ``checkpoints_damaged/`` (so the step is saved afresh when the run
@@ -10,12 +14,14 @@ reaches it again) and falls back to the newest intact one."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 
 import jax
 import orbax.checkpoint as ocp
 from flax import nnx
+from jax.experimental import multihost_utils
 
 from linear_attention.training.workdir import RunError, verify_digest, write_digest
 
@@ -33,14 +39,34 @@ class Checkpoints:
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
 
-    def save(self, step: int, state: nnx.State) -> None:
-        """Save ``state`` as step ``step`` (a no-op if that step is already saved)."""
+    def save(self, step: int, state: nnx.State, *, data_state: dict | None = None) -> None:
+        """Save ``state`` as step ``step`` (a no-op if that step is already saved), with this
+        process's data-iterator state ``data_state`` (JSON) when given: it goes into the step's
+        folder before the integrity record, so the record covers it."""
         if step in self.manager.all_steps():
             return
         self.manager.save(step, args=ocp.args.StandardSave(nnx.to_pure_dict(state)), force=True)
         self.manager.wait_until_finished()
+        if data_state is not None:
+            path = self._data_state_path(step)
+            with open(f"{path}.tmp", "w") as f:
+                json.dump(data_state, f, sort_keys=True)
+            os.replace(f"{path}.tmp", path)
+            if jax.process_count() > 1:  # every process's file is in before the record
+                multihost_utils.sync_global_devices(f"data_state_{step}")
         if jax.process_index() == 0:
             write_digest(self.step_dir(step))
+
+    def _data_state_path(self, step: int) -> str:
+        return os.path.join(self.step_dir(step), f"data_iterator.process{jax.process_index()}.json")
+
+    def data_state(self, step: int) -> dict | None:
+        """This process's data-iterator state saved with step ``step`` (None if none was)."""
+        path = self._data_state_path(step)
+        if not os.path.exists(path):
+            return None
+        with open(path) as f:
+            return json.load(f)
 
     def step_dir(self, step: int) -> str:
         return os.path.join(self.directory, str(step))

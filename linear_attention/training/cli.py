@@ -54,7 +54,7 @@ GENERATE_USAGE = (
 # The dataclass behind each section, for --help and for typing config.json's None fields.
 _SECTION_CLASSES = {
     "model": (ModelConfig,),
-    "data": (config_lib.MQARDataConfig, config_lib.TextDataConfig),
+    "data": (config_lib.MQARDataConfig, config_lib.TextDataConfig, config_lib.TokenDataConfig),
     "optimizer": (config_lib.OptimizerConfig,),
     "train": (config_lib.TrainConfig,),
     "mesh": (config_lib.MeshConfig,),

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 import os
 import signal
 import threading
@@ -30,7 +29,9 @@ import numpy as np
 import optax
 from flax import nnx
 
-from linear_attention.data import IGNORE_INDEX, MQARData, TextData
+from linear_attention.data import IGNORE_INDEX, MQARData
+from linear_attention.data.sources import text_source, token_file_source
+from linear_attention.data.tokenizers import bits_per_byte, label_bytes
 from linear_attention.models import LanguageModel, ModelConfig, generate, redraw_features
 from linear_attention.models.tokens import check_token_ids
 from linear_attention.training.checkpoint import Checkpoints
@@ -45,6 +46,7 @@ from linear_attention.training.mesh import (
     make_mesh,
     sequence_parallel_stats,
     shard_batch,
+    shard_local_batch,
     state_shardings,
 )
 from linear_attention.training.metrics import MetricsWriter, Reporter, write_json
@@ -110,7 +112,9 @@ class _StopSignals:
             signal.signal(sig, handler)
 
 
-def build_data(config: ExperimentConfig) -> MQARData | TextData:
+def build_data(config: ExperimentConfig, *, cache_dir: str | None = None, message=None):
+    """The data source of ``config.data``: MQAR, text (`sources.text_source`; tokenized text
+    cached in ``cache_dir``) or a token file (`sources.token_file_source`)."""
     d = config.data
     if d.kind == "mqar":
         return MQARData(
@@ -123,15 +127,34 @@ def build_data(config: ExperimentConfig) -> MQARData | TextData:
             random_non_queries=d.random_non_queries,
             seed=config.seed,
         )
-    return TextData(
+    common = dict(
         seq_len=d.seq_len,
-        path=d.path or None,
-        max_bytes=d.max_bytes or None,
         val_fraction=d.val_fraction,
         num_val_windows=d.num_val_windows,
         seed=config.seed,
+        batch_size=config.train.batch_size,
+        process_index=jax.process_index(),
+        process_count=jax.process_count(),
+    )
+    if d.kind == "tokens":
+        return token_file_source(
+            path=d.path,
+            token_dtype=d.token_dtype,
+            vocab_size=config.model.vocab_size,
+            tokenizer=d.tokenizer,
+            **common,
+        )
+    return text_source(
+        path=d.path,
+        tokenizer=d.tokenizer,
+        text_field=d.text_field,
+        loader=d.loader,
+        max_bytes=d.max_bytes or None,
         pack=d.pack,
         separator=d.separator_bytes,
+        cache_dir=cache_dir,
+        message=message,
+        **common,
     )
 
 
@@ -229,20 +252,23 @@ def redraw_step(state, key, *, graphdef, mesh, fsdp):
 def evaluate(state, data, config: ExperimentConfig, graphdef, mesh) -> dict[str, float]:
     """Mean loss and accuracy over every labelled position of the evaluation set (for MQAR:
     the query positions only); bits per byte for text."""
-    sums = [
-        eval_step(
-            state,
-            shard_batch(checked(b, config.model, "an eval batch"), mesh),
-            graphdef=graphdef,
-            mesh=mesh,
+    token_bytes = getattr(data, "token_bytes", None)  # None: MQAR, tokens of no tokenizer
+    sums, num_bytes = [], 0
+    for b in data.eval_batches(config.train.eval_batch):
+        if token_bytes is not None:
+            num_bytes += label_bytes(b["labels"], token_bytes)
+        sums.append(
+            eval_step(
+                state,
+                shard_batch(checked(b, config.model, "an eval batch"), mesh),
+                graphdef=graphdef,
+                mesh=mesh,
+            )
         )
-        for b in data.eval_batches(config.train.eval_batch)
-    ]
     loss_sum, correct, count = np.asarray(jax.device_get(sums), np.float64).sum(axis=0).tolist()
-    count = max(count, 1.0)
-    out = {"eval/loss": loss_sum / count, "eval/accuracy": correct / count}
-    if config.data.kind == "text":
-        out["eval/bits_per_byte"] = out["eval/loss"] / math.log(2)  # one token is one byte
+    out = {"eval/loss": loss_sum / max(count, 1.0), "eval/accuracy": correct / max(count, 1.0)}
+    if token_bytes is not None:
+        out["eval/bits_per_byte"] = bits_per_byte(loss_sum, count, num_bytes)
     return out
 
 
@@ -290,9 +316,9 @@ def _param_count(abstract_model) -> int:
     return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(abstract_model, nnx.Param)))
 
 
-def _sample(state, graphdef, config: ExperimentConfig) -> str:
+def _sample(state, graphdef, config: ExperimentConfig, tokenizer) -> str:
     model, _ = nnx.merge(graphdef, state)
-    prompt = np.frombuffer(config.train.sample_prompt.encode(), np.uint8).astype(np.int32)
+    prompt = tokenizer.encode(config.train.sample_prompt).astype(np.int32)
     tokens = generate(
         model,
         prompt[None],
@@ -301,8 +327,8 @@ def _sample(state, graphdef, config: ExperimentConfig) -> str:
         temperature=config.train.sample_temperature,
         top_k=config.train.sample_top_k or None,
     )
-    new = np.asarray(jax.device_get(tokens))[0].astype(np.uint8).tobytes()
-    return (config.train.sample_prompt.encode() + new).decode("utf-8", errors="replace")
+    new = np.asarray(jax.device_get(tokens))[0]
+    return tokenizer.decode(np.concatenate([prompt, new]))
 
 
 def train(config, workdir: str, *, reporter: Reporter | None = None) -> dict:
@@ -334,7 +360,8 @@ def train(config, workdir: str, *, reporter: Reporter | None = None) -> dict:
         config_dict = json.loads(json.dumps(cfg.to_dict()))
         _check_resume_config(os.path.join(workdir, "config.json"), config_dict, cfg)
         try:
-            data = build_data(cfg)
+            cache = os.path.join(workdir, "token_cache")
+            data = build_data(cfg, cache_dir=cache, message=reporter.message)
         except ValueError as e:
             raise RunError(f"config.data: {e}") from None
 
@@ -379,6 +406,14 @@ def train(config, workdir: str, *, reporter: Reporter | None = None) -> dict:
         start, state = checkpoints.restore_latest(target, message=reporter.message)
         if start:
             reporter.message(f"resuming from step {start} ({checkpoints.directory})")
+            if hasattr(data, "restore_iterator"):  # a loader with a state (Grain)
+                data_state = checkpoints.data_state(start)
+                if data_state is None:
+                    raise RunError(
+                        f"checkpoint step {start} in {checkpoints.directory} holds no data "
+                        "iterator state, which config.data's loader needs to resume"
+                    )
+                data.restore_iterator(data_state)
         else:
             state = jax.device_put(nnx.state(build_model(cfg, tx)), shardings)
         if lead:  # only once the config is known to fit the saved run
@@ -419,8 +454,10 @@ def train(config, workdir: str, *, reporter: Reporter | None = None) -> dict:
             resumed_from_step=start,
             wall_time_sec=time.perf_counter() - start_time,
         )
+        if getattr(data, "provenance", None):  # what the corpus was (LM figures depend on it)
+            summary["corpus"] = data.provenance
         if tc.sample_tokens:
-            summary["sample"] = _sample(state, graphdef, cfg)
+            summary["sample"] = _sample(state, graphdef, cfg, data.tokenizer)
             reporter.message(f"sample:\n{summary['sample']}")
         if lead:
             write_json(os.path.join(workdir, "summary.json"), summary)
@@ -476,7 +513,9 @@ def _loop(
                 fsdp=fsdp,
             )
         batch = data.train_batch(s, tc.batch_size)
-        batch = shard_batch(checked(batch, cfg.model, f"the batch of step {s + 1}"), mesh)
+        batch = checked(batch, cfg.model, f"the batch of step {s + 1}")
+        local = getattr(data, "process_local", False)  # each process holds its own rows
+        batch = shard_local_batch(batch, mesh) if local else shard_batch(batch, mesh)
         profiler.before_step(s)
         state, metrics = train_step(state, batch, graphdef=graphdef, mesh=mesh, fsdp=fsdp)
         done = s + 1
@@ -534,7 +573,8 @@ def _loop(
                 writer.write(record)
             reporter.record(record)
         if do_ckpt or stopped_early:
-            checkpoints.save(done, state)
+            data_state = data.iterator_state() if hasattr(data, "iterator_state") else None
+            checkpoints.save(done, state, data_state=data_state)
         if interrupted:
             raise Interrupted(done, stop.received)
         if stopped_early:
