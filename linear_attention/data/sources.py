@@ -73,6 +73,9 @@ class GrainData:
         self.seq_len, self.vocab_size = seq_len, vocab_size
         self.token_bytes, self.tokenizer, self.provenance = token_bytes, tokenizer, provenance
         self.eval_rows = eval_rows
+        # the names of `TextData`'s validation windows, for scripts that read them
+        self.val_inputs, self.val_labels = eval_rows["inputs"], eval_rows["labels"]
+        self.val_segment_ids = eval_rows.get("segment_ids")
         self.pipeline = GrainPipeline(
             stream,
             spans,

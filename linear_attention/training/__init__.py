@@ -1,6 +1,6 @@
 """Config-driven training: validated configs, optax chain, orbax checkpoints, device mesh,
 metrics, the loop (`train`), reloading a run (`load_run`, `evaluate_run`) and the command lines
-(`la-train` / `experiments/train.py`, `la-eval`, `la-generate`)."""
+(`la-train` / `experiments/train.py`, `la-eval`, `la-generate`, `la-tokenizer`)."""
 
 from linear_attention.training.config import (
     ExperimentConfig,
@@ -8,6 +8,7 @@ from linear_attention.training.config import (
     MQARDataConfig,
     OptimizerConfig,
     TextDataConfig,
+    TokenDataConfig,
     TrainConfig,
     experiment_config,
 )
@@ -22,6 +23,7 @@ __all__ = [
     "NonFiniteLossError",
     "OptimizerConfig",
     "TextDataConfig",
+    "TokenDataConfig",
     "TrainConfig",
     "build_data",
     "build_model",
