@@ -29,15 +29,19 @@ applicable, with the reason.
 own ``data.max_bytes``): the validation blocks of the first ``max_bytes`` are the same, and the
 rest is text no run trained on, so it only adds validation windows.
 
+``--replot length_gen.json --out DIR`` evaluates nothing: it redraws ``DIR/length_gen.png``
+from a finished evaluation's JSON (``docs/figures/length_gen.png`` is drawn so from
+``docs/results/length_gen_cpu.json``).
+
 ``--reuse`` keeps the figures of runs already in ``--out``'s JSON (same workdir, checkpoint step
 and settings), so runs can be added as they finish training; each run records the load average
 before its evaluation (the figures do not depend on it, the seconds do).
 
 Writes ``length_gen.json`` (machine, settings, per run: windows, bits per byte per bucket and
 per length, seconds) and ``length_gen.png`` (left: bits per byte per bucket, one line per run;
-right: mean bits per byte against the evaluation length); prints a Markdown table. The
-evaluation is jitted once per run (one shape), in batches of ``--tokens_per_batch // L``
-windows.
+right: mean bits per byte at each evaluation length, as points: only those were measured);
+prints a Markdown table. The evaluation is jitted once per run (one shape), in batches of
+``--tokens_per_batch // L`` windows.
 """
 
 from __future__ import annotations
@@ -246,31 +250,61 @@ def markdown(runs, edges, lengths) -> str:
     return "\n".join(lines)
 
 
+MARKERS = "os^Dv<>pXP*h"
+
+
 def plot(runs, edges, out: Path) -> None:
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(13, 4.8), width_ratios=(3, 2))
+    """Left: bits per byte per position bucket, a line per run. Right: the mean over positions
+    ``[0, l)`` at each evaluated length ``l``, as points only (only those lengths were measured;
+    a line between them would suggest values in between), runs dodged sideways within each
+    length so that equal values stay visible."""
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(14, 5.2), width_ratios=(3, 2))
     cmap = plt.get_cmap("tab10")
+    lengths = sorted({l for r in runs for l in _lengths(r)})
+    dodge = 0.6 / max(len(runs), 1)  # the runs of one length share 60% of its slot
     for i, r in enumerate(runs):
-        style = dict(color=cmap(i % 10), marker="o", ms=3)
-        style["ls"] = "--" if "softmax" in r["label"] or r["mixer"] == "swa" else "-"
+        color, marker = cmap(i % 10), MARKERS[i % len(MARKERS)]
+        ls = "--" if "softmax" in r["label"] or r["mixer"] == "swa" else "-"
         buckets = r["buckets"]
         ax.plot(
-            range(len(buckets)), [b["bits_per_byte"] for b in buckets], label=r["label"], **style
+            range(len(buckets)),
+            [b["bits_per_byte"] for b in buckets],
+            label=r["label"],
+            color=color,
+            marker=marker,
+            ms=4,
+            ls=ls,
         )
         done = _lengths(r)
-        ax2.plot(done, [r["bits_per_byte"][str(l)] for l in done], **style)
+        offset = (i - (len(runs) - 1) / 2) * dodge
+        ax2.plot(
+            [lengths.index(l) + offset for l in done],
+            [r["bits_per_byte"][str(l)] for l in done],
+            ls="none",
+            color=color,
+            marker=marker,
+            ms=6,
+            label=r["label"],
+        )
     ax.set_xticks(range(len(edges) - 1))
     ax.set_xticklabels(
-        [f"[{a},{b})" for a, b in zip(edges[:-1], edges[1:], strict=True)], fontsize=8
+        [f"[{a},{b})" for a, b in zip(edges[:-1], edges[1:], strict=True)], fontsize=9
     )
     ax.axvline(0.5, color="grey", lw=0.8, ls=":")
     ax.set_xlabel("position in the window (bucket); trained on the first bucket's length")
     ax.set_ylabel("validation bits per byte")
     ax.set_title("loss per position bucket (the same windows for every model)")
-    ax.legend(fontsize=7, ncol=2)
-    ax2.set_xscale("log", base=2)
-    ax2.set_xlabel("evaluation length l (mean over positions [0, l))")
-    ax2.set_title("mean bits per byte")
-    ax2.grid(alpha=0.3)
+    ax.legend(fontsize=8, ncol=2)
+    ax2.set_xticks(range(len(lengths)), [str(l) for l in lengths])
+    ax2.set_xlim(-0.6, len(lengths) - 0.4)
+    for edge in range(len(lengths) - 1):
+        ax2.axvline(edge + 0.5, color="0.85", lw=0.8)
+    ax2.set_xlabel(
+        "evaluation length l (mean over positions [0, l))\n"
+        "measured at these lengths only; the models side by side at each"
+    )
+    ax2.set_title("mean bits per byte at each evaluated length")
+    ax2.grid(alpha=0.3, axis="y")
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(out, dpi=120)
@@ -279,7 +313,7 @@ def plot(runs, edges, out: Path) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("runs", nargs="+", help="workdir or label=workdir")
+    parser.add_argument("runs", nargs="*", help="workdir or label=workdir")
     parser.add_argument("--lengths", type=int, nargs="+", default=[128, 512, 2048])
     parser.add_argument(
         "--edges",
@@ -298,7 +332,22 @@ def main(argv=None) -> int:
         help="take a run's figures from --out's length_gen.json when it holds that workdir at "
         "the same checkpoint step with the same settings (evaluate only the new runs)",
     )
+    parser.add_argument(
+        "--replot",
+        metavar="JSON",
+        default=None,
+        help="evaluate nothing: redraw --out/length_gen.png from this length_gen.json",
+    )
     args = parser.parse_args(argv)
+    if args.replot is not None:
+        if args.runs:
+            parser.error("--replot takes no runs (it redraws a finished evaluation)")
+        result = json.loads(Path(args.replot).read_text())
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        plot(result["runs"], result["settings"]["edges"], Path(args.out) / "length_gen.png")
+        return 0
+    if not args.runs:
+        parser.error("give at least one run (workdir or label=workdir), or --replot JSON")
     if any(L < 1 for L in args.lengths):
         raise ValueError(f"--lengths must be >= 1, got {args.lengths}")
     if args.max_tokens < 1 or args.tokens_per_batch < 1:

@@ -16,7 +16,9 @@ tokens/s and decoding tokens/s (a fresh model of the same config stepping throug
 shared at load 9-25, so the tokens/s there are load figures, the bits per byte are not),
 validation bits per byte: gated_deltanet 2.17, gated 2.17, hybrid 2.20, gla 2.24, deltanet
 2.31, retnet 2.39, softmax 2.46, favor 2.63, taylor 2.68, linear 2.75. At that load the 10
-runs took 1.7 hours of wall time, 3-4 at a time.
+runs took 1.7 hours of wall time, 3-4 at a time. The runs did not record their Python; the
+corpus is the running Python's standard library, so the figures depend on its version
+(docs/results/lm_sweep_cpu.md).
 
 Presets (``configs/sweeps/lm.py:<arg>``):
   (none) / ``default``: the accelerator model of ``configs/lm.py`` (8 layers, d_model 512 for

@@ -13,6 +13,8 @@ near the pairs). The label at a query position is the key's value; every other p
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from linear_attention.data.batches import IGNORE_INDEX, padded_batches
@@ -153,7 +155,10 @@ class MQARData:
         power_a: float = 0.01,
         random_non_queries: bool = True,
         seed: int = 0,
+        num_reassignments: int = 0,
     ):
+        """``num_reassignments > 0``: forgetting MQAR (`forgetting_mqar`), that many keys get a
+        new value before the queries."""
         self.vocab_size = vocab_size
         self.seq_len = seq_len
         self.seed = seed
@@ -164,10 +169,16 @@ class MQARData:
             power_a=power_a,
             random_non_queries=random_non_queries,
         )
-        self.train_inputs, self.train_labels = multiquery_ar(
+        generate = multiquery_ar
+        if num_reassignments:
+            # (imported here: forgetting_mqar builds on this module's samplers)
+            from linear_attention.data.forgetting_mqar import forgetting_mqar
+
+            generate = functools.partial(forgetting_mqar, num_reassignments=num_reassignments)
+        self.train_inputs, self.train_labels = generate(
             num_examples=num_train_examples, seed=np.random.SeedSequence([seed, 0]), **common
         )
-        self.test_inputs, self.test_labels = multiquery_ar(
+        self.test_inputs, self.test_labels = generate(
             num_examples=num_test_examples, seed=np.random.SeedSequence([seed, 1]), **common
         )
 

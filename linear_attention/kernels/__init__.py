@@ -7,6 +7,8 @@ Example, with `from linear_attention import kernels as K` and `phi = K.feature_m
 from linear_attention.kernels import feature_maps
 from linear_attention.kernels.delta import METHODS as DELTA_METHODS
 from linear_attention.kernels.delta import delta_rule, delta_rule_step
+from linear_attention.kernels.delta_product import delta_product, delta_product_step
+from linear_attention.kernels.dplr import dplr_delta_rule, dplr_delta_rule_step
 from linear_attention.kernels.linear import METHODS, causal_linear_attention, linear_attention
 from linear_attention.kernels.recurrent import recurrent_step
 from linear_attention.kernels.sliding_window import sliding_window_attention
@@ -24,8 +26,12 @@ __all__ = [
     "blockwise_softmax_attention",
     "cached_softmax_attention",
     "causal_linear_attention",
+    "delta_product",
+    "delta_product_step",
     "delta_rule",
     "delta_rule_step",
+    "dplr_delta_rule",
+    "dplr_delta_rule_step",
     "feature_maps",
     "linear_attention",
     "recurrent_step",

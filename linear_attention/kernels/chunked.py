@@ -233,23 +233,30 @@ class SubBlocks:
       q_scale [.., P, c, M]     exp(b_t − b_{r_i})
       k_scale [.., P, C, M]     exp(b_{r_i} − b_s) for s before sub-block i, else 0
       diag    [.., P, c, c, M]  exp(b_t − b_s) for s ≤ t in one sub-block, else 0
+    With `b_query`/`n_query` the query side reads its own cumulative decay (every exponent must
+    still be ≤ 0: b_query_t ≥ b_{r_i} and ≥ b_s for the kept pairs), and with `strict` the pairs
+    s < t only: DPLR's scores Σ_m a_tm k_sm exp(b_{t−1,m} − b_sm).
     """
 
-    def __init__(self, b, n, c):
+    def __init__(self, b, n, c, *, b_query=None, n_query=None, strict=False):
         *lead, C, M = b.shape
         P = C // c
         self.P, self.c = P, c
         b_sub, n_sub = b.reshape(*lead, P, c, M), n.reshape(*lead, P, c, M)
+        # The query side may read its own cumulative decay (DPLR reads the state before the
+        # token's decay: b_query_t = b_{t−1}, with `strict` pairs s < t only); the key side is b.
+        bq_sub = b_sub if b_query is None else b_query.reshape(*lead, P, c, M)
+        nq_sub = n_sub if n_query is None else n_query.reshape(*lead, P, c, M)
         # r_i: the last token of sub-block i − 1 (sub-block 0 reads no earlier key)
         b_r = jnp.concatenate([jnp.zeros_like(b_sub[..., :1, -1, :]), b_sub[..., :-1, -1, :]], -2)
         n_r = jnp.concatenate([jnp.zeros_like(n_sub[..., :1, -1, :]), n_sub[..., :-1, -1, :]], -2)
-        self.q_scale = masked_exp(n_sub == n_r[..., None, :], b_sub - b_r[..., None, :])
+        self.q_scale = masked_exp(nq_sub == n_r[..., None, :], bq_sub - b_r[..., None, :])
         before_PC = jnp.arange(C)[None, :] < (jnp.arange(P) * c)[:, None]
         keep = before_PC[:, :, None] & (n_r[..., :, None, :] == n[..., None, :, :])
         self.k_scale = masked_exp(keep, b_r[..., :, None, :] - b[..., None, :, :])
-        tril_cc = jnp.tril(jnp.ones((c, c), dtype=bool))
-        keep = tril_cc[:, :, None] & (n_sub[..., :, None, :] == n_sub[..., None, :, :])
-        self.diag = masked_exp(keep, b_sub[..., :, None, :] - b_sub[..., None, :, :])
+        tril_cc = jnp.tril(jnp.ones((c, c), dtype=bool), -1 if strict else 0)
+        keep = tril_cc[:, :, None] & (nq_sub[..., :, None, :] == n_sub[..., None, :, :])
+        self.diag = masked_exp(keep, bq_sub[..., :, None, :] - b_sub[..., None, :, :])
         self.eye = jnp.eye(P, dtype=bool)[:, None, :, None]  # [P, 1, P, 1]
 
     def _sub(self, x):

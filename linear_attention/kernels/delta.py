@@ -35,7 +35,8 @@ against 76 MB without it and ~400 MB for autodiff through the token scan, and is
 the two chunk variants; a hand-written VJP would save little more, as the per-chunk work is
 already dominated by dense C×C and C×K matmuls.
 
-The triangular inverse (I + A)⁻¹ is computed by doubling the block size (`_invert_unit_lower`):
+The triangular inverse (I + A)⁻¹ is computed by doubling the block size
+(`primitives.invert_unit_lower`):
 `lax.linalg.triangular_solve` on CPU made the forward several times slower (0.14–0.59 s against
 0.03–0.05 s at T=1024, loaded machine) for these many small systems, and the
 product form (I − N)⁻¹ = Π(I + N^(2^j)) is unstable for β near 2 (its powers of A blow up).
@@ -43,10 +44,9 @@ product form (I − N)⁻¹ = Π(I + N^(2^j)) is unstable for β near 2 (its pow
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from linear_attention.kernels._checks import (
     check_choice,
@@ -54,6 +54,16 @@ from linear_attention.kernels._checks import (
     check_layouts,
     check_log_decay,
     check_positive_int,
+    check_static,
+    concrete,
+)
+from linear_attention.kernels.chunked import SubBlocks, sub_block_size
+from linear_attention.kernels.primitives import (
+    KeyDecays,
+    from_chunks,
+    invert_unit_lower,
+    pad_time,
+    to_chunks,
 )
 from linear_attention.kernels.segments import (
     check_segment_ids,
@@ -61,7 +71,7 @@ from linear_attention.kernels.segments import (
     masked_exp,
     segment_log_decay,
 )
-from linear_attention.kernels.sequence_parallel import delta_sequence_parallel
+from linear_attention.kernels.sequence_parallel import affine_sequence_parallel, span_resets
 from linear_attention.kernels.state import LinearAttentionState
 
 METHODS = ("chunk", "scan")
@@ -81,53 +91,62 @@ def delta_rule(
     segment_ids=None,
     axis_name: str | None = None,
 ):
-    """The delta rule (DeltaNet; with `log_decay`, Gated DeltaNet) over a sequence, per head:
+    """The delta rule (DeltaNet; with `log_decay`, Gated DeltaNet; per key channel, KDA), per
+    value head:
 
-        S_t = exp(a_t) (I − β_t k_t k_tᵀ) S_{t−1} + β_t k_t v_tᵀ,    o_t = S_tᵀ q_t
+        S_t = (I − β_t k_t k_tᵀ) Diag(exp(a_t)) S_{t−1} + β_t k_t v_tᵀ,    o_t = S_tᵀ q_t
 
-    from S_0 = `initial_state` (zeros if None); S is `[K, Dv]`, float32.
+    from S_0 = `initial_state` (zeros if None); S is `[K, Dv]`, float32. The decay comes first,
+    then the delta step (FLA's `naive_recurrent_kda`); for a per-head decay this is
+    exp(a_t)(I − β_t k_t k_tᵀ) S_{t−1} + β_t k_t v_tᵀ.
 
     Args:
       q, k: `[B, T, H, K]`, used as given (no scaling; keys are usually L2-normalised).
-      v: `[B, T, H, Dv]`.
-      beta: β `[B, T, H]` in [0, 2] (β > 1 gives the transition a negative eigenvalue).
-      log_decay: a ≤ 0, `[H]` or broadcastable to `[B, T, H]`; −inf resets S. None: a = 0.
+      v: `[B, T, HV, Dv]`; HV a multiple of H (grouped value heads, as in Qwen3-Next and Kimi
+        Linear): value head j reads q/k head j // (HV // H).
+      beta: β `[B, T, HV]` in [0, 2] (β > 1 gives the transition a negative eigenvalue).
+      log_decay: a ≤ 0, `[HV]`, `[B, T, HV]` or `[B, T, HV, K]` (a decay per key channel: KDA);
+        −inf resets S. None: a = 0.
       method: "chunk" (the training path, WY form) or "scan" (token by token, the reference).
       chunk_size: tokens per chunk for "chunk"; T need not be a multiple of it.
-      initial_state: `LinearAttentionState(kv=[B, H, K, Dv], k_sum=None)`.
+      initial_state: `LinearAttentionState(kv=[B, HV, K, Dv], k_sum=None)`.
       return_state: also return the state after the last token.
       segment_ids: `[B, T]` integers (packed rows): S is reset before every change of id.
       axis_name: time split over this `shard_map` axis: the unsplit result by sequence
         parallelism (`sequence_parallel.py`).
     Returns:
-      `o: [B, T, H, Dv]` in `result_type(q, k, v)`, and with `return_state` the final
+      `o: [B, T, HV, Dv]` in `result_type(q, k, v)`, and with `return_state` the final
       `LinearAttentionState(kv, None)` (float32).
     """
     check_choice("method", method, METHODS)
     check_positive_int("chunk_size", chunk_size)
-    B, T, H, Kd, Dv = _check_qkv_beta(q, k, v, beta, time=True)
+    check_static("return_state", return_state)
+    B, T, H, HV, Kd, Dv = check_delta_inputs(q, k, v, beta, time=True)
     if initial_state is not None:
-        _check_delta_state(initial_state, B, H, Kd, Dv, "initial_state")
-    a_BTH = check_log_decay(log_decay, (B, T, H), "[B, T, H]")
+        check_delta_state(initial_state, B, HV, Kd, Dv, "initial_state")
+    a_BTHX = check_log_decay(log_decay, (B, T, HV), "[B, T, HV]", feature_dim=Kd)
     if segment_ids is not None:
-        a_BTH = segment_log_decay(check_segment_ids(segment_ids, B, T), a_BTH, H)
+        a_BTHX = segment_log_decay(check_segment_ids(segment_ids, B, T), a_BTHX, HV)
 
     dtype = jnp.result_type(q, k, v)
-    q32, k32, v32 = (x.astype(jnp.float32) for x in (q, k, v))
+    q32, k32 = (expand_heads(x.astype(jnp.float32), HV) for x in (q, k))
+    v32 = v.astype(jnp.float32)
     beta32 = jnp.asarray(beta, jnp.float32)
     if initial_state is None:
-        s0_BHKD = jnp.zeros((B, H, Kd, Dv), jnp.float32)
+        s0_BHKD = jnp.zeros((B, HV, Kd, Dv), jnp.float32)
     else:
         s0_BHKD = initial_state.kv.astype(jnp.float32)
-    if axis_name is not None:  # time split: the unsplit kernel per shard, then a combine
-        local = functools.partial(delta_rule, method=method, chunk_size=chunk_size)
-        o_BTHD, s_BHKD = delta_sequence_parallel(
-            local, (q32, k32, v32, beta32, a_BTH), s0_BHKD, segment_ids, axis_name
-        )
+    core = delta_chunked if method == "chunk" else delta_scan
+    kwargs = {"chunk_size": chunk_size} if method == "chunk" else {}
+    if axis_name is not None:  # time split: the unsplit kernel per shard, then one combine
+        a_BTHX = span_resets(a_BTHX, segment_ids, HV, axis_name)
+
+        def local(v_ext, s_init):
+            return core(q32, k32, v_ext, beta32, a_BTHX, s_init, **kwargs)
+
+        o_BTHD, s_BHKD = affine_sequence_parallel(local, v32, s0_BHKD, axis_name, like=q32)
     else:
-        core = delta_chunked if method == "chunk" else delta_scan
-        kwargs = {"chunk_size": chunk_size} if method == "chunk" else {}
-        o_BTHD, s_BHKD = core(q32, k32, v32, beta32, a_BTH, s0_BHKD, **kwargs)
+        o_BTHD, s_BHKD = core(q32, k32, v32, beta32, a_BTHX, s0_BHKD, **kwargs)
     o_BTHD = o_BTHD.astype(dtype)
     if not return_state:
         return o_BTHD
@@ -138,26 +157,40 @@ def delta_rule_step(state: LinearAttentionState, q, k, v, beta, *, log_decay=Non
     """One token of the delta rule, O(1) in the context length (for decoding).
 
     Args:
-      state: `LinearAttentionState(kv=[B, H, K, Dv], k_sum=None)`, the state after the last token.
-      q, k: `[B, H, K]`; v: `[B, H, Dv]`; beta: `[B, H]`.
-      log_decay: ≤ 0, broadcastable to `[B, H]`; −inf resets. None: no decay.
+      state: `LinearAttentionState(kv=[B, HV, K, Dv], k_sum=None)`, the state after the last token.
+      q, k: `[B, H, K]`; v: `[B, HV, Dv]`; beta: `[B, HV]` (HV a multiple of H).
+      log_decay: ≤ 0, `[HV]`, `[B, HV]` or `[B, HV, K]` (per key channel); −inf resets.
+        None: no decay.
     Returns:
-      `(o: [B, H, Dv] in result_type(q, k, v), new state)`.
+      `(o: [B, HV, Dv] in result_type(q, k, v), new state)`.
     """
-    B, H, Kd, Dv = _check_qkv_beta(q, k, v, beta, time=False)
-    _check_delta_state(state, B, H, Kd, Dv, "state")
-    a_BH = check_log_decay(log_decay, (B, H), "[B, H]")
+    B, H, HV, Kd, Dv = check_delta_inputs(q, k, v, beta, time=False)
+    check_delta_state(state, B, HV, Kd, Dv, "state")
+    a_BHX = check_log_decay(log_decay, (B, HV), "[B, HV]", feature_dim=Kd)
     dtype = jnp.result_type(q, k, v)
-    q32, k32, v32 = (x.astype(jnp.float32) for x in (q, k, v))
-    o_BHD, s_BHKD = _token(state.kv.astype(jnp.float32), q32, k32, v32, beta, a_BH)
+    q32, k32 = (expand_heads(x.astype(jnp.float32), HV, axis=1) for x in (q, k))
+    v32 = v.astype(jnp.float32)
+    o_BHD, s_BHKD = delta_token(state.kv.astype(jnp.float32), q32, k32, v32, beta, a_BHX)
     return o_BHD.astype(dtype), LinearAttentionState(kv=s_BHKD, k_sum=None)
 
 
-def _token(s_BHKD, q_BHK, k_BHK, v_BHD, beta_BH, a_BH):
-    """S ← e^a S + β k (v − e^a Sᵀk)ᵀ  (= e^a (I − β k kᵀ) S + β k vᵀ);  o = Sᵀ q."""
+def expand_heads(x, heads: int, axis: int = 2):
+    """Repeat the H query/key heads of `x` to `heads` (a multiple of H): head j reads
+    j // (heads // H).
+
+    A repeat, not a gather: its transpose sums the value heads' cotangents back onto their head.
+    """
+    return jnp.repeat(x, heads // x.shape[axis], axis=axis)
+
+
+def delta_token(s_BHKD, q_BHK, k_BHK, v_BHD, beta_BH, a_BHX):
+    """S ← Diag(e^a) S;  S ← S + β k (v − Sᵀk)ᵀ  (= (I − β k kᵀ) Diag(e^a) S + β k vᵀ);  o = Sᵀq.
+
+    `a_BHX`: `[B, H]` (per head), `[B, H, K]` (per key channel) or None."""
     beta_BH = jnp.asarray(beta_BH, jnp.float32)
-    if a_BH is not None:
-        s_BHKD = jnp.exp(a_BH)[..., None, None] * s_BHKD  # exp(−inf) = 0: a reset, no NaN
+    if a_BHX is not None:  # exp(−inf) = 0: a reset, no NaN
+        decay = jnp.exp(a_BHX)
+        s_BHKD = (decay[..., None] if a_BHX.ndim == 3 else decay[..., None, None]) * s_BHKD
     read_BHD = jnp.einsum("bhk,bhkd->bhd", k_BHK, s_BHKD)
     u_BHD = beta_BH[..., None] * (v_BHD - read_BHD)
     s_BHKD = s_BHKD + k_BHK[..., :, None] * u_BHD[..., None, :]
@@ -172,7 +205,7 @@ def delta_scan(q_BTHK, k_BTHK, v_BTHD, beta_BTH, a_BTH, s0_BHKD):
 
     def step(s_BHKD, inputs):
         q, k, v, beta, a = inputs
-        o_BHD, s_BHKD = _token(s_BHKD, q, k, v, beta, a)
+        o_BHD, s_BHKD = delta_token(s_BHKD, q, k, v, beta, a)
         return s_BHKD, o_BHD
 
     time_major = [
@@ -184,7 +217,13 @@ def delta_scan(q_BTHK, k_BTHK, v_BTHD, beta_BTH, a_BTH, s0_BHKD):
 
 
 def delta_chunked(q_BTHK, k_BTHK, v_BTHD, beta_BTH, a_BTH, s0_BHKD, *, chunk_size: int):
-    """The delta rule, chunkwise (WY form), on float32 arrays; returns `(o_BTHD, s_BHKD)`."""
+    """The delta rule, chunkwise (WY form), on float32 arrays; returns `(o_BTHD, s_BHKD)`.
+
+    `a_BTH`: None, `[B, T, H]` or `[B, T, H, K]` (per key channel: `delta_chunked_per_key`)."""
+    if a_BTH is not None and a_BTH.ndim == 4:
+        return delta_chunked_per_key(
+            q_BTHK, k_BTHK, v_BTHD, beta_BTH, a_BTH, s0_BHKD, chunk_size=chunk_size
+        )
     B, T, H, Kd = q_BTHK.shape
     C = min(chunk_size, T)
 
@@ -211,7 +250,7 @@ def delta_chunked(q_BTHK, k_BTHK, v_BTHD, beta_BTH, a_BTH, s0_BHKD, *, chunk_siz
     a_BHNCC = beta[..., :, None] * kk_BHNCC * d.strict
     beta_k = beta[..., None] * (k if d.start is None else k * d.start[..., None])
     rhs = jnp.concatenate([beta[..., None] * v, beta_k], axis=-1)
-    uw = _invert_unit_lower(a_BHNCC) @ rhs
+    uw = invert_unit_lower(a_BHNCC) @ rhs
     Dv = v.shape[-1]
     u_BHNCD, w_BHNCK = uw[..., :Dv], uw[..., Dv:]
     p_BHNCC = (q @ jnp.swapaxes(k, -1, -2)) * d.tril
@@ -237,34 +276,6 @@ def delta_chunked(q_BTHK, k_BTHK, v_BTHD, beta_BTH, a_BTH, s0_BHKD, *, chunk_siz
     # ---- 5. back to [B, T, H, Dv] ----
     o_BTHD = jnp.moveaxis(o_NBHCD, 0, 1).transpose(0, 1, 3, 2, 4).reshape(B, N * C, H, Dv)
     return o_BTHD[:, :T], s_BHKD
-
-
-def _invert_unit_lower(a_CC):
-    """(I + A)⁻¹ for strictly lower-triangular A [..., C, C], by doubling the block size.
-
-    With the inverses D₁, D₂ of two diagonal blocks of size b known, the block of size 2b is
-    [[L₁₁, 0], [L₂₁, L₂₂]]⁻¹ = [[D₁, 0], [−D₂ L₂₁ D₁, D₂]]: log₂ C rounds of batched matmuls, as
-    stable as forward substitution (no powers of A are formed). Measured on CPU: several times
-    faster than `lax.linalg.triangular_solve` on these many small systems.
-    """
-    C = a_CC.shape[-1]
-    P = 1 << (C - 1).bit_length()  # pad to a power of two: (I + 0) on the padding
-    if P != C:
-        a_CC = jnp.pad(a_CC, [(0, 0)] * (a_CC.ndim - 2) + [(0, P - C), (0, P - C)])
-    batch = a_CC.shape[:-2]
-    d_nbb = jnp.ones((*batch, P, 1, 1), a_CC.dtype)  # inverses of the 1×1 diagonal blocks
-    b = 1
-    while b < P:
-        n = P // b
-        blocks = jnp.swapaxes(a_CC.reshape(*batch, n, b, n, b), -3, -2)  # [..., n, n, b, b]
-        l21 = blocks[..., jnp.arange(1, n, 2), jnp.arange(0, n, 2), :, :]
-        d1, d2 = d_nbb[..., 0::2, :, :], d_nbb[..., 1::2, :, :]
-        x21 = -(d2 @ l21 @ d1)
-        top = jnp.concatenate([d1, jnp.zeros_like(d1)], axis=-1)
-        bottom = jnp.concatenate([x21, d2], axis=-1)
-        d_nbb = jnp.concatenate([top, bottom], axis=-2)
-        b *= 2
-    return d_nbb[..., 0, :C, :C]
 
 
 class _ChunkDecays:
@@ -296,26 +307,85 @@ class _ChunkDecays:
         self.total = masked_exp(r_end[..., 0] == 0, b_end[..., 0])
 
 
-def _check_qkv_beta(q, k, v, beta, *, time: bool):
-    """Ranks and sizes of q, k, v, beta with or without a time axis; returns the sizes."""
-    lead = "B, T, H" if time else "B, H"
+def delta_chunked_per_key(q_BTHK, k_BTHK, v_BTHD, beta_BTH, a_BTHK, s0_BHKD, *, chunk_size):
+    """The delta rule with a decay per key channel (KDA), chunkwise, on float32 arrays.
+
+    Inside a chunk, with b_t the cumulative log decay vector and S the entering state,
+    D_t S_{t−1} = e^{b_t} ⊙ S + Σ_{s<t} e^{b_t − b_s} ⊙ k_s u_sᵀ (per row m), so
+    u_t = β_t(v_t − (D_t S_{t−1})ᵀk_t) solves the unit lower-triangular system of the scalar
+    case with the scores A_ts = β_t Σ_m k_tm k_sm e^{b_tm − b_sm} (s < t):
+
+        (I + A) U' = diag(β) V − diag(β) (K ⊙ e^b) S
+        O  = (Q ⊙ e^b) S + [Σ_m q_tm k_sm e^{b_tm − b_sm}]_{s≤t} U'
+        S' = e^{b_C} ⊙ S + (K ⊙ e^{b_C − b})ᵀ U'
+
+    The decayed scores are taken in sub-blocks (`chunked.SubBlocks`, GLA's factorisation), every
+    exponent ≤ 0: exact and finite with −30 per token. Every chunk's work (decays, scores,
+    inverse) runs inside one rematerialised `lax.scan` step, so the backward pass keeps only the
+    state entering each chunk and the inputs, never a [C, C, K] tensor per chunk or a state per
+    token.
+    """
+    T = q_BTHK.shape[1]
+    C = min(chunk_size, T)
+    c = sub_block_size(C)
+    xs = [to_chunks(pad_time(x, C), C) for x in (q_BTHK, k_BTHK, v_BTHD, beta_BTH, a_BTHK)]
+
+    def step(s_BHKD, inputs):
+        q, k, v, beta, a = inputs
+        d = KeyDecays(a)
+        sub = SubBlocks(d.b, d.n, c)
+        a_CC = beta[..., :, None] * jnp.tril(sub.scores(k, k), -1)
+        inv_CC = invert_unit_lower(a_CC)
+        u = inv_CC @ (beta[..., None] * v) - inv_CC @ (beta[..., None] * k * d.start) @ s_BHKD
+        o = (q * d.start) @ s_BHKD + sub.scores(q, k) @ u
+        s_BHKD = d.total[..., :, None] * s_BHKD + jnp.swapaxes(k * d.end, -1, -2) @ u
+        return s_BHKD, o
+
+    s_BHKD, o_NBHCD = jax.lax.scan(jax.checkpoint(step), s0_BHKD, xs)
+    return from_chunks(o_NBHCD, T), s_BHKD
+
+
+def check_delta_inputs(q, k, v, beta, *, time: bool):
+    """Ranks and sizes of q, k `[B, (T,) H, K]`, v `[B, (T,) HV, Dv]`, beta `[B, (T,) HV]`; HV
+    must be a multiple of H. Returns `(B, (T,) H, HV, K, Dv)`."""
+    lead = "B, T" if time else "B"
+    head_axis = 2 if time else 1
+    grouped = jnp.ndim(v) == len(lead.split(", ")) + 2 and jnp.ndim(q) == jnp.ndim(v)
+    grouped = grouped and jnp.shape(v)[head_axis] != jnp.shape(q)[head_axis]
+    hv = "HV" if grouped else "H"
     check_layouts(
-        q=(q, f"[{lead}, K]"),
-        k=(k, f"[{lead}, K]"),
-        v=(v, f"[{lead}, Dv]"),
-        beta=(beta, f"[{lead}]"),
+        q=(q, f"[{lead}, H, K]"),
+        k=(k, f"[{lead}, H, K]"),
+        v=(v, f"[{lead}, {hv}, Dv]"),
+        beta=(beta, f"[{lead}, {hv}]"),
     )
+    H, HV = q.shape[head_axis], v.shape[head_axis]
+    if HV % H:
+        raise ValueError(
+            f"v has {HV} value heads, not a multiple of the {H} query/key heads of q, k "
+            f"(q: {tuple(q.shape)}, v: {tuple(v.shape)}): grouped value heads need HV = g·H"
+        )
     check_float(("q", "k", "v", "beta"), (q, k, v, beta))
     if time and q.shape[1] == 0:
         raise ValueError(f"q, k, v must have at least one time step, got shape {q.shape}")
-    if not isinstance(beta, jax.core.Tracer):
-        lo, hi = float(jnp.min(beta)), float(jnp.max(beta))
-        if not (lo >= 0.0 and hi <= 2.0):
-            raise ValueError(f"beta must lie in [0, 2], got values in [{lo}, {hi}]")
-    return (*q.shape, v.shape[-1])
+    check_beta(beta, 0.0, 2.0)
+    return (*q.shape[:-2], H, HV, q.shape[-1], v.shape[-1])
 
 
-def _check_delta_state(state, batch, heads, kd, dv, name):
+def check_beta(beta, lo_allowed, hi_allowed, name="beta"):
+    """Raise unless the concrete values of `beta` lie in [lo_allowed, hi_allowed]. Values are read
+    with NumPy when concrete (a constant closed over under `jit` included); traced: skip."""
+    values = concrete(beta)
+    if values is not None and values.size:
+        lo, hi = float(np.min(values)), float(np.max(values))
+        if not (lo >= lo_allowed and hi <= hi_allowed):
+            raise ValueError(
+                f"{name} must lie in [{lo_allowed:g}, {hi_allowed:g}], got values in [{lo}, {hi}]"
+            )
+
+
+def check_delta_state(state, batch, heads, kd, dv, name):
+    """Raise unless `state` is a `LinearAttentionState(kv=[B, H, K, Dv], k_sum=None)`."""
     if not isinstance(state, LinearAttentionState):
         raise ValueError(f"{name} must be a LinearAttentionState, got {type(state).__name__}")
     if state.k_sum is not None:

@@ -13,7 +13,9 @@ causal linear attention (0 after a reset, a log decay of −inf), and the K×K m
   1. every shard runs the local kernel from a zero state, which gives its local outputs and its
      summary (A, U) — for the delta rule in the same run, on extra value columns: from the
      initial state [0 | I] with values [v | 0] the recurrence, linear in (S, v) jointly, ends
-     in [U | A] and its extra output columns are A_tᵀ q_t, the entering state's read-out map;
+     in [U | A] and its extra output columns are A_tᵀ q_t, the entering state's read-out map
+     (`affine_sequence_parallel`, which takes any such local kernel: the delta rule, KDA, DPLR,
+     DeltaProduct);
   2. the summaries are gathered over the axis (`all_gather`, O(n·state) per device) and an
      inclusive `associative_scan` over shards composes them; shard i enters with the prefix of
      shards < i applied to the global initial state (which so flows into shard 0 only), and
@@ -54,7 +56,7 @@ def linear_sequence_parallel(local, qkva, state0, segment_ids, axis_name, normal
     kv0_BHMD, z0_BHM = state0
     B, T, H, M = q_BTHM.shape
     Dv = v_BTHD.shape[-1]
-    a_BTH = _like(_span_resets(a_BTH, segment_ids, H, axis_name), q_BTHM)
+    a_BTH = _like(span_resets(a_BTH, segment_ids, H, axis_name), q_BTHM)
 
     # ---- 1. local outputs and summary from a zero state (normaliser: a value that is 1) ----
     with_sum = normalize or z0_BHM is not None
@@ -97,39 +99,29 @@ def linear_sequence_parallel(local, qkva, state0, segment_ids, axis_name, normal
     return o_BTHD, kv_BHMD, z_BHM
 
 
-def delta_sequence_parallel(local, qkvba, s0_BHKD, segment_ids, axis_name):
-    """The delta rule with time split over `axis_name`, on float32 arrays.
+def affine_sequence_parallel(local, v, s0_BHKD, axis_name, *, like):
+    """Any recurrence whose state update is affine in the entering state, with time split over
+    `axis_name`, on float32 arrays: the one combine of the delta family.
 
-    `local(q, k, v, beta, log_decay=, initial_state=, return_state=True)` is the unsplit kernel;
-    `qkvba = (q_BTHK, k_BTHK, v_BTHD, beta_BTH, a_BTH)`. Returns `(o_BTHD, s_BHKD)` with the
-    global final state.
+    `local(v_ext, s_init) -> (o_ext, s_final)` is the unsplit kernel on this shard's tokens: it
+    must be linear in (s_init, v_ext) jointly (S_t = M_t S_{t−1} + k_t v_tᵀ-like writes, any
+    transition M_t) and read its outputs as o_t = S_tᵀ q_t. `v: [..., Dv]` (e.g. `[B, T, H, Dv]`
+    or `[B, T, H, n, Dv]`), `s0_BHKD` the global initial state, `like` an input that varies over
+    the mesh (the zero/identity columns are typed like it). One local run on [v | 0] from
+    [0 | I] gives outputs [o | A_tᵀ q_t] (o `[B, T, H, Dv + K]`) and the state [U | A]; the
+    summaries (A, U) compose over shards (`_prefix`). Returns `(o_BTHD, s_BHKD)` with the global
+    final state.
     """
-    q_BTHK, k_BTHK, v_BTHD, beta_BTH, a_BTH = qkvba
-    B, T, H, K = q_BTHK.shape
-    Dv = v_BTHD.shape[-1]
-    a_BTH = _like(_span_resets(a_BTH, segment_ids, H, axis_name), q_BTHK)
-    beta_BTH = _like(beta_BTH, q_BTHK)
+    Kd, Dv = s0_BHKD.shape[-2:]
+    v_ext = jnp.concatenate([v, jnp.zeros((*v.shape[:-1], Kd), jnp.float32)], axis=-1)
+    eye = jnp.broadcast_to(jnp.eye(Kd, dtype=jnp.float32), (*s0_BHKD.shape[:-1], Kd))
+    init = jnp.concatenate([jnp.zeros_like(s0_BHKD), eye], axis=-1)
+    out_BTHX, state_BHKX = local(_like(v_ext, like), _like(init, like))
+    u_BHKD, A_BHKK = state_BHKX[..., :Dv], state_BHKX[..., Dv:]
 
-    # ---- 1. one local run on [v | 0] from [0 | I]: outputs [o | A_tᵀ q_t], state [U | A] ----
-    v_ext = jnp.concatenate([v_BTHD, jnp.zeros((B, T, H, K), jnp.float32)], axis=-1)
-    eye_BHKK = jnp.broadcast_to(jnp.eye(K, dtype=jnp.float32), (B, H, K, K))
-    init = jnp.concatenate([jnp.zeros((B, H, K, Dv), jnp.float32), eye_BHKK], axis=-1)
-    init_state = LinearAttentionState(kv=_like(init, q_BTHK), k_sum=None)
-    out_BTHX, state = local(
-        q_BTHK,
-        k_BTHK,
-        v_ext,
-        beta_BTH,
-        log_decay=a_BTH,
-        initial_state=init_state,
-        return_state=True,
-    )
-    u_BHKD, A_BHKK = state.kv[..., :Dv], state.kv[..., Dv:]
-
-    # ---- 2. gather the summaries, compose them over shards ----
     s_in_BHKD, s_out_BHKD = _prefix(A_BHKK, u_BHKD, s0_BHKD, axis_name, jnp.matmul)
 
-    # ---- 3. the entering state's contribution: (A_t S_in)ᵀ q_t ----
+    # the entering state's contribution: (A_t S_in)ᵀ q_t
     o_BTHD = out_BTHX[..., :Dv] + jnp.einsum("bthk,bhkd->bthd", out_BTHX[..., Dv:], s_in_BHKD)
     return o_BTHD, s_out_BHKD
 
@@ -173,17 +165,24 @@ def _like(x, ref):
     return jax.lax.pcast(x, missing, to="varying") if missing else x
 
 
-def _span_resets(a_BTH, segment_ids, num_heads, axis_name):
-    """Fold the reset at this span's first token (its id differs from the previous span's last
-    id) into the log decay; the kernels reset only inside a row, never at its first token."""
-    if segment_ids is None:
-        return a_BTH
+def span_start_reset(segment_ids, axis_name):
+    """`[B]` bool: this span's first token starts a new document (its id differs from the
+    previous span's last id, which arrives by `ppermute`); False on the first shard."""
     n = jax.lax.axis_size(axis_name)
     idx = jax.lax.axis_index(axis_name)
     prev_last_B = jax.lax.ppermute(
         segment_ids[:, -1], axis_name, perm=[(i, i + 1) for i in range(n - 1)]
     )
-    reset_B = (idx > 0) & (segment_ids[:, 0] != prev_last_B)
+    return (idx > 0) & (segment_ids[:, 0] != prev_last_B)
+
+
+def span_resets(a_BTH, segment_ids, num_heads, axis_name):
+    """Fold the reset at this span's first token (`span_start_reset`) into the log decay
+    `[B, T, H]` or `[B, T, H, K]` (None: zeros `[B, T, H]` are made); the kernels reset only
+    inside a row, never at its first token. Without `segment_ids`, `a_BTH` is returned."""
+    if segment_ids is None:
+        return a_BTH
+    reset_B = span_start_reset(segment_ids, axis_name)
     if a_BTH is None:
         a_BTH = jnp.zeros((*segment_ids.shape, num_heads), jnp.float32)
     first = a_BTH[:, 0]

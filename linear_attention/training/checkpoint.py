@@ -10,7 +10,10 @@ where the checkpoint left it.
 Every saved step gets an integrity record (``<step>/integrity.json``, see `workdir`), checked
 before a restore: `restore_latest` skips a damaged or incomplete step, names it and the damaged
 file, moves it aside to ``checkpoints_damaged/`` (so the step is saved afresh when the run
-reaches it again) and falls back to the newest intact one."""
+reaches it again) and falls back to the newest intact one.
+
+Beside the arrays, a step may hold ``meta.json``: a small JSON object the loop saves with it (the
+run's timings so far), covered by the integrity record like every other file."""
 
 from __future__ import annotations
 
@@ -24,6 +27,8 @@ from flax import nnx
 from jax.experimental import multihost_utils
 
 from linear_attention.training.workdir import RunError, verify_digest, write_digest
+
+META_NAME = "meta.json"
 
 
 class Checkpoints:
@@ -39,10 +44,18 @@ class Checkpoints:
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
 
-    def save(self, step: int, state: nnx.State, *, data_state: dict | None = None) -> None:
-        """Save ``state`` as step ``step`` (a no-op if that step is already saved), with this
-        process's data-iterator state ``data_state`` (JSON) when given: it goes into the step's
-        folder before the integrity record, so the record covers it."""
+    def save(
+        self,
+        step: int,
+        state: nnx.State,
+        meta: dict | None = None,
+        *,
+        data_state: dict | None = None,
+    ) -> None:
+        """Save ``state`` as step ``step`` (a no-op if that step is already saved), with
+        ``meta`` (a JSON object) as ``meta.json`` and this process's data-iterator state
+        ``data_state`` (JSON) when given: both go into the step's folder before the integrity
+        record, so the record covers them."""
         if step in self.manager.all_steps():
             return
         self.manager.save(step, args=ocp.args.StandardSave(nnx.to_pure_dict(state)), force=True)
@@ -55,6 +68,9 @@ class Checkpoints:
             if jax.process_count() > 1:  # every process's file is in before the record
                 multihost_utils.sync_global_devices(f"data_state_{step}")
         if jax.process_index() == 0:
+            if meta is not None:
+                with open(os.path.join(self.step_dir(step), META_NAME), "w") as f:
+                    json.dump(meta, f, sort_keys=True)
             write_digest(self.step_dir(step))
 
     def _data_state_path(self, step: int) -> str:
@@ -67,6 +83,15 @@ class Checkpoints:
             return None
         with open(path) as f:
             return json.load(f)
+
+    def meta(self, step: int) -> dict:
+        """The ``meta`` saved with step ``step`` ({} if none: a step saved without it)."""
+        try:
+            with open(os.path.join(self.step_dir(step), META_NAME)) as f:
+                meta = json.load(f)
+        except FileNotFoundError:
+            return {}
+        return meta if isinstance(meta, dict) else {}
 
     def step_dir(self, step: int) -> str:
         return os.path.join(self.directory, str(step))

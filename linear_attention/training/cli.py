@@ -38,6 +38,7 @@ from linear_attention.training import config as config_lib
 from linear_attention.training.config import SECTIONS, experiment_config
 from linear_attention.training.load import evaluate_run, load_run, run_config
 from linear_attention.training.metrics import write_json
+from linear_attention.training.sizing import dry_run as dry_run_sizing
 from linear_attention.training.trainer import Interrupted, NonFiniteLossError, train
 from linear_attention.training.workdir import RunError
 
@@ -220,7 +221,13 @@ def _parse_train(argv: list[str]):
         flags.DEFINE_string(
             "workdir", None, "run folder (created; resumed if it exists)", flag_values=fv
         )
-        flags.DEFINE_bool("dry_run", False, "print the resolved config and exit", flag_values=fv)
+        flags.DEFINE_bool(
+            "dry_run",
+            False,
+            "print the resolved config, then one JSON line {parameters, flops_per_token, "
+            "train_step_bytes_per_device} (the train step compiled on abstract shapes), and exit",
+            flag_values=fv,
+        )
 
     fv = _parse(argv, config, extra)
     config = fv.config
@@ -286,8 +293,13 @@ def main(argv: list[str] | None = None) -> int:
         config, workdir, dry_run = _parse_train(argv)
     except UsageError as e:
         return _error("la-train", e)
-    if dry_run:
+    if dry_run:  # the resolved config, then the sizing as one JSON line (the last)
         print(json.dumps(experiment_config(config).to_dict(), indent=2, sort_keys=True))
+        try:
+            sizing = dry_run_sizing(config)
+        except ValueError as e:
+            return _error("la-train", e)
+        print(json.dumps(sizing, sort_keys=True))
         return 0
 
     try:

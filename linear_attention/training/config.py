@@ -17,14 +17,20 @@ from typing import Any
 
 from linear_attention.data import check_mqar_settings
 from linear_attention.data.corpus import TOKEN_DTYPES
+from linear_attention.data.forgetting_mqar import check_forgetting_settings
+from linear_attention.data.mad import OPTION_DEFAULTS, check_mad_settings, mad_num_tokens
 from linear_attention.data.sources import LOADERS
+from linear_attention.data.state_tracking import (
+    check_state_tracking_settings,
+    task_vocab_size,
+)
 from linear_attention.data.tokenizers import check_tokenizer_spec, load_tokenizer
 from linear_attention.models.config import ModelConfig
 
 SCHEDULES = ("cosine", "linear", "constant")
 # Metrics an early stop can watch, and whether larger is better.
 STOP_METRICS = {"eval/accuracy": True, "eval/loss": False, "eval/bits_per_byte": False}
-DATA_KINDS = ("mqar", "text", "tokens")
+DATA_KINDS = ("mqar", "text", "tokens", "mad", "state_tracking")
 
 
 def _fail(path: str, message: str):
@@ -55,10 +61,12 @@ class MQARDataConfig:
     num_train_examples: int = 100_000
     num_test_examples: int = 3_000
     random_non_queries: bool = True
+    num_reassignments: int = 0  # > 0: forgetting MQAR (keys reassigned before the queries)
 
     def validate(self, path: str):
         _need_int(f"{path}.num_train_examples", self.num_train_examples)
         _need_int(f"{path}.num_test_examples", self.num_test_examples)
+        _need_int(f"{path}.num_reassignments", self.num_reassignments, minimum=0)
         try:
             check_mqar_settings(
                 vocab_size=self.vocab_size,
@@ -66,6 +74,14 @@ class MQARDataConfig:
                 num_kv_pairs=self.num_kv_pairs,
                 power_a=self.power_a,
             )
+            if self.num_reassignments:
+                check_forgetting_settings(
+                    vocab_size=self.vocab_size,
+                    seq_len=self.seq_len,
+                    num_kv_pairs=self.num_kv_pairs,
+                    num_reassignments=self.num_reassignments,
+                    power_a=self.power_a,
+                )
         except ValueError as e:
             raise ValueError(f"config.{path}: {e}") from None
 
@@ -164,6 +180,79 @@ class TokenDataConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class MADDataConfig:
+    """One of MAD's six tasks (see `linear_attention.data.mad`): a fixed training and test set,
+    scored by class-macro accuracy. The task options must stay at their defaults on a task that
+    does not read them."""
+
+    kind: str
+    task: str
+    vocab_size: int
+    seq_len: int
+    num_train_examples: int = 12_800
+    num_test_examples: int = 1_280
+    multi_query: bool = OPTION_DEFAULTS["multi_query"]
+    noise_vocab_size: int = OPTION_DEFAULTS["noise_vocab_size"]
+    noise_fraction: float = OPTION_DEFAULTS["noise_fraction"]
+    max_key_len: int = OPTION_DEFAULTS["max_key_len"]
+    max_value_len: int = OPTION_DEFAULTS["max_value_len"]
+    num_tokens_to_copy: int = OPTION_DEFAULTS["num_tokens_to_copy"]
+    selective: bool = OPTION_DEFAULTS["selective"]
+
+    @property
+    def options(self) -> dict:
+        return {name: getattr(self, name) for name in OPTION_DEFAULTS}
+
+    def validate(self, path: str):
+        _need_int(f"{path}.num_train_examples", self.num_train_examples)
+        _need_int(f"{path}.num_test_examples", self.num_test_examples)
+        try:
+            check_mad_settings(
+                task=self.task, vocab_size=self.vocab_size, seq_len=self.seq_len, **self.options
+            )
+        except ValueError as e:
+            raise ValueError(f"config.{path}: {e}") from None
+
+    @property
+    def tokens(self) -> int:
+        return mad_num_tokens(self.task, self.vocab_size, self.seq_len, **self.options)
+
+
+@dataclasses.dataclass(frozen=True)
+class StateTrackingDataConfig:
+    """Parity, modular arithmetic and group word problems (see
+    `linear_attention.data.state_tracking`): training lengths in ``[min_len, seq_len]``, a fixed
+    evaluation set of ``num_eval_examples`` sequences per length in ``eval_lengths``."""
+
+    kind: str
+    task: str
+    seq_len: int  # the longest training sequence (the width of a training batch)
+    min_len: int = 3
+    eval_lengths: tuple[int, ...] = (40, 64, 128, 256)
+    num_eval_examples: int = 512
+
+    def validate(self, path: str):
+        try:
+            check_state_tracking_settings(
+                task=self.task,
+                min_len=self.min_len,
+                max_len=self.seq_len,
+                eval_lengths=self.eval_lengths,
+                num_eval_examples=self.num_eval_examples,
+            )
+        except ValueError as e:
+            raise ValueError(f"config.{path}: {e}") from None
+
+    @property
+    def longest(self) -> int:
+        return max(self.seq_len, *self.eval_lengths)
+
+    @property
+    def tokens(self) -> int:
+        return task_vocab_size(self.task)
+
+
+@dataclasses.dataclass(frozen=True)
 class OptimizerConfig:
     """AdamW with global-norm clipping and a warmup + decay schedule (see `optim.py`)."""
 
@@ -210,6 +299,11 @@ class TrainConfig:
     # (>= for accuracy, <= for losses); 0: off, every run trains num_steps.
     stop_at: float = 0.0
     stop_metric: str = "eval/accuracy"
+    # The batch of a step is split into this many micro-batches, run one after another with
+    # their gradients summed (memory of one micro-batch; the same update to float32 rounding).
+    grad_accum_steps: int = 1
+    # Peak FLOP/s of one device (e.g. 989e12: H100 bfloat16 dense); > 0 logs MFU.
+    peak_flops: float = 0.0
 
     def validate(self, path: str):
         for name in ("num_steps", "batch_size", "eval_every", "log_every", "checkpoint_every"):
@@ -219,6 +313,14 @@ class TrainConfig:
         _need_int(f"{path}.sample_tokens", self.sample_tokens, minimum=0)
         _need_int(f"{path}.sample_top_k", self.sample_top_k, minimum=0)
         _need_int(f"{path}.profile_steps", self.profile_steps, minimum=0)
+        _need_int(f"{path}.grad_accum_steps", self.grad_accum_steps)
+        if self.batch_size % self.grad_accum_steps:
+            _fail(
+                f"{path}.grad_accum_steps",
+                f"= {self.grad_accum_steps} must divide config.{path}.batch_size = "
+                f"{self.batch_size}",
+            )
+        _need_range(f"{path}.peak_flops", self.peak_flops, 0.0, math.inf)
         _need_range(f"{path}.sample_temperature", self.sample_temperature, 0.0, 1e3)
         if self.sample_tokens and not self.sample_prompt:
             _fail(f"{path}.sample_prompt", "must be non-empty when sample_tokens > 0")
@@ -280,7 +382,9 @@ class MeshConfig:
 class ExperimentConfig:
     seed: int
     model: ModelConfig
-    data: MQARDataConfig | TextDataConfig | TokenDataConfig
+    data: (
+        MQARDataConfig | TextDataConfig | TokenDataConfig | MADDataConfig | StateTrackingDataConfig
+    )
     optimizer: OptimizerConfig
     train: TrainConfig
     mesh: MeshConfig
@@ -299,6 +403,12 @@ _TYPE_NAMES = {int: "an integer", float: "a number", bool: "a bool", str: "a str
 def _convert(path: str, value, annotation):
     """Check ``value`` against a scalar annotation (int / float / bool / str)."""
     base = annotation
+    if typing.get_origin(annotation) is tuple:  # tuple[int, ...]: a list or tuple of ints
+        if isinstance(value, (list, tuple)) and all(
+            isinstance(v, int) and not isinstance(v, bool) for v in value
+        ):
+            return tuple(value)
+        _fail(path, f"must be a tuple of integers, got {value!r} ({type(value).__name__})")
     if base is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if isinstance(value, base) and not (base is int and isinstance(value, bool)):
@@ -374,7 +484,13 @@ def experiment_config(config) -> ExperimentConfig:
     kind = values["data"].get("kind")
     if kind not in DATA_KINDS:
         _fail("data.kind", f"must be one of {DATA_KINDS}, got {kind!r}")
-    data_cls = {"mqar": MQARDataConfig, "text": TextDataConfig, "tokens": TokenDataConfig}[kind]
+    data_cls = {
+        "mqar": MQARDataConfig,
+        "text": TextDataConfig,
+        "tokens": TokenDataConfig,
+        "mad": MADDataConfig,
+        "state_tracking": StateTrackingDataConfig,
+    }[kind]
     data = _build(data_cls, values["data"], "data")
     optimizer = _build(OptimizerConfig, values["optimizer"], "optimizer")
     train = _build(TrainConfig, values["train"], "train")
@@ -391,6 +507,12 @@ def experiment_config(config) -> ExperimentConfig:
         _fail(
             "model.max_length",
             f"= {model.max_length} is shorter than config.data.seq_len = {data.seq_len}",
+        )
+    if kind == "state_tracking" and model.max_length < data.longest:
+        _fail(
+            "model.max_length",
+            f"= {model.max_length} is shorter than the longest of config.data.eval_lengths "
+            f"= {data.longest}",
         )
     if train.sample_tokens:
         total = len(train.sample_prompt.encode()) + train.sample_tokens
@@ -416,7 +538,14 @@ def experiment_config(config) -> ExperimentConfig:
             _fail("train.sample_tokens", "must be 0 without config.data.tokenizer (no text)")
         if train.stop_metric == "eval/bits_per_byte":
             _fail("train.stop_metric", "= 'eval/bits_per_byte' needs config.data.tokenizer")
-    if kind == "mqar":
+    if kind not in ("text", "tokens", "mqar"):  # (MQAR says so below, in its own words)
+        if train.sample_tokens:
+            _fail("train.sample_tokens", f"must be 0 for {kind} (there is no text to sample)")
+        if train.stop_metric == "eval/bits_per_byte":
+            _fail("train.stop_metric", f"= 'eval/bits_per_byte' is for text data, not {kind}")
+    if kind in ("mad", "state_tracking") and mesh.seq > 1:
+        _fail("mesh.seq", f"= {mesh.seq}: {kind} is evaluated on one time shard (use 1)")
+    if kind in ("mqar", "mad"):
         if train.batch_size > data.num_train_examples:
             _fail(
                 "train.batch_size",

@@ -131,3 +131,78 @@ class Reporter:
 
     def close(self) -> None:
         self._end_bar()
+
+
+class Throughput:
+    """Training time and speed of a run, over all of its sessions.
+
+    The first step of each session compiles: its time is ``compile_seconds``, not training
+    time. Between two `lap` calls the loop's steps are timed together (a step's time is only
+    known once its outputs are fetched), and `pause` / `lap` keep evaluation and checkpoint time
+    out. `totals` is saved with each checkpoint and given back on resume, so the figures of a
+    resumed run count every earlier session up to the checkpoint it resumed (the steps an
+    interrupted session ran past its last checkpoint are run again, and counted once)."""
+
+    def __init__(self, tokens_per_step: int, totals: dict | None = None, *, started: float):
+        """``started``: the session's start (`time.perf_counter`), for the wall time."""
+        totals = totals or {}
+        self.tokens_per_step = tokens_per_step
+        self.steps = int(totals.get("timed_steps", 0))
+        self.seconds = float(totals.get("train_time_sec", 0.0))
+        self.compile_seconds = float(totals.get("compile_time_sec", 0.0))
+        self.earlier_wall = float(totals.get("wall_time_sec", 0.0))
+        self.log_steps, self.log_seconds = 0, 0.0
+        self._session_start, self._mark = started, time.perf_counter()
+        self._timed, self._compiled = 0, False
+
+    def stepped(self) -> None:
+        """One step was dispatched; the session's first must have finished (it compiled)."""
+        if self._compiled:
+            self._timed += 1
+            return
+        now = time.perf_counter()
+        self.compile_seconds += now - self._mark
+        self._mark, self._compiled = now, True
+
+    def lap(self) -> None:
+        """The steps since the last lap are done (their outputs fetched): count their time."""
+        seconds = time.perf_counter() - self._mark
+        self.log_steps, self.log_seconds = self.log_steps + self._timed, self.log_seconds + seconds
+        self.steps, self.seconds = self.steps + self._timed, self.seconds + seconds
+        self._timed = 0
+
+    def restart(self) -> None:
+        """Training goes on: what happened since the last lap (eval, checkpoint) is not timed."""
+        self._mark = time.perf_counter()
+
+    def interval(self) -> dict[str, float]:
+        """``tokens_per_sec`` since the last call (none when the interval held only the
+        compiling first step), and a new interval."""
+        out = {}
+        if self.log_steps:
+            out["tokens_per_sec"] = self.log_steps * self.tokens_per_step / self.log_seconds
+        self.log_steps, self.log_seconds = 0, 0.0
+        return out
+
+    def totals(self) -> dict[str, float]:
+        """The run's figures so far, over all sessions (saved with each checkpoint)."""
+        return {
+            "timed_steps": self.steps,
+            "train_time_sec": self.seconds,
+            "compile_time_sec": self.compile_seconds,
+            "wall_time_sec": self.earlier_wall + time.perf_counter() - self._session_start,
+        }
+
+    def summary(self) -> dict[str, float]:
+        """The summary's timings over all sessions; none when no step was ever timed (never a
+        0.0 from a rerun that trained nothing)."""
+        totals = self.totals()
+        if not self.steps:
+            return {"wall_time_sec": totals["wall_time_sec"]}
+        return {
+            "compile_time_sec": self.compile_seconds,
+            "timed_steps": self.steps,
+            "train_time_sec": self.seconds,
+            "tokens_per_sec": self.steps * self.tokens_per_step / self.seconds,
+            "wall_time_sec": totals["wall_time_sec"],
+        }

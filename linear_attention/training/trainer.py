@@ -16,6 +16,7 @@ non-finite value stops the run naming the step, before anything is saved after i
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -28,9 +29,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from linear_attention.data import IGNORE_INDEX, MQARData
+from linear_attention.data.mad import MADData
 from linear_attention.data.sources import text_source, token_file_source
+from linear_attention.data.state_tracking import StateTrackingData
 from linear_attention.data.tokenizers import bits_per_byte, label_bytes
 from linear_attention.models import LanguageModel, ModelConfig, generate, redraw_features
 from linear_attention.models.tokens import check_token_ids
@@ -40,7 +45,9 @@ from linear_attention.training.config import (
     config_difference,
     experiment_config,
 )
+from linear_attention.training.flops import flops_per_token
 from linear_attention.training.mesh import (
+    DATA_AXIS,
     check_batch_size,
     initialize_distributed,
     make_mesh,
@@ -49,8 +56,13 @@ from linear_attention.training.mesh import (
     shard_local_batch,
     state_shardings,
 )
-from linear_attention.training.metrics import MetricsWriter, Reporter, write_json
+from linear_attention.training.metrics import MetricsWriter, Reporter, Throughput, write_json
 from linear_attention.training.optim import make_optimizer
+from linear_attention.training.scores import (
+    class_macro_accuracy,
+    class_token_stats,
+    length_metrics,
+)
 from linear_attention.training.tensorboard import Profiler, TensorBoardWriter
 from linear_attention.training.workdir import RunError, WorkdirLock, prepare_workdir
 
@@ -113,9 +125,18 @@ class _StopSignals:
 
 
 def build_data(config: ExperimentConfig, *, cache_dir: str | None = None, message=None):
-    """The data source of ``config.data``: MQAR, text (`sources.text_source`; tokenized text
-    cached in ``cache_dir``) or a token file (`sources.token_file_source`)."""
+    """The data source of ``config.data``: a synthetic task, text (`sources.text_source`;
+    tokenized text cached in ``cache_dir``) or a token file (`sources.token_file_source`)."""
     d = config.data
+    if d.kind == "state_tracking":
+        return StateTrackingData(
+            task=d.task,
+            min_len=d.min_len,
+            max_len=d.seq_len,
+            eval_lengths=d.eval_lengths,
+            num_eval_examples=d.num_eval_examples,
+            seed=config.seed,
+        )
     if d.kind == "mqar":
         return MQARData(
             vocab_size=d.vocab_size,
@@ -126,6 +147,17 @@ def build_data(config: ExperimentConfig, *, cache_dir: str | None = None, messag
             power_a=d.power_a,
             random_non_queries=d.random_non_queries,
             seed=config.seed,
+            num_reassignments=d.num_reassignments,
+        )
+    if d.kind == "mad":
+        return MADData(
+            task=d.task,
+            vocab_size=d.vocab_size,
+            seq_len=d.seq_len,
+            num_train_examples=d.num_train_examples,
+            num_test_examples=d.num_test_examples,
+            seed=config.seed,
+            **d.options,
         )
     common = dict(
         seq_len=d.seq_len,
@@ -193,29 +225,71 @@ def token_stats(logits_BTV: jax.Array, labels_BT: jax.Array):
 
 
 @functools.partial(
-    jax.jit, static_argnames=("graphdef", "mesh", "fsdp"), donate_argnames=("state",)
+    jax.jit, static_argnames=("graphdef", "mesh", "fsdp", "accum"), donate_argnames=("state",)
 )
-def train_step(state, batch, *, graphdef, mesh, fsdp):
+def train_step(state, batch, *, graphdef, mesh, fsdp, accum: int = 1):
     """One optimizer step: ``(state, batch) -> (state, metrics)``; loss = mean cross-entropy
     over the labelled positions of the whole (global) batch. A batch with ``segment_ids``
-    (packed documents) is run with them."""
+    (packed documents) is run with them. ``accum > 1``: the batch is run as that many
+    micro-batches (`summed_gradients`), the same update to float32 rounding."""
     model, optimizer = nnx.merge(graphdef, state)
-
-    def loss_fn(model):
-        loss_sum, correct, count = model_stats(model, batch, mesh)
-        count = jnp.maximum(count, 1.0)
-        return loss_sum / count, correct / count
-
-    (loss, accuracy), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model)
+    loss_sum, correct, count, grads = summed_gradients(model, batch, mesh, accum)
+    count = jnp.maximum(count, 1.0)
+    # (the mean gradient in the parameters' dtype: the optimizer state keeps that dtype)
+    params = nnx.state(model, nnx.Param)
+    grads = jax.tree.map(lambda g, p: (g / count).astype(p.dtype), grads, params)
     optimizer.update(model, grads)
     new_state = nnx.state((model, optimizer))
     new_state = jax.lax.with_sharding_constraint(new_state, state_shardings(new_state, mesh, fsdp))
     metrics = {
-        "train/loss": loss,
-        "train/accuracy": accuracy,
+        "train/loss": loss_sum / count,
+        "train/accuracy": correct / count,
         "grad_norm": optax.tree.norm(grads),
     }
     return new_state, metrics
+
+
+def micro_batches(batch: dict, accum: int, mesh) -> dict:
+    """``batch`` entries ``[B, ...]`` as ``[accum, B / accum, ...]``: micro-batch i holds rows
+    i, i + accum, i + 2·accum, ..., so with rows split over the ``data`` axis every micro-batch
+    keeps that split (each device runs its own rows; nothing moves between devices)."""
+
+    def split(x):
+        b = x.shape[0]
+        x = jnp.swapaxes(x.reshape(b // accum, accum, *x.shape[1:]), 0, 1)
+        spec = P(None, DATA_AXIS) if mesh is not None else None
+        return x if spec is None else jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+
+    return {k: split(v) for k, v in batch.items()}
+
+
+def summed_gradients(model, batch, mesh, accum: int):
+    """``(loss_sum, correct, count, grads)``: the `token_stats` sums of ``model`` on ``batch``
+    and the gradient of ``loss_sum`` with respect to its `nnx.Param`s (float32, whatever the
+    parameter dtype). With ``accum > 1`` the batch is split by `micro_batches` and run by
+    `jax.lax.scan`, one micro-batch's activations alive at a time; the sums (of losses, counts
+    and gradients) are those of the whole batch, since all three are sums over positions."""
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+
+    def loss_sum(params, batch):
+        loss, correct, count = model_stats(nnx.merge(graphdef, params, rest), batch, mesh)
+        return loss, (correct, count)
+
+    grad_fn = jax.value_and_grad(loss_sum, has_aux=True)
+    as_f32 = lambda tree: jax.tree.map(lambda g: g.astype(jnp.float32), tree)  # noqa: E731
+    if accum == 1:
+        (loss, (correct, count)), grads = grad_fn(params, batch)
+        return loss, correct, count, as_f32(grads)
+
+    def add(carry, micro):
+        (loss, (correct, count)), grads = grad_fn(params, micro)
+        total = (loss, correct, count, as_f32(grads))
+        return jax.tree.map(jnp.add, carry, total), None
+
+    zeros = (0.0, 0.0, 0.0, jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params))
+    zeros = jax.tree.map(jnp.float32, zeros)
+    sums, _ = jax.lax.scan(add, zeros, micro_batches(batch, accum, mesh))
+    return sums
 
 
 def model_stats(model, batch, mesh=None):
@@ -249,26 +323,49 @@ def redraw_step(state, key, *, graphdef, mesh, fsdp):
     return jax.lax.with_sharding_constraint(new_state, state_shardings(new_state, mesh, fsdp))
 
 
+@functools.partial(jax.jit, static_argnames=("graphdef",))
+def class_eval_step(state, batch, *, graphdef):
+    """`scores.class_token_stats` of the model on ``batch`` (for class-macro accuracy)."""
+    model, _ = nnx.merge(graphdef, state)
+    return class_token_stats(model(batch["inputs"]), batch["labels"])
+
+
 def evaluate(state, data, config: ExperimentConfig, graphdef, mesh) -> dict[str, float]:
     """Mean loss and accuracy over every labelled position of the evaluation set (for MQAR:
-    the query positions only); bits per byte for text."""
-    token_bytes = getattr(data, "token_bytes", None)  # None: MQAR, tokens of no tokenizer
-    sums, num_bytes = [], 0
-    for b in data.eval_batches(config.train.eval_batch):
-        if token_bytes is not None:
-            num_bytes += label_bytes(b["labels"], token_bytes)
-        sums.append(
-            eval_step(
-                state,
-                shard_batch(checked(b, config.model, "an eval batch"), mesh),
-                graphdef=graphdef,
-                mesh=mesh,
-            )
+    the query positions only); bits per byte for text. A source scored ``class_macro`` (MAD)
+    reports that as eval/accuracy; one with ``eval_groups`` (state tracking) reports each
+    group's accuracy and their mean (`scores`)."""
+    batch_size = config.train.eval_batch
+    macro = getattr(data, "score", "micro") == "class_macro"
+    groups = getattr(data, "eval_groups", None)
+    groups = groups(batch_size) if groups else {"": data.eval_batches(batch_size)}
+    token_bytes = getattr(data, "token_bytes", None)  # None: no text (or no tokenizer)
+    totals, num_bytes = {}, 0
+    for name, batches in groups.items():
+        sums = []
+        for b in batches:
+            if token_bytes is not None:
+                num_bytes += label_bytes(b["labels"], token_bytes)
+            b = shard_batch(checked(b, config.model, "an eval batch"), mesh)
+            if macro:
+                sums.append(class_eval_step(state, b, graphdef=graphdef))
+            else:
+                sums.append(eval_step(state, b, graphdef=graphdef, mesh=mesh))
+        parts = zip(*jax.device_get(sums), strict=True)  # (loss sums, corrects, counts)
+        totals[name] = [np.asarray(x, np.float64).sum(axis=0) for x in parts]
+    if "" not in totals:
+        return length_metrics(
+            {name: [float(np.sum(x)) for x in t] for name, t in totals.items()}, data.chance
         )
-    loss_sum, correct, count = np.asarray(jax.device_get(sums), np.float64).sum(axis=0).tolist()
-    out = {"eval/loss": loss_sum / max(count, 1.0), "eval/accuracy": correct / max(count, 1.0)}
-    if token_bytes is not None:
-        out["eval/bits_per_byte"] = bits_per_byte(loss_sum, count, num_bytes)
+    loss_sum, correct, count = totals[""]
+    count_total = max(float(np.sum(count)), 1.0)
+    out = {"eval/loss": float(loss_sum) / count_total}
+    out["eval/accuracy"] = float(np.sum(correct)) / count_total
+    if macro:  # MAD's score; the plain token accuracy is kept beside it
+        out["eval/token_accuracy"] = out["eval/accuracy"]
+        out["eval/accuracy"] = class_macro_accuracy(correct, count)
+    if token_bytes is not None:  # over the bytes the predicted tokens cover
+        out["eval/bits_per_byte"] = bits_per_byte(float(loss_sum), count_total, num_bytes)
     return out
 
 
@@ -337,262 +434,303 @@ def train(config, workdir: str, *, reporter: Reporter | None = None) -> dict:
     ``config`` is a ConfigDict (validated here, before anything is built) or an
     `ExperimentConfig`. Rerunning on the same workdir continues from the latest checkpoint.
     """
-    start_time = time.perf_counter()
+    started = time.perf_counter()
     cfg = experiment_config(config)
-    tc = cfg.train
     initialize_distributed(cfg.mesh)
     try:
         mesh = make_mesh(cfg.mesh.num_devices, cfg.mesh.seq)
-        check_batch_size("train.batch_size", tc.batch_size, mesh)
-        check_batch_size("train.eval_batch_size", tc.eval_batch, mesh)
+        check_batch_size("train.batch_size", cfg.train.batch_size, mesh)
+        check_batch_size("train.eval_batch_size", cfg.train.eval_batch, mesh)
+        micro = cfg.train.batch_size // cfg.train.grad_accum_steps
+        if micro % mesh.shape[DATA_AXIS]:
+            raise ValueError(
+                f"config.train.batch_size / grad_accum_steps = {micro} rows per micro-batch must "
+                f"be divisible by the number of devices splitting the batch "
+                f"({mesh.shape[DATA_AXIS]})"
+            )
     except ValueError as e:
         raise RunError(str(e)) from None
-    fsdp = cfg.mesh.fsdp
-    lead = jax.process_index() == 0
-    reporter = reporter or Reporter(tc.num_steps)
-
+    reporter = reporter or Reporter(cfg.train.num_steps)
     prepare_workdir(workdir)
     lock = WorkdirLock(workdir, message=reporter.message)
-    if lead:
-        lock.acquire()  # one run per workdir; released in `finally`
-    checkpoints, writers, profiler = None, [], None
-    try:
+    if jax.process_index() == 0:
+        lock.acquire()  # one run per workdir
+    with contextlib.ExitStack() as closing:  # closed in reverse: the lock last
+        closing.callback(lock.release)
+        closing.callback(reporter.close)
+        run = Run(cfg, workdir, mesh, reporter, closing, started=started)
+        if run.finished is not None:
+            return run.finished
+        with _StopSignals(reporter) as stop:
+            run.loop(stop)
+        return run.finish()
+
+
+class Run:
+    """One session of a run: what `train` builds (data, mesh, the model's `GraphDef` and
+    state, checkpoints, writers) and what the loop carries (the state, the last step done,
+    the last record, the timings).
+
+    The loop (`loop`) runs steps `start`..num_steps; after each it asks which periodic actions
+    are due (log, evaluate, checkpoint, or a stop signal), and when any is, it first checks the
+    steps since the last one for non-finite values (`_flush`), then runs them. Each action is
+    one method; the step itself (redraw, batch, update) is `_step`.
+    """
+
+    def __init__(self, cfg, workdir, mesh, reporter, closing, *, started: float):
+        tc = cfg.train
+        self.cfg, self.workdir, self.mesh, self.reporter = cfg, workdir, mesh, reporter
+        self.fsdp, self.lead = cfg.mesh.fsdp, jax.process_index() == 0
+        self.started = started
         config_dict = json.loads(json.dumps(cfg.to_dict()))
         _check_resume_config(os.path.join(workdir, "config.json"), config_dict, cfg)
         try:
             cache = os.path.join(workdir, "token_cache")
-            data = build_data(cfg, cache_dir=cache, message=reporter.message)
+            self.data = build_data(cfg, cache_dir=cache, message=reporter.message)
         except ValueError as e:
             raise RunError(f"config.data: {e}") from None
 
-        tx, schedule = make_optimizer(cfg.optimizer, tc.num_steps)
+        tx, self.schedule = make_optimizer(cfg.optimizer, tc.num_steps)
         abstract_model, abstract_opt = nnx.eval_shape(lambda: build_model(cfg, tx))
-        graphdef, abstract_state = nnx.split((abstract_model, abstract_opt))
-        shardings = state_shardings(abstract_state, mesh, fsdp)
-        param_count = _param_count(abstract_model)
+        self.graphdef, abstract_state = nnx.split((abstract_model, abstract_opt))
+        shardings = state_shardings(abstract_state, mesh, self.fsdp)
+        self.param_count = _param_count(abstract_model)
+        try:
+            self.flops = flops_per_token(abstract_model, cfg.data.seq_len)
+        except ValueError as e:  # a mixer without a count: no FLOPs or MFU, said once
+            self.flops = None
+            reporter.message(f"FLOPs per token and MFU are not logged: {e}")
 
-        checkpoints = Checkpoints(os.path.join(workdir, "checkpoints"), keep=tc.keep_checkpoints)
-        latest = checkpoints.latest_step() or 0
+        self.checkpoints = Checkpoints(
+            os.path.join(workdir, "checkpoints"), keep=tc.keep_checkpoints
+        )
+        closing.callback(self.checkpoints.close)
+        self.finished = self._finished_summary()
+        if self.finished is not None:
+            return
+        target = jax.tree.map(
+            lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+            abstract_state,
+            shardings,
+        )
+        self.start, self.state = self.checkpoints.restore_latest(target, message=reporter.message)
+        if self.start:
+            reporter.message(f"resuming from step {self.start} ({self.checkpoints.directory})")
+            if hasattr(self.data, "restore_iterator"):  # a loader with a state (Grain)
+                data_state = self.checkpoints.data_state(self.start)
+                if data_state is None:
+                    raise RunError(
+                        f"checkpoint step {self.start} in {self.checkpoints.directory} holds no "
+                        "data iterator state, which config.data's loader needs to resume"
+                    )
+                self.data.restore_iterator(data_state)
+        else:
+            self.state = jax.device_put(nnx.state(build_model(cfg, tx)), shardings)
+        meta = self.checkpoints.meta(self.start) if self.start else {}
+        self.throughput = Throughput(cfg.tokens_per_step, meta.get("timings"), started=started)
+        self.done, self.stopped_early = self.start, False
+        self.record, self.last_train = {}, {}
+        self.pending, self.since_log = [], []  # device metrics not yet checked; host ones
+        self.key = jax.random.key(cfg.seed)
+
+        if self.lead:  # only once the config is known to fit the saved run
+            write_json(os.path.join(workdir, "config.json"), config_dict)
+        self.writers = []
+        if self.lead:
+            metrics_path = os.path.join(workdir, "metrics.jsonl")
+            self.writers = [
+                MetricsWriter(metrics_path, resume_step=self.start, message=reporter.message),
+                TensorBoardWriter(workdir, resume_step=self.start),
+            ]
+        for writer in self.writers:
+            closing.callback(writer.close)
+        self.profiler = Profiler(workdir, first=self.start + 1, num_steps=tc.profile_steps)
+        closing.callback(self.profiler.close)
+        reporter.message(
+            f"{self.param_count:,} parameters, {mesh.devices.size} device(s) "
+            f"(data {mesh.shape['data']} × seq {mesh.shape['seq']}), "
+            f"steps {self.start}..{tc.num_steps}"
+        )
+        if self.flops is not None:
+            parts = ", ".join(f"{k} {v:.3g}" for k, v in self.flops.items() if k != "total")
+            reporter.message(f"{self.flops['total']:.4g} train FLOPs per token ({parts})")
+
+    def _finished_summary(self) -> dict | None:
+        """The summary of a run that is already finished (nothing to train), else None:
+        trained to num_steps, or stopped early at its latest step by a criterion that still
+        holds (a raised or disabled threshold trains on). A run past num_steps raises."""
+        tc, workdir = self.cfg.train, self.workdir
+        latest = self.checkpoints.latest_step() or 0
         if latest > tc.num_steps:
             raise RunError(
                 f"{workdir!r} holds a checkpoint at step {latest}, past config.train.num_steps = "
                 f"{tc.num_steps}: this run is already past num_steps (rerun with num_steps >= "
                 f"{latest} to continue it, or use another workdir)"
             )
-        summary_path = os.path.join(workdir, "summary.json")
         summary = None
-        if latest and checkpoints.verify(latest) is None:
-            summary = _read_summary(summary_path, reporter)
-        # Finished: trained to num_steps, or stopped early at `latest` by a criterion that
-        # still holds (a raised or disabled threshold trains on).
-        stopped = summary is not None and summary.get("stopped_early") and tc.should_stop(summary)
-        if (
-            summary is not None
-            and summary.get("step") == latest
-            and (latest == tc.num_steps or stopped)
-        ):
-            # Nothing to train: the finished run's summary (and its timings) stay as they are.
-            reporter.message(
-                f"{workdir} is already trained to step {latest} (config.train.num_steps = "
-                f"{tc.num_steps}{', stopped early' if latest < tc.num_steps else ''}): "
-                "nothing to do; its summary.json is kept"
-            )
-            return summary
-        target = jax.tree.map(
-            lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-            abstract_state,
-            shardings,
+        if latest and self.checkpoints.verify(latest) is None:
+            summary = _read_summary(os.path.join(workdir, "summary.json"), self.reporter)
+        if summary is None or summary.get("step") != latest:
+            return None
+        stopped = summary.get("stopped_early") and tc.should_stop(summary)
+        if latest != tc.num_steps and not stopped:
+            return None
+        # The finished run's summary (and its timings) stay as they are.
+        self.reporter.message(
+            f"{workdir} is already trained to step {latest} (config.train.num_steps = "
+            f"{tc.num_steps}{', stopped early' if latest < tc.num_steps else ''}): "
+            "nothing to do; its summary.json is kept"
         )
-        start, state = checkpoints.restore_latest(target, message=reporter.message)
-        if start:
-            reporter.message(f"resuming from step {start} ({checkpoints.directory})")
-            if hasattr(data, "restore_iterator"):  # a loader with a state (Grain)
-                data_state = checkpoints.data_state(start)
-                if data_state is None:
-                    raise RunError(
-                        f"checkpoint step {start} in {checkpoints.directory} holds no data "
-                        "iterator state, which config.data's loader needs to resume"
-                    )
-                data.restore_iterator(data_state)
-        else:
-            state = jax.device_put(nnx.state(build_model(cfg, tx)), shardings)
-        if lead:  # only once the config is known to fit the saved run
-            write_json(os.path.join(workdir, "config.json"), config_dict)
-        metrics_path = os.path.join(workdir, "metrics.jsonl")
-        if lead:
-            writers = [
-                MetricsWriter(metrics_path, resume_step=start, message=reporter.message),
-                TensorBoardWriter(workdir, resume_step=start),
-            ]
-        profiler = Profiler(workdir, first=start + 1, num_steps=tc.profile_steps)
-        reporter.message(
-            f"{param_count:,} parameters, {mesh.devices.size} device(s) "
-            f"(data {mesh.shape['data']} × seq {mesh.shape['seq']}), "
-            f"steps {start}..{tc.num_steps}"
-        )
-        with _StopSignals(reporter) as stop:
-            summary = _loop(
-                cfg,
-                data,
-                state,
-                graphdef=graphdef,
-                mesh=mesh,
-                fsdp=fsdp,
-                schedule=schedule,
-                checkpoints=checkpoints,
-                writers=writers,
-                reporter=reporter,
-                start=start,
-                stop=stop,
-                profiler=profiler,
-            )
-        state = summary.pop("_state")
-        summary.update(
-            workdir=os.path.abspath(workdir),
-            param_count=param_count,
-            num_devices=int(mesh.devices.size),
-            resumed_from_step=start,
-            wall_time_sec=time.perf_counter() - start_time,
-        )
-        if getattr(data, "provenance", None):  # what the corpus was (LM figures depend on it)
-            summary["corpus"] = data.provenance
-        if tc.sample_tokens:
-            summary["sample"] = _sample(state, graphdef, cfg, data.tokenizer)
-            reporter.message(f"sample:\n{summary['sample']}")
-        if lead:
-            write_json(os.path.join(workdir, "summary.json"), summary)
         return summary
-    finally:
-        if profiler is not None:
-            profiler.close()
-        for writer in writers:
-            writer.close()
-        if checkpoints is not None:
-            checkpoints.close()
-        reporter.close()
-        lock.release()
 
+    # ------------------------------------------------------------------ the loop
+    def loop(self, stop: _StopSignals) -> None:
+        """Steps `start`..num_steps: log, evaluate, checkpoint, stop early or on a signal."""
+        tc = self.cfg.train
+        for s in range(self.start, tc.num_steps):
+            self._step(s)
+            done = self.done = s + 1
+            final = done == tc.num_steps
+            do_log = done % tc.log_every == 0 or final
+            do_eval = done % tc.eval_every == 0 or final
+            # A stop signal: check and save what was trained, then stop (no extra log record,
+            # so the resumed run's metrics.jsonl matches an uninterrupted one's).
+            stop.announce()
+            interrupted = stop.received is not None and not final
+            do_ckpt = done % tc.checkpoint_every == 0 or final or interrupted
+            if not (do_log or do_eval or do_ckpt):
+                continue
+            self._flush()
+            self.record = {"step": done}
+            if do_log:
+                self.record.update(self._train_record())
+            if do_eval:
+                self.record.update(self.evaluate())
+                self.stopped_early = not final and tc.should_stop(self.record)
+            if do_log or do_eval:
+                for writer in self.writers:
+                    writer.write(self.record)
+                self.reporter.record(self.record)
+            if do_ckpt or self.stopped_early:
+                self.save()
+            if interrupted:
+                raise Interrupted(done, stop.received)
+            if self.stopped_early:
+                self.reporter.message(
+                    f"early stop at step {done}: {tc.stop_metric} meets {tc.stop_at}"
+                )
+                break
+            self.throughput.restart()  # eval and checkpoint time is not training time
+        if self.start >= tc.num_steps:  # already complete: just report the final evaluation
+            self.record = {"step": tc.num_steps, **self.evaluate()}
+            self.reporter.record(self.record)
 
-def _loop(
-    cfg,
-    data,
-    state,
-    *,
-    graphdef,
-    mesh,
-    fsdp,
-    schedule,
-    checkpoints,
-    writers,
-    reporter,
-    start,
-    stop,
-    profiler,
-):
-    """Steps `start`..num_steps: log, evaluate, checkpoint, stop early or on a signal. Returns
-    the summary, with the final state under "_state" (keyword-only past `state`: 13 arguments)."""
-    tc = cfg.train
-    key = jax.random.key(cfg.seed)
-    redraw = cfg.model.redraw_interval
-    tokens_per_step = cfg.tokens_per_step
-    pending = []  # (step, device metrics, timed?) not yet checked for finiteness
-    since_log = []  # host metrics since the last log record
-    mark = time.perf_counter()  # start of the current timed interval
-    log_steps, log_time = 0, 0.0  # timed steps and seconds since the last log record
-    total_steps, total_time, compile_time = 0, 0.0, 0.0
-    record, last = {}, {}
-    done, stopped_early = start, False
-
-    for s in range(start, tc.num_steps):
+    def _step(self, s: int) -> None:
+        """Step index ``s`` (completing step s + 1): the favor redraw when due, the batch of
+        step s, the update; its metrics stay on the device until the next flush."""
+        redraw = self.cfg.model.redraw_interval
         if redraw and s > 0 and s % redraw == 0:
-            state = redraw_step(
-                state,
-                jax.random.fold_in(jax.random.fold_in(key, _REDRAW_STREAM), s),
-                graphdef=graphdef,
-                mesh=mesh,
-                fsdp=fsdp,
+            key = jax.random.fold_in(jax.random.fold_in(self.key, _REDRAW_STREAM), s)
+            self.state = redraw_step(
+                self.state, key, graphdef=self.graphdef, mesh=self.mesh, fsdp=self.fsdp
             )
-        batch = data.train_batch(s, tc.batch_size)
-        batch = checked(batch, cfg.model, f"the batch of step {s + 1}")
-        local = getattr(data, "process_local", False)  # each process holds its own rows
-        batch = shard_local_batch(batch, mesh) if local else shard_batch(batch, mesh)
-        profiler.before_step(s)
-        state, metrics = train_step(state, batch, graphdef=graphdef, mesh=mesh, fsdp=fsdp)
-        done = s + 1
-        pending.append((done, metrics))
-        traced = profiler.after_step(done, metrics)
-        if traced:
-            reporter.message(traced)
-        if s == start:
-            # The first step compiles: keep it out of the throughput figures.
-            jax.block_until_ready(metrics)
-            compile_time = time.perf_counter() - mark
-            mark = time.perf_counter()
-            timed = 0
+        batch = self.data.train_batch(s, self.cfg.train.batch_size)
+        batch = checked(batch, self.cfg.model, f"the batch of step {s + 1}")
+        if getattr(self.data, "process_local", False):  # each process holds its own rows
+            batch = shard_local_batch(batch, self.mesh)
         else:
-            timed += 1
+            batch = shard_batch(batch, self.mesh)
+        self.profiler.before_step(s)
+        self.state, metrics = train_step(
+            self.state,
+            batch,
+            graphdef=self.graphdef,
+            mesh=self.mesh,
+            fsdp=self.fsdp,
+            accum=self.cfg.train.grad_accum_steps,
+        )
+        self.pending.append((s + 1, metrics))
+        traced = self.profiler.after_step(s + 1, metrics)
+        if traced:
+            self.reporter.message(traced)
+        if s == self.start:  # the first step compiles: it is timed apart
+            jax.block_until_ready(metrics)
+        self.throughput.stepped()
 
-        final = done == tc.num_steps
-        do_log = done % tc.log_every == 0 or final
-        do_eval = done % tc.eval_every == 0 or final
-        # A stop signal: check and save what was trained, then stop (no extra log record, so
-        # the resumed run's metrics.jsonl matches an uninterrupted one's).
-        stop.announce()
-        interrupted = stop.received is not None and not final
-        do_ckpt = done % tc.checkpoint_every == 0 or final or interrupted
-        if not (do_log or do_eval or do_ckpt):
-            continue
-
-        values = jax.device_get([m for _, m in pending])
-        now = time.perf_counter()
-        for (step, _), v in zip(pending, values, strict=True):
+    def _flush(self) -> None:
+        """Fetch the pending steps' metrics and check them: a non-finite one stops the run
+        before anything after it is saved."""
+        values = jax.device_get([m for _, m in self.pending])
+        self.throughput.lap()
+        for (step, _), v in zip(self.pending, values, strict=True):
             bad = {k: float(x) for k, x in v.items() if not np.isfinite(x)}
             if bad:
                 raise NonFiniteLossError(
                     f"non-finite {bad} at step {step}: stopped; the last good checkpoint "
-                    f"(step {checkpoints.latest_step()}) is kept in {checkpoints.directory}"
+                    f"(step {self.checkpoints.latest_step()}) is kept in "
+                    f"{self.checkpoints.directory}"
                 )
-        since_log.extend(values)
-        pending.clear()
-        log_steps, log_time = log_steps + timed, log_time + (now - mark)
-        total_steps, total_time = total_steps + timed, total_time + (now - mark)
-        timed = 0
-        record = {"step": done}
-        if do_log:
-            record.update({k: float(np.mean([v[k] for v in since_log])) for k in since_log[0]})
-            record["lr"] = float(schedule(done - 1))
-            if log_steps:  # (none when the interval holds only the compiling first step)
-                record["tokens_per_sec"] = log_steps * tokens_per_step / log_time
-            last = {k: record[k] for k in ("train/loss", "train/accuracy")}
-            since_log, log_steps, log_time = [], 0, 0.0
-        if do_eval:
-            record.update(evaluate(state, data, cfg, graphdef, mesh))
-            stopped_early = not final and tc.should_stop(record)
-        if do_log or do_eval:
-            for writer in writers:
-                writer.write(record)
-            reporter.record(record)
-        if do_ckpt or stopped_early:
-            data_state = data.iterator_state() if hasattr(data, "iterator_state") else None
-            checkpoints.save(done, state, data_state=data_state)
-        if interrupted:
-            raise Interrupted(done, stop.received)
-        if stopped_early:
-            reporter.message(f"early stop at step {done}: {tc.stop_metric} meets {tc.stop_at}")
-            break
-        mark = time.perf_counter()  # eval and checkpoint time is not training time
+        self.since_log.extend(values)
+        self.pending.clear()
 
-    if start >= tc.num_steps:  # already complete: just report the final evaluation
-        record = {"step": tc.num_steps, **evaluate(state, data, cfg, graphdef, mesh)}
-        reporter.record(record)
-    summary = {k: v for k, v in record.items() if k.startswith("eval/")}
-    summary.update(last)
-    summary.update(step=done, steps_this_run=done - start, _state=state)
-    summary["stopped_early"] = stopped_early
-    if total_steps:  # timings only when steps were timed (never a 0.0 from a no-op rerun)
-        summary.update(
-            compile_time_sec=compile_time,
-            train_time_sec=total_time,
-            tokens_per_sec=total_steps * tokens_per_step / total_time,
+    def _train_record(self) -> dict[str, float]:
+        """The means of the train metrics since the last log record, the learning rate of the
+        last update and the throughput since the last record."""
+        since = self.since_log
+        record = {k: float(np.mean([v[k] for v in since])) for k in since[0]}
+        record["lr"] = float(self.schedule(self.done - 1))
+        record.update(self._speed(self.throughput.interval()))
+        self.last_train = {k: record[k] for k in ("train/loss", "train/accuracy")}
+        self.since_log = []
+        return record
+
+    def _speed(self, timings: dict[str, float]) -> dict[str, float]:
+        """``timings`` with tokens/s per device and, when `config.train.peak_flops` is set, the
+        model FLOPs utilisation (FLOPs per token × tokens/s per device / peak)."""
+        if "tokens_per_sec" not in timings:
+            return timings
+        out = dict(timings)
+        out["tokens_per_sec_per_device"] = timings["tokens_per_sec"] / self.mesh.devices.size
+        peak = self.cfg.train.peak_flops
+        if peak and self.flops is not None:
+            out["mfu"] = self.flops["total"] * out["tokens_per_sec_per_device"] / peak
+        return out
+
+    def evaluate(self) -> dict[str, float]:
+        return evaluate(self.state, self.data, self.cfg, self.graphdef, self.mesh)
+
+    def save(self) -> None:
+        data_state = getattr(self.data, "iterator_state", None)  # a loader with a state
+        self.checkpoints.save(
+            self.done,
+            self.state,
+            {"timings": self.throughput.totals()},
+            data_state=data_state() if data_state else None,
         )
-    return summary
+
+    # ------------------------------------------------------------------ the end
+    def finish(self) -> dict:
+        """The summary (written to ``summary.json``): the last evaluation and train record,
+        the run's timings over all sessions, and a sample when asked for."""
+        cfg = self.cfg
+        summary = {k: v for k, v in self.record.items() if k.startswith("eval/")}
+        summary.update(self.last_train)
+        summary.update(step=self.done, steps_this_run=self.done - self.start)
+        summary["stopped_early"] = self.stopped_early
+        summary.update(self._speed(self.throughput.summary()))
+        if self.flops is not None:
+            summary["flops_per_token"] = self.flops["total"]
+        summary.update(
+            workdir=os.path.abspath(self.workdir),
+            param_count=self.param_count,
+            num_devices=int(self.mesh.devices.size),
+            resumed_from_step=self.start,
+        )
+        if getattr(self.data, "provenance", None):  # what the corpus was: LM figures depend on it
+            summary["corpus"] = self.data.provenance
+        if cfg.train.sample_tokens:
+            summary["sample"] = _sample(self.state, self.graphdef, cfg, self.data.tokenizer)
+            self.reporter.message(f"sample:\n{summary['sample']}")
+        if self.lead:
+            write_json(os.path.join(self.workdir, "summary.json"), summary)
+        return summary

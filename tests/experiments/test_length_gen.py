@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from linear_attention.training import trainer
+from linear_attention.training import sweep, trainer
 from linear_attention.training.load import load_run, run_config
 from tests.scripts import load_module
 from tests.training.conftest import load_config
@@ -63,6 +63,12 @@ def test_bucket_figures_match_per_token_loss(tmp_path, monkeypatch):
         assert lg.main([f"g2={gated}", f"sm={learned}", *args[2:], "--reuse"]) == 0
     again = json.loads((out / "length_gen.json").read_text())["runs"]
     assert again[0] == {**g, "label": "g2"} and again[1] == s
+    # --replot: the figure again from the JSON, nothing evaluated, nothing else written
+    with monkeypatch.context() as m:
+        m.setattr(lg, "evaluate_run", no_evaluation)
+        assert lg.main(["--replot", str(out / "length_gen.json"), "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "length_gen.png").read_bytes()[:4] == b"\x89PNG"
+    assert not (tmp_path / "length_gen.json").exists()
 
     # The windows: every validation block (every 4th, a whole 200-byte piece of one file) cut
     # into consecutive stretches of L + 1 bytes starting at its first byte.
@@ -116,13 +122,16 @@ def test_bad_arguments(tmp_path):
         lg.main(["x", "--lengths", "0", "--out", str(tmp_path)])
     with pytest.raises(ValueError, match="no run"):
         lg.main([str(tmp_path / "missing"), "--out", str(tmp_path)])
+    for argv in (["--out", str(tmp_path)], ["x", "--replot", "r.json", "--out", str(tmp_path)]):
+        with pytest.raises(SystemExit) as e:
+            lg.main(argv)
+        assert e.value.code == 2
     assert lg.default_edges(128, 2048) == [0, 128, 256, 512, 1024, 2048]
     assert lg.default_edges(128, 128) == [0, 128]
     assert lg.default_edges(100, 300) == [0, 100, 200, 300]
 
 
 def test_sweep_config_is_the_lm_sweep_but_mixer_and_position():
-    sweep = load_module("experiments/sweep.py", "sweep_for_length_gen")
     root = "configs/sweeps"
     _, points = sweep.expand(sweep.load_sweep(f"{root}/length_gen.py:cpu"))
     _, lm_points = sweep.expand(sweep.load_sweep(f"{root}/lm.py:cpu"))

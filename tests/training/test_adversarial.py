@@ -358,6 +358,35 @@ def test_lock_of_another_host_or_damaged_lock(tmp_path):
     assert not os.path.exists(lock)
 
 
+def test_lock_of_a_reused_pid_is_stale(tmp_path):
+    """A lock records its process's start time: the same pid with another start time is a
+    reused pid (the holder died and another process got its number), so the lock is stale."""
+    workdir = str(tmp_path)
+    lock = os.path.join(workdir, LOCK_NAME)
+    with WorkdirLock(workdir) as held:
+        owner = json.load(open(lock))
+    # field 22 of /proc/<pid>/stat, the process start time in clock ticks since boot
+    with open(f"/proc/{os.getpid()}/stat") as f:
+        start = int(f.read().rsplit(")", 1)[1].split()[19])
+    assert owner["pid_start"] == held.owner["pid_start"] == start
+    # This live process's pid, recorded with an earlier start time: another process's lock.
+    with open(lock, "w") as f:
+        json.dump({**owner, "pid_start": start - 1}, f)
+    notes = []
+    with WorkdirLock(workdir, message=notes.append):
+        assert notes == [
+            f"removed a stale lock of process {os.getpid()} from {lock}: pid {os.getpid()} now "
+            f"belongs to another process (started at tick {start}, the lock's holder at tick "
+            f"{start - 1})"
+        ]
+    # The right start time (or none, a lock of an older version): the holder is alive.
+    for record in ({**owner}, {k: v for k, v in owner.items() if k != "pid_start"}):
+        with open(lock, "w") as f:
+            json.dump(record, f)
+        with pytest.raises(RunError, match=f"process {os.getpid()} on this host"):
+            WorkdirLock(workdir).acquire()
+
+
 def test_batch_size_not_divisible_by_the_devices_exits_2(tmp_path):
     """Four forced CPU devices, a mesh of 3: the smoke batch of 8 does not split."""
     code = "import sys; from linear_attention.training import cli; sys.exit(cli.main(sys.argv))"

@@ -92,6 +92,7 @@ def _check_events_match_metrics(workdir):
 def test_tiny_run_writes_every_file_with_checked_numbers(tmp_path, tiny_config, capsys):
     workdir = str(tmp_path / "run")
     tiny_config.train.profile_steps = 2
+    tiny_config.train.peak_flops = 1e9
     summary = trainer.train(tiny_config, workdir)
     events = [f for f in os.listdir(workdir) if f.startswith("events.out.tfevents.")]
     assert len(events) == 1
@@ -119,6 +120,10 @@ def test_tiny_run_writes_every_file_with_checked_numbers(tmp_path, tiny_config, 
         assert {"train/loss", "train/accuracy", "lr", "grad_norm"} <= set(r)
         assert ("eval/loss" in r) == (r["step"] in (3, 6))
         assert ("tokens_per_sec" in r) == (r["step"] > 1)  # step 1 compiles: not timed
+        if "tokens_per_sec" in r:  # one device; MFU = FLOPs/token · tokens/s / peak
+            assert r["tokens_per_sec_per_device"] == r["tokens_per_sec"]
+            flops = _read(workdir, "summary.json")["flops_per_token"]
+            np.testing.assert_allclose(r["mfu"], flops * r["tokens_per_sec"] / 1e9, rtol=1e-12)
     # lr used by update s (warmup 2 steps to 1e-3, then cosine to 0 over 4 steps).
     peak = 1e-3
     expected = [0.0, peak / 2] + [peak * 0.5 * (1 + math.cos(math.pi * k / 4)) for k in range(4)]
@@ -144,6 +149,15 @@ def test_tiny_run_writes_every_file_with_checked_numbers(tmp_path, tiny_config, 
     assert final["step"] == 6 and final["steps_this_run"] == 6
     n_params = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
     assert final["param_count"] == n_params
+    # FLOPs per token by hand: favor (random features, 8 per head) and softmax layers of
+    # d 32, 2 heads of 16, conv 4, no MLP, vocab and T from the config, chunk min(64, T).
+    d, h, dh, f = 32, 2, 16, 8
+    v, t = cfg.model.vocab_size, cfg.data.seq_len
+    c = min(cfg.model.chunk_size, t)
+    weights = 2 * (4 * d * d + 4 * 3 * d) + v * d
+    favor = 2 * h * (c * (f + dh) + 2 * f * dh)
+    softmax = 2 * h * t * 2 * dh
+    np.testing.assert_allclose(final["flops_per_token"], 3 * (2 * weights + favor + softmax))
     for key in ("wall_time_sec", "tokens_per_sec", "train/loss", "num_devices"):
         assert final[key] > 0
     assert summary["eval/loss"] == final["eval/loss"]
@@ -195,6 +209,19 @@ def test_interrupt_and_resume_equals_uninterrupted(tmp_path, tiny_config, monkey
             assert x.get(key) == y.get(key), (x["step"], key)
     sa, sb = _read(straight, "summary.json"), _read(resumed, "summary.json")
     assert sa["eval/loss"] == sb["eval/loss"] and sa["eval/accuracy"] == sb["eval/accuracy"]
+    # Timings cover both sessions: the first's up to its checkpoint at step 2 (saved with it:
+    # step 2 timed, step 1 compiled) and the second's (steps 4-6 timed, step 3 compiled).
+    ckpt = Checkpoints(os.path.join(resumed, "checkpoints"), keep=3)
+    try:
+        first = ckpt.meta(2)["timings"]
+    finally:
+        ckpt.close()
+    assert first["timed_steps"] == 1 and sa["timed_steps"] == 5 and sb["timed_steps"] == 1 + 3
+    assert sb["train_time_sec"] > first["train_time_sec"] > 0
+    assert sb["compile_time_sec"] > first["compile_time_sec"] > 0
+    assert sb["wall_time_sec"] > first["wall_time_sec"]
+    tokens_per_step = experiment_config(tiny_config).tokens_per_step
+    np.testing.assert_allclose(sb["tokens_per_sec"], 4 * tokens_per_step / sb["train_time_sec"])
 
     # Rerunning a finished run trains nothing and keeps its summary (timings included).
     with open(os.path.join(resumed, "summary.json")) as f:

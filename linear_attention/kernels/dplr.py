@@ -1,0 +1,216 @@
+"""The diagonal-plus-low-rank delta rule (DPLR: RWKV-7, FLA's generalized delta rule).
+
+Per head, with a log decay w_t ≤ 0 (per key channel or per head) and vectors a_t, b_t,
+
+    S_t = Diag(exp(w_t)) S_{t−1} + b_t (a_tᵀ S_{t−1}) + k_t v_tᵀ          S: [K, Dv], float32
+    o_t = S_tᵀ q_t
+
+(FLA's `dplr_recurrence` without its internal q scaling). The low-rank term reads the state
+before the token's decay. RWKV-7 takes a = −κ̂ and b = κ̂ ⊙ (in-context rate); with a = −k̂,
+b = β k̂, k := β k̂ and w = 0 it is the delta rule. A reset (segment start) zeroes the state the
+token reads: the log decay is −inf there and a_t is zeroed (the low-rank term would otherwise
+read the old document's state).
+
+Chunkwise. Inside a chunk let g_t be the cumulative log decay vector (inclusive of t), g⁻_t =
+g_{t−1} (exclusive), S the state entering the chunk, and w_t := S_{t−1}ᵀ a_t the low-rank read.
+Unrolling S_{t−1} = e^{g⁻_t} ⊙ S + Σ_{s<t} e^{g⁻_t − g_s} ⊙ (b_s w_sᵀ + k_s v_sᵀ) (per row m):
+
+    (I − L_ab) W = (A ⊙ e^{g⁻}) S + L_ak V,   L_xy[t, s] = Σ_m x_tm y_sm e^{g⁻_tm − g_sm}  (s < t)
+    O  = (Q ⊙ e^g) S + M_qb W + M_qk V,       M_xy[t, s] = Σ_m x_tm y_sm e^{g_tm − g_sm}    (s ≤ t)
+    S' = e^{g_C} ⊙ S + (B ⊙ e^{g_C − g})ᵀ W + (K ⊙ e^{g_C − g})ᵀ V
+
+a generalised UT transform: (I − L_ab)⁻¹ by `primitives.invert_unit_lower`, the four decayed
+score matrices by sub-blocks (`chunked.SubBlocks`, the query side reading g⁻ for L), every
+exponent ≤ 0, so −30 per token stays exact and finite. A `lax.scan` walks the chunks; its step
+(decays, scores, inverse, state update) is rematerialised (`jax.checkpoint`), so the gradient
+keeps the state entering each chunk and the inputs, never a state per token nor a [C, C, K]
+tensor per chunk. A per-head (or absent) decay is broadcast over the key channels.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from linear_attention.kernels._checks import (
+    check_choice,
+    check_float,
+    check_layouts,
+    check_log_decay,
+    check_positive_int,
+)
+from linear_attention.kernels.chunked import SubBlocks, sub_block_size
+from linear_attention.kernels.delta import check_delta_state
+from linear_attention.kernels.primitives import (
+    KeyDecays,
+    from_chunks,
+    invert_unit_lower,
+    pad_time,
+    to_chunks,
+)
+from linear_attention.kernels.segments import check_segment_ids, segment_starts
+from linear_attention.kernels.sequence_parallel import affine_sequence_parallel, span_start_reset
+from linear_attention.kernels.state import LinearAttentionState
+
+METHODS = ("chunk", "scan")
+
+
+def dplr_delta_rule(
+    q,
+    k,
+    v,
+    a,
+    b,
+    *,
+    log_decay=None,
+    method: str = "chunk",
+    chunk_size: int = 64,
+    initial_state: LinearAttentionState | None = None,
+    return_state: bool = False,
+    segment_ids=None,
+    axis_name: str | None = None,
+):
+    """The DPLR delta rule over a sequence, per head:
+
+        S_t = Diag(exp(w_t)) S_{t−1} + b_t (a_tᵀ S_{t−1}) + k_t v_tᵀ,    o_t = S_tᵀ q_t
+
+    from S_0 = `initial_state` (zeros if None).
+
+    Args:
+      q, k, a, b: `[B, T, H, K]`, used as given (no scaling).
+      v: `[B, T, H, Dv]`.
+      log_decay: w ≤ 0, None, `[H]`, `[B, T, H]` or `[B, T, H, K]`; −inf zeroes the diagonal part.
+      method: "chunk" (generalised UT transform, the training path) or "scan" (the reference).
+      chunk_size: tokens per chunk for "chunk"; T need not be a multiple of it.
+      initial_state: `LinearAttentionState(kv=[B, H, K, Dv], k_sum=None)`.
+      return_state: also return the state after the last token.
+      segment_ids: `[B, T]` integers: the state is zeroed before every change of id.
+      axis_name: time split over this `shard_map` axis (`affine_sequence_parallel`).
+    Returns:
+      `o: [B, T, H, Dv]` in `result_type(q, k, v)`, and with `return_state` the final state.
+    """
+    check_choice("method", method, METHODS)
+    check_positive_int("chunk_size", chunk_size)
+    B, T, H, Kd, Dv = _check_inputs(q, k, v, a, b, time=True)
+    if initial_state is not None:
+        check_delta_state(initial_state, B, H, Kd, Dv, "initial_state")
+    w = check_log_decay(log_decay, (B, T, H), "[B, T, H]", feature_dim=Kd)
+    w_BTHK = _per_key(w, (B, T, H, Kd))
+    dtype = jnp.result_type(q, k, v)
+    q32, k32, v32, a32, b32 = (x.astype(jnp.float32) for x in (q, k, v, a, b))
+    if segment_ids is not None:
+        starts_BT = segment_starts(check_segment_ids(segment_ids, B, T))
+        if axis_name is not None:
+            starts_BT = starts_BT.at[:, 0].set(span_start_reset(segment_ids, axis_name))
+        w_BTHK, a32 = _fold_resets(starts_BT, w_BTHK, a32)
+    if initial_state is None:
+        s0_BHKD = jnp.zeros((B, H, Kd, Dv), jnp.float32)
+    else:
+        s0_BHKD = initial_state.kv.astype(jnp.float32)
+    core = dplr_chunked if method == "chunk" else dplr_scan
+    kwargs = {"chunk_size": chunk_size} if method == "chunk" else {}
+    if axis_name is not None:
+
+        def local(v_ext, s_init):
+            return core(q32, k32, v_ext, a32, b32, w_BTHK, s_init, **kwargs)
+
+        o_BTHD, s_BHKD = affine_sequence_parallel(local, v32, s0_BHKD, axis_name, like=q32)
+    else:
+        o_BTHD, s_BHKD = core(q32, k32, v32, a32, b32, w_BTHK, s0_BHKD, **kwargs)
+    o_BTHD = o_BTHD.astype(dtype)
+    if not return_state:
+        return o_BTHD
+    return o_BTHD, LinearAttentionState(kv=s_BHKD, k_sum=None)
+
+
+def dplr_delta_rule_step(state: LinearAttentionState, q, k, v, a, b, *, log_decay=None):
+    """One token of the DPLR delta rule (RWKV-7 decoding), O(1) in the context length.
+
+    Args:
+      state: `LinearAttentionState(kv=[B, H, K, Dv], k_sum=None)`.
+      q, k, a, b: `[B, H, K]`; v: `[B, H, Dv]`.
+      log_decay: ≤ 0, None, `[H]`, `[B, H]` or `[B, H, K]`.
+    Returns:
+      `(o: [B, H, Dv] in result_type(q, k, v), new state)`.
+    """
+    B, H, Kd, Dv = _check_inputs(q, k, v, a, b, time=False)
+    check_delta_state(state, B, H, Kd, Dv, "state")
+    w = check_log_decay(log_decay, (B, H), "[B, H]", feature_dim=Kd)
+    dtype = jnp.result_type(q, k, v)
+    xs = (x.astype(jnp.float32) for x in (q, k, v, a, b))
+    s_BHKD, o_BHD = _token(state.kv.astype(jnp.float32), (*xs, _per_key(w, (B, H, Kd))))
+    return o_BHD.astype(dtype), LinearAttentionState(kv=s_BHKD, k_sum=None)
+
+
+def _token(s_BHKD, inputs):
+    """S ← Diag(e^w) S + b (aᵀ S) + k vᵀ (a reads the state before the decay);  o = Sᵀ q."""
+    q, k, v, a, b, w = inputs
+    read_BHD = jnp.einsum("bhk,bhkd->bhd", a, s_BHKD)
+    s_BHKD = (
+        jnp.exp(w)[..., None] * s_BHKD  # exp(−inf) = 0: no NaN
+        + b[..., :, None] * read_BHD[..., None, :]
+        + k[..., :, None] * v[..., None, :]
+    )
+    return s_BHKD, jnp.einsum("bhk,bhkd->bhd", q, s_BHKD)
+
+
+def dplr_scan(q_BTHK, k_BTHK, v_BTHD, a_BTHK, b_BTHK, w_BTHK, s0_BHKD):
+    """DPLR by `lax.scan` over tokens (float32): the reference; returns `(o_BTHD, s_BHKD)`."""
+    xs = [jnp.moveaxis(x, 1, 0) for x in (q_BTHK, k_BTHK, v_BTHD, a_BTHK, b_BTHK, w_BTHK)]
+    s_BHKD, o_TBHD = jax.lax.scan(_token, s0_BHKD, xs)
+    return jnp.moveaxis(o_TBHD, 0, 1), s_BHKD
+
+
+def dplr_chunked(q_BTHK, k_BTHK, v_BTHD, a_BTHK, b_BTHK, w_BTHK, s0_BHKD, *, chunk_size: int):
+    """DPLR chunkwise (generalised UT transform, see the module docstring), float32 arrays;
+    padding tokens have zero k, v, a, b and log decay: they leave the state alone."""
+    T = q_BTHK.shape[1]
+    C = min(chunk_size, T)
+    c = sub_block_size(C)
+    xs = [to_chunks(pad_time(x, C), C) for x in (q_BTHK, k_BTHK, v_BTHD, a_BTHK, b_BTHK, w_BTHK)]
+
+    def step(s_BHKD, inputs):
+        q, k, v, a, b, w = inputs
+        d = KeyDecays(w, exclusive=True)
+        inclusive = SubBlocks(d.b, d.n, c)
+        exclusive = SubBlocks(d.b, d.n, c, b_query=d.b_prev, n_query=d.n_prev, strict=True)
+        inv_CC = invert_unit_lower(-exclusive.scores(a, b))  # (I − L_ab)⁻¹
+        w_CD = inv_CC @ (exclusive.scores(a, k) @ v) + inv_CC @ (a * d.start_prev) @ s_BHKD
+        o = (q * d.start) @ s_BHKD + inclusive.scores(q, b) @ w_CD + inclusive.scores(q, k) @ v
+        s_BHKD = (
+            d.total[..., :, None] * s_BHKD
+            + jnp.swapaxes(b * d.end, -1, -2) @ w_CD
+            + jnp.swapaxes(k * d.end, -1, -2) @ v
+        )
+        return s_BHKD, o
+
+    s_BHKD, o_NBHCD = jax.lax.scan(jax.checkpoint(step), s0_BHKD, xs)
+    return from_chunks(o_NBHCD, T), s_BHKD
+
+
+def _per_key(w, shape):
+    """The log decay as `shape` = `[..., H, K]`: zeros for None, a per-head one broadcast."""
+    if w is None:
+        return jnp.zeros(shape, jnp.float32)
+    return jnp.broadcast_to(w if w.ndim == len(shape) else w[..., None], shape)
+
+
+def _fold_resets(starts_BT, w_BTHK, a_BTHK):
+    """A reset before token t: log decay −inf and a_t = 0 (the token reads a zero state)."""
+    starts = starts_BT[:, :, None, None]
+    return jnp.where(starts, -jnp.inf, w_BTHK), jnp.where(starts, 0.0, a_BTHK)
+
+
+def _check_inputs(q, k, v, a, b, *, time: bool):
+    lead = "B, T, H" if time else "B, H"
+    check_layouts(
+        q=(q, f"[{lead}, K]"),
+        k=(k, f"[{lead}, K]"),
+        v=(v, f"[{lead}, Dv]"),
+        a=(a, f"[{lead}, K]"),
+        b=(b, f"[{lead}, K]"),
+    )
+    check_float(("q", "k", "v", "a", "b"), (q, k, v, a, b))
+    if time and q.shape[1] == 0:
+        raise ValueError(f"q, k, v must have at least one time step, got shape {q.shape}")
+    return (*q.shape, v.shape[-1])
