@@ -84,8 +84,11 @@ def _read_stream(path: str | None, max_bytes: int | None) -> tuple[bytes, list[i
         raise ValueError(f"text path {path!r} is neither a file nor a folder")
     chunks, starts, total, count = [], [], 0, 0
     for name in files:
-        with open(name, "rb") as f:
-            data = f.read() if max_bytes is None else f.read(max_bytes - total)
+        try:
+            with open(name, "rb") as f:
+                data = f.read() if max_bytes is None else f.read(max_bytes - total)
+        except OSError as e:
+            raise ValueError(f"{name}: cannot be read ({e.strerror or e})") from None
         count += 1
         if data:
             chunks.append(data)

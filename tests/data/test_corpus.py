@@ -9,6 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from linear_attention.data import load_corpus
 from linear_attention.data.corpus import check_token_range, read_documents, read_token_file
 from linear_attention.data.sources import token_file_source
 from linear_attention.data.tokenized import tokenize_documents
@@ -71,6 +72,14 @@ def test_bad_files(tmp_path):
         read_documents(str(tmp_path / "broken.parquet"))
     with pytest.raises(ValueError, match="'/no/such' is neither a file nor a folder"):
         read_documents("/no/such")
+    # An unreadable file in a folder (a dangling link) is named, for text and for bytes.
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "a.txt").write_text("fine")
+    (tmp_path / "d" / "b.txt").symlink_to(tmp_path / "gone")
+    with pytest.raises(ValueError, match=r"b.txt: cannot be read \(No such file"):
+        read_documents(str(tmp_path / "d"))
+    with pytest.raises(ValueError, match=r"b.txt: cannot be read \(No such file"):
+        load_corpus(str(tmp_path / "d"))
 
 
 def test_token_files(tmp_path):
