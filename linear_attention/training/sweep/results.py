@@ -41,6 +41,9 @@ SUMMARY_KEYS = (
     "resumed_from_step",
 )
 
+# The corpus record of a text run's summary (``summary["corpus"]``) carried into results rows.
+CORPUS_KEYS = ("python", "path", "bytes", "sha256", "tokenizer")
+
 
 def collect(axes: list[Axis], points: list[Point], runs_dir: Path) -> list[dict]:
     """One row per point: axis labels, field values, status, state bytes and final metrics."""
@@ -58,6 +61,10 @@ def collect(axes: list[Axis], points: list[Point], runs_dir: Path) -> list[dict]
             row.update(
                 {k: v for k, v in summary.items() if k in SUMMARY_KEYS or k.startswith("eval/")}
             )
+            # what an LM run's corpus was (its figures depend on it: the built-in corpus is
+            # the running Python's standard library)
+            corpus = summary.get("corpus") or {}
+            row.update({f"corpus/{k}": corpus[k] for k in CORPUS_KEYS if k in corpus})
             if (run_dir / "decode.json").exists():
                 decode = json.loads((run_dir / "decode.json").read_text())
                 row["decode_tokens_per_sec"] = decode["decode_tokens_per_sec"]
