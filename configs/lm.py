@@ -109,6 +109,9 @@ def get_config(arg=None):
     # attention reset at every document start (a separator, e.g. "\n\n\n", cuts files further).
     config.data.pack = True
     config.data.separator = ""
+    config.data.tokenizer = "bytes"  # or a tokenizer.json / sentencepiece .model (la-tokenizer)
+    config.data.text_field = "text"  # JSONL field / Parquet column of the text
+    config.data.loader = "windows"  # or "grain": epochs of shuffled packed documents
 
     model = config.model = ml_collections.ConfigDict()
     model.vocab_size = 256
@@ -139,6 +142,7 @@ def get_config(arg=None):
     model.dtype = "bfloat16"
     model.param_dtype = "float32"
     model.tie_embeddings = True
+    model.remat = "none"  # block / dots / dots_no_batch: recompute in the backward pass
 
     config.optimizer = ml_collections.ConfigDict()
     config.optimizer.learning_rate = 1e-3
@@ -160,6 +164,8 @@ def get_config(arg=None):
     config.train.checkpoint_every = 1000
     config.train.keep_checkpoints = 3
     config.train.profile_steps = 0  # >0: trace that many steps for TensorBoard (jax.profiler)
+    config.train.grad_accum_steps = 1  # micro-batches per step (the same update)
+    config.train.peak_flops = 0.0  # one device's peak FLOP/s; > 0 logs MFU
     config.train.sample_tokens = 256  # generated after training, from sample_prompt
     config.train.sample_prompt = "def "
     config.train.sample_temperature = 0.8

@@ -45,7 +45,7 @@ def size(preset: str, remat: str, micro_batch: int | None) -> dict:
         preset=preset,
         remat=remat,
         batch_size=config.train.batch_size,
-        grad_accum_steps=config.train.grad_accum_steps,
+        grad_accum_steps=config.train.get("grad_accum_steps", 1),
         seq_len=config.data.seq_len,
         seconds=time.perf_counter() - start,
         load_avg_end=os.getloadavg(),

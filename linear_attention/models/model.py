@@ -157,7 +157,7 @@ class LanguageModel(nnx.Module):
         if segment_ids is not None:
             check_segment_ids(segment_ids, *tokens.shape)
             documents_BT = document_ids(segment_ids)
-        # position 0 unless time is split (packed rows with a split time axis raise in the mixers)
+        # position 0 unless time is split (then document ids and positions are the whole row's)
         x, valid = self._embed(tokens, sequence_offset(tokens.shape[1]), documents_BT)
         run_block = _remat_block(self.config.remat)
         for block in self.blocks:
