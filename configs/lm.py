@@ -111,6 +111,9 @@ def get_config(arg=None):
     # attention reset at every document start (a separator, e.g. "\n\n\n", cuts files further).
     config.data.pack = True
     config.data.separator = ""
+    config.data.tokenizer = "bytes"  # or a tokenizer.json / sentencepiece .model (la-tokenizer)
+    config.data.text_field = "text"  # JSONL field / Parquet column of the text
+    config.data.loader = "windows"  # or "grain": epochs of shuffled packed documents
 
     model = config.model = ml_collections.ConfigDict()
     model.vocab_size = 256

@@ -23,6 +23,8 @@ Presets (``configs/mqar.py:<arg>``):
       with warmup + cosine.
   ``cpu``: vocab 512, seq_len 64, 8 pairs, d_model 64, batch 64: minutes on 2 CPU cores.
   ``smoke``: a tiny run for tests (seconds, learns nothing).
+  ``forgetting``: Zoology's forgetting MQAR at the ``cpu`` size: after the 8 pairs, 4 of the
+      keys get a new value (``data.num_reassignments``), and a query must return the latest.
 
 The short causal convolution on q/k/v (``model.conv``, kernel 4) is on for every mixer:
 linear mixers cannot bind a key to the value after it without it (Zoology's and Based's models
@@ -33,7 +35,7 @@ mixers on the same backbone. Labels exist only at query positions; eval/accuracy
 import ml_collections
 from ml_collections import config_dict
 
-PRESETS = ("default", "cpu", "smoke")
+PRESETS = ("default", "cpu", "smoke", "forgetting")
 
 
 def get_config(arg=None):
@@ -55,6 +57,7 @@ def get_config(arg=None):
     config.data.num_train_examples = 100_000
     config.data.num_test_examples = 3_000
     config.data.random_non_queries = True
+    config.data.num_reassignments = 0  # > 0: forgetting MQAR
 
     config.model = _model_config(vocab_size)
 
@@ -93,7 +96,7 @@ def get_config(arg=None):
     config.mesh.num_processes = 0
     config.mesh.process_id = 0
 
-    if arg == "cpu":
+    if arg in ("cpu", "forgetting"):
         vocab_size.set(512)
         config.data.seq_len = 64
         config.data.num_kv_pairs = 8
@@ -108,6 +111,8 @@ def get_config(arg=None):
         config.train.eval_every = 250
         config.train.log_every = 50
         config.train.checkpoint_every = 500
+        if arg == "forgetting":
+            config.data.num_reassignments = 4
     elif arg == "smoke":
         vocab_size.set(64)
         config.data.seq_len = 32

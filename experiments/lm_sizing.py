@@ -19,16 +19,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "experiments"))
-from machine import machine_info  # noqa: E402
+from linear_attention.benchmarks import machine_info
+from linear_attention.training.cli import load_config_file
+from linear_attention.training.sizing import dry_run
 
-from linear_attention.training.cli import load_config_file  # noqa: E402
-from linear_attention.training.sizing import dry_run  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 PAPER = (
     "transformer_340m", "gla_340m", "gated_deltanet_400m",

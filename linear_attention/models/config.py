@@ -68,6 +68,11 @@ def _strict(field: str, value):
     return value
 
 
+# The largest position a decoding state can count to: positions are int32 (as token ids are),
+# so a counter past it would wrap to a negative position rather than fail.
+MAX_POSITION = 2**31 - 1
+
+
 def _int(field: str, value, minimum: int = 1) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         raise ValueError(f"{field} must be an integer >= {minimum}, got {value!r}")
@@ -95,7 +100,8 @@ class ModelConfig:
       reset_positions: with packed rows (`model(tokens, segment_ids)`), positions (learned or
         rope) restart at 0 at each document, as if it were run alone (default True; False:
         they count along the row). Only meaningful with position "learned" or "rope".
-      max_length: the longest sequence (learned positions; the softmax KV cache in decoding).
+      max_length: the longest sequence (learned positions; the softmax KV cache in decoding);
+        at most 2**31 − 1, the largest int32 position.
       method, chunk_size, eps: passed to the linear-attention kernel (method and chunk_size to
         the delta rule's for `deltanet` / `gated_deltanet`, which take "chunk" or "scan").
       allow_neg_eigval: `deltanet` / `gated_deltanet` with β = 2·sigmoid in (0, 2) (negative
@@ -157,6 +163,11 @@ class ModelConfig:
             set_(field, _strict(field, getattr(self, field)))
         for field in ("vocab_size", "d_model", "num_layers", "num_heads", "max_length"):
             _int(field, getattr(self, field))
+        if self.max_length > MAX_POSITION:
+            raise ValueError(
+                f"max_length must be <= {MAX_POSITION} (2**31 - 1), got {self.max_length}: "
+                "decoding counts positions in int32, which would wrap to negative past it"
+            )
         _int("chunk_size", self.chunk_size)
         _int("window", self.window)
         _int("redraw_interval", self.redraw_interval, minimum=0)

@@ -31,7 +31,7 @@ from linear_attention.kernels.segments import check_segment_ids
 from linear_attention.layers import Block, FavorMixer, MixerState, RMSNorm
 from linear_attention.layers.segments import document_ids, document_positions
 from linear_attention.layers.sequence import sequence_offset
-from linear_attention.models.config import ModelConfig
+from linear_attention.models.config import MAX_POSITION, ModelConfig
 from linear_attention.models.tokens import check_token_ids, is_concrete
 
 
@@ -249,6 +249,11 @@ class LanguageModel(nnx.Module):
                             f"{name} holds {capacity} tokens (init_state's max_length); it has "
                             f"{position} and cannot take {num_new} more"
                         )
+        if position is not None and position + num_new > MAX_POSITION:
+            raise ValueError(
+                f"state.position {position} + {num_new} token(s) would pass {MAX_POSITION} "
+                "(2**31 - 1): positions are int32 and would wrap to negative"
+            )
         if self.pos_embed is not None and position is not None:
             if position + num_new > config.max_length:
                 raise ValueError(

@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -19,6 +18,7 @@ from linear_attention.data import IGNORE_INDEX
 from linear_attention.models import generate
 from linear_attention.training import build_data, cli, experiment_config, load_run, train
 from linear_attention.training.metrics import Reporter, read_jsonl
+from tests.scripts import DEADLINE_S, wait_until
 from tests.training.conftest import ROOT, load_config
 
 SMOKE = "--config=configs/mqar.py:smoke"
@@ -92,12 +92,10 @@ def test_ctrl_c_saves_a_checkpoint_and_the_rerun_resumes_from_it(tmp_path):
         text=True,
     )
     try:
-        deadline = time.time() + 240
-        while len(read_jsonl(str(workdir / "metrics.jsonl"))) < 2:  # training is under way
-            assert proc.poll() is None and time.time() < deadline, proc.communicate()
-            time.sleep(0.2)
+        metrics = str(workdir / "metrics.jsonl")
+        wait_until(lambda: len(read_jsonl(metrics)) >= 2, proc, "two logged steps")
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=120)
+        out, err = proc.communicate(timeout=DEADLINE_S)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -114,7 +112,7 @@ def test_ctrl_c_saves_a_checkpoint_and_the_rerun_resumes_from_it(tmp_path):
         env=env,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=DEADLINE_S,
     )
     assert rerun.returncode == 0, rerun.stderr
     assert f"resuming from step {step} " in rerun.stdout

@@ -15,6 +15,7 @@ from flax import nnx
 
 from linear_attention.training import experiment_config, make_optimizer, trainer
 from linear_attention.training.mesh import make_mesh, shard_batch
+from tests.scripts import DEADLINE_S
 from tests.training.conftest import ROOT, load_config
 
 
@@ -143,7 +144,7 @@ def split_result():
     mesh = make_mesh(1)
     batch = shard_batch(trainer.build_data(cfg).train_batch(0, cfg.train.batch_size), mesh)
     metrics, state = _one_step(config, 1, mesh, batch)
-    stdout, stderr = proc.communicate(timeout=1200)
+    stdout, stderr = proc.communicate(timeout=DEADLINE_S)
     assert proc.returncode == 0, stderr[-4000:]
     line = next(x for x in stdout.splitlines() if x.startswith("RESULT"))
     out = json.loads(line[len("RESULT") :])

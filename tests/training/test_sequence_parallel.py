@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from linear_attention.training import experiment_config
+from tests.scripts import DEADLINE_S
 from tests.training.conftest import ROOT, tiny_mqar
 
 MIXERS = (
@@ -130,7 +131,7 @@ def result(tmp_path_factory):
         env=env,
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=DEADLINE_S,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT"))
