@@ -83,6 +83,8 @@ def get_config(arg=None):
     config.train.checkpoint_every = 1000
     config.train.keep_checkpoints = 3
     config.train.profile_steps = 0  # >0: trace that many steps for TensorBoard (jax.profiler)
+    config.train.grad_accum_steps = 1  # micro-batches per step (the same update)
+    config.train.peak_flops = 0.0  # one device's peak FLOP/s; > 0 logs MFU
     config.train.sample_tokens = 0  # nothing to sample for MQAR
     config.train.stop_at = 0.0  # > 0: stop after an eval with accuracy >= this (0: off)
     config.train.stop_metric = "eval/accuracy"

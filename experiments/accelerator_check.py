@@ -14,7 +14,7 @@
    `benchmark.py`): `chunk` and `chunk_parallel` (elu+1 features computed outside, no decay,
    normalised) and softmax by `jax.nn.dot_product_attention(is_causal=True)`, forward and
    forward+backward (gradient of <f(q, k, v), g> w.r.t. q, k, v). Per T and dtype everything is
-   compiled, run once to warm up, then timed in R interleaved rounds (`benchmark.interleaved`:
+   compiled, run once to warm up, then timed in R interleaved rounds (`timing.interleaved`:
    a fresh random order each round, so that no point always follows one that freed large
    temporaries);
    `chunk_parallel_speedup` is the median over rounds of t_chunk / t_chunk_parallel. A point is
@@ -31,7 +31,6 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -40,12 +39,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from linear_attention import kernels as K
+from linear_attention.benchmarks import machine_info
+from linear_attention.benchmarks.timing import B, D, H, compile_point, interleaved, linear_fn
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchmark import compile_point, interleaved  # noqa: E402
-from machine import machine_info  # noqa: E402
-
-B, H, D = 1, 4, 64
 MODES = ("fwd", "grad")
 DECAYS = ("none", "per_head", "per_token", "per_key")
 DTYPES = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}
@@ -56,14 +52,10 @@ PRESETS = {
 }
 
 
-def _linear(method, chunk_size=64):
-    return lambda q, k, v: K.causal_linear_attention(q, k, v, method=method, chunk_size=chunk_size)
-
-
 # name -> (function of (q, k, v), whether it takes featurised q and k)
 TIMED = {
-    "chunk": (_linear("chunk"), True),
-    "chunk_parallel": (_linear("chunk_parallel"), True),
+    "chunk": (linear_fn("chunk"), True),
+    "chunk_parallel": (linear_fn("chunk_parallel"), True),
     "softmax": (lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True), False),
 }
 

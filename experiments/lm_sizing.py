@@ -19,16 +19,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "experiments"))
-from machine import machine_info  # noqa: E402
+from linear_attention.benchmarks import machine_info
+from linear_attention.training.cli import load_config_file
+from linear_attention.training.sizing import dry_run
 
-from linear_attention.training.cli import load_config_file  # noqa: E402
-from linear_attention.training.sizing import dry_run  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 PAPER = (
     "transformer_340m", "gla_340m", "gated_deltanet_400m",
@@ -47,7 +45,7 @@ def size(preset: str, remat: str, micro_batch: int | None) -> dict:
         preset=preset,
         remat=remat,
         batch_size=config.train.batch_size,
-        grad_accum_steps=config.train.grad_accum_steps,
+        grad_accum_steps=config.train.get("grad_accum_steps", 1),
         seq_len=config.data.seq_len,
         seconds=time.perf_counter() - start,
         load_avg_end=os.getloadavg(),

@@ -13,6 +13,7 @@ from flax import nnx
 from linear_attention.models import ModelConfig
 from linear_attention.training import experiment_config, make_optimizer, trainer
 from linear_attention.training.cli import UsageError, parse_args
+from tests.scripts import DEADLINE_S
 from tests.training.conftest import ROOT, load_config
 
 PRESETS = [(name, arg) for name in ("mqar", "lm") for arg in (None, "cpu", "smoke")]
@@ -169,9 +170,9 @@ def test_overrides_apply_and_tie_fields():
             "config.data.separator = 'a\\\\\\\\' has a bad escape",
         ),
         (
-            ("--config.mesh.seq=2",),
+            ("--config.train.grad_accum_steps=3",),
             "configs/lm.py:cpu",
-            "config.data.pack with config.mesh.seq = 2 \\(a split time axis\\) is not supported",
+            "config.train.grad_accum_steps = 3 must divide config.train.batch_size = 32",
         ),
         (
             ("--config.train.sample_tokens=5000",),
@@ -228,7 +229,7 @@ def test_command_line_exit_status_and_message():
         env=env,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=DEADLINE_S,
     )
     assert proc.returncode == 2
     assert "la-train: error: config.model: num_heads must be an integer >= 1, got 0" in proc.stderr

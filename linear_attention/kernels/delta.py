@@ -117,6 +117,11 @@ def delta_rule(
     Returns:
       `o: [B, T, HV, Dv]` in `result_type(q, k, v)`, and with `return_state` the final
       `LinearAttentionState(kv, None)` (float32).
+
+    No NaN guard (unlike `causal_linear_attention`): a non-finite key, value or β spreads to its
+    whole chunk (earlier tokens included) and, since exp(−inf)·NaN = NaN, past resets, and the
+    gradient is NaN throughout; under `axis_name` a NaN carried into a later shard stops at that
+    shard's first reset.
     """
     check_choice("method", method, METHODS)
     check_positive_int("chunk_size", chunk_size)
@@ -144,7 +149,13 @@ def delta_rule(
         def local(v_ext, s_init):
             return core(q32, k32, v_ext, beta32, a_BTHX, s_init, **kwargs)
 
-        o_BTHD, s_BHKD = affine_sequence_parallel(local, v32, s0_BHKD, axis_name, like=q32)
+        resets_BTH = None
+        if a_BTHX is not None:  # a reset zeroes the state if it spans every key channel
+            resets_BTH = jnp.isneginf(jnp.cumsum(a_BTHX, axis=1))
+            resets_BTH = jnp.all(resets_BTH, -1) if resets_BTH.ndim == 4 else resets_BTH
+        o_BTHD, s_BHKD = affine_sequence_parallel(
+            local, v32, s0_BHKD, axis_name, like=q32, resets_BTH=resets_BTH
+        )
     else:
         o_BTHD, s_BHKD = core(q32, k32, v32, beta32, a_BTHX, s0_BHKD, **kwargs)
     o_BTHD = o_BTHD.astype(dtype)

@@ -25,6 +25,7 @@ from linear_attention.kernels._checks import (
     check_layouts,
     check_log_decay,
     check_positive_int,
+    check_static,
 )
 from linear_attention.kernels.delta import (
     check_beta,
@@ -71,6 +72,7 @@ def delta_product(
     """
     check_choice("method", method, METHODS)
     check_positive_int("chunk_size", chunk_size)
+    check_static("return_state", return_state)
     B, T, H, n, Kd, Dv = _check_inputs(q, k, v, beta, time=True)
     if initial_state is not None:
         check_delta_state(initial_state, B, H, Kd, Dv, "initial_state")

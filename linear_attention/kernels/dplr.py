@@ -38,6 +38,7 @@ from linear_attention.kernels._checks import (
     check_layouts,
     check_log_decay,
     check_positive_int,
+    check_static,
 )
 from linear_attention.kernels.chunked import SubBlocks, sub_block_size
 from linear_attention.kernels.delta import check_delta_state
@@ -91,6 +92,7 @@ def dplr_delta_rule(
     """
     check_choice("method", method, METHODS)
     check_positive_int("chunk_size", chunk_size)
+    check_static("return_state", return_state)
     B, T, H, Kd, Dv = _check_inputs(q, k, v, a, b, time=True)
     if initial_state is not None:
         check_delta_state(initial_state, B, H, Kd, Dv, "initial_state")

@@ -11,6 +11,9 @@ decay of −inf is a reset (the state is zeroed); packed rows (`segment_ids`) ar
 document start. Non-finite keys or values poison only their own token and what follows it in the
 same document, as in the recurrence: every method computes with those tokens zeroed and marks
 the affected outputs NaN, since a masked matmul would spread a future NaN backwards (0·NaN = NaN).
+A NaN output depends on nothing, so the gradient of a loss on the finite outputs is finite at
+every other token ("chunk"'s hand-written backward gives those outputs a zero cotangent too),
+and under `axis_name` a NaN stops at the same resets as unsplit (`sequence_parallel.py`).
 
 `q` and `k` are already featurised (φ(q), φ(k), width M). Every method computes the same numbers;
 they differ in cost: "quadratic" O(T²) memory, "scan" sequential, "associative_scan" a parallel

@@ -214,10 +214,9 @@ class Mixer(nnx.Module):
         self.check_input(x_BTD, 3, "[B, T, D]")
         if sequence_axis() is not None and not self.SEQUENCE_PARALLEL:
             raise ValueError(f"mixer {self.NAME!r} does not support a split time axis")
+        # (with time split, the document ids and positions are the whole row's)
         segments = as_segments(segments, *x_BTD.shape[:2])
-        if segments is not None and sequence_axis() is not None:
-            raise ValueError("segment_ids (packed rows) with a split time axis is not supported")
-        position = sequence_offset(x_BTD.shape[1]) if segments is None else 0
+        position = sequence_offset(x_BTD.shape[1])  # 0 unless time is split
         q, k, v, _ = self.inputs(x_BTD, None, position, segments)
         o, _ = self._mix(x_BTD, q, k, v, None, position, segments)
         return self.output(x_BTD, o)

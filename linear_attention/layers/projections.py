@@ -80,7 +80,16 @@ class QKVProjection(nnx.Module):
         )
         qkv = self.qkv_proj(x_BTD)
         if self.conv is not None and segments is not None:  # packed rows (from empty)
-            qkv = self.conv(qkv, segments.ids)
+            if sequence_axis() is None:
+                qkv = self.conv(qkv, segments.ids)
+            else:  # time split: after the previous shard's last K − 1 inputs and their ids
+                k_1 = self.conv.kernel_size - 1
+                tail = previous_tail(qkv, k_1).astype(qkv.dtype)
+                ids = previous_tail(segments.ids[..., None].astype(jnp.float32), k_1)[..., 0]
+                qkv = self.conv(
+                    jnp.concatenate([tail, qkv], axis=1),
+                    jnp.concatenate([ids.astype(segments.ids.dtype), segments.ids], axis=1),
+                )[:, k_1:]
         elif self.conv is not None:
             if conv_tail is None:  # time split: the previous shard's last K − 1 inputs
                 axis = sequence_axis()

@@ -251,7 +251,9 @@ Fields:
     per layer drops to one [B, T, D] array, for about one more forward pass), "dots"
     (`jax.checkpoint_policies.dots_saveable`: matmul outputs kept, elementwise work
     recomputed) or "dots_no_batch" (`dots_with_no_batch_dims_saveable`: only matmuls
-    without batch dimensions kept, i.e. the projections, not the attention scores).
+    without batch dimensions kept, i.e. the projections, not the attention scores). Any
+    value but "none" runs the blocks as a `jax.lax.scan` over the repeats of the mixer
+    pattern (see `model._scanned_blocks`): the same numbers, one compiled body.
   tie_embeddings: output head shares the token embedding.
   The mixers' own options (`method`, `chunk_size`, `eps`, `feature_map`, `feature_dim`,
   `feature_scale`, `allow_neg_eigval`, `window`, …; `MIXER_OPTIONS`, described by each

@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import jax
@@ -23,6 +22,7 @@ from linear_attention.training import NonFiniteLossError, experiment_config
 from linear_attention.training import sweep as sweep_package
 from linear_attention.training.metrics import write_json
 from linear_attention.training.sweep import points as sweep_points
+from tests.scripts import DEADLINE_S, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 MQAR = str(ROOT / "configs/sweeps/mqar.py")
@@ -502,15 +502,15 @@ def test_ctrl_c_stops_parallel_workers_with_checkpoints(tmp_path):
         env=env,
     )
     try:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and proc.poll() is None:
+
+        def both_training():
             logs = list(workdir.glob("runs/*/train.log"))
-            if len(logs) == 2 and all("step " in p.read_text() for p in logs):
-                break
-            time.sleep(0.5)
-        assert proc.poll() is None, proc.communicate()
+            return len(logs) == 2 and all("step " in p.read_text() for p in logs)
+
+        wait_until(both_training, proc, "a logged step in both workers")
+        logs = list(workdir.glob("runs/*/train.log"))
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=240)
+        out, err = proc.communicate(timeout=DEADLINE_S)
     finally:
         proc.kill()
     assert proc.returncode == 130, (out, err)

@@ -11,7 +11,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 
 import jax
 import numpy as np
@@ -21,6 +20,7 @@ from linear_attention.training import cli, trainer
 from linear_attention.training.load import load_run
 from linear_attention.training.metrics import MetricsWriter, Reporter, read_jsonl
 from linear_attention.training.workdir import LOCK_NAME, RunError, WorkdirLock, verify_digest
+from tests.scripts import DEADLINE_S, wait_until
 from tests.training.conftest import ROOT, load_config
 from tests.training.test_trainer import _final_state
 
@@ -284,14 +284,6 @@ def test_cli_errors_exit_2_without_traceback(tmp_path, capsys, case):
 
 
 # ----------------------------------------------------------------------------- the lock
-def _wait_for(path, proc, timeout=120):
-    deadline = time.time() + timeout
-    while not os.path.exists(path):
-        assert proc.poll() is None, proc.communicate()
-        assert time.time() < deadline, "the first run never took the lock"
-        time.sleep(0.1)
-
-
 def test_second_run_on_a_busy_workdir_is_refused_and_a_dead_ones_lock_is_stale(tmp_path, capsys):
     """Two real processes: a long `la-train` holds the workdir; a second one is refused with
     the holder's pid; once the holder is killed (-9, so it cannot clean up) the lock is stale
@@ -320,7 +312,7 @@ def test_second_run_on_a_busy_workdir_is_refused_and_a_dead_ones_lock_is_stale(t
     )
     try:
         lock = os.path.join(workdir, LOCK_NAME)
-        _wait_for(lock, first)
+        wait_until(lambda: os.path.exists(lock), first, "the first run's lock")
         assert _la_train(workdir) == 2
         err = capsys.readouterr().err
         assert err.startswith("la-train: error: ")
@@ -409,7 +401,7 @@ def test_batch_size_not_divisible_by_the_devices_exits_2(tmp_path):
         },
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=DEADLINE_S,
     )
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.startswith(
@@ -423,8 +415,8 @@ def test_batch_size_not_divisible_by_the_devices_exits_2(tmp_path):
 def test_a_batch_with_ids_outside_the_vocabulary_stops_the_run(tmp_path, monkeypatch):
     real_build = trainer.build_data
 
-    def bad_build(cfg):
-        data = real_build(cfg)
+    def bad_build(cfg, **kwargs):
+        data = real_build(cfg, **kwargs)
         real_batch = data.train_batch
 
         def train_batch(step, batch_size):

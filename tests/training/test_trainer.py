@@ -3,6 +3,7 @@ computation, interrupt-and-resume equality, non-finite loss handling; a packed t
 
 import io
 import json
+import logging
 import math
 import os
 import signal
@@ -176,8 +177,8 @@ def test_interrupt_and_resume_equals_uninterrupted(tmp_path, tiny_config, monkey
     # the logged step 3): the rerun restarts from step 2, redoes step 3, redraws at 4.
     real_build = trainer.build_data
 
-    def interrupting_build(cfg):
-        data = real_build(cfg)
+    def interrupting_build(cfg, **kwargs):
+        data = real_build(cfg, **kwargs)
         real_batch = data.train_batch
 
         def train_batch(step, batch_size):
@@ -257,15 +258,16 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path, tiny_con
     assert [r["step"] for r in _read(workdir, "metrics.jsonl")] == [1, 2, 3]
 
 
-def test_sigterm_saves_a_checkpoint_at_the_current_step(tmp_path, tiny_config, monkeypatch):
+def test_sigterm_saves_a_checkpoint_at_the_current_step(tmp_path, tiny_config, monkeypatch, caplog):
     """A signal mid-interval: the step in flight finishes, is checked and saved (step 3 is no
-    scheduled checkpoint), and the resumed run ends with the uninterrupted run's parameters."""
+    scheduled checkpoint), and the resumed run ends with the uninterrupted run's parameters;
+    the restore logs no warning (orbax's "Metadata file does not exist" used to appear)."""
     straight, stopped = str(tmp_path / "straight"), str(tmp_path / "stopped")
     trainer.train(tiny_config, straight)
     real_build = trainer.build_data
 
-    def signalling_build(cfg):
-        data = real_build(cfg)
+    def signalling_build(cfg, **kwargs):
+        data = real_build(cfg, **kwargs)
         real_batch = data.train_batch
 
         def train_batch(step, batch_size):
@@ -285,8 +287,12 @@ def test_sigterm_saves_a_checkpoint_at_the_current_step(tmp_path, tiny_config, m
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is removed again
     monkeypatch.setattr(trainer, "build_data", real_build)
     out = io.StringIO()
-    summary = trainer.train(tiny_config, stopped, reporter=Reporter(6, stream=out, tty=False))
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        summary = trainer.train(tiny_config, stopped, reporter=Reporter(6, stream=out, tty=False))
     assert "resuming from step 3" in out.getvalue() and summary["resumed_from_step"] == 3
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert warnings == [], warnings
     _, a = _final_state(straight, tiny_config)
     _, b = _final_state(stopped, tiny_config)
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
