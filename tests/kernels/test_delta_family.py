@@ -207,8 +207,8 @@ def test_segment_ids_match_float64(kernel):
 @pytest.mark.parametrize(
     "kernel",
     # the same float32 cast at entry for all three: two of them only in the slow run
-    ["kda", pytest.param("dplr", marks=pytest.mark.slow), pytest.param("product", marks=pytest.mark.slow)],
-)  # fmt: skip
+    ["kda", *(pytest.param(name, marks=pytest.mark.slow) for name in ("dplr", "product"))],
+)
 def test_bfloat16_inputs(kernel):
     xs, s0 = make_inputs(kernel, seed=6)
     low = {n: x if n in ("beta", "log_decay") else x.astype(jnp.bfloat16) for n, x in xs.items()}
