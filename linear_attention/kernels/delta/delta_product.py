@@ -26,14 +26,14 @@ from linear_attention.kernels._checks import (
     check_log_decay,
     check_positive_int,
 )
-from linear_attention.kernels.delta import (
+from linear_attention.kernels.delta.delta import (
     check_beta,
     check_delta_state,
     delta_chunked,
     delta_token,
 )
+from linear_attention.kernels.primitives.combine import affine_sequence_parallel, span_resets
 from linear_attention.kernels.segments import check_segment_ids, segment_log_decay
-from linear_attention.kernels.sequence_parallel import affine_sequence_parallel, span_resets
 from linear_attention.kernels.state import LinearAttentionState
 
 METHODS = ("chunk", "scan")
