@@ -25,6 +25,32 @@ Presets (``configs/lm.py:<arg>``):
   ``cpu``: 2 layers, d_model 128, sequence 128, batch 32, 600 steps on 8 MB of the corpus.
   ``smoke``: a tiny run for tests (seconds, learns little).
 
+Paper-size presets (accelerators; size them first with ``--dry_run``, BENCHMARKS.md "Paper-size
+presets"). All: vocabulary 32,000 (the model is sized for the papers' Llama / Mistral
+tokenizers), 0.5M tokens per step, AdamW (β 0.9, 0.95; clip 1.0) with cosine decay to 0.1 of
+the peak, bfloat16 compute, SwiGLU width 2.75·d (flash-linear-attention's ``hidden_ratio 4``).
+Parameter counts are this library's (from the dry run); the published sizes are nominal.
+  ``transformer_340m``, ``transformer_1.3b``: the transformer++ baselines of the GLA paper
+      (Yang et al. 2024, "Gated Linear Attention Transformers with Hardware-Efficient
+      Training", section 5.1: 340M on 15B tokens, 1.3B on 100B; lr 3e-4, weight decay 0.01,
+      sequence 2048): d 1024 / 2048, 24 layers, 16 heads, rotary, tied embeddings.
+      341.1M and 1298.8M parameters: within 0.3% of 340M and 1.3B.
+  ``gla_340m``, ``gla_1.3b``: GLA in the same setting: d 1024 / 2048, 24 layers, 4 heads, the
+      low-rank (16) key-wise gate, per-head output norm and swish output gate, no convolution.
+      367.1M and 1401.1M parameters, 8% over 340M and 1.3B: the paper halves the key width
+      (``expand_k = 0.5``), this library's GLA keeps q, k and v at ``head_dim``, so q and k
+      projections hold d² more per layer (24 · d²: 25M and 101M).
+  ``gated_deltanet_400m``, ``gated_deltanet_1.3b``: Gated DeltaNet (Yang, Kautz and
+      Hatamizadeh 2025, "Gated Delta Networks", 1.3B on 100B tokens at sequence 4096; lr 4e-4,
+      weight decay 0.1, 1B warmup tokens; its ablations use ~400M models on 15B tokens) with
+      the flash-linear-attention ``gated_deltanet`` shape: 21 layers, 6 heads of 256 keys, the
+      short convolution (4), output gate, untied embeddings; d 1024 / 2048. 413.2M and 1189.2M
+      parameters: the published models expand the values 2× (``expand_v = 2``: 512 per head),
+      which this library's mixer does not (values are ``head_dim`` wide), so v, the output gate
+      and the output projection are half as wide: 3 · d · 1536 fewer per layer (99M and 198M;
+      with them the 1.3b would have 1387M, the published 1.3B being nominal).
+  A ``kda`` preset follows when the KDA mixer is in the registry (not yet in this checkout).
+
 Documents are packed (``data.pack``): each file is a document, and states, conv and attention
 reset at each document start (``--config.data.separator='\\n\\n\\n'`` cuts files further).
 
@@ -36,7 +62,33 @@ the convolution carry order). bits-per-byte = eval/loss / ln 2 (tokens are bytes
 import ml_collections
 from ml_collections import config_dict
 
-PRESETS = ("default", "cpu", "smoke")
+# Published settings (see `_paper_size`): the model, the sequence, the batch in tokens, the
+# training tokens and the optimizer of each paper's runs.
+_GLA_OPT = dict(lr=3e-4, weight_decay=0.01, warmup_tokens=500e6, seq=2048)
+_GDN_OPT = dict(lr=4e-4, weight_decay=0.1, warmup_tokens=1e9, seq=4096)
+PAPER_SIZES = {
+    "transformer_340m": dict(
+        mixer="softmax", d_model=1024, num_layers=24, num_heads=16, tokens=15e9, **_GLA_OPT
+    ),
+    "transformer_1.3b": dict(
+        mixer="softmax", d_model=2048, num_layers=24, num_heads=16, tokens=100e9, **_GLA_OPT
+    ),
+    "gla_340m": dict(
+        mixer="gla", d_model=1024, num_layers=24, num_heads=4, tokens=15e9, **_GLA_OPT
+    ),
+    "gla_1.3b": dict(
+        mixer="gla", d_model=2048, num_layers=24, num_heads=4, tokens=100e9, **_GLA_OPT
+    ),
+    "gated_deltanet_400m": dict(
+        mixer="gated_deltanet", d_model=1024, num_layers=21, num_heads=6, head_dim=256,
+        tokens=15e9, tie=False, **_GDN_OPT,
+    ),
+    "gated_deltanet_1.3b": dict(
+        mixer="gated_deltanet", d_model=2048, num_layers=21, num_heads=6, head_dim=256,
+        tokens=100e9, tie=False, **_GDN_OPT,
+    ),
+}  # fmt: skip
+PRESETS = ("default", "cpu", "smoke", *PAPER_SIZES)
 
 
 def get_config(arg=None):
@@ -57,6 +109,9 @@ def get_config(arg=None):
     # attention reset at every document start (a separator, e.g. "\n\n\n", cuts files further).
     config.data.pack = True
     config.data.separator = ""
+    config.data.tokenizer = "bytes"  # or a tokenizer.json / sentencepiece .model (la-tokenizer)
+    config.data.text_field = "text"  # JSONL field / Parquet column of the text
+    config.data.loader = "windows"  # or "grain": epochs of shuffled packed documents
 
     model = config.model = ml_collections.ConfigDict()
     model.vocab_size = 256
@@ -87,6 +142,7 @@ def get_config(arg=None):
     model.dtype = "bfloat16"
     model.param_dtype = "float32"
     model.tie_embeddings = True
+    model.remat = "none"  # block / dots / dots_no_batch: recompute in the backward pass
 
     config.optimizer = ml_collections.ConfigDict()
     config.optimizer.learning_rate = 1e-3
@@ -108,6 +164,8 @@ def get_config(arg=None):
     config.train.checkpoint_every = 1000
     config.train.keep_checkpoints = 3
     config.train.profile_steps = 0  # >0: trace that many steps for TensorBoard (jax.profiler)
+    config.train.grad_accum_steps = 1  # micro-batches per step (the same update)
+    config.train.peak_flops = 0.0  # one device's peak FLOP/s; > 0 logs MFU
     config.train.sample_tokens = 256  # generated after training, from sample_prompt
     config.train.sample_prompt = "def "
     config.train.sample_temperature = 0.8
@@ -138,6 +196,8 @@ def get_config(arg=None):
         config.train.log_every = 50
         config.train.checkpoint_every = 200
         config.train.sample_tokens = 200
+    elif arg in PAPER_SIZES:
+        _paper_size(config, **PAPER_SIZES[arg])
     elif arg == "smoke":
         config.data.seq_len = 32
         config.data.max_bytes = 200_000
@@ -154,3 +214,38 @@ def get_config(arg=None):
         config.train.checkpoint_every = 2
         config.train.sample_tokens = 8
     return config
+
+
+def _paper_size(config, *, mixer, d_model, num_layers, num_heads, tokens, lr, weight_decay,
+                warmup_tokens, seq, head_dim=None, tie=True):  # fmt: skip
+    """A paper-size run: the model, sequence, batch of 0.5M tokens, token budget and AdamW
+    settings of the paper; bfloat16 compute, float32 parameters; vocabulary 32,000 (the
+    Llama / Mistral tokenizers' size: the model is sized for it, whatever tokenizer the data
+    use). SwiGLU hidden width 2.75·d_model (the flash-linear-attention models' ``hidden_ratio
+    4``: 2/3·4·d rounded up to a multiple of 256, which is exactly 2.75·d for d = 1024, 2048)."""
+    model = config.model
+    model.vocab_size = 32_000
+    model.mixer, model.d_model, model.num_layers = mixer, d_model, num_layers
+    model.num_heads, model.head_dim = num_heads, head_dim
+    model.mlp_ratio = 2.75
+    model.max_length = seq
+    model.tie_embeddings = tie
+    if mixer == "softmax":  # transformer++: rotary positions, no short convolution
+        model.position, model.conv = "rope", False
+    elif mixer == "gla":  # GLA: no convolution, no positions (the decay orders tokens)
+        model.conv = False
+    else:  # Gated DeltaNet: the short convolution on q, k, v (kernel 4)
+        model.conv = 4
+    config.data.seq_len = seq
+    config.data.max_bytes = 0
+    batch = 524_288 // seq  # 0.5M tokens per step
+    config.train.batch_size = batch
+    config.train.num_steps = round(tokens / (batch * seq))
+    config.train.eval_every = config.train.checkpoint_every = 2000
+    config.train.log_every = 50
+    config.train.sample_tokens = 0
+    opt = config.optimizer
+    opt.learning_rate, opt.weight_decay = lr, weight_decay
+    opt.warmup_steps = round(warmup_tokens / (batch * seq))
+    opt.schedule, opt.min_lr_ratio = "cosine", 0.1
+    opt.b1, opt.b2, opt.grad_clip = 0.9, 0.95, 1.0

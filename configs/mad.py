@@ -28,7 +28,7 @@ from pathlib import Path
 
 import ml_collections
 
-from linear_attention.data.mad import MAD_SETTINGS, TASKS, mad_num_tokens
+from linear_attention.data.mad import MAD_SETTINGS, OPTION_DEFAULTS, TASKS, mad_num_tokens
 
 PRESETS = (*TASKS, "smoke")
 
@@ -58,6 +58,9 @@ def get_config(arg=None):
     config.data.seq_len = seq_len
     config.data.num_train_examples = 12_800
     config.data.num_test_examples = 1_280
+    # Every task's options, at MAD's baseline; a task rejects a change to another's option.
+    for name, value in OPTION_DEFAULTS.items():
+        config.data[name] = value
 
     config.model = base.model
     # The model's vocabulary: the content tokens plus the task's special tokens (at defaults;

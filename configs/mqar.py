@@ -23,6 +23,8 @@ Presets (``configs/mqar.py:<arg>``):
       with warmup + cosine.
   ``cpu``: vocab 512, seq_len 64, 8 pairs, d_model 64, batch 64: minutes on 2 CPU cores.
   ``smoke``: a tiny run for tests (seconds, learns nothing).
+  ``forgetting``: Zoology's forgetting MQAR at the ``cpu`` size: after the 8 pairs, 4 of the
+      keys get a new value (``data.num_reassignments``), and a query must return the latest.
 
 The short causal convolution on q/k/v (``model.conv``, kernel 4) is on for every mixer:
 linear mixers cannot bind a key to the value after it without it (Zoology's and Based's models
@@ -33,7 +35,7 @@ mixers on the same backbone. Labels exist only at query positions; eval/accuracy
 import ml_collections
 from ml_collections import config_dict
 
-PRESETS = ("default", "cpu", "smoke")
+PRESETS = ("default", "cpu", "smoke", "forgetting")
 
 
 def get_config(arg=None):
@@ -55,6 +57,7 @@ def get_config(arg=None):
     config.data.num_train_examples = 100_000
     config.data.num_test_examples = 3_000
     config.data.random_non_queries = True
+    config.data.num_reassignments = 0  # > 0: forgetting MQAR
 
     config.model = _model_config(vocab_size)
 
@@ -78,6 +81,8 @@ def get_config(arg=None):
     config.train.checkpoint_every = 1000
     config.train.keep_checkpoints = 3
     config.train.profile_steps = 0  # >0: trace that many steps for TensorBoard (jax.profiler)
+    config.train.grad_accum_steps = 1  # micro-batches per step (the same update)
+    config.train.peak_flops = 0.0  # one device's peak FLOP/s; > 0 logs MFU
     config.train.sample_tokens = 0  # nothing to sample for MQAR
     config.train.stop_at = 0.0  # > 0: stop after an eval with accuracy >= this (0: off)
     config.train.stop_metric = "eval/accuracy"
@@ -91,7 +96,7 @@ def get_config(arg=None):
     config.mesh.num_processes = 0
     config.mesh.process_id = 0
 
-    if arg == "cpu":
+    if arg in ("cpu", "forgetting"):
         vocab_size.set(512)
         config.data.seq_len = 64
         config.data.num_kv_pairs = 8
@@ -106,6 +111,8 @@ def get_config(arg=None):
         config.train.eval_every = 250
         config.train.log_every = 50
         config.train.checkpoint_every = 500
+        if arg == "forgetting":
+            config.data.num_reassignments = 4
     elif arg == "smoke":
         vocab_size.set(64)
         config.data.seq_len = 32
@@ -153,4 +160,5 @@ def _model_config(vocab_size):
     model.dtype = "float32"
     model.param_dtype = "float32"
     model.tie_embeddings = True
+    model.remat = "none"  # block / dots / dots_no_batch: recompute in the backward pass
     return model

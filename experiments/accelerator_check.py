@@ -14,7 +14,7 @@
    `benchmark.py`): `chunk` and `chunk_parallel` (elu+1 features computed outside, no decay,
    normalised) and softmax by `jax.nn.dot_product_attention(is_causal=True)`, forward and
    forward+backward (gradient of <f(q, k, v), g> w.r.t. q, k, v). Per T and dtype everything is
-   compiled, run once to warm up, then timed in R interleaved rounds (`benchmark.interleaved`:
+   compiled, run once to warm up, then timed in R interleaved rounds (`timing.interleaved`:
    a fresh random order each round, so that no point always follows one that freed large
    temporaries);
    `chunk_parallel_speedup` is the median over rounds of t_chunk / t_chunk_parallel. A point is
@@ -31,7 +31,6 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -40,10 +39,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from linear_attention import kernels as K
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchmark import compile_point, interleaved  # noqa: E402
-from machine import machine_info  # noqa: E402
+from linear_attention.benchmarks import machine_info
+from linear_attention.benchmarks.timing import compile_point, interleaved
 
 B, H, D = 1, 4, 64
 MODES = ("fwd", "grad")

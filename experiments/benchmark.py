@@ -36,9 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -46,16 +44,25 @@ import jax
 import jax.numpy as jnp
 
 from linear_attention import kernels as K
+from linear_attention.benchmarks.baselines import naive_chunked_causal, performer_causal
+from linear_attention.benchmarks.machine import machine_info
+from linear_attention.benchmarks.timing import (
+    DEFAULT_CHUNK,
+    B,
+    D,
+    H,
+    chunk_flops,
+    compile_point,
+    interleaved,
+    linear_fn,
+    make_inputs,
+    matmul_point,
+    timing_stats,
+)
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from baselines import naive_chunked_causal, performer_causal  # noqa: E402
-from machine import machine_info  # noqa: E402
-
-B, H, D = 1, 4, 64
 MODES = ("fwd", "grad")
 BASELINES = ("naive_chunked_causal", "performer_causal")
 CHUNK_SIZES = (16, 32, 64, 128, 256)
-DEFAULT_CHUNK = 64  # the library's default; naive_chunked_causal uses the same
 HEADLINE_T = 16384
 DELTA_METHODS = ("delta_chunk", "delta_scan")  # delta_scan: autodiff through lax.scan
 DELTA_HEADLINE_T = 2048
@@ -72,32 +79,14 @@ PRESETS = {
 }
 
 
-def _linear(method, chunk_size=DEFAULT_CHUNK, decay=None, kernels=K):
-    """`decay`: None, "head" (a [B, T, H] log decay) or "key" ([B, T, H, d], GLA), both computed
-    from q inside the timed function (−0.1·sigmoid), so the gradient reaches them. `kernels`:
-    the kernels package to call (another revision's, in `chunk_speed.py`)."""
-
-    def f(q, k, v):
-        a = None
-        if decay == "head":
-            a = -0.1 * jax.nn.sigmoid(q[..., 0])
-        elif decay == "key":
-            a = -0.1 * jax.nn.sigmoid(q)
-        return kernels.causal_linear_attention(
-            q, k, v, log_decay=a, method=method, chunk_size=chunk_size
-        )
-
-    return f
-
-
 # name -> (function of (q, k, v), whether it takes featurised q and k)
 METHODS = {
-    "chunk": (_linear("chunk"), True),
-    "chunk_decay": (_linear("chunk", decay="head"), True),
-    "chunk_gla": (_linear("chunk", decay="key"), True),
-    "scan": (_linear("scan"), True),
-    "associative_scan": (_linear("associative_scan"), True),
-    "quadratic": (_linear("quadratic"), True),
+    "chunk": (linear_fn("chunk"), True),
+    "chunk_decay": (linear_fn("chunk", decay="head"), True),
+    "chunk_gla": (linear_fn("chunk", decay="key"), True),
+    "scan": (linear_fn("scan"), True),
+    "associative_scan": (linear_fn("associative_scan"), True),
+    "quadratic": (linear_fn("quadratic"), True),
     "softmax": (lambda q, k, v: K.softmax_attention(q, k, v, causal=True), False),
     "blockwise_softmax": (
         lambda q, k, v: K.blockwise_softmax_attention(q, k, v, causal=True),
@@ -108,79 +97,17 @@ METHODS = {
 }
 
 
-def chunk_flops(T: int, C: int = DEFAULT_CHUNK) -> float:
-    """Forward FLOPs of the chunk form: 4·B·T·H·(C·d + d²) (intra-chunk and state matmuls)."""
-    return 4.0 * B * T * H * (C * D + D * D)
-
-
-def make_inputs(T: int, seed: int = 0):
-    """{"raw": (q, k, v, g), "feat": (φq, φk, v, g)} with g the output cotangent."""
-    q, k, v, g = (
-        jax.random.normal(key, (B, T, H, D), jnp.float32)
-        for key in jax.random.split(jax.random.key(seed), 4)
-    )
-    phi = K.feature_maps.elu_plus_one
-    return {"raw": (q, k, v, g), "feat": (phi(q), phi(k), v, g)}
-
-
-def compile_point(fn, mode: str, args):
-    """Compiled forward `f(q, k, v)` or gradient of `<f(q, k, v), g>`; args = (q, k, v, g)."""
-    if mode == "fwd":
-        return jax.jit(fn).lower(*args[:3]).compile(), args[:3]
-    grad = jax.grad(lambda q, k, v, g: jnp.vdot(fn(q, k, v), g), argnums=(0, 1, 2))
-    return jax.jit(grad).lower(*args).compile(), args
-
-
-def interleaved(points: dict, rounds: int, slow_s: float, cpu_times: dict | None = None) -> dict:
-    """{key: (compiled, args)} -> {key: [seconds]}: a timed warm-up round, then `rounds` rounds
-    that each time every point once, in a fresh (seeded) random order: the run right after a
-    point that freed large temporaries pays for fresh memory pages, and a fixed or rotated order
-    would always put the same neighbour there. A point whose warm-up run took over `slow_s`
-    keeps that one post-compilation run as its only measurement (listed first in every point's
-    times, so index 0 is always the same round). With `cpu_times` (a dict), each run's process
-    CPU time (user + system, all threads) is recorded there under the same keys and indices."""
-    cpu_times = {} if cpu_times is None else cpu_times
-
-    def once(key):
-        compiled, args = points[key]
-        cpu, start = time.process_time(), time.perf_counter()
-        jax.block_until_ready(compiled(*args))
-        cpu_times.setdefault(key, []).append(time.process_time() - cpu)
-        return time.perf_counter() - start
-
-    times = {key: [once(key)] for key in points}
-    fast = [key for key in points if times[key][0] <= slow_s]
-    order = random.Random(0)
-    for _ in range(rounds if fast else 0):
-        for key in order.sample(fast, len(fast)):
-            times[key].append(once(key))
-    return times
-
-
-def _stats(ts):
-    """Median and min over the timed rounds (the warm-up alone if that is all there is)."""
-    timed = ts[1:] or ts
-    return dict(median_s=statistics.median(timed), min_s=min(timed), times_s=ts, rounds=len(timed))
-
-
 def summarize(times: dict, records: dict) -> None:
     """Fill medians and speedups vs the baselines: median over the rounds both were timed in of
     t_baseline / t_method (the warm-up round when one of them was timed only there)."""
     for (name, mode), ts in times.items():
         rec = records[name, mode]
-        rec.update(_stats(ts))
+        rec.update(timing_stats(ts))
         for base in BASELINES:
             if (base, mode) in times and base != name:
                 pairs = list(zip(times[base, mode], ts, strict=False))  # to the shorter
                 pairs = pairs[1:] or pairs
                 rec[f"speedup_vs_{base}"] = statistics.median(b / t for b, t in pairs)
-
-
-def matmul_point(n: int):
-    a, b = (
-        jax.random.normal(key, (n, n), jnp.float32) for key in jax.random.split(jax.random.key(1))
-    )
-    return jax.jit(jnp.matmul).lower(a, b).compile(), (a, b)
 
 
 def run_T_sweep(T_list, methods, repeats, budgets, headline_T, matmul_n, log):
@@ -221,7 +148,7 @@ def run_T_sweep(T_list, methods, repeats, budgets, headline_T, matmul_n, log):
             points["matmul", "fwd"] = matmul_point(matmul_n)
         times = interleaved(points, repeats, slow_s)
         if T == headline_T:
-            matmul = dict(n=matmul_n, **_stats(times.pop(("matmul", "fwd"))))
+            matmul = dict(n=matmul_n, **timing_stats(times.pop(("matmul", "fwd"))))
         summarize(times, recs)
         for key, rec in recs.items():
             if rec.get("median_s", 0) > time_budget:
@@ -243,7 +170,7 @@ def run_chunk_sweep(T, chunk_sizes, repeats, slow_s):
     points, recs = {}, {}
     for C in chunk_sizes:
         for mode in MODES:
-            compiled, args = compile_point(_linear("chunk", C), mode, inputs)
+            compiled, args = compile_point(linear_fn("chunk", C), mode, inputs)
             points[C, mode] = (compiled, args)
             recs[C, mode] = dict(
                 chunk_size=C,
@@ -252,7 +179,7 @@ def run_chunk_sweep(T, chunk_sizes, repeats, slow_s):
                 temp_bytes=compiled.memory_analysis().temp_size_in_bytes,
             )
     for (C, mode), ts in interleaved(points, repeats, slow_s).items():
-        recs[C, mode].update(_stats(ts))
+        recs[C, mode].update(timing_stats(ts))
     records = list(recs.values())
     best = {
         mode: min((r for r in records if r["mode"] == mode), key=lambda r: r["median_s"])[
@@ -315,7 +242,7 @@ def run_delta_sweep(T_list, repeats, mem_budget, slow_s, log):
                 points[key] = (compiled, args)
         times = interleaved(points, repeats, slow_s)
         for key, ts in times.items():
-            recs[key].update(_stats(ts))
+            recs[key].update(timing_stats(ts))
         for mode in MODES:
             chunk, scan = times.get(("delta_chunk", mode)), times.get(("delta_scan", mode))
             if chunk and scan:

@@ -9,9 +9,9 @@ Times, in one process, `causal_linear_attention(method="chunk")` (the library ca
 for each decay kind asked for — none, per head ([B, T, H]) and per key dimension ([B, T, H, d]),
 both −0.1·sigmoid(q) inside the timed function — with `--before REV` the same calls into the
 `linear_attention/kernels` package of git revision REV (loaded beside the tree's), the
-baseline `naive_chunked_causal` of `baselines.py` (no decay) and a float32 N×N matmul (the
-machine's matmul peak). Forward `f(q, k, v)` and forward+backward (the gradient of
-<f(q, k, v), g> w.r.t. q, k, v), compiled first, then timed by `benchmark.interleaved`: a
+baseline `naive_chunked_causal` of `linear_attention.benchmarks.baselines` (no decay) and a
+float32 N×N matmul (the machine's matmul peak). Forward `f(q, k, v)` and forward+backward (the
+gradient of <f(q, k, v), g> w.r.t. q, k, v), compiled first, then timed by `timing.interleaved`: a
 warm-up round and R rounds, each in a fresh random order, in wall time and in process CPU time
 (user + system, all threads: on a shared machine what the run itself cost). Ratios are medians
 over rounds of the ratio within a round.
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import io
 import json
 import os
@@ -43,22 +44,22 @@ from pathlib import Path
 
 import jax
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "experiments"))
-from baselines import naive_chunked_causal  # noqa: E402
-from benchmark import (  # noqa: E402
+from linear_attention.benchmarks.baselines import naive_chunked_causal
+from linear_attention.benchmarks.machine import machine_info
+from linear_attention.benchmarks.timing import (
     DEFAULT_CHUNK,
     B,
     D,
     H,
-    _linear,
     chunk_flops,
     compile_point,
     interleaved,
+    linear_fn,
     make_inputs,
     matmul_point,
 )
-from machine import machine_info  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
 
 DECAYS = ("none", "head", "key")
 MODES = ("fwd", "grad")
@@ -88,7 +89,13 @@ def load_kernels(rev: str, into: Path):
     (pkg / "__init__.py").write_text("")
     for f in pkg.rglob("*.py"):
         f.write_text(f.read_text().replace("linear_attention.", f"{name}."))
-    sys.path.insert(0, str(into))
+    # registered as a top-level package of its own folder (sys.path untouched): its renamed
+    # absolute imports resolve inside it
+    spec = importlib.util.spec_from_file_location(
+        name, pkg / "__init__.py", submodule_search_locations=[str(pkg)]
+    )
+    sys.modules[name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sys.modules[name])
     return importlib.import_module(f"{name}.kernels")
 
 
@@ -100,7 +107,7 @@ def compile_points(kernels: dict, decays, T: int, matmul_n: int, log) -> tuple[d
         points["naive", "none", mode] = compile_point(naive_chunked_causal, mode, inputs)
         for name, kern in kernels.items():
             for decay in decays:
-                fn = _linear("chunk", DEFAULT_CHUNK, None if decay == "none" else decay, kern)
+                fn = linear_fn("chunk", DEFAULT_CHUNK, None if decay == "none" else decay, kern)
                 try:
                     points[name, decay, mode] = compile_point(fn, mode, inputs)
                 except (ValueError, TypeError) as e:  # an old revision without that decay kind

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import sys
 from pathlib import Path
 
 import jax
@@ -27,14 +26,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from linear_attention.layers.linear import GatedMixer
+from linear_attention.models import LanguageModel
+from linear_attention.training import experiment_config, train
+from linear_attention.training.sweep import load_sweep, prepare
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "experiments"))
-from sweep import load_sweep, prepare  # noqa: E402
-
-from linear_attention.layers.linear import GatedMixer  # noqa: E402
-from linear_attention.models import LanguageModel  # noqa: E402
-from linear_attention.training import experiment_config, train  # noqa: E402
-
 SWEEP = str(ROOT / "configs/sweeps/mqar.py")
 
 

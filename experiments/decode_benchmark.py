@@ -51,7 +51,6 @@ import functools
 import json
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -60,11 +59,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from linear_attention.benchmarks import machine_info
 from linear_attention.layers import MIXERS, MixerState
 from linear_attention.models import LanguageModel, ModelConfig, state_size_bytes, step_fn
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import machine_info  # noqa: E402
 
 PRESETS = {
     "tiny": dict(

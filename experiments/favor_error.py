@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -41,9 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from linear_attention import kernels as K
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import machine_info  # noqa: E402
+from linear_attention.benchmarks import machine_info
 
 FM = K.feature_maps
 METRICS = ("kernel", "weights", "output")

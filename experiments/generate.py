@@ -1,13 +1,10 @@
-"""The ``la-generate`` command from a checkout, without installing:
+"""The ``la-generate`` command as a script (the package importable: ``pip install -e .``):
 ``python experiments/generate.py --workdir runs/lm --prompt "def " --num_tokens 200``
 (see `linear_attention.training.cli`)."""
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, uninstalled
-
-from linear_attention.training.cli import generate_main  # noqa: E402
+from linear_attention.training.cli import generate_main
 
 if __name__ == "__main__":
     sys.exit(generate_main())

@@ -62,13 +62,10 @@ import matplotlib
 import numpy as np
 from flax import nnx
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, uninstalled
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import machine_info  # noqa: E402
-
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from linear_attention.benchmarks import machine_info  # noqa: E402
 from linear_attention.data.text import load_documents, split_corpus, split_documents  # noqa: E402
 from linear_attention.training import experiment_config  # noqa: E402
 from linear_attention.training.load import load_run, run_config  # noqa: E402

@@ -25,7 +25,6 @@ os.environ["XLA_FLAGS"] = (
 import argparse  # noqa: E402
 import json  # noqa: E402
 import statistics  # noqa: E402
-import sys  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -36,12 +35,10 @@ from flax import nnx  # noqa: E402
 from jax.sharding import Mesh  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
+from linear_attention.benchmarks import machine_info  # noqa: E402
 from linear_attention.layers.delta import GatedDeltaNetMixer  # noqa: E402
 from linear_attention.layers.linear import GatedMixer  # noqa: E402
 from linear_attention.layers.sequence import split_sequence  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import machine_info  # noqa: E402
 
 D_MODEL, HEADS, CHUNK = 64, 2, 64
 LAYERS = {"gated": GatedMixer, "gated_deltanet": GatedDeltaNetMixer}

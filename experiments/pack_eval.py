@@ -29,15 +29,12 @@ from pathlib import Path
 import numpy as np
 from flax import nnx
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, uninstalled
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import machine_info  # noqa: E402
-
-from linear_attention.data import IGNORE_INDEX  # noqa: E402
-from linear_attention.training import experiment_config, make_optimizer, trainer  # noqa: E402
-from linear_attention.training.checkpoint import Checkpoints  # noqa: E402
-from linear_attention.training.cli import config_from_json  # noqa: E402
-from linear_attention.training.mesh import make_mesh  # noqa: E402
+from linear_attention.benchmarks import machine_info
+from linear_attention.data import IGNORE_INDEX
+from linear_attention.training import experiment_config, make_optimizer, trainer
+from linear_attention.training.checkpoint import Checkpoints
+from linear_attention.training.cli import config_from_json
+from linear_attention.training.mesh import make_mesh
 
 
 class _WithoutSegments:

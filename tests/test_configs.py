@@ -13,6 +13,7 @@ from flax import nnx
 from linear_attention.models import ModelConfig
 from linear_attention.training import experiment_config, make_optimizer, trainer
 from linear_attention.training.cli import UsageError, parse_args
+from tests.scripts import DEADLINE_S
 from tests.training.conftest import ROOT, load_config
 
 PRESETS = [(name, arg) for name in ("mqar", "lm") for arg in (None, "cpu", "smoke")]
@@ -228,7 +229,7 @@ def test_command_line_exit_status_and_message():
         env=env,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=DEADLINE_S,
     )
     assert proc.returncode == 2
     assert "la-train: error: config.model: num_heads must be an integer >= 1, got 0" in proc.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 
 import jax
@@ -80,14 +81,56 @@ def check_float(names: Sequence[str], arrays: Sequence) -> None:
             raise ValueError(f"{name} must have a real floating dtype, got {dtype}")
 
 
+def concrete(x):
+    """`x`'s values as a NumPy array when they can be read now, else None (a tracer under
+    `jit`/`vmap`/`grad`). NumPy, not `jnp`: under `jit` a `jnp.min` of a closed-over constant is
+    staged into the trace and cannot be read back, while `np.asarray` reads the constant."""
+    if isinstance(x, jax.core.Tracer):
+        return None
+    return np.asarray(x)
+
+
+def check_static(name: str, value) -> None:
+    """Raise unless `value` is concrete: a static argument (a flag, `eps`) cannot be traced,
+    since it picks the computation rather than entering it."""
+    if isinstance(value, jax.core.Tracer):
+        raise ValueError(
+            f"{name} is a static argument (a Python value), got a traced {value.aval}: pass "
+            f"it outside the traced arguments, e.g. jax.jit(f, static_argnames=({name!r},)) "
+            "or functools.partial"
+        )
+
+
 def check_eps(eps) -> None:
-    """Raise unless `eps` is a scalar > 0 (a traced eps is the caller's responsibility)."""
+    """Raise unless `eps` is a static scalar > 0 (it is folded into the compiled kernel)."""
+    check_static("eps", eps)
     if jnp.ndim(eps) != 0:
         raise ValueError(f"eps must be a scalar, got shape {tuple(jnp.shape(eps))}")
-    if isinstance(eps, jax.core.Tracer):
-        return
     if not float(eps) > 0:  # also catches NaN
         raise ValueError(f"eps must be > 0, got {eps!r}")
+
+
+@contextlib.contextmanager
+def reverse_mode_only(what: str, forward_mode: str):
+    """Turn JAX's error for forward-mode autodiff (`jax.jvp`, `jax.jacfwd`) through a custom
+    VJP into a `ValueError` naming `what` and the alternatives that support it (`forward_mode`).
+
+    A `jax.custom_vjp` function has no tangent rule, and JAX cannot give one function both a
+    custom VJP and a custom JVP: a custom JVP would be transposed for `grad`, which would drop the
+    memory-saving backward pass. The error is raised when the JVP reaches the kernel eagerly
+    (`jax.jvp(f, ...)`, `jax.jacfwd(f)`); when the kernel was traced first (`jax.jvp(jax.jit(f))`,
+    `jax.jit(jax.jvp(...))`) JAX raises its own `TypeError` at compile time instead."""
+    try:
+        yield
+    except TypeError as e:
+        if "forward-mode autodiff" not in str(e):
+            raise
+        raise ValueError(
+            f"{what} supports reverse-mode autodiff only (jax.grad, jax.vjp, jax.jacrev, "
+            f"jax.hessian): its gradient is a custom VJP, which JAX cannot push tangents through. "
+            f"For forward mode (jax.jvp, jax.jacfwd) use {forward_mode}, which give the same "
+            "numbers"
+        ) from e
 
 
 def check_log_decay(log_decay, full_shape, layout, *, feature_dim=None):
@@ -97,7 +140,8 @@ def check_log_decay(log_decay, full_shape, layout, *, feature_dim=None):
     head), `len(full_shape)` (`layout`, e.g. `[B, T, H]`) and, with `feature_dim`, one more (a
     decay per key dimension, `full_shape + (M,)`); size-1 axes broadcast. Returns a float32 array
     of `full_shape` or `full_shape + (M,)`. Values must be ≤ 0 and not NaN (−inf, a reset, is
-    allowed); the values are checked only when they are concrete (eagerly), not under `jit`/`vmap`.
+    allowed); the values are checked when they are concrete (eagerly, or a constant closed over
+    under `jit`), not when traced.
     """
     if log_decay is None:
         return None
@@ -125,8 +169,9 @@ def check_log_decay(log_decay, full_shape, layout, *, feature_dim=None):
             f"log_decay of shape {shape} does not broadcast to {lay} = {want}; allowed: {allowed}"
         )
     check_float(("log_decay",), (log_decay,))
-    if not isinstance(log_decay, jax.core.Tracer):
-        values = np.asarray(log_decay, np.float32)
+    values = concrete(log_decay)
+    if values is not None:
+        values = values.astype(np.float32)
         if np.any(np.isnan(values)):
             raise ValueError("log_decay contains NaN")
         if np.any(values > 0):

@@ -104,6 +104,8 @@ def taylor2(x):
     """
     x32, out_dtype = _float32_input("x", x)
     d = x32.shape[-1]
+    if d == 0:  # its scales divide by d
+        raise ValueError(f"taylor2 needs a feature axis of width >= 1, got x of shape {x32.shape}")
     const = jnp.ones((*x32.shape[:-1], 1), jnp.float32)
     linear = x32 * d**-0.25
     # static (i ≤ j) pairs, row-major: (0,0), (0,1), …, (0,d−1), (1,1), …

@@ -266,7 +266,16 @@ class Mixer(nnx.Module):
         h, dk, dv = self.num_heads, self.qk_dim, self.head_dim
         qkv = self.qkv_proj(x_BTD)
         if self.conv is not None and documents_BT is not None:  # packed rows (from empty)
-            qkv = self.conv(qkv, documents_BT)
+            if sequence_axis() is None:
+                qkv = self.conv(qkv, documents_BT)
+            else:  # time split: after the previous shard's last K − 1 inputs and their ids
+                k_1 = self.conv.kernel_size - 1
+                tail = previous_tail(qkv, k_1).astype(qkv.dtype)
+                ids = previous_tail(documents_BT[..., None].astype(jnp.float32), k_1)[..., 0]
+                qkv = self.conv(
+                    jnp.concatenate([tail, qkv], axis=1),
+                    jnp.concatenate([ids.astype(documents_BT.dtype), documents_BT], axis=1),
+                )[:, k_1:]
         elif self.conv is not None:
             if conv_tail is None:  # time split: the previous shard's last K − 1 inputs
                 k_1 = self.conv.kernel_size - 1
@@ -315,15 +324,12 @@ class Mixer(nnx.Module):
             position = sequence_offset(x_BTD.shape[1])  # 0 unless time is split
             q, k, v, _ = self._qkv(x_BTD, None, position)
             o_BTHD, _ = self._mix(x_BTD, q, k, v, None, position)
-        else:
-            if sequence_axis() is not None:
-                raise ValueError(
-                    "segment_ids (packed rows) with a split time axis is not supported"
-                )
+        else:  # (with time split, the document ids and positions are the whole row's)
             check_segment_ids(segment_ids, *x_BTD.shape[:2])
             documents_BT = document_ids(segment_ids)
-            q, k, v, _ = self._qkv(x_BTD, None, 0, documents_BT)
-            o_BTHD, _ = self._mix(x_BTD, q, k, v, None, 0, segment_ids=documents_BT)
+            position = sequence_offset(x_BTD.shape[1])
+            q, k, v, _ = self._qkv(x_BTD, None, position, documents_BT)
+            o_BTHD, _ = self._mix(x_BTD, q, k, v, None, position, segment_ids=documents_BT)
         return self._output(x_BTD, o_BTHD)
 
     def attention_inputs(self, x_BTD: jax.Array) -> AttentionInputs:

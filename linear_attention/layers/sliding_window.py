@@ -113,7 +113,16 @@ class SlidingWindowMixer(Mixer):
             halo_v = halo_BWC[..., hk:].reshape(b, w - 1, h, self.head_dim)
             k_BSHK = jnp.concatenate([halo_k, k_BTHK], axis=1)
             v_BSHD = jnp.concatenate([halo_v.astype(v_BTHD.dtype), v_BTHD], axis=1)
-            return self._attend(q_BTHK, k_BSHK, v_BSHD, position), None
+            if segment_ids is None:
+                return self._attend(q_BTHK, k_BSHK, v_BSHD, position), None
+            # Packed rows: the kernel masks documents for equal query and key lengths, so the
+            # halo gets queries too (zeros, at positions − (W − 1) … −1 from the shard's first
+            # token; their outputs are dropped) and its ids (the document ids are the row's).
+            ids = previous_tail(segment_ids[..., None].astype(jnp.float32), w - 1)[..., 0]
+            ids_BS = jnp.concatenate([ids.astype(segment_ids.dtype), segment_ids], axis=1)
+            q_BSHK = jnp.concatenate([jnp.zeros_like(halo_k), q_BTHK], axis=1)
+            o_BSHD = self._attend(q_BSHK, k_BSHK, v_BSHD, position - (w - 1), ids_BS)
+            return o_BSHD[:, w - 1 :], None
         if core is None:
             return self._attend(q_BTHK, k_BTHK, v_BTHD, position, segment_ids), None
         # From a ring buffer: its slots in position order (positions p − W … p − 1), then the

@@ -58,7 +58,12 @@ class SoftmaxMixer(Mixer):
         scale = self.qk_dim**-0.5
         if core is None and sequence_axis() is not None:  # context parallel over the split
             o = softmax_context_parallel(
-                q_BTHK, k_BTHK, v_BTHD, axis_name=sequence_axis(), scale=scale
+                q_BTHK,
+                k_BTHK,
+                v_BTHD,
+                axis_name=sequence_axis(),
+                scale=scale,
+                segment_ids=segment_ids,
             )
             return o, None
         if core is None:

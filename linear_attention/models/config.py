@@ -17,6 +17,8 @@ from linear_attention.layers import MIXERS, get_mixer
 from linear_attention.layers.base import conv_kernel_size
 
 POSITIONS = ("none", "learned", "rope")
+# Rematerialisation: what the backward pass keeps of each block's forward pass (see `remat`).
+REMAT = ("none", "block", "dots", "dots_no_batch")
 DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -36,7 +38,7 @@ _INTS = ("vocab_size", "d_model", "num_layers", "num_heads", "max_length", "chun
 _INTS += ("redraw_interval", "head_dim", "feature_dim")  # (the last two may be None)
 _BOOLS = ("mlp", "tie_embeddings", "allow_neg_eigval", "out_norm", "out_gate")  # (last 2: None)
 _NUMBERS = ("mlp_ratio", "rope_base", "eps", "norm_eps", "feature_scale")  # (last: None)
-_STRINGS = ("position", "method", "feature_map")  # (feature_map may be None)
+_STRINGS = ("position", "method", "feature_map", "remat")  # (feature_map may be None)
 _OPTIONAL = ("head_dim", "feature_dim", "feature_scale", "out_norm", "out_gate", "feature_map")
 _OPTIONAL += ("conv",)
 
@@ -66,6 +68,11 @@ def _strict(field: str, value):
     return value
 
 
+# The largest position a decoding state can count to: positions are int32 (as token ids are),
+# so a counter past it would wrap to a negative position rather than fail.
+MAX_POSITION = 2**31 - 1
+
+
 def _int(field: str, value, minimum: int = 1) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         raise ValueError(f"{field} must be an integer >= {minimum}, got {value!r}")
@@ -93,7 +100,8 @@ class ModelConfig:
       reset_positions: with packed rows (`model(tokens, segment_ids)`), positions (learned or
         rope) restart at 0 at each document, as if it were run alone (default True; False:
         they count along the row). Only meaningful with position "learned" or "rope".
-      max_length: the longest sequence (learned positions; the softmax KV cache in decoding).
+      max_length: the longest sequence (learned positions; the softmax KV cache in decoding);
+        at most 2**31 − 1, the largest int32 position.
       method, chunk_size, eps: passed to the linear-attention kernel (method and chunk_size to
         the delta rule's for `deltanet` / `gated_deltanet`, which take "chunk" or "scan").
       allow_neg_eigval: `deltanet` / `gated_deltanet` with β = 2·sigmoid in (0, 2) (negative
@@ -101,7 +109,14 @@ class ModelConfig:
       window: tokens each `swa` layer sees (itself and window − 1 before; its decoding state
         is a ring buffer of this many keys and values, whatever max_length).
       redraw_interval: training redraws `favor` projections every this many steps (0: never).
-      dtype, param_dtype: compute and parameter dtypes (names).
+      dtype, param_dtype: compute and parameter dtypes (names); param_dtype "bfloat16" keeps
+        parameters and optimizer state in bfloat16 (half the memory of both).
+      remat: rematerialisation of each block in training: "none" (the backward pass keeps every
+        activation), "block" (keeps only each block's input and recomputes the rest: memory
+        per layer drops to one [B, T, D] array, for about one more forward pass), "dots"
+        (`jax.checkpoint_policies.dots_saveable`: matmul outputs kept, elementwise work
+        recomputed) or "dots_no_batch" (`dots_with_no_batch_dims_saveable`: only matmuls
+        without batch dimensions kept, i.e. the projections, not the attention scores).
       tie_embeddings: output head shares the token embedding.
 
     Options that apply to some layers only (feature_map, feature_dim, redraw_interval) must be
@@ -138,6 +153,7 @@ class ModelConfig:
     dtype: str = "float32"
     param_dtype: str = "float32"
     tie_embeddings: bool = True
+    remat: str = "none"
 
     def __post_init__(self):
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 (frozen)
@@ -145,6 +161,11 @@ class ModelConfig:
             set_(field, _strict(field, getattr(self, field)))
         for field in ("vocab_size", "d_model", "num_layers", "num_heads", "max_length"):
             _int(field, getattr(self, field))
+        if self.max_length > MAX_POSITION:
+            raise ValueError(
+                f"max_length must be <= {MAX_POSITION} (2**31 - 1), got {self.max_length}: "
+                "decoding counts positions in int32, which would wrap to negative past it"
+            )
         _int("chunk_size", self.chunk_size)
         _int("window", self.window)
         _int("redraw_interval", self.redraw_interval, minimum=0)
@@ -164,6 +185,8 @@ class ModelConfig:
             raise ValueError(f"mixer must be a name or a tuple of names, got {mixer!r}")
         for name in self.layer_mixers:
             get_mixer(name)
+        if self.remat not in REMAT:
+            raise ValueError(f"unknown remat {self.remat!r}; allowed: {', '.join(REMAT)}")
         if self.position not in POSITIONS:
             raise ValueError(f"unknown position {self.position!r}; allowed: {', '.join(POSITIONS)}")
         if self.mlp and int(self.mlp_ratio * self.d_model) < 1:

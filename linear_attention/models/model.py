@@ -31,7 +31,7 @@ from linear_attention.kernels.segments import check_segment_ids
 from linear_attention.layers import Block, FavorMixer, MixerState, RMSNorm
 from linear_attention.layers.segments import document_ids, document_positions
 from linear_attention.layers.sequence import sequence_offset
-from linear_attention.models.config import ModelConfig
+from linear_attention.models.config import MAX_POSITION, ModelConfig
 from linear_attention.models.tokens import check_token_ids, is_concrete
 
 
@@ -52,6 +52,26 @@ def _check_tokens(tokens, rank: int, layout: str) -> None:
 
 # (config, batch, cache length) -> the shapes of init_state's result, for `_check_state`.
 _STATE_SHAPES: dict = {}
+
+
+def _call_block(block, x_BTD, documents_BT):
+    return block(x_BTD, documents_BT)
+
+
+# The checkpoint policy of each `ModelConfig.remat` ("none": no rematerialisation).
+_REMAT_POLICIES = {
+    "block": None,  # save nothing inside the block: only its input is kept
+    "dots": jax.checkpoint_policies.dots_saveable,
+    "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+def _remat_block(remat: str):
+    """``(block, x, documents) -> block output``, rematerialised in the backward pass as
+    ``remat`` says (`ModelConfig.remat`); the same numbers either way."""
+    if remat == "none":
+        return _call_block
+    return nnx.remat(_call_block, policy=_REMAT_POLICIES[remat])
 
 
 class LanguageModel(nnx.Module):
@@ -137,10 +157,11 @@ class LanguageModel(nnx.Module):
         if segment_ids is not None:
             check_segment_ids(segment_ids, *tokens.shape)
             documents_BT = document_ids(segment_ids)
-        # position 0 unless time is split (packed rows with a split time axis raise in the mixers)
+        # position 0 unless time is split (then document ids and positions are the whole row's)
         x, valid = self._embed(tokens, sequence_offset(tokens.shape[1]), documents_BT)
+        run_block = _remat_block(self.config.remat)
         for block in self.blocks:
-            x = block(x, documents_BT)
+            x = run_block(block, x, documents_BT)
         return self._logits(x, valid)
 
     def init_state(self, batch_size: int, max_length: int | None = None) -> ModelState:
@@ -208,6 +229,11 @@ class LanguageModel(nnx.Module):
                             f"{name} holds {capacity} tokens (init_state's max_length); it has "
                             f"{position} and cannot take {num_new} more"
                         )
+        if position is not None and position + num_new > MAX_POSITION:
+            raise ValueError(
+                f"state.position {position} + {num_new} token(s) would pass {MAX_POSITION} "
+                "(2**31 - 1): positions are int32 and would wrap to negative"
+            )
         if self.pos_embed is not None and position is not None:
             if position + num_new > config.max_length:
                 raise ValueError(

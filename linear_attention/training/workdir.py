@@ -1,10 +1,14 @@
 """The run folder's safety: one run per workdir (a lock), checkpoint integrity digests, and
 `RunError`, the error of a run that cannot start or go on for a reason the user can fix.
 
-Lock: ``<workdir>/.lock`` holds the owner's ``{"pid", "hostname", "started"}``. It is created
-atomically (written to a private file, then hard-linked to the lock name, which fails if it
-exists) and removed on exit. A lock whose process is gone (same host, no such pid) is stale:
-it is removed with a message and the run goes on. A lock held by a live process, or by another
+Lock: ``<workdir>/.lock`` holds the owner's ``{"pid", "pid_start", "hostname", "started"}``.
+It is created atomically (written to a private file, then hard-linked to the lock name, which
+fails if it exists) and removed on exit. A lock whose process is gone (same host, no such pid)
+is stale: it is removed with a message and the run goes on. So is a lock whose pid now belongs
+to another process: ``pid_start`` is the process's start time (``/proc/<pid>/stat``, clock
+ticks since boot), and a live pid that started at another time is a reused pid, not the
+holder (where the start time cannot be read, e.g. off Linux or a lock written without it, a
+live pid counts as the holder). A lock held by a live process, or by another
 host (whose processes cannot be checked from here), refuses the run and names the holder.
 
 Digests: after a checkpoint is saved, ``<step>/integrity.json`` records the size and SHA-256 of
@@ -45,6 +49,18 @@ def prepare_workdir(workdir: str) -> None:
         raise RunError(f"workdir {workdir!r} is not writable")
 
 
+def _process_start(pid: int) -> int | None:
+    """The start time of process ``pid`` in clock ticks since boot (field 22 of
+    ``/proc/<pid>/stat``), or None where it cannot be read (no such process, no /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+        # the command name (field 2) is in parentheses and may hold spaces or ')'
+        return int(stat[stat.rindex(")") + 2 :].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -55,6 +71,15 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _pid_reused(pid: int, recorded_start) -> bool:
+    """Whether live process ``pid`` is not the one that started at ``recorded_start`` (False
+    when either start time is unknown: the pid is then taken for the holder)."""
+    if not isinstance(recorded_start, int) or not _pid_alive(pid):
+        return False
+    start = _process_start(pid)
+    return start is not None and start != recorded_start
+
+
 class WorkdirLock:
     """``with WorkdirLock(workdir, message=print):`` holds the workdir's lock (see the module
     docstring); raises `RunError` naming the holder if another live run has it."""
@@ -62,7 +87,12 @@ class WorkdirLock:
     def __init__(self, workdir: str, *, message=print):
         self.path = os.path.join(workdir, LOCK_NAME)
         self.message = message
-        self.owner = {"pid": os.getpid(), "hostname": socket.gethostname()}
+        pid = os.getpid()
+        self.owner = {
+            "pid": pid,
+            "pid_start": _process_start(pid),
+            "hostname": socket.gethostname(),
+        }
         self._held = False
 
     def _read_owner(self) -> dict | None:
@@ -110,6 +140,12 @@ class WorkdirLock:
                     f"workdir {os.path.dirname(self.path)!r} is in use by process {pid} on host "
                     f"{host!r} (lock {self.path}, since {owner.get('started', '?')}); if that "
                     "run is over, delete the lock file"
+                )
+            elif _pid_reused(pid, owner.get("pid_start")):
+                self.message(
+                    f"removed a stale lock of process {pid} from {self.path}: pid {pid} now "
+                    f"belongs to another process (started at tick {_process_start(pid)}, the "
+                    f"lock's holder at tick {owner['pid_start']})"
                 )
             elif _pid_alive(pid):  # (our own pid too: a second lock in this process)
                 raise RunError(

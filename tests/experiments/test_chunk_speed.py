@@ -1,6 +1,6 @@
 """experiments/chunk_speed.py: a tiny run end to end (files, every point, ratios and targets from
 the raw times), the kernels it loads from a git revision compute what the library computes, and
-benchmark.interleaved (its timer) times every point every round in varying order."""
+timing.interleaved (its timer) times every point every round in varying order."""
 
 import json
 import statistics

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from linear_attention.training import trainer
+from linear_attention.training import sweep, trainer
 from linear_attention.training.load import load_run, run_config
 from tests.scripts import load_module
 from tests.training.conftest import load_config
@@ -132,7 +132,6 @@ def test_bad_arguments(tmp_path):
 
 
 def test_sweep_config_is_the_lm_sweep_but_mixer_and_position():
-    sweep = load_module("experiments/sweep.py", "sweep_for_length_gen")
     root = "configs/sweeps"
     _, points = sweep.expand(sweep.load_sweep(f"{root}/length_gen.py:cpu"))
     _, lm_points = sweep.expand(sweep.load_sweep(f"{root}/lm.py:cpu"))

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.scripts import ROOT
+from tests.scripts import DEADLINE_S, ROOT
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +20,7 @@ def result(tmp_path_factory):
     args = ["--out", str(out), "--log2_T", "9", "--devices", "1", "4", "--repeats", "1"]
     proc = subprocess.run(
         [sys.executable, str(ROOT / "experiments/long_context.py"), *args],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=DEADLINE_S,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (out / "long_context.png").stat().st_size > 0

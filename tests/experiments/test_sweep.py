@@ -1,6 +1,7 @@
-"""experiments/sweep.py: grid expansion and its errors, best-lr selection on hand-made results,
-the MQAR and LM smoke sweeps end to end, and resuming (finished points are skipped, a point
-without summary resumes from its checkpoint, a changed grid on the same workdir is refused)."""
+"""The sweep engine (`linear_attention.training.sweep`, run as experiments/sweep.py): grid
+expansion and its errors, best-lr selection on hand-made results, the MQAR and LM smoke sweeps
+end to end, and resuming (finished points are skipped, a point without summary resumes from its
+checkpoint, a changed grid on the same workdir is refused)."""
 
 import csv
 import json
@@ -9,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import jax
@@ -18,8 +18,11 @@ import pytest
 from flax import nnx
 
 from linear_attention.models import LanguageModel
-from linear_attention.training import experiment_config
-from tests.scripts import load_module
+from linear_attention.training import NonFiniteLossError, experiment_config
+from linear_attention.training import sweep as sweep_package
+from linear_attention.training.metrics import write_json
+from linear_attention.training.sweep import points as sweep_points
+from tests.scripts import DEADLINE_S, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 MQAR = str(ROOT / "configs/sweeps/mqar.py")
@@ -28,7 +31,7 @@ LM = str(ROOT / "configs/sweeps/lm.py")
 
 @pytest.fixture(scope="module")
 def sweep():
-    return load_module("experiments/sweep.py", "sweep_under_test")
+    return sweep_package
 
 
 def read_csv(path):
@@ -206,13 +209,13 @@ def test_lr_tuned_by_mean_over_seeds_and_diverged_runs(sweep, tmp_path, monkeypa
 
     def fake_train(config, workdir, *, reporter):
         cfg = experiment_config(config)
-        sweep.write_json(f"{workdir}/config.json", json.loads(json.dumps(cfg.to_dict())))
+        write_json(f"{workdir}/config.json", json.loads(json.dumps(cfg.to_dict())))
         key = (cfg.model.mixer, cfg.optimizer.learning_rate, cfg.seed)
         if key not in accuracy:
-            raise sweep.NonFiniteLossError("non-finite loss at step 3")
-        sweep.write_json(f"{workdir}/summary.json", {"eval/accuracy": accuracy[key], "step": 6})
+            raise NonFiniteLossError("non-finite loss at step 3")
+        write_json(f"{workdir}/summary.json", {"eval/accuracy": accuracy[key], "step": 6})
 
-    monkeypatch.setattr(sweep, "train", fake_train)
+    monkeypatch.setattr(sweep_points, "train", fake_train)
     # --only trains a subset; the tables still list the whole grid, the rest pending
     result = sweep.run(config, tmp_path, only=["mixer=softmax"], log=quiet)
     status = {(r["mixer"], r["lr"], r["seed"]) for r in read_csv(tmp_path / "results.csv")}
@@ -359,8 +362,8 @@ def test_report_from_results_csv_matches_the_run_folders(sweep, mqar_run, tmp_pa
 def test_mqar_rerun_skips_finished_points_and_resumes_unfinished(sweep, mqar_run, monkeypatch):
     config, workdir, _ = mqar_run
     before = read_csv(workdir / "results.csv")
-    real_train = sweep.train
-    monkeypatch.setattr(sweep, "train", no_training)
+    real_train = sweep_points.train
+    monkeypatch.setattr(sweep_points, "train", no_training)
     sweep.run(config, workdir, log=quiet)
     assert read_csv(workdir / "results.csv") == before
 
@@ -373,7 +376,7 @@ def test_mqar_rerun_skips_finished_points_and_resumes_unfinished(sweep, mqar_run
         calls.append(args[1])
         return real_train(*args, **kwargs)
 
-    monkeypatch.setattr(sweep, "train", counting_train)
+    monkeypatch.setattr(sweep_points, "train", counting_train)
     sweep.run(config, workdir, log=quiet)
     assert calls == [str(workdir / "runs" / point)]
     summary = json.loads((workdir / "runs" / point / "summary.json").read_text())
@@ -389,7 +392,7 @@ def test_mqar_rerun_skips_finished_points_and_resumes_unfinished(sweep, mqar_run
     saved = json.loads(saved_path.read_text())
     del saved["train"]["stop_at"]
     saved_path.write_text(json.dumps(saved))
-    monkeypatch.setattr(sweep, "train", no_training)
+    monkeypatch.setattr(sweep_points, "train", no_training)
     sweep.run(config, workdir, log=quiet)
     config.base.train.stop_at = 0.5
     with pytest.raises(
@@ -428,8 +431,8 @@ def test_lm_smoke_sweep_bits_per_byte_throughput_and_curves(sweep, tmp_path, mon
     md = result["markdown"]
     assert "| softmax | 42,080 |" in md and "| hybrid | 43,204 |" in md
 
-    monkeypatch.setattr(sweep, "train", no_training)
-    monkeypatch.setattr(sweep, "measure_decode", no_training)
+    monkeypatch.setattr(sweep_points, "train", no_training)
+    monkeypatch.setattr(sweep_points, "measure_decode", no_training)
     sweep.run(config, tmp_path, log=quiet)
     assert read_csv(tmp_path / "results.csv") == rows
 
@@ -460,7 +463,7 @@ def test_mqar_sweep_early_stop_and_parallel_workers(sweep, mqar_run, tmp_path, m
             assert (row["step"], row["stopped_early"]) == ("3", "True")
             metrics = (stopped / "runs" / row["point"] / "metrics.jsonl").read_text().splitlines()
             assert json.loads(metrics[-1])["step"] == 3
-        monkeypatch.setattr(sweep, "train", no_training)
+        monkeypatch.setattr(sweep_points, "train", no_training)
         sweep.run(config, stopped, only=["mixer=softmax", "lr=0.001"], log=quiet)
     finally:
         config.base.train.stop_metric = "eval/accuracy"
@@ -496,15 +499,15 @@ def test_ctrl_c_stops_parallel_workers_with_checkpoints(tmp_path):
         env=env,
     )
     try:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and proc.poll() is None:
+
+        def both_training():
             logs = list(workdir.glob("runs/*/train.log"))
-            if len(logs) == 2 and all("step " in p.read_text() for p in logs):
-                break
-            time.sleep(0.5)
-        assert proc.poll() is None, proc.communicate()
+            return len(logs) == 2 and all("step " in p.read_text() for p in logs)
+
+        wait_until(both_training, proc, "a logged step in both workers")
+        logs = list(workdir.glob("runs/*/train.log"))
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=240)
+        out, err = proc.communicate(timeout=DEADLINE_S)
     finally:
         proc.kill()
     assert proc.returncode == 130, (out, err)

@@ -97,6 +97,39 @@ def test_nan_stays_causal_linear(method, where):
         assert np.all(np.isnan(o[0, s:stop, 1])) and np.all(np.isfinite(o[0, stop:, 1]))
 
 
+@pytest.mark.parametrize("method", METHODS)
+def test_gradients_stay_finite_where_outputs_do(method):
+    """A loss on the finite outputs of a row with a NaN value: its gradient is finite at every
+    other token and equals the gradient with that value zeroed (the NaN outputs, set aside by
+    the loss, depend on nothing), in every method ("chunk"'s hand-written backward included)."""
+    q, k, v = inputs(3)
+    s = 6  # inside the second chunk of 4 tokens; a new document at 8
+    seg = jnp.asarray([[0] * 8 + [1] * 2] * B, jnp.int32)
+    a = jnp.full((B, T, H), -0.1)
+
+    @jax.jit
+    def grads(q, k, v, a, keep):
+        def loss(*xs):
+            o = K.causal_linear_attention(
+                *xs[:3], log_decay=xs[3], method=method, chunk_size=4, segment_ids=seg
+            )
+            return jnp.sum(jnp.where(keep, jnp.cos(o), 0.0))
+
+        return jax.grad(loss, argnums=(0, 1, 2, 3))(q, k, v, a)
+
+    bad = v.at[0, s, 1, 0].set(jnp.nan)
+    keep = np.isfinite(np.asarray(K.causal_linear_attention(q, k, bad, segment_ids=seg)))
+    assert not keep[0, s:8, 1].any() and keep[0, :s].all() and keep[0, 8:].all()
+    got = grads(q, k, bad, a, keep)
+    want = grads(q, k, v.at[0, s, 1, 0].set(0.0), a, keep)
+    others = np.ones((B, T), bool)
+    others[0, s] = False
+    for name, x, y in zip("qkva", got, want, strict=True):
+        x, y = np.asarray(x)[others], np.asarray(y)[others]
+        assert np.all(np.isfinite(x)), (method, name)
+        assert rel_err(x, y) < 1e-5, (method, name)
+
+
 @pytest.mark.parametrize("blockwise", [False, True])
 @pytest.mark.parametrize("where", ["k", "v"])
 def test_nan_stays_causal_softmax(blockwise, where):

@@ -216,3 +216,19 @@ def test_a_state_from_another_model_is_rejected(other, match):
         model.step(tokens(shape=(3,)), model.init_state(B))
     # Its own state, with any cache length up to max_length, is accepted.
     model.step(tokens()[:, 0], model.init_state(B, 5))
+
+
+def test_positions_past_int32_are_refused():
+    # Positions are int32: a max_length past 2**31 - 1, or a decode past it, would wrap negative.
+    with pytest.raises(ValueError, match=r"max_length must be <= 2147483647 \(2\*\*31 - 1\)"):
+        ModelConfig(**{**BASE, "max_length": 2**31})
+    assert ModelConfig(**{**BASE, "max_length": 2**31 - 1}).max_length == 2**31 - 1
+    # A linear model's decoding is not bounded by max_length; its int32 counter is.
+    model = make(mixer="gated", position="rope")
+    state = model.init_state(B)._replace(position=jnp.asarray(2**31 - 2, jnp.int32))
+    _, state = model.step(tokens()[:, 0], state)
+    assert int(state.position) == 2**31 - 1
+    with pytest.raises(ValueError, match=r"state.position 2147483647 \+ 1 token\(s\) would pass"):
+        model.step(tokens()[:, 1], state)
+    with pytest.raises(ValueError, match=r"state.position 2147483646 \+ 2 token\(s\) would pass"):
+        model.prefill(tokens()[:, :2], state._replace(position=state.position - 1))

@@ -11,7 +11,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 
 import jax
 import numpy as np
@@ -21,6 +20,7 @@ from linear_attention.training import cli, trainer
 from linear_attention.training.load import load_run
 from linear_attention.training.metrics import MetricsWriter, Reporter, read_jsonl
 from linear_attention.training.workdir import LOCK_NAME, RunError, WorkdirLock, verify_digest
+from tests.scripts import DEADLINE_S, wait_until
 from tests.training.conftest import ROOT, load_config
 from tests.training.test_trainer import _final_state
 
@@ -284,14 +284,6 @@ def test_cli_errors_exit_2_without_traceback(tmp_path, capsys, case):
 
 
 # ----------------------------------------------------------------------------- the lock
-def _wait_for(path, proc, timeout=120):
-    deadline = time.time() + timeout
-    while not os.path.exists(path):
-        assert proc.poll() is None, proc.communicate()
-        assert time.time() < deadline, "the first run never took the lock"
-        time.sleep(0.1)
-
-
 def test_second_run_on_a_busy_workdir_is_refused_and_a_dead_ones_lock_is_stale(tmp_path, capsys):
     """Two real processes: a long `la-train` holds the workdir; a second one is refused with
     the holder's pid; once the holder is killed (-9, so it cannot clean up) the lock is stale
@@ -320,7 +312,7 @@ def test_second_run_on_a_busy_workdir_is_refused_and_a_dead_ones_lock_is_stale(t
     )
     try:
         lock = os.path.join(workdir, LOCK_NAME)
-        _wait_for(lock, first)
+        wait_until(lambda: os.path.exists(lock), first, "the first run's lock")
         assert _la_train(workdir) == 2
         err = capsys.readouterr().err
         assert err.startswith("la-train: error: ")
@@ -358,6 +350,35 @@ def test_lock_of_another_host_or_damaged_lock(tmp_path):
     assert not os.path.exists(lock)
 
 
+def test_lock_of_a_reused_pid_is_stale(tmp_path):
+    """A lock records its process's start time: the same pid with another start time is a
+    reused pid (the holder died and another process got its number), so the lock is stale."""
+    workdir = str(tmp_path)
+    lock = os.path.join(workdir, LOCK_NAME)
+    with WorkdirLock(workdir) as held:
+        owner = json.load(open(lock))
+    # field 22 of /proc/<pid>/stat, the process start time in clock ticks since boot
+    with open(f"/proc/{os.getpid()}/stat") as f:
+        start = int(f.read().rsplit(")", 1)[1].split()[19])
+    assert owner["pid_start"] == held.owner["pid_start"] == start
+    # This live process's pid, recorded with an earlier start time: another process's lock.
+    with open(lock, "w") as f:
+        json.dump({**owner, "pid_start": start - 1}, f)
+    notes = []
+    with WorkdirLock(workdir, message=notes.append):
+        assert notes == [
+            f"removed a stale lock of process {os.getpid()} from {lock}: pid {os.getpid()} now "
+            f"belongs to another process (started at tick {start}, the lock's holder at tick "
+            f"{start - 1})"
+        ]
+    # The right start time (or none, a lock of an older version): the holder is alive.
+    for record in ({**owner}, {k: v for k, v in owner.items() if k != "pid_start"}):
+        with open(lock, "w") as f:
+            json.dump(record, f)
+        with pytest.raises(RunError, match=f"process {os.getpid()} on this host"):
+            WorkdirLock(workdir).acquire()
+
+
 def test_batch_size_not_divisible_by_the_devices_exits_2(tmp_path):
     """Four forced CPU devices, a mesh of 3: the smoke batch of 8 does not split."""
     code = "import sys; from linear_attention.training import cli; sys.exit(cli.main(sys.argv))"
@@ -380,7 +401,7 @@ def test_batch_size_not_divisible_by_the_devices_exits_2(tmp_path):
         },
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=DEADLINE_S,
     )
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.startswith(

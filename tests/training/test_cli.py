@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -19,6 +18,7 @@ from linear_attention.data import IGNORE_INDEX
 from linear_attention.models import generate
 from linear_attention.training import build_data, cli, experiment_config, load_run, train
 from linear_attention.training.metrics import Reporter, read_jsonl
+from tests.scripts import DEADLINE_S, wait_until
 from tests.training.conftest import ROOT, load_config
 
 SMOKE = "--config=configs/mqar.py:smoke"
@@ -40,13 +40,28 @@ def test_dry_run_prints_the_resolved_config_and_runs_nothing(capsys, monkeypatch
     workdir = tmp_path / "never"
     argv = ["la-train", SMOKE, f"--workdir={workdir}", "--config.model.mixer=gated,softmax"]
     assert cli.main([*argv, "--config.train.num_steps=9", "--dry_run"]) == 0
-    printed = json.loads(capsys.readouterr().out)
+    *config_lines, last = capsys.readouterr().out.strip().split("\n")
+    printed = json.loads("\n".join(config_lines))
     expected = load_config("mqar", "smoke")
     expected.model.mixer = "gated,softmax"
     expected.train.num_steps = 9
     assert printed == json.loads(json.dumps(experiment_config(expected).to_dict()))
     assert printed["model"]["mixer"] == ["gated", "softmax"]
     assert not workdir.exists()
+    # The last line sizes the run; parameters and FLOPs counted here by hand for this model
+    # (d 32, 2 heads of 16, vocab 64, T 32, conv 4, no MLP, tied head; layer 0 gated with its
+    # decay (d·h + 2h) and output gate (d·d) and per-head out norm, layer 1 softmax).
+    sizing = json.loads(last)
+    assert set(sizing) == {"parameters", "flops_per_token", "train_step_bytes_per_device"}
+    d, h, dh, v, t, c = 32, 2, 16, 64, 32, 32  # c: the chunk, min(64, T)
+    layer = 4 * d * d + 4 * 3 * d  # q, k, v, o projections; the depthwise conv on q, k, v
+    weights = 2 * layer + d * h + d * d + v * d  # + the decay and gate projections; the head
+    others = 2 * 3 * d + 2 * h + h * dh + 2 * d + d  # conv biases, decay, out norm, norms
+    assert sizing["parameters"] == weights + others  # (the tied head is the embedding table)
+    gated = 2 * h * (c * 2 * dh + 2 * dh * dh)  # intra-chunk + reading/updating the state
+    softmax = 2 * h * t * 2 * dh
+    assert sizing["flops_per_token"] == pytest.approx(3 * (2 * weights + gated + softmax))
+    assert sizing["train_step_bytes_per_device"] >= 3 * 4 * sizing["parameters"]
 
 
 def test_resume_with_another_config_is_a_usage_error(capsys, monkeypatch, tmp_path):
@@ -77,12 +92,10 @@ def test_ctrl_c_saves_a_checkpoint_and_the_rerun_resumes_from_it(tmp_path):
         text=True,
     )
     try:
-        deadline = time.time() + 240
-        while len(read_jsonl(str(workdir / "metrics.jsonl"))) < 2:  # training is under way
-            assert proc.poll() is None and time.time() < deadline, proc.communicate()
-            time.sleep(0.2)
+        metrics = str(workdir / "metrics.jsonl")
+        wait_until(lambda: len(read_jsonl(metrics)) >= 2, proc, "two logged steps")
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=120)
+        out, err = proc.communicate(timeout=DEADLINE_S)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -99,7 +112,7 @@ def test_ctrl_c_saves_a_checkpoint_and_the_rerun_resumes_from_it(tmp_path):
         env=env,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=DEADLINE_S,
     )
     assert rerun.returncode == 0, rerun.stderr
     assert f"resuming from step {step} " in rerun.stdout

@@ -9,6 +9,7 @@ import textwrap
 import numpy as np
 
 from linear_attention.training import trainer
+from tests.scripts import DEADLINE_S
 from tests.training.conftest import ROOT, tiny_mqar
 
 SCRIPT = textwrap.dedent(
@@ -73,7 +74,7 @@ def test_four_devices_match_one(tmp_path):
     )
     # Meanwhile one device, here in the test process (which sees a single CPU device).
     one = summarize(trainer.train(tiny_mqar(), str(tmp_path / "one")))
-    stdout, stderr = proc.communicate(timeout=500)
+    stdout, stderr = proc.communicate(timeout=DEADLINE_S)
     assert proc.returncode == 0, stderr[-3000:]
     line = next(x for x in stdout.splitlines() if x.startswith("RESULT"))
     out = json.loads(line[len("RESULT") :])

@@ -14,6 +14,7 @@ import pytest
 
 from linear_attention.training import experiment_config
 from linear_attention.training import mesh as mesh_lib
+from tests.scripts import DEADLINE_S
 from tests.training.conftest import ROOT, tiny_mqar
 
 WORKER = """
@@ -62,7 +63,7 @@ def _start(args, devices: int):
 
 
 def _result(proc):
-    stdout, stderr = proc.communicate(timeout=600)
+    stdout, stderr = proc.communicate(timeout=DEADLINE_S)
     assert proc.returncode == 0, stderr[-4000:]
     line = next(x for x in stdout.splitlines() if x.startswith("RESULT"))
     return json.loads(line[len("RESULT") :])

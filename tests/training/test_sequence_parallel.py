@@ -1,7 +1,8 @@
 """Sequence parallelism in training (`config.mesh.seq`): on 8 forced CPU devices, the loss
 statistics and gradients of every mixer with time split over ``seq = 4`` (and rows over
 ``data = 2``) equal the unsplit model's — with the short conv (halo across shards), rotary and
-learned positions (global offsets) — and a whole training run of a hybrid with ``seq = 4``
+learned positions (global offsets) — packed rows (documents crossing shard boundaries) through
+a hybrid of every kind of sequence path, and a whole training run of a hybrid with ``seq = 4``
 equals one device. One subprocess runs every check."""
 
 import json
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 
 from linear_attention.training import experiment_config
+from tests.scripts import DEADLINE_S
 from tests.training.conftest import ROOT, tiny_mqar
 
 MIXERS = (
@@ -44,7 +46,7 @@ def main(workdir):
     split = make_mesh(8, seq=4)
     assert dict(split.shape) == {"data": 2, "seq": 4}
 
-    def grads_and_stats(config, mesh):
+    def grads_and_stats(config, mesh, batch=batch):
         graphdef, state = nnx.split(LanguageModel(config, rngs=nnx.Rngs(0)))
 
         @jax.jit
@@ -76,6 +78,29 @@ def main(workdir):
             "grad_norm": float(optax_norm(g_one)),
         }
 
+    # Packed rows: documents of 1-9 tokens, many crossing a shard boundary, through a hybrid of
+    # every kind of sequence path (attention gathered, window halo, linear and delta-rule
+    # states, the conv's halo) with rotary positions restarting at each document.
+    lengths = rng.integers(1, 10, (B, T))
+    segment_ids = np.stack([np.repeat(np.arange(T), row)[:T] for row in lengths])
+    packed = dict(batch, segment_ids=jnp.asarray(segment_ids, jnp.int32))
+    crossing = (segment_ids[:, 3::4][:, :3] == segment_ids[:, 4::4]).sum()
+    config = ModelConfig(
+        vocab_size=32, d_model=16, num_layers=5, num_heads=2, conv=True, position="rope",
+        mixer=("softmax", "swa", "gla", "gated_deltanet", "linear"), max_length=T,
+        chunk_size=4, mlp=False, window=5,
+    )  # fmt: skip
+    (g_one, s_one), (g_split, s_split) = (grads_and_stats(config, m, packed) for m in (None, split))
+    out["packed"] = {
+        "stats": [np.asarray(s_one).tolist(), np.asarray(s_split).tolist()],
+        "max_grad_rel_err": max(
+            float(np.max(np.abs(np.asarray(a) - np.asarray(b))) / (np.max(np.abs(b)) + 1e-12))
+            for a, b in zip(jax.tree.leaves(g_split), jax.tree.leaves(g_one), strict=True)
+        ),
+        "crossing": int(crossing),
+        "unpacked_stats": np.asarray(grads_and_stats(config, None, batch)[1]).tolist(),
+    }
+
     # A whole run: the favor + softmax hybrid (redraws, conv) on data 1 × seq 4 vs one device.
     runs = {}
     for name, num_devices, seq in (("one", 1, 1), ("seq4", 4, 4)):
@@ -106,7 +131,7 @@ def result(tmp_path_factory):
         env=env,
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=DEADLINE_S,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT"))
@@ -120,6 +145,15 @@ def test_every_mixer_split_over_seq_equals_unsplit(result, mixer):
     np.testing.assert_allclose(split, one, rtol=1e-5)  # loss sum, correct, labelled count
     assert one[2] > 0 and r["grad_norm"] > 0
     assert r["max_grad_rel_err"] <= 1e-4, r["max_grad_rel_err"]
+
+
+def test_packed_rows_split_over_seq_equal_unsplit(result):
+    r = result["packed"]
+    one, split = r["stats"]
+    assert r["crossing"] >= 4  # documents continuing across shard boundaries
+    np.testing.assert_allclose(split, one, rtol=1e-5)
+    assert r["max_grad_rel_err"] <= 1e-4, r["max_grad_rel_err"]
+    assert abs(r["unpacked_stats"][0] - one[0]) > 1e-3 * abs(one[0])  # the segments count
 
 
 def test_training_run_with_seq_4_equals_one_device(result):

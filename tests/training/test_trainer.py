@@ -3,6 +3,7 @@ computation, interrupt-and-resume equality, non-finite loss handling; a packed t
 
 import io
 import json
+import logging
 import math
 import os
 import signal
@@ -92,6 +93,7 @@ def _check_events_match_metrics(workdir):
 def test_tiny_run_writes_every_file_with_checked_numbers(tmp_path, tiny_config, capsys):
     workdir = str(tmp_path / "run")
     tiny_config.train.profile_steps = 2
+    tiny_config.train.peak_flops = 1e9
     summary = trainer.train(tiny_config, workdir)
     events = [f for f in os.listdir(workdir) if f.startswith("events.out.tfevents.")]
     assert len(events) == 1
@@ -119,6 +121,10 @@ def test_tiny_run_writes_every_file_with_checked_numbers(tmp_path, tiny_config, 
         assert {"train/loss", "train/accuracy", "lr", "grad_norm"} <= set(r)
         assert ("eval/loss" in r) == (r["step"] in (3, 6))
         assert ("tokens_per_sec" in r) == (r["step"] > 1)  # step 1 compiles: not timed
+        if "tokens_per_sec" in r:  # one device; MFU = FLOPs/token · tokens/s / peak
+            assert r["tokens_per_sec_per_device"] == r["tokens_per_sec"]
+            flops = _read(workdir, "summary.json")["flops_per_token"]
+            np.testing.assert_allclose(r["mfu"], flops * r["tokens_per_sec"] / 1e9, rtol=1e-12)
     # lr used by update s (warmup 2 steps to 1e-3, then cosine to 0 over 4 steps).
     peak = 1e-3
     expected = [0.0, peak / 2] + [peak * 0.5 * (1 + math.cos(math.pi * k / 4)) for k in range(4)]
@@ -144,6 +150,15 @@ def test_tiny_run_writes_every_file_with_checked_numbers(tmp_path, tiny_config, 
     assert final["step"] == 6 and final["steps_this_run"] == 6
     n_params = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
     assert final["param_count"] == n_params
+    # FLOPs per token by hand: favor (random features, 8 per head) and softmax layers of
+    # d 32, 2 heads of 16, conv 4, no MLP, vocab and T from the config, chunk min(64, T).
+    d, h, dh, f = 32, 2, 16, 8
+    v, t = cfg.model.vocab_size, cfg.data.seq_len
+    c = min(cfg.model.chunk_size, t)
+    weights = 2 * (4 * d * d + 4 * 3 * d) + v * d
+    favor = 2 * h * (c * (f + dh) + 2 * f * dh)
+    softmax = 2 * h * t * 2 * dh
+    np.testing.assert_allclose(final["flops_per_token"], 3 * (2 * weights + favor + softmax))
     for key in ("wall_time_sec", "tokens_per_sec", "train/loss", "num_devices"):
         assert final[key] > 0
     assert summary["eval/loss"] == final["eval/loss"]
@@ -243,9 +258,10 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path, tiny_con
     assert [r["step"] for r in _read(workdir, "metrics.jsonl")] == [1, 2, 3]
 
 
-def test_sigterm_saves_a_checkpoint_at_the_current_step(tmp_path, tiny_config, monkeypatch):
+def test_sigterm_saves_a_checkpoint_at_the_current_step(tmp_path, tiny_config, monkeypatch, caplog):
     """A signal mid-interval: the step in flight finishes, is checked and saved (step 3 is no
-    scheduled checkpoint), and the resumed run ends with the uninterrupted run's parameters."""
+    scheduled checkpoint), and the resumed run ends with the uninterrupted run's parameters;
+    the restore logs no warning (orbax's "Metadata file does not exist" used to appear)."""
     straight, stopped = str(tmp_path / "straight"), str(tmp_path / "stopped")
     trainer.train(tiny_config, straight)
     real_build = trainer.build_data
@@ -271,8 +287,12 @@ def test_sigterm_saves_a_checkpoint_at_the_current_step(tmp_path, tiny_config, m
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is removed again
     monkeypatch.setattr(trainer, "build_data", real_build)
     out = io.StringIO()
-    summary = trainer.train(tiny_config, stopped, reporter=Reporter(6, stream=out, tty=False))
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        summary = trainer.train(tiny_config, stopped, reporter=Reporter(6, stream=out, tty=False))
     assert "resuming from step 3" in out.getvalue() and summary["resumed_from_step"] == 3
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert warnings == [], warnings
     _, a = _final_state(straight, tiny_config)
     _, b = _final_state(stopped, tiny_config)
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):

@@ -48,6 +48,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from linear_attention.kernels._checks import (
     check_choice,
@@ -55,6 +56,8 @@ from linear_attention.kernels._checks import (
     check_layouts,
     check_log_decay,
     check_positive_int,
+    check_static,
+    concrete,
 )
 from linear_attention.kernels.primitives.chunk_scan import affine_chunk_scan, chunks_per_step
 from linear_attention.kernels.primitives.combine import affine_sequence_parallel, span_resets
@@ -112,9 +115,14 @@ def delta_rule(
     Returns:
       `o: [B, T, HV, Dv]` in `result_type(q, k, v)`, and with `return_state` the final
       `LinearAttentionState(kv, None)` (float32).
+
+    No NaN guard (unlike `causal_linear_attention`): a non-finite key, value or β spreads to its
+    whole chunk (earlier tokens included) and, since exp(−inf)·NaN = NaN, past resets; under
+    `axis_name` a NaN carried into a later shard stops at that shard's first reset.
     """
     check_choice("method", method, METHODS)
     check_positive_int("chunk_size", chunk_size)
+    check_static("return_state", return_state)
     B, T, H, HV, Kd, Dv = check_delta_inputs(q, k, v, beta, time=True)
     if initial_state is not None:
         check_delta_state(initial_state, B, HV, Kd, Dv, "initial_state")
@@ -138,7 +146,13 @@ def delta_rule(
         def local(v_ext, s_init):
             return core(q32, k32, v_ext, beta32, a_BTHX, s_init, **kwargs)
 
-        o_BTHD, s_BHKD = affine_sequence_parallel(local, v32, s0_BHKD, axis_name, like=q32)
+        resets_BTH = None
+        if a_BTHX is not None:  # a reset zeroes the state if it spans every key channel
+            resets_BTH = jnp.isneginf(jnp.cumsum(a_BTHX, axis=1))
+            resets_BTH = jnp.all(resets_BTH, -1) if resets_BTH.ndim == 4 else resets_BTH
+        o_BTHD, s_BHKD = affine_sequence_parallel(
+            local, v32, s0_BHKD, axis_name, like=q32, resets_BTH=resets_BTH
+        )
     else:
         o_BTHD, s_BHKD = core(q32, k32, v32, beta32, a_BTHX, s0_BHKD, **kwargs)
     o_BTHD = o_BTHD.astype(dtype)
@@ -350,9 +364,11 @@ def check_delta_inputs(q, k, v, beta, *, time: bool):
 
 
 def check_beta(beta, lo_allowed, hi_allowed, name="beta"):
-    """Raise unless the concrete values of `beta` lie in [lo_allowed, hi_allowed] (traced: skip)."""
-    if not isinstance(beta, jax.core.Tracer):
-        lo, hi = float(jnp.min(beta)), float(jnp.max(beta))
+    """Raise unless the concrete values of `beta` lie in [lo_allowed, hi_allowed]. Values are read
+    with NumPy when concrete (a constant closed over under `jit` included); traced: skip."""
+    values = concrete(beta)
+    if values is not None and values.size:
+        lo, hi = float(np.min(values)), float(np.max(values))
         if not (lo >= lo_allowed and hi <= hi_allowed):
             raise ValueError(
                 f"{name} must lie in [{lo_allowed:g}, {hi_allowed:g}], got values in [{lo}, {hi}]"

@@ -42,6 +42,7 @@ from linear_attention.kernels._checks import (
     check_layouts,
     check_log_decay,
     check_positive_int,
+    check_static,
 )
 from linear_attention.kernels.delta.delta import check_delta_state
 from linear_attention.kernels.primitives.chunk_scan import affine_chunk_scan, chunks_per_step
@@ -91,6 +92,7 @@ def dplr_delta_rule(
     """
     check_choice("method", method, METHODS)
     check_positive_int("chunk_size", chunk_size)
+    check_static("return_state", return_state)
     B, T, H, Kd, Dv = _check_inputs(q, k, v, a, b, time=True)
     if initial_state is not None:
         check_delta_state(initial_state, B, H, Kd, Dv, "initial_state")
@@ -114,7 +116,12 @@ def dplr_delta_rule(
         def local(v_ext, s_init):
             return core(q32, k32, v_ext, a32, b32, w_BTHK, s_init, **kwargs)
 
-        o_BTHD, s_BHKD = affine_sequence_parallel(local, v32, s0_BHKD, axis_name, like=q32)
+        resets_BTH = None  # only a segment start zeroes the state (w = −inf keeps the low rank)
+        if segment_ids is not None:
+            resets_BTH = jnp.broadcast_to(jnp.cumsum(starts_BT, axis=1)[..., None] > 0, (B, T, H))
+        o_BTHD, s_BHKD = affine_sequence_parallel(
+            local, v32, s0_BHKD, axis_name, like=q32, resets_BTH=resets_BTH
+        )
     else:
         o_BTHD, s_BHKD = core(q32, k32, v32, a32, b32, w_BTHK, s0_BHKD, **kwargs)
     o_BTHD = o_BTHD.astype(dtype)

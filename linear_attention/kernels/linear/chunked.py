@@ -307,8 +307,10 @@ def _chunked_bwd(GC, normalize, eps, residuals, cotangents):
 
     def step(carry, n):
         (g_BHMD, gz_BHM), (dq_all, dk_all, dv_all, db_all) = carry
-        q_n, k_n, v_n, o_n, do_n, a_n, ok_n, _ = _step_slice(n, q, k, v, o, do, a, *flags)
+        q_n, k_n, v_n, o_n, do_n, a_n, ok_n, poisoned_n = _step_slice(n, q, k, v, o, do, a, *flags)
         k_n, v_n = _clean(ok_n, k_n, v_n)
+        if poisoned_n is not None:  # a NaN output depends on nothing: its cotangent stops here
+            o_n, do_n = jnp.where(poisoned_n, 0.0, o_n), jnp.where(poisoned_n, 0.0, do_n)
         p_BHGMD = p_all[n]
         pz_BHGM = None if pz_all is None else pz_all[n]
         d, sub = _step_decays(a_n, GC, vector)

@@ -11,6 +11,9 @@ decay of −inf is a reset (the state is zeroed); packed rows (`segment_ids`) ar
 document start. Non-finite keys or values poison only their own token and what follows it in the
 same document, as in the recurrence: every method computes with those tokens zeroed and marks
 the affected outputs NaN, since a masked matmul would spread a future NaN backwards (0·NaN = NaN).
+A NaN output depends on nothing, so the gradient of a loss on the finite outputs is finite at
+every other token ("chunk"'s hand-written backward gives those outputs a zero cotangent too),
+and under `axis_name` a NaN stops at the same resets as unsplit (`sequence_parallel.py`).
 
 `q` and `k` are already featurised (φ(q), φ(k), width M). Every method computes the same numbers;
 they differ in cost: "quadratic" O(T²) memory, "scan" sequential, "associative_scan" a parallel
@@ -32,6 +35,8 @@ from linear_attention.kernels._checks import (
     check_layouts,
     check_log_decay,
     check_positive_int,
+    check_static,
+    reverse_mode_only,
 )
 from linear_attention.kernels.linear.associative import causal_associative
 from linear_attention.kernels.linear.chunk_parallel import causal_chunk_parallel
@@ -43,6 +48,9 @@ from linear_attention.kernels.segments import check_segment_ids, segment_log_dec
 from linear_attention.kernels.state import LinearAttentionState, check_state
 
 METHODS = ("chunk", "scan", "associative_scan", "quadratic", "chunk_parallel")
+# "chunk" has a hand-written VJP (reverse mode only); the others are plain JAX, so `jax.jvp` and
+# `jax.jacfwd` go through them.
+FORWARD_MODE_ALTERNATIVES = 'method="chunk_parallel", "scan", "associative_scan" or "quadratic"'
 
 
 def linear_attention(q, k, v, *, normalize: bool = True, eps: float = 1e-6):
@@ -55,9 +63,11 @@ def linear_attention(q, k, v, *, normalize: bool = True, eps: float = 1e-6):
       normalize: divide by φQ(φKᵀ1) + eps; False gives the bare numerator.
       eps: added to the normaliser.
     Returns:
-      `[B, Tq, H, Dv]` in `result_type(q, k, v)`.
+      `[B, Tq, H, Dv]` in `result_type(q, k, v)`, computed in float32 and cast once: a float16
+      output is ±inf exactly where the true value exceeds float16's range (|o| > 65504).
     """
     check_float(("q", "k", "v"), (q, k, v))
+    check_static("normalize", normalize)
     check_eps(eps)
     check_layouts(q=(q, "[B, Tq, H, M]"), k=(k, "[B, Tk, H, M]"), v=(v, "[B, Tk, H, Dv]"))
     dtype = jnp.result_type(q, k, v)
@@ -117,9 +127,20 @@ def causal_linear_attention(
     Returns:
       `o: [B, T, H, Dv]` in `result_type(q, k, v)`, and with `return_state` the final
       `LinearAttentionState` (float32).
+
+    `normalize`, `eps`, `method`, `chunk_size` and `return_state` are static (Python values; a
+    traced one raises `ValueError`). Every method computes in float32 and casts the output to
+    the input dtype once at the end, so a float16 output is ±inf exactly where the true value
+    lies beyond float16's range (|o| > 65504, likely without `normalize`) and finite elsewhere,
+    however large the float32 sums before it; no warning (the values are unknown under `jit`).
+    Autodiff: reverse mode (`jax.grad`, `jax.vjp`) through every method; forward mode
+    (`jax.jvp`, `jax.jacfwd`) through all but "chunk", whose gradient is a custom VJP: it raises
+    `ValueError` naming the others, which give the same numbers.
     """
     check_choice("method", method, METHODS)
     chunk_size = check_positive_int("chunk_size", chunk_size)
+    check_static("normalize", normalize)
+    check_static("return_state", return_state)
     check_eps(eps)
     B, T, H, M, Dv = _check_qkv(q, k, v)
     if initial_state is not None:
@@ -161,18 +182,19 @@ def causal_linear_attention(
     ok_BTH, poisoned_BTH = _bad_tokens(k32, v32, a_BTH)
 
     if method == "chunk":  # zeroes bad tokens inside its steps, no extra pass over k and v
-        o_BTHD, kv_BHMD, z_BHM = causal_chunked(
-            q32,
-            k32,
-            v32,
-            a_BTH,
-            kv0_BHMD,
-            z0_BHM,
-            chunk_size=chunk_size,
-            normalize=normalize,
-            eps=eps,
-            guard=(ok_BTH, poisoned_BTH),
-        )
+        with reverse_mode_only('method="chunk"', FORWARD_MODE_ALTERNATIVES):
+            o_BTHD, kv_BHMD, z_BHM = causal_chunked(
+                q32,
+                k32,
+                v32,
+                a_BTH,
+                kv0_BHMD,
+                z0_BHM,
+                chunk_size=chunk_size,
+                normalize=normalize,
+                eps=eps,
+                guard=(ok_BTH, poisoned_BTH),
+            )
     else:
         ok_BTH1 = ok_BTH[..., None]
         k32, v32 = jnp.where(ok_BTH1, k32, 0.0), jnp.where(ok_BTH1, v32, 0.0)

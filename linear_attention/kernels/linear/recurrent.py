@@ -19,6 +19,7 @@ from linear_attention.kernels._checks import (
     check_float,
     check_layouts,
     check_log_decay,
+    check_static,
 )
 from linear_attention.kernels.state import LinearAttentionState, check_state
 
@@ -63,6 +64,7 @@ def recurrent_step(
       `(o: [B, H, Dv] in result_type(q, k, v), new state)`.
     """
     check_float(("q", "k", "v"), (q, k, v))
+    check_static("normalize", normalize)
     check_eps(eps)
     check_layouts(q=(q, "[B, H, M]"), k=(k, "[B, H, M]"), v=(v, "[B, H, Dv]"))
     B, H, M = q.shape

@@ -42,6 +42,10 @@ def linear_sequence_parallel(local, qkva, state0, segment_ids, axis_name, normal
     out_BTHD, u_state = local(
         q_BTHM, k_BTHM, v_BTHD, log_decay=a_BTH, initial_state=zero, return_state=True
     )
+    # NaN outputs (tokens a bad key or value reaches) are set aside and marked again at the end:
+    # kept in the sums below, their zero cotangents would meet NaN (0·NaN) in the gradient
+    poisoned_BTH = ~jnp.all(jnp.isfinite(out_BTHD), axis=-1)
+    out_BTHD = jnp.where(poisoned_BTH[..., None], 0.0, out_BTHD)
     u_BHMD = u_state.kv[..., :Dv]
     s0_BHMD = kv0_BHMD
     if with_sum:  # the normaliser state rides along as one more value column
@@ -51,21 +55,29 @@ def linear_sequence_parallel(local, qkva, state0, segment_ids, axis_name, normal
     if a_BTH is None:
         w_BTHM = None
         A_BHM1 = jnp.ones((B, H, 1, 1), jnp.float32)
+        reset_BTH = jnp.zeros((B, T, H), bool)
     else:
         b_BTH = jnp.cumsum(a_BTH, axis=1)  # −inf after a reset: exp gives 0, never NaN
         w_BTHM = jnp.exp(b_BTH if a_BTH.ndim == 4 else b_BTH[..., None])
         A_BHM1 = w_BTHM[:, -1, :, :, None]
+        # a reset forgets the entering state only if it spans every key dimension (`linear.py`)
+        reset_BTH = jnp.isneginf(b_BTH)
+        reset_BTH = jnp.all(reset_BTH, -1) if a_BTH.ndim == 4 else reset_BTH
 
     # ---- 2. gather the summaries, compose them over shards ----
-    s_in_BHMD, s_out_BHMD = prefix(A_BHM1, u_BHMD, s0_BHMD, axis_name, lambda A, S: A * S)
+    s_in_BHMD, bad_in_BH, s_out_BHMD = prefix(
+        A_BHM1, u_BHMD, s0_BHMD, reset_BTH[:, -1], axis_name, lambda A, S: A * S
+    )
 
-    # ---- 3. the entering state's contribution ----
+    # ---- 3. the entering state's contribution; a bad one reaches tokens up to a reset ----
     qw_BTHM = q_BTHM if w_BTHM is None else q_BTHM * w_BTHM
     carry_BTHD = jnp.einsum("bthm,bhmd->bthd", qw_BTHM, s_in_BHMD)
     o_BTHD = out_BTHD[..., :Dv] + carry_BTHD[..., :Dv]
     if normalize:
         den_BTH = out_BTHD[..., Dv] + carry_BTHD[..., Dv]
         o_BTHD = o_BTHD / (den_BTH[..., None] + eps)
+    reached_BTH = poisoned_BTH | (bad_in_BH[:, None] & ~reset_BTH)
+    o_BTHD = jnp.where(reached_BTH[..., None], jnp.nan, o_BTHD)
     kv_BHMD = s_out_BHMD[..., :Dv]
     z_BHM = s_out_BHMD[..., Dv] if z0_BHM is not None else None
     return o_BTHD, kv_BHMD, z_BHM

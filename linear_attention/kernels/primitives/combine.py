@@ -25,7 +25,10 @@ causal linear attention (0 after a reset, a log decay of −inf), and the K×K m
      to the numerator (and q_tᵀ diag(exp(b_t)) z_in to the normaliser) with b_t the cumulative
      log decay from the span's start, or (A_tᵀ q_t)ᵀ S_in for the delta rule.
 
-Work per device is O(T/n) plus O(n) state-sized combines. Packed rows (`segment_ids`) reset at
+A non-finite key or value (NaN outputs of the local kernel, a NaN summary) is carried as a flag
+beside clean numbers (`prefix`), so that it reaches later shards only up to a reset, as in the
+unsplit call, and no 0·NaN enters the outputs or the gradient. Work per device is O(T/n) plus
+O(n) state-sized combines. Packed rows (`segment_ids`) reset at
 span starts too: the previous shard's last id arrives by `ppermute`. Gradients are JAX's own
 through the collectives (the transpose of `all_gather` is a reduce-scatter), so they equal the
 unsplit call's, including those of an initial state replicated over the axis.
@@ -37,7 +40,7 @@ import jax
 import jax.numpy as jnp
 
 
-def affine_sequence_parallel(local, v, s0_BHKD, axis_name, *, like):
+def affine_sequence_parallel(local, v, s0_BHKD, axis_name, *, like, resets_BTH=None):
     """Any recurrence whose state update is affine in the entering state, with time split over
     `axis_name`, on float32 arrays: the one combine of the delta family.
 
@@ -47,8 +50,10 @@ def affine_sequence_parallel(local, v, s0_BHKD, axis_name, *, like):
     or `[B, T, H, n, Dv]`), `s0_BHKD` the global initial state, `like` an input that varies over
     the mesh (the zero/identity columns are typed like it). One local run on [v | 0] from
     [0 | I] gives outputs [o | A_tᵀ q_t] (o `[B, T, H, Dv + K]`) and the state [U | A]; the
-    summaries (A, U) compose over shards (`prefix`). Returns `(o_BTHD, s_BHKD)` with the global
-    final state.
+    summaries (A, U) compose over shards (`prefix`). `resets_BTH`: whether a reset (a
+    transition that zeroes every state) lies in this span at or before each token, so that a
+    NaN carried in from an earlier shard stops there; None: no resets known. Returns
+    `(o_BTHD, s_BHKD)` with the global final state.
     """
     Kd, Dv = s0_BHKD.shape[-2:]
     v_ext = jnp.concatenate([v, jnp.zeros((*v.shape[:-1], Kd), jnp.float32)], axis=-1)
@@ -57,10 +62,16 @@ def affine_sequence_parallel(local, v, s0_BHKD, axis_name, *, like):
     out_BTHX, state_BHKX = local(vary_like(v_ext, like), vary_like(init, like))
     u_BHKD, A_BHKK = state_BHKX[..., :Dv], state_BHKX[..., Dv:]
 
-    s_in_BHKD, s_out_BHKD = prefix(A_BHKK, u_BHKD, s0_BHKD, axis_name, jnp.matmul)
+    # ---- gather the summaries, compose them over shards ----
+    resets_BTH = jnp.zeros(out_BTHX.shape[:3], bool) if resets_BTH is None else resets_BTH
+    s_in_BHKD, bad_in_BH, s_out_BHKD = prefix(
+        A_BHKK, u_BHKD, s0_BHKD, resets_BTH[:, -1], axis_name, jnp.matmul
+    )
 
-    # the entering state's contribution: (A_t S_in)ᵀ q_t
-    o_BTHD = out_BTHX[..., :Dv] + jnp.einsum("bthk,bhkd->bthd", out_BTHX[..., Dv:], s_in_BHKD)
+    # the entering state's contribution: (A_t S_in)ᵀ q_t; a bad one reaches tokens up to a reset
+    read_BTHK = jnp.where(jnp.isfinite(out_BTHX[..., Dv:]), out_BTHX[..., Dv:], 0.0)
+    o_BTHD = out_BTHX[..., :Dv] + jnp.einsum("bthk,bhkd->bthd", read_BTHK, s_in_BHKD)
+    o_BTHD = jnp.where((bad_in_BH[:, None] & ~resets_BTH)[..., None], jnp.nan, o_BTHD)
     return o_BTHD, s_out_BHKD
 
 
@@ -105,25 +116,50 @@ def span_resets(a_BTH, segment_ids, num_heads, axis_name):
     return a_BTH.at[:, 0].set(jnp.where(reset, -jnp.inf, first))
 
 
-def prefix(A, U, s0, axis_name, apply):
+def prefix(A, U, s0, reset_BH, axis_name, apply):
     """The state entering this shard and the global final state, from the shards' (A, U).
 
-    `apply(A, S)` is A acting on a state (a broadcast product, or a matrix product).
+    `apply(A, S)` is A acting on a state (a broadcast product, or a matrix product);
+    `reset_BH` whether this shard's span holds a reset (its A zeroes every state).
+
+    Non-finite values (a NaN key or value, as the local kernels mark them) travel beside the
+    numbers, never inside them: a state is (clean values, bad flag per [B, H]), composed as
+    bad = bad₂ | (bad₁ & ¬reset₂), the recurrence's own rule (a reset forgets a NaN). Products
+    then only ever meet finite values, so a NaN cannot leak through 0·NaN into a shard past a
+    reset, in the forward pass or in the gradient (whose cotangents of a masked product are 0).
+    Returns `(s_in, bad_in_BH, s_out)`: the entering state's clean values and bad flag (the
+    caller marks the outputs it reaches), and the final state with NaN where it is bad.
     """
     idx = jax.lax.axis_index(axis_name)
-    A_n = jax.lax.all_gather(A, axis_name)
-    U_n = jax.lax.all_gather(U, axis_name)
+    lead = U.shape[:2]
+    bad_BH = ~jnp.all(jnp.isfinite(U), axis=(2, 3)) | ~jnp.all(
+        jnp.isfinite(A).reshape(*jnp.shape(A)[:2], -1), axis=-1
+    )
+    bad0_BH = ~jnp.all(jnp.isfinite(s0), axis=(2, 3))
+    A = jnp.where(bad_BH[..., None, None], 0.0, A)
+    U = jnp.where(bad_BH[..., None, None], 0.0, U)
+    s0 = jnp.where(bad0_BH[..., None, None], 0.0, s0)
+    reset_BH = jnp.broadcast_to(reset_BH, lead)
+    A_n, U_n, r_n, b_n = (jax.lax.all_gather(x, axis_name) for x in (A, U, reset_BH, bad_BH))
 
     def compose(earlier, later):  # later ∘ earlier
-        (A1, U1), (A2, U2) = earlier, later
-        return apply(A2, A1), apply(A2, U1) + U2
+        (A1, U1, r1, b1), (A2, U2, r2, b2) = earlier, later
+        return apply(A2, A1), apply(A2, U1) + U2, r1 | r2, b2 | (b1 & ~r2)
 
-    A_cum, U_cum = jax.lax.associative_scan(compose, (A_n, U_n))
+    A_cum, U_cum, r_cum, b_cum = jax.lax.associative_scan(compose, (A_n, U_n, r_n, b_n))
     through_n = apply(A_cum, s0[None]) + U_cum  # the state leaving shard i
-    prev = jax.lax.dynamic_index_in_dim(through_n, jnp.maximum(idx - 1, 0), 0, keepdims=False)
-    s_in = jnp.where(idx == 0, s0, prev)
+    bad_through_n = b_cum | (bad0_BH[None] & ~r_cum)
+    prev = jnp.maximum(idx - 1, 0)
+    s_in = jnp.where(idx == 0, s0, jax.lax.dynamic_index_in_dim(through_n, prev, 0, False))
+    bad_in = jnp.where(
+        idx == 0, bad0_BH, jax.lax.dynamic_index_in_dim(bad_through_n, prev, 0, False)
+    )
     # Every shard holds the final state, but `all_gather` output is typed as varying over the
     # axis: a `psum` of the last shard's copy makes it replicated for `out_specs=P()`.
-    last = jax.lax.axis_size(axis_name) - 1
-    s_out = jax.lax.psum(jnp.where(idx == last, through_n[-1], 0.0), axis_name)
-    return s_in, s_out
+    is_last = idx == jax.lax.axis_size(axis_name) - 1
+    s_out = jax.lax.psum(jnp.where(is_last, through_n[-1], 0.0), axis_name)
+    bad_out = jax.lax.psum(
+        jnp.where(is_last, bad_through_n[-1], False).astype(jnp.int32), axis_name
+    )
+    s_out = jnp.where(bad_out[..., None, None] > 0, jnp.nan, s_out)
+    return s_in, bad_in, s_out

@@ -38,6 +38,8 @@ from linear_attention.kernels._checks import (
     check_float,
     check_layouts,
     check_positive_int,
+    check_static,
+    reverse_mode_only,
 )
 from linear_attention.kernels.segments import check_segment_ids, same_segment
 
@@ -93,6 +95,7 @@ def softmax_attention(q, k, v, *, causal: bool = False, scale=None, segment_ids=
     `result_type(q, k, v)`. `causal` aligns queries to the end of the keys; `segment_ids [B, T]`
     restricts each token to its own document (module docstring).
     """
+    check_static("causal", causal)
     segment_ids = check_inputs(q, k, v, scale, segment_ids)
     out_dtype = jnp.result_type(q, k, v)
     tq, tk, d = q.shape[1], k.shape[1], q.shape[3]
@@ -133,8 +136,10 @@ def blockwise_softmax_attention(
 
     The gradient is a custom VJP in the FlashAttention style: the forward saves only o and the
     log-sum-exp per query, and the backward recomputes each block's probabilities, so the
-    gradient's memory is O(T) too. Reverse mode only (no `jax.jvp`).
+    gradient's memory is O(T) too. Reverse mode only: forward mode (`jax.jvp`, `jax.jacfwd`)
+    raises `ValueError` pointing to `softmax_attention`, whose plain-JAX form supports it.
     """
+    check_static("causal", causal)
     segment_ids = check_inputs(q, k, v, scale, segment_ids)
     block_size = check_positive_int("block_size", block_size)
     out_dtype = jnp.result_type(q, k, v)
@@ -148,7 +153,8 @@ def blockwise_softmax_attention(
     k32, v32 = quarantine(k, v)
     # never pad a short sequence (e.g. one decoded token) up to a long block
     q_block, k_block = min(block_size, tq), min(block_size, tk)
-    o = _flash(q_scaled, k32, v32, segment_ids, bool(causal), q_block, k_block)
+    with reverse_mode_only("blockwise_softmax_attention", "softmax_attention"):
+        o = _flash(q_scaled, k32, v32, segment_ids, bool(causal), q_block, k_block)
     return o.astype(out_dtype)
 
 

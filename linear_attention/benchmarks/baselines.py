@@ -1,6 +1,6 @@
 """Reference implementations that the benchmark measures the library's kernels against.
 
-These are written for the comparison only (not part of the library API):
+These are written for the comparison only (not part of the kernels' API):
 
 - `performer_causal`: causal linear attention the way the Performer reference code computes it,
   prefix sums over time by `lax.scan`, with a custom VJP that re-runs the scan in reverse

@@ -1,0 +1,123 @@
+"""State-tracking study (Grazzi et al. 2025 Table 3; DeltaProduct): every mixer on parity,
+modular arithmetic and the group word problems, with the MQAR study's protocol: several
+learning rates and seeds, the learning rate with the best mean ``eval/accuracy`` (the mean
+over the evaluation lengths 40–256) kept per (task, mixer), reported as mean and min–max over
+the seeds; ``results.csv`` keeps every run's ``eval/length_{L}/accuracy``.
+
+Command (writes results.csv, best.csv, results.md and accuracy_vs_length.png; resumable, a
+rerun skips finished points):
+
+    python experiments/sweep.py --config configs/sweeps/state_tracking.py:cpu \
+        --workdir runs/state-tracking --jobs 2
+
+Presets (``configs/sweeps/state_tracking.py:<arg>``):
+  ``cpu``: parity and mod_arith × 12 mixers (below) × learning rates (1e-3, 3e-3, 1e-2) ×
+      seeds (0, 1): 144 runs of ``configs/state_tracking.py`` (2 layers, d_model 64; train
+      lengths 3–40, evaluation 40, 64, 128, 256) at 1000 steps, stopped early at an
+      evaluation (every 250 steps) with mean accuracy >= 0.99. Budget estimate: a parity run
+      of 1000 steps on an idle 2-core machine takes a few minutes (the measured 2000-step runs
+      of EXPERIMENTS.md took longer at load ~20), so a few hours with ``--jobs 2``; not yet run
+      in full.
+  ``groups``: s3, s5, s5_swaps, a5 with the same mixers, rates, seeds and budget (288 runs).
+  ``smoke``: parity, 2 mixers (gated_deltanet with β ∈ (0, 1) and (0, 2)) × 2 rates × 2
+      seeds at the smoke size, for the test; seconds.
+
+Mixers (``MIXERS``): softmax, linear (elu+1), taylor (8 projected dims), retnet, gated, gla,
+swa (window 16), deltanet and gated_deltanet each with β ∈ (0, 1) and with β ∈ (0, 2)
+(``*_neg``, ``model.allow_neg_eigval``), and Based (taylor + swa layers). The mixers being
+added by the generalized-delta-rule work (kda, rwkv7, gated_deltaproduct with 1 and 2
+Householder steps) are to be listed here once they are in the registry.
+
+Expected (Grazzi et al. Table 3, scaled accuracy): only β ∈ (0, 2) solves parity (1.000 against
+0.000–0.022 for β ∈ (0, 1) and for a Transformer); mod_arith: DeltaNet [−1, 1] 0.971 against
+0.314 for [0, 1]; softmax attention does not extrapolate past its training lengths.
+"""
+
+import importlib.util
+from pathlib import Path
+
+import ml_collections
+
+from linear_attention.data.state_tracking import task_vocab_size
+
+PRESETS = ("cpu", "groups", "smoke")
+MIXERS = (
+    "softmax",
+    "linear",
+    "taylor",
+    "retnet",
+    "gated",
+    "gla",
+    "swa",
+    "based",
+    "deltanet",
+    "deltanet_neg",
+    "gated_deltanet",
+    "gated_deltanet_neg",
+)
+MIXER_FIELDS = ("model.mixer", "model.allow_neg_eigval", "model.feature_dim", "model.window")
+TASK_FIELDS = ("data.task", "model.vocab_size")
+
+
+def mixer_choices(names, *, taylor_dim=8, window=16):
+    """(mixer, allow_neg_eigval, feature_dim, window) per label (`MIXER_FIELDS`): ``*_neg`` is
+    the mixer with β ∈ (0, 2); only taylor layers use feature_dim, only swa layers the window."""
+    choices = []
+    for label in names:
+        base = label.removesuffix("_neg")
+        mixer = ("taylor", "swa") if base == "based" else base
+        choices.append(
+            (
+                mixer,
+                label.endswith("_neg"),
+                taylor_dim if base in ("taylor", "based") else None,
+                window if base in ("swa", "based") else 64,
+            )
+        )
+    return choices
+
+
+def _base(task, preset):
+    path = Path(__file__).resolve().parents[1] / "state_tracking.py"
+    spec = importlib.util.spec_from_file_location("configs_state_tracking", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config(preset or task)
+
+
+def _axis(field, choices, labels=None):
+    return ml_collections.ConfigDict(dict(field=field, choices=tuple(choices), labels=labels))
+
+
+def get_config(arg=None):
+    if arg not in PRESETS:
+        raise ValueError(
+            f"unknown preset {arg!r} for configs/sweeps/state_tracking.py; presets: {PRESETS}"
+        )
+    tasks = {"cpu": ("parity", "mod_arith"), "groups": ("s3", "s5", "s5_swaps", "a5")}
+    tasks = tasks.get(arg, ("parity",))
+    config = ml_collections.ConfigDict()
+    config.base = _base(tasks[0], "smoke" if arg == "smoke" else None)
+    config.tune = "lr"
+    config.replicate = "seed"
+    # Table: tasks across, one row per mixer; figure: accuracy against evaluation length, one
+    # panel per task, one line per mixer.
+    config.plot = ml_collections.ConfigDict(dict(x="task", line="mixer"))
+    grid = config.grid = ml_collections.ConfigDict()
+    grid.task = _axis(TASK_FIELDS, tuple((t, task_vocab_size(t)) for t in tasks), tasks)
+    grid.seed = _axis("seed", (0, 1))
+    if arg == "smoke":
+        names = ("gated_deltanet", "gated_deltanet_neg")
+        grid.mixer = _axis(MIXER_FIELDS, mixer_choices(names), names)
+        grid.lr = _axis("optimizer.learning_rate", (1e-3, 3e-3))
+        return config
+    base = config.base
+    base.train.num_steps = 1000
+    base.train.eval_every = 250
+    base.train.checkpoint_every = 250
+    base.train.stop_at = 0.99
+    grid.mixer = _axis(MIXER_FIELDS, mixer_choices(MIXERS), MIXERS)
+    grid.lr = _axis("optimizer.learning_rate", (1e-3, 3e-3, 1e-2))
+    # A sweep cut short leaves every mixer at the same settings: the first rate and seed first.
+    config.order = ("lr", "seed", "task", "mixer")
+    return config

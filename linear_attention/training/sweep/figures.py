@@ -1,0 +1,165 @@
+"""A sweep's figures. MQAR: ``accuracy_vs_d_model.png`` (one line per mixer, one panel per
+(seq_len, kv pairs), Zoology Fig. 2) and ``accuracy_vs_state_bytes.png`` (one point per
+best-lr setting against `state_size_bytes`, log x: the Based recall-memory plot), both with the
+mean over seeds and min-max bars. LM: ``loss_curves.png``, every best-lr run's training loss
+(bits per byte) and validation points from its ``metrics.jsonl``."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import matplotlib
+import numpy as np
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from linear_attention.training.metrics import read_jsonl  # noqa: E402
+from linear_attention.training.sweep.grid import (  # noqa: E402
+    Axis,
+    axis_named,
+    format_label,
+    panel_title,
+)
+from linear_attention.training.sweep.results import metric_value  # noqa: E402
+
+# Lines are nudged sideways on the log x axis so that settings at the same x (same width, or the
+# same state size) and their error bars stay apart: line i of n by a factor
+# NUDGE ** ((i - (n - 1) / 2) / ((n - 1) / 2)), so the outermost lines sit NUDGE off their true x
+# (2.5%: far enough to separate markers, near enough that a point stays at its value).
+NUDGE = 1.025
+
+
+# state-axis ticks: 1, 1.5, 2, 3, 5 and 7 times a power of ten bytes, shown in kB
+_STATE_TICKS = [m * 10**e for e in range(2, 12) for m in (1, 1.5, 2, 3, 5, 7)]
+
+
+def nudge_factors(lines) -> dict:
+    """The factor each line's x is multiplied by (see `NUDGE`): 1 for a single line."""
+    half = (len(lines) - 1) / 2
+    return {line: NUDGE ** ((i - half) / half) if half else 1.0 for i, line in enumerate(lines)}
+
+
+def plot_mqar(best: list[dict], axes: list[Axis], sweep, out: Path) -> None:
+    """``accuracy_vs_d_model.png`` and ``accuracy_vs_state_bytes.png``: per line (mixer) the
+    mean over seeds at the best learning rate, bars the min–max over the seeds; the figure says
+    how many seeds and how far the points are nudged (`NUDGE`)."""
+    plot = sweep.plot
+    x_axis, line_axis, panel_axis = (axis_named(axes, plot[k]) for k in ("x", "line", "panel"))
+    panels = [p for p in panel_axis.labels if any(r[panel_axis.name] == p for r in best)]
+    if not panels:  # nothing finished yet
+        return
+    # the ten default colours, then black and greys; a marker each (up to 15 lines apart)
+    palette = [f"C{i}" for i in range(10)] + ["black", "0.45", "0.65", "0.3", "0.55"]
+    colors = {line: palette[i % len(palette)] for i, line in enumerate(line_axis.labels)}
+    markers = {line: "os^Dv<>pXP*hd8H"[i % 15] for i, line in enumerate(line_axis.labels)}
+    nudge = nudge_factors(line_axis.labels)
+    x_value = dict(zip(x_axis.labels, (c[0] for c in x_axis.choices), strict=True))
+    seeds = sorted({int(r.get("seeds", 1)) for r in best if r.get("seeds")})
+    if seeds and seeds[-1] > 1:
+        n = "/".join(str(s) for s in seeds)
+        what = f"mean over {n} seeds at the best learning rate; bars: min–max over the {n} seeds"
+    else:
+        what = "one run per setting, at the best learning rate"
+    shift = f"points nudged sideways by at most ±{100 * (NUDGE - 1):.1f}% of x to stay apart"
+
+    for filename, xkey, xlabel in (
+        ("accuracy_vs_d_model.png", x_axis.name, x_axis.fields[0].split(".")[-1]),
+        (
+            "accuracy_vs_state_bytes.png",
+            "state_bytes",
+            "decoding state per sequence (kB, log scale; softmax: its KV cache at seq_len)",
+        ),
+    ):
+        fig, axs = plt.subplots(
+            1,
+            len(panels),
+            figsize=(7.0 * len(panels) + 2.4, 5.6),
+            squeeze=False,
+            sharey=True,
+        )
+        all_x = []
+        for ax, panel in zip(axs[0], panels, strict=True):
+            for line in line_axis.labels:
+                rows = [
+                    r for r in best if r[panel_axis.name] == panel and r[line_axis.name] == line
+                ]
+                pts = sorted(
+                    (
+                        float(x_value[r[xkey]]) if xkey == x_axis.name else float(r[xkey]),
+                        metric_value(r, "mqar"),
+                        float(r.get("eval/accuracy min", math.nan)),
+                        float(r.get("eval/accuracy max", math.nan)),
+                    )
+                    for r in rows
+                )
+                if pts:
+                    xs, ys, lows, highs = (np.array(v) for v in zip(*pts, strict=True))
+                    all_x.extend(xs)
+                    # error bars: the min–max over seeds (none where a setting has one run)
+                    yerr = np.nan_to_num(np.stack([ys - lows, highs - ys]), nan=0.0)
+                    ax.errorbar(
+                        xs * nudge[line],
+                        ys,
+                        yerr=yerr,
+                        fmt=markers[line] + "-",
+                        color=colors[line],
+                        label=line,
+                        ms=6,
+                        capsize=3,
+                        lw=1.3,
+                        elinewidth=1.0,
+                    )
+            ax.set_xscale("log", base=2 if xkey == x_axis.name else 10)
+            ax.minorticks_off()
+            if xkey == x_axis.name:
+                ticks = sorted({float(v) for v in x_value.values()})
+                ax.set_xticks(ticks, [format_label(int(t) if t.is_integer() else t) for t in ticks])
+                ax.set_xlim(ticks[0] / 1.12, ticks[-1] * 1.12)
+            else:
+                lo, hi = min(all_x) / 1.12, max(all_x) * 1.12
+                ticks = [t for t in _STATE_TICKS if lo <= t <= hi]
+                ax.set_xticks(ticks, [f"{t / 1e3:g}" for t in ticks])
+                ax.set_xlim(lo, hi)
+            ax.tick_params(labelsize=10)
+            if "data.num_kv_pairs" in panel_axis.fields:  # chance: one of the values in context
+                values = panel_axis.choices[panel_axis.labels.index(panel)]
+                pairs = values[panel_axis.fields.index("data.num_kv_pairs")]
+                ax.axhline(1 / pairs, color="0.5", ls=":", lw=1, label="chance (1/pairs)")
+            ax.set_title(panel_title(panel_axis, panel), fontsize=10)
+            ax.set_xlabel(f"{xlabel}\n({shift})", fontsize=10)
+            ax.set_ylim(-0.03, 1.03)
+            ax.grid(alpha=0.3)
+        axs[0][0].set_ylabel("MQAR accuracy", fontsize=11)
+        axs[0][-1].legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+        fig.suptitle(what, fontsize=11)
+        fig.tight_layout()
+        fig.savefig(out / filename, dpi=120)
+        plt.close(fig)
+
+
+def plot_loss_curves(best: list[dict], axes: list[Axis], sweep, runs_dir: Path, out: Path):
+    tune = sweep.get("tune")
+    others = [a.name for a in axes if a.name != tune]
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for i, row in enumerate(r for r in best if r["status"] == "ok"):
+        records = read_jsonl(str(runs_dir / row["point"] / "metrics.jsonl"))
+        label = " ".join(str(row[k]) for k in others)
+        train_pts = [
+            (r["step"], r["train/loss"] / math.log(2)) for r in records if "train/loss" in r
+        ]
+        eval_pts = [
+            (r["step"], r["eval/bits_per_byte"]) for r in records if "eval/bits_per_byte" in r
+        ]
+        if train_pts:
+            ax.plot(*zip(*train_pts, strict=True), color=f"C{i}", lw=1.2, label=label)
+        if eval_pts:
+            ax.plot(*zip(*eval_pts, strict=True), "o", color=f"C{i}", ms=4)
+    ax.set_xlabel("step")
+    ax.set_ylabel("bits per byte (line: train, dots: validation)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "loss_curves.png", dpi=110)
+    plt.close(fig)

@@ -1,0 +1,129 @@
+"""Running a sweep: every selected point trained (or skipped / resumed), serially or in worker
+processes, then the results files, tables and figures written from what is finished."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from linear_attention.training.sweep.figures import plot_loss_curves, plot_mqar
+from linear_attention.training.sweep.grid import Axis, Point, expand, prepare, run_order
+from linear_attention.training.sweep.points import dry_run, is_finished, run_point
+from linear_attention.training.sweep.results import best_rows, collect, rows_from_csv, write_csv
+from linear_attention.training.sweep.synthetic import (
+    plot_accuracy_vs_length,
+    plot_mad_heatmap,
+    synthetic_report,
+)
+from linear_attention.training.sweep.tables import lm_report, mqar_report
+from linear_attention.training.sweep.workers import run_parallel
+
+
+def report(
+    sweep,
+    axes: list[Axis],
+    points: list[Point],
+    workdir: Path,
+    *,
+    partial: bool = False,
+    results_csv: Path | None = None,
+) -> dict:
+    """Write results.csv, results.md and the plots from what is finished (``results_csv``:
+    from that file's rows instead of the run directories); returns the rows."""
+    kind = sweep.base.data.kind
+    runs_dir = workdir / "runs"
+    if results_csv is None:
+        rows = collect(axes, points, runs_dir)
+    else:
+        rows = rows_from_csv(axes, points, Path(results_csv))
+    write_csv(workdir / "results.csv", rows)
+    best = best_rows(rows, axes, sweep.get("tune"), kind, sweep.get("replicate"), partial=partial)
+    if best:
+        write_csv(workdir / "best.csv", best)
+    if kind == "mqar":
+        text = mqar_report(best, axes, sweep)
+        plot_mqar(best, axes, sweep, workdir)
+    elif kind in ("mad", "state_tracking"):
+        text = synthetic_report(rows, best, axes, sweep)
+        if kind == "mad":
+            plot_mad_heatmap(best, axes, sweep, workdir)
+        else:
+            plot_accuracy_vs_length(rows, best, axes, sweep, workdir)
+    else:
+        text = lm_report(best, axes, sweep)
+        plot_loss_curves(best, axes, sweep, runs_dir, workdir)
+    (workdir / "results.md").write_text(text)
+    return {"rows": rows, "best": best, "markdown": text}
+
+
+def check_results_csv(sweep, results_csv, report_only: bool) -> None:
+    """``results_csv`` redraws the tables and figures of finished runs (not LM: ValueError)."""
+    if results_csv is None:
+        return
+    if not report_only:
+        raise ValueError("results_csv redraws finished results: use it with report_only")
+    if sweep.base.data.kind == "text":
+        raise ValueError(
+            "results_csv redraws MQAR, MAD and state-tracking sweeps only (the LM loss curves "
+            f"read every run's metrics.jsonl); this sweep's data.kind is {sweep.base.data.kind!r}"
+        )
+    if not Path(results_csv).is_file():
+        raise ValueError(f"results_csv {str(results_csv)!r} is not a file")
+
+
+def run(
+    sweep,
+    workdir,
+    *,
+    only=(),
+    dry=False,
+    report_only=False,
+    jobs=1,
+    partial=False,
+    results_csv=None,
+    log=print,
+) -> dict | None:
+    """Run (or resume) every selected point, then write the results; see the module doc.
+    ``jobs`` > 1 trains the unfinished points in that many worker processes; ``partial``
+    tunes a setting with pending runs over its finished learning rates (`best_rows`);
+    ``results_csv`` (with ``report_only``) takes the finished runs from that results.csv."""
+    workdir = Path(workdir)
+    check_results_csv(sweep, results_csv, report_only)
+    axes, points = prepare(sweep, only)
+    if dry:
+        dry_run(axes, points, log)
+        return None
+    workdir.mkdir(parents=True, exist_ok=True)
+    decode_batch_size = int(sweep.get("decode_batch_size", 1))
+    if not report_only:
+        runs_dir = workdir / "runs"
+        ordered = run_order(sweep, axes, points)
+        todo = [p for p in ordered if not is_finished(runs_dir / p.name)]
+        parallel = jobs > 1 and len(todo) > 1
+        for i, point in enumerate(ordered):
+            if parallel and point in todo:
+                continue  # trained by the workers below
+            log(f"[{i + 1}/{len(points)}] {point.name}")
+            run_point(
+                point.config, runs_dir / point.name, decode_batch_size=decode_batch_size, log=log
+            )
+        if parallel:
+            log(f"{len(todo)} points in {min(jobs, len(todo))} worker processes")
+            run_parallel(
+                todo,
+                runs_dir,
+                jobs=jobs,
+                decode_batch_size=decode_batch_size,
+                log=log,
+                replicate=sweep.get("replicate"),
+            )
+    # The tables cover the whole grid: points run earlier (or by another --only) count too;
+    # --report-only with --only: that part of the grid (e.g. the learning rates finished).
+    results = report(
+        sweep,
+        *expand(sweep, only if report_only else ()),
+        workdir,
+        partial=partial,
+        results_csv=results_csv,
+    )
+    log(results["markdown"])
+    return results

@@ -1,0 +1,181 @@
+"""Training points in worker processes (``--jobs N``), and the worker's side of the protocol.
+
+The parent starts N workers (``python -m linear_attention.training.sweep --worker``, one XLA
+thread each: these small models leave a second intra-op thread idle), each in its own session,
+and sends them points on stdin, one pickled, base64 line each (config, run directory, decode
+batch size); a worker answers each with one ``@@sweep-result {json}`` line on stdout (status
+and seconds, or ``interrupted`` / ``error``). A setting's seeds go to one worker in a row (they
+share its compiled step). Only the parent writes results files.
+
+Signals: SIGINT or SIGTERM reach the parent only (a terminal's Ctrl-C too: the workers are in
+their own session). The handler only sets flags (no I/O in a handler, issue 23); the parent's
+join loop forwards each signal once to the running workers, whose runs save a checkpoint and
+report ``interrupted``; no new point starts, and `run_parallel` raises `SweepInterrupted`. A
+second signal to a worker means "stop now, without a checkpoint".
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import pickle
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import linear_attention
+from linear_attention.training.config import experiment_config
+from linear_attention.training.sweep.grid import Point
+from linear_attention.training.sweep.points import run_point
+
+# Worker processes (--jobs N) run XLA on one thread each: these models are too small for
+# XLA's intra-op threads to keep two cores busy (EXPERIMENTS.md, the MQAR study).
+WORKER_XLA_FLAGS = "--xla_cpu_multi_thread_eigen=false"
+# A worker's answer line starts with this, so that anything else it prints is not mistaken for one.
+_RESULT = "@@sweep-result "
+# The package's folder first on the workers' path: they run the parent's code, installed or not.
+PACKAGE_ROOT = str(Path(linear_attention.__file__).resolve().parents[1])
+WORKER_COMMAND = (sys.executable, "-m", "linear_attention.training.sweep", "--worker")
+
+
+def worker_main() -> int:
+    """``python -m linear_attention.training.sweep --worker``: run the points sent on stdin
+    (one pickled, base64 line each: config, run directory, decode batch size) and answer each
+    with a result line."""
+    try:
+        for line in sys.stdin:
+            cfg, run_dir, decode_batch_size = pickle.loads(base64.b64decode(line))
+            start = time.perf_counter()
+            try:
+                status = run_point(
+                    cfg, Path(run_dir), decode_batch_size=decode_batch_size, log=_quiet
+                )
+                result = {"status": status}
+            except KeyboardInterrupt as e:  # the parent forwarded SIGINT (Interrupted: saved)
+                result = {"interrupted": str(e) or "before training started"}
+            except Exception as e:  # reported to the parent, which stops the sweep
+                result = {"error": f"{type(e).__name__}: {e}"}
+            result["seconds"] = time.perf_counter() - start
+            print(_RESULT + json.dumps(result), flush=True)
+            if "interrupted" in result:
+                return 130
+    except KeyboardInterrupt:  # between points: nothing to save
+        return 130
+    return 0
+
+
+def _quiet(*_):
+    pass
+
+
+class SweepInterrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM stopped the sweep; the runs in progress saved checkpoints."""
+
+
+def run_parallel(
+    points: list[Point], runs_dir: Path, *, jobs: int, decode_batch_size: int, log, replicate=None
+):
+    """Train ``points`` in ``jobs`` worker processes (one XLA thread each); every worker
+    writes only its points' run directories, this process writes every results file. The
+    ``replicate`` runs (seeds) of a setting go to one worker, one after the other: they share
+    its compiled step (a seed changes no shape or constant), which saves a compilation each."""
+    groups: dict[tuple, list[tuple[int, Point]]] = {}
+    for i, point in enumerate(points):
+        key = tuple(sorted((k, v) for k, v in point.labels.items() if k != replicate))
+        groups.setdefault(key, []).append((i, point))
+    todo = queue.Queue()
+    for group in groups.values():
+        todo.put(group)
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {WORKER_XLA_FLAGS}".strip()
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
+    errors, interrupted = [], []
+
+    def drive(worker):
+        while not errors and not interrupted:
+            try:
+                group = todo.get_nowait()
+            except queue.Empty:
+                return
+            for i, point in group:
+                if not run_one(worker, i, point):
+                    return
+
+    def run_one(worker, i, point) -> bool:
+        job = (experiment_config(point.config), str(runs_dir / point.name), decode_batch_size)
+        worker.stdin.write(base64.b64encode(pickle.dumps(job)).decode() + "\n")
+        worker.stdin.flush()
+        for line in worker.stdout:
+            if line.startswith(_RESULT):
+                result = json.loads(line[len(_RESULT) :])
+                break
+        else:
+            code = worker.wait()
+            if interrupted:  # stopped by the forwarded signal before it could report
+                result = {"interrupted": f"worker exited (code {code})"}
+            else:
+                result = {"error": f"worker exited (code {code})", "seconds": 0.0}
+        if "interrupted" in result:
+            interrupted.append(f"{point.name}: {result['interrupted']}")
+            return False
+        if "error" in result:
+            errors.append(f"{point.name}: {result['error']}")
+            return False
+        log(
+            f"[{i + 1}/{len(points)}] {point.name}: {result['status']} in {result['seconds']:.0f} s"
+        )
+        return True
+
+    # Workers in their own session: a Ctrl-C at the terminal reaches this process only, which
+    # forwards it once (a second signal to a worker means "stop now, without a checkpoint").
+    workers = [
+        subprocess.Popen(
+            list(WORKER_COMMAND),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+            start_new_session=True,
+        )
+        for _ in range(min(jobs, len(points)))
+    ]
+    threads = [threading.Thread(target=drive, args=(w,)) for w in workers]
+
+    received = []  # signals caught and not yet forwarded
+
+    def on_signal(signum, _frame):
+        # Only set flags (no I/O in a handler, issue 23); the loop below forwards.
+        received.append(signum)
+        interrupted.append(signal.Signals(signum).name)  # no new points from here on
+
+    def forward_received():
+        while received:
+            signum = received.pop(0)
+            for worker in workers:
+                if worker.poll() is None:
+                    worker.send_signal(signum)
+
+    handlers = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            while thread.is_alive():  # a timed join lets the signal handler run
+                thread.join(0.1)
+                forward_received()
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        for worker in workers:
+            worker.stdin.close()
+            worker.wait()
+    if errors:
+        raise RuntimeError("sweep worker failed: " + "; ".join(errors))
+    if interrupted:
+        runs = [i for i in interrupted if ": " in i]
+        raise SweepInterrupted("; ".join(runs) or "before any run reported")

@@ -1,0 +1,123 @@
+"""configs/mad.py and configs/state_tracking.py (and MQAR's forgetting preset): every preset
+validates and builds, bad settings stop naming the numbers, and a tiny run of each data kind
+trains, evaluates and records its metrics."""
+
+import json
+import os
+
+import jax
+import pytest
+from flax import nnx
+
+from linear_attention.data.mad import MAD_SETTINGS, mad_num_tokens
+from linear_attention.data.state_tracking import TASKS, task_vocab_size
+from linear_attention.training import experiment_config, make_optimizer, train, trainer
+from linear_attention.training.cli import UsageError, parse_args
+from tests.training.conftest import ROOT, load_config
+
+PRESETS = [("mad", t) for t in MAD_SETTINGS] + [("state_tracking", t) for t in TASKS]
+
+
+@pytest.mark.parametrize("name,task", PRESETS)
+def test_every_preset_validates_and_builds(name, task):
+    cfg = experiment_config(load_config(name, task))
+    assert (cfg.data.kind, cfg.data.task) == (name, task)
+    if name == "mad":
+        assert (cfg.data.vocab_size, cfg.data.seq_len) == MAD_SETTINGS[task]
+        assert (cfg.data.num_train_examples, cfg.data.num_test_examples) == (12_800, 1_280)
+        assert cfg.model.vocab_size == mad_num_tokens(task, *MAD_SETTINGS[task])
+    else:
+        assert cfg.model.vocab_size == task_vocab_size(task)
+        assert (cfg.data.min_len, cfg.data.seq_len) == (3, 40)
+        assert cfg.data.eval_lengths == (40, 64, 128, 256) == tuple(cfg.data.eval_lengths)
+    tx, _ = make_optimizer(cfg.optimizer, cfg.train.num_steps)
+    model, _ = nnx.eval_shape(lambda: trainer.build_model(cfg, tx))
+    graphdef, state = nnx.split(model)
+    tokens = jax.ShapeDtypeStruct((2, cfg.model.max_length), "int32")
+    logits = jax.eval_shape(lambda s, t: nnx.merge(graphdef, s)(t), state, tokens)
+    assert logits.shape == (2, cfg.model.max_length, cfg.model.vocab_size)
+    with open(ROOT / "configs" / f"{name}.py") as f:
+        assert f"python experiments/train.py --config configs/{name}.py:" in f.read()
+
+
+def _args(config, *extra):
+    return ["la-train", f"--config={config}", "--workdir=/tmp/unused", *extra]
+
+
+@pytest.mark.parametrize(
+    "config,extra,message",
+    [
+        (
+            "configs/mad.py:in_context_recall",
+            ("--config.data.noise_fraction=0.5",),
+            "config.data: noise_fraction=0.5 is not an option of 'in_context_recall'",
+        ),
+        (
+            "configs/mad.py:noisy_recall",
+            ("--config.data.noise_vocab_size=32",),
+            "config.model.vocab_size = 32 is smaller than the data's vocabulary \\(48\\)",
+        ),
+        (
+            "configs/mad.py:selective_copying",
+            ("--config.data.num_tokens_to_copy=200",),
+            "config.data: seq_len=256 must be >= 2 \\* num_tokens_to_copy = 400",
+        ),
+        (
+            "configs/state_tracking.py:mod_arith",
+            ("--config.data.eval_lengths=(40,63)",),
+            "config.data: mod_arith lengths are even .* eval_lengths=\\(40, 63\\)",
+        ),
+        (
+            "configs/state_tracking.py:parity",
+            ("--config.model.max_length=128",),
+            "config.model.max_length = 128 is shorter than the longest of config.data.eval_"
+            "lengths = 256",
+        ),
+        (
+            "configs/state_tracking.py:s3",
+            ("--config.data.min_len=50",),
+            "config.data: max_len must be >= min_len, got max_len=40, min_len=50",
+        ),
+        (
+            "configs/mqar.py:forgetting",
+            ("--config.data.num_reassignments=9",),
+            "config.data: num_reassignments must be in \\[1, num_kv_pairs=8\\], got 9",
+        ),
+    ],
+)
+def test_bad_settings_stop_naming_the_numbers(config, extra, message):
+    with pytest.raises(UsageError, match=message):
+        parse_args(_args(config, *extra))
+
+
+def _metrics(workdir):
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        records = [json.loads(line) for line in f]
+    with open(os.path.join(workdir, "summary.json")) as f:
+        return records, json.load(f)
+
+
+def test_state_tracking_run_records_every_length(tmp_path):
+    summary = train(load_config("state_tracking", "smoke"), str(tmp_path))
+    records, saved = _metrics(tmp_path)
+    evals = [r for r in records if "eval/accuracy" in r]
+    assert [r["step"] for r in evals] == [2, 4]
+    for record in (*evals, saved, summary):
+        by_length = [record[f"eval/length_{n}/accuracy"] for n in (12, 20)]
+        assert all(0.0 <= a <= 1.0 for a in by_length)
+        # eval/accuracy is the mean over the lengths; parity's chance is 1/2.
+        assert record["eval/accuracy"] == pytest.approx(sum(by_length) / 2)
+        assert record["eval/scaled_accuracy"] == pytest.approx(2 * record["eval/accuracy"] - 1)
+
+
+def test_mad_and_forgetting_runs_score_their_tasks(tmp_path):
+    summary = train(load_config("mad", "smoke"), str(tmp_path / "mad"))
+    assert 0.0 <= summary["eval/accuracy"] <= 1.0
+    assert 0.0 <= summary["eval/token_accuracy"] <= 1.0
+    records, _ = _metrics(tmp_path / "mad")
+    assert "eval/token_accuracy" in records[-1]
+    config = load_config("mqar", "smoke")
+    config.data.num_reassignments = 1
+    config.train.num_steps = 2
+    summary = train(config, str(tmp_path / "forget"))
+    assert summary["step"] == 2 and 0.0 <= summary["eval/accuracy"] <= 1.0
