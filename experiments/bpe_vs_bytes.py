@@ -26,15 +26,12 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, uninstalled
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import machine_info  # noqa: E402
-
-from linear_attention.data import IGNORE_INDEX, TextData, load_tokenizer  # noqa: E402
-from linear_attention.data.tokenizers import bits_per_byte, label_bytes  # noqa: E402
-from linear_attention.training import trainer  # noqa: E402
-from linear_attention.training.load import restore_run  # noqa: E402
-from linear_attention.training.mesh import shard_batch  # noqa: E402
+from linear_attention.benchmarks import machine_info
+from linear_attention.data import IGNORE_INDEX, TextData, load_tokenizer
+from linear_attention.data.tokenizers import bits_per_byte, label_bytes
+from linear_attention.training import trainer
+from linear_attention.training.load import restore_run
+from linear_attention.training.mesh import shard_batch
 
 
 def window_batches(windows: list[bytes], tokenizer, width: int, batch_size: int):
