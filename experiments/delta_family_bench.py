@@ -12,7 +12,7 @@ At B=1, T=2048, H=4, K=Dv=64, float32, chunk 64, in one process: the gradient of
     cost is KDA chunk over this, forward and gradient.
 
 Each point is compiled first; its temporary memory is XLA's compiled `temp_size_in_bytes`
-(`memory_analysis()`); then `benchmark.interleaved` times a warm-up round and R rounds, every
+(`memory_analysis()`); then `benchmarks.timing.interleaved` times a warm-up round and R rounds, every
 point once per round in a fresh random order, wall time. Ratios are medians over rounds of the
 ratio within a round (the machine is shared and loaded: its load average is recorded). Targets:
 chunk gradient ≥ 4× faster and ≥ 4× less temporary memory than autodiff through the scan.
@@ -24,19 +24,15 @@ import argparse
 import json
 import os
 import statistics
-import sys
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "experiments"))
-from benchmark import interleaved  # noqa: E402
-from machine import machine_info  # noqa: E402
-
-from linear_attention import kernels as K  # noqa: E402
+from linear_attention import kernels as K
+from linear_attention.benchmarks.machine import machine_info
+from linear_attention.benchmarks.timing import interleaved
 
 
 def make_inputs(T, B=1, H=4, D=64, seed=0):
