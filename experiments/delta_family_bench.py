@@ -12,8 +12,8 @@ At B=1, T=2048, H=4, K=Dv=64, float32, chunk 64, in one process: the gradient of
     cost is KDA chunk over this, forward and gradient.
 
 Each point is compiled first; its temporary memory is XLA's compiled `temp_size_in_bytes`
-(`memory_analysis()`); then `benchmarks.timing.interleaved` times a warm-up round and R rounds, every
-point once per round in a fresh random order, wall time. Ratios are medians over rounds of the
+(`memory_analysis()`); then `benchmarks.timing.interleaved` times a warm-up round and R rounds,
+every point once per round in a fresh random order, wall time. Ratios are medians over rounds of the
 ratio within a round (the machine is shared and loaded: its load average is recorded). Targets:
 chunk gradient ≥ 4× faster and ≥ 4× less temporary memory than autodiff through the scan.
 """
