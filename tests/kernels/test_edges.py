@@ -87,7 +87,19 @@ def test_traced_static_arguments_raise_naming_them():
         "return_state": lambda x: K.delta_rule(q, k, v, beta, return_state=x > 0),
         "eps": lambda x: K.recurrent_step(state, q[:, 0], k[:, 0], v[:, 0], eps=x),
     }
-    for name, f in [*cases.items(), *cases_delta.items()]:
+    k2, v2, beta2 = k[:, :, :, None], v[:, :, :, None], beta[:, :, :, None]
+    cases_new = {
+        "return_state": lambda x: K.dplr_delta_rule(q, k, v, -k, k, return_state=x > 0),
+    }
+    cases_product = {
+        "return_state": lambda x: K.delta_product(q, k2, v2, beta2, return_state=x > 0),
+    }
+    for name, f in [
+        *cases.items(),
+        *cases_delta.items(),
+        *cases_new.items(),
+        *cases_product.items(),
+    ]:
         with pytest.raises(ValueError, match=rf"^{name} is a static argument"):
             jax.jit(f)(jnp.float32(1e-6))
 
@@ -105,7 +117,24 @@ def kernel_calls(asarray):
     scale, pos = asarray(np.float32(0.5)), asarray(np.int32(2))
     proj = asarray(np.random.default_rng(2).normal(size=(4, M)).astype(np.float32))
     fm = K.feature_maps
+    # DPLR as the delta rule writes it (a = −k, b = β k); DeltaProduct with two steps per token
+    ka, kb = asarray(-np.asarray(k)), asarray(0.5 * np.asarray(k))
+    k2 = asarray(np.stack([np.asarray(k), np.roll(np.asarray(k), 1, axis=1)], axis=3))
+    v2 = asarray(np.stack([np.asarray(v), -np.asarray(v)], axis=3))
+    beta2 = asarray(np.stack([np.asarray(beta), 2.0 - np.asarray(beta)], axis=3))
     return {
+        "dplr_delta_rule": lambda: K.dplr_delta_rule(
+            q, k, v, ka, kb, log_decay=a, segment_ids=seg, initial_state=s0, chunk_size=4
+        ),
+        "dplr_delta_rule_step": lambda: K.dplr_delta_rule_step(
+            s0, q[:, 0], k[:, 0], v[:, 0], ka[:, 0], kb[:, 0], log_decay=a[:, 0]
+        ),
+        "delta_product": lambda: K.delta_product(
+            q, k2, v2, beta2, log_decay=a, segment_ids=seg, initial_state=s0, chunk_size=4
+        ),
+        "delta_product_step": lambda: K.delta_product_step(
+            s0, q[:, 0], k2[:, 0], v2[:, 0], beta2[:, 0], log_decay=a[:, 0]
+        ),
         "linear_attention": lambda: K.linear_attention(q, k, v),
         "causal_linear_attention": lambda: K.causal_linear_attention(
             q, k, v, log_decay=a, segment_ids=seg, initial_state=z0, chunk_size=4

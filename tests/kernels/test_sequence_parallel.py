@@ -172,7 +172,7 @@ def main(part):
         # after each reset are checked against the float64 loop over that document alone instead
         for row, start, end in ((0, 6, 12), (1, 17, 24)):
             doc = (slice(row, row + 1), slice(start, end))
-            xs = [np.asarray(delta_base[x])[doc] for x in ("q", "k", "v", "beta")]
+            xs = [np.asarray(delta_nan[x])[doc] for x in ("q", "k", "v", "beta")]
             ref = delta_rule_loop(*xs, np.asarray(decays["BTH"])[doc])[0]
             assert rel_err(o[row : row + 1, start:end], ref) <= 1e-4
         print("CHECKED nan/delta/loop", flush=True)

@@ -17,6 +17,7 @@ import pytest
 from linear_attention.data import IGNORE_INDEX
 from linear_attention.models import generate
 from linear_attention.training import build_data, cli, experiment_config, load_run, train
+from linear_attention.training import trainer as trainer_module
 from linear_attention.training.metrics import Reporter, read_jsonl
 from tests.scripts import DEADLINE_S, wait_until
 from tests.training.conftest import ROOT, load_config
@@ -117,6 +118,40 @@ def test_ctrl_c_saves_a_checkpoint_and_the_rerun_resumes_from_it(tmp_path):
     assert rerun.returncode == 0, rerun.stderr
     assert f"resuming from step {step} " in rerun.stdout
     assert [r["step"] for r in read_jsonl(str(workdir / "metrics.jsonl"))][-1] == step + 1
+
+
+def test_a_second_sigint_stops_at_once_without_a_traceback(tmp_path, monkeypatch, capsys):
+    """The first SIGINT only sets a flag (the handler does no I/O); a second one before the
+    step ends stops at once: exit 130, one line, no traceback, no checkpoint, and the previous
+    SIGINT handler is back (here in-process: two signals inside step 2's batch)."""
+    real_build = trainer_module.build_data
+
+    def signalling_build(cfg):
+        data = real_build(cfg)
+        real_batch = data.train_batch
+
+        def train_batch(step, batch_size):
+            if step == 2:
+                os.kill(os.getpid(), signal.SIGINT)
+                os.kill(os.getpid(), signal.SIGINT)  # the handler raises out of this call
+            return real_batch(step, batch_size)
+
+        data.train_batch = train_batch
+        return data
+
+    monkeypatch.setattr(trainer_module, "build_data", signalling_build)
+    monkeypatch.chdir(ROOT)
+    workdir = tmp_path / "run"
+    previous = signal.getsignal(signal.SIGINT)
+    args = [SMOKE, f"--workdir={workdir}", "--config.train.checkpoint_every=100000"]
+    status = cli.main(["la-train", *args])
+    out, err = capsys.readouterr()
+    assert status == 130, (out, err)
+    assert "Traceback" not in out + err
+    assert f"la-train: interrupted; rerun the same command to resume in {workdir}" in out
+    assert "SIGINT received" not in out  # stopped before the loop could announce the first
+    assert not [p for p in (workdir / "checkpoints").glob("*") if p.name.isdigit()]
+    assert signal.getsignal(signal.SIGINT) is previous
 
 
 @pytest.mark.parametrize(
