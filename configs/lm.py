@@ -41,14 +41,16 @@ Parameter counts are this library's (from the dry run); the published sizes are 
       (``expand_k = 0.5``), this library's GLA keeps q, k and v at ``head_dim``, so q and k
       projections hold d² more per layer (24 · d²: 25M and 101M).
   ``gated_deltanet_400m``, ``gated_deltanet_1.3b``: Gated DeltaNet (Yang, Kautz and
-      Hatamizadeh 2025, "Gated Delta Networks", 1.3B on 100B tokens at sequence 4096; lr 4e-4,
-      weight decay 0.1, 1B warmup tokens; its ablations use ~400M models on 15B tokens) with
-      the flash-linear-attention ``gated_deltanet`` shape: 21 layers, 6 heads of 256 keys, the
-      short convolution (4), output gate, untied embeddings; d 1024 / 2048. 413.2M and 1189.2M
-      parameters: the published models expand the values 2× (``expand_v = 2``: 512 per head),
-      which this library's mixer does not (values are ``head_dim`` wide), so v, the output gate
-      and the output projection are half as wide: 3 · d · 1536 fewer per layer (99M and 198M;
-      with them the 1.3b would have 1387M, the published 1.3B being nominal).
+      Hatamizadeh 2025, "Gated Delta Networks": 1.3B on 100B tokens at sequence 4096; lr 4e-4,
+      weight decay 0.1, 1B warmup tokens; its ablations use ~400M models on 15B tokens), heads
+      of 256 keys as in flash-linear-attention's ``gated_deltanet``, the short convolution (4),
+      output gate, untied embeddings. ``1.3b``: d 2048, 21 layers, 6 heads (that config's
+      shape): 1189.2M parameters, because the published model expands the values 2×
+      (``expand_v = 2``: 512 per head) and this library's mixer does not (values are
+      ``head_dim`` wide), so v, the output gate and the output projection are half as wide:
+      21 · 3 · d · 1536 = 198M fewer (with them 1387M: the published 1.3B is nominal).
+      ``400m``: d 1024, 24 layers, 4 heads (keys and values 1024 wide, as d): 399.6M
+      parameters, within 0.1% of 400M (the ablations' exact shape is not reproduced).
   A ``kda`` preset follows when the KDA mixer is in the registry (not yet in this checkout).
 
 Documents are packed (``data.pack``): each file is a document, and states, conv and attention
@@ -80,7 +82,7 @@ PAPER_SIZES = {
         mixer="gla", d_model=2048, num_layers=24, num_heads=4, tokens=100e9, **_GLA_OPT
     ),
     "gated_deltanet_400m": dict(
-        mixer="gated_deltanet", d_model=1024, num_layers=21, num_heads=6, head_dim=256,
+        mixer="gated_deltanet", d_model=1024, num_layers=24, num_heads=4, head_dim=256,
         tokens=15e9, tie=False, **_GDN_OPT,
     ),
     "gated_deltanet_1.3b": dict(
@@ -109,6 +111,9 @@ def get_config(arg=None):
     # attention reset at every document start (a separator, e.g. "\n\n\n", cuts files further).
     config.data.pack = True
     config.data.separator = ""
+    config.data.tokenizer = "bytes"  # or a tokenizer.json / sentencepiece .model (la-tokenizer)
+    config.data.text_field = "text"  # JSONL field / Parquet column of the text
+    config.data.loader = "windows"  # or "grain": epochs of shuffled packed documents
 
     model = config.model = ml_collections.ConfigDict()
     model.vocab_size = 256

@@ -40,9 +40,8 @@ import numpy as np
 
 from linear_attention import kernels as K
 from linear_attention.benchmarks import machine_info
-from linear_attention.benchmarks.timing import compile_point, interleaved
+from linear_attention.benchmarks.timing import B, D, H, compile_point, interleaved, linear_fn
 
-B, H, D = 1, 4, 64
 MODES = ("fwd", "grad")
 DECAYS = ("none", "per_head", "per_token", "per_key")
 DTYPES = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}
@@ -53,14 +52,10 @@ PRESETS = {
 }
 
 
-def _linear(method, chunk_size=64):
-    return lambda q, k, v: K.causal_linear_attention(q, k, v, method=method, chunk_size=chunk_size)
-
-
 # name -> (function of (q, k, v), whether it takes featurised q and k)
 TIMED = {
-    "chunk": (_linear("chunk"), True),
-    "chunk_parallel": (_linear("chunk_parallel"), True),
+    "chunk": (linear_fn("chunk"), True),
+    "chunk_parallel": (linear_fn("chunk_parallel"), True),
     "softmax": (lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True), False),
 }
 

@@ -170,9 +170,9 @@ def test_overrides_apply_and_tie_fields():
             "config.data.separator = 'a\\\\\\\\' has a bad escape",
         ),
         (
-            ("--config.mesh.seq=2",),
+            ("--config.train.grad_accum_steps=3",),
             "configs/lm.py:cpu",
-            "config.data.pack with config.mesh.seq = 2 \\(a split time axis\\) is not supported",
+            "config.train.grad_accum_steps = 3 must divide config.train.batch_size = 32",
         ),
         (
             ("--config.train.sample_tokens=5000",),

@@ -94,8 +94,8 @@ def get_config(arg=None):
     config = ml_collections.ConfigDict()
     config.tune = "lr"
     config.replicate = "seed"
-    # Table and heat map: tasks across, one row per mixer (one panel: d_model has one choice).
-    config.plot = ml_collections.ConfigDict(dict(x="task", line="mixer", panel="d_model"))
+    # Table and heat map: tasks across, one row per mixer.
+    config.plot = ml_collections.ConfigDict(dict(x="task", line="mixer"))
     grid = config.grid = ml_collections.ConfigDict()
     grid.seed = _axis("seed", (0, 1))
     grid.lr = _axis("optimizer.learning_rate", (3e-3, 1e-3, 1e-2))

@@ -100,8 +100,9 @@ def get_config(arg=None):
     config.base = _base(tasks[0], "smoke" if arg == "smoke" else None)
     config.tune = "lr"
     config.replicate = "seed"
-    # Figure: accuracy against evaluation length, one line per mixer, one panel per task.
-    config.plot = ml_collections.ConfigDict(dict(x="length", line="mixer", panel="task"))
+    # Table: tasks across, one row per mixer; figure: accuracy against evaluation length, one
+    # panel per task, one line per mixer.
+    config.plot = ml_collections.ConfigDict(dict(x="task", line="mixer"))
     grid = config.grid = ml_collections.ConfigDict()
     grid.task = _axis(TASK_FIELDS, tuple((t, task_vocab_size(t)) for t in tasks), tasks)
     grid.seed = _axis("seed", (0, 1))

@@ -1,4 +1,4 @@
-"""Byte-level text: a corpus of bytes (vocabulary 256) split into train and validation.
+"""Text: a corpus of bytes (vocabulary 256), or of tokens, split into train and validation.
 
 The default corpus is the source of the running Python's standard library (``*.py`` files
 under ``sysconfig.get_paths()["stdlib"]``, ``site-packages`` excluded, in sorted path order),
@@ -20,7 +20,9 @@ no position is asked to predict a document it cannot see.
 
 from __future__ import annotations
 
+import hashlib
 import os
+import platform
 import re
 import sysconfig
 
@@ -32,7 +34,7 @@ VOCAB_SIZE = 256
 _SKIP_DIRS = frozenset({"site-packages", "dist-packages", "__pycache__"})
 
 
-def _sorted_files(root: str, suffix: str | None):
+def sorted_files(root: str, suffix: str | None):
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS)
         for name in sorted(filenames):
@@ -53,22 +55,41 @@ def load_documents(
     every document's first byte (``starts[0] = 0``, increasing). A document is a file, or with
     a non-empty ``separator`` a piece of the stream that ends with the separator (or the stream's
     end), the separator included."""
+    stream, starts, _ = _read_stream(path, max_bytes)
+    return _documents(stream, starts, separator)
+
+
+def _documents(stream: bytes, file_starts: list[int], separator: bytes | str):
     if isinstance(separator, str):
         separator = separator.encode()
+    starts = file_starts
+    if separator:
+        # every byte after a separator starts a document (files are not boundaries then)
+        after = [m.end() for m in re.finditer(re.escape(separator), stream)]
+        starts = [0] + [i for i in after if i < len(stream)]
+    return np.frombuffer(stream, dtype=np.uint8), np.asarray(starts, np.int64)
+
+
+def _read_stream(path: str | None, max_bytes: int | None) -> tuple[bytes, list[int], int]:
+    """``(bytes, offset of each file's first byte, number of files read)`` of the corpus."""
     if max_bytes is not None and max_bytes < 1:
         raise ValueError(f"max_bytes must be >= 1 or None, got {max_bytes}")
     if not path:
-        files = _sorted_files(sysconfig.get_paths()["stdlib"], ".py")
+        files = sorted_files(sysconfig.get_paths()["stdlib"], ".py")
     elif os.path.isfile(path):
         files = iter([path])
     elif os.path.isdir(path):
-        files = _sorted_files(path, None)
+        files = sorted_files(path, None)
     else:
         raise ValueError(f"text path {path!r} is neither a file nor a folder")
-    chunks, starts, total = [], [], 0
+    chunks, starts, total, count = [], [], 0, 0
     for name in files:
-        with open(name, "rb") as f:
-            data = f.read() if max_bytes is None else f.read(max_bytes - total)
+        try:
+            with open(name, "rb") as f:
+                data = f.read() if max_bytes is None else f.read(max_bytes - total)
+        except OSError as e:
+            raise ValueError(f"{name}: cannot be read ({e.strerror or e})") from None
+        count += 1
         if data:
             chunks.append(data)
             starts.append(total)
@@ -78,22 +99,40 @@ def load_documents(
     stream = b"".join(chunks)
     if not stream:
         raise ValueError(f"text path {path!r} holds no bytes")
-    if separator:
-        # every byte after a separator starts a document (files are not boundaries then)
-        after = [m.end() for m in re.finditer(re.escape(separator), stream)]
-        starts = [0] + [i for i in after if i < len(stream)]
-    return np.frombuffer(stream, dtype=np.uint8), np.asarray(starts, np.int64)
+    return stream, starts, count
 
 
-def _validation_mask(size: int, val_fraction: float, block_size: int | None) -> np.ndarray:
-    """bool[size]: which bytes of the stream go to validation (see the module docstring)."""
+def provenance_record(path: str | None, files: int, size: int, sha256: str) -> dict:
+    """What a corpus is, for ``summary.json``: ``path`` (``builtin:<stdlib folder>`` for the
+    built-in corpus), the ``files`` and ``bytes`` read, their ``sha256``, and the ``python``
+    version (the built-in corpus is that version's standard library, so figures on it depend on
+    the version)."""
+    return {
+        "path": path or f"builtin:{sysconfig.get_paths()['stdlib']}",
+        "files": files,
+        "bytes": size,
+        "sha256": sha256,
+        "python": platform.python_version(),
+    }
+
+
+def validation_blocks(
+    size: int, val_fraction: float, block_size: int | None = None
+) -> tuple[int, np.ndarray]:
+    """``(block_size, is_val bool[num_blocks])``: the blocks of a stream of ``size`` tokens and
+    which of them go to validation (see the module docstring)."""
     if not 0.0 < val_fraction < 1.0:
         raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
     if block_size is None:
         block_size = min(1 << 16, max(1, -(-size // 100)))
     num_blocks = -(-size // block_size)
     i = np.arange(num_blocks)
-    is_val = np.floor((i + 1) * val_fraction) > np.floor(i * val_fraction)
+    return block_size, np.floor((i + 1) * val_fraction) > np.floor(i * val_fraction)
+
+
+def _validation_mask(size: int, val_fraction: float, block_size: int | None) -> np.ndarray:
+    """bool[size]: which bytes of the stream go to validation (see the module docstring)."""
+    block_size, is_val = validation_blocks(size, val_fraction, block_size)
     return is_val[np.arange(size) // block_size]
 
 
@@ -140,12 +179,15 @@ def _rows(stream, segments, starts, seq_len):
 
 
 class TextData:
-    """Byte-level language-modelling data: random training windows keyed by step, fixed
-    evenly spaced validation windows. A window of ``seq_len + 1`` bytes ``w`` gives
-    ``inputs = w[:-1]`` and ``labels = w[1:]``; with ``pack=True`` also ``segment_ids`` (the
-    documents of the inputs; see the module docstring)."""
+    """Language-modelling data: random training windows keyed by step, fixed evenly spaced
+    validation windows. A window of ``seq_len + 1`` tokens ``w`` gives ``inputs = w[:-1]`` and
+    ``labels = w[1:]``; with ``pack=True`` also ``segment_ids`` (the documents of the inputs;
+    see the module docstring).
 
-    vocab_size = VOCAB_SIZE
+    The tokens are the bytes of ``path`` (vocabulary 256), or, given ``tokens`` (a token
+    stream) and ``starts`` (each document's first token), those: text already tokenized
+    (``vocab_size`` and ``token_bytes``, the bytes each token covers, come with it; see
+    `tokenizers`). ``provenance`` says what the corpus is (for ``summary.json``)."""
 
     def __init__(
         self,
@@ -158,6 +200,11 @@ class TextData:
         seed: int = 0,
         pack: bool = False,
         separator: bytes | str = b"",
+        tokens: np.ndarray | None = None,
+        starts: np.ndarray | None = None,
+        vocab_size: int = VOCAB_SIZE,
+        token_bytes: np.ndarray | None = None,
+        provenance: dict | None = None,
     ):
         if separator and not pack:
             raise ValueError(f"separator={separator!r} needs pack=True (it delimits documents)")
@@ -168,7 +215,20 @@ class TextData:
         self.seq_len = seq_len
         self.seed = seed
         self.pack = bool(pack)
-        corpus, starts = load_documents(path, max_bytes=max_bytes, separator=separator)
+        if tokens is None:
+            stream, file_starts, count = _read_stream(path, max_bytes)
+            corpus, starts = _documents(stream, file_starts, separator)
+            sha = hashlib.sha256(stream).hexdigest()
+            provenance = provenance_record(path, count, len(stream), sha)
+        else:
+            if separator:
+                raise ValueError("separator applies to bytes read from path, not to tokens")
+            corpus = tokens
+            starts = np.zeros(1, np.int64) if starts is None else starts
+        self.vocab_size = vocab_size
+        self.token_bytes = np.ones(vocab_size, np.int64) if token_bytes is None else token_bytes
+        self.provenance = provenance or {}
+        self.tokenizer = None  # set by `sources.text_source`
         self.train, self.val = split_corpus(corpus, val_fraction=val_fraction)
         self.train_documents = self.val_documents = None
         if self.pack:

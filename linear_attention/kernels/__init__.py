@@ -5,14 +5,18 @@ Example, with `from linear_attention import kernels as K` and `phi = K.feature_m
 """
 
 from linear_attention.kernels import feature_maps
-from linear_attention.kernels.delta import METHODS as DELTA_METHODS
-from linear_attention.kernels.delta import delta_rule, delta_rule_step
-from linear_attention.kernels.delta_product import delta_product, delta_product_step
-from linear_attention.kernels.dplr import dplr_delta_rule, dplr_delta_rule_step
-from linear_attention.kernels.linear import METHODS, causal_linear_attention, linear_attention
-from linear_attention.kernels.recurrent import recurrent_step
-from linear_attention.kernels.sliding_window import sliding_window_attention
-from linear_attention.kernels.softmax import (
+from linear_attention.kernels.delta.delta import METHODS as DELTA_METHODS
+from linear_attention.kernels.delta.delta import delta_rule, delta_rule_step
+from linear_attention.kernels.delta.delta_product import delta_product, delta_product_step
+from linear_attention.kernels.delta.dplr import dplr_delta_rule, dplr_delta_rule_step
+from linear_attention.kernels.linear.linear import (
+    METHODS,
+    causal_linear_attention,
+    linear_attention,
+)
+from linear_attention.kernels.linear.recurrent import recurrent_step
+from linear_attention.kernels.softmax.sliding_window import sliding_window_attention
+from linear_attention.kernels.softmax.softmax import (
     blockwise_softmax_attention,
     cached_softmax_attention,
     softmax_attention,

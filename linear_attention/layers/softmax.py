@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from linear_attention import kernels as K
-from linear_attention.kernels.sequence_parallel import softmax_context_parallel
+from linear_attention.kernels.softmax.context_parallel import softmax_context_parallel
 from linear_attention.layers.base import AttentionInputs, Mixer
 from linear_attention.layers.sequence import sequence_axis
 

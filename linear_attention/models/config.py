@@ -116,7 +116,9 @@ class ModelConfig:
         per layer drops to one [B, T, D] array, for about one more forward pass), "dots"
         (`jax.checkpoint_policies.dots_saveable`: matmul outputs kept, elementwise work
         recomputed) or "dots_no_batch" (`dots_with_no_batch_dims_saveable`: only matmuls
-        without batch dimensions kept, i.e. the projections, not the attention scores).
+        without batch dimensions kept, i.e. the projections, not the attention scores). Any
+        value but "none" runs the blocks as a `jax.lax.scan` over the repeats of the mixer
+        pattern (see `model._scanned_blocks`): the same numbers, one compiled body.
       tie_embeddings: output head shares the token embedding.
 
     Options that apply to some layers only (feature_map, feature_dim, redraw_interval) must be

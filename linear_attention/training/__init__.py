@@ -1,7 +1,8 @@
 """Config-driven training: validated configs, optax chain, orbax checkpoints, device mesh,
 metrics, the loop (`train`), reloading a run (`load_run`, `evaluate_run`) and the command lines
-(`la-train` / `experiments/train.py`, `la-eval`, `la-generate`). The sweep engine is the
-subpackage `linear_attention.training.sweep` (imported on its own: it draws figures)."""
+(`la-train` / `experiments/train.py`, `la-eval`, `la-generate`, `la-tokenizer`). The sweep
+engine is the subpackage `linear_attention.training.sweep` (imported on its own: it draws
+figures)."""
 
 from linear_attention.training.config import (
     ExperimentConfig,
@@ -9,6 +10,7 @@ from linear_attention.training.config import (
     MQARDataConfig,
     OptimizerConfig,
     TextDataConfig,
+    TokenDataConfig,
     TrainConfig,
     experiment_config,
 )
@@ -23,6 +25,7 @@ __all__ = [
     "NonFiniteLossError",
     "OptimizerConfig",
     "TextDataConfig",
+    "TokenDataConfig",
     "TrainConfig",
     "build_data",
     "build_model",

@@ -3,6 +3,10 @@
 the newest ``keep`` kept. Saving is synchronous, so a checkpoint is complete on disk before
 training goes on (and before its device buffers are donated to the next step).
 
+A data pipeline with an iterator (the Grain loader) has its state saved in each step's folder
+too (``data_iterator.process<i>.json``, one per process), so a resumed run continues the data
+where the checkpoint left it.
+
 Every saved step gets an integrity record (``<step>/integrity.json``, see `workdir`), checked
 before a restore: `restore_latest` skips a damaged or incomplete step, names it and the damaged
 file, moves it aside to ``checkpoints_damaged/`` (so the step is saved afresh when the run
@@ -21,6 +25,7 @@ import jax
 import orbax.checkpoint as ocp
 from etils import epath
 from flax import nnx
+from jax.experimental import multihost_utils
 
 from linear_attention.training.workdir import RunError, verify_digest, write_digest
 
@@ -40,18 +45,45 @@ class Checkpoints:
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
 
-    def save(self, step: int, state: nnx.State, meta: dict | None = None) -> None:
+    def save(
+        self,
+        step: int,
+        state: nnx.State,
+        meta: dict | None = None,
+        *,
+        data_state: dict | None = None,
+    ) -> None:
         """Save ``state`` as step ``step`` (a no-op if that step is already saved), with
-        ``meta`` (a JSON object) as ``meta.json``."""
+        ``meta`` (a JSON object) as ``meta.json`` and this process's data-iterator state
+        ``data_state`` (JSON) when given: both go into the step's folder before the integrity
+        record, so the record covers them."""
         if step in self.manager.all_steps():
             return
         self.manager.save(step, args=ocp.args.StandardSave(nnx.to_pure_dict(state)), force=True)
         self.manager.wait_until_finished()
+        if data_state is not None:
+            path = self._data_state_path(step)
+            with open(f"{path}.tmp", "w") as f:
+                json.dump(data_state, f, sort_keys=True)
+            os.replace(f"{path}.tmp", path)
+            if jax.process_count() > 1:  # every process's file is in before the record
+                multihost_utils.sync_global_devices(f"data_state_{step}")
         if jax.process_index() == 0:
             if meta is not None:
                 with open(os.path.join(self.step_dir(step), META_NAME), "w") as f:
                     json.dump(meta, f, sort_keys=True)
             write_digest(self.step_dir(step))
+
+    def _data_state_path(self, step: int) -> str:
+        return os.path.join(self.step_dir(step), f"data_iterator.process{jax.process_index()}.json")
+
+    def data_state(self, step: int) -> dict | None:
+        """This process's data-iterator state saved with step ``step`` (None if none was)."""
+        path = self._data_state_path(step)
+        if not os.path.exists(path):
+            return None
+        with open(path) as f:
+            return json.load(f)
 
     def meta(self, step: int) -> dict:
         """The ``meta`` saved with step ``step`` ({} if none: a step saved without it)."""

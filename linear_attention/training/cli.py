@@ -31,6 +31,7 @@ import numpy as np
 from absl import flags
 from ml_collections import config_dict, config_flags
 
+from linear_attention.data.tokenizers import BYTES, load_tokenizer
 from linear_attention.models import generate_stream
 from linear_attention.models.config import ModelConfig
 from linear_attention.training import config as config_lib
@@ -55,7 +56,7 @@ GENERATE_USAGE = (
 # The dataclass behind each section, for --help and for typing config.json's None fields.
 _SECTION_CLASSES = {
     "model": (ModelConfig,),
-    "data": (config_lib.MQARDataConfig, config_lib.TextDataConfig),
+    "data": (config_lib.MQARDataConfig, config_lib.TextDataConfig, config_lib.TokenDataConfig),
     "optimizer": (config_lib.OptimizerConfig,),
     "train": (config_lib.TrainConfig,),
     "mesh": (config_lib.MeshConfig,),
@@ -387,9 +388,9 @@ def _override_values(argv: list[str]) -> dict[str, str]:
 
 def generate_main(argv: list[str] | None = None) -> int:
     """Entry point of ``la-generate``: sample from a text run's checkpoint, printing the prompt
-    and then each byte as it is drawn. Token i is drawn from ``fold_in(key(seed), i)`` with
-    ``softmax(logits / temperature)`` over the ``top_k`` largest logits (0: all);
-    ``--temperature 0`` is greedy."""
+    (encoded with the run's tokenizer) and then the text of each token as it is drawn. Token i
+    is drawn from ``fold_in(key(seed), i)`` with ``softmax(logits / temperature)`` over the
+    ``top_k`` largest logits (0: all); ``--temperature 0`` is greedy."""
     argv = list(sys.argv if argv is None else argv)
     if any(a in ("-h", "--help", "-help") for a in argv[1:]):
         print(_help(GENERATE_USAGE, generate_main.__doc__))
@@ -398,7 +399,7 @@ def generate_main(argv: list[str] | None = None) -> int:
     def extra(fv):
         _workdir_flag(fv)
         flags.DEFINE_string("prompt", None, "text to continue", flag_values=fv)
-        flags.DEFINE_integer("num_tokens", None, "bytes to generate", flag_values=fv)
+        flags.DEFINE_integer("num_tokens", None, "tokens to generate", flag_values=fv)
         flags.DEFINE_float("temperature", 1.0, "sampling temperature (0: greedy)", flag_values=fv)
         flags.DEFINE_integer(
             "top_k", 0, "sample among the k largest logits (0: all)", flag_values=fv
@@ -409,10 +410,11 @@ def generate_main(argv: list[str] | None = None) -> int:
         workdir = _pop_workdir(argv)
         fv = _parse(argv, _run_config(workdir, GENERATE_USAGE), extra)
         cfg = _validate(fv.config)
-        if cfg.data.kind != "text":
+        if cfg.data.kind == "mqar" or not cfg.data.tokenizer:
             raise UsageError(
-                f"la-generate samples bytes; {workdir} is a {cfg.data.kind!r} run "
-                "(config.data.kind must be 'text')"
+                f"la-generate samples text; {workdir} is a {cfg.data.kind!r} run without a "
+                "tokenizer (config.data.kind must be 'text', or 'tokens' with "
+                "config.data.tokenizer)"
             )
         if not fv.prompt:
             raise UsageError(f"--prompt is required (a non-empty text)\n{GENERATE_USAGE}")
@@ -421,7 +423,8 @@ def generate_main(argv: list[str] | None = None) -> int:
         if fv.top_k < 0:
             raise UsageError(f"--top_k must be >= 0 (0: all), got {fv.top_k}")
         model, _ = load_run(workdir, config=fv.config, step=fv.step)
-        prompt = np.frombuffer(fv.prompt.encode(), np.uint8).astype(np.int32)[None]
+        tokenizer = load_tokenizer(cfg.data.tokenizer)
+        prompt = tokenizer.encode(fv.prompt).astype(np.int32)[None]
         tokens = generate_stream(
             model,
             prompt,
@@ -433,12 +436,26 @@ def generate_main(argv: list[str] | None = None) -> int:
         first = next(tokens)  # arguments are checked when the first token is asked for
     except (UsageError, ValueError) as e:
         return _error("la-generate", e)
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     sys.stdout.write(fv.prompt)
+    if tokenizer.name == BYTES:
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        for token in itertools.chain([first], tokens):
+            sys.stdout.write(decoder.decode(bytes([int(token[0])])))
+            sys.stdout.flush()
+        sys.stdout.write(decoder.decode(b"", final=True) + "\n")
+        return 0
+    # Other tokenizers: decode everything drawn so far and print what is new, holding back a
+    # trailing replacement character (a token that ends inside a UTF-8 character).
+    drawn, shown = [], ""
     for token in itertools.chain([first], tokens):
-        sys.stdout.write(decoder.decode(bytes([int(token[0])])))
-        sys.stdout.flush()
-    sys.stdout.write(decoder.decode(b"", final=True) + "\n")
+        drawn.append(int(token[0]))
+        text = tokenizer.decode(drawn).rstrip("\ufffd")
+        if text.startswith(shown):
+            sys.stdout.write(text[len(shown) :])
+            sys.stdout.flush()
+            shown = text
+    text = tokenizer.decode(drawn)
+    sys.stdout.write((text[len(shown) :] if text.startswith(shown) else "") + "\n")
     return 0
 
 

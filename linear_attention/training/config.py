@@ -15,20 +15,22 @@ import typing
 from collections.abc import Mapping
 from typing import Any
 
-from linear_attention.data import VOCAB_SIZE as TEXT_VOCAB_SIZE
 from linear_attention.data import check_mqar_settings
+from linear_attention.data.corpus import TOKEN_DTYPES
 from linear_attention.data.forgetting_mqar import check_forgetting_settings
 from linear_attention.data.mad import OPTION_DEFAULTS, check_mad_settings, mad_num_tokens
+from linear_attention.data.sources import LOADERS
 from linear_attention.data.state_tracking import (
     check_state_tracking_settings,
     task_vocab_size,
 )
+from linear_attention.data.tokenizers import check_tokenizer_spec, load_tokenizer
 from linear_attention.models.config import ModelConfig
 
 SCHEDULES = ("cosine", "linear", "constant")
 # Metrics an early stop can watch, and whether larger is better.
 STOP_METRICS = {"eval/accuracy": True, "eval/loss": False, "eval/bits_per_byte": False}
-DATA_KINDS = ("mqar", "text", "mad", "state_tracking")
+DATA_KINDS = ("mqar", "text", "tokens", "mad", "state_tracking")
 
 
 def _fail(path: str, message: str):
@@ -104,8 +106,21 @@ class TextDataConfig:
     num_val_windows: int = 512
     pack: bool = False
     separator: str = ""
+    tokenizer: str = "bytes"  # or a tokenizer.json / sentencepiece .model file
+    text_field: str = "text"  # the field of a JSONL record / column of a Parquet file
+    loader: str = "windows"  # or "grain": the Grain pipeline, its state in each checkpoint
 
     def validate(self, path: str):
+        try:
+            check_tokenizer_spec(self.tokenizer)
+        except ValueError as e:
+            _fail(f"{path}.tokenizer", str(e))
+        if self.loader not in LOADERS:
+            _fail(f"{path}.loader", f"must be one of {LOADERS}, got {self.loader!r}")
+        if self.loader == "grain" and not self.pack:
+            _fail(f"{path}.loader", f"= 'grain' packs documents: needs config.{path}.pack = True")
+        if not self.text_field:
+            _fail(f"{path}.text_field", "must be a non-empty field name")
         _need_int(f"{path}.seq_len", self.seq_len)
         _need_int(f"{path}.max_bytes", self.max_bytes, minimum=0)
         _need_range(f"{path}.val_fraction", self.val_fraction, 0.0, 0.5, closed_low=False)
@@ -126,7 +141,42 @@ class TextDataConfig:
 
     @property
     def tokens(self) -> int:
-        return TEXT_VOCAB_SIZE
+        return load_tokenizer(self.tokenizer).vocab_size
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenDataConfig:
+    """Pre-tokenized data (see `linear_attention.data.sources.token_file_source`): a flat
+    binary file of ``token_dtype`` ids (``.bin``, memory-mapped; nanoGPT / Megatron) or a
+    ``.npy``, trained through the Grain pipeline. ``tokenizer``: the file that made the tokens
+    ("" if unknown: no bits per byte and no samples then)."""
+
+    kind: str
+    seq_len: int
+    path: str
+    token_dtype: str = "uint16"
+    val_fraction: float = 0.02
+    num_val_windows: int = 512
+    tokenizer: str = ""
+
+    def validate(self, path: str):
+        _need_int(f"{path}.seq_len", self.seq_len)
+        _need_range(f"{path}.val_fraction", self.val_fraction, 0.0, 0.5, closed_low=False)
+        _need_int(f"{path}.num_val_windows", self.num_val_windows)
+        if not os.path.isfile(self.path):
+            _fail(f"{path}.path", f"= {self.path!r} is not a file (a .bin or .npy of token ids)")
+        if self.token_dtype not in TOKEN_DTYPES:
+            _fail(f"{path}.token_dtype", f"must be one of {TOKEN_DTYPES}, got {self.token_dtype!r}")
+        if self.tokenizer:
+            try:
+                check_tokenizer_spec(self.tokenizer)
+            except ValueError as e:
+                _fail(f"{path}.tokenizer", str(e))
+
+    @property
+    def tokens(self) -> int:
+        """The tokenizer's vocabulary (the ids themselves are checked when the file is read)."""
+        return load_tokenizer(self.tokenizer).vocab_size if self.tokenizer else 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -332,7 +382,9 @@ class MeshConfig:
 class ExperimentConfig:
     seed: int
     model: ModelConfig
-    data: MQARDataConfig | TextDataConfig | MADDataConfig | StateTrackingDataConfig
+    data: (
+        MQARDataConfig | TextDataConfig | TokenDataConfig | MADDataConfig | StateTrackingDataConfig
+    )
     optimizer: OptimizerConfig
     train: TrainConfig
     mesh: MeshConfig
@@ -435,6 +487,7 @@ def experiment_config(config) -> ExperimentConfig:
     data_cls = {
         "mqar": MQARDataConfig,
         "text": TextDataConfig,
+        "tokens": TokenDataConfig,
         "mad": MADDataConfig,
         "state_tracking": StateTrackingDataConfig,
     }[kind]
@@ -476,7 +529,12 @@ def experiment_config(config) -> ExperimentConfig:
             "optimizer.warmup_steps",
             f"= {optimizer.warmup_steps} exceeds config.train.num_steps = {train.num_steps}",
         )
-    if kind not in ("text", "mqar"):  # (MQAR says so below, in its own words)
+    if kind == "tokens" and not data.tokenizer:
+        if train.sample_tokens:
+            _fail("train.sample_tokens", "must be 0 without config.data.tokenizer (no text)")
+        if train.stop_metric == "eval/bits_per_byte":
+            _fail("train.stop_metric", "= 'eval/bits_per_byte' needs config.data.tokenizer")
+    if kind not in ("text", "tokens", "mqar"):  # (MQAR says so below, in its own words)
         if train.sample_tokens:
             _fail("train.sample_tokens", f"must be 0 for {kind} (there is no text to sample)")
         if train.stop_metric == "eval/bits_per_byte":

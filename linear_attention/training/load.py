@@ -88,9 +88,11 @@ def load_run(
 
 def evaluate_run(workdir: str, *, config=None, step: int | None = None) -> dict:
     """Evaluate checkpoint ``step`` (default: the latest) on the evaluation data of ``config``
-    (default: the run's own): the metrics of ``summary.json`` (``eval/loss``,
+    (default: the run's own; another ``config.data.path`` is read with the run's tokenizer, and
+    its validation split evaluated): the metrics of ``summary.json`` (``eval/loss``,
     ``eval/accuracy``, ``eval/bits_per_byte`` for text), computed as training computes them,
     with ``step``."""
     run = restore_run(workdir, config=config, step=step)
-    metrics = evaluate(run.state, build_data(run.config), run.config, run.graphdef, run.mesh)
+    data = build_data(run.config, cache_dir=os.path.join(workdir, "token_cache"))
+    metrics = evaluate(run.state, data, run.config, run.graphdef, run.mesh)
     return {"step": run.step, **metrics}

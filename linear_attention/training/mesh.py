@@ -87,6 +87,14 @@ def shard_batch(batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array
     }
 
 
+def shard_local_batch(batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
+    """Place a batch of which each process holds its own rows (a loader sharded by process)
+    on the mesh: the global batch is the processes' rows in process order, split over
+    ``data``. With one process this is `shard_batch`."""
+    sharding = batch_sharding(mesh)
+    return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in batch.items()}
+
+
 def sequence_parallel_stats(stats_fn, model, batch: dict, mesh: Mesh):
     """``stats_fn(model, batch)`` (sums over the batch) computed in `jax.shard_map`: every batch
     entry (``[B, T]``) split by rows over ``data`` and by time over ``seq``, the model run in

@@ -29,10 +29,10 @@ from linear_attention.training.trainer import build_model, train_step
 
 def abstract_batch(cfg, mesh) -> dict[str, jax.ShapeDtypeStruct]:
     """The shapes and dtypes of a training batch (int32 ``inputs``, ``labels`` and, for packed
-    text, ``segment_ids``), rows split over the mesh's ``data`` axis."""
+    text and token files, ``segment_ids``), rows split over the mesh's ``data`` axis."""
     shape, sharding = (cfg.train.batch_size, cfg.data.seq_len), batch_sharding(mesh)
     names = ["inputs", "labels"]
-    if cfg.data.kind == "text" and cfg.data.pack:
+    if (cfg.data.kind == "text" and cfg.data.pack) or cfg.data.kind == "tokens":
         names.append("segment_ids")
     return {k: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=sharding) for k in names}
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-import math
 import os
 import signal
 import threading
@@ -33,9 +32,11 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from linear_attention.data import IGNORE_INDEX, MQARData, TextData
+from linear_attention.data import IGNORE_INDEX, MQARData
 from linear_attention.data.mad import MADData
+from linear_attention.data.sources import text_source, token_file_source
 from linear_attention.data.state_tracking import StateTrackingData
+from linear_attention.data.tokenizers import bits_per_byte, label_bytes
 from linear_attention.models import LanguageModel, ModelConfig, generate, redraw_features
 from linear_attention.models.tokens import check_token_ids
 from linear_attention.training.checkpoint import Checkpoints
@@ -52,6 +53,7 @@ from linear_attention.training.mesh import (
     make_mesh,
     sequence_parallel_stats,
     shard_batch,
+    shard_local_batch,
     state_shardings,
 )
 from linear_attention.training.metrics import MetricsWriter, Reporter, Throughput, write_json
@@ -122,7 +124,9 @@ class _StopSignals:
             signal.signal(sig, handler)
 
 
-def build_data(config: ExperimentConfig):
+def build_data(config: ExperimentConfig, *, cache_dir: str | None = None, message=None):
+    """The data source of ``config.data``: a synthetic task, text (`sources.text_source`;
+    tokenized text cached in ``cache_dir``) or a token file (`sources.token_file_source`)."""
     d = config.data
     if d.kind == "state_tracking":
         return StateTrackingData(
@@ -155,15 +159,34 @@ def build_data(config: ExperimentConfig):
             seed=config.seed,
             **d.options,
         )
-    return TextData(
+    common = dict(
         seq_len=d.seq_len,
-        path=d.path or None,
-        max_bytes=d.max_bytes or None,
         val_fraction=d.val_fraction,
         num_val_windows=d.num_val_windows,
         seed=config.seed,
+        batch_size=config.train.batch_size,
+        process_index=jax.process_index(),
+        process_count=jax.process_count(),
+    )
+    if d.kind == "tokens":
+        return token_file_source(
+            path=d.path,
+            token_dtype=d.token_dtype,
+            vocab_size=config.model.vocab_size,
+            tokenizer=d.tokenizer,
+            **common,
+        )
+    return text_source(
+        path=d.path,
+        tokenizer=d.tokenizer,
+        text_field=d.text_field,
+        loader=d.loader,
+        max_bytes=d.max_bytes or None,
         pack=d.pack,
         separator=d.separator_bytes,
+        cache_dir=cache_dir,
+        message=message,
+        **common,
     )
 
 
@@ -314,10 +337,13 @@ def evaluate(state, data, config: ExperimentConfig, graphdef, mesh) -> dict[str,
     macro = getattr(data, "score", "micro") == "class_macro"
     groups = getattr(data, "eval_groups", None)
     groups = groups(batch_size) if groups else {"": data.eval_batches(batch_size)}
-    totals = {}
+    token_bytes = getattr(data, "token_bytes", None)  # None: no text (or no tokenizer)
+    totals, num_bytes = {}, 0
     for name, batches in groups.items():
         sums = []
         for b in batches:
+            if token_bytes is not None:
+                num_bytes += label_bytes(b["labels"], token_bytes)
             b = shard_batch(checked(b, config.model, "an eval batch"), mesh)
             if macro:
                 sums.append(class_eval_step(state, b, graphdef=graphdef))
@@ -336,8 +362,8 @@ def evaluate(state, data, config: ExperimentConfig, graphdef, mesh) -> dict[str,
     if macro:  # MAD's score; the plain token accuracy is kept beside it
         out["eval/token_accuracy"] = out["eval/accuracy"]
         out["eval/accuracy"] = class_macro_accuracy(correct, count)
-    if config.data.kind == "text":
-        out["eval/bits_per_byte"] = out["eval/loss"] / math.log(2)  # one token is one byte
+    if token_bytes is not None:  # over the bytes the predicted tokens cover
+        out["eval/bits_per_byte"] = bits_per_byte(float(loss_sum), count_total, num_bytes)
     return out
 
 
@@ -385,9 +411,9 @@ def _param_count(abstract_model) -> int:
     return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(abstract_model, nnx.Param)))
 
 
-def _sample(state, graphdef, config: ExperimentConfig) -> str:
+def _sample(state, graphdef, config: ExperimentConfig, tokenizer) -> str:
     model, _ = nnx.merge(graphdef, state)
-    prompt = np.frombuffer(config.train.sample_prompt.encode(), np.uint8).astype(np.int32)
+    prompt = tokenizer.encode(config.train.sample_prompt).astype(np.int32)
     tokens = generate(
         model,
         prompt[None],
@@ -396,8 +422,8 @@ def _sample(state, graphdef, config: ExperimentConfig) -> str:
         temperature=config.train.sample_temperature,
         top_k=config.train.sample_top_k or None,
     )
-    new = np.asarray(jax.device_get(tokens))[0].astype(np.uint8).tobytes()
-    return (config.train.sample_prompt.encode() + new).decode("utf-8", errors="replace")
+    new = np.asarray(jax.device_get(tokens))[0]
+    return tokenizer.decode(np.concatenate([prompt, new]))
 
 
 def train(config, workdir: str, *, reporter: Reporter | None = None) -> dict:
@@ -457,7 +483,8 @@ class Run:
         config_dict = json.loads(json.dumps(cfg.to_dict()))
         _check_resume_config(os.path.join(workdir, "config.json"), config_dict, cfg)
         try:
-            self.data = build_data(cfg)
+            cache = os.path.join(workdir, "token_cache")
+            self.data = build_data(cfg, cache_dir=cache, message=reporter.message)
         except ValueError as e:
             raise RunError(f"config.data: {e}") from None
 
@@ -487,6 +514,14 @@ class Run:
         self.start, self.state = self.checkpoints.restore_latest(target, message=reporter.message)
         if self.start:
             reporter.message(f"resuming from step {self.start} ({self.checkpoints.directory})")
+            if hasattr(self.data, "restore_iterator"):  # a loader with a state (Grain)
+                data_state = self.checkpoints.data_state(self.start)
+                if data_state is None:
+                    raise RunError(
+                        f"checkpoint step {self.start} in {self.checkpoints.directory} holds no "
+                        "data iterator state, which config.data's loader needs to resume"
+                    )
+                self.data.restore_iterator(data_state)
         else:
             self.state = jax.device_put(nnx.state(build_model(cfg, tx)), shardings)
         meta = self.checkpoints.meta(self.start) if self.start else {}
@@ -598,7 +633,11 @@ class Run:
                 self.state, key, graphdef=self.graphdef, mesh=self.mesh, fsdp=self.fsdp
             )
         batch = self.data.train_batch(s, self.cfg.train.batch_size)
-        batch = shard_batch(checked(batch, self.cfg.model, f"the batch of step {s + 1}"), self.mesh)
+        batch = checked(batch, self.cfg.model, f"the batch of step {s + 1}")
+        if getattr(self.data, "process_local", False):  # each process holds its own rows
+            batch = shard_local_batch(batch, self.mesh)
+        else:
+            batch = shard_batch(batch, self.mesh)
         self.profiler.before_step(s)
         self.state, metrics = train_step(
             self.state,
@@ -659,7 +698,13 @@ class Run:
         return evaluate(self.state, self.data, self.cfg, self.graphdef, self.mesh)
 
     def save(self) -> None:
-        self.checkpoints.save(self.done, self.state, {"timings": self.throughput.totals()})
+        data_state = getattr(self.data, "iterator_state", None)  # a loader with a state
+        self.checkpoints.save(
+            self.done,
+            self.state,
+            {"timings": self.throughput.totals()},
+            data_state=data_state() if data_state else None,
+        )
 
     # ------------------------------------------------------------------ the end
     def finish(self) -> dict:
@@ -679,8 +724,10 @@ class Run:
             num_devices=int(self.mesh.devices.size),
             resumed_from_step=self.start,
         )
+        if getattr(self.data, "provenance", None):  # what the corpus was: LM figures depend on it
+            summary["corpus"] = self.data.provenance
         if cfg.train.sample_tokens:
-            summary["sample"] = _sample(self.state, self.graphdef, cfg)
+            summary["sample"] = _sample(self.state, self.graphdef, cfg, self.data.tokenizer)
             self.reporter.message(f"sample:\n{summary['sample']}")
         if self.lead:
             write_json(os.path.join(self.workdir, "summary.json"), summary)

@@ -77,3 +77,95 @@ def delta_rule_loop(q, k, v, beta, log_decay=None, s0=None):
         S = transition @ S + bt * kt[..., :, None] * v[:, t, :, None, :]
         o[:, t] = np.einsum("bhk,bhkd->bhd", q[:, t], S)
     return o, S
+
+
+def _new_doc(segment_ids, t):
+    """[B] bool: token t starts a new document (never at t = 0)."""
+    if segment_ids is None or t == 0:
+        return None
+    ids = np.asarray(segment_ids)
+    return ids[:, t] != ids[:, t - 1]
+
+
+def _zero_rows(S, new_doc):
+    return S if new_doc is None else np.where(new_doc[:, None, None, None], 0.0, S)
+
+
+def kda_loop(q, k, v, beta, log_decay=None, s0=None, segment_ids=None):
+    """Grouped value heads, a decay per head or per key channel (KDA), in float64:
+
+    S_t = (I − β_t k_t k_tᵀ) Diag(exp(a_t)) S_{t−1} + β_t k_t v_tᵀ;  o_t = S_tᵀ q_t, value head j
+    reading q/k head j // (HV // H). `log_decay`: None, [HV], [B,T,HV] or [B,T,HV,K].
+    Returns (o [B,T,HV,Dv], S [B,HV,K,Dv]).
+    """
+    q, k, v, beta = (np.asarray(x, np.float64) for x in (q, k, v, beta))
+    B, T, H, K = q.shape
+    HV, Dv = v.shape[2], v.shape[3]
+    q, k = np.repeat(q, HV // H, axis=2), np.repeat(k, HV // H, axis=2)
+    if log_decay is None:
+        a = np.zeros((B, T, HV, 1))
+    elif np.ndim(log_decay) == 4:
+        a = np.broadcast_to(np.asarray(log_decay, np.float64), (B, T, HV, K))
+    else:
+        a = np.broadcast_to(np.asarray(log_decay, np.float64), (B, T, HV))[..., None]
+    S = np.zeros((B, HV, K, Dv)) if s0 is None else np.array(s0, np.float64)
+    o = np.zeros((B, T, HV, Dv))
+    for t in range(T):
+        S = _zero_rows(np.exp(a[:, t])[..., None] * S, _new_doc(segment_ids, t))
+        kt, bt = k[:, t], beta[:, t][..., None]
+        read = np.einsum("bhk,bhkd->bhd", kt, S)
+        S = S + kt[..., :, None] * (bt * (v[:, t] - read))[..., None, :]
+        o[:, t] = np.einsum("bhk,bhkd->bhd", q[:, t], S)
+    return o, S
+
+
+def dplr_loop(q, k, v, a, b, log_decay=None, s0=None, segment_ids=None):
+    """S_t = Diag(exp(w_t)) S_{t−1} + b_t (a_tᵀ S_{t−1}) + k_t v_tᵀ;  o_t = S_tᵀ q_t, in float64.
+
+    `log_decay` w: None, [H], [B,T,H] or [B,T,H,K]. A new document zeroes S_{t−1} (both terms).
+    """
+    q, k, v, a, b = (np.asarray(x, np.float64) for x in (q, k, v, a, b))
+    B, T, H, K = q.shape
+    Dv = v.shape[-1]
+    if log_decay is None:
+        w = np.zeros((B, T, H, 1))
+    elif np.ndim(log_decay) == 4:
+        w = np.broadcast_to(np.asarray(log_decay, np.float64), (B, T, H, K))
+    else:
+        w = np.broadcast_to(np.asarray(log_decay, np.float64), (B, T, H))[..., None]
+    S = np.zeros((B, H, K, Dv)) if s0 is None else np.array(s0, np.float64)
+    o = np.zeros((B, T, H, Dv))
+    for t in range(T):
+        S = _zero_rows(S, _new_doc(segment_ids, t))
+        read = np.einsum("bhk,bhkd->bhd", a[:, t], S)
+        S = (
+            np.exp(w[:, t])[..., None] * S
+            + b[:, t, :, :, None] * read[:, :, None, :]
+            + k[:, t, :, :, None] * v[:, t, :, None, :]
+        )
+        o[:, t] = np.einsum("bhk,bhkd->bhd", q[:, t], S)
+    return o, S
+
+
+def delta_product_loop(q, k, v, beta, log_decay=None, s0=None, segment_ids=None):
+    """Per token: S ← exp(a_t) S, then for j = 1..n: S ← (I − β_tj k_tj k_tjᵀ) S + β_tj k_tj v_tjᵀ;
+    o_t = S_tᵀ q_t, in float64. k [B,T,H,n,K], v [B,T,H,n,Dv], beta [B,T,H,n]; `log_decay` None,
+    [H] or [B,T,H]."""
+    q, k, v, beta = (np.asarray(x, np.float64) for x in (q, k, v, beta))
+    B, T, H, n, K = k.shape
+    Dv = v.shape[-1]
+    a = (
+        np.zeros((B, T, H))
+        if log_decay is None
+        else np.broadcast_to(np.asarray(log_decay, np.float64), (B, T, H))
+    )
+    S = np.zeros((B, H, K, Dv)) if s0 is None else np.array(s0, np.float64)
+    o = np.zeros((B, T, H, Dv))
+    for t in range(T):
+        S = _zero_rows(np.exp(a[:, t])[..., None, None] * S, _new_doc(segment_ids, t))
+        for j in range(n):
+            kt, bt = k[:, t, :, j], beta[:, t, :, j][..., None]
+            read = np.einsum("bhk,bhkd->bhd", kt, S)
+            S = S + kt[..., :, None] * (bt * (v[:, t, :, j] - read))[..., None, :]
+        o[:, t] = np.einsum("bhk,bhkd->bhd", q[:, t], S)
+    return o, S

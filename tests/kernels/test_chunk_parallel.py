@@ -11,7 +11,7 @@ import pytest
 from jax.test_util import check_grads
 
 from linear_attention import kernels as K
-from linear_attention.kernels.chunk_parallel import causal_chunk_parallel
+from linear_attention.kernels.linear.chunk_parallel import causal_chunk_parallel
 from tests.kernels.reference import causal_linear_attention_loop, rel_err
 
 B, T, H, M, DV = 2, 13, 2, 3, 4

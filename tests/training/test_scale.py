@@ -117,6 +117,7 @@ SCRIPT = textwrap.dedent(
             "max_state_err": max(float(np.max(np.abs(a - b))) for a, b in zip(s1, s2)),
             "embed_shard": shard,
             "param_dtypes": dtypes,
+            "state": [x.ravel().tolist() for x in s2],
         }
     print("RESULT" + json.dumps(out))
     """
@@ -129,17 +130,29 @@ def split_result():
     env["XLA_FLAGS"] = env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
     env["JAX_PLATFORMS"] = "cpu"
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    proc = subprocess.run(
+    proc = subprocess.Popen(
         [sys.executable, "-c", SCRIPT],
         cwd=ROOT,
         env=env,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=DEADLINE_S,
     )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT"))
-    return json.loads(line[len("RESULT") :])
+    # Meanwhile the bfloat16 step on one device, here (this process sees one CPU device).
+    config = _config(num_layers=1, dtype="bfloat16", param_dtype="bfloat16")
+    cfg = experiment_config(config)
+    mesh = make_mesh(1)
+    batch = shard_batch(trainer.build_data(cfg).train_batch(0, cfg.train.batch_size), mesh)
+    metrics, state = _one_step(config, 1, mesh, batch)
+    stdout, stderr = proc.communicate(timeout=DEADLINE_S)
+    assert proc.returncode == 0, stderr[-4000:]
+    line = next(x for x in stdout.splitlines() if x.startswith("RESULT"))
+    out = json.loads(line[len("RESULT") :])
+    out["bf16_one"] = {
+        "metrics": {k: float(v) for k, v in metrics.items()},
+        "state": [np.asarray(x, np.float32).ravel() for x in jax.tree.leaves(state)],
+    }
+    return out
 
 
 def test_fsdp_with_split_time_and_accumulation_equals_one_device(split_result):
@@ -154,15 +167,43 @@ def test_fsdp_with_split_time_and_accumulation_equals_one_device(split_result):
     assert r["embed_shard"] == [vocab // 2, d_model] and r["param_dtypes"] == ["float32"]
 
 
-def test_bfloat16_parameters_under_a_split_match_float32_on_one_device(split_result):
-    """bfloat16 parameters (and compute) under data 2 × seq 2 with FSDP: they stay bfloat16
-    through the update, and the loss, gradient norm and new state are the float32 one-device
-    step's to bfloat16 rounding (8 bits of mantissa: ~0.4% per rounding)."""
-    r = split_result["bf16"]
-    one, split = r["metrics"]
+def test_bfloat16_parameters_under_a_split_equal_one_device(split_result):
+    """bfloat16 parameters (and compute) under data 2 × seq 2 with FSDP and 2 micro-batches:
+    they stay bfloat16 through the update, and the loss, gradient norm and new state are the
+    bfloat16 one-device step's, to bfloat16 rounding (8 bits: ~0.4% per rounding; the
+    micro-batches and the split sum in another order)."""
+    r, one = split_result["bf16"], split_result["bf16_one"]
     assert r["param_dtypes"] == ["bfloat16"]
-    np.testing.assert_allclose(split["train/loss"], one["train/loss"], rtol=1e-2)
-    np.testing.assert_allclose(split["grad_norm"], one["grad_norm"], rtol=5e-2)
-    # parameters ~0.02 and Adam's first update ~lr = 1e-3: their bfloat16 rounding (~1e-4),
-    # and the second moment's (squared gradients, up to ~1e-2 in absolute terms)
-    assert r["max_state_err"] < 2e-2
+    for key in ("train/loss", "grad_norm"):
+        np.testing.assert_allclose(r["metrics"][1][key], one["metrics"][key], rtol=2e-2)
+    for a, b in zip(r["state"], one["state"], strict=True):
+        np.testing.assert_allclose(a, b, rtol=2e-2, atol=3e-3)  # (a flipped sign: 2·lr)
+
+
+# configs/lm.py's paper-size presets: (published nominal size, this library's count as stated
+# in the docstring, the difference the docstring gives: what the published model has beyond it).
+PAPER_PRESETS = {
+    "transformer_340m": (340e6, 341.1e6, 0),
+    "transformer_1.3b": (1.3e9, 1298.8e6, 0),
+    "gla_340m": (340e6, 367.1e6, -24 * 1024**2),  # the paper's keys are half as wide
+    "gla_1.3b": (1.3e9, 1401.1e6, -24 * 2048**2),
+    "gated_deltanet_400m": (400e6, 399.6e6, 0),
+    "gated_deltanet_1.3b": (1.3e9, 1189.2e6, 21 * 3 * 2048 * 1536),  # values expanded 2x
+}
+
+
+@pytest.mark.parametrize("preset", PAPER_PRESETS)
+def test_paper_size_presets_have_the_documented_sizes(preset):
+    """Each preset's parameter count (abstract shapes: nothing allocated) is the one its
+    docstring states; the transformers are within 2% of the published size, and the others are
+    within 2% once the stated architectural difference is added (GDN 1.3b: of 1.387B, as the
+    docstring says the published 1.3B is nominal)."""
+    published, stated, missing = PAPER_PRESETS[preset]
+    cfg = experiment_config(load_config("lm", preset))
+    tx, _ = make_optimizer(cfg.optimizer, 1)
+    model = nnx.eval_shape(lambda: trainer.build_model(cfg, tx)[0])
+    count = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+    assert abs(count - stated) <= 0.05e6
+    reference = 1387e6 if preset == "gated_deltanet_1.3b" else published
+    assert abs(count + missing - reference) <= 0.02 * reference
+    assert cfg.train.batch_size * cfg.data.seq_len == 524_288  # 0.5M tokens per step

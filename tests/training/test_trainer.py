@@ -177,8 +177,8 @@ def test_interrupt_and_resume_equals_uninterrupted(tmp_path, tiny_config, monkey
     # the logged step 3): the rerun restarts from step 2, redoes step 3, redraws at 4.
     real_build = trainer.build_data
 
-    def interrupting_build(cfg):
-        data = real_build(cfg)
+    def interrupting_build(cfg, **kwargs):
+        data = real_build(cfg, **kwargs)
         real_batch = data.train_batch
 
         def train_batch(step, batch_size):
@@ -266,8 +266,8 @@ def test_sigterm_saves_a_checkpoint_at_the_current_step(tmp_path, tiny_config, m
     trainer.train(tiny_config, straight)
     real_build = trainer.build_data
 
-    def signalling_build(cfg):
-        data = real_build(cfg)
+    def signalling_build(cfg, **kwargs):
+        data = real_build(cfg, **kwargs)
         real_batch = data.train_batch
 
         def train_batch(step, batch_size):

@@ -33,12 +33,16 @@ and decoding tokens/s, measured after training on a freshly built model of the s
 weights do not change the work per token): ``step_fn`` over a whole ``seq_len`` context from an
 empty state at ``decode_batch_size`` sequences, after one compiling step; written to
 ``decode.json``. ``loss_curves.png`` plots every best-lr run's training loss (in bits per byte)
-and its validation points from ``metrics.jsonl``.
+and its validation points from ``metrics.jsonl``. MAD and state tracking (`synthetic`): a
+mixer × task table of the best learning rate's mean accuracy (min–max over seeds), and
+``mad_heatmap.png`` or ``accuracy_vs_length.png`` (each evaluation length's accuracy);
+``results.csv`` keeps every ``eval/`` metric of each run (state tracking: per length).
 
 One file per job: `grid` (axes, points, ``--only``, order, loading a sweep config), `points`
 (one run: train, skip, resume, decode speed, state bytes, dry run), `workers` (worker
 processes and signal forwarding), `results` (rows, best learning rate, CSV), `tables`
-(Markdown), `figures` (PNG), `runner` (`run`, `report`) and `cli` (`main`).
+(Markdown), `figures` (PNG), `synthetic` (the MAD / state-tracking tables and figures),
+`runner` (`run`, `report`) and `cli` (`main`).
 """
 
 from linear_attention.training.sweep.cli import main

@@ -17,7 +17,12 @@ from linear_attention.training.sweep.grid import Axis, Point, format_value
 from linear_attention.training.sweep.points import state_bytes
 
 # The metric each kind of run is judged by, and whether larger is better.
-METRICS = {"mqar": ("eval/accuracy", True), "text": ("eval/bits_per_byte", False)}
+METRICS = {
+    "mqar": ("eval/accuracy", True),
+    "text": ("eval/bits_per_byte", False),
+    "mad": ("eval/accuracy", True),  # class-macro accuracy
+    "state_tracking": ("eval/accuracy", True),  # mean over the evaluation lengths
+}
 
 
 SUMMARY_KEYS = (
@@ -36,6 +41,9 @@ SUMMARY_KEYS = (
     "resumed_from_step",
 )
 
+# The corpus record of a text run's summary (``summary["corpus"]``) carried into results rows.
+CORPUS_KEYS = ("python", "path", "bytes", "sha256", "tokenizer")
+
 
 def collect(axes: list[Axis], points: list[Point], runs_dir: Path) -> list[dict]:
     """One row per point: axis labels, field values, status, state bytes and final metrics."""
@@ -49,7 +57,14 @@ def collect(axes: list[Axis], points: list[Point], runs_dir: Path) -> list[dict]
         if (run_dir / "summary.json").exists():
             summary = json.loads((run_dir / "summary.json").read_text())
             row["status"] = "ok"
-            row.update({k: summary[k] for k in SUMMARY_KEYS if k in summary})
+            # (and every other eval/ metric: state tracking's accuracy per length)
+            row.update(
+                {k: v for k, v in summary.items() if k in SUMMARY_KEYS or k.startswith("eval/")}
+            )
+            # what an LM run's corpus was (its figures depend on it: the built-in corpus is
+            # the running Python's standard library)
+            corpus = summary.get("corpus") or {}
+            row.update({f"corpus/{k}": corpus[k] for k in CORPUS_KEYS if k in corpus})
             if (run_dir / "decode.json").exists():
                 decode = json.loads((run_dir / "decode.json").read_text())
                 row["decode_tokens_per_sec"] = decode["decode_tokens_per_sec"]
@@ -99,7 +114,8 @@ def rows_from_csv(axes: list[Axis], points: list[Point], path: Path) -> list[dic
                 )
         row["state_bytes"] = int(old["state_bytes"])
         row["status"] = old["status"]
-        for key in (*SUMMARY_KEYS, "decode_tokens_per_sec"):
+        extra = [k for k in old if k.startswith("eval/") and k not in SUMMARY_KEYS]
+        for key in (*SUMMARY_KEYS, *extra, "decode_tokens_per_sec"):
             value = _number(old.get(key, ""))
             if value is not None:
                 row[key] = value

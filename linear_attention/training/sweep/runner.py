@@ -9,6 +9,11 @@ from linear_attention.training.sweep.figures import plot_loss_curves, plot_mqar
 from linear_attention.training.sweep.grid import Axis, Point, expand, prepare, run_order
 from linear_attention.training.sweep.points import dry_run, is_finished, run_point
 from linear_attention.training.sweep.results import best_rows, collect, rows_from_csv, write_csv
+from linear_attention.training.sweep.synthetic import (
+    plot_accuracy_vs_length,
+    plot_mad_heatmap,
+    synthetic_report,
+)
 from linear_attention.training.sweep.tables import lm_report, mqar_report
 from linear_attention.training.sweep.workers import run_parallel
 
@@ -37,6 +42,12 @@ def report(
     if kind == "mqar":
         text = mqar_report(best, axes, sweep)
         plot_mqar(best, axes, sweep, workdir)
+    elif kind in ("mad", "state_tracking"):
+        text = synthetic_report(rows, best, axes, sweep)
+        if kind == "mad":
+            plot_mad_heatmap(best, axes, sweep, workdir)
+        else:
+            plot_accuracy_vs_length(rows, best, axes, sweep, workdir)
     else:
         text = lm_report(best, axes, sweep)
         plot_loss_curves(best, axes, sweep, runs_dir, workdir)
@@ -45,15 +56,15 @@ def report(
 
 
 def check_results_csv(sweep, results_csv, report_only: bool) -> None:
-    """``results_csv`` redraws the tables and figures of finished MQAR runs (ValueError else)."""
+    """``results_csv`` redraws the tables and figures of finished runs (not LM: ValueError)."""
     if results_csv is None:
         return
     if not report_only:
         raise ValueError("results_csv redraws finished results: use it with report_only")
-    if sweep.base.data.kind != "mqar":
+    if sweep.base.data.kind == "text":
         raise ValueError(
-            "results_csv redraws MQAR sweeps only (the LM loss curves read every run's "
-            f"metrics.jsonl); this sweep's data.kind is {sweep.base.data.kind!r}"
+            "results_csv redraws MQAR, MAD and state-tracking sweeps only (the LM loss curves "
+            f"read every run's metrics.jsonl); this sweep's data.kind is {sweep.base.data.kind!r}"
         )
     if not Path(results_csv).is_file():
         raise ValueError(f"results_csv {str(results_csv)!r} is not a file")

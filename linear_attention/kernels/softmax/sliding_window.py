@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 
 from linear_attention.kernels._checks import check_positive_int
-from linear_attention.kernels.softmax import _check_inputs, _quarantine, _scale
+from linear_attention.kernels.softmax.softmax import check_inputs, quarantine, resolve_scale
 
 __all__ = ["sliding_window_attention"]
 
@@ -55,7 +55,7 @@ def sliding_window_attention(
     """
     window = check_positive_int("window", window)
     block_size = check_positive_int("block_size", block_size)
-    segment_ids = _check_inputs(q, k, v, scale, segment_ids)
+    segment_ids = check_inputs(q, k, v, scale, segment_ids)
     tq, tk = q.shape[1], k.shape[1]
     if tk < tq:
         raise ValueError(
@@ -75,7 +75,7 @@ def sliding_window_attention(
     # Keys more than W − 1 before the first query are seen by no query: drop them.
     num_prefix = min(tk - tq, window - 1)
     k, v = k[:, tk - tq - num_prefix :], v[:, tk - tq - num_prefix :]
-    k32, v32 = _quarantine(k, v)
+    k32, v32 = quarantine(k, v)
     c = max(block_size, window)  # ≥ W − 1: a window lies in its own key block and the one before
     if tq <= c:
         # One query block (a decoding step, a short sequence): it sees all the keys, no padding.
@@ -92,7 +92,7 @@ def sliding_window_attention(
             x_BMC_ = jnp.pad(x_BT_, pad).reshape(b, n + 1, c, *x_BT_.shape[2:])
             return jnp.concatenate([x_BMC_[:, :-1], x_BMC_[:, 1:]], axis=2)
 
-    q_scaled = jnp.asarray(q, f32) * _scale(scale, d)
+    q_scaled = jnp.asarray(q, f32) * resolve_scale(scale, d)
     q_BNCHD = jnp.pad(q_scaled, ((0, 0), (0, n * c - tq), (0, 0), (0, 0))).reshape(b, n, c, h, d)
     k_BNSHD, v_BNSHE = key_blocks(k32), key_blocks(v32)
 

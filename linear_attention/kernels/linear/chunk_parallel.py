@@ -31,7 +31,7 @@ Gradient. Plain autodiff, memory-lean by `jax.checkpoint` around stage 4: its re
 inputs, per-token vectors and one state per chunk ([N, M, Dv], never one per token); the C×C
 scores and decay weights are recomputed in the backward pass. The associative scan keeps about
 2N chunk states. For a decay per key dimension the scores Σ_m q_tm k_sm exp(b_tm − b_sm) are
-no single matmul: they are taken in sub-blocks of c ≤ 16 tokens (`chunked.SubBlocks`, the
+no single matmul: they are taken in sub-blocks of c ≤ 16 tokens (`primitives.decays.SubBlocks`, the
 factorisation `chunk` uses), so the decay weights are [C/c, C, M] + [C/c, c, c, M] per chunk,
 O(T·(C/c + c)·M), not the O(T·C·M) of a full [C, C, M] decay (at C = 64: 20 instead of 64
 weights per token and key dimension).
@@ -44,8 +44,13 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from linear_attention.kernels.chunked import SubBlocks, sub_block_size
-from linear_attention.kernels.segments import cumulative_log_decay, masked_exp
+from linear_attention.kernels.primitives.decays import (
+    ChunkDecays,
+    SubBlocks,
+    pair_decays,
+    sub_block_size,
+)
+from linear_attention.kernels.primitives.layout import pad_time
 
 
 def causal_chunk_parallel(q_BTHM, k_BTHM, v_BTHD, a_BTH, s0_BHMD, *, chunk_size: int):
@@ -58,12 +63,10 @@ def causal_chunk_parallel(q_BTHM, k_BTHM, v_BTHD, a_BTH, s0_BHMD, *, chunk_size:
     C = min(chunk_size, T)
 
     # ---- 1. chunks [B, H, N, C, ·] (time padded with zero keys, values and log decays) ----
-    pad = -T % C
-    N = (T + pad) // C
+    N = -(-T // C)
 
     def chunks(x):
-        x = jnp.pad(x, ((0, 0), (0, pad)) + ((0, 0),) * (x.ndim - 2))
-        return jnp.moveaxis(x.reshape(B, N, C, H, -1), 3, 1)
+        return jnp.moveaxis(pad_time(x, C).reshape(B, N, C, H, -1), 3, 1)
 
     q, k, v = chunks(q_BTHM), chunks(k_BTHM), chunks(v_BTHD)
     if a_BTH is None:  # no decay: every weight below is 1
@@ -73,12 +76,11 @@ def causal_chunk_parallel(q_BTHM, k_BTHM, v_BTHD, a_BTH, s0_BHMD, *, chunk_size:
         ends_BHNMD = s0_BHMD[:, :, None] + scan_BHNMD
     else:
         a_BHNCK = chunks(a_BTH if a_BTH.ndim == 4 else a_BTH[..., None])  # K: 1 or M
-        b, r = cumulative_log_decay(a_BHNCK, axis=-2, restart=True)
-        b_end, r_end = b[..., -1:, :], r[..., -1:, :]
+        d = ChunkDecays(a_BHNCK)  # restarting sums: no gradient across a reset
+        b, r = d.b, d.n
         # exp(b_t), the entering state's weight on q_t; exp(g − b_s), k_s's weight in U.
-        start_BHNCK = masked_exp(r == 0, b)
-        end_BHNCK = masked_exp(r == r_end, b_end - b)
-        g_BHNK = jnp.where(r_end == 0, b_end, -jnp.inf)[..., 0, :]
+        start_BHNCK, end_BHNCK = d.start, d.end
+        g_BHNK = jnp.where(r[..., -1, :] == 0, b[..., -1, :], -jnp.inf)  # log of d.total
 
         # ---- 2. chunk summaries: U = Σ_s exp(g − b_s) k_s v_sᵀ ----
         u_BHNMD = jnp.einsum("bhncm,bhncd->bhnmd", k * end_BHNCK, v)
@@ -106,8 +108,7 @@ def _outputs(q, k, v, b, r, start_BHNCK, entering_BHNMD):
     if b is None:
         scores_BHNCC = jnp.where(causal_CC, jnp.einsum("bhncm,bhnsm->bhncs", q, k), 0.0)
     elif b.shape[-1] == 1:  # one decay per head: exp(b_t − b_s) scales the C×C scores
-        keep = causal_CC & (r[..., :, None, 0] == r[..., None, :, 0])
-        decay_BHNCC = masked_exp(keep, b[..., :, None, 0] - b[..., None, :, 0])
+        decay_BHNCC = pair_decays(b[..., 0], r[..., 0])
         scores_BHNCC = jnp.einsum("bhncm,bhnsm->bhncs", q, k) * decay_BHNCC
     else:  # one decay per key dimension: it weights each term of q_t·k_s (see the docstring)
         scores_BHNCC = SubBlocks(b, r, sub_block_size(C)).scores(q, k)

@@ -44,6 +44,8 @@ product form (I − N)⁻¹ = Π(I + N^(2^j)) is unstable for β near 2 (its pow
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -57,21 +59,17 @@ from linear_attention.kernels._checks import (
     check_static,
     concrete,
 )
-from linear_attention.kernels.chunked import SubBlocks, sub_block_size
-from linear_attention.kernels.primitives import (
-    KeyDecays,
-    from_chunks,
-    invert_unit_lower,
-    pad_time,
-    to_chunks,
+from linear_attention.kernels.primitives.chunk_scan import affine_chunk_scan, chunks_per_step
+from linear_attention.kernels.primitives.combine import affine_sequence_parallel, span_resets
+from linear_attention.kernels.primitives.decays import (
+    ChunkDecays,
+    SubBlocks,
+    pair_decays,
+    sub_block_size,
 )
-from linear_attention.kernels.segments import (
-    check_segment_ids,
-    cumulative_log_decay,
-    masked_exp,
-    segment_log_decay,
-)
-from linear_attention.kernels.sequence_parallel import affine_sequence_parallel, span_resets
+from linear_attention.kernels.primitives.layout import from_chunks, pad_time, to_chunks
+from linear_attention.kernels.primitives.triangular import invert_unit_lower
+from linear_attention.kernels.segments import check_segment_ids, segment_log_decay
 from linear_attention.kernels.state import LinearAttentionState
 
 METHODS = ("chunk", "scan")
@@ -235,36 +233,26 @@ def delta_chunked(q_BTHK, k_BTHK, v_BTHD, beta_BTH, a_BTH, s0_BHKD, *, chunk_siz
         return delta_chunked_per_key(
             q_BTHK, k_BTHK, v_BTHD, beta_BTH, a_BTH, s0_BHKD, chunk_size=chunk_size
         )
-    B, T, H, Kd = q_BTHK.shape
+    T = q_BTHK.shape[1]
     C = min(chunk_size, T)
 
-    # ---- 1. pad time to a multiple of C (zero β and log decay: padded tokens leave S alone) ----
-    pad = -T % C
-    if pad:
-        widths = ((0, 0), (0, pad), (0, 0), (0, 0))
-        q_BTHK, k_BTHK, v_BTHD = (jnp.pad(x, widths) for x in (q_BTHK, k_BTHK, v_BTHD))
-        beta_BTH = jnp.pad(beta_BTH, widths[:3])
-        if a_BTH is not None:
-            a_BTH = jnp.pad(a_BTH, widths[:3])
-    N = (T + pad) // C
-
-    def chunks(x):  # [B, N·C, H, ...] -> [B, H, N, C, ...]
-        return jnp.moveaxis(x.reshape(B, N, C, H, *x.shape[3:]), 3, 1)
-
-    q, k, v, beta = (chunks(x) for x in (q_BTHK, k_BTHK, v_BTHD, beta_BTH))
+    # ---- 1. chunks [N, B, H, C, ...] (zero β and log decay: padded tokens leave S alone) ----
+    q, k, v, beta, a = (
+        to_chunks(pad_time(x, C), C) for x in (q_BTHK, k_BTHK, v_BTHD, beta_BTH, a_BTH)
+    )
 
     # ---- 2. decay factors inside each chunk (resets masked before exp) ----
-    d = _ChunkDecays(None if a_BTH is None else chunks(a_BTH), C)
+    d = _ScalarDecays(a, C)
 
     # ---- 3. UT transform, all chunks at once: [U, W] = (I + A)⁻¹ [diag(β) V, diag(β e^b) K] ----
-    kk_BHNCC = k @ jnp.swapaxes(k, -1, -2)
-    a_BHNCC = beta[..., :, None] * kk_BHNCC * d.strict
+    kk_NBHCC = k @ jnp.swapaxes(k, -1, -2)
+    a_NBHCC = beta[..., :, None] * kk_NBHCC * d.strict
     beta_k = beta[..., None] * (k if d.start is None else k * d.start[..., None])
     rhs = jnp.concatenate([beta[..., None] * v, beta_k], axis=-1)
-    uw = invert_unit_lower(a_BHNCC) @ rhs
+    uw = invert_unit_lower(a_NBHCC) @ rhs
     Dv = v.shape[-1]
-    u_BHNCD, w_BHNCK = uw[..., :Dv], uw[..., Dv:]
-    p_BHNCC = (q @ jnp.swapaxes(k, -1, -2)) * d.tril
+    u_NBHCD, w_NBHCK = uw[..., :Dv], uw[..., Dv:]
+    p_NBHCC = (q @ jnp.swapaxes(k, -1, -2)) * d.tril
     q_start = q if d.start is None else q * d.start[..., None]
     k_end = k if d.end is None else k * d.end[..., None]
 
@@ -277,45 +265,32 @@ def delta_chunked(q_BTHK, k_BTHK, v_BTHD, beta_BTH, a_BTH, s0_BHKD, *, chunk_siz
             s_BHKD = total[..., None, None] * s_BHKD
         return s_BHKD + jnp.swapaxes(ke, -1, -2) @ u, o
 
-    xs = [
-        None if x is None else jnp.moveaxis(x, 2, 0)
-        for x in (u_BHNCD, w_BHNCK, p_BHNCC, q_start, k_end, d.total)
-    ]
+    xs = (u_NBHCD, w_NBHCK, p_NBHCC, q_start, k_end, d.total)
     # Rematerialised: the backward pass keeps only the state entering each chunk.
     s_BHKD, o_NBHCD = jax.lax.scan(jax.checkpoint(step), s0_BHKD, xs)
-
-    # ---- 5. back to [B, T, H, Dv] ----
-    o_BTHD = jnp.moveaxis(o_NBHCD, 0, 1).transpose(0, 1, 3, 2, 4).reshape(B, N * C, H, Dv)
-    return o_BTHD[:, :T], s_BHKD
+    return from_chunks(o_NBHCD, T), s_BHKD
 
 
-class _ChunkDecays:
-    """Decay factors of every chunk from the log decays a [B, H, N, C] (None: no decay).
-
-    Resets (a = −inf) are counted, r_t = #resets in chunk up to t, and removed from b = cumsum(a):
-      tril   [B,H,N,C,C]  exp(b_t − b_s) for s ≤ t with r_t = r_s (0 elsewhere): Γ
+class _ScalarDecays:
+    """The per-head decay factors of every chunk, from the log decays a [N, B, H, C] (None: no
+    decay), by the shared `ChunkDecays` and `pair_decays`:
+      tril   [N,B,H,C,C]  exp(b_t − b_s) for s ≤ t with no reset in (s, t] (0 elsewhere): Γ
       strict              the same for s < t only (the UT transform's A)
-      start  [B,H,N,C]    exp(b_t) where r_t = 0: the entering state's weight on token t
-      end    [B,H,N,C]    exp(b_C − b_s) where r_s = r_C: token s's weight in the leaving state
-      total  [B,H,N]      exp(b_C) where r_C = 0: the entering state's weight in the leaving one
+      start, end [N,B,H,C] and total [N,B,H]: see `ChunkDecays`
     Without decay, tril/strict are the 0/1 masks and the rest None.
     """
 
-    def __init__(self, a_BHNC, C):
-        tril_CC = jnp.tril(jnp.ones((C, C), dtype=bool))
+    def __init__(self, a_NBHC, C):
         strict_CC = jnp.tril(jnp.ones((C, C), dtype=bool), -1)
-        if a_BHNC is None:
-            self.tril, self.strict = tril_CC.astype(jnp.float32), strict_CC.astype(jnp.float32)
+        if a_NBHC is None:
+            self.tril = jnp.tril(jnp.ones((C, C), jnp.float32))
+            self.strict = strict_CC.astype(jnp.float32)
             self.start = self.end = self.total = None
             return
-        b, r = cumulative_log_decay(a_BHNC, axis=-1, restart=True)  # no gradient across a reset
-        same_CC = r[..., :, None] == r[..., None, :]
-        self.tril = masked_exp(tril_CC & same_CC, b[..., :, None] - b[..., None, :])
+        d = ChunkDecays(a_NBHC[..., None])  # no gradient across a reset (restarting sums)
+        self.tril = pair_decays(d.b[..., 0], d.n[..., 0])
         self.strict = jnp.where(strict_CC, self.tril, 0.0)
-        b_end, r_end = b[..., -1:], r[..., -1:]
-        self.start = masked_exp(r == 0, b)
-        self.end = masked_exp(r == r_end, b_end - b)
-        self.total = masked_exp(r_end[..., 0] == 0, b_end[..., 0])
+        self.start, self.end, self.total = d.start[..., 0], d.end[..., 0], d.total[..., 0]
 
 
 def delta_chunked_per_key(q_BTHK, k_BTHK, v_BTHD, beta_BTH, a_BTHK, s0_BHKD, *, chunk_size):
@@ -330,30 +305,36 @@ def delta_chunked_per_key(q_BTHK, k_BTHK, v_BTHD, beta_BTH, a_BTHK, s0_BHKD, *, 
         O  = (Q ⊙ e^b) S + [Σ_m q_tm k_sm e^{b_tm − b_sm}]_{s≤t} U'
         S' = e^{b_C} ⊙ S + (K ⊙ e^{b_C − b})ᵀ U'
 
-    The decayed scores are taken in sub-blocks (`chunked.SubBlocks`, GLA's factorisation), every
-    exponent ≤ 0: exact and finite with −30 per token. Every chunk's work (decays, scores,
-    inverse) runs inside one rematerialised `lax.scan` step, so the backward pass keeps only the
-    state entering each chunk and the inputs, never a [C, C, K] tensor per chunk or a state per
-    token.
+    The decayed scores are taken in sub-blocks (`primitives.decays.SubBlocks`, GLA's
+    factorisation), every exponent ≤ 0: exact and finite with −30 per token. A `lax.scan` walks
+    steps of G chunks (`primitives.chunk_scan.affine_chunk_scan`): a step computes the
+    state-independent part (decays, scores, inverse) of its chunks at once, then their affine
+    maps of S in order; the step is rematerialised, so the gradient keeps the state entering each
+    step and the inputs, never a state per token.
     """
     T = q_BTHK.shape[1]
     C = min(chunk_size, T)
-    c = sub_block_size(C)
-    xs = [to_chunks(pad_time(x, C), C) for x in (q_BTHK, k_BTHK, v_BTHD, beta_BTH, a_BTHK)]
-
-    def step(s_BHKD, inputs):
-        q, k, v, beta, a = inputs
-        d = KeyDecays(a)
-        sub = SubBlocks(d.b, d.n, c)
-        a_CC = beta[..., :, None] * jnp.tril(sub.scores(k, k), -1)
-        inv_CC = invert_unit_lower(a_CC)
-        u = inv_CC @ (beta[..., None] * v) - inv_CC @ (beta[..., None] * k * d.start) @ s_BHKD
-        o = (q * d.start) @ s_BHKD + sub.scores(q, k) @ u
-        s_BHKD = d.total[..., :, None] * s_BHKD + jnp.swapaxes(k * d.end, -1, -2) @ u
-        return s_BHKD, o
-
-    s_BHKD, o_NBHCD = jax.lax.scan(jax.checkpoint(step), s0_BHKD, xs)
+    G = chunks_per_step(C, -(-T // C))  # padded to whole steps: padding leaves S alone
+    xs = [to_chunks(pad_time(x, G * C), C) for x in (q_BTHK, k_BTHK, v_BTHD, beta_BTH, a_BTHK)]
+    prepare = functools.partial(_per_key_chunks, c=sub_block_size(C))
+    o_NBHCD, s_BHKD = affine_chunk_scan(s0_BHKD, xs, prepare, G)
     return from_chunks(o_NBHCD, T), s_BHKD
+
+
+def _per_key_chunks(q, k, v, beta, a, *, c):
+    """The state-independent part of a step's chunks, batched ([G, B, H, C, ...]), as the affine
+    map of `affine_chunk_scan`: with U = (I + A)⁻¹ diag(β) V and W = (I + A)⁻¹ diag(β)(K ⊙ e^b),
+    U' = U − W S, so X = −W S, O = (Q ⊙ e^b) S + P X + P U, S' = e^{b_C} S + Eᵀ X + Eᵀ U with
+    P the decayed scores and E = K ⊙ e^{b_C − b}. Inside the rematerialised scan step: the
+    backward pass recomputes it rather than storing its intermediates."""
+    d = ChunkDecays(a)
+    sub = SubBlocks(d.b, d.n, c)
+    inv_CC = invert_unit_lower(beta[..., :, None] * jnp.tril(sub.scores(k, k), -1))
+    u_CD = inv_CC @ (beta[..., None] * v)
+    w_CK = inv_CC @ (beta[..., None] * k * d.start)
+    p_CC = sub.scores(q, k)
+    e_CK = k * d.end
+    return -w_CK, q * d.start, p_CC, p_CC @ u_CD, e_CK, jnp.swapaxes(e_CK, -1, -2) @ u_CD, d.total
 
 
 def check_delta_inputs(q, k, v, beta, *, time: bool):

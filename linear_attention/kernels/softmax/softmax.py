@@ -51,7 +51,7 @@ from linear_attention.kernels.segments import check_segment_ids, same_segment
 __all__ = ["softmax_attention", "blockwise_softmax_attention", "cached_softmax_attention"]
 
 
-def _check_inputs(q, k, v, scale, segment_ids=None):
+def check_inputs(q, k, v, scale, segment_ids=None):
     """Check shapes, dtypes and the scale; return the checked segment ids (or None)."""
     check_float(("q", "k", "v"), (q, k, v))
     check_layouts(q=(q, "[B, Tq, H, D]"), k=(k, "[B, Tk, H, D]"), v=(v, "[B, Tk, H, Dv]"))
@@ -74,14 +74,14 @@ def _check_inputs(q, k, v, scale, segment_ids=None):
     return segment_ids
 
 
-def _quarantine(k, v):
+def quarantine(k, v):
     """Zero non-finite values and make their keys NaN (float32): see the module docstring."""
     k, v = jnp.asarray(k, jnp.float32), jnp.asarray(v, jnp.float32)
     bad_BTH1 = ~jnp.all(jnp.isfinite(v), axis=-1, keepdims=True)
     return jnp.where(bad_BTH1, jnp.nan, k), jnp.where(jnp.isfinite(v), v, 0.0)
 
 
-def _scale(scale, d: int):
+def resolve_scale(scale, d: int):
     return 1.0 / math.sqrt(d) if scale is None else scale
 
 
@@ -101,12 +101,12 @@ def softmax_attention(q, k, v, *, causal: bool = False, scale=None, segment_ids=
     restricts each token to its own document (module docstring).
     """
     check_static("causal", causal)
-    segment_ids = _check_inputs(q, k, v, scale, segment_ids)
+    segment_ids = check_inputs(q, k, v, scale, segment_ids)
     out_dtype = jnp.result_type(q, k, v)
     tq, tk, d = q.shape[1], k.shape[1], q.shape[3]
     f32 = jnp.float32
-    k32, v32 = _quarantine(k, v)
-    logits_BHQK = jnp.einsum("bqhd,bkhd->bhqk", jnp.asarray(q, f32), k32) * _scale(scale, d)
+    k32, v32 = quarantine(k, v)
+    logits_BHQK = jnp.einsum("bqhd,bkhd->bhqk", jnp.asarray(q, f32), k32) * resolve_scale(scale, d)
     visible = jnp.ones((tq, tk), bool)
     if causal:
         visible = _visible(jnp.arange(tq), jnp.arange(tk), tq, tk, causal=True)
@@ -145,7 +145,7 @@ def blockwise_softmax_attention(
     raises `ValueError` pointing to `softmax_attention`, whose plain-JAX form supports it.
     """
     check_static("causal", causal)
-    segment_ids = _check_inputs(q, k, v, scale, segment_ids)
+    segment_ids = check_inputs(q, k, v, scale, segment_ids)
     block_size = check_positive_int("block_size", block_size)
     out_dtype = jnp.result_type(q, k, v)
     tq, tk, d = q.shape[1], k.shape[1], q.shape[3]
@@ -154,8 +154,8 @@ def blockwise_softmax_attention(
     f32 = jnp.float32
     # Folding the scale into q lets the custom VJP work at scale 1; autodiff of this product
     # carries the gradient to q (and to a traced scale).
-    q_scaled = jnp.asarray(q, f32) * _scale(scale, d)
-    k32, v32 = _quarantine(k, v)
+    q_scaled = jnp.asarray(q, f32) * resolve_scale(scale, d)
+    k32, v32 = quarantine(k, v)
     # never pad a short sequence (e.g. one decoded token) up to a long block
     q_block, k_block = min(block_size, tq), min(block_size, tk)
     with reverse_mode_only("blockwise_softmax_attention", "softmax_attention"):
@@ -368,7 +368,7 @@ def cached_softmax_attention(q, k_cache, v_cache, position, *, scale=None, block
     k_block, q_block = min(block_size, length), min(block_size, tq)
     num_q = -(-tq // q_block)
     f32 = jnp.float32
-    q_NBHQD = _to_blocks(q.astype(f32) * _scale(scale, d), q_block)
+    q_NBHQD = _to_blocks(q.astype(f32) * resolve_scale(scale, d), q_block)
     position = jnp.asarray(position, jnp.int32)
 
     def query_block(xs):
@@ -387,7 +387,7 @@ def cached_softmax_attention(q, k_cache, v_cache, position, *, scale=None, block
             v_BCHE = jax.lax.dynamic_slice_in_dim(v_cache, start, k_block, axis=1)
             # a non-finite value poisons only the queries that see its slot (module docstring);
             # the empty slots after the last query may hold anything and are never seen
-            k_BCHD, v_BCHE = _quarantine(k_BCHD, v_BCHE)
+            k_BCHD, v_BCHE = quarantine(k_BCHD, v_BCHE)
             logits_BHQC = jnp.einsum("bhqd,bchd->bhqc", q_BHQD, k_BCHD)
             k_pos_C = start + jnp.arange(k_block, dtype=jnp.int32)
             visible_QC = (k_pos_C[None, :] >= j * k_block) & (k_pos_C[None, :] <= q_pos_Q[:, None])

@@ -38,13 +38,13 @@ from linear_attention.kernels._checks import (
     check_static,
     reverse_mode_only,
 )
-from linear_attention.kernels.associative import causal_associative
-from linear_attention.kernels.chunk_parallel import causal_chunk_parallel
-from linear_attention.kernels.chunked import causal_chunked
-from linear_attention.kernels.quadratic import causal_quadratic
-from linear_attention.kernels.recurrent import causal_scan
+from linear_attention.kernels.linear.associative import causal_associative
+from linear_attention.kernels.linear.chunk_parallel import causal_chunk_parallel
+from linear_attention.kernels.linear.chunked import causal_chunked
+from linear_attention.kernels.linear.quadratic import causal_quadratic
+from linear_attention.kernels.linear.recurrent import causal_scan
+from linear_attention.kernels.linear.sequence_parallel import linear_sequence_parallel
 from linear_attention.kernels.segments import check_segment_ids, segment_log_decay
-from linear_attention.kernels.sequence_parallel import linear_sequence_parallel
 from linear_attention.kernels.state import LinearAttentionState, check_state
 
 METHODS = ("chunk", "scan", "associative_scan", "quadratic", "chunk_parallel")

@@ -42,7 +42,9 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from linear_attention.kernels.segments import masked_exp
+from linear_attention.kernels.primitives.decays import SubBlocks, pair_decays, sub_block_size
+from linear_attention.kernels.primitives.layout import pad_time
+from linear_attention.kernels.segments import cumulative_log_decay, masked_exp
 
 # Rows (batch × heads × tokens) handled per scan step, and never fewer than MIN_TOKENS_PER_STEP
 # tokens: a step's matmuls must be large enough for XLA to split them over the CPU's threads
@@ -52,8 +54,6 @@ from linear_attention.kernels.segments import masked_exp
 ROWS_PER_STEP = 2048
 ROWS_PER_STEP_VECTOR_DECAY = 512
 MIN_TOKENS_PER_STEP = 128
-# Sub-block of the intra-chunk scores for a decay per key dimension (see `SubBlocks`).
-SUB_BLOCK = 16
 
 
 def causal_chunked(
@@ -83,19 +83,11 @@ def causal_chunked(
     a_BTHX = None if a_BTH is None else (a_BTH if a_BTH.ndim == 4 else a_BTH[..., None])
 
     # ---- 1. pad time to a multiple of C (zero keys and values, zero log decay: no effect) ----
-    pad = -T % C
-    if pad:
-        widths = ((0, 0), (0, pad), (0, 0), (0, 0))
-        q_BTHM, k_BTHM, v_BTHD = (jnp.pad(x, widths) for x in (q_BTHM, k_BTHM, v_BTHD))
-        if a_BTHX is not None:
-            a_BTHX = jnp.pad(a_BTHX, widths)
-        if guard is not None:
-            ok_BTH, poisoned_BTH = guard
-            guard = (
-                jnp.pad(ok_BTH, widths[:3], constant_values=True),
-                jnp.pad(poisoned_BTH, widths[:3]),
-            )
-    N = (T + pad) // C
+    q_BTHM, k_BTHM, v_BTHD, a_BTHX = (pad_time(x, C) for x in (q_BTHM, k_BTHM, v_BTHD, a_BTHX))
+    if guard is not None:  # padding tokens are finite (ok) and not poisoned
+        ok_BTH, poisoned_BTH = guard
+        guard = (~pad_time(~ok_BTH, C), pad_time(poisoned_BTH, C))
+    N = q_BTHM.shape[1] // C
     B, H = q_BTHM.shape[0], q_BTHM.shape[2]
     vector = a_BTHX is not None and a_BTHX.shape[-1] > 1
     rows = ROWS_PER_STEP_VECTOR_DECAY if vector else ROWS_PER_STEP
@@ -150,11 +142,6 @@ def _clean(ok_n, k_n, v_n):
     return jnp.where(ok_n, k_n, 0.0), jnp.where(ok_n, v_n, 0.0)
 
 
-def sub_block_size(C):
-    """The largest divisor of C that is at most SUB_BLOCK."""
-    return max(c for c in range(1, min(SUB_BLOCK, C) + 1) if C % c == 0)
-
-
 class _Decays:
     """Decay factors of one step of G chunks, from the log decays a [B, H, G, C, X] (None: none).
 
@@ -169,9 +156,10 @@ class _Decays:
       step_end   [B,H,G,X]  exp(c_G − c_{g+1}): u_g's weight in the state leaving the step
       step_total [B,H,X]    exp(c_G)
     Without decay all are None except the 0/1 masks `intra` and `across`. A −inf log decay (a
-    reset) is carried as a reset count beside the finite cumulative sums (`_cumulative_in_chunk`):
-    a factor spanning a reset is exactly 0, and no −inf enters a difference. Every factor is
-    masked before `exp` and has an exponent ≤ 0, so none overflows.
+    reset) is carried as a reset count beside the finite cumulative sums
+    (`segments.cumulative_log_decay`): a factor spanning a reset is exactly 0, and no −inf
+    enters a difference. Every factor is masked before `exp` and has an exponent ≤ 0, so none
+    overflows.
     """
 
     def __init__(self, a_BHGCX, G, C):
@@ -183,16 +171,14 @@ class _Decays:
             self.start = self.end = self.step_start = self.step_end = self.step_total = None
             self.b = self.n = None
             return
-        b, n = _cumulative_in_chunk(a_BHGCX)
+        b, n = cumulative_log_decay(a_BHGCX, axis=-2, by_matmul=True)
         self.b, self.n = b, n
         gt, nt = b[..., -1, :], n[..., -1, :]  # [B, H, G, X]
         c_next, nc_next = jnp.cumsum(gt, axis=2), jnp.cumsum(nt, axis=2)
         c, nc = _exclusive(c_next), _exclusive(nc_next)
         c_end, nc_end = c_next[:, :, -1], nc_next[:, :, -1]  # [B, H, X]
         if a_BHGCX.shape[-1] == 1:
-            b1, n1 = b[..., 0], n[..., 0]
-            keep = tril_CC & (n1[..., :, None] == n1[..., None, :])
-            self.intra = masked_exp(keep, b1[..., :, None] - b1[..., None, :])
+            self.intra = pair_decays(b[..., 0], n[..., 0])
         self.start = masked_exp(n == 0, b)
         self.end = masked_exp(n == nt[..., None, :], gt[..., None, :] - b)
         keep = strict_GG[:, :, None] & (nc[:, :, :, None] == nc_next[:, :, None, :])
@@ -202,91 +188,9 @@ class _Decays:
         self.step_total = masked_exp(nc_end == 0, c_end)
 
 
-def _cumulative_in_chunk(a_BHGCX):
-    """`cumulative_log_decay` along the C axis, as matmuls with a triangle (faster than cumsum on
-    CPU); reset counts as float32 (exact integers)."""
-    C = a_BHGCX.shape[-2]
-    upper_CC = jnp.triu(jnp.ones((C, C), jnp.float32))  # [s, t]: s ≤ t
-    reset = jnp.isneginf(a_BHGCX)
-    finite = jnp.where(reset, 0.0, a_BHGCX)
-    b = jnp.einsum("...sx,st->...tx", finite, upper_CC)
-    n = jnp.einsum("...sx,st->...tx", reset.astype(jnp.float32), upper_CC)
-    return b, n
-
-
 def _exclusive(x_BHGX):
     """Exclusive prefix along the chunk axis, from the inclusive one."""
     return jnp.concatenate([jnp.zeros_like(x_BHGX[:, :, :1]), x_BHGX[:, :, :-1]], axis=2)
-
-
-class SubBlocks:
-    """Exact intra-chunk scores Σ_m q_tm k_sm exp(b_tm − b_sm) for a decay per key dimension.
-
-    The exponent depends on m, so the scores are no matmul of decayed q and k unless split:
-    exp(b_t − b_s) = exp(b_t − b_r) · exp(b_r − b_s) around a point r between them, and each
-    factor must have an exponent ≤ 0 (exp(b_t)·exp(−b_s) overflows for strong decays). The chunk
-    is cut into P sub-blocks of c tokens; with r_i the token before sub-block i,
-      off-diagonal (s in an earlier sub-block than t, in sub-block i):
-          (q_t ⊙ exp(b_t − b_{r_i})) · (k_s ⊙ exp(b_{r_i} − b_s))     one [c, C] matmul per i
-      diagonal (s, t in the same sub-block): the masked [c, c, M] decays, exactly.
-    Cost O(C²·M + C·c·M) per chunk. Factors spanning a reset are 0 (see `_Decays`).
-      q_scale [.., P, c, M]     exp(b_t − b_{r_i})
-      k_scale [.., P, C, M]     exp(b_{r_i} − b_s) for s before sub-block i, else 0
-      diag    [.., P, c, c, M]  exp(b_t − b_s) for s ≤ t in one sub-block, else 0
-    With `b_query`/`n_query` the query side reads its own cumulative decay (every exponent must
-    still be ≤ 0: b_query_t ≥ b_{r_i} and ≥ b_s for the kept pairs), and with `strict` the pairs
-    s < t only: DPLR's scores Σ_m a_tm k_sm exp(b_{t−1,m} − b_sm).
-    """
-
-    def __init__(self, b, n, c, *, b_query=None, n_query=None, strict=False):
-        *lead, C, M = b.shape
-        P = C // c
-        self.P, self.c = P, c
-        b_sub, n_sub = b.reshape(*lead, P, c, M), n.reshape(*lead, P, c, M)
-        # The query side may read its own cumulative decay (DPLR reads the state before the
-        # token's decay: b_query_t = b_{t−1}, with `strict` pairs s < t only); the key side is b.
-        bq_sub = b_sub if b_query is None else b_query.reshape(*lead, P, c, M)
-        nq_sub = n_sub if n_query is None else n_query.reshape(*lead, P, c, M)
-        # r_i: the last token of sub-block i − 1 (sub-block 0 reads no earlier key)
-        b_r = jnp.concatenate([jnp.zeros_like(b_sub[..., :1, -1, :]), b_sub[..., :-1, -1, :]], -2)
-        n_r = jnp.concatenate([jnp.zeros_like(n_sub[..., :1, -1, :]), n_sub[..., :-1, -1, :]], -2)
-        self.q_scale = masked_exp(nq_sub == n_r[..., None, :], bq_sub - b_r[..., None, :])
-        before_PC = jnp.arange(C)[None, :] < (jnp.arange(P) * c)[:, None]
-        keep = before_PC[:, :, None] & (n_r[..., :, None, :] == n[..., None, :, :])
-        self.k_scale = masked_exp(keep, b_r[..., :, None, :] - b[..., None, :, :])
-        tril_cc = jnp.tril(jnp.ones((c, c), dtype=bool), -1 if strict else 0)
-        keep = tril_cc[:, :, None] & (nq_sub[..., :, None, :] == n_sub[..., None, :, :])
-        self.diag = masked_exp(keep, bq_sub[..., :, None, :] - b_sub[..., None, :, :])
-        self.eye = jnp.eye(P, dtype=bool)[:, None, :, None]  # [P, 1, P, 1]
-
-    def _sub(self, x):
-        return x.reshape(*x.shape[:-2], self.P, self.c, x.shape[-1])
-
-    def scores(self, q, k):
-        """[.., C, M] q and k -> the decayed, masked [.., C, C] scores."""
-        q_sub = self._sub(q)
-        k_t = k[..., None, :, :] * self.k_scale  # [.., P, C, M]
-        off = jnp.einsum("...icm,...ism->...ics", q_sub * self.q_scale, k_t)
-        diag = jnp.einsum("...icm,...ism,...icsm->...ics", q_sub, self._sub(k), self.diag)
-        off = off.reshape(*off.shape[:-1], self.P, self.c)  # [.., P, c, P, c]
-        # select, not add: an off-diagonal entry of the diagonal block is 0 anyway, but select
-        # keeps the blocks independent
-        full = jnp.where(self.eye, diag[..., :, :, None, :], off)
-        return full.reshape(*q.shape[:-2], q.shape[-2], k.shape[-2])
-
-    def grads(self, ds, q, k):
-        """Cotangents of q and k [.., C, M] given that of the scores ds [.., C, C]."""
-        P, c = self.P, self.c
-        ds_off = ds.reshape(*ds.shape[:-2], P, c, ds.shape[-1])  # [.., P, c, C]
-        blocks = ds.reshape(*ds.shape[:-2], P, c, P, c)
-        ds_diag = jnp.moveaxis(jnp.diagonal(blocks, axis1=-4, axis2=-2), -1, -3)  # [.., P, c, c]
-        q_sub, k_sub = self._sub(q), self._sub(k)
-        k_t = k[..., None, :, :] * self.k_scale  # [.., P, C, M]
-        dq = self.q_scale * jnp.einsum("...ics,...ism->...icm", ds_off, k_t)
-        dq += jnp.einsum("...ics,...ism,...icsm->...icm", ds_diag, k_sub, self.diag)
-        dk = jnp.einsum("...ics,...icm,...ism->...sm", ds_off, q_sub * self.q_scale, self.k_scale)
-        dk_diag = jnp.einsum("...ics,...icm,...icsm->...ism", ds_diag, q_sub, self.diag)
-        return dq.reshape(q.shape), dk + dk_diag.reshape(k.shape)
 
 
 def _scores(d: _Decays, sub, q_n, k_n):

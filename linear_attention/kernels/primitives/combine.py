@@ -26,92 +26,18 @@ causal linear attention (0 after a reset, a log decay of −inf), and the K×K m
      log decay from the span's start, or (A_tᵀ q_t)ᵀ S_in for the delta rule.
 
 A non-finite key or value (NaN outputs of the local kernel, a NaN summary) is carried as a flag
-beside clean numbers (`_prefix`), so that it reaches later shards only up to a reset, as in the
+beside clean numbers (`prefix`), so that it reaches later shards only up to a reset, as in the
 unsplit call, and no 0·NaN enters the outputs or the gradient. Work per device is O(T/n) plus
 O(n) state-sized combines. Packed rows (`segment_ids`) reset at
 span starts too: the previous shard's last id arrives by `ppermute`. Gradients are JAX's own
 through the collectives (the transpose of `all_gather` is a reduce-scatter), so they equal the
 unsplit call's, including those of an initial state replicated over the axis.
-
-Softmax attention has no such state: `softmax_context_parallel` gathers the keys and values of
-every shard instead (context parallelism, O(T/n · T) logits per device) and masks with the
-global positions.
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-
-from linear_attention.kernels.state import LinearAttentionState
-
-
-def linear_sequence_parallel(local, qkva, state0, segment_ids, axis_name, normalize, eps):
-    """Causal linear attention with time split over `axis_name`, on float32 arrays.
-
-    `local(q, k, v, log_decay=, return_state=True)` is the unsplit kernel, unnormalised, from a
-    zero state. `qkva = (q_BTHM, k_BTHM, v_BTHD, a_BTH)` with the log decay `[B,T,H]`,
-    `[B,T,H,M]` or None and the shard's own resets folded in; `state0 = (kv0_BHMD, z0_BHM)`,
-    `z0_BHM` None when the normaliser state is not tracked. Returns `(o_BTHD, kv_BHMD, z_BHM)`
-    with the global final state.
-    """
-    q_BTHM, k_BTHM, v_BTHD, a_BTH = qkva
-    kv0_BHMD, z0_BHM = state0
-    B, T, H, M = q_BTHM.shape
-    Dv = v_BTHD.shape[-1]
-    a_BTH = _like(span_resets(a_BTH, segment_ids, H, axis_name), q_BTHM)
-
-    # ---- 1. local outputs and summary from a zero state (normaliser: a value that is 1) ----
-    with_sum = normalize or z0_BHM is not None
-    if normalize:
-        v_BTHD = jnp.concatenate([v_BTHD, jnp.ones((B, T, H, 1), jnp.float32)], axis=-1)
-    Dx = v_BTHD.shape[-1]
-    zero = LinearAttentionState(
-        kv=_like(jnp.zeros((B, H, M, Dx), jnp.float32), q_BTHM),
-        k_sum=_like(jnp.zeros((B, H, M), jnp.float32), q_BTHM),
-    )
-    out_BTHD, u_state = local(
-        q_BTHM, k_BTHM, v_BTHD, log_decay=a_BTH, initial_state=zero, return_state=True
-    )
-    # NaN outputs (tokens a bad key or value reaches) are set aside and marked again at the end:
-    # kept in the sums below, their zero cotangents would meet NaN (0·NaN) in the gradient
-    poisoned_BTH = ~jnp.all(jnp.isfinite(out_BTHD), axis=-1)
-    out_BTHD = jnp.where(poisoned_BTH[..., None], 0.0, out_BTHD)
-    u_BHMD = u_state.kv[..., :Dv]
-    s0_BHMD = kv0_BHMD
-    if with_sum:  # the normaliser state rides along as one more value column
-        u_BHMD = jnp.concatenate([u_BHMD, u_state.k_sum[..., None]], axis=-1)
-        z0 = jnp.zeros((B, H, M), jnp.float32) if z0_BHM is None else z0_BHM
-        s0_BHMD = jnp.concatenate([kv0_BHMD, z0[..., None]], axis=-1)
-    if a_BTH is None:
-        w_BTHM = None
-        A_BHM1 = jnp.ones((B, H, 1, 1), jnp.float32)
-        reset_BTH = jnp.zeros((B, T, H), bool)
-    else:
-        b_BTH = jnp.cumsum(a_BTH, axis=1)  # −inf after a reset: exp gives 0, never NaN
-        w_BTHM = jnp.exp(b_BTH if a_BTH.ndim == 4 else b_BTH[..., None])
-        A_BHM1 = w_BTHM[:, -1, :, :, None]
-        # a reset forgets the entering state only if it spans every key dimension (`linear.py`)
-        reset_BTH = jnp.isneginf(b_BTH)
-        reset_BTH = jnp.all(reset_BTH, -1) if a_BTH.ndim == 4 else reset_BTH
-
-    # ---- 2. gather the summaries, compose them over shards ----
-    s_in_BHMD, bad_in_BH, s_out_BHMD = _prefix(
-        A_BHM1, u_BHMD, s0_BHMD, reset_BTH[:, -1], axis_name, lambda A, S: A * S
-    )
-
-    # ---- 3. the entering state's contribution; a bad one reaches tokens up to a reset ----
-    qw_BTHM = q_BTHM if w_BTHM is None else q_BTHM * w_BTHM
-    carry_BTHD = jnp.einsum("bthm,bhmd->bthd", qw_BTHM, s_in_BHMD)
-    o_BTHD = out_BTHD[..., :Dv] + carry_BTHD[..., :Dv]
-    if normalize:
-        den_BTH = out_BTHD[..., Dv] + carry_BTHD[..., Dv]
-        o_BTHD = o_BTHD / (den_BTH[..., None] + eps)
-    reached_BTH = poisoned_BTH | (bad_in_BH[:, None] & ~reset_BTH)
-    o_BTHD = jnp.where(reached_BTH[..., None], jnp.nan, o_BTHD)
-    kv_BHMD = s_out_BHMD[..., :Dv]
-    z_BHM = s_out_BHMD[..., Dv] if z0_BHM is not None else None
-    return o_BTHD, kv_BHMD, z_BHM
 
 
 def affine_sequence_parallel(local, v, s0_BHKD, axis_name, *, like, resets_BTH=None):
@@ -124,7 +50,7 @@ def affine_sequence_parallel(local, v, s0_BHKD, axis_name, *, like, resets_BTH=N
     or `[B, T, H, n, Dv]`), `s0_BHKD` the global initial state, `like` an input that varies over
     the mesh (the zero/identity columns are typed like it). One local run on [v | 0] from
     [0 | I] gives outputs [o | A_tᵀ q_t] (o `[B, T, H, Dv + K]`) and the state [U | A]; the
-    summaries (A, U) compose over shards (`_prefix`). `resets_BTH`: whether a reset (a
+    summaries (A, U) compose over shards (`prefix`). `resets_BTH`: whether a reset (a
     transition that zeroes every state) lies in this span at or before each token, so that a
     NaN carried in from an earlier shard stops there; None: no resets known. Returns
     `(o_BTHD, s_BHKD)` with the global final state.
@@ -133,12 +59,12 @@ def affine_sequence_parallel(local, v, s0_BHKD, axis_name, *, like, resets_BTH=N
     v_ext = jnp.concatenate([v, jnp.zeros((*v.shape[:-1], Kd), jnp.float32)], axis=-1)
     eye = jnp.broadcast_to(jnp.eye(Kd, dtype=jnp.float32), (*s0_BHKD.shape[:-1], Kd))
     init = jnp.concatenate([jnp.zeros_like(s0_BHKD), eye], axis=-1)
-    out_BTHX, state_BHKX = local(_like(v_ext, like), _like(init, like))
+    out_BTHX, state_BHKX = local(vary_like(v_ext, like), vary_like(init, like))
     u_BHKD, A_BHKK = state_BHKX[..., :Dv], state_BHKX[..., Dv:]
 
     # ---- gather the summaries, compose them over shards ----
     resets_BTH = jnp.zeros(out_BTHX.shape[:3], bool) if resets_BTH is None else resets_BTH
-    s_in_BHKD, bad_in_BH, s_out_BHKD = _prefix(
+    s_in_BHKD, bad_in_BH, s_out_BHKD = prefix(
         A_BHKK, u_BHKD, s0_BHKD, resets_BTH[:, -1], axis_name, jnp.matmul
     )
 
@@ -149,36 +75,13 @@ def affine_sequence_parallel(local, v, s0_BHKD, axis_name, *, like, resets_BTH=N
     return o_BTHD, s_out_BHKD
 
 
-def softmax_context_parallel(q_BTHD, k_BTHD, v_BTHD, *, axis_name, scale, segment_ids=None):
-    """Causal softmax attention with time split over `axis_name`: this shard's queries attend
-    to the gathered keys and values of every shard, query s·T + t seeing key j iff j ≤ s·T + t
-    (and, with `segment_ids [B, T]`, the same id). Logits and softmax in float32, masked before
-    `exp`; the output has dtype `result_type(q, k, v)`."""
-    dtype = jnp.result_type(q_BTHD, k_BTHD, v_BTHD)
-    T = q_BTHD.shape[1]
-    k_BSHD = jax.lax.all_gather(k_BTHD, axis_name, axis=1, tiled=True)
-    v_BSHD = jax.lax.all_gather(v_BTHD, axis_name, axis=1, tiled=True)
-    q_pos_T = jax.lax.axis_index(axis_name) * T + jnp.arange(T)
-    visible_BTS = (jnp.arange(k_BSHD.shape[1])[None, :] <= q_pos_T[:, None])[None]
-    if segment_ids is not None:
-        ids_BS = jax.lax.all_gather(segment_ids, axis_name, axis=1, tiled=True)
-        visible_BTS = visible_BTS & (segment_ids[:, :, None] == ids_BS[:, None, :])
-    logits_BHTS = jnp.einsum(
-        "bthd,bshd->bhts", q_BTHD, k_BSHD, preferred_element_type=jnp.float32
-    ) * jnp.float32(scale)
-    logits_BHTS = jnp.where(visible_BTS[:, None], logits_BHTS, -jnp.inf)
-    probs_BHTS = jax.nn.softmax(logits_BHTS, axis=-1)  # every query sees itself: no empty row
-    o_BTHD = jnp.einsum("bhts,bshd->bthd", probs_BHTS, v_BSHD.astype(jnp.float32))
-    return o_BTHD.astype(dtype)
-
-
 def _vma(x):
     aval = jax.typeof(x)
     varying = getattr(aval, "vma", None)  # the set of varying mesh axes (renamed across versions)
     return aval.manual_axis_type.varying if varying is None else varying
 
 
-def _like(x, ref):
+def vary_like(x, ref):
     """`x` typed as varying over every mesh axis `ref` varies over. The local kernels' scans
     carry per-shard states, so their zero states and inputs (e.g. a fixed `[H]` decay, typed as
     replicated) must vary like the queries."""
@@ -213,7 +116,7 @@ def span_resets(a_BTH, segment_ids, num_heads, axis_name):
     return a_BTH.at[:, 0].set(jnp.where(reset, -jnp.inf, first))
 
 
-def _prefix(A, U, s0, reset_BH, axis_name, apply):
+def prefix(A, U, s0, reset_BH, axis_name, apply):
     """The state entering this shard and the global final state, from the shards' (A, U).
 
     `apply(A, S)` is A acting on a state (a broadcast product, or a matrix product);

@@ -20,14 +20,18 @@ Unrolling S_{t−1} = e^{g⁻_t} ⊙ S + Σ_{s<t} e^{g⁻_t − g_s} ⊙ (b_s w_
     S' = e^{g_C} ⊙ S + (B ⊙ e^{g_C − g})ᵀ W + (K ⊙ e^{g_C − g})ᵀ V
 
 a generalised UT transform: (I − L_ab)⁻¹ by `primitives.invert_unit_lower`, the four decayed
-score matrices by sub-blocks (`chunked.SubBlocks`, the query side reading g⁻ for L), every
-exponent ≤ 0, so −30 per token stays exact and finite. A `lax.scan` walks the chunks; its step
-(decays, scores, inverse, state update) is rematerialised (`jax.checkpoint`), so the gradient
-keeps the state entering each chunk and the inputs, never a state per token nor a [C, C, K]
-tensor per chunk. A per-head (or absent) decay is broadcast over the key channels.
+score matrices by sub-blocks (`primitives.decays.SubBlocks`, the query side reading g⁻ for L), every
+exponent ≤ 0, so −30 per token stays exact and finite. A `lax.scan` walks steps of G chunks
+(`primitives.chunk_scan.affine_chunk_scan`): a step computes what does not depend on S (decays,
+scores, inverse) for its G chunks at once, then the affine maps of S in order; the step is
+rematerialised (`jax.checkpoint`), so the gradient keeps the state entering each step and the
+inputs, never a state per token nor the [C, C]-sized intermediates of the whole sequence. A
+per-head (or absent) decay is broadcast over the key channels.
 """
 
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -40,17 +44,13 @@ from linear_attention.kernels._checks import (
     check_positive_int,
     check_static,
 )
-from linear_attention.kernels.chunked import SubBlocks, sub_block_size
-from linear_attention.kernels.delta import check_delta_state
-from linear_attention.kernels.primitives import (
-    KeyDecays,
-    from_chunks,
-    invert_unit_lower,
-    pad_time,
-    to_chunks,
-)
+from linear_attention.kernels.delta.delta import check_delta_state
+from linear_attention.kernels.primitives.chunk_scan import affine_chunk_scan, chunks_per_step
+from linear_attention.kernels.primitives.combine import affine_sequence_parallel, span_start_reset
+from linear_attention.kernels.primitives.decays import ChunkDecays, SubBlocks, sub_block_size
+from linear_attention.kernels.primitives.layout import from_chunks, pad_time, to_chunks
+from linear_attention.kernels.primitives.triangular import invert_unit_lower
 from linear_attention.kernels.segments import check_segment_ids, segment_starts
-from linear_attention.kernels.sequence_parallel import affine_sequence_parallel, span_start_reset
 from linear_attention.kernels.state import LinearAttentionState
 
 METHODS = ("chunk", "scan")
@@ -116,7 +116,12 @@ def dplr_delta_rule(
         def local(v_ext, s_init):
             return core(q32, k32, v_ext, a32, b32, w_BTHK, s_init, **kwargs)
 
-        o_BTHD, s_BHKD = affine_sequence_parallel(local, v32, s0_BHKD, axis_name, like=q32)
+        resets_BTH = None  # only a segment start zeroes the state (w = −inf keeps the low rank)
+        if segment_ids is not None:
+            resets_BTH = jnp.broadcast_to(jnp.cumsum(starts_BT, axis=1)[..., None] > 0, (B, T, H))
+        o_BTHD, s_BHKD = affine_sequence_parallel(
+            local, v32, s0_BHKD, axis_name, like=q32, resets_BTH=resets_BTH
+        )
     else:
         o_BTHD, s_BHKD = core(q32, k32, v32, a32, b32, w_BTHK, s0_BHKD, **kwargs)
     o_BTHD = o_BTHD.astype(dtype)
@@ -168,26 +173,30 @@ def dplr_chunked(q_BTHK, k_BTHK, v_BTHD, a_BTHK, b_BTHK, w_BTHK, s0_BHKD, *, chu
     padding tokens have zero k, v, a, b and log decay: they leave the state alone."""
     T = q_BTHK.shape[1]
     C = min(chunk_size, T)
-    c = sub_block_size(C)
-    xs = [to_chunks(pad_time(x, C), C) for x in (q_BTHK, k_BTHK, v_BTHD, a_BTHK, b_BTHK, w_BTHK)]
-
-    def step(s_BHKD, inputs):
-        q, k, v, a, b, w = inputs
-        d = KeyDecays(w, exclusive=True)
-        inclusive = SubBlocks(d.b, d.n, c)
-        exclusive = SubBlocks(d.b, d.n, c, b_query=d.b_prev, n_query=d.n_prev, strict=True)
-        inv_CC = invert_unit_lower(-exclusive.scores(a, b))  # (I − L_ab)⁻¹
-        w_CD = inv_CC @ (exclusive.scores(a, k) @ v) + inv_CC @ (a * d.start_prev) @ s_BHKD
-        o = (q * d.start) @ s_BHKD + inclusive.scores(q, b) @ w_CD + inclusive.scores(q, k) @ v
-        s_BHKD = (
-            d.total[..., :, None] * s_BHKD
-            + jnp.swapaxes(b * d.end, -1, -2) @ w_CD
-            + jnp.swapaxes(k * d.end, -1, -2) @ v
-        )
-        return s_BHKD, o
-
-    s_BHKD, o_NBHCD = jax.lax.scan(jax.checkpoint(step), s0_BHKD, xs)
+    G = chunks_per_step(C, -(-T // C))  # padded to whole steps: padding leaves S alone
+    inputs = (q_BTHK, k_BTHK, v_BTHD, a_BTHK, b_BTHK, w_BTHK)
+    xs = [to_chunks(pad_time(x, G * C), C) for x in inputs]
+    prepare = functools.partial(_chunks, c=sub_block_size(C))
+    o_NBHCD, s_BHKD = affine_chunk_scan(s0_BHKD, xs, prepare, G)
     return from_chunks(o_NBHCD, T), s_BHKD
+
+
+def _chunks(q, k, v, a, b, w, *, c):
+    """The state-independent part of a step's chunks, batched ([G, B, H, C, ...]), as the affine
+    map of `affine_chunk_scan`: W = W₀ + X with W₀ = (I − L_ab)⁻¹ L_ak V and X = (I − L_ab)⁻¹
+    (A ⊙ e^{g⁻}) S, so O = (Q ⊙ e^g) S + M_qb X + (M_qb W₀ + M_qk V) and
+    S' = e^{g_C} S + (B ⊙ e^{g_C − g})ᵀ X + ((B ⊙ e^{g_C − g})ᵀ W₀ + (K ⊙ e^{g_C − g})ᵀ V).
+    Inside the rematerialised scan step (its intermediates are recomputed, not stored)."""
+    d = ChunkDecays(w, exclusive=True)
+    inclusive = SubBlocks(d.b, d.n, c)
+    exclusive = SubBlocks(d.b, d.n, c, b_query=d.b_prev, n_query=d.n_prev, strict=True)
+    inv_CC = invert_unit_lower(-exclusive.scores(a, b))  # (I − L_ab)⁻¹
+    w0_CD = inv_CC @ (exclusive.scores(a, k) @ v)
+    m_qb = inclusive.scores(q, b)
+    b_end, k_end = b * d.end, k * d.end
+    o0_CD = m_qb @ w0_CD + inclusive.scores(q, k) @ v
+    u0_KD = jnp.swapaxes(b_end, -1, -2) @ w0_CD + jnp.swapaxes(k_end, -1, -2) @ v
+    return inv_CC @ (a * d.start_prev), q * d.start, m_qb, o0_CD, b_end, u0_KD, d.total
 
 
 def _per_key(w, shape):

@@ -27,14 +27,14 @@ from linear_attention.kernels._checks import (
     check_positive_int,
     check_static,
 )
-from linear_attention.kernels.delta import (
+from linear_attention.kernels.delta.delta import (
     check_beta,
     check_delta_state,
     delta_chunked,
     delta_token,
 )
+from linear_attention.kernels.primitives.combine import affine_sequence_parallel, span_resets
 from linear_attention.kernels.segments import check_segment_ids, segment_log_decay
-from linear_attention.kernels.sequence_parallel import affine_sequence_parallel, span_resets
 from linear_attention.kernels.state import LinearAttentionState
 
 METHODS = ("chunk", "scan")
@@ -97,7 +97,11 @@ def delta_product(
         )
 
     if axis_name is not None:
-        o_BTHD, s_BHKD = affine_sequence_parallel(run, v32, s0_BHKD, axis_name, like=q32)
+        # a −inf decay zeroes the state before the token's steps: a NaN carried in stops there
+        resets_BTH = None if a_BTH is None else jnp.isneginf(jnp.cumsum(a_BTH, axis=1))
+        o_BTHD, s_BHKD = affine_sequence_parallel(
+            run, v32, s0_BHKD, axis_name, like=q32, resets_BTH=resets_BTH
+        )
     else:
         o_BTHD, s_BHKD = run(v32, s0_BHKD)
     o_BTHD = o_BTHD.astype(dtype)

@@ -1,0 +1,256 @@
+"""Language-modelling sources built from a corpus, a tokenizer and a loader.
+
+`text_source` (``config.data.kind = "text"``) and `token_file_source` (``kind = "tokens"``)
+return an object with the source interface (``vocab_size``, ``seq_len``,
+``train_batch(step, batch_size)``, ``eval_batches(batch_size)``) plus ``token_bytes`` (the
+bytes each token covers, for bits per byte), ``tokenizer`` (or None) and ``provenance`` (what
+the corpus is, for ``summary.json``). Two loaders:
+
+- ``"windows"`` (`text.TextData`): random windows of the training token stream keyed by the
+  step; the byte-level default, whose figures stay as they were.
+- ``"grain"`` (`GrainData`): the Grain pipeline of `pipeline` over the training documents
+  (shuffled by epoch, sharded by process, packed, batched); its iterator state goes into every
+  checkpoint (``iterator_state`` / ``restore_iterator``). Batches are this process's rows
+  (``process_local``).
+
+Bytes of plain files (and the built-in corpus) are read as they are (no decoding, so any file
+works, exactly as before); JSONL / Parquet records, and any text for a tokenizer other than
+bytes, go through `corpus.read_documents` (UTF-8) and `tokenized.tokenize_documents` (cached).
+Evaluation windows are the same in both loaders: evenly spaced windows of the validation split.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from linear_attention.data.batches import padded_batches
+from linear_attention.data.corpus import check_token_range, read_documents, read_token_file
+from linear_attention.data.pipeline import GrainPipeline, document_spans, window_spans
+from linear_attention.data.text import TextData, validation_blocks
+from linear_attention.data.tokenized import tokenize_documents
+from linear_attention.data.tokenizers import BYTES, load_tokenizer
+
+LOADERS = ("windows", "grain")
+_RECORD_SUFFIXES = (".jsonl", ".parquet")
+
+
+def _holds_records(path: str) -> bool:
+    """Whether ``path`` is, or a folder holding, JSONL or Parquet files."""
+    if not path:
+        return False
+    if os.path.isfile(path):
+        return path.endswith(_RECORD_SUFFIXES)
+    for _, _, names in os.walk(path):
+        if any(name.endswith(_RECORD_SUFFIXES) for name in names):
+            return True
+    return False
+
+
+class GrainData:
+    """Training batches from the Grain pipeline over ``spans`` of ``stream``; evaluation on the
+    fixed windows ``eval_rows`` (``inputs``, ``labels`` and, when packed, ``segment_ids``)."""
+
+    process_local = True
+
+    def __init__(
+        self,
+        stream,
+        spans,
+        eval_rows: dict,
+        *,
+        seq_len: int,
+        batch_size: int,
+        seed: int,
+        vocab_size: int,
+        token_bytes: np.ndarray | None,
+        tokenizer,
+        provenance: dict,
+        process_index: int = 0,
+        process_count: int = 1,
+    ):
+        self.seq_len, self.vocab_size = seq_len, vocab_size
+        self.token_bytes, self.tokenizer, self.provenance = token_bytes, tokenizer, provenance
+        self.eval_rows = eval_rows
+        # the names of `TextData`'s validation windows, for scripts that read them
+        self.val_inputs, self.val_labels = eval_rows["inputs"], eval_rows["labels"]
+        self.val_segment_ids = eval_rows.get("segment_ids")
+        self.pipeline = GrainPipeline(
+            stream,
+            spans,
+            seq_len=seq_len,
+            batch_size=batch_size,
+            seed=seed,
+            process_index=process_index,
+            process_count=process_count,
+        )
+
+    def train_batch(self, step: int, batch_size: int) -> dict[str, np.ndarray]:
+        if batch_size != self.pipeline.batch_size:
+            raise ValueError(
+                f"the pipeline was built for batch_size {self.pipeline.batch_size}, "
+                f"got {batch_size}"
+            )
+        return self.pipeline.next_batch(step)
+
+    def iterator_state(self) -> dict:
+        return self.pipeline.state()
+
+    def restore_iterator(self, state: dict) -> None:
+        self.pipeline.restore(state)
+
+    def eval_batches(self, batch_size: int):
+        rows = self.eval_rows
+        yield from padded_batches(
+            rows["inputs"], rows["labels"], batch_size, segment_ids=rows.get("segment_ids")
+        )
+
+
+def text_source(
+    *,
+    path: str,
+    tokenizer: str,
+    text_field: str,
+    loader: str,
+    seq_len: int,
+    max_bytes: int | None,
+    val_fraction: float,
+    num_val_windows: int,
+    pack: bool,
+    separator: bytes,
+    seed: int,
+    batch_size: int,
+    cache_dir: str | None = None,
+    process_index: int = 0,
+    process_count: int = 1,
+    message=None,
+):
+    """The source of ``config.data.kind = "text"`` (see the module docstring)."""
+    if loader not in LOADERS:
+        raise ValueError(f"loader must be one of {LOADERS}, got {loader!r}")
+    if loader == "grain" and not pack:
+        raise ValueError("loader 'grain' packs documents into rows: it needs pack=True")
+    tok = load_tokenizer(tokenizer)
+    common = dict(
+        seq_len=seq_len,
+        val_fraction=val_fraction,
+        num_val_windows=num_val_windows,
+        seed=seed,
+        pack=pack,
+    )
+    if tokenizer == BYTES and not _holds_records(path):
+        text = TextData(path=path or None, max_bytes=max_bytes, separator=separator, **common)
+    else:
+        docs, provenance = read_documents(path or None, text_field=text_field, max_bytes=max_bytes)
+        tokens, starts = tokenize_documents(
+            docs,
+            tok,
+            provenance=provenance,
+            separator=separator.decode(),
+            cache_dir=cache_dir,
+            message=message,
+        )
+        text = TextData(
+            tokens=tokens,
+            starts=starts,
+            vocab_size=tok.vocab_size,
+            token_bytes=tok.token_bytes,
+            provenance=provenance,
+            **common,
+        )
+    text.tokenizer = tok
+    text.provenance = {
+        **text.provenance,
+        "tokenizer": tok.name,
+        "tokenizer_sha256": tok.fingerprint,
+    }
+    if loader == "windows":
+        return text
+    rows = {"inputs": text.val_inputs, "labels": text.val_labels}
+    if text.val_segment_ids is not None:
+        rows["segment_ids"] = text.val_segment_ids
+    return GrainData(
+        text.train,
+        document_spans(text.train_documents),
+        rows,
+        seq_len=seq_len,
+        batch_size=batch_size,
+        seed=seed,
+        vocab_size=text.vocab_size,
+        token_bytes=text.token_bytes,
+        tokenizer=tok,
+        provenance=text.provenance,
+        process_index=process_index,
+        process_count=process_count,
+    )
+
+
+def token_file_source(
+    *,
+    path: str,
+    token_dtype: str,
+    vocab_size: int,
+    tokenizer: str,
+    seq_len: int,
+    val_fraction: float,
+    num_val_windows: int,
+    seed: int,
+    batch_size: int,
+    process_index: int = 0,
+    process_count: int = 1,
+):
+    """The source of ``config.data.kind = "tokens"``: windows of ``seq_len + 1`` tokens of the
+    memory-mapped file, split by blocks as text is (a window belongs to validation when its
+    first and last tokens lie in validation blocks, to training when both lie in training
+    blocks; one straddling the two is left out), trained through the Grain pipeline. Every
+    token is checked against ``vocab_size`` (the first one outside is named with its index).
+    With a ``tokenizer`` (the one that made the file) bits per byte are reported too."""
+    tokens = read_token_file(path, token_dtype)
+    check_token_range(tokens, vocab_size, path)
+    tok = load_tokenizer(tokenizer) if tokenizer else None
+    if tok is not None and tok.vocab_size > vocab_size:
+        raise ValueError(
+            f"the tokenizer {tokenizer!r} has {tok.vocab_size} tokens, more than "
+            f"config.model.vocab_size = {vocab_size}"
+        )
+    block, is_val = validation_blocks(tokens.size, val_fraction)
+    count = max(0, (tokens.size - 1) // seq_len)
+    first = np.arange(count, dtype=np.int64) * seq_len
+    first_val, last_val = is_val[first // block], is_val[(first + seq_len) // block]
+    train = window_spans(tokens.size, seq_len, ~first_val & ~last_val)
+    val = window_spans(tokens.size, seq_len, first_val & last_val)
+    for name, spans in (("train", train), ("validation", val)):
+        if len(spans) == 0:
+            raise ValueError(
+                f"{path}: {tokens.size} tokens leave no {name} window of seq_len + 1 = "
+                f"{seq_len + 1} tokens; give a larger file or another val_fraction"
+            )
+    pick = np.unique(np.linspace(0, len(val) - 1, num_val_windows).round().astype(np.int64))
+    windows = np.stack([np.asarray(tokens[b:e], np.int32) for b, e in val[pick]])
+    rows = {"inputs": windows[:, :-1], "labels": windows[:, 1:]}
+    token_bytes = None if tok is None else np.pad(tok.token_bytes, (0, vocab_size - tok.vocab_size))
+    size = os.path.getsize(path)
+    provenance = {
+        "path": os.path.abspath(path),
+        "files": 1,
+        "bytes": size,
+        "mtime_ns": os.stat(path).st_mtime_ns,  # the fingerprint (a large file is not hashed)
+        "tokens": int(tokens.size),
+        "token_dtype": str(tokens.dtype),
+        "tokenizer": tokenizer,
+    }
+    return GrainData(
+        tokens,
+        train,
+        rows,
+        seq_len=seq_len,
+        batch_size=batch_size,
+        seed=seed,
+        vocab_size=vocab_size,
+        token_bytes=token_bytes,
+        tokenizer=tok,
+        provenance=provenance,
+        process_index=process_index,
+        process_count=process_count,
+    )

@@ -1,0 +1,15 @@
+"""Shared chunk primitives, public inside `kernels/` and used by every family:
+
+- `layout`: pad time to whole chunks, view `[B, T, H, ...]` chunk-major and back;
+- `decays`: reset-aware decay factors of a chunk (`ChunkDecays`, per head or per key channel,
+  inclusive or exclusive of the token's own decay), pairwise factors (`pair_decays`), and the
+  sub-block factorisation of per-key decayed scores that keeps −30 per token exact (`SubBlocks`);
+  the cumulative sums themselves are `segments.cumulative_log_decay`;
+- `triangular`: the unit-lower-triangular inverse of the UT transform (`invert_unit_lower`);
+- `chunk_scan`: the walk across chunks of an affine per-chunk map (`affine_chunk_scan`);
+- `combine`: sequence parallelism, one affine combine `S_out = A S_in + U` over a mesh axis
+  that takes any local kernel (`affine_sequence_parallel`, `prefix`, span resets).
+
+A new family (e.g. log-linear attention, PaTH) is a new folder beside `linear/`, `delta/` and
+`softmax/` built from these parts, with its reference (scan/quadratic) beside its fast form.
+"""

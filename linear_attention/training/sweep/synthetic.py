@@ -1,0 +1,176 @@
+"""Tables and figures of the synthetic-task sweeps (``data.kind`` ``mad`` or
+``state_tracking``): one row per mixer, one column per task, each cell the best learning
+rate's mean ``eval/accuracy`` over the seeds with the min–max (MAD: class-macro accuracy;
+state tracking: the mean over the evaluation lengths).
+
+- MAD: ``mad_heatmap.png``, the mixer × task table as a heat map (DeltaNet paper Table 1).
+- State tracking: a second table and ``accuracy_vs_length.png`` with each evaluation length's
+  accuracy (``eval/length_{L}/accuracy``) at the best learning rate, the mean over its seeds
+  (one panel per task, one line per mixer, bars: min–max over seeds).
+
+The sweep config's ``plot`` names the axes: ``x`` (the task axis) and ``line`` (the mixer).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import matplotlib
+import numpy as np
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from linear_attention.training.sweep.grid import Axis, axis_named  # noqa: E402
+
+LENGTH_KEY = re.compile(r"^eval/length_(\d+)/accuracy$")
+
+
+def _cell(row: dict) -> str:
+    mean = row.get("eval/accuracy", math.nan)
+    if not isinstance(mean, (int, float)) or not math.isfinite(mean):
+        return row.get("status", "")
+    text = f"{mean:.3f}"
+    if row.get("seeds", 1) > 1:
+        text += f" ({row['eval/accuracy min']:.3f}–{row['eval/accuracy max']:.3f})"
+    return text
+
+
+def _table(header, body) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join([*lines, *("| " + " | ".join(r) + " |" for r in body)])
+
+
+def length_curves(rows: list[dict], best: list[dict], axes: list[Axis], sweep) -> dict:
+    """``{(task, mixer): {L: (mean, min, max)}}``: each evaluation length's accuracy over the
+    seeds of the best learning rate (the rows of `best`'s tuned choice)."""
+    tune, replicate = sweep.get("tune"), sweep.get("replicate")
+    keys = [a.name for a in axes if a.name not in (tune, replicate)]
+    x, line = sweep.plot.x, sweep.plot.line
+    curves = {}
+    for cell in best:
+        runs = [
+            r
+            for r in rows
+            if r["status"] == "ok"
+            and all(r[k] == cell[k] for k in keys)
+            and (tune is None or r[tune] == cell[tune])
+        ]
+        by_length: dict[int, list[float]] = {}
+        for r in runs:
+            for key, value in r.items():
+                m = LENGTH_KEY.match(key)
+                if m and value is not None and value == value:
+                    by_length.setdefault(int(m.group(1)), []).append(float(value))
+        curves[cell[x], cell[line]] = {
+            n: (float(np.mean(v)), min(v), max(v)) for n, v in sorted(by_length.items())
+        }
+    return curves
+
+
+def synthetic_report(rows: list[dict], best: list[dict], axes: list[Axis], sweep) -> str:
+    """Markdown: the mixer × task table (and for state tracking, accuracy per length)."""
+    x_axis, line_axis = axis_named(axes, sweep.plot.x), axis_named(axes, sweep.plot.line)
+    cells = {(r[line_axis.name], r[x_axis.name]): r for r in best}
+    tasks = [t for t in x_axis.labels if any(k[1] == t for k in cells)]
+    spread = " mean (min–max) over seeds," if sweep.get("replicate") else ""
+    body = [
+        [m, *(_cell(cells[m, t]) if (m, t) in cells else "" for t in tasks)]
+        for m in line_axis.labels
+        if any(k[0] == m for k in cells)
+    ]
+    tune = sweep.get("tune")
+    lrs = [
+        [m, *(str(cells[m, t].get(tune, "")) if (m, t) in cells else "" for t in tasks)]
+        for m in line_axis.labels
+        if any(k[0] == m for k in cells)
+    ]
+    parts = [
+        f"eval/accuracy,{spread} at the best {tune}:\n\n"
+        + _table([f"{line_axis.name} \\ {x_axis.name}", *tasks], body),
+        f"The best {tune} per cell:\n\n"
+        + _table([f"{line_axis.name} \\ {x_axis.name}", *tasks], lrs),
+    ]
+    if sweep.base.data.kind == "state_tracking":
+        curves = length_curves(rows, best, axes, sweep)
+        lengths = sorted({n for c in curves.values() for n in c})
+        body = [
+            [t, m, *(f"{curves[t, m][n][0]:.3f}" if n in curves[t, m] else "" for n in lengths)]
+            for (t, m) in curves
+        ]
+        parts.append(
+            "Accuracy per evaluation length (mean over seeds, best lr):\n\n"
+            + _table([x_axis.name, line_axis.name, *(f"L={n}" for n in lengths)], body)
+        )
+    return "\n\n".join(parts) + "\n"
+
+
+def plot_mad_heatmap(best: list[dict], axes: list[Axis], sweep, out: Path) -> None:
+    x_axis, line_axis = axis_named(axes, sweep.plot.x), axis_named(axes, sweep.plot.line)
+    cells = {(r[line_axis.name], r[x_axis.name]): r.get("eval/accuracy") for r in best}
+    mixers = [m for m in line_axis.labels if any(k[0] == m for k in cells)]
+    tasks = [t for t in x_axis.labels if any(k[1] == t for k in cells)]
+    if not cells:
+        return
+    grid = np.full((len(mixers), len(tasks)), np.nan)
+    for i, m in enumerate(mixers):
+        for j, t in enumerate(tasks):
+            value = cells.get((m, t))
+            if isinstance(value, (int, float)):
+                grid[i, j] = value
+    fig, ax = plt.subplots(figsize=(1.3 * len(tasks) + 2.5, 0.45 * len(mixers) + 1.8))
+    image = ax.imshow(grid, vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto")
+    for i in range(len(mixers)):
+        for j in range(len(tasks)):
+            if math.isfinite(grid[i, j]):
+                color = "black" if grid[i, j] > 0.6 else "white"
+                ax.text(j, i, f"{grid[i, j]:.2f}", ha="center", va="center", fontsize=8, c=color)
+    ax.set_xticks(range(len(tasks)), [t.replace("_", "\n") for t in tasks], fontsize=8)
+    ax.set_yticks(range(len(mixers)), mixers, fontsize=8)
+    ax.set_title("MAD: class-macro accuracy (mean over seeds, best lr)", fontsize=9)
+    fig.colorbar(image, ax=ax, fraction=0.04)
+    fig.tight_layout()
+    fig.savefig(out / "mad_heatmap.png", dpi=110)
+    plt.close(fig)
+
+
+def plot_accuracy_vs_length(
+    rows: list[dict], best: list[dict], axes: list[Axis], sweep, out: Path
+) -> None:
+    curves = length_curves(rows, best, axes, sweep)
+    x_axis, line_axis = axis_named(axes, sweep.plot.x), axis_named(axes, sweep.plot.line)
+    tasks = [t for t in x_axis.labels if any(k[0] == t for k in curves)]
+    if not tasks:
+        return
+    palette = [f"C{i}" for i in range(10)] + ["black", "0.45", "0.65", "0.3", "0.55"]
+    fig, axs = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks) + 1.6, 3.6), squeeze=False)
+    for ax, task in zip(axs[0], tasks, strict=True):
+        for i, mixer in enumerate(line_axis.labels):
+            curve = curves.get((task, mixer))
+            if not curve:
+                continue
+            xs = np.array(list(curve))
+            mean, low, high = (np.array(v) for v in zip(*curve.values(), strict=True))
+            ax.errorbar(
+                xs,
+                mean,
+                yerr=np.stack([mean - low, high - mean]),
+                fmt="os^Dv<>pXP*hd8H"[i % 15] + "-",
+                color=palette[i % len(palette)],
+                label=mixer,
+                ms=4,
+                capsize=3,
+                lw=1.2,
+            )
+        ax.set_xscale("log", base=2)
+        ax.set_title(task, fontsize=9)
+        ax.set_xlabel("evaluation length (training: up to data.seq_len)")
+        ax.set_ylim(-0.03, 1.03)
+        ax.grid(alpha=0.3)
+    axs[0][0].set_ylabel("accuracy (mean over seeds, bars min–max)")
+    axs[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    fig.tight_layout()
+    fig.savefig(out / "accuracy_vs_length.png", dpi=110)
+    plt.close(fig)
