@@ -62,7 +62,8 @@ the convolution carry order). bits-per-byte = eval/loss / ln 2 (tokens are bytes
 """
 
 import ml_collections
-from ml_collections import config_dict
+
+from linear_attention.training.config import model_section
 
 # Published settings (see `_paper_size`): the model, the sequence, the batch in tokens, the
 # training tokens and the optimizer of each paper's runs.
@@ -115,36 +116,19 @@ def get_config(arg=None):
     config.data.text_field = "text"  # JSONL field / Parquet column of the text
     config.data.loader = "windows"  # or "grain": epochs of shuffled packed documents
 
-    model = config.model = ml_collections.ConfigDict()
-    model.vocab_size = 256
-    model.d_model = 512
-    model.num_layers = 8
-    model.num_heads = 8
-    model.head_dim = config_dict.placeholder(int)
-    model.mixer = "gated"
-    model.feature_map = config_dict.placeholder(str)  # None: the mixer's default
-    model.feature_dim = config_dict.placeholder(int)
-    model.feature_scale = config_dict.placeholder(float)  # linear: φ(c·q), φ(c·k)
-    model.conv = 4
-    model.out_norm = config_dict.placeholder(bool)
-    model.out_gate = config_dict.placeholder(bool)
-    model.mlp = True
-    model.mlp_ratio = 4.0
-    model.position = "none"
-    model.rope_base = 10000.0
-    model.reset_positions = True  # packed rows: positions restart at each document
-    model.max_length = 2048  # >= seq_len; also bounds prompt + sample_tokens at the end
-    model.method = "chunk"
-    model.chunk_size = 64
-    model.eps = 1e-6
-    model.allow_neg_eigval = False  # deltanet / gated_deltanet: β = 2·sigmoid in (0, 2)
-    model.window = 64  # swa: tokens each layer sees (Based: mixer=taylor,swa)
-    model.norm_eps = 1e-6
-    model.redraw_interval = 0  # favor layers: redraw the random features every this many steps
-    model.dtype = "bfloat16"
-    model.param_dtype = "float32"
-    model.tie_embeddings = True
-    model.remat = "none"  # block / dots / dots_no_batch: recompute in the backward pass
+    # Only what differs from ModelConfig's defaults; every model field (each mixer's options
+    # included, `la-train --help` lists them) can still be set with --config.model.FIELD=VALUE.
+    model = config.model = model_section(
+        vocab_size=256,
+        d_model=512,
+        num_layers=8,
+        num_heads=8,
+        mixer="gated",
+        conv=4,
+        mlp=True,
+        max_length=2048,  # >= seq_len; also bounds prompt + sample_tokens at the end
+        dtype="bfloat16",
+    )
 
     config.optimizer = ml_collections.ConfigDict()
     config.optimizer.learning_rate = 1e-3

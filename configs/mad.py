@@ -20,7 +20,8 @@ d_model 64, 2 heads, the short conv, softmax by default (``--config.model.mixer=
 AdamW lr 3e-3 (warmup 100, cosine), batch 64, 1000 steps (5 epochs; MAD trains far longer, so
 the figures here are a CPU budget's, to be compared by ranking).
 
-Measured: EXPERIMENTS.md, "MAD" (docs/results/mad_*), with the machine's load.
+Measured: not yet. The presets are built and tested (tests/test_synthetic_configs.py trains
+the smoke preset); their results and the study (configs/sweeps/mad.py) are still to be run.
 """
 
 import importlib.util

@@ -35,6 +35,8 @@ mixers on the same backbone. Labels exist only at query positions; eval/accuracy
 import ml_collections
 from ml_collections import config_dict
 
+from linear_attention.training.config import model_section
+
 PRESETS = ("default", "cpu", "smoke", "forgetting")
 
 
@@ -131,34 +133,15 @@ def get_config(arg=None):
 
 
 def _model_config(vocab_size):
-    model = ml_collections.ConfigDict()
-    model.vocab_size = vocab_size
-    model.d_model = 128
-    model.num_layers = 2
-    model.num_heads = 2
-    model.head_dim = config_dict.placeholder(int)
-    model.mixer = "softmax"
-    model.feature_map = config_dict.placeholder(str)  # None: the mixer's default (elu+1)
-    model.feature_dim = config_dict.placeholder(int)
-    model.feature_scale = config_dict.placeholder(float)  # linear: φ(c·q), φ(c·k)
-    model.conv = 4
-    model.out_norm = config_dict.placeholder(bool)
-    model.out_gate = config_dict.placeholder(bool)
-    model.mlp = False
-    model.mlp_ratio = 4.0
-    model.position = "none"
-    model.rope_base = 10000.0
-    model.reset_positions = True  # (only with packed rows, which MQAR does not use)
-    model.max_length = 2048  # >= data.seq_len (learned positions / decoding cache size)
-    model.method = "chunk"
-    model.chunk_size = 64
-    model.eps = 1e-6
-    model.allow_neg_eigval = False  # deltanet / gated_deltanet: β = 2·sigmoid in (0, 2)
-    model.window = 64  # swa: tokens each layer sees (Based: mixer=taylor,swa)
-    model.norm_eps = 1e-6
-    model.redraw_interval = 0  # favor layers: redraw the random features every this many steps
-    model.dtype = "float32"
-    model.param_dtype = "float32"
-    model.tie_embeddings = True
-    model.remat = "none"  # block / dots / dots_no_batch: recompute in the backward pass
-    return model
+    # Only what differs from ModelConfig's defaults; every model field (each mixer's options
+    # included, `la-train --help` lists them) can still be set with --config.model.FIELD=VALUE.
+    return model_section(
+        vocab_size=vocab_size,
+        d_model=128,
+        num_layers=2,
+        num_heads=2,
+        mixer="softmax",
+        conv=4,
+        mlp=False,
+        max_length=2048,  # >= data.seq_len (learned positions / decoding cache size)
+    )

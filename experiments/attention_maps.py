@@ -8,7 +8,7 @@ For every mixer of the preset, the MQAR run in `<workdir>/runs/<mixer>` is train
 `configs/mqar.py` and the preset's overrides; rerunning resumes), then loaded from its latest
 checkpoint (`training.load_run`). On `num_examples` test sequences, each layer's mixer input is
 computed with the model's public modules, from it the mixer's own featurised q, k, v and log
-decays (`Mixer.attention_inputs`: projection, short conv, rotary, feature map, as the layer
+decays (`layers.attention_inputs`: projection, short conv, rotary, feature map, as the layer
 computes them), and the effective T×T matrix A with o = A v:
 
     softmax             A_ts = softmax_s(q_t·k_s / √Dk) over s ≤ t
@@ -59,7 +59,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from linear_attention.data import IGNORE_INDEX
-from linear_attention.layers import LinearMixer, SoftmaxMixer
+from linear_attention.layers import LinearMixer, SoftmaxMixer, attention_inputs
 from linear_attention.training import build_data, experiment_config, load_run, train
 from linear_attention.training.cli import load_config_file
 
@@ -148,7 +148,7 @@ def effective_maps(mixer, x_BTD):
             f"no effective-matrix rule for mixer class {type(mixer).__name__}; known: "
             "SoftmaxMixer and the LinearMixer family"
         )
-    inputs = mixer.attention_inputs(x_BTD)
+    inputs = attention_inputs(mixer, x_BTD)
     f64 = lambda a: np.asarray(a, np.float64).transpose(0, 2, 1, 3)  # noqa: E731 -> [B, H, T, .]
     q, k, v = f64(inputs.q), f64(inputs.k), f64(inputs.v)
     t = q.shape[2]
@@ -180,13 +180,7 @@ def reconstruct(mixer, x_BTD, a_BHTT, v_BHTD) -> float:
     """Relative error between the mixer's output and A v pushed through its output layers."""
     o = np.einsum("bhts,bhsd->bthd", a_BHTT, v_BHTD).astype(np.float32)
     o = jnp.asarray(o)
-    if mixer.out_norm is not None:
-        o = mixer.out_norm(o)
-    b, t = o.shape[:2]
-    o = o.reshape(b, t, -1)
-    if mixer.gate_proj is not None:
-        o = o * jax.nn.silu(mixer.gate_proj(x_BTD))
-    ours = np.asarray(mixer.out_proj(o), np.float64)
+    ours = np.asarray(mixer.output(x_BTD, o), np.float64)
     ref = np.asarray(mixer(x_BTD), np.float64)
     return float(np.linalg.norm(ours - ref) / np.linalg.norm(ref))
 
@@ -269,7 +263,8 @@ def analyse(cfg, model, inputs, labels, rtol: float):
         a, scores, v, kind, m = effective_maps(mixer, x)
         recon = reconstruct(mixer, x, a, v)
         p = row_normalized(a)
-        window = 0 if mixer.conv is None else mixer.conv.kernel_size - 1
+        conv = mixer.inputs.conv
+        window = 0 if conv is None else conv.kernel_size - 1
         heads = []
         for h in range(a.shape[1]):
             per_ex = [

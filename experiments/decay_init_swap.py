@@ -49,7 +49,8 @@ def point_config(preset: str, d_model: int, lr: float, seed: int):
 def decay_params(model) -> list[tuple[np.ndarray, np.ndarray]]:
     """(a_log, dt_bias) of every layer's `gated` mixer, in layer order."""
     return [
-        (np.asarray(b.mixer.a_log[...]), np.asarray(b.mixer.dt_bias[...])) for b in model.blocks
+        (np.asarray(b.mixer.decay.a_log[...]), np.asarray(b.mixer.decay.dt_bias[...]))
+        for b in model.blocks
     ]
 
 
@@ -63,21 +64,22 @@ def memory_rates(params) -> list[list[float]]:
 def decays_from(params):
     """While active, every `GatedMixer` built takes its (a_log, dt_bias) from ``params``, layer
     by layer in construction order (cycling: a model built twice gets them twice)."""
-    original = GatedMixer._build_decay
+    original = GatedMixer._build
     built = [0]
 
-    def build(self, *, rngs):
-        original(self, rngs=rngs)  # draws as usual, so every other weight is the seed's own
+    def build(self, rngs):
+        original(self, rngs)  # draws as usual, so every other weight is the seed's own
         a_log, dt_bias = params[built[0] % len(params)]
         built[0] += 1
-        self.a_log = nnx.Param(jnp.asarray(a_log, self.a_log[...].dtype))
-        self.dt_bias = nnx.Param(jnp.asarray(dt_bias, self.dt_bias[...].dtype))
+        decay = self.decay
+        decay.a_log = nnx.Param(jnp.asarray(a_log, decay.a_log[...].dtype))
+        decay.dt_bias = nnx.Param(jnp.asarray(dt_bias, decay.dt_bias[...].dtype))
 
-    GatedMixer._build_decay = build
+    GatedMixer._build = build
     try:
         yield
     finally:
-        GatedMixer._build_decay = original
+        GatedMixer._build = original
 
 
 def initial_decays(cfg):

@@ -5,7 +5,7 @@
     y = layer.apply(variables, x)                 # same numbers as the NNX mixer's __call__
     y, state = layer.apply(variables, x, state, nnx_method="prefill")
 
-`variables["params"]` has the tree of `nnx.state(mixer, nnx.Param)` (e.g. `qkv_proj/kernel`);
+`variables["params"]` has the tree of `nnx.state(mixer, nnx.Param)` (e.g. `inputs/qkv_proj/kernel`);
 FAVOR+ projections sit in the `FeatureProjection` collection. Options are checked (ValueError
 naming the option) when the wrapper is created, not at the first `init`.
 """

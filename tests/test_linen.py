@@ -25,6 +25,8 @@ OPTIONS = {
     "gated_deltanet": dict(allow_neg_eigval=True, chunk_size=4),
     "gla": dict(conv=True),
     "swa": dict(window=3, rope=True),
+    "kda": dict(num_value_heads=4, chunk_size=4),
+    "gated_deltaproduct": dict(num_householder=2, chunk_size=4),
 }
 
 
@@ -82,7 +84,7 @@ def test_mixer_inside_a_linen_model():
     np.testing.assert_allclose(y, h + nnx.jit(lambda m, h: m(h))(mixer, h), rtol=1e-5, atol=1e-5)
     loss = lambda p: jnp.sum(model.apply({"params": p}, x) ** 2)  # noqa: E731
     grads = jax.jit(jax.grad(loss))(variables["params"])
-    assert float(jnp.abs(grads["mixer"]["qkv_proj"]["kernel"]).max()) > 0
+    assert float(jnp.abs(grads["mixer"]["inputs"]["qkv_proj"]["kernel"]).max()) > 0
 
 
 def test_packed_rows_through_the_wrapper():

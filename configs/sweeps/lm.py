@@ -5,19 +5,21 @@ loss_curves.png):
 
     python experiments/sweep.py --config configs/sweeps/lm.py:cpu --workdir runs/lm-sweep
 
-Each variant is softmax, linear (elu+1), favor (64 random features), taylor (Based, 16
-projected dims), retnet, gated, gla (a decay per key dimension), a hybrid (gated layers with one
-softmax layer), deltanet or gated_deltanet (the delta rule), on the built-in corpus (the standard
-library's source, documents packed per file). d_model is adjusted per variant so parameter
-counts stay within 1% of softmax's (gla at ``:cpu``: +1.03%, the nearest width; the counts are
-in results.md; ``--dry-run`` prints them). The table gives validation bits per byte, training
-tokens/s and decoding tokens/s (a fresh model of the same config stepping through a whole
-``seq_len`` context, batch 1). Measured with ``:cpu`` (EXPERIMENTS.md, section 2; on 2 cores
-shared at load 9-25, so the tokens/s there are load figures, the bits per byte are not),
-validation bits per byte: gated_deltanet 2.17, gated 2.17, hybrid 2.20, gla 2.24, deltanet
-2.31, retnet 2.39, softmax 2.46, favor 2.63, taylor 2.68, linear 2.75. At that load the 10
-runs took 1.7 hours of wall time, 3-4 at a time. The runs did not record their Python; the
-corpus is the running Python's standard library, so the figures depend on its version
+Each variant is softmax, linear (elu+1), favor (64 random features), taylor (Based, 16 projected
+dims), retnet, gated, gla (a decay per key dimension), a hybrid (gated layers with one softmax
+layer), deltanet, gated_deltanet, kda or gated_deltaproduct (the delta rule and its
+generalisations; kda and gated_deltaproduct joined after the measurements below), on the
+built-in corpus (the standard library's source, documents packed per file). d_model is adjusted per
+variant so parameter counts stay within 1% of softmax's (the nearest widths otherwise: gla
++1.03%, kda −1.25%, gated_deltaproduct +1.06% at ``:cpu``, gated_deltaproduct +1.26% by default;
+the counts are in results.md; ``--dry-run`` prints them). The table gives validation bits per
+byte, training tokens/s and decoding tokens/s (a fresh model of the same config stepping through
+a whole ``seq_len`` context, batch 1). Measured with ``:cpu`` (EXPERIMENTS.md, section 2; on 2
+cores shared at load 9-25, so the tokens/s there are load figures, the bits per byte are not),
+validation bits per byte: gated_deltanet 2.17, gated 2.17, hybrid 2.20, gla 2.24, deltanet 2.31,
+retnet 2.39, softmax 2.46, favor 2.63, taylor 2.68, linear 2.75. At that load the 10 runs took
+1.7 hours of wall time, 3-4 at a time. The runs did not record their Python; the corpus is the
+running Python's standard library, so the figures depend on its version
 (docs/results/lm_sweep_cpu.md).
 
 Presets (``configs/sweeps/lm.py:<arg>``):
@@ -49,6 +51,8 @@ VARIANTS = {
         ("hybrid", HYBRID_8, 496),
         ("deltanet", "deltanet", 496),
         ("gated_deltanet", "gated_deltanet", 496),
+        ("kda", "kda", 504),
+        ("gated_deltaproduct", "gated_deltaproduct", 472),  # +1.26%, the nearest width
     ),
     "cpu": (
         ("softmax", "softmax", 128),
@@ -61,6 +65,8 @@ VARIANTS = {
         ("hybrid", ("gated", "softmax"), 126),
         ("deltanet", "deltanet", 124),
         ("gated_deltanet", "gated_deltanet", 124),
+        ("kda", "kda", 120),  # −1.25%, the nearest width
+        ("gated_deltaproduct", "gated_deltaproduct", 118),  # +1.06%, the nearest width
     ),
     "smoke": (
         ("softmax", "softmax", 32),

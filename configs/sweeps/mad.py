@@ -59,12 +59,13 @@ TASK_FIELDS = (
 
 def mixer_choices(names, *, taylor_dim=8, window=16):
     """(mixer, feature_dim, window) per label: only taylor layers use feature_dim, only swa
-    layers the window (the others keep the default, 64)."""
+    layers the window (the others leave them unset: a mixer refuses an option it does not
+    use)."""
     return [
         (
             ("taylor", "swa") if m == "based" else m,
             taylor_dim if m in ("taylor", "based") else None,
-            window if m in ("swa", "based") else 64,
+            window if m in ("swa", "based") else None,
         )
         for m in names
     ]

@@ -69,9 +69,9 @@ def mixer_choices(names, *, taylor_dim=8, window=16):
         choices.append(
             (
                 mixer,
-                label.endswith("_neg"),
+                True if label.endswith("_neg") else None,  # (unset: the mixer's own)
                 taylor_dim if base in ("taylor", "based") else None,
-                window if base in ("swa", "based") else 64,
+                window if base in ("swa", "based") else None,
             )
         )
     return choices

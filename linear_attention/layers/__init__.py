@@ -1,9 +1,12 @@
 """Flax NNX modules: feature maps, attention mixers (one registry), norms, MLP, blocks."""
 
-from linear_attention.layers.base import AttentionInputs, Mixer, MixerState
+from linear_attention.layers.analysis import AttentionInputs, attention_inputs
+from linear_attention.layers.base import Mixer, MixerState
 from linear_attention.layers.block import Block
 from linear_attention.layers.conv import ShortConv
+from linear_attention.layers.decays import ChannelDecay, FixedDecay, KeyDecay, ScalarDecay
 from linear_attention.layers.delta import DeltaNetMixer, GatedDeltaNetMixer
+from linear_attention.layers.delta_product import GatedDeltaProductMixer
 from linear_attention.layers.feature_maps import (
     FIXED_FEATURE_MAPS,
     FavorFeatures,
@@ -11,6 +14,7 @@ from linear_attention.layers.feature_maps import (
     FixedFeatureMap,
     HedgehogFeatures,
 )
+from linear_attention.layers.kda import KDAMixer
 from linear_attention.layers.linear import (
     FavorMixer,
     GatedMixer,
@@ -22,8 +26,12 @@ from linear_attention.layers.linear import (
 )
 from linear_attention.layers.mlp import SwiGLU
 from linear_attention.layers.norm import RMSNorm
+from linear_attention.layers.options import COMMON_OPTIONS, Option
+from linear_attention.layers.output import OutputStage
+from linear_attention.layers.projections import QKVProjection, TokenShift
 from linear_attention.layers.registry import MIXERS, get_mixer
 from linear_attention.layers.rotary import apply_rotary
+from linear_attention.layers.segments import Segments
 from linear_attention.layers.sliding_window import RingBuffer, SlidingWindowMixer
 from linear_attention.layers.softmax import KVCache, SoftmaxMixer
 
@@ -31,6 +39,17 @@ __all__ = [
     "MIXERS",
     "get_mixer",
     "AttentionInputs",
+    "attention_inputs",
+    "COMMON_OPTIONS",
+    "Option",
+    "Segments",
+    "QKVProjection",
+    "TokenShift",
+    "OutputStage",
+    "FixedDecay",
+    "ScalarDecay",
+    "KeyDecay",
+    "ChannelDecay",
     "Mixer",
     "MixerState",
     "KVCache",
@@ -54,6 +73,8 @@ __all__ = [
     "GatedMixer",
     "DeltaNetMixer",
     "GatedDeltaNetMixer",
+    "KDAMixer",
+    "GatedDeltaProductMixer",
     "GLAMixer",
     "SlidingWindowMixer",
 ]

@@ -45,9 +45,10 @@ class Block(nnx.Module):
     def init_state(self, batch_size: int, max_length: int) -> MixerState:
         return self.mixer.init_state(batch_size, max_length)
 
-    def __call__(self, x_BTD: jax.Array, segment_ids: jax.Array | None = None) -> jax.Array:
-        """`segment_ids[B, T]`: packed documents, passed to the mixer (the MLP is per token)."""
-        return self._mlp(x_BTD + self.mixer(self.mixer_norm(x_BTD), segment_ids))
+    def __call__(self, x_BTD: jax.Array, segments=None) -> jax.Array:
+        """`segments` (a `Segments`, or `segment_ids[B, T]`): packed documents, passed to the
+        mixer (the MLP is per token)."""
+        return self._mlp(x_BTD + self.mixer(self.mixer_norm(x_BTD), segments))
 
     def prefill(self, x_BTD, state: MixerState):
         y, state = self.mixer.prefill(self.mixer_norm(x_BTD), state)

@@ -26,69 +26,86 @@ import jax.numpy as jnp
 from flax import nnx
 
 from linear_attention import kernels as K
-from linear_attention.layers.base import Mixer, _check_int, _check_method
-from linear_attention.layers.linear import GatedMixer
+from linear_attention.layers.base import Mixer
+from linear_attention.layers.decays import ScalarDecay, per_token
+from linear_attention.layers.options import (
+    ALLOW_NEG_EIGVAL,
+    CHUNK_SIZE,
+    METHOD,
+    NUM_VALUE_HEADS,
+)
 from linear_attention.layers.sequence import sequence_axis
 
 L2_EPS = 1e-6  # inside the square root of the q/k L2 norm
+DELTA_OPTIONS = dict(
+    method=METHOD.but(choices=tuple(K.DELTA_METHODS)),
+    chunk_size=CHUNK_SIZE,
+    allow_neg_eigval=ALLOW_NEG_EIGVAL,
+)
 
 
-def _l2norm(x):
+def l2norm(x):
+    """x / sqrt(Σx² + L2_EPS) over the last axis, in float32."""
     x32 = x.astype(jnp.float32)
     return x32 * jax.lax.rsqrt(jnp.sum(x32 * x32, axis=-1, keepdims=True) + L2_EPS)
 
 
 class DeltaNetMixer(Mixer):
-    """DeltaNet: the delta rule with β = sigmoid(x W_β) per head, no decay."""
+    """The delta-rule family, and DeltaNet itself: β = sigmoid(x W_β) per head, no decay.
+
+    Parts: the q/k/v projection with the short conv (on by default), L2-normalised q and k, a
+    β gate, a decay part (`DECAY`, None for none), the kernel `delta_rule` / `delta_rule_step`,
+    per-head norm and output gate. Grouped value heads (`num_value_heads` HV, where a mixer
+    declares it): v, β, the decay and the state have HV heads, value head j reads q/k head
+    j // (HV / H).
+    """
 
     NAME = "deltanet"
     SEQUENCE_PARALLEL = True
-    USES = frozenset({"method", "chunk_size", "allow_neg_eigval"})
-    DEFAULT_OUT_NORM = True
-    DEFAULT_OUT_GATE = True
-    DEFAULT_CONV: ClassVar[bool | int] = True
-
-    def __init__(self, d_model: int, num_heads: int, *, conv=None, allow_neg_eigval=False, **kw):
-        """As `Mixer`, plus `allow_neg_eigval` (β = 2·sigmoid, in (0, 2)); `conv=None` means on
-        (kernel 4)."""
-        self._check_neg_eigval(allow_neg_eigval)
-        self.allow_neg_eigval = bool(allow_neg_eigval)
-        conv = self.DEFAULT_CONV if conv is None else conv
-        super().__init__(d_model, num_heads, conv=conv, **kw)
-
-    @staticmethod
-    def _check_neg_eigval(value) -> None:
-        if not isinstance(value, bool):
-            raise ValueError(f"allow_neg_eigval must be a bool, got {value!r}")
+    OPTIONS = DELTA_OPTIONS
+    DEFAULTS = dict(conv=True, out_norm=True, out_gate=True)
+    DECAY: ClassVar[type | None] = None
+    KERNEL = staticmethod(K.delta_rule)
+    KERNEL_STEP = staticmethod(K.delta_rule_step)
 
     @classmethod
-    def check_options(cls, d_model, num_heads, *, allow_neg_eigval=False, **options) -> None:
-        cls._check_neg_eigval(allow_neg_eigval)
-        super().check_options(d_model, num_heads, **options)
+    def _check_family_options(cls, num_heads, options) -> None:
+        hv = options.get("num_value_heads")
+        if hv is not None and hv % num_heads:
+            raise ValueError(
+                f"num_value_heads={hv} must be a multiple of num_heads={num_heads} "
+                f"(mixer {cls.NAME!r})"
+            )
 
-    @classmethod
-    def _check_family_options(cls, *, method, chunk_size, **_) -> None:
-        _check_method(cls.NAME, method, K.DELTA_METHODS)
-        if chunk_size is not None:
-            _check_int("chunk_size", chunk_size)
-
-    def _build(self, *, rngs, method, chunk_size, **_) -> None:
-        self.method = method or "chunk"
-        self.chunk_size = chunk_size or 64
-        self.conv_silu = self.conv is not None  # the conv applies the SiLU itself
+    def _build(self, rngs) -> None:
+        opts = self.options
+        self.method = opts["method"]
+        self.chunk_size = opts["chunk_size"]
+        self.allow_neg_eigval = opts["allow_neg_eigval"]
+        self.conv_silu = self.inputs.conv is not None  # the conv applies the SiLU itself
         # β is a gate: float32 whatever `dtype`
         lin = dict(use_bias=False, dtype=jnp.float32, param_dtype=self.param_dtype, rngs=rngs)
-        self.beta_proj = nnx.Linear(self.d_model, self.num_heads, **lin)
-        self._build_decay(rngs=rngs)
+        width = self.num_value_heads * self._num_keys()  # one β per value head and key
+        self.beta_proj = nnx.Linear(self.d_model, width, **lin)
+        self.decay = self._build_decay(rngs)
 
-    def _build_decay(self, *, rngs) -> None:
-        """Subclass hook: create decay parameters."""
+    def _build_decay(self, rngs):
+        if self.DECAY is None:
+            return None
+        return self.DECAY(
+            self.d_model,
+            self.num_value_heads,
+            self.qk_dim,
+            param_dtype=self.param_dtype,
+            rngs=rngs,
+        )
 
     def _log_decay(self, x_BTD):
-        """log γ `[B, T, H]` (≤ 0, float32), or None (no decay)."""
-        return None
+        """log γ `[B, T, HV]` or `[B, T, HV, K]` (≤ 0, float32), or None (no decay)."""
+        return None if self.decay is None else self.decay(x_BTD)
 
-    def _beta(self, x_BTD):
+    def beta(self, x_BTD):
+        """β `[..., HV]` float32: sigmoid(x W_β), or 2·sigmoid with `allow_neg_eigval`."""
         beta_BTH = jax.nn.sigmoid(self.beta_proj(x_BTD).astype(jnp.float32))
         return 2.0 * beta_BTH if self.allow_neg_eigval else beta_BTH
 
@@ -96,49 +113,41 @@ class DeltaNetMixer(Mixer):
         if not self.conv_silu:
             q, k, v = jax.nn.silu(q), jax.nn.silu(k), jax.nn.silu(v)
         dtype = v.dtype
-        q = (_l2norm(q) * self.qk_dim**-0.5).astype(dtype)
-        return q, _l2norm(k).astype(dtype), v
+        q = (l2norm(q) * self.qk_dim**-0.5).astype(dtype)
+        return q, l2norm(k).astype(dtype), v
 
     def _init_core(self, batch_size: int, max_length: int) -> K.LinearAttentionState:
         del max_length  # the state does not grow with the context
-        kv = jnp.zeros((batch_size, self.num_heads, self.qk_dim, self.head_dim), jnp.float32)
-        return K.LinearAttentionState(kv=kv, k_sum=None)
+        shape = (batch_size, self.num_value_heads, self.qk_dim, self.head_dim)
+        return K.LinearAttentionState(kv=jnp.zeros(shape, jnp.float32), k_sum=None)
 
-    def _mix(self, x_BTD, q_BTHK, k_BTHK, v_BTHD, core, position, segment_ids=None):
+    def _mix(self, x_BTD, q_BTHK, k_BTHK, v_BTHD, core, position, segments=None):
         del position
         q, k, v = self._prepare(q_BTHK, k_BTHK, v_BTHD)
         options = dict(
             log_decay=self._log_decay(x_BTD),
             method=self.method,
             chunk_size=self.chunk_size,
-            segment_ids=segment_ids,
+            segment_ids=None if segments is None else segments.ids,
             axis_name=sequence_axis(),
         )
-        beta = self._beta(x_BTD)
+        beta = self.beta(x_BTD)
         if core is None:
-            return K.delta_rule(q, k, v, beta, **options), None
-        return K.delta_rule(q, k, v, beta, initial_state=core, return_state=True, **options)
+            return self.KERNEL(q, k, v, beta, **options), None
+        return self.KERNEL(q, k, v, beta, initial_state=core, return_state=True, **options)
 
     def _mix_step(self, x_BD, q_BHK, k_BHK, v_BHD, core, position):
         del position
         q, k, v = self._prepare(q_BHK, k_BHK, v_BHD)
-        log_decay = self._log_decay(x_BD[:, None])
-        log_decay = None if log_decay is None else log_decay[:, 0]  # [B, 1, H] -> [B, H]
-        return K.delta_rule_step(core, q, k, v, self._beta(x_BD), log_decay=log_decay)
-
-    def _attention_inputs(self, x_BTD, q_BTHK, k_BTHK, v_BTHD):
-        raise ValueError(
-            f"mixer {self.NAME!r} has no attention_inputs: the delta rule's output is not a "
-            "decayed sum of (q·k) v over past tokens"
-        )
+        log_decay = per_token(self._log_decay(x_BD[:, None]))
+        return self.KERNEL_STEP(core, q, k, v, self.beta(x_BD), log_decay=log_decay)
 
 
 class GatedDeltaNetMixer(DeltaNetMixer):
-    """Gated DeltaNet: DeltaNet with the `gated` mixer's data-dependent decay per head,
+    """Gated DeltaNet: DeltaNet with the `gated` mixer's decay part (`decays.ScalarDecay`),
     log γ_{t,h} = −softplus(x_t·w_h + b_h)·exp(A_h), Mamba-2 init (A_h ~ U[1, 16],
     softplus(b_h) ~ logU[1e-3, 1e-1])."""
 
     NAME = "gated_deltanet"
-    # the same parameters and formula as the `gated` mixer
-    _build_decay = GatedMixer._build_decay
-    _log_decay = GatedMixer._log_decay
+    OPTIONS = dict(DELTA_OPTIONS, num_value_heads=NUM_VALUE_HEADS)
+    DECAY = ScalarDecay

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from linear_attention.layers.base import Mixer
 from linear_attention.layers.delta import DeltaNetMixer, GatedDeltaNetMixer
+from linear_attention.layers.delta_product import GatedDeltaProductMixer
+from linear_attention.layers.kda import KDAMixer
 from linear_attention.layers.linear import (
     FavorMixer,
     GatedMixer,
@@ -30,6 +32,8 @@ MIXERS: dict[str, type[Mixer]] = {
         GatedDeltaNetMixer,
         GLAMixer,
         SlidingWindowMixer,
+        KDAMixer,
+        GatedDeltaProductMixer,
     )
 }
 

@@ -28,9 +28,8 @@ import jax.numpy as jnp
 
 from linear_attention import kernels as K
 from linear_attention.layers.base import Mixer
+from linear_attention.layers.options import WINDOW
 from linear_attention.layers.sequence import previous_tail, sequence_axis
-
-DEFAULT_WINDOW = 64
 
 
 class RingBuffer(NamedTuple):
@@ -41,30 +40,17 @@ class RingBuffer(NamedTuple):
     v: jax.Array
 
 
-def _check_window(window) -> int:
-    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-        raise ValueError(f"window must be an integer >= 1, got {window!r}")
-    return window
-
-
 class SlidingWindowMixer(Mixer):
     """Causal softmax attention over the last `window` tokens; rope or learned positions give
     order within the window."""
 
     NAME = "swa"
     SEQUENCE_PARALLEL = True
-    USES = frozenset({"window"})
+    OPTIONS = dict(window=WINDOW)
     BLOCK = 64  # query block of the sequence kernel (grown to the window if larger)
 
-    def __init__(self, d_model: int, num_heads: int, *, window: int = DEFAULT_WINDOW, **kw):
-        """As `Mixer`, plus `window` (an int ≥ 1: each token sees itself and W − 1 before)."""
-        self.window = _check_window(window)
-        super().__init__(d_model, num_heads, **kw)
-
-    @classmethod
-    def check_options(cls, d_model, num_heads, *, window=DEFAULT_WINDOW, **options) -> None:
-        _check_window(window)
-        super().check_options(d_model, num_heads, **options)
+    def _build(self, rngs) -> None:
+        self.window = self.options["window"]
 
     def _cache_dtype(self):
         return jnp.dtype(self.dtype or self.param_dtype)
@@ -75,12 +61,6 @@ class SlidingWindowMixer(Mixer):
         return RingBuffer(
             k=jnp.zeros((batch_size, w, h, self.qk_dim), dtype),
             v=jnp.zeros((batch_size, w, h, self.head_dim), dtype),
-        )
-
-    def _attention_inputs(self, x_BTD, q_BTHK, k_BTHK, v_BTHD):
-        raise ValueError(
-            f"mixer {self.NAME!r} has no attention_inputs: its weights are a softmax over the "
-            "last `window` keys only, not the full causal form of AttentionInputs"
         )
 
     def _attend(self, q_BTHK, k_BSHK, v_BSHD, position, segment_ids=None):
@@ -95,7 +75,8 @@ class SlidingWindowMixer(Mixer):
             block_size=self.BLOCK,
         ).astype(v_BSHD.dtype)
 
-    def _mix(self, x_BTD, q_BTHK, k_BTHK, v_BTHD, core, position, segment_ids=None):
+    def _mix(self, x_BTD, q_BTHK, k_BTHK, v_BTHD, core, position, segments=None):
+        segment_ids = None if segments is None else segments.ids
         b, t, h, _ = k_BTHK.shape
         w = self.window
         if core is None and sequence_axis() is not None and w > 1:

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 
 from linear_attention import kernels as K
 from linear_attention.kernels.softmax.context_parallel import softmax_context_parallel
-from linear_attention.layers.base import AttentionInputs, Mixer
+from linear_attention.layers.base import Mixer
 from linear_attention.layers.sequence import sequence_axis
 
 
@@ -37,7 +37,6 @@ class SoftmaxMixer(Mixer):
 
     NAME = "softmax"
     SEQUENCE_PARALLEL = True
-    USES = frozenset()
     CACHE_BLOCK = 512  # slots of the KV cache read per block by prefill / step
 
     def _cache_dtype(self):
@@ -50,11 +49,7 @@ class SoftmaxMixer(Mixer):
             v=jnp.zeros((batch_size, max_length, h, self.head_dim), dtype),
         )
 
-    def _attention_inputs(self, x_BTD, q_BTHK, k_BTHK, v_BTHD):
-        q_BTHK = q_BTHK * jnp.asarray(self.qk_dim**-0.5, q_BTHK.dtype)  # logits = q·k
-        return AttentionInputs(q_BTHK, k_BTHK, v_BTHD, None)
-
-    def _mix(self, x_BTD, q_BTHK, k_BTHK, v_BTHD, core, position, segment_ids=None):
+    def _mix(self, x_BTD, q_BTHK, k_BTHK, v_BTHD, core, position, segments=None):
         scale = self.qk_dim**-0.5
         if core is None and sequence_axis() is not None:  # context parallel over the split
             o = softmax_context_parallel(
@@ -63,14 +58,12 @@ class SoftmaxMixer(Mixer):
                 v_BTHD,
                 axis_name=sequence_axis(),
                 scale=scale,
-                segment_ids=segment_ids,
+                segment_ids=None if segments is None else segments.ids,
             )
             return o, None
         if core is None:
-            segments = {} if segment_ids is None else dict(segment_ids=segment_ids)
-            o_BTHD = K.softmax_attention(
-                q_BTHK, k_BTHK, v_BTHD, causal=True, scale=scale, **segments
-            )
+            ids = {} if segments is None else dict(segment_ids=segments.ids)
+            o_BTHD = K.softmax_attention(q_BTHK, k_BTHK, v_BTHD, causal=True, scale=scale, **ids)
             return o_BTHD, None
         t, length = q_BTHK.shape[1], core.k.shape[1]
         if t > length:

@@ -27,9 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from linear_attention.kernels.segments import check_segment_ids
-from linear_attention.layers import Block, FavorMixer, MixerState, RMSNorm
-from linear_attention.layers.segments import document_ids, document_positions
+from linear_attention.layers import Block, FavorMixer, MixerState, RMSNorm, Segments
 from linear_attention.layers.sequence import sequence_offset
 from linear_attention.models.config import MAX_POSITION, ModelConfig
 from linear_attention.models.tokens import check_token_ids, is_concrete
@@ -62,15 +60,17 @@ _REMAT_POLICIES = {
 }
 
 
-def _scanned_blocks(blocks, pattern_length: int, policy, x_BTD, documents_BT):
+def _scanned_blocks(blocks, pattern_length: int, policy, x_BTD, segments):
     """The blocks applied in order, as a `jax.lax.scan` over the repeats of the mixer pattern
     (the body: one block of each pattern position, each under `jax.checkpoint` with ``policy``).
 
     Why a scan: a checkpointed block's recomputation must run in the backward pass, next to
     where its result is used. Inside a scan body XLA cannot hoist it out (it can only run in
-    the backward loop's own iteration); in an unrolled loop of layers the CPU backend schedules
-    every recomputation early and the memory is not saved (measured, BENCHMARKS.md). The block
-    states are stacked at call time (the parameters stay one per layer, as without remat)."""
+    the backward loop's own iteration); in an unrolled loop of layers XLA's CPU backend
+    scheduled the recomputations early and the compiled step's memory did not drop (seen while
+    building this: the same bytes with and without `jax.checkpoint` on 4 softmax layers). The
+    block states are stacked at call time (the parameters stay one per layer, as without
+    remat), so the stacked copy of the blocks' parameters is the price."""
     repeats = len(blocks) // pattern_length
     graphdefs, stacked = [], []
     for j in range(pattern_length):
@@ -83,7 +83,7 @@ def _scanned_blocks(blocks, pattern_length: int, policy, x_BTD, documents_BT):
 
     def body(x_BTD, states):
         for graphdef, state in zip(graphdefs, states, strict=True):
-            run = lambda state, x: nnx.merge(graphdef, state)(x, documents_BT)  # noqa: B023, E731
+            run = lambda state, x: nnx.merge(graphdef, state)(x, segments)  # noqa: B023, E731
             x_BTD = jax.checkpoint(run, policy=policy, prevent_cse=False)(state, x_BTD)
         return x_BTD, None
 
@@ -131,10 +131,10 @@ class LanguageModel(nnx.Module):
         )
 
     # ------------------------------------------------------------------ pieces
-    def _embed(self, tokens, position, documents_BT=None):
+    def _embed(self, tokens, position, segments=None):
         """``(x, valid)``: embeddings, and whether each position has a token id in range (and,
         with learned positions, a position < max_length). Invalid positions embed as zeros so
-        that nothing NaN reaches the mixers (`_logits` marks them NaN). With `documents_BT`
+        that nothing NaN reaches the mixers (`_logits` marks them NaN). With `segments`
         (packed rows) and `config.reset_positions`, learned positions restart per document."""
         config = self.config
         valid = (tokens >= 0) & (tokens < config.vocab_size)
@@ -142,8 +142,8 @@ class LanguageModel(nnx.Module):
         if self.pos_embed is not None:
             t = tokens.shape[-1] if tokens.ndim == 2 else 1
             positions = position + jnp.arange(t, dtype=jnp.int32)
-            if documents_BT is not None and config.reset_positions:
-                positions = document_positions(documents_BT)  # [B, T]
+            if segments is not None and config.reset_positions:
+                positions = segments.positions  # [B, T]
             in_range = positions < config.max_length
             pos = self.pos_embed(jnp.where(in_range, positions, 0))
             x = x + (pos if tokens.ndim == 2 else pos[0])
@@ -169,19 +169,18 @@ class LanguageModel(nnx.Module):
                 f"tokens has length {tokens.shape[1]} > max_length={self.config.max_length}"
             )
         check_token_ids(tokens, self.config.vocab_size)
-        documents_BT = None
-        if segment_ids is not None:
-            check_segment_ids(segment_ids, *tokens.shape)
-            documents_BT = document_ids(segment_ids)
-        # position 0 unless time is split (then document ids and positions are the whole row's)
-        x, valid = self._embed(tokens, sequence_offset(tokens.shape[1]), documents_BT)
+        # checked and turned into document ids, starts and positions once, for every layer (with
+        # time split, the whole row's ids and positions: `Segments.from_ids`)
+        segments = None if segment_ids is None else Segments.from_ids(segment_ids, *tokens.shape)
+        # position 0 unless time is split
+        x, valid = self._embed(tokens, sequence_offset(tokens.shape[1]), segments)
         if self.config.remat == "none":
             for block in self.blocks:
-                x = block(x, documents_BT)
+                x = block(x, segments)
         else:
             pattern = 1 if isinstance(self.config.mixer, str) else len(self.config.mixer)
             policy = _REMAT_POLICIES[self.config.remat]
-            x = _scanned_blocks(self.blocks, pattern, policy, x, documents_BT)
+            x = _scanned_blocks(self.blocks, pattern, policy, x, segments)
         return self._logits(x, valid)
 
     def init_state(self, batch_size: int, max_length: int | None = None) -> ModelState:

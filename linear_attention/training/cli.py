@@ -32,8 +32,9 @@ from absl import flags
 from ml_collections import config_dict, config_flags
 
 from linear_attention.data.tokenizers import BYTES, load_tokenizer
+from linear_attention.layers import COMMON_OPTIONS, MIXERS
 from linear_attention.models import generate_stream
-from linear_attention.models.config import ModelConfig
+from linear_attention.models.config import FIELD_TYPES, ModelConfig
 from linear_attention.training import config as config_lib
 from linear_attention.training.config import SECTIONS, experiment_config
 from linear_attention.training.load import evaluate_run, load_run, run_config
@@ -105,6 +106,8 @@ def _load_module(path: str):
 
 def _none_type(section: str, field: str):
     """The scalar type of a field whose value is None (from the section's dataclass)."""
+    if section == "model" and field in FIELD_TYPES:
+        return int if field == "conv" else FIELD_TYPES[field][0]
     for cls in _SECTION_CLASSES.get(section, ()):
         hint = typing.get_type_hints(cls).get(field)
         for t in typing.get_args(hint) or (hint,):
@@ -250,6 +253,29 @@ def _sections_help() -> str:
     return "\n".join(lines)
 
 
+def _mixers_help() -> str:
+    """Each mixer's options with its defaults (`layers.options`), as --config.model.FIELD."""
+    lines = ["mixers (--config.model.mixer=NAME or NAME,NAME,... per layer) and their options:"]
+    common = ", ".join(
+        f"{name}={MIXERS['softmax'].option_table()[name].default}"
+        for name in COMMON_OPTIONS
+        if name != "rope"
+    )
+    lines += textwrap.wrap(
+        f"every mixer: {common} (rope: model.position='rope'; None: the mixer's default)",
+        100,
+        initial_indent="  ",
+        subsequent_indent="      ",
+    )
+    for name, cls in MIXERS.items():
+        table = cls.option_table()
+        own = [f"{o}={table[o].default}" for o in cls.OPTIONS]
+        changed = [f"{o}={cls.DEFAULTS[o]}" for o in COMMON_OPTIONS if o in cls.DEFAULTS]
+        text = ", ".join(own + changed) or "no options of its own"
+        lines += textwrap.wrap(text, 100, initial_indent=f"  {name}: ", subsequent_indent=" " * 6)
+    return "\n".join(lines)
+
+
 def _presets_help() -> str:
     """Presets of the config files in ``configs/`` of the current directory (or the checkout)."""
     here = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "configs")
@@ -287,7 +313,8 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of ``la-train`` and ``experiments/train.py``; returns the exit status."""
     argv = list(sys.argv if argv is None else argv)
     if any(a in ("-h", "--help", "-help") for a in argv[1:]):
-        print(_help(USAGE, f"{__doc__}\n{_presets_help()}\n\n{_sections_help()}"))
+        text = f"{__doc__}\n{_presets_help()}\n\n{_sections_help()}\n\n{_mixers_help()}"
+        print(_help(USAGE, text))
         return 0
     try:
         config, workdir, dry_run = _parse_train(argv)

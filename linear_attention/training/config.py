@@ -15,6 +15,9 @@ import typing
 from collections.abc import Mapping
 from typing import Any
 
+import ml_collections
+from ml_collections import config_dict
+
 from linear_attention.data import check_mqar_settings
 from linear_attention.data.corpus import TOKEN_DTYPES
 from linear_attention.data.forgetting_mqar import check_forgetting_settings
@@ -25,7 +28,7 @@ from linear_attention.data.state_tracking import (
     task_vocab_size,
 )
 from linear_attention.data.tokenizers import check_tokenizer_spec, load_tokenizer
-from linear_attention.models.config import ModelConfig
+from linear_attention.models.config import FIELD_TYPES, ModelConfig
 
 SCHEDULES = ("cosine", "linear", "constant")
 # Metrics an early stop can watch, and whether larger is better.
@@ -454,6 +457,27 @@ def _model_config(values: Mapping) -> ModelConfig:
         return ModelConfig(**values)
     except (TypeError, ValueError) as e:
         raise ValueError(f"config.model: {e}") from None
+
+
+def model_section(**fields) -> ml_collections.ConfigDict:
+    """`config.model` for a config file: every `ModelConfig` field, at its default unless given
+    in `fields` (a value or a `FieldReference`), so that a config file lists only what it
+    changes and every field can still be overridden (`--config.model.window=16`). A field whose
+    default is None is a typed placeholder (its type from `FIELD_TYPES`)."""
+    known = {f.name: f for f in dataclasses.fields(ModelConfig)}
+    unknown = sorted(set(fields) - set(known))
+    if unknown:
+        raise ValueError(f"model.{unknown[0]} is not a field; known fields: {', '.join(known)}")
+    section = ml_collections.ConfigDict()
+    for name, field in known.items():
+        if name in fields:
+            section[name] = fields[name]
+        elif field.default is None:
+            kind = next(k for k in FIELD_TYPES[name] if k is not type(None))
+            section[name] = config_dict.placeholder(int if name == "conv" else kind)
+        elif field.default is not dataclasses.MISSING:
+            section[name] = field.default
+    return section
 
 
 def _as_dict(config) -> dict:

@@ -35,7 +35,7 @@ from flax import nnx
 # Mixers whose sequence mixing is attention over keys: the window each token sees.
 _ATTENTION = {"softmax": None, "swa": "window"}
 # Mixers whose kernel is the delta rule (chunked in the WY/UT form).
-_DELTA = ("deltanet", "gated_deltanet", "kda")
+_DELTA = ("deltanet", "gated_deltanet", "kda", "gated_deltaproduct")
 # Mixers whose kernel is chunked linear attention (with or without decay).
 _LINEAR = ("linear", "favor", "taylor", "hedgehog", "retnet", "gated", "gla")
 
@@ -47,8 +47,11 @@ def mixing_flops(mixer, name: str, seq_len: int, *, method: str, chunk_size: int
     if name in _ATTENTION:
         keys = seq_len if name == "softmax" else min(mixer.window, seq_len)
         return 2.0 * h * keys * (dk + dv)
-    c = min(chunk_size, seq_len)
+    c = min(chunk_size or seq_len, seq_len)
     if name in _DELTA:
+        # value heads carry the states (grouped value heads); DeltaProduct's n steps per token
+        # are n sub-tokens of the delta rule
+        h = mixer.num_value_heads * getattr(mixer, "num_householder", 1)
         if method == "chunk":
             return 2.0 * h * (3 * c * dk + 2 * c * dv + c * c / 3 + 3 * dk * dv)
         return 6.0 * h * dk * dv
@@ -80,8 +83,14 @@ def flops_per_token(model, seq_len: int) -> dict[str, float]:
     config = model.config
     out = {"matmul": 3.0 * 2.0 * matmul_params(model)}
     for block, name in zip(model.blocks, config.layer_mixers, strict=True):
+        # (each mixer's own method and chunk size, its options with defaults filled in)
+        options = block.mixer.options
         mix = mixing_flops(
-            block.mixer, name, seq_len, method=config.method, chunk_size=config.chunk_size
+            block.mixer,
+            name,
+            seq_len,
+            method=options.get("method"),
+            chunk_size=options.get("chunk_size"),
         )
         out[f"mixer/{name}"] = out.get(f"mixer/{name}", 0.0) + 3.0 * mix
     out["total"] = sum(out.values())

@@ -14,6 +14,7 @@ from flax import nnx
 
 from linear_attention import kernels as K
 from linear_attention.data import IGNORE_INDEX
+from linear_attention.layers import attention_inputs
 from linear_attention.models import LanguageModel, ModelConfig
 from tests.scripts import load_module
 
@@ -51,7 +52,7 @@ def test_effective_matrix_is_the_kernel_on_identity_values(am, mixer):
 
     # independent: the library's kernels on the mixer's attention inputs with v = identity
     # give o = A (attention_inputs itself is checked against float64 in tests/layers)
-    inputs = layer.attention_inputs(x)
+    inputs = attention_inputs(layer, x)
     eye = jnp.broadcast_to(jnp.eye(t)[None, :, None, :], (b, t, h, t))
     if mixer == "softmax":
         o = K.softmax_attention(inputs.q, inputs.k, eye, causal=True, scale=1.0)

@@ -23,7 +23,7 @@ def test_decays_come_from_the_donor_and_the_rest_from_the_seed(swap):
     own = LanguageModel(cfg, rngs=nnx.Rngs(1))
     with swap.decays_from(donor):
         swapped = LanguageModel(cfg, rngs=nnx.Rngs(1))
-    assert swap.GatedMixer._build_decay.__name__ == "_build_decay"  # restored
+    assert swap.GatedMixer._build.__name__ == "_build"  # restored
     for (a, b), (a_d, b_d), (a_o, _) in zip(
         swap.decay_params(swapped), donor, swap.decay_params(own), strict=True
     ):
@@ -32,7 +32,7 @@ def test_decays_come_from_the_donor_and_the_rest_from_the_seed(swap):
         assert not np.array_equal(a, a_o)  # the seeds do draw different decays
     for block, block_own in zip(swapped.blocks, own.blocks, strict=True):
         np.testing.assert_array_equal(
-            block.mixer.decay_proj.kernel[...], block_own.mixer.decay_proj.kernel[...]
+            block.mixer.decay.proj.kernel[...], block_own.mixer.decay.proj.kernel[...]
         )
     rates = swap.memory_rates(donor)
     a, b = donor[0]

@@ -68,16 +68,21 @@ def mixer_reference(
     x = np.asarray(x_BTD, np.float64)
     b, t, _ = x.shape
     h, dk, dv = mixer.num_heads, mixer.qk_dim, mixer.head_dim
-    qkv = x @ p["qkv_proj"]["kernel"]
-    if "conv" in p:
-        qkv = causal_conv(qkv, p["conv"]["kernel"], p["conv"]["bias"])
+    inputs = p["inputs"]
+    qkv = x @ inputs["qkv_proj"]["kernel"]
+    if "conv" in inputs:
+        qkv = causal_conv(qkv, inputs["conv"]["kernel"], inputs["conv"]["bias"])
+    n = getattr(mixer, "num_householder", 1)  # keys and values per token (DeltaProduct)
+    hv = getattr(mixer, "num_value_heads", h)  # grouped value heads
     q = qkv[..., : h * dk].reshape(b, t, h, dk)
-    k = qkv[..., h * dk : 2 * h * dk].reshape(b, t, h, dk)
-    v = qkv[..., 2 * h * dk :].reshape(b, t, h, dv)
+    k = qkv[..., h * dk : (1 + n) * h * dk].reshape(b, t, h * n, dk)
+    v = qkv[..., (1 + n) * h * dk :].reshape(b, t, hv, n, dv)
     if mixer.rope:
         q, k = rotate(q, np.arange(t)), rotate(k, np.arange(t))
-    if name in ("deltanet", "gated_deltanet"):
+    if name in DELTA_FAMILY:
+        k = k.reshape(b, t, h, n, dk)
         return output_reference(mixer, x, _delta_reference(name, mixer, p, x, q, k, v))
+    v = v[:, :, :, 0]
     s_BHTS = np.einsum("bthd,bshd->bhts", q, k)
     causal = np.tril(np.ones((t, t), bool))
     log_decay_BTH = np.zeros((b, t, h))
@@ -122,10 +127,11 @@ def mixer_reference(
         if name == "retnet":
             log_decay_BTH[:] = np.log(1.0 - 2.0 ** (-5.0 - np.arange(h)))
         else:
-            z = x @ p["decay_proj"]["kernel"] + p["dt_bias"]
-            log_decay_BTH = -softplus(z) * np.exp(p["a_log"])
+            z = x @ p["decay"]["proj"]["kernel"] + p["decay"]["dt_bias"]
+            log_decay_BTH = -softplus(z) * np.exp(p["decay"]["a_log"])
     elif name == "gla":  # a decay per key dimension: A[t, s] = Σ_k q_tk k_sk Π_r γ_rk / √dk
-        z = x @ p["gate_down"]["kernel"] @ p["gate_up"]["kernel"] + p["gate_up"]["bias"]
+        gate = p["decay"]
+        z = x @ gate["down"]["kernel"] @ gate["up"]["kernel"] + gate["up"]["bias"]
         log_gamma = -np.logaddexp(0.0, -z).reshape(b, t, h, dk) / 16.0  # logsigmoid / τ
         c_BTHK = np.cumsum(log_gamma, axis=1)
         gap_BTSHK = c_BTHK[:, :, None] - c_BTHK[:, None, :]
@@ -144,31 +150,67 @@ def mixer_reference(
     return output_reference(mixer, x, o)
 
 
+DELTA_FAMILY = ("deltanet", "gated_deltanet", "kda", "gated_deltaproduct")
+
+
 def _delta_reference(name, mixer, p, x, q, k, v):
     """silu (here unless the conv did it), L2-normalised q·dk^-½ and k, β = sigmoid(x W_β)
-    (×2 with allow_neg_eigval), the gated decay for gated_deltanet; the delta-rule loop."""
-    if "conv" not in p:
+    (×2 with allow_neg_eigval), the decay (Mamba-2 per head for gated_deltanet and
+    gated_deltaproduct, per key channel for kda); the delta-rule loop (the kernels' reference
+    for one key per token and no grouping, else `delta_loop` below)."""
+    b, t, h, n, dk = k.shape
+    hv = v.shape[2]
+    if "conv" not in p["inputs"]:
         q, k, v = silu(q), silu(k), silu(v)
     l2 = lambda z: z / np.sqrt(np.sum(z * z, -1, keepdims=True) + 1e-6)  # noqa: E731
-    q, k = l2(q) / np.sqrt(q.shape[-1]), l2(k)
+    q, k = l2(q) / np.sqrt(dk), l2(k)
     beta = 1.0 / (1.0 + np.exp(-(x @ p["beta_proj"]["kernel"])))
+    beta = beta.reshape(b, t, hv, n)
     if mixer.allow_neg_eigval:
         beta = 2.0 * beta
-    log_decay = None
-    if name == "gated_deltanet":
-        z = x @ p["decay_proj"]["kernel"] + p["dt_bias"]
-        log_decay = -softplus(z) * np.exp(p["a_log"])
-    return delta_rule_loop(q, k, v, beta, log_decay)[0]
+    log_decay = np.zeros((b, t, hv, 1))
+    if name in ("gated_deltanet", "gated_deltaproduct"):
+        z = x @ p["decay"]["proj"]["kernel"] + p["decay"]["dt_bias"]
+        log_decay = (-softplus(z) * np.exp(p["decay"]["a_log"]))[..., None]
+    elif name == "kda":
+        d = p["decay"]
+        z = (x @ d["down"]["kernel"] @ d["up"]["kernel"] + d["dt_bias"]).reshape(b, t, hv, dk)
+        log_decay = -softplus(z) * np.exp(d["a_log"])[:, None]
+    if n == 1 and hv == h and name != "kda":
+        return delta_rule_loop(q, k[..., 0, :], v[..., 0, :], beta[..., 0], log_decay[..., 0])[0]
+    return delta_loop(q, k, v, beta, log_decay)
+
+
+def delta_loop(q, k, v, beta, log_decay):
+    """Token by token in float64: S ← Diag(exp(a_t)) S; then for each of the n keys,
+    S ← S − β k (kᵀS) + β k vᵀ; o_t = Sᵀ q_t. q `[B,T,H,K]`, k `[B,T,H,n,K]`, v `[B,T,HV,n,Dv]`,
+    β `[B,T,HV,n]`, a `[B,T,HV,K or 1]`; value head j reads q/k head j // (HV/H)."""
+    b, t, h, n, dk = k.shape
+    hv, dv = v.shape[2], v.shape[-1]
+    q, k = np.repeat(q, hv // h, axis=2), np.repeat(k, hv // h, axis=2)
+    S = np.zeros((b, hv, dk, dv))
+    o = np.zeros((b, t, hv, dv))
+    for i in range(t):
+        S = np.exp(log_decay[:, i])[..., None] * S
+        for j in range(n):
+            kj, bj = k[:, i, :, j], beta[:, i, :, j][..., None, None]
+            S = S - bj * kj[..., :, None] * np.einsum("bhk,bhkd->bhd", kj, S)[..., None, :]
+            S = S + bj * kj[..., :, None] * v[:, i, :, j][..., None, :]
+        o[:, i] = np.einsum("bhk,bhkd->bhd", q[:, i], S)
+    return o
 
 
 def output_reference(mixer, x_BTD, o_BTHD) -> np.ndarray:
     """The mixer's output layers (per-head norm, gate, projection) on `o`, in float64."""
-    p = params64(mixer)
+    p = params64(mixer)["output"]
     x, o = np.asarray(x_BTD, np.float64), np.asarray(o_BTHD, np.float64)
     b, t, h, dv = o.shape
-    if "out_norm" in p:
-        o = rms_norm(o, p["out_norm"]["scale"])
+    if "norm" in p:
+        o = rms_norm(o, p["norm"]["scale"])
     o = o.reshape(b, t, h * dv)
-    if "gate_proj" in p:
+    if "gate_up" in p:  # the low-rank sigmoid gate of the gated RMSNorm (kda)
+        z = x @ p["gate_proj"]["kernel"] @ p["gate_up"]["kernel"] + p["gate_up"]["bias"]
+        o = o / (1.0 + np.exp(-z))
+    elif "gate_proj" in p:
         o = o * silu(x @ p["gate_proj"]["kernel"])
     return o @ p["out_proj"]["kernel"]

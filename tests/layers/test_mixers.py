@@ -14,7 +14,10 @@ from linear_attention.layers import (
     FeatureProjection,
     KVCache,
     MixerState,
+    Segments,
     ShortConv,
+    TokenShift,
+    attention_inputs,
     get_mixer,
 )
 from linear_attention.layers.rotary import apply_rotary
@@ -42,8 +45,13 @@ CASES = {
     "gla": dict(conv=True, rope=True, chunk_size=5),
     # window 4 < SPLIT: the prefill overflows the ring buffer and the steps wrap around it
     "swa": dict(window=4, conv=True, rope=True, out_gate=True),
+    # grouped value heads (4 value heads read 2 q/k heads), a decay per key channel, rope
+    "kda": dict(chunk_size=5, num_value_heads=4, rope=True),
+    "gated_deltanet_grouped": dict(num_value_heads=4, conv=False, method="scan"),
+    "gated_deltaproduct": dict(chunk_size=4, allow_neg_eigval=True),  # n = 2 (the default)
+    "gated_deltaproduct_3": dict(num_householder=3, rope=True, method="scan"),
 }
-DELTA = ("deltanet", "gated_deltanet")
+DELTA = ("deltanet", "gated_deltanet", "kda", "gated_deltaproduct")
 
 
 def mixer_name(case: str) -> str:
@@ -251,6 +259,7 @@ BAD_OPTIONS = [
     (dict(name="swa", window=0), "window must be an integer >= 1, got 0"),
     (dict(name="swa", window=2.5), "window must be an integer >= 1, got 2.5"),
     (dict(name="swa", method="chunk"), "does not use option method"),
+    (dict(name="softmax", bogus=1), "mixer 'softmax' does not use option bogus=1"),
 ]
 
 
@@ -279,6 +288,11 @@ def test_registry_lists_every_family():
         *("softmax", "linear", "favor", "taylor", "hedgehog", "retnet", "gated", "gla", "swa"),
         *DELTA,
     }
+    # every option is declared once, with the same type wherever two mixers share it
+    types = {}
+    for cls in MIXERS.values():
+        for option_name, option in cls.option_table().items():
+            assert types.setdefault(option_name, option.type) is option.type
     assert all(cls.NAME == name for name, cls in MIXERS.items())
 
 
@@ -316,9 +330,9 @@ def test_attention_inputs_reproduce_the_mixer(case):
     mixer, x = make(case), inputs()
     if name in (*DELTA, "swa"):  # not the causal weighted sum of AttentionInputs
         with pytest.raises(ValueError, match="has no attention_inputs"):
-            mixer.attention_inputs(x)
+            attention_inputs(mixer, x)
         return
-    a = mixer.attention_inputs(x)
+    a = attention_inputs(mixer, x)
     m = a.q.shape[-1]
     assert a.q.shape == a.k.shape == (B, T, H, m) and a.v.shape == (B, T, H, mixer.head_dim)
     assert (a.log_decay is not None) == (name in ("retnet", "gated", "gla"))
@@ -337,18 +351,18 @@ def test_attention_inputs_reproduce_the_mixer(case):
 @pytest.mark.parametrize("name", DELTA)
 def test_delta_mixer_defaults_and_state(name):
     mixer = get_mixer(name)(D, H, rngs=nnx.Rngs(0))
-    assert mixer.conv is not None and mixer.conv.kernel_size == 4  # on by default
-    assert mixer.out_norm is not None and mixer.gate_proj is not None
+    assert mixer.inputs.conv is not None and mixer.inputs.conv.kernel_size == 4  # on by default
+    assert mixer.output.norm is not None and mixer.output.gate_proj is not None
     assert mixer.method == "chunk" and not mixer.allow_neg_eigval
-    assert get_mixer(name)(D, H, conv=False, rngs=nnx.Rngs(0)).conv is None
+    assert get_mixer(name)(D, H, conv=False, rngs=nnx.Rngs(0)).inputs.conv is None
     core = mixer.init_state(B, 10).core
     assert core.k_sum is None and core.kv.shape == (B, H, D // H, D // H)
-    assert (name == "gated_deltanet") == hasattr(mixer, "decay_proj")
+    assert (name != "deltanet") == (mixer.decay is not None)  # deltanet: no decay
     # β = sigmoid, or 2·sigmoid with allow_neg_eigval: the same projection, doubled
     neg = get_mixer(name)(D, H, allow_neg_eigval=True, rngs=nnx.Rngs(0))
     x = inputs()
-    np.testing.assert_allclose(neg._beta(x), 2.0 * mixer._beta(x), rtol=1e-6)
-    assert float(jnp.max(neg._beta(x))) > 1.0
+    np.testing.assert_allclose(neg.beta(x), 2.0 * mixer.beta(x), rtol=1e-6)
+    assert float(jnp.max(neg.beta(x))) > 1.0
 
 
 # Packed rows: ids are compared with the previous token's, so row 0's id 5 coming back is a third
@@ -447,3 +461,18 @@ def test_swa_prefills_in_pieces_wrap_the_ring_buffer():
     y, state = pieces(mixer, x)
     np.testing.assert_allclose(y, call(mixer, x), rtol=1e-4, atol=1e-4)
     assert state.core.k.shape == (B, 4, H, D // H) and int(state.position) == T
+
+
+def test_token_shift_hand_case():
+    """x_{t−1} per token: zeros before the first token and at a document start; the tail
+    carries the last input into the next call."""
+    shift = TokenShift(2)
+    x = jnp.arange(1.0, 11.0).reshape(1, 5, 2)  # tokens (1, 2), (3, 4), …, (9, 10)
+    prev, tail = shift(x, None)
+    np.testing.assert_array_equal(prev[0], [[0, 0], [1, 2], [3, 4], [5, 6], [7, 8]])
+    np.testing.assert_array_equal(tail, [[[9, 10]]])
+    segments = Segments.from_ids(jnp.asarray([[0, 0, 1, 1, 1]], jnp.int32), 1, 5)
+    prev, _ = shift(x, None, segments)
+    np.testing.assert_array_equal(prev[0], [[0, 0], [1, 2], [0, 0], [5, 6], [7, 8]])
+    step_prev, _ = shift(x[:, :1] + 100, tail)  # the next token reads the previous call's last
+    np.testing.assert_array_equal(step_prev, [[[9, 10]]])

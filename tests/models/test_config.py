@@ -80,6 +80,8 @@ BAD = [
     (dict(reset_positions="yes"), "reset_positions must be a bool"),
     (dict(reset_positions=False), "reset_positions=False needs position 'learned' or 'rope'"),
     (dict(mixer="gla", feature_map="relu"), "feature_map='relu' is not used by any layer"),
+    (dict(mixer="softmax", method="chunked"), r"method='chunked' is not used by any layer \(mix"),
+    (dict(mixer=("swa", "softmax"), eps=1e-3), r"eps=0.001 is not used by any layer"),
 ]
 
 

@@ -138,6 +138,15 @@ def test_state_size_bytes_against_formulas():
     # delta rule: kv H·Dk·Dv only (no k_sum), conv on by default
     assert state_size_bytes(_config(mixer="deltanet")) == 2 * (4 * h * 8 * dv + 4 * 3 * 48)
     assert state_size_bytes(_config(mixer="gated_deltanet", conv=False)) == 2 * 4 * h * 8 * dv
+    # grouped value heads: a state per value head; the conv over q, k (H heads) and v (HV)
+    grouped = 2 * 4 * 4 * 8 * dv + 2 * 4 * 3 * (2 * h * 8 + 4 * dv)
+    assert state_size_bytes(_config(mixer="gated_deltanet", num_value_heads=4)) == grouped
+    assert state_size_bytes(_config(mixer="kda", num_value_heads=4)) == grouped
+    # DeltaProduct: one H·Dk·Dv state; the conv over q and n = 3 keys and values per head
+    conv3 = 4 * 3 * (h * 8 + 3 * h * 8 + 3 * h * dv)
+    assert state_size_bytes(_config(mixer="gated_deltaproduct", num_householder=3)) == 2 * (
+        4 * h * 8 * dv + conv3
+    )
     # gla: the same state (a vector decay changes the update, not the size), M = Dk = 8
     assert state_size_bytes(_config(mixer="gla")) == 2 * linear(8)
     # softmax: K and V caches at max_length, in the compute dtype

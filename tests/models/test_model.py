@@ -15,7 +15,7 @@ from linear_attention.models import LanguageModel, ModelConfig, ModelState, redr
 V, B, T, SPLIT = 32, 2, 12, 5
 ALL_MIXERS = ("linear", "favor", "taylor", "hedgehog", "retnet", "gated", "gla", "softmax")
 # (a layer after gated_deltanet: its chunk gradient must not leak across a reset, even rounding)
-ALL_MIXERS += ("deltanet", "gated_deltanet", "swa")
+ALL_MIXERS += ("deltanet", "gated_deltanet", "swa", "kda", "gated_deltaproduct")
 
 
 def make(seed: int = 0, **fields):
@@ -55,6 +55,8 @@ CASES = {
     ),
     # the delta rule in a hybrid (its conv on by default), several chunks
     "hybrid_delta": dict(mixer=("gated_deltanet", "softmax"), chunk_size=4, allow_neg_eigval=True),
+    # KDA (grouped value heads) and Gated DeltaProduct (2 delta steps per token), conv on
+    "kda_deltaproduct": dict(mixer=("kda", "gated_deltaproduct"), chunk_size=4, num_value_heads=4),
     # Based: taylor + sliding window (window 3 < SPLIT: the ring buffer wraps), rope and conv
     "based": dict(mixer=("taylor", "swa"), feature_dim=4, window=3, position="rope", conv=True),
 }

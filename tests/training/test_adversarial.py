@@ -415,8 +415,8 @@ def test_batch_size_not_divisible_by_the_devices_exits_2(tmp_path):
 def test_a_batch_with_ids_outside_the_vocabulary_stops_the_run(tmp_path, monkeypatch):
     real_build = trainer.build_data
 
-    def bad_build(cfg):
-        data = real_build(cfg)
+    def bad_build(cfg, **kwargs):
+        data = real_build(cfg, **kwargs)
         real_batch = data.train_batch
 
         def train_batch(step, batch_size):

@@ -34,6 +34,10 @@ def test_help_lists_presets_and_sections(capsys, monkeypatch):
     for section in ("model: vocab_size, d_model", "data: kind", "optimizer:", "train:", "mesh:"):
         assert section in out
     assert "--dry_run" in out
+    # each mixer's own options with its defaults, from the mixer's table
+    assert "  swa: window=64\n" in out
+    assert "  softmax: no options of its own\n" in out
+    assert "retnet: feature_map=identity, method=chunk, chunk_size=64, out_norm=True" in out
 
 
 def test_dry_run_prints_the_resolved_config_and_runs_nothing(capsys, monkeypatch, tmp_path):

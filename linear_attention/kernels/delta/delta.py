@@ -117,8 +117,9 @@ def delta_rule(
       `LinearAttentionState(kv, None)` (float32).
 
     No NaN guard (unlike `causal_linear_attention`): a non-finite key, value or β spreads to its
-    whole chunk (earlier tokens included) and, since exp(−inf)·NaN = NaN, past resets; under
-    `axis_name` a NaN carried into a later shard stops at that shard's first reset.
+    whole chunk (earlier tokens included) and, since exp(−inf)·NaN = NaN, past resets, and the
+    gradient is NaN throughout; under `axis_name` a NaN carried into a later shard stops at that
+    shard's first reset.
     """
     check_choice("method", method, METHODS)
     check_positive_int("chunk_size", chunk_size)

@@ -20,7 +20,12 @@ the same id (and, if causal, j ≤ i): each document attends only within itself.
 Non-finite values. A masked matmul would spread a NaN of a key the query cannot see (0·NaN =
 NaN), so values are zeroed where non-finite and the key of such a value is made NaN instead: its
 logit is NaN exactly where it is visible and −∞ (selected by `where`) where it is not. A bad key
-or value thus poisons only the queries that see it.
+or value thus poisons only the queries that see it — in the forward pass. The gradient is not
+guarded: the NaN key enters every row's logits before the mask, and the mask's zero cotangent
+times it is NaN, so even a loss on the finite outputs has NaN gradients (measured for all three
+softmax kernels; guarding them would need the rows a bad key reaches marked beside the clean
+logits, as `causal_linear_attention` does). A NaN input stops training anyway (the trainer
+keeps the last good checkpoint).
 
 Grouped (multi-query) heads are not supported: q, k and v must have the same number of heads.
 """

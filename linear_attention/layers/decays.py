@@ -1,0 +1,117 @@
+"""Decay parts of a mixer: `decay(x[B, T, d_model]) -> log γ` (float32, ≤ 0).
+
+| part           | log γ                                                  | shape          |
+| -------------- | ------------------------------------------------------ | -------------- |
+| `FixedDecay`   | log(1 − 2^(−5−h)), one per head (RetNet)               | `[H]`          |
+| `ScalarDecay`  | −softplus(x·w_h + b_h)·exp(A_h)  (Mamba-2)             | `[B, T, H]`    |
+| `KeyDecay`     | logsigmoid(x W₁W₂ + b)/16, low rank 16  (GLA)          | `[B, T, H, K]` |
+| `ChannelDecay` | −softplus(x W₁W₂ + b_{h,c})·exp(A_h)  (KDA)            | `[B, T, H, K]` |
+
+(retnet; gated, gated_deltanet, gated_deltaproduct; gla; kda.)
+Inits: A_h ~ U[1, 16] and softplus(b) ~ logU[1e-3, 1e-1] (Mamba-2's, per channel for KDA), so a
+token's −log γ starts in about [1e-3, 1.6]. Decays are float32 end to end: the projections
+compute in float32 whatever the mixer's compute dtype. A decay is called on a whole sequence;
+the decode step calls it on `x[:, None]` (`per_token`).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+
+def mamba2_init(rngs: nnx.Rngs, num_a: int, num_dt: int, param_dtype):
+    """`(a_log [num_a], dt_bias [num_dt])`: A ~ U[1, 16], softplus(dt_bias) ~ logU[1e-3, 1e-1]."""
+    a = jax.random.uniform(rngs.params(), (num_a,), jnp.float32, 1.0, 16.0)
+    dt = jnp.exp(
+        jax.random.uniform(rngs.params(), (num_dt,), jnp.float32, jnp.log(1e-3), jnp.log(1e-1))
+    )
+    # inverse softplus, so that softplus(dt_bias) = dt at init
+    dt_bias = dt + jnp.log(-jnp.expm1(-dt))
+    return nnx.Param(jnp.log(a).astype(param_dtype)), nnx.Param(dt_bias.astype(param_dtype))
+
+
+class FixedDecay(nnx.Module):
+    """RetNet's multi-scale decay γ_h = 1 − 2^(−5−h), h = 0..H−1 (no parameters)."""
+
+    def __init__(self, d_model: int, num_heads: int, key_dim: int, *, param_dtype, rngs):
+        del d_model, key_dim, param_dtype, rngs
+        self.num_heads = num_heads
+
+    def __call__(self, x_BTD):
+        gamma_H = 1.0 - 2.0 ** (-5.0 - jnp.arange(self.num_heads, dtype=jnp.float32))
+        return jnp.log(gamma_H)
+
+
+class ScalarDecay(nnx.Module):
+    """Mamba-2 / simple GLA: a data-dependent scalar decay per head and token."""
+
+    def __init__(self, d_model: int, num_heads: int, key_dim: int, *, param_dtype, rngs):
+        del key_dim
+        self.proj = nnx.Linear(
+            d_model,
+            num_heads,
+            use_bias=False,
+            dtype=jnp.float32,
+            param_dtype=param_dtype,
+            rngs=rngs,
+        )
+        self.a_log, self.dt_bias = mamba2_init(rngs, num_heads, num_heads, param_dtype)
+
+    def __call__(self, x_BTD):
+        z_BTH = self.proj(x_BTD).astype(jnp.float32) + self.dt_bias[...].astype(jnp.float32)
+        return -jax.nn.softplus(z_BTH) * jnp.exp(self.a_log[...].astype(jnp.float32))
+
+
+class KeyDecay(nnx.Module):
+    """GLA: a decay per key dimension from a rank-16 gate, log γ = logsigmoid(x W₁W₂ + b)/τ with
+    τ = 16 (keeps γ near 1, a long memory, at init)."""
+
+    RANK = 16
+    TEMPERATURE = 16.0
+
+    def __init__(self, d_model: int, num_heads: int, key_dim: int, *, param_dtype, rngs):
+        self.num_heads, self.key_dim = num_heads, key_dim
+        lin = dict(dtype=jnp.float32, param_dtype=param_dtype, rngs=rngs)
+        self.down = nnx.Linear(d_model, self.RANK, use_bias=False, **lin)
+        self.up = nnx.Linear(self.RANK, num_heads * key_dim, **lin)
+
+    def __call__(self, x_BTD):
+        b, t, _ = x_BTD.shape
+        z_BTF = self.up(self.down(x_BTD.astype(jnp.float32)))
+        log_gamma_BTF = jax.nn.log_sigmoid(z_BTF) / self.TEMPERATURE
+        return log_gamma_BTF.reshape(b, t, self.num_heads, self.key_dim)
+
+
+class ChannelDecay(nnx.Module):
+    """KDA (Kimi Linear): a decay per head and key channel,
+
+        log γ_{t,h,c} = −softplus((x_t W₁ W₂)_{h,c} + b_{h,c}) · exp(A_h)
+
+    with W₁: [d_model, r] (r = `rank`, Kimi Linear's head_dim), W₂: [r, H·K], Mamba-2's init of A
+    and b per channel."""
+
+    def __init__(self, d_model: int, num_heads: int, key_dim: int, *, rank: int, param_dtype, rngs):
+        self.num_heads, self.key_dim = num_heads, key_dim
+        lin = dict(use_bias=False, dtype=jnp.float32, param_dtype=param_dtype, rngs=rngs)
+        self.down = nnx.Linear(d_model, rank, **lin)
+        self.up = nnx.Linear(rank, num_heads * key_dim, **lin)
+        self.a_log, self.dt_bias = mamba2_init(rngs, num_heads, num_heads * key_dim, param_dtype)
+
+    def __call__(self, x_BTD):
+        b, t, _ = x_BTD.shape
+        z_BTF = self.up(self.down(x_BTD.astype(jnp.float32))) + self.dt_bias[...].astype(
+            jnp.float32
+        )
+        z_BTHK = z_BTF.reshape(b, t, self.num_heads, self.key_dim)
+        a_H1 = jnp.exp(self.a_log[...].astype(jnp.float32))[:, None]
+        return -jax.nn.softplus(z_BTHK) * a_H1
+
+
+def per_token(log_decay):
+    """A decay computed on `x[:, None]` for one decode step: `[B, 1, H(, K)]` -> `[B, H(, K)]`;
+    a fixed `[H]` decay or None stays as it is."""
+    if log_decay is None or log_decay.ndim < 3:
+        return log_decay
+    return log_decay[:, 0]

@@ -1,0 +1,134 @@
+"""Input parts of a mixer: the q/k/v projection (optional short conv and rotary) and token shift.
+
+`QKVProjection` maps `x[B, T, d_model]` to
+
+    q, k = split(conv?(x W))            [B, T, H, Dk]      (rope? at absolute positions)
+    v                                   [B, T, HV, Dv]     (HV = H, or grouped value heads)
+
+(with `num_keys` n > 1, Gated DeltaProduct's n keys and values per token: k `[B, T, H, n, Dk]`,
+v `[B, T, HV, n, Dv]`)
+
+with one fused projection `qkv_proj` (a depthwise conv over its channels is the same as one conv
+per q, k and v). Its decoding state is the conv tail `[B, K−1, C]` float32 (None without conv).
+Positions: `position + t` on a whole sequence or a decode step, the shard's global offset when
+time is split (`layers.sequence`), within-document positions for packed rows when
+`reset_positions`.
+
+`TokenShift` gives each token the previous token's input (RWKV's time shift): x_{t−1}, zero before
+the first token and at every document start; its decoding state is the last input `[B, 1, D]`.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from linear_attention.layers.conv import ShortConv
+from linear_attention.layers.rotary import apply_rotary
+from linear_attention.layers.segments import Segments
+from linear_attention.layers.sequence import previous_tail, sequence_axis
+
+
+class QKVProjection(nnx.Module):
+    """q, k `[B, T, H, Dk]` and v `[B, T, HV, Dv]` from one projection, conv and rotary."""
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        qk_dim: int,
+        v_dim: int,
+        *,
+        num_value_heads: int | None = None,
+        num_keys: int = 1,
+        conv: int = 0,
+        rope: bool = False,
+        rope_base: float = 10000.0,
+        reset_positions: bool = True,
+        dtype=None,
+        param_dtype=jnp.float32,
+        rngs: nnx.Rngs,
+    ):
+        self.num_heads, self.qk_dim, self.v_dim = num_heads, qk_dim, v_dim
+        self.num_value_heads = num_value_heads or num_heads
+        self.num_keys = num_keys
+        self.rope, self.rope_base, self.reset_positions = rope, rope_base, reset_positions
+        width = (1 + num_keys) * num_heads * qk_dim + num_keys * self.num_value_heads * v_dim
+        self.qkv_proj = nnx.Linear(
+            d_model, width, use_bias=False, dtype=dtype, param_dtype=param_dtype, rngs=rngs
+        )
+        self.conv = (
+            ShortConv(width, conv, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+            if conv
+            else None
+        )
+
+    def init_state(self, batch_size: int) -> jax.Array | None:
+        return None if self.conv is None else self.conv.init_state(batch_size)
+
+    def __call__(self, x_BTD, conv_tail, position, segments: Segments | None = None):
+        """`(q, k, v, new conv tail)`. `conv_tail=None` on a whole sequence (zeros, or the
+        previous shard's inputs when time is split); `segments` only on a whole sequence."""
+        b, t, _ = x_BTD.shape
+        h, hv, dk, dv, n = (
+            self.num_heads,
+            self.num_value_heads,
+            self.qk_dim,
+            self.v_dim,
+            self.num_keys,
+        )
+        qkv = self.qkv_proj(x_BTD)
+        if self.conv is not None and segments is not None:  # packed rows (from empty)
+            if sequence_axis() is None:
+                qkv = self.conv(qkv, segments.ids)
+            else:  # time split: after the previous shard's last K − 1 inputs and their ids
+                k_1 = self.conv.kernel_size - 1
+                tail = previous_tail(qkv, k_1).astype(qkv.dtype)
+                ids = previous_tail(segments.ids[..., None].astype(jnp.float32), k_1)[..., 0]
+                qkv = self.conv(
+                    jnp.concatenate([tail, qkv], axis=1),
+                    jnp.concatenate([ids.astype(segments.ids.dtype), segments.ids], axis=1),
+                )[:, k_1:]
+        elif self.conv is not None:
+            if conv_tail is None:  # time split: the previous shard's last K − 1 inputs
+                axis = sequence_axis()
+                k_1 = self.conv.kernel_size - 1
+                conv_tail = self.conv.init_state(b) if axis is None else previous_tail(qkv, k_1)
+            qkv, conv_tail = self.conv.prefill(qkv, conv_tail)
+        q_BTHK = qkv[..., : h * dk].reshape(b, t, h, dk)
+        k_BTHK = qkv[..., h * dk : (1 + n) * h * dk].reshape(b, t, h * n, dk)
+        v_BTHD = qkv[..., (1 + n) * h * dk :].reshape(b, t, hv * n, dv)
+        if self.rope:
+            positions = position + jnp.arange(t, dtype=jnp.int32)
+            if segments is not None and self.reset_positions:
+                positions = segments.positions  # [B, T]
+            q_BTHK = apply_rotary(q_BTHK, positions, base=self.rope_base)
+            k_BTHK = apply_rotary(k_BTHK, positions, base=self.rope_base)
+        if n > 1:
+            k_BTHK = k_BTHK.reshape(b, t, h, n, dk)
+            v_BTHD = v_BTHD.reshape(b, t, hv, n, dv)
+        return q_BTHK, k_BTHK, v_BTHD, conv_tail
+
+
+class TokenShift(nnx.Module):
+    """`x_{t−1}` for every token (zeros before the first token and at document starts)."""
+
+    def __init__(self, d_model: int):
+        self.d_model = d_model
+
+    def init_state(self, batch_size: int) -> jax.Array:
+        """The last input `[B, 1, D]` float32 (zeros: nothing before)."""
+        return jnp.zeros((batch_size, 1, self.d_model), jnp.float32)
+
+    def __call__(self, x_BTD, tail_B1D, segments: Segments | None = None):
+        """`(x_prev [B, T, D], new tail)`; `tail=None` on a whole sequence (zeros, or the
+        previous shard's last token when time is split)."""
+        if tail_B1D is None:
+            axis = sequence_axis()
+            tail_B1D = self.init_state(x_BTD.shape[0]) if axis is None else previous_tail(x_BTD, 1)
+        xp_BSD = jnp.concatenate([tail_B1D.astype(x_BTD.dtype), x_BTD], axis=1)
+        prev_BTD = xp_BSD[:, :-1]
+        if segments is not None:  # a document's first token has nothing before it
+            prev_BTD = jnp.where(segments.starts[..., None], jnp.zeros((), x_BTD.dtype), prev_BTD)
+        return prev_BTD, xp_BSD[:, -1:].astype(jnp.float32)
