@@ -70,10 +70,11 @@ def cumulative_log_decay(a, axis: int, restart: bool = False, by_matmul: bool = 
     if by_matmul:
         if restart:
             raise ValueError("cumulative_log_decay: by_matmul does not restart at resets")
-        L = a.shape[axis]
-        upper_LL = jnp.triu(jnp.ones((L, L), jnp.float32))  # [s, t]: s ≤ t
-        sums = [jnp.moveaxis(x, axis, -1) @ upper_LL for x in (finite, reset.astype(jnp.float32))]
-        return tuple(jnp.moveaxis(x, -1, axis) for x in sums)
+        upper_ST = jnp.triu(jnp.ones((a.shape[axis],) * 2, jnp.float32))  # [s, t]: s ≤ t
+        axes = "abcdefghijklmnopqrstuvwxy"[: a.ndim]
+        s = axes[axis % a.ndim]
+        spec = f"{axes},{s}z->{axes.replace(s, 'z')}"  # in place: no transposes around it
+        return tuple(jnp.einsum(spec, x, upper_ST) for x in (finite, reset.astype(jnp.float32)))
     n = jnp.cumsum(reset.astype(jnp.int32), axis=axis)
     if not restart:
         return jnp.cumsum(finite, axis=axis), n

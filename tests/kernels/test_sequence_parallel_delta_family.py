@@ -12,7 +12,7 @@ import sys
 import numpy as np
 
 from tests.kernels.test_sequence_parallel import SEGMENTS, B, T, check
-from tests.scripts import ROOT
+from tests.scripts import DEADLINE_S, ROOT
 
 H, HV, KD, DV, N = 2, 4, 3, 4, 2
 
@@ -104,7 +104,7 @@ def test_split_over_devices_equals_unsplit():
         env=env,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=DEADLINE_S,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     checked = [line.split(" ", 1)[1] for line in proc.stdout.splitlines() if line[:8] == "CHECKED "]

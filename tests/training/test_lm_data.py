@@ -20,6 +20,7 @@ from linear_attention.data.tokenized import cache_key
 from linear_attention.data.tokenizers import train_bpe
 from linear_attention.training import build_data, cli, experiment_config, load_run, train
 from linear_attention.training.metrics import Reporter, read_jsonl
+from tests.scripts import DEADLINE_S
 from tests.training.conftest import ROOT, load_config
 
 WORDS = "the cat sat on a mat while dogs ran around quickly and slowly near rivers".split()
@@ -97,7 +98,9 @@ def test_sigkill_mid_epoch_then_rerun_equals_an_uninterrupted_run(corpus, uninte
     workdir = str(tmp_path / "killed")
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     argv = [sys.executable, "-c", KILLED_RUN, json.dumps(config.to_dict()), workdir, str(KILL_AT)]
-    killed = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    killed = subprocess.run(
+        argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=DEADLINE_S
+    )
     assert killed.returncode == -9, killed.stderr
     assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["2", "4"]
     # The epoch is far from over: 300 documents, 4 steps of 64 tokens.
