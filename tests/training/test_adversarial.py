@@ -227,9 +227,9 @@ def test_resuming_after_an_optimizer_change_is_a_clear_error(finished_run, tmp_p
 def test_loading_into_other_shapes_is_named_and_leaves_nothing_behind(finished_run):
     config = smoke()
     config.model.d_model = 16  # the same tree, other shapes
-    # the qkv conv's bias (3·d_model) is the first differing array in sorted order
+    # the qkv conv's bias (3·d_model, under the input projections) differs first in sorted order
     want = (
-        r"does not fit .* \(0/blocks/0/mixer/conv/bias has shape \(96,\) in the checkpoint, "
+        r"does not fit .* \(0/blocks/0/mixer/inputs/conv/bias has shape \(96,\) in the checkpoint, "
         r"\(48,\) here\)"
     )
     with pytest.raises(RunError, match=want):

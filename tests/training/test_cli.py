@@ -130,8 +130,8 @@ def test_a_second_sigint_stops_at_once_without_a_traceback(tmp_path, monkeypatch
     SIGINT handler is back (here in-process: two signals inside step 2's batch)."""
     real_build = trainer_module.build_data
 
-    def signalling_build(cfg):
-        data = real_build(cfg)
+    def signalling_build(cfg, **kwargs):
+        data = real_build(cfg, **kwargs)
         real_batch = data.train_batch
 
         def train_batch(step, batch_size):
