@@ -35,7 +35,13 @@ from a finished evaluation's JSON (``docs/figures/length_gen.png`` is drawn so f
 
 ``--reuse`` keeps the figures of runs already in ``--out``'s JSON (same workdir, checkpoint step
 and settings), so runs can be added as they finish training; each run records the load average
-before its evaluation (the figures do not depend on it, the seconds do).
+before its evaluation (the figures do not depend on it, the seconds do). The JSON's
+``sessions`` keeps every invocation's wall time, load averages and the runs it evaluated (the
+top-level ``wall_time_sec`` and ``load_avg_end`` are the last invocation's).
+
+Byte-level runs only: the windows are bytes of the corpus files and a position is a byte, so
+bits per byte are the loss in bits (`tokenizers.bits_per_byte` with one byte per token). A run
+with another tokenizer (``config.data.tokenizer``) is refused with a ValueError.
 
 Writes ``length_gen.json`` (machine, settings, per run: windows, bits per byte per bucket and
 per length, seconds) and ``length_gen.png`` (left: bits per byte per bucket, one line per run;
@@ -50,7 +56,6 @@ import argparse
 import dataclasses
 import functools
 import json
-import math
 import os
 import sys
 import time
@@ -67,6 +72,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from linear_attention.benchmarks import machine_info  # noqa: E402
 from linear_attention.data.text import load_documents, split_corpus, split_documents  # noqa: E402
+from linear_attention.data.tokenizers import BYTES, bits_per_byte  # noqa: E402
 from linear_attention.training import experiment_config  # noqa: E402
 from linear_attention.training.load import load_run, run_config  # noqa: E402
 
@@ -88,7 +94,7 @@ def bucket_bits(nll_sum_T: np.ndarray, count_T: np.ndarray, edges) -> list[dict]
         if lo >= hi:
             break
         n = float(count_T[lo:hi].sum())
-        bits = nll_sum_T[lo:hi].sum() / n / math.log(2)
+        bits = bits_per_byte(float(nll_sum_T[lo:hi].sum()), n, n)  # a token is a byte
         out.append(dict(start=lo, end=hi, tokens=int(n), bits_per_byte=bits))
     return out
 
@@ -160,6 +166,18 @@ def latest_step(workdir: str) -> int:
     return max(steps)
 
 
+def check_byte_run(workdir: str, cfg) -> None:
+    """ValueError unless ``cfg`` is a byte-level text run (see the module docstring)."""
+    if cfg.data.kind != "text":
+        raise ValueError(f"{workdir} is not a text run (data.kind = {cfg.data.kind!r})")
+    if cfg.data.tokenizer != BYTES:
+        raise ValueError(
+            f"{workdir} was trained with tokenizer {cfg.data.tokenizer!r}; length_gen.py "
+            f"evaluates byte-level runs only (config.data.tokenizer = {BYTES!r}): its windows "
+            "and positions are bytes"
+        )
+
+
 def evaluate_run(
     workdir: str,
     lengths,
@@ -175,8 +193,7 @@ def evaluate_run(
     docstring); lengths a learned position table cannot index are reported as skipped."""
     raw = run_config(workdir)
     cfg = experiment_config(raw)
-    if cfg.data.kind != "text":
-        raise ValueError(f"{workdir} is not a text run (data.kind = {cfg.data.kind!r})")
+    check_byte_run(workdir, cfg)
     longest = max(lengths)
     learned = cfg.model.position == "learned"
     table = cfg.model.max_length
@@ -201,7 +218,8 @@ def evaluate_run(
                 f"not applicable: the learned position embedding has {table} rows (max_length)"
             )
         else:
-            means[str(l)] = nll[:l].sum() / count[:l].sum() / math.log(2)
+            n = float(count[:l].sum())
+            means[str(l)] = bits_per_byte(float(nll[:l].sum()), n, n)
     out = dict(
         label=label or _label(cfg),
         workdir=str(workdir),
@@ -308,6 +326,16 @@ def plot(runs, edges, out: Path) -> None:
     plt.close(fig)
 
 
+def earlier_session(result: dict) -> dict:
+    """The one session a JSON written before ``sessions`` existed records (its top level)."""
+    return dict(
+        load_avg_start=result["machine"].get("load_avg_start"),
+        load_avg_end=result.get("load_avg_end"),
+        wall_time_sec=result.get("wall_time_sec"),
+        evaluated=None,  # not recorded then
+    )
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("runs", nargs="*", help="workdir or label=workdir")
@@ -353,8 +381,8 @@ def main(argv=None) -> int:
             f"{args.tokens_per_batch}"
         )
     specs = [r.split("=", 1) if "=" in r else [None, r] for r in args.runs]
-    for _, workdir in specs:
-        run_config(workdir)  # every run exists before any work
+    for _, workdir in specs:  # every run exists and is byte-level before any work
+        check_byte_run(workdir, experiment_config(run_config(workdir)))
     lengths = sorted(set(args.lengths))
     edges = args.edges
     if edges is None:
@@ -369,20 +397,22 @@ def main(argv=None) -> int:
         max_bytes=args.max_bytes,
     )
     out = Path(args.out)
-    previous = {}
+    previous, sessions = {}, []
     if args.reuse and (out / "length_gen.json").exists():
         old = json.loads((out / "length_gen.json").read_text())
         if old["settings"] == settings:
             previous = {(r["workdir"], r["step"]): r for r in old["runs"]}
+            sessions = old.get("sessions") or [earlier_session(old)]
     machine = machine_info()
     start = time.perf_counter()
-    runs = []
+    runs, evaluated = [], []
     for label, workdir in specs:
         reused = previous.get((str(workdir), latest_step(workdir)))
         if reused is not None:
             runs.append({**reused, "label": label or reused["label"]})
             print(f"  {runs[-1]['label']}: reused from {out / 'length_gen.json'}")
             continue
+        evaluated.append(str(workdir))
         runs.append(
             evaluate_run(
                 workdir,
@@ -397,10 +427,17 @@ def main(argv=None) -> int:
     table = markdown(runs, edges, lengths)
     print(table)
     out.mkdir(parents=True, exist_ok=True)
-    result = dict(
-        machine=machine,
+    session = dict(
+        load_avg_start=machine["load_avg_start"],
         load_avg_end=os.getloadavg(),
         wall_time_sec=time.perf_counter() - start,
+        evaluated=evaluated,
+    )
+    result = dict(
+        machine=machine,
+        load_avg_end=session["load_avg_end"],
+        wall_time_sec=session["wall_time_sec"],
+        sessions=[*sessions, session],
         settings=settings,
         runs=runs,
     )

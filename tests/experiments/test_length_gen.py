@@ -8,11 +8,11 @@ import math
 import numpy as np
 import pytest
 
+from linear_attention.data.tokenizers import train_bpe
 from linear_attention.training import sweep, trainer
 from linear_attention.training.load import load_run, run_config
 from tests.scripts import load_module
-from tests.training.conftest import load_config
-from tests.training.test_trainer import _np_stats
+from tests.training.conftest import load_config, np_stats
 
 FILES, FILE_BYTES, BLOCK = 10, 2000, 200  # 20 kB: blocks of 200 bytes, 10 per file
 
@@ -57,12 +57,19 @@ def test_bucket_figures_match_per_token_loss(tmp_path, monkeypatch):
     def no_evaluation(*args, **kwargs):
         raise AssertionError("a run in the JSON was evaluated again")
 
-    # --reuse: the same runs (one relabelled) at the same steps and settings are not evaluated
+    (first,) = result["sessions"]
+    assert first["evaluated"] == [gated, learned]
+    assert first["wall_time_sec"] == result["wall_time_sec"] > 0
+    # --reuse: the same runs (one relabelled) at the same steps and settings are not evaluated;
+    # the first invocation's wall time is kept beside the second's
     with monkeypatch.context() as m:
         m.setattr(lg, "evaluate_run", no_evaluation)
         assert lg.main([f"g2={gated}", f"sm={learned}", *args[2:], "--reuse"]) == 0
-    again = json.loads((out / "length_gen.json").read_text())["runs"]
+    second = json.loads((out / "length_gen.json").read_text())
+    again = second["runs"]
     assert again[0] == {**g, "label": "g2"} and again[1] == s
+    assert second["sessions"][0] == first and second["sessions"][1]["evaluated"] == []
+    assert second["wall_time_sec"] == second["sessions"][1]["wall_time_sec"]
     # --replot: the figure again from the JSON, nothing evaluated, nothing else written
     with monkeypatch.context() as m:
         m.setattr(lg, "evaluate_run", no_evaluation)
@@ -106,7 +113,7 @@ def test_bucket_figures_match_per_token_loss(tmp_path, monkeypatch):
         assert bucket["bits_per_byte"] == pytest.approx(want, rel=1e-5)
     # the mean over [0, 32) is an evaluation at length 32 (causal model): the same windows cut
     # to 33 bytes, scored as training scores them
-    ce = _np_stats(model(windows[:, :32].astype(np.int32)), windows[:, 1:33].astype(np.int64))[0]
+    ce = np_stats(model(windows[:, :32].astype(np.int32)), windows[:, 1:33].astype(np.int64))[0]
     assert g["bits_per_byte"]["32"] == pytest.approx(ce / math.log(2), rel=1e-5)
     # the learned table (64 rows): the same windows cut to 65 bytes
     model, _ = load_run(learned)
@@ -126,6 +133,15 @@ def test_bad_arguments(tmp_path):
         with pytest.raises(SystemExit) as e:
             lg.main(argv)
         assert e.value.code == 2
+    # a BPE run is refused before any work: the windows are bytes
+    tokenizer = str(tmp_path / "tok.json")
+    train_bpe(["def f(x):\n    return x\n"] * 4, vocab_size=260, output=tokenizer)
+    config = load_config("lm", "smoke")
+    config.data.tokenizer, config.model.vocab_size = tokenizer, 260
+    (tmp_path / "bpe").mkdir()
+    (tmp_path / "bpe" / "config.json").write_text(json.dumps(config.to_dict()))
+    with pytest.raises(ValueError, match=r"tokenizer '.*tok\.json'; length_gen\.py evaluates"):
+        lg.main([str(tmp_path / "bpe"), "--out", str(tmp_path)])
     assert lg.default_edges(128, 2048) == [0, 128, 256, 512, 1024, 2048]
     assert lg.default_edges(128, 128) == [0, 128]
     assert lg.default_edges(100, 300) == [0, 100, 200, 300]

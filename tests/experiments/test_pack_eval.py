@@ -10,8 +10,7 @@ from flax import nnx
 
 from linear_attention.training import experiment_config, trainer
 from tests.scripts import load_module
-from tests.training.conftest import load_config
-from tests.training.test_trainer import _final_state, _np_stats
+from tests.training.conftest import final_state, load_config, np_stats
 
 
 def test_packed_and_windows_figures(tmp_path):
@@ -34,9 +33,9 @@ def test_packed_and_windows_figures(tmp_path):
     assert math.isclose(row["packed/bits_per_byte"], summary["eval/bits_per_byte"], rel_tol=1e-5)
     # the windows figure: the same model and labels, no segment ids (NumPy cross-entropy)
     data = trainer.build_data(experiment_config(config))
-    graphdef, state = _final_state(workdir, config)
+    graphdef, state = final_state(workdir, config)
     model, _ = nnx.merge(graphdef, state)
-    want = _np_stats(model(data.val_inputs), data.val_labels)[0] / math.log(2)
+    want = np_stats(model(data.val_inputs), data.val_labels)[0] / math.log(2)
     assert math.isclose(row["windows/bits_per_byte"], want, rel_tol=1e-4)
     assert not math.isclose(row["windows/bits_per_byte"], row["packed/bits_per_byte"], rel_tol=1e-4)
     # other documents: one ends after every "a"

@@ -21,8 +21,7 @@ from linear_attention.training.load import load_run
 from linear_attention.training.metrics import MetricsWriter, Reporter, read_jsonl
 from linear_attention.training.workdir import LOCK_NAME, RunError, WorkdirLock, verify_digest
 from tests.scripts import DEADLINE_S, wait_until
-from tests.training.conftest import ROOT, load_config
-from tests.training.test_trainer import _final_state
+from tests.training.conftest import ROOT, final_state, load_config
 
 
 def smoke():
@@ -110,8 +109,8 @@ def test_damaged_checkpoint_is_named_and_the_run_falls_back(finished_run, tmp_pa
     assert os.listdir(os.path.join(workdir, "checkpoints_damaged")) == ["6"]
     assert verify_digest(step6) is None
     # Steps 5 and 6 are replayed exactly: the same parameters as the uninterrupted run.
-    _, a = _final_state(finished_run[0], smoke())
-    _, b = _final_state(workdir, smoke())
+    _, a = final_state(finished_run[0], smoke())
+    _, b = final_state(workdir, smoke())
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
     assert summary["eval/loss"] == finished_run[1]["eval/loss"]

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from linear_attention.data import IGNORE_INDEX
 from linear_attention.training import experiment_config, make_optimizer, trainer
 from linear_attention.training.checkpoint import Checkpoints
 from linear_attention.training.metrics import Reporter
+from tests.training.conftest import final_state, np_stats
 
 
 def _read(workdir, name):
@@ -25,30 +25,6 @@ def _read(workdir, name):
         if name.endswith(".jsonl"):
             return [json.loads(line) for line in f]
         return json.load(f)
-
-
-def _final_state(workdir, config):
-    cfg = experiment_config(config)
-    tx, _ = make_optimizer(cfg.optimizer, cfg.train.num_steps)
-    model, opt = nnx.eval_shape(lambda: trainer.build_model(cfg, tx))
-    graphdef, abstract = nnx.split((model, opt))
-    ckpt = Checkpoints(os.path.join(workdir, "checkpoints"), keep=3)
-    try:
-        state = ckpt.restore(ckpt.latest_step(), abstract)
-    finally:
-        ckpt.close()
-    return graphdef, state
-
-
-def _np_stats(logits, labels):
-    """float64 cross-entropy and accuracy over labelled positions."""
-    logits = np.asarray(logits, np.float64)
-    mask = labels != IGNORE_INDEX
-    logz = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
-    picked = np.take_along_axis(logits, np.where(mask, labels, 0)[..., None], -1)[..., 0]
-    ce = (logz - picked)[mask]
-    acc = (logits.argmax(-1) == labels)[mask]
-    return ce.mean(), acc.mean()
 
 
 def _events(workdir) -> dict[str, dict[int, float]]:
@@ -135,14 +111,14 @@ def test_tiny_run_writes_every_file_with_checked_numbers(tmp_path, tiny_config, 
     tx, _ = make_optimizer(cfg.optimizer, cfg.train.num_steps)
     model0, _ = trainer.build_model(cfg, tx)
     batch0 = data.train_batch(0, cfg.train.batch_size)
-    loss0, acc0 = _np_stats(model0(batch0["inputs"]), batch0["labels"])
+    loss0, acc0 = np_stats(model0(batch0["inputs"]), batch0["labels"])
     np.testing.assert_allclose(records[0]["train/loss"], loss0, rtol=1e-5)
     np.testing.assert_allclose(records[0]["train/accuracy"], acc0)
 
     # Final eval metrics: the final checkpoint's model on the whole test set, in float64.
-    graphdef, state = _final_state(workdir, tiny_config)
+    graphdef, state = final_state(workdir, tiny_config)
     model, _ = nnx.merge(graphdef, state)
-    loss, acc = _np_stats(model(data.test_inputs), data.test_labels)
+    loss, acc = np_stats(model(data.test_inputs), data.test_labels)
     final = _read(workdir, "summary.json")
     np.testing.assert_allclose(final["eval/loss"], loss, rtol=1e-5)
     np.testing.assert_allclose(final["eval/accuracy"], acc)
@@ -198,8 +174,8 @@ def test_interrupt_and_resume_equals_uninterrupted(tmp_path, tiny_config, monkey
     summary = trainer.train(tiny_config, resumed)
     assert summary["resumed_from_step"] == 2
 
-    _, a = _final_state(straight, tiny_config)
-    _, b = _final_state(resumed, tiny_config)
+    _, a = final_state(straight, tiny_config)
+    _, b = final_state(resumed, tiny_config)
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
     ra, rb = _read(straight, "metrics.jsonl"), _read(resumed, "metrics.jsonl")
@@ -293,8 +269,8 @@ def test_sigterm_saves_a_checkpoint_at_the_current_step(tmp_path, tiny_config, m
     assert "resuming from step 3" in out.getvalue() and summary["resumed_from_step"] == 3
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert warnings == [], warnings
-    _, a = _final_state(straight, tiny_config)
-    _, b = _final_state(stopped, tiny_config)
+    _, a = final_state(straight, tiny_config)
+    _, b = final_state(stopped, tiny_config)
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
@@ -319,14 +295,14 @@ def test_packed_text_run_feeds_segment_ids_to_the_model(tmp_path):
     assert math.isfinite(summary["eval/bits_per_byte"])
 
     cfg = experiment_config(config)
-    graphdef, state = _final_state(str(tmp_path / "run"), config)
+    graphdef, state = final_state(str(tmp_path / "run"), config)
     batch = trainer.build_data(cfg).train_batch(cfg.train.num_steps, cfg.train.batch_size)
     assert (batch["segment_ids"][:, -1] > 0).mean() >= 0.5
     model, _ = nnx.merge(graphdef, state)
     loss_sum, _, count = trainer.eval_step(state, batch, graphdef=graphdef)
-    want, _ = _np_stats(model(batch["inputs"], batch["segment_ids"]), batch["labels"])
+    want, _ = np_stats(model(batch["inputs"], batch["segment_ids"]), batch["labels"])
     np.testing.assert_allclose(float(loss_sum / count), want, rtol=1e-5)
-    unpacked, _ = _np_stats(model(batch["inputs"]), batch["labels"])
+    unpacked, _ = np_stats(model(batch["inputs"]), batch["labels"])
     assert abs(unpacked - want) > 1e-4  # the segments changed the loss
 
 
