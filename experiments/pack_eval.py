@@ -12,7 +12,9 @@ between the two columns is what seeing the previous document is worth to that mo
 rows compare models trained with and without packing. ``--separator`` (repeatable; backslash
 escapes decoded, ``''``: files) evaluates every run with those documents instead of its own.
 Prints a table; writes JSON with the machine, each run's config and the figures in bits per
-byte.
+byte: the summed loss over the bytes the labelled tokens cover, as the trainer and ``la-eval``
+compute it (`trainer.evaluate`, `tokenizers.bits_per_byte`), so runs with a BPE or
+sentencepiece tokenizer are scored per byte too, not per token.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import os
 import sys
 import time
@@ -31,6 +32,7 @@ from flax import nnx
 
 from linear_attention.benchmarks import machine_info
 from linear_attention.data import IGNORE_INDEX
+from linear_attention.data.tokenizers import label_bytes
 from linear_attention.training import experiment_config, make_optimizer, trainer
 from linear_attention.training.checkpoint import Checkpoints
 from linear_attention.training.cli import config_from_json
@@ -42,6 +44,7 @@ class _WithoutSegments:
 
     def __init__(self, data):
         self.data = data
+        self.token_bytes = data.token_bytes  # bits per byte over the same bytes
 
     def eval_batches(self, batch_size):
         for batch in self.data.eval_batches(batch_size):
@@ -70,7 +73,7 @@ def evaluate_run(workdir: str, separators=None) -> list[dict]:
         cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, separator=separator))
         cfg.data.validate("data")  # (a bad escape is named)
         data = trainer.build_data(cfg)
-        labelled = int(np.sum(data.val_labels != IGNORE_INDEX))
+        labelled = int(np.sum(data.val_labels != IGNORE_INDEX))  # tokens
         out = dict(
             workdir=os.path.abspath(workdir),
             mixer=cfg.model.mixer,
@@ -79,12 +82,14 @@ def evaluate_run(workdir: str, separators=None) -> list[dict]:
             separator=separator,
             seed=cfg.seed,
             step=step,
-            labelled_bytes=labelled,
+            tokenizer=cfg.data.tokenizer,
+            labelled_tokens=labelled,
+            labelled_bytes=label_bytes(data.val_labels, data.token_bytes),
             boundaries=int(data.val_labels.size - labelled),
         )
         for name, source in (("packed", data), ("windows", _WithoutSegments(data))):
             metrics = trainer.evaluate(state, source, cfg, graphdef, mesh)
-            out[f"{name}/bits_per_byte"] = metrics["eval/loss"] / math.log(2)
+            out[f"{name}/bits_per_byte"] = metrics["eval/bits_per_byte"]
         rows.append(out)
     return rows
 
