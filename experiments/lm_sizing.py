@@ -11,7 +11,8 @@ FLOPs per token, and the compiled step's bytes per device. Then the ``default`` 
 is (batch 64 × 1024, no accumulation) with remat none and block: the memory block remat saves.
 
 Figures are XLA's for this machine's CPU backend (another backend schedules differently), with
-the load average recorded. Writes the JSON and prints a markdown table.
+the load average recorded. Each row also splits the FLOPs per token into the matmuls and the
+sequence mixing (`training.flops`). Writes the JSON and prints a markdown table.
 """
 
 from __future__ import annotations
@@ -24,13 +25,15 @@ from pathlib import Path
 
 from linear_attention.benchmarks import machine_info
 from linear_attention.training.cli import load_config_file
-from linear_attention.training.sizing import dry_run
+from linear_attention.training.config import experiment_config
+from linear_attention.training.flops import flops_per_token
+from linear_attention.training.sizing import abstract_model, dry_run
 
 ROOT = Path(__file__).resolve().parents[1]
 
 PAPER = (
     "transformer_340m", "gla_340m", "gated_deltanet_400m",
-    "transformer_1.3b", "gla_1.3b", "gated_deltanet_1.3b",
+    "transformer_1.3b", "gla_1.3b", "gated_deltanet_1.3b", "kda_1.3b",
 )  # fmt: skip
 
 
@@ -41,6 +44,8 @@ def size(preset: str, remat: str, micro_batch: int | None) -> dict:
         config.train.grad_accum_steps = max(config.train.batch_size // micro_batch, 1)
     start = time.perf_counter()
     out = dry_run(config)
+    cfg = experiment_config(config)
+    flops = flops_per_token(abstract_model(cfg), cfg.data.seq_len)
     return dict(
         preset=preset,
         remat=remat,
@@ -50,6 +55,8 @@ def size(preset: str, remat: str, micro_batch: int | None) -> dict:
         seconds=time.perf_counter() - start,
         load_avg_end=os.getloadavg(),
         **out,
+        flops_matmul=flops["matmul"],
+        flops_mixing=flops["total"] - flops["matmul"],
     )
 
 

@@ -17,6 +17,13 @@ forward matmul), so ``train = 3 · forward`` per token. The forward pass per tok
                       (βKKᵀ, QKᵀ, W = T·βK; U = T·βV and the intra sum; the triangular solve,
                       C³/3 multiply-adds per chunk; W·S, Q·S and the state update)
                       scan: 6·H·dk·dv
+                      (deltanet, gated_deltanet, kda, gated_deltaproduct; H counts the value
+                      heads, which carry the states; KDA's decay per key channel is
+                      elementwise, so it costs what Gated DeltaNet's does; DeltaProduct's n
+                      Householder steps are n delta-rule sub-tokens: H·n, and C counts
+                      sub-tokens, min(chunk, n·T))
+
+A mixer with no count here raises a ValueError naming it (a new mixer adds its count).
 
 Embedding lookups, norms, gates, decays and softmax exponentials are elementwise and not counted
 (as in the papers' 6·N counts). The matmuls are the ``kernel`` parameters (of `nnx.Linear` and
@@ -41,7 +48,15 @@ _LINEAR = ("linear", "favor", "taylor", "hedgehog", "retnet", "gated", "gla")
 
 
 def mixing_flops(mixer, name: str, seq_len: int, *, method: str, chunk_size: int) -> float:
-    """Forward FLOPs per token of one mixer's sequence mixing (see the module docstring)."""
+    """Forward FLOPs per token of one mixer's sequence mixing (see the module docstring). A
+    mixer without a count here (a new one) raises a ValueError naming it: its FLOPs are never
+    guessed from another mixer's shapes."""
+    if name not in (*_ATTENTION, *_DELTA, *_LINEAR):
+        known = ", ".join((*_ATTENTION, *_DELTA, *_LINEAR))
+        raise ValueError(
+            f"no FLOPs count for mixer {name!r} (counted: {known}); add its count to "
+            "linear_attention/training/flops.py"
+        )
     h, dv = mixer.num_heads, mixer.head_dim
     dk = getattr(mixer, "state_feature_dim", mixer.qk_dim)
     if name in _ATTENTION:
@@ -50,14 +65,12 @@ def mixing_flops(mixer, name: str, seq_len: int, *, method: str, chunk_size: int
     c = min(chunk_size or seq_len, seq_len)
     if name in _DELTA:
         # value heads carry the states (grouped value heads); DeltaProduct's n steps per token
-        # are n sub-tokens of the delta rule
-        h = mixer.num_value_heads * getattr(mixer, "num_householder", 1)
+        # are n sub-tokens of the delta rule, and its chunk counts sub-tokens
+        n = getattr(mixer, "num_householder", 1)
+        h, c = mixer.num_value_heads * n, min(chunk_size or n * seq_len, n * seq_len)
         if method == "chunk":
             return 2.0 * h * (3 * c * dk + 2 * c * dv + c * c / 3 + 3 * dk * dv)
         return 6.0 * h * dk * dv
-    if name not in _LINEAR:
-        known = ", ".join((*_ATTENTION, *_DELTA, *_LINEAR))
-        raise ValueError(f"no FLOPs count for mixer {name!r} (counted: {known})")
     if method == "chunk":
         return 2.0 * h * (c * (dk + dv) + 2 * dk * dv)
     return 4.0 * h * dk * dv

@@ -62,12 +62,17 @@ def train_step_bytes(cfg, mesh) -> int:
     )
 
 
+def abstract_model(cfg):
+    """The `LanguageModel` of an `ExperimentConfig` as abstract shapes (nothing allocated)."""
+    return nnx.eval_shape(lambda: build_model(cfg, make_optimizer(cfg.optimizer, 1)[0])[0])
+
+
 def dry_run(config) -> dict:
     """``{"parameters", "flops_per_token", "train_step_bytes_per_device"}`` of the run that
     ``config`` (a ConfigDict or `ExperimentConfig`) describes."""
     cfg = experiment_config(config)
     mesh = make_mesh(cfg.mesh.num_devices, cfg.mesh.seq)
-    model = nnx.eval_shape(lambda: build_model(cfg, make_optimizer(cfg.optimizer, 1)[0])[0])
+    model = abstract_model(cfg)
     params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
     return {
         "parameters": params,
