@@ -6,9 +6,12 @@ Command (a flat ``uint16`` file of token ids, nanoGPT / Megatron style, or a ``.
         --config.data.path=train.bin --config.model.vocab_size=50304 \\
         [--config.data.token_dtype=uint32] [--config.data.tokenizer=tokenizer.json]
 
-The file is memory-mapped and trained through the Grain pipeline (windows of ``seq_len + 1``
-tokens, shuffled by epoch, sharded by process); every id is checked against
-``config.model.vocab_size``. With ``config.data.tokenizer`` (the tokenizer that made the file)
+The file is memory-mapped and trained through the Grain pipeline (shuffled by epoch, sharded by
+process); every id is checked against ``config.model.vocab_size``. Without
+``config.data.eos_id`` (-1) the file is one stream with no document boundary, trained as windows
+of ``seq_len + 1`` tokens; with ``--config.data.eos_id=ID`` (e.g. GPT-2's 50256) each document
+ends with that token (kept as its last), and packed rows restart their segment ids, so the
+model's states, at every document. With ``config.data.tokenizer`` (the tokenizer that made the file)
 bits per byte are reported and a sample is generated; without it, only the loss (and
 ``train.sample_tokens`` is 0).
 """
@@ -37,5 +40,7 @@ def get_config(arg=None):
     config.data.val_fraction = 0.02
     config.data.num_val_windows = num_val_windows
     config.data.tokenizer = ""  # the tokenizer that made the file, for bits per byte
+    # The id that ends each document (packed rows reset states there); -1: one stream
+    config.data.eos_id = -1
     config.train.sample_tokens = 0
     return config

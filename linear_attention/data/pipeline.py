@@ -4,7 +4,8 @@ documents with segment ids -> batch, with a checkpointable iterator.
 Stages:
 
 1. **source**: the training documents, each a span ``[begin, end)`` of a token stream (text: the
-   documents of the training split; a token file: windows of ``seq_len + 1`` tokens). A
+   documents of the training split; a token file: the documents its ``eos_id`` tokens end
+   (`eos_spans`), or without one windows of ``seq_len + 1`` tokens). A
    document of ``n`` tokens becomes ``inputs = tokens[:-1]``, ``labels = tokens[1:]``: the
    first token of a document is never a target, as in packed windows (`text`), since nothing
    before it in its document predicts it.
@@ -46,6 +47,24 @@ def document_spans(document_ids: np.ndarray, *, min_tokens: int = 2) -> np.ndarr
     ends = np.concatenate([cuts, [ids.size]]).astype(np.int64)
     spans = np.stack([begins, ends], axis=1)
     return spans[ends - begins >= min_tokens]
+
+
+def eos_spans(tokens: np.ndarray, eos_id: int, *, block: int = 1 << 24) -> np.ndarray:
+    """``int64[N, 2]``: the documents of a token stream that ends each one with ``eos_id``:
+    ``[begin, end)`` up to and including each ``eos_id`` token, and the tail after the last one
+    (when there is one). Together they cover the stream. Read in blocks of ``block`` tokens
+    (the stream may be a large memory-mapped file); ``N = 0`` when ``eos_id`` never occurs."""
+    size = int(tokens.size)
+    ends = [
+        np.flatnonzero(np.asarray(tokens[b : b + block]) == eos_id).astype(np.int64) + b + 1
+        for b in range(0, size, block)
+    ]
+    ends = np.concatenate(ends) if ends else np.zeros(0, np.int64)
+    if ends.size == 0:
+        return np.zeros((0, 2), np.int64)
+    if ends[-1] != size:
+        ends = np.append(ends, size)
+    return np.stack([np.concatenate([[0], ends[:-1]]), ends], axis=1)
 
 
 def window_spans(size: int, seq_len: int, keep: np.ndarray | None = None) -> np.ndarray:

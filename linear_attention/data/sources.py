@@ -27,8 +27,8 @@ import numpy as np
 
 from linear_attention.data.batches import padded_batches
 from linear_attention.data.corpus import check_token_range, read_documents, read_token_file
-from linear_attention.data.pipeline import GrainPipeline, document_spans, window_spans
-from linear_attention.data.text import TextData, validation_blocks
+from linear_attention.data.pipeline import GrainPipeline, document_spans, eos_spans, window_spans
+from linear_attention.data.text import TextData, validation_blocks, window_rows
 from linear_attention.data.tokenized import tokenize_documents
 from linear_attention.data.tokenizers import BYTES, load_tokenizer
 
@@ -197,15 +197,21 @@ def token_file_source(
     num_val_windows: int,
     seed: int,
     batch_size: int,
+    eos_id: int = -1,
     process_index: int = 0,
     process_count: int = 1,
 ):
-    """The source of ``config.data.kind = "tokens"``: windows of ``seq_len + 1`` tokens of the
-    memory-mapped file, split by blocks as text is (a window belongs to validation when its
-    first and last tokens lie in validation blocks, to training when both lie in training
-    blocks; one straddling the two is left out), trained through the Grain pipeline. Every
+    """The source of ``config.data.kind = "tokens"``, trained through the Grain pipeline. Every
     token is checked against ``vocab_size`` (the first one outside is named with its index).
-    With a ``tokenizer`` (the one that made the file) bits per byte are reported too."""
+    With a ``tokenizer`` (the one that made the file) bits per byte are reported too.
+
+    Without ``eos_id`` (-1) the file is one stream with no document boundary: the training
+    documents are windows of ``seq_len + 1`` tokens, split by blocks as text is (a window
+    belongs to validation when its first and last tokens lie in validation blocks, to training
+    when both lie in training blocks; one straddling the two is left out). With ``eos_id``
+    the documents are the file's own, each ending with its ``eos_id`` token (`eos_spans`):
+    packed rows restart their segment ids, and so the model's states, at every document
+    (`_eos_documents`)."""
     tokens = read_token_file(path, token_dtype)
     check_token_range(tokens, vocab_size, path)
     tok = load_tokenizer(tokenizer) if tokenizer else None
@@ -214,21 +220,12 @@ def token_file_source(
             f"the tokenizer {tokenizer!r} has {tok.vocab_size} tokens, more than "
             f"config.model.vocab_size = {vocab_size}"
         )
-    block, is_val = validation_blocks(tokens.size, val_fraction)
-    count = max(0, (tokens.size - 1) // seq_len)
-    first = np.arange(count, dtype=np.int64) * seq_len
-    first_val, last_val = is_val[first // block], is_val[(first + seq_len) // block]
-    train = window_spans(tokens.size, seq_len, ~first_val & ~last_val)
-    val = window_spans(tokens.size, seq_len, first_val & last_val)
-    for name, spans in (("train", train), ("validation", val)):
-        if len(spans) == 0:
-            raise ValueError(
-                f"{path}: {tokens.size} tokens leave no {name} window of seq_len + 1 = "
-                f"{seq_len + 1} tokens; give a larger file or another val_fraction"
-            )
-    pick = np.unique(np.linspace(0, len(val) - 1, num_val_windows).round().astype(np.int64))
-    windows = np.stack([np.asarray(tokens[b:e], np.int32) for b, e in val[pick]])
-    rows = {"inputs": windows[:, :-1], "labels": windows[:, 1:]}
+    if eos_id >= 0:
+        train, rows, documents = _eos_documents(
+            tokens, path, eos_id, seq_len, val_fraction, num_val_windows
+        )
+    else:
+        train, rows, documents = _windows(tokens, path, seq_len, val_fraction, num_val_windows)
     token_bytes = None if tok is None else np.pad(tok.token_bytes, (0, vocab_size - tok.vocab_size))
     size = os.path.getsize(path)
     provenance = {
@@ -240,6 +237,8 @@ def token_file_source(
         "token_dtype": str(tokens.dtype),
         "tokenizer": tokenizer,
     }
+    if eos_id >= 0:
+        provenance.update(eos_id=eos_id, documents=documents)
     return GrainData(
         tokens,
         train,
@@ -254,3 +253,63 @@ def token_file_source(
         process_index=process_index,
         process_count=process_count,
     )
+
+
+def _no_split(path: str, size: int, name: str, seq_len: int) -> ValueError:
+    return ValueError(
+        f"{path}: {size} tokens leave no {name} window of seq_len + 1 = {seq_len + 1} tokens; "
+        "give a larger file or another val_fraction"
+    )
+
+
+def _windows(tokens, path, seq_len, val_fraction, num_val_windows):
+    """``(train spans, validation rows, None)`` of a file read as one stream (see
+    `token_file_source`)."""
+    block, is_val = validation_blocks(tokens.size, val_fraction)
+    count = max(0, (tokens.size - 1) // seq_len)
+    first = np.arange(count, dtype=np.int64) * seq_len
+    first_val, last_val = is_val[first // block], is_val[(first + seq_len) // block]
+    train = window_spans(tokens.size, seq_len, ~first_val & ~last_val)
+    val = window_spans(tokens.size, seq_len, first_val & last_val)
+    for name, spans in (("train", train), ("validation", val)):
+        if len(spans) == 0:
+            raise _no_split(path, tokens.size, name, seq_len)
+    pick = np.unique(np.linspace(0, len(val) - 1, num_val_windows).round().astype(np.int64))
+    windows = np.stack([np.asarray(tokens[b:e], np.int32) for b, e in val[pick]])
+    return train, {"inputs": windows[:, :-1], "labels": windows[:, 1:]}, None
+
+
+def _eos_documents(tokens, path, eos_id, seq_len, val_fraction, num_val_windows):
+    """``(train spans, validation rows, number of documents)`` of a file whose documents end
+    with ``eos_id``, split as text is (`text.split_documents`): the blocks of
+    `text.validation_blocks`, a document cut where the blocks change sides becoming two. The
+    training documents of two tokens or more go to the pipeline; the validation pieces, in
+    order, form the validation stream, read in ``num_val_windows`` evenly spaced windows with
+    their segment ids (`text.window_rows`; a label whose input lies in the previous document
+    is ignored). Only the spans and those windows are held in memory, never the stream."""
+    docs = eos_spans(tokens, eos_id)
+    if len(docs) == 0:
+        raise ValueError(
+            f"{path}: config.data.eos_id = {eos_id} occurs nowhere in its {tokens.size} tokens, "
+            "so there is no document boundary; is it the right id? (-1 reads the file as one "
+            "stream)"
+        )
+    block, is_val = validation_blocks(tokens.size, val_fraction)
+    sides = (np.flatnonzero(is_val[1:] != is_val[:-1]) + 1) * block  # where a side begins
+    begins = np.union1d(docs[:, 0], sides).astype(np.int64)
+    ends = np.append(begins[1:], tokens.size)
+    in_val = is_val[begins // block]
+    train = np.stack([begins, ends], axis=1)[~in_val & (ends - begins >= 2)]
+    val = np.stack([begins, ends], axis=1)[in_val]
+    offsets = np.concatenate([[0], np.cumsum(val[:, 1] - val[:, 0])])  # in the val stream
+    if len(train) == 0:
+        raise _no_split(path, tokens.size, "train", seq_len)
+    if offsets[-1] < seq_len + 1:
+        raise _no_split(path, tokens.size, "validation", seq_len)
+    last = offsets[-1] - (seq_len + 1)
+    starts = np.unique(np.linspace(0, last, num_val_windows).round().astype(np.int64))
+    position = (starts[:, None] + np.arange(seq_len + 1)).ravel()
+    piece = np.searchsorted(offsets, position, side="right") - 1
+    stream = np.asarray(tokens[val[piece, 0] + position - offsets[piece]])
+    rows = window_rows(stream, piece, np.arange(starts.size) * (seq_len + 1), seq_len)
+    return train, rows, len(docs)

@@ -164,7 +164,7 @@ def split_documents(
     return parts[0], parts[1]
 
 
-def _rows(stream, segments, starts, seq_len):
+def window_rows(stream, segments, starts, seq_len):
     """Windows of ``seq_len + 1`` bytes at ``starts``: inputs, labels (and segment ids, the
     labels crossing a document boundary ignored, when ``segments`` is given)."""
     index = starts[:, None] + np.arange(seq_len + 1)
@@ -245,7 +245,7 @@ class TextData:
         # Evenly spaced validation windows (overlapping only if the split is short).
         last = self.val.size - (seq_len + 1)
         starts = np.unique(np.linspace(0, last, num_val_windows).round().astype(np.int64))
-        rows = _rows(self.val, self.val_documents, starts, seq_len)
+        rows = window_rows(self.val, self.val_documents, starts, seq_len)
         self.val_inputs, self.val_labels = rows["inputs"], rows["labels"]
         self.val_segment_ids = rows.get("segment_ids")
 
@@ -253,7 +253,7 @@ class TextData:
         """Windows at uniform random offsets drawn with a generator keyed by ``(seed, step)``."""
         rng = np.random.default_rng([self.seed, 3, step])
         starts = rng.integers(0, self.train.size - self.seq_len, size=batch_size)
-        return _rows(self.train, self.train_documents, starts, self.seq_len)
+        return window_rows(self.train, self.train_documents, starts, self.seq_len)
 
     def eval_batches(self, batch_size: int):
         """The validation windows in order, the last batch padded with ignored rows."""

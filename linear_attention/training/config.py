@@ -152,7 +152,9 @@ class TokenDataConfig:
     """Pre-tokenized data (see `linear_attention.data.sources.token_file_source`): a flat
     binary file of ``token_dtype`` ids (``.bin``, memory-mapped; nanoGPT / Megatron) or a
     ``.npy``, trained through the Grain pipeline. ``tokenizer``: the file that made the tokens
-    ("" if unknown: no bits per byte and no samples then)."""
+    ("" if unknown: no bits per byte and no samples then). ``eos_id``: the token that ends each
+    document (kept as its last token; packed rows restart their segment ids after it), or -1:
+    the file is one stream with no document boundary."""
 
     kind: str
     seq_len: int
@@ -161,6 +163,7 @@ class TokenDataConfig:
     val_fraction: float = 0.02
     num_val_windows: int = 512
     tokenizer: str = ""
+    eos_id: int = -1
 
     def validate(self, path: str):
         _need_int(f"{path}.seq_len", self.seq_len)
@@ -170,6 +173,7 @@ class TokenDataConfig:
             _fail(f"{path}.path", f"= {self.path!r} is not a file (a .bin or .npy of token ids)")
         if self.token_dtype not in TOKEN_DTYPES:
             _fail(f"{path}.token_dtype", f"must be one of {TOKEN_DTYPES}, got {self.token_dtype!r}")
+        _need_int(f"{path}.eos_id", self.eos_id, minimum=-1)
         if self.tokenizer:
             try:
                 check_tokenizer_spec(self.tokenizer)
@@ -526,6 +530,12 @@ def experiment_config(config) -> ExperimentConfig:
         _fail(
             "model.vocab_size",
             f"= {model.vocab_size} is smaller than the data's vocabulary ({data.tokens})",
+        )
+    if kind == "tokens" and data.eos_id >= model.vocab_size:
+        _fail(
+            "data.eos_id",
+            f"= {data.eos_id} is outside the vocabulary [0, {model.vocab_size}) "
+            "(config.model.vocab_size)",
         )
     if model.max_length < data.seq_len:
         _fail(

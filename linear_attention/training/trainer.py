@@ -172,6 +172,7 @@ def build_data(config: ExperimentConfig, *, cache_dir: str | None = None, messag
         return token_file_source(
             path=d.path,
             token_dtype=d.token_dtype,
+            eos_id=d.eos_id,
             vocab_size=config.model.vocab_size,
             tokenizer=d.tokenizer,
             **common,
