@@ -76,6 +76,26 @@ def test_processes_see_disjoint_documents():
         GrainPipeline(STREAM, spans, seq_len=10, batch_size=3, seed=5, process_count=2)
 
 
+def test_process_shards_are_the_single_process_batch():
+    """The sharding arithmetic behind a multi-process run (tested with two real processes in
+    `tests/training/test_multiprocess.py`): with documents that fill a row each (token-file
+    windows), process p of P takes elements p, p + P, ... of the shuffled stream, so at step s
+    process p holds rows 4s + p and 4s + p + 2 of the one-process batch (batch 4, P = 2),
+    and the processes' rows in process order are that batch's rows 0, 2, 1, 3."""
+    stream = np.arange(200)
+    spans = window_spans(stream.size, 8)  # 24 windows of 9 tokens: one row each
+    make = lambda p, n: GrainPipeline(  # noqa: E731
+        stream, spans, seq_len=8, batch_size=4, seed=3, process_index=p, process_count=n
+    )
+    whole, shards = make(0, 1), [make(0, 2), make(1, 2)]
+    for step in range(8):  # past the first epoch (6 steps)
+        want = whole.next_batch(step)
+        got = [shard.next_batch(step) for shard in shards]
+        for key in ("inputs", "labels", "segment_ids"):
+            np.testing.assert_array_equal(got[0][key], want[key][[0, 2]], f"{key} {step}")
+            np.testing.assert_array_equal(got[1][key], want[key][[1, 3]], f"{key} {step}")
+
+
 def test_restored_state_continues_exactly():
     spans = document_spans(IDS)
     make = lambda: GrainPipeline(STREAM, spans, seq_len=7, batch_size=3, seed=1)  # noqa: E731
