@@ -51,19 +51,24 @@ Parameter counts are this library's (from the dry run); the published sizes are 
       21 · 3 · d · 1536 = 198M fewer (with them 1387M: the published 1.3B is nominal).
       ``400m``: d 1024, 24 layers, 4 heads (keys and values 1024 wide, as d): 399.6M
       parameters, within 0.1% of 400M (the ablations' exact shape is not reproduced).
-  ``kda_1.3b``: Kimi Delta Attention. The Kimi Linear paper (Kimi Team 2025, "Kimi Linear: An
-      Expressive, Efficient Attention Architecture") trains no dense KDA model of this size:
-      its models are 48B-parameter mixture-of-experts hybrids (3 KDA layers to 1 MLA layer,
-      1.4T and 5.7T tokens), which this library cannot build (no experts, no MLA). So the
-      preset is KDA in the Gated DeltaNet paper's 1.3B setting above (100B tokens, sequence
-      4096, lr 4e-4, weight decay 0.1, 1B warmup tokens, untied embeddings), in
-      flash-linear-attention's ``kda`` model shape: d 2048, 24 layers, 16 heads of 128 keys
-      and values (``expand_v = 1``), the short convolution (4), the low-rank (128) per-channel
-      decay and sigmoid output gate, SwiGLU 2.75·d. 1391.1M parameters, 7% over the nominal
-      1.3B: that is the shape's own size (flash-linear-attention's modules of the same shape
-      hold 1390.9M; per layer, this library's convolution has 6,144 biases and its output
-      norm a scale per head, 2,048 against one shared 128). No layer is cut to reach 1.3B,
-      so the model is the one flash-linear-attention's ``kda`` users train.
+  ``kda_400m``, ``kda_1.3b``: Kimi Delta Attention. The Kimi Linear paper (Kimi Team 2025,
+      "Kimi Linear: An Expressive, Efficient Attention Architecture") trains no dense KDA
+      model of these sizes: its models are 48B-parameter mixture-of-experts hybrids (3 KDA
+      layers to 1 MLA layer, 1.4T and 5.7T tokens), which this library cannot build (no
+      experts, no MLA). So the presets are KDA in the Gated DeltaNet paper's settings above
+      (sequence 4096, lr 4e-4, weight decay 0.1, 1B warmup tokens, untied embeddings; 15B
+      and 100B tokens), with flash-linear-attention's ``kda`` layer: heads of 128 keys and
+      values (``expand_v = 1``), the short convolution (4), the low-rank (128) per-channel
+      decay and sigmoid output gate, SwiGLU 2.75·d. ``1.3b``: that library's default ``kda``
+      model, d 2048, 24 layers, 16 heads: 1391.1M parameters, 7% over the nominal 1.3B, the
+      shape's own size (flash-linear-attention's modules of the same shape hold 1390.9M; per
+      layer, this library's convolution has 6,144 biases and its output norm a scale per head,
+      2,048 against one shared 128). No layer is cut to reach 1.3B, so the model is the one
+      flash-linear-attention's ``kda`` users train. ``400m``: the ablation scale, whose shape
+      is not published; ``gated_deltanet_400m``'s d 1024 and 24 layers, as 8 heads of 128:
+      387.1M parameters, 3.2% under 400M, because KDA's output gate is low-rank (2·d·128
+      against Gated DeltaNet's d×d) and its decay's low rank adds 2·d·128: 24·(d² − 4·128·d)
+      = 12.6M fewer than ``gated_deltanet_400m`` (12.5M with the smaller per-head parts).
 
 Documents are packed (``data.pack``): each file is a document, and states, conv and attention
 reset at each document start (``--config.data.separator='\\n\\n\\n'`` cuts files further).
@@ -101,6 +106,10 @@ PAPER_SIZES = {
     "gated_deltanet_1.3b": dict(
         mixer="gated_deltanet", d_model=2048, num_layers=21, num_heads=6, head_dim=256,
         tokens=100e9, tie=False, **_GDN_OPT,
+    ),
+    "kda_400m": dict(
+        mixer="kda", d_model=1024, num_layers=24, num_heads=8, head_dim=128,
+        tokens=15e9, tie=False, **_GDN_OPT,
     ),
     "kda_1.3b": dict(
         mixer="kda", d_model=2048, num_layers=24, num_heads=16, head_dim=128,

@@ -32,7 +32,7 @@ from linear_attention.training.sizing import abstract_model, dry_run
 ROOT = Path(__file__).resolve().parents[1]
 
 PAPER = (
-    "transformer_340m", "gla_340m", "gated_deltanet_400m",
+    "transformer_340m", "gla_340m", "gated_deltanet_400m", "kda_400m",
     "transformer_1.3b", "gla_1.3b", "gated_deltanet_1.3b", "kda_1.3b",
 )  # fmt: skip
 

@@ -189,6 +189,8 @@ PAPER_PRESETS = {
     "gla_1.3b": (1.3e9, 1401.1e6, -24 * 2048**2),
     "gated_deltanet_400m": (400e6, 399.6e6, 0),
     "gated_deltanet_1.3b": (1.3e9, 1189.2e6, 21 * 3 * 2048 * 1536),  # values expanded 2x
+    # kda_400m against gated_deltanet_400m: the output gate low-rank, the decay low-rank
+    "kda_400m": (400e6, 387.1e6, 24 * (1024**2 - 4 * 128 * 1024)),
     # conv biases and a norm scale per head, which flash-linear-attention's kda has not
     "kda_1.3b": (1.3e9, 1391.1e6, -24 * (3 * 2048 + 15 * 128)),
 }
