@@ -303,7 +303,10 @@ def _eos_documents(tokens, path, eos_id, seq_len, val_fraction, num_val_windows)
     val = np.stack([begins, ends], axis=1)[in_val]
     offsets = np.concatenate([[0], np.cumsum(val[:, 1] - val[:, 0])])  # in the val stream
     if len(train) == 0:
-        raise _no_split(path, tokens.size, "train", seq_len)
+        raise ValueError(
+            f"{path}: its {tokens.size} tokens leave no training document of two tokens or "
+            "more; give a larger file or another val_fraction"
+        )
     if offsets[-1] < seq_len + 1:
         raise _no_split(path, tokens.size, "validation", seq_len)
     last = offsets[-1] - (seq_len + 1)
