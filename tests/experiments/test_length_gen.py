@@ -70,6 +70,15 @@ def test_bucket_figures_match_per_token_loss(tmp_path, monkeypatch):
     assert again[0] == {**g, "label": "g2"} and again[1] == s
     assert second["sessions"][0] == first and second["sessions"][1]["evaluated"] == []
     assert second["wall_time_sec"] == second["sessions"][1]["wall_time_sec"]
+    # a JSON written before `sessions` existed: its top level becomes the first session
+    older = {k: v for k, v in second.items() if k != "sessions"}
+    (out / "length_gen.json").write_text(json.dumps(older))
+    with monkeypatch.context() as m:
+        m.setattr(lg, "evaluate_run", no_evaluation)
+        assert lg.main([f"g2={gated}", f"sm={learned}", *args[2:], "--reuse"]) == 0
+    (carried, _) = json.loads((out / "length_gen.json").read_text())["sessions"]
+    assert carried["wall_time_sec"] == second["wall_time_sec"] and carried["evaluated"] is None
+    assert carried["load_avg_start"] == second["machine"]["load_avg_start"]
     # --replot: the figure again from the JSON, nothing evaluated, nothing else written
     with monkeypatch.context() as m:
         m.setattr(lg, "evaluate_run", no_evaluation)
