@@ -10,9 +10,9 @@ import pytest
 from flax import nnx
 
 from linear_attention.layers.registry import MIXERS
-from linear_attention.training import cli, experiment_config, make_optimizer
+from linear_attention.training import cli, experiment_config
 from linear_attention.training.flops import flops_per_token, mixing_flops
-from linear_attention.training.trainer import build_model
+from linear_attention.training.sizing import abstract_model
 from tests.training.conftest import ROOT, load_config
 
 # configs/mqar.py:smoke: d 32, 2 heads of 16, vocabulary 64, T 32, conv 4, no MLP, tied head.
@@ -20,15 +20,15 @@ D, H, DH, V, T = 32, 2, 16, 64, 32
 HEAD = V * D  # the tied output head's matmul
 
 
-def _config(mixer: str, num_layers: int = 1):
+def _config(mixer: str):
+    """The smoke preset with one layer of ``mixer``."""
     config = load_config("mqar", "smoke")
-    config.model.mixer, config.model.num_layers = mixer, num_layers
+    config.model.mixer, config.model.num_layers = mixer, 1
     return config
 
 
 def _abstract_model(config):
-    cfg = experiment_config(config)
-    return nnx.eval_shape(lambda: build_model(cfg, make_optimizer(cfg.optimizer, 1)[0])[0])
+    return abstract_model(experiment_config(config))
 
 
 def test_every_registered_mixer_has_a_flops_count():
