@@ -17,6 +17,12 @@ forward matmul), so ``train = 3 · forward`` per token. The forward pass per tok
                       (βKKᵀ, QKᵀ, W = T·βK; U = T·βV and the intra sum; the triangular solve,
                       C³/3 multiply-adds per chunk; W·S, Q·S and the state update)
                       scan: 6·H·dk·dv
+      dplr (rwkv7)    chunk (generalised UT form): 2·H·(5·C·dk + 5·C·dv + C²/3 + 5·dk·dv)
+                      (the four decayed score matrices L_ab, L_ak, M_qb, M_qk and the inverse
+                      applied to A; the triangular solve; W₀ = (I − L_ab)⁻¹ L_ak V, three
+                      intra-chunk sums into O; the reads of S through A and Q and the state
+                      update through B and K)
+                      scan: 8·H·dk·dv (aᵀS, b·(aᵀS), k vᵀ, qᵀS)
 
 Embedding lookups, norms, gates, decays and softmax exponentials are elementwise and not counted
 (as in the papers' 6·N counts). The matmuls are the ``kernel`` parameters (of `nnx.Linear` and
@@ -36,6 +42,8 @@ from flax import nnx
 _ATTENTION = {"softmax": None, "swa": "window"}
 # Mixers whose kernel is the delta rule (chunked in the WY/UT form).
 _DELTA = ("deltanet", "gated_deltanet", "kda", "gated_deltaproduct")
+# Mixers whose kernel is the diagonal-plus-low-rank delta rule.
+_DPLR = ("rwkv7",)
 # Mixers whose kernel is chunked linear attention (with or without decay).
 _LINEAR = ("linear", "favor", "taylor", "hedgehog", "retnet", "gated", "gla")
 
@@ -55,8 +63,12 @@ def mixing_flops(mixer, name: str, seq_len: int, *, method: str, chunk_size: int
         if method == "chunk":
             return 2.0 * h * (3 * c * dk + 2 * c * dv + c * c / 3 + 3 * dk * dv)
         return 6.0 * h * dk * dv
+    if name in _DPLR:
+        if method == "chunk":
+            return 2.0 * h * (5 * c * dk + 5 * c * dv + c * c / 3 + 5 * dk * dv)
+        return 8.0 * h * dk * dv
     if name not in _LINEAR:
-        known = ", ".join((*_ATTENTION, *_DELTA, *_LINEAR))
+        known = ", ".join((*_ATTENTION, *_DELTA, *_DPLR, *_LINEAR))
         raise ValueError(f"no FLOPs count for mixer {name!r} (counted: {known})")
     if method == "chunk":
         return 2.0 * h * (c * (dk + dv) + 2 * dk * dv)
