@@ -27,6 +27,7 @@ OPTIONS = {
     "swa": dict(window=3, rope=True),
     "kda": dict(num_value_heads=4, chunk_size=4),
     "gated_deltaproduct": dict(num_householder=2, chunk_size=4),
+    "rwkv7": dict(chunk_size=4),
 }
 
 

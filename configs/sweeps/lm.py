@@ -7,8 +7,9 @@ loss_curves.png):
 
 Each variant is softmax, linear (elu+1), favor (64 random features), taylor (Based, 16 projected
 dims), retnet, gated, gla (a decay per key dimension), a hybrid (gated layers with one softmax
-layer), deltanet, gated_deltanet, kda or gated_deltaproduct (the delta rule and its
-generalisations; kda and gated_deltaproduct joined after the measurements below), on the
+layer), deltanet, gated_deltanet, kda, gated_deltaproduct or rwkv7 (the delta rule and its
+generalisations; those three joined after the measurements below; rwkv7 without the base's
+short conv, which it refuses: its token shift is its local context), on the
 built-in corpus (the standard library's source, documents packed per file). d_model is adjusted per
 variant so parameter counts stay within 1% of softmax's (the nearest widths otherwise: gla
 +1.03%, kda −1.25%, gated_deltaproduct +1.06% at ``:cpu``, gated_deltaproduct +1.26% by default;
@@ -53,6 +54,7 @@ VARIANTS = {
         ("gated_deltanet", "gated_deltanet", 496),
         ("kda", "kda", 504),
         ("gated_deltaproduct", "gated_deltaproduct", 472),  # +1.26%, the nearest width
+        ("rwkv7", "rwkv7", 504),  # +0.71%
     ),
     "cpu": (
         ("softmax", "softmax", 128),
@@ -67,6 +69,7 @@ VARIANTS = {
         ("gated_deltanet", "gated_deltanet", 124),
         ("kda", "kda", 120),  # −1.25%, the nearest width
         ("gated_deltaproduct", "gated_deltaproduct", 118),  # +1.06%, the nearest width
+        ("rwkv7", "rwkv7", 122),  # −0.60%
     ),
     "smoke": (
         ("softmax", "softmax", 32),
@@ -98,9 +101,10 @@ def get_config(arg=None):
     base.train.sample_tokens = 0  # the comparison needs no sample (and skips compiling one)
     variants = VARIANTS[arg]
     grid = config.grid = ml_collections.ConfigDict()
+    # rwkv7 refuses the base's short conv (its token shift is its local context)
     grid.mixer = _axis(
-        ("model.mixer", "model.d_model"),
-        [(mixer, d_model) for _, mixer, d_model in variants],
+        ("model.mixer", "model.d_model", "model.conv"),
+        [(m, d, False if m == "rwkv7" else base.model.conv) for _, m, d in variants],
         tuple(label for label, _, _ in variants),
     )
     if arg == "default":

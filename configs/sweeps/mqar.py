@@ -47,7 +47,7 @@ import ml_collections
 
 PRESETS = ("default", "cpu", "smoke")
 MIXERS = ("softmax", "linear", "taylor", "retnet", "gated", "gla", "deltanet", "gated_deltanet")
-MIXERS += ("kda", "gated_deltaproduct")  # (issue 20; no results of theirs in EXPERIMENTS.md yet)
+MIXERS += ("kda", "gated_deltaproduct", "rwkv7")  # (issue 20; see the docstring)
 # Both grids add sliding-window softmax and Based: taylor and swa layers alternating (README,
 # "Based"), its taylor layers at the preset's projected width.
 BASED = ("taylor", "swa")
@@ -55,14 +55,17 @@ BASED = ("taylor", "swa")
 # chance"): the fixed feature map at a scale where it learns; "linear" is the published scale 1.
 LINEAR_SCALED = "linear_scale8"
 DEFAULT_MIXERS = (*MIXERS, "swa", "based", LINEAR_SCALED)
-MIXER_FIELDS = ("model.mixer", "model.feature_dim", "model.window", "model.feature_scale")
+MIXER_FIELDS = (
+    *("model.mixer", "model.feature_dim", "model.window", "model.feature_scale", "model.conv"),
+)
 
 
-def _mixer_choices(names, taylor_dim, window):
-    """(model.mixer, model.feature_dim, model.window, model.feature_scale) per mixer label
-    (`MIXER_FIELDS`); only taylor layers use feature_dim, only swa layers the window, only the
-    scaled elu+1 a feature_scale (the others leave them unset: a mixer refuses an option it does
-    not use)."""
+def _mixer_choices(names, taylor_dim, window, conv):
+    """(model.mixer, model.feature_dim, model.window, model.feature_scale, model.conv) per mixer
+    label (`MIXER_FIELDS`); only taylor layers use feature_dim, only swa layers the window, only
+    the scaled elu+1 a feature_scale (the others leave them unset: a mixer refuses an option it
+    does not use); every mixer has the base's short conv but rwkv7, which refuses it (its token
+    shift is its local context)."""
     choices = []
     for m in names:
         mixer = {"based": BASED, LINEAR_SCALED: "linear"}.get(m, m)
@@ -72,6 +75,7 @@ def _mixer_choices(names, taylor_dim, window):
                 taylor_dim if m in ("taylor", "based") else None,
                 window if m in ("swa", "based") else None,
                 8.0 if m == LINEAR_SCALED else None,
+                False if m == "rwkv7" else conv,
             )
         )
     return choices
@@ -103,7 +107,11 @@ def get_config(arg=None):
     task = ("data.seq_len", "data.num_kv_pairs")
 
     if arg == "default":
-        grid.mixer = _axis(MIXER_FIELDS, _mixer_choices(DEFAULT_MIXERS, 16, 64), DEFAULT_MIXERS)
+        grid.mixer = _axis(
+            MIXER_FIELDS,
+            _mixer_choices(DEFAULT_MIXERS, 16, 64, config.base.model.conv),
+            DEFAULT_MIXERS,
+        )
         # Zoology: d_model 64…512; seq_len and kv pairs grow together; lr = logspace(-4, -2, 4).
         grid.d_model = _axis("model.d_model", (64, 128, 256, 512))
         grid.task = _axis(task, ((64, 4), (128, 8), (256, 16), (512, 64)))
@@ -126,7 +134,9 @@ def get_config(arg=None):
         # swa and Based's sliding windows see 16 tokens: at seq_len 64 a 64-token window is
         # full softmax attention; 16 holds at most 8 pairs when the queries come (no recall of
         # pairs further back), the point of Based's small windows plus a global linear state.
-        grid.mixer = _axis(MIXER_FIELDS, _mixer_choices(DEFAULT_MIXERS, 8, 16), DEFAULT_MIXERS)
+        grid.mixer = _axis(
+            MIXER_FIELDS, _mixer_choices(DEFAULT_MIXERS, 8, 16, base.model.conv), DEFAULT_MIXERS
+        )
         # d_model 32 learns nothing in 400 steps (every mixer <= 0.08 with 8 pairs at lr 1e-2,
         # seed 0: docs/results/mqar_sweep_cpu_1seed.md); (64, 8) only: the budget.
         grid.d_model = _axis("model.d_model", (64, 128))

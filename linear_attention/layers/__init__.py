@@ -4,7 +4,13 @@ from linear_attention.layers.analysis import AttentionInputs, attention_inputs
 from linear_attention.layers.base import Mixer, MixerState
 from linear_attention.layers.block import Block
 from linear_attention.layers.conv import ShortConv
-from linear_attention.layers.decays import ChannelDecay, FixedDecay, KeyDecay, ScalarDecay
+from linear_attention.layers.decays import (
+    ChannelDecay,
+    FixedDecay,
+    KeyDecay,
+    RWKV7Decay,
+    ScalarDecay,
+)
 from linear_attention.layers.delta import DeltaNetMixer, GatedDeltaNetMixer
 from linear_attention.layers.delta_product import GatedDeltaProductMixer
 from linear_attention.layers.feature_maps import (
@@ -25,12 +31,13 @@ from linear_attention.layers.linear import (
     TaylorMixer,
 )
 from linear_attention.layers.mlp import SwiGLU
-from linear_attention.layers.norm import RMSNorm
+from linear_attention.layers.norm import LayerNorm, RMSNorm
 from linear_attention.layers.options import COMMON_OPTIONS, Option
 from linear_attention.layers.output import OutputStage
-from linear_attention.layers.projections import QKVProjection, TokenShift
+from linear_attention.layers.projections import LowRank, QKVProjection, ShiftedInputs, TokenShift
 from linear_attention.layers.registry import MIXERS, get_mixer
 from linear_attention.layers.rotary import apply_rotary
+from linear_attention.layers.rwkv7 import RWKV7Mixer
 from linear_attention.layers.segments import Segments
 from linear_attention.layers.sliding_window import RingBuffer, SlidingWindowMixer
 from linear_attention.layers.softmax import KVCache, SoftmaxMixer
@@ -45,11 +52,14 @@ __all__ = [
     "Segments",
     "QKVProjection",
     "TokenShift",
+    "ShiftedInputs",
+    "LowRank",
     "OutputStage",
     "FixedDecay",
     "ScalarDecay",
     "KeyDecay",
     "ChannelDecay",
+    "RWKV7Decay",
     "Mixer",
     "MixerState",
     "KVCache",
@@ -57,6 +67,7 @@ __all__ = [
     "Block",
     "ShortConv",
     "RMSNorm",
+    "LayerNorm",
     "SwiGLU",
     "apply_rotary",
     "FIXED_FEATURE_MAPS",
@@ -75,6 +86,7 @@ __all__ = [
     "GatedDeltaNetMixer",
     "KDAMixer",
     "GatedDeltaProductMixer",
+    "RWKV7Mixer",
     "GLAMixer",
     "SlidingWindowMixer",
 ]

@@ -188,6 +188,20 @@ class Mixer(nnx.Module):
     def _mix_step(self, x_BD, q, k, v, core, position) -> tuple[jax.Array, Any]:
         raise NotImplementedError
 
+    def _forward(self, x_BTD, tail, core, position, segments=None, *, step: bool = False):
+        """inputs → family → output: `(y [B, T, D], core, input tail)`. A whole sequence
+        (`core=None`: from an empty state, no state returned; `segments` only here), a prefill
+        from `core`, or with `step` one token (T = 1) by `_mix_step`. A mixer whose parts do not
+        fit the q/k/v pipeline (rwkv7: a token-shifted input per branch, a term added after the
+        norm) overrides this one method; the three public paths stay shared."""
+        q, k, v, tail = self.inputs(x_BTD, tail, position, segments)
+        if step:
+            o_BHD, core = self._mix_step(x_BTD[:, 0], q[:, 0], k[:, 0], v[:, 0], core, position)
+            o = o_BHD[:, None]
+        else:
+            o, core = self._mix(x_BTD, q, k, v, core, position, segments)
+        return self.output(x_BTD, o), core, tail
+
     # ----------------------------------------------------------------- shared parts
     def check_input(self, x: jax.Array, rank: int, layout: str) -> None:
         if x.ndim != rank or x.shape[-1] != self.d_model:
@@ -217,25 +231,21 @@ class Mixer(nnx.Module):
         # (with time split, the document ids and positions are the whole row's)
         segments = as_segments(segments, *x_BTD.shape[:2])
         position = sequence_offset(x_BTD.shape[1])  # 0 unless time is split
-        q, k, v, _ = self.inputs(x_BTD, None, position, segments)
-        o, _ = self._mix(x_BTD, q, k, v, None, position, segments)
-        return self.output(x_BTD, o)
+        y_BTD, _, _ = self._forward(x_BTD, None, None, position, segments)
+        return y_BTD
 
     def prefill(self, x_BTD: jax.Array, state: MixerState) -> tuple[jax.Array, MixerState]:
         """Mix `x[B, T, D]` after the tokens summarized by `state`; returns `(y, new state)`."""
         self.check_input(x_BTD, 3, "[B, T, D]")
         if sequence_axis() is not None:
             raise ValueError("prefill does not split time: call it outside split_sequence")
-        q, k, v, tail = self.inputs(x_BTD, state.conv, state.position)
-        o, core = self._mix(x_BTD, q, k, v, state.core, state.position)
-        position = state.position + x_BTD.shape[1]
-        return self.output(x_BTD, o), MixerState(core, tail, position)
+        y_BTD, core, tail = self._forward(x_BTD, state.conv, state.core, state.position)
+        return y_BTD, MixerState(core, tail, state.position + x_BTD.shape[1])
 
     def step(self, x_BD: jax.Array, state: MixerState) -> tuple[jax.Array, MixerState]:
         """One token `x[B, D]`; returns `(y[B, D], new state)`."""
         self.check_input(x_BD, 2, "[B, D]")
-        x_B1D = x_BD[:, None]
-        q, k, v, tail = self.inputs(x_B1D, state.conv, state.position)
-        o_BHD, core = self._mix_step(x_BD, q[:, 0], k[:, 0], v[:, 0], state.core, state.position)
-        y_BD = self.output(x_B1D, o_BHD[:, None])[:, 0]
-        return y_BD, MixerState(core, tail, state.position + 1)
+        y_B1D, core, tail = self._forward(
+            x_BD[:, None], state.conv, state.core, state.position, step=True
+        )
+        return y_B1D[:, 0], MixerState(core, tail, state.position + 1)

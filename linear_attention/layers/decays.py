@@ -6,8 +6,9 @@
 | `ScalarDecay`  | −softplus(x·w_h + b_h)·exp(A_h)  (Mamba-2)             | `[B, T, H]`    |
 | `KeyDecay`     | logsigmoid(x W₁W₂ + b)/16, low rank 16  (GLA)          | `[B, T, H, K]` |
 | `ChannelDecay` | −softplus(x W₁W₂ + b_{h,c})·exp(A_h)  (KDA)            | `[B, T, H, K]` |
+| `RWKV7Decay`   | −e^(−½)·sigmoid(w₀ + tanh(x W₁) W₂)  (RWKV-7)         | `[B, T, H, K]` |
 
-(retnet; gated, gated_deltanet, gated_deltaproduct; gla; kda.)
+(retnet; gated, gated_deltanet, gated_deltaproduct; gla; kda; rwkv7.)
 Inits: A_h ~ U[1, 16] and softplus(b) ~ logU[1e-3, 1e-1] (Mamba-2's, per channel for KDA), so a
 token's −log γ starts in about [1e-3, 1.6]. Decays are float32 end to end: the projections
 compute in float32 whatever the mixer's compute dtype. A decay is called on a whole sequence;
@@ -19,6 +20,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from flax import nnx
+
+from linear_attention.layers.projections import LowRank
 
 
 def mamba2_init(rngs: nnx.Rngs, num_a: int, num_dt: int, param_dtype):
@@ -107,6 +110,35 @@ class ChannelDecay(nnx.Module):
         z_BTHK = z_BTF.reshape(b, t, self.num_heads, self.key_dim)
         a_H1 = jnp.exp(self.a_log[...].astype(jnp.float32))[:, None]
         return -jax.nn.softplus(z_BTHK) * a_H1
+
+
+class RWKV7Decay(nnx.Module):
+    """RWKV-7's decay per head and key channel, from the token-shifted input x_w:
+
+        ω = −softplus(−(w₀ + tanh(x W₁) W₂)) − ½          RWKV-7's soft clamp to (−∞, −½)
+        γ = exp(−exp(ω)),  so  log γ = −e^(−½)·sigmoid(w₀ + tanh(x W₁) W₂)  ∈ (−e^(−½), 0)
+
+    (exp(−softplus(−z)) = sigmoid(z); the sigmoid form is computed, exact and free of overflow.)
+    Every token keeps at least e^(−e^(−½)) ≈ 0.545 of each state row. W₁: [d_model, `rank`]
+    starts at zero, W₂ orthogonal × 0.1 (`projections.LowRank`); w₀ per channel follows RWKV-7's
+    init at a middle layer (the mixer does not know its depth), w₀_i = −6.5 + 5·(i/(HK−1))^1.56
+    over the H·K channels, so log γ starts in about [−0.11, −0.001]: a long memory."""
+
+    def __init__(self, d_model: int, num_heads: int, key_dim: int, *, rank: int, param_dtype, rngs):
+        self.num_heads, self.key_dim = num_heads, key_dim
+        n = num_heads * key_dim
+        ratio = jnp.arange(n, dtype=jnp.float32) / max(n - 1, 1)
+        # RWKV-7: −7 + 5·ratio^(0.85 + (layer ratio)^½) + ½; a layer ratio of ½ here
+        w0 = -7.0 + 5.0 * ratio ** (0.85 + 0.5**0.5) + 0.5
+        self.lora = LowRank(
+            d_model, n, rank, activation="tanh", bias=w0, param_dtype=param_dtype, rngs=rngs
+        )
+
+    def __call__(self, x_BTD):
+        b, t, _ = x_BTD.shape
+        z_BTF = self.lora(x_BTD)
+        log_gamma_BTF = -jnp.exp(-0.5) * jax.nn.sigmoid(z_BTF)
+        return log_gamma_BTF.reshape(b, t, self.num_heads, self.key_dim)
 
 
 def per_token(log_decay):

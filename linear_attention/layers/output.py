@@ -1,10 +1,14 @@
 """Output part of a mixer: per-head norm, output gate, output projection.
 
-    y = (norm?(o) ⊙ act(x W_g)?) W_o            o: [B, T, H, Dv] -> y: [B, T, d_model]
+    y = ((norm?(o) + bonus?) ⊙ gate(x)?) W_o       o: [B, T, H, Dv] -> y: [B, T, d_model]
 
-`norm` is a per-head RMSNorm (RetNet, Mamba-2, the delta-rule mixers); the gate is swish (silu,
-RetNet / GLA / DeltaNet) or sigmoid (the gated RMSNorm of Kimi Linear's KDA). `gate_rank` r > 0
-makes the gate projection low rank (`x W_down W_up + b`, r = head_dim in KDA).
+`norm` is per head: RMSNorm (`norm_type="rms"`: RetNet, Mamba-2, the delta-rule mixers) or
+LayerNorm (`"layer"`: RWKV's GroupNorm with one group per head). `bonus` `[B, T, H, Dv]` is a
+term the mixer adds after the norm (RWKV-7's current-token bonus). The gate is
+`act(x W_g)` with act swish (silu: RetNet / GLA / DeltaNet) or sigmoid (the gated RMSNorm of
+Kimi Linear's KDA); `gate_rank` r > 0 makes it low rank, `act(x W_down W_up + b)` (r = head_dim
+in KDA), or with `gate_inside` `act(x W_down) W_up` (RWKV-7: the activation between the factors,
+no bias, the gate unbounded).
 """
 
 from __future__ import annotations
@@ -13,9 +17,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from linear_attention.layers.norm import RMSNorm
+from linear_attention.layers.norm import LayerNorm, RMSNorm
 
 GATE_ACTIVATIONS = {"silu": jax.nn.silu, "sigmoid": jax.nn.sigmoid}
+NORMS = {"rms": RMSNorm, "layer": LayerNorm}
 
 
 class OutputStage(nnx.Module):
@@ -31,6 +36,9 @@ class OutputStage(nnx.Module):
         gate: bool,
         gate_activation: str = "silu",
         gate_rank: int = 0,
+        gate_inside: bool = False,
+        norm_type: str = "rms",
+        norm_eps: float = 1e-6,
         dtype=None,
         param_dtype=jnp.float32,
         rngs: nnx.Rngs,
@@ -39,16 +47,22 @@ class OutputStage(nnx.Module):
             raise ValueError(
                 f"unknown gate_activation {gate_activation!r}; allowed: {sorted(GATE_ACTIVATIONS)}"
             )
+        if norm_type not in NORMS:
+            raise ValueError(f"unknown norm_type {norm_type!r}; allowed: {sorted(NORMS)}")
+        if gate_inside and not gate_rank:
+            raise ValueError("gate_inside needs a low-rank gate (gate_rank > 0)")
         self.num_heads, self.head_dim = num_heads, head_dim
         self.gate_activation = gate_activation
+        self.gate_inside = gate_inside
         common = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-        self.norm = RMSNorm((num_heads, head_dim), **common) if norm else None
+        norm_cls = NORMS[norm_type]
+        self.norm = norm_cls((num_heads, head_dim), eps=norm_eps, **common) if norm else None
         f = num_heads * head_dim
         if not gate:
             self.gate_proj = self.gate_up = None
         elif gate_rank:
             self.gate_proj = nnx.Linear(d_model, gate_rank, use_bias=False, **common)
-            self.gate_up = nnx.Linear(gate_rank, f, use_bias=True, **common)
+            self.gate_up = nnx.Linear(gate_rank, f, use_bias=not gate_inside, **common)
         else:
             self.gate_proj = nnx.Linear(d_model, f, use_bias=False, **common)
             self.gate_up = None
@@ -58,15 +72,22 @@ class OutputStage(nnx.Module):
         """act(x W_g) `[B, T, H·Dv]`, or None without a gate."""
         if self.gate_proj is None:
             return None
+        act = GATE_ACTIVATIONS[self.gate_activation]
         z = self.gate_proj(x_BTD)
+        if self.gate_inside:
+            return self.gate_up(act(z))
         if self.gate_up is not None:
             z = self.gate_up(z)
-        return GATE_ACTIVATIONS[self.gate_activation](z)
+        return act(z)
 
-    def __call__(self, x_BTD: jax.Array, o_BTHD: jax.Array) -> jax.Array:
+    def __call__(self, x_BTD: jax.Array, o_BTHD: jax.Array, bonus_BTHD=None) -> jax.Array:
+        """`y [B, T, d_model]` from the gate's input `x` and the heads' output `o`; `bonus`
+        (or None) is added after the norm."""
         b, t = o_BTHD.shape[:2]
         if self.norm is not None:
             o_BTHD = self.norm(o_BTHD)
+        if bonus_BTHD is not None:
+            o_BTHD = o_BTHD + bonus_BTHD.astype(o_BTHD.dtype)
         o_BTF = o_BTHD.reshape(b, t, self.num_heads * self.head_dim)
         gate_BTF = self.gate(x_BTD)
         if gate_BTF is not None:

@@ -16,12 +16,18 @@ time is split (`layers.sequence`), within-document positions for packed rows whe
 
 `TokenShift` gives each token the previous token's input (RWKV's time shift): x_{t−1}, zero before
 the first token and at every document start; its decoding state is the last input `[B, 1, D]`.
+`ShiftedInputs` is RWKV's input part on top of it, one learned interpolation per branch c,
+x_c = x_t + (x_{t−1} − x_t) ⊙ μ_c (RWKV-7's static `lerp`, no data-dependent mix as RWKV-6).
+
+`LowRank` is the small bottleneck projection RWKV-7 uses for its decay, in-context rate and
+value-residual gates: `b + act(x W₁) W₂` (RWKV's "LoRA").
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from linear_attention.layers.conv import ShortConv
@@ -132,3 +138,73 @@ class TokenShift(nnx.Module):
         if segments is not None:  # a document's first token has nothing before it
             prev_BTD = jnp.where(segments.starts[..., None], jnp.zeros((), x_BTD.dtype), prev_BTD)
         return prev_BTD, xp_BSD[:, -1:].astype(jnp.float32)
+
+
+class ShiftedInputs(nnx.Module):
+    """RWKV's token-shifted inputs: for each of `num_branches` branches c,
+
+        x_c = x_t + (x_{t−1} − x_t) ⊙ μ_c        μ: [num_branches, D], float32 parameters
+
+    `mu_init` `[num_branches, D]` gives μ at init. The decoding state is `TokenShift`'s."""
+
+    def __init__(self, d_model: int, mu_init, *, param_dtype=jnp.float32):
+        mu_init = np.asarray(mu_init, np.float32)
+        if mu_init.ndim != 2 or mu_init.shape[1] != d_model:
+            raise ValueError(f"mu_init must be [branches, {d_model}], got shape {mu_init.shape}")
+        self.shift = TokenShift(d_model)
+        self.mu = nnx.Param(jnp.asarray(mu_init, param_dtype))
+
+    def init_state(self, batch_size: int) -> jax.Array:
+        return self.shift.init_state(batch_size)
+
+    def __call__(self, x_BTD, tail_B1D, segments: Segments | None = None):
+        """`(tuple of the branches' x_c [B, T, D] in x's dtype, new tail)`."""
+        prev_BTD, tail_B1D = self.shift(x_BTD, tail_B1D, segments)
+        delta_BTD = prev_BTD - x_BTD
+        mu_ND = self.mu[...].astype(x_BTD.dtype)
+        return tuple(x_BTD + delta_BTD * mu_ND[i] for i in range(mu_ND.shape[0])), tail_B1D
+
+
+class LowRank(nnx.Module):
+    """`b + act(x W₁) W₂`, W₁: [d_in, rank], W₂: [rank, d_out] (`nnx.Linear` kernels, counted
+    as matmuls by the FLOPs count), computed in float32: the mixer's gates and decays are
+    float32 whatever its compute dtype. As RWKV-7 initialises them: W₁ = 0 (the output starts at
+    b), W₂ orthogonal with scale `w2_scale`; `bias` is b at init (an array `[d_out]`, or None:
+    no bias)."""
+
+    ACTIVATIONS = {"tanh": jnp.tanh, "none": None}
+
+    def __init__(
+        self,
+        d_in: int,
+        d_out: int,
+        rank: int,
+        *,
+        activation: str = "none",
+        bias=None,
+        w2_scale: float = 0.1,
+        param_dtype=jnp.float32,
+        rngs: nnx.Rngs,
+    ):
+        if activation not in self.ACTIVATIONS:
+            raise ValueError(
+                f"unknown activation {activation!r}; allowed: {sorted(self.ACTIVATIONS)}"
+            )
+        self.activation = activation
+        common = dict(dtype=jnp.float32, param_dtype=param_dtype, rngs=rngs)
+        zeros = nnx.initializers.zeros_init()
+        self.down = nnx.Linear(d_in, rank, use_bias=False, kernel_init=zeros, **common)
+        self.up = nnx.Linear(
+            rank,
+            d_out,
+            use_bias=bias is not None,
+            kernel_init=nnx.initializers.orthogonal(scale=w2_scale),
+            **common,
+        )
+        if bias is not None:
+            self.up.bias[...] = jnp.broadcast_to(jnp.asarray(bias, param_dtype), (d_out,))
+
+    def __call__(self, x):
+        z = self.down(x.astype(jnp.float32))
+        act = self.ACTIVATIONS[self.activation]
+        return self.up(z if act is None else act(z))

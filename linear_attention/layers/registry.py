@@ -15,6 +15,7 @@ from linear_attention.layers.linear import (
     RetNetMixer,
     TaylorMixer,
 )
+from linear_attention.layers.rwkv7 import RWKV7Mixer
 from linear_attention.layers.sliding_window import SlidingWindowMixer
 from linear_attention.layers.softmax import SoftmaxMixer
 
@@ -34,6 +35,7 @@ MIXERS: dict[str, type[Mixer]] = {
         SlidingWindowMixer,
         KDAMixer,
         GatedDeltaProductMixer,
+        RWKV7Mixer,
     )
 }
 

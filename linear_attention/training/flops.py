@@ -22,6 +22,12 @@ forward matmul), so ``train = 3 · forward`` per token. The forward pass per tok
                       elementwise, so it costs what Gated DeltaNet's does; DeltaProduct's n
                       Householder steps are n delta-rule sub-tokens: H·n, and C counts
                       sub-tokens, min(chunk, n·T))
+      dplr (rwkv7)    chunk (generalised UT form): 2·H·(5·C·dk + 5·C·dv + C²/3 + 5·dk·dv)
+                      (the four decayed score matrices L_ab, L_ak, M_qb, M_qk and the inverse
+                      applied to A; the triangular solve; W₀ = (I − L_ab)⁻¹ L_ak V, three
+                      intra-chunk sums into O; the reads of S through A and Q and the state
+                      update through B and K)
+                      scan: 8·H·dk·dv (aᵀS, b·(aᵀS), k vᵀ, qᵀS)
 
 A mixer with no count here raises a ValueError naming it (a new mixer adds its count).
 
@@ -43,6 +49,8 @@ from flax import nnx
 _ATTENTION = {"softmax": None, "swa": "window"}
 # Mixers whose kernel is the delta rule (chunked in the WY/UT form).
 _DELTA = ("deltanet", "gated_deltanet", "kda", "gated_deltaproduct")
+# Mixers whose kernel is the diagonal-plus-low-rank delta rule.
+_DPLR = ("rwkv7",)
 # Mixers whose kernel is chunked linear attention (with or without decay).
 _LINEAR = ("linear", "favor", "taylor", "hedgehog", "retnet", "gated", "gla")
 
@@ -51,8 +59,8 @@ def mixing_flops(mixer, name: str, seq_len: int, *, method: str, chunk_size: int
     """Forward FLOPs per token of one mixer's sequence mixing (see the module docstring). A
     mixer without a count here (a new one) raises a ValueError naming it: its FLOPs are never
     guessed from another mixer's shapes."""
-    if name not in (*_ATTENTION, *_DELTA, *_LINEAR):
-        known = ", ".join((*_ATTENTION, *_DELTA, *_LINEAR))
+    if name not in (*_ATTENTION, *_DELTA, *_DPLR, *_LINEAR):
+        known = ", ".join((*_ATTENTION, *_DELTA, *_DPLR, *_LINEAR))
         raise ValueError(
             f"no FLOPs count for mixer {name!r} (counted: {known}); add its count to "
             "linear_attention/training/flops.py"
@@ -71,6 +79,10 @@ def mixing_flops(mixer, name: str, seq_len: int, *, method: str, chunk_size: int
         if method == "chunk":
             return 2.0 * h * (3 * c * dk + 2 * c * dv + c * c / 3 + 3 * dk * dv)
         return 6.0 * h * dk * dv
+    if name in _DPLR:
+        if method == "chunk":
+            return 2.0 * h * (5 * c * dk + 5 * c * dv + c * c / 3 + 5 * dk * dv)
+        return 8.0 * h * dk * dv
     if method == "chunk":
         return 2.0 * h * (c * (dk + dv) + 2 * dk * dv)
     return 4.0 * h * dk * dv

@@ -110,7 +110,7 @@ def test_lm_cpu_variants_match_softmax_parameter_count(sweep):
         counts[p.labels["mixer"]] = sum(int(np.prod(x.shape)) for x in leaves)
     assert set(counts) == {
         *("softmax", "linear", "favor", "taylor", "retnet", "gated", "gla", "hybrid"),
-        *("deltanet", "gated_deltanet", "kda", "gated_deltaproduct"),
+        *("deltanet", "gated_deltanet", "kda", "gated_deltaproduct", "rwkv7"),
     }
     # the nearest widths: gla +1.03% at d_model 124 (122: −2.1%), kda −1.25% at 120,
     # gated_deltaproduct +1.06% at 118

@@ -64,6 +64,8 @@ def mixer_reference(
 ) -> np.ndarray:
     """The output of `mixer` (an NNX mixer named `name`) on `x`, in float64 (`feature_scale`:
     the `linear` mixer's c in φ(c·q)·φ(c·k))."""
+    if name == "rwkv7":
+        return rwkv7_reference(mixer, x_BTD)
     p = params64(mixer)
     x = np.asarray(x_BTD, np.float64)
     b, t, _ = x.shape
@@ -214,3 +216,49 @@ def output_reference(mixer, x_BTD, o_BTHD) -> np.ndarray:
     elif "gate_proj" in p:
         o = o * silu(x @ p["gate_proj"]["kernel"])
     return o @ p["out_proj"]["kernel"]
+
+
+def rwkv7_reference(mixer, x_BTD) -> np.ndarray:
+    """RWKV-7's time mixing as its paper and BlinkDL's x070 write it, in float64: the state in
+    their orientation S [Dv, K], S_t = S_{t−1} Diag(w_t) + (S_{t−1} a_t) b_tᵀ + v_t k_tᵀ with
+    w = exp(−exp(ω)), ω = −softplus(−(w₀ + tanh(x_w W₁) W₂)) − ½, a = −κ̂, b = κ̂·a; y_t = S_t r_t;
+    GroupNorm per head (eps 64e-5), the bonus, the gate sigmoid(x_g G₁) G₂, the output matrix."""
+    p = params64(mixer)
+    x = np.asarray(x_BTD, np.float64)
+    b, t, _ = x.shape
+    h, dk, dv = mixer.num_heads, mixer.qk_dim, mixer.head_dim
+    sigmoid = lambda z: 1.0 / (1.0 + np.exp(-z))  # noqa: E731
+    previous = np.concatenate([np.zeros_like(x[:, :1]), x[:, :-1]], axis=1)
+    x_r, x_w, x_k, x_v, x_a, x_g = (x + (previous - x) * mu for mu in p["inputs"]["mu"])
+    r = (x_r @ p["receptance"]["kernel"]).reshape(b, t, h, dk)
+    k = (x_k @ p["key"]["kernel"]).reshape(b, t, h, dk)
+    v = (x_v @ p["value"]["kernel"]).reshape(b, t, h, dv)
+    lora = p["decay"]["lora"]
+    z = np.tanh(x_w @ lora["down"]["kernel"]) @ lora["up"]["kernel"] + lora["up"]["bias"]
+    w = np.exp(-np.exp(-softplus(-z) - 0.5)).reshape(b, t, h, dk)
+    rate = p["rate"]
+    a = sigmoid(x_a @ rate["down"]["kernel"] @ rate["up"]["kernel"] + rate["up"]["bias"])
+    a = a.reshape(b, t, h, dk)
+    kk = k * p["k_k"]
+    kk = kk / np.sqrt(np.sum(kk * kk, -1, keepdims=True) + 1e-6)  # the delta mixers' l2norm
+    k = k * (1.0 + (a - 1.0) * p["k_a"])
+    S = np.zeros((b, h, dv, dk))
+    o = np.zeros((b, t, h, dv))
+    for i in range(t):
+        sa = np.einsum("bhvk,bhk->bhv", S, -kk[:, i])
+        S = (
+            S * w[:, i, :, None, :]
+            + sa[..., :, None] * (kk[:, i] * a[:, i])[..., None, :]
+            + v[:, i, :, :, None] * k[:, i, :, None, :]
+        )
+        o[:, i] = np.einsum("bhvk,bhk->bhv", S, r[:, i])
+    out = p["output"]
+    if "norm" in out:
+        centred = o - o.mean(-1, keepdims=True)
+        o = centred / np.sqrt(np.mean(centred**2, -1, keepdims=True) + 64e-5)
+        o = o * out["norm"]["scale"] + out["norm"]["bias"]
+    o = o + np.sum(r * k * p["r_k"], -1, keepdims=True) * v
+    o = o.reshape(b, t, h * dv)
+    if "gate_proj" in out:
+        o = o * (sigmoid(x_g @ out["gate_proj"]["kernel"]) @ out["gate_up"]["kernel"])
+    return o @ out["out_proj"]["kernel"]

@@ -50,6 +50,7 @@ CASES = {
     "gated_deltanet_grouped": dict(num_value_heads=4, conv=False, method="scan"),
     "gated_deltaproduct": dict(chunk_size=4, allow_neg_eigval=True),  # n = 2 (the default)
     "gated_deltaproduct_3": dict(num_householder=3, rope=True, method="scan"),
+    "rwkv7": dict(chunk_size=5),  # token shift, GroupNorm, bonus and low-rank gate on
 }
 DELTA = ("deltanet", "gated_deltanet", "kda", "gated_deltaproduct")
 
@@ -260,6 +261,11 @@ BAD_OPTIONS = [
     (dict(name="swa", window=2.5), "window must be an integer >= 1, got 2.5"),
     (dict(name="swa", method="chunk"), "does not use option method"),
     (dict(name="softmax", bogus=1), "mixer 'softmax' does not use option bogus=1"),
+    (dict(name="rwkv7", conv=True), "mixer 'rwkv7' does not use option conv=True"),
+    (dict(name="rwkv7", rope=True), "mixer 'rwkv7' does not use option rope=True"),
+    (dict(name="rwkv7", method="quadratic"), "unknown method 'quadratic' for mixer 'rwkv7'"),
+    (dict(name="rwkv7", allow_neg_eigval=True), "does not use option allow_neg_eigval"),
+    (dict(name="rwkv7", chunk_size=0), "chunk_size must be an integer >= 1, got 0"),
 ]
 
 
@@ -287,6 +293,7 @@ def test_registry_lists_every_family():
     assert set(MIXERS) == {
         *("softmax", "linear", "favor", "taylor", "hedgehog", "retnet", "gated", "gla", "swa"),
         *DELTA,
+        "rwkv7",
     }
     # every option is declared once, with the same type wherever two mixers share it
     types = {}
@@ -328,7 +335,7 @@ def test_attention_inputs_reproduce_the_mixer(case):
     and passed through the output layers, give the float64 reference output of the mixer."""
     name = mixer_name(case)
     mixer, x = make(case), inputs()
-    if name in (*DELTA, "swa"):  # not the causal weighted sum of AttentionInputs
+    if name in (*DELTA, "swa", "rwkv7"):  # not the causal weighted sum of AttentionInputs
         with pytest.raises(ValueError, match="has no attention_inputs"):
             attention_inputs(mixer, x)
         return
@@ -476,3 +483,44 @@ def test_token_shift_hand_case():
     np.testing.assert_array_equal(prev[0], [[0, 0], [1, 2], [0, 0], [5, 6], [7, 8]])
     step_prev, _ = shift(x[:, :1] + 100, tail)  # the next token reads the previous call's last
     np.testing.assert_array_equal(step_prev, [[[9, 10]]])
+
+
+def test_rwkv7_with_random_parameters_matches_its_formulas():
+    """Every parameter perturbed (RWKV-7 starts its LoRA first factors at zero, which would
+    leave tanh(x W₁) and the in-context rate's projection untested): the sequence path, the
+    scan method and prefill-then-steps equal the float64 loop written from RWKV-7's formulas
+    (its own state orientation and decay form exp(−exp(ω)))."""
+    mixer = make("rwkv7")
+    params = nnx.state(mixer, nnx.Param)
+    leaves, treedef = jax.tree.flatten(params)
+    keys = jax.random.split(jax.random.key(3), len(leaves))
+    noisy = [p + 0.3 * jax.random.normal(key, p.shape) for p, key in zip(leaves, keys, strict=True)]
+    nnx.update(mixer, jax.tree.unflatten(treedef, noisy))
+    x = inputs()
+    full, _, _, mixed = all_paths(mixer, x)
+    reference = mixer_reference("rwkv7", mixer, np.asarray(x))
+    np.testing.assert_allclose(full, reference, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(mixed, reference, rtol=1e-4, atol=1e-4)
+    # the decay per key channel lies in (−e^(−½), 0); the rate a in (0, 1) varies by token
+    log_decay = mixer.decay(x)
+    assert log_decay.shape == (B, T, H, D // H) and log_decay.dtype == jnp.float32
+    assert bool(jnp.all((log_decay < 0) & (log_decay > -np.exp(-0.5))))
+    assert float(jnp.std(log_decay)) > 1e-3
+
+
+def test_rwkv7_parts_and_state():
+    mixer = get_mixer("rwkv7")(D, H, rngs=nnx.Rngs(0))
+    assert mixer.method == "chunk" and mixer.output.gate_inside
+    assert mixer.output.norm is not None and mixer.output.gate_up.bias is None
+    state = mixer.init_state(B, 10)
+    assert state.core.k_sum is None and state.core.kv.shape == (B, H, D // H, D // H)
+    assert state.conv.shape == (B, 1, D) and state.conv.dtype == jnp.float32  # the last input
+    # at init (zero LoRA first factors) the decay is w₀'s: log γ in about [−0.11, −0.001]
+    log_decay = mixer.decay(inputs())
+    assert -0.12 < float(log_decay.min()) < float(log_decay.max()) < -5e-4
+    bare = get_mixer("rwkv7")(D, H, out_norm=False, out_gate=False, rngs=nnx.Rngs(0))
+    assert bare.output.norm is None and bare.output.gate_proj is None
+    x = inputs()
+    np.testing.assert_allclose(
+        call(bare, x), mixer_reference("rwkv7", bare, np.asarray(x)), rtol=1e-4, atol=1e-4
+    )

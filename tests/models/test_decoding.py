@@ -147,6 +147,8 @@ def test_state_size_bytes_against_formulas():
     assert state_size_bytes(_config(mixer="gated_deltaproduct", num_householder=3)) == 2 * (
         4 * h * 8 * dv + conv3
     )
+    # rwkv7: kv H·Dk·Dv, and the token shift's last input (d_model = 16 floats), no conv
+    assert state_size_bytes(_config(mixer="rwkv7")) == 2 * (4 * h * 8 * dv + 4 * 16)
     # gla: the same state (a vector decay changes the update, not the size), M = Dk = 8
     assert state_size_bytes(_config(mixer="gla")) == 2 * linear(8)
     # softmax: K and V caches at max_length, in the compute dtype

@@ -16,6 +16,7 @@ V, B, T, SPLIT = 32, 2, 12, 5
 ALL_MIXERS = ("linear", "favor", "taylor", "hedgehog", "retnet", "gated", "gla", "softmax")
 # (a layer after gated_deltanet: its chunk gradient must not leak across a reset, even rounding)
 ALL_MIXERS += ("deltanet", "gated_deltanet", "swa", "kda", "gated_deltaproduct")
+ALL_MIXERS += ("rwkv7",)  # (its own model: it refuses the conv the others are given)
 
 
 def make(seed: int = 0, **fields):
@@ -57,13 +58,15 @@ CASES = {
     "hybrid_delta": dict(mixer=("gated_deltanet", "softmax"), chunk_size=4, allow_neg_eigval=True),
     # KDA (grouped value heads) and Gated DeltaProduct (2 delta steps per token), conv on
     "kda_deltaproduct": dict(mixer=("kda", "gated_deltaproduct"), chunk_size=4, num_value_heads=4),
+    # RWKV-7 (token shift: its state carries the last input) beside a delta layer's conv
+    "hybrid_rwkv7": dict(mixer=("rwkv7", "gated_deltanet"), chunk_size=4, position="learned"),
     # Based: taylor + sliding window (window 3 < SPLIT: the ring buffer wraps), rope and conv
     "based": dict(mixer=("taylor", "swa"), feature_dim=4, window=3, position="rope", conv=True),
 }
 # every mixer once (each path is checked per mixer in tests/layers), in two models: one
 # 11-layer model's gradient was a module large enough to crash XLA's CPU compiler (segfault)
 # late in a full run on a loaded machine
-ALL_GROUPS = (ALL_MIXERS[:6], ALL_MIXERS[6:])
+ALL_GROUPS = (ALL_MIXERS[:6], ALL_MIXERS[6:11], ALL_MIXERS[11:])
 assert sum(ALL_GROUPS, ()) == ALL_MIXERS
 
 
@@ -76,7 +79,7 @@ def all_mixers_model(group):
         position="learned",
         tie_embeddings=False,
         mlp=False,
-        conv=True,
+        conv=None if "rwkv7" in group else True,  # rwkv7's token shift instead of a conv
         chunk_size=4,
         **features,
     )

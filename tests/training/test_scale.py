@@ -213,3 +213,26 @@ def test_paper_size_presets_have_the_documented_sizes(preset):
     reference = NOMINAL.get(preset, published)
     assert abs(count + missing - reference) <= 0.02 * reference
     assert cfg.train.batch_size * cfg.data.seq_len == 524_288  # 0.5M tokens per step
+
+
+def test_rwkv7_mixing_flops_hand_count():
+    """DPLR per token (module docstring of training/flops.py), H = 2, dk = dv = 8: chunk C = 4
+    is 2·2·(5·4·8 + 5·4·8 + 16/3 + 5·64) = 1941.33; scan is 8·2·64 = 1024; the model total adds
+    3 × 2 × every weight matrix (LoRA factors included)."""
+    from linear_attention.layers import get_mixer
+    from linear_attention.models import LanguageModel, ModelConfig
+    from linear_attention.training.flops import flops_per_token, mixing_flops
+
+    mixer = get_mixer("rwkv7")(16, 2, rngs=nnx.Rngs(0))
+    chunk = mixing_flops(mixer, "rwkv7", 12, method="chunk", chunk_size=4)
+    assert chunk == pytest.approx(2 * 2 * (160 + 160 + 16 / 3 + 320))
+    assert mixing_flops(mixer, "rwkv7", 12, method="scan", chunk_size=None) == 1024.0
+    config = ModelConfig(vocab_size=32, d_model=16, num_layers=1, num_heads=2, mixer="rwkv7",
+                         chunk_size=4, mlp=False, max_length=12)  # fmt: skip
+    model = nnx.eval_shape(lambda: LanguageModel(config, rngs=nnx.Rngs(0)))
+    flops = flops_per_token(model, 12)
+    assert flops["mixer/rwkv7"] == pytest.approx(3 * chunk)
+    # r, k, v (3·16·16), decay and rate LoRAs (2·(16·32 + 32·16)), gate (16·32 + 32·16),
+    # output (16·16), tied head (32·16)
+    weights = 3 * 256 + 2 * 1024 + 1024 + 256 + 512
+    assert flops["matmul"] == 3 * 2 * weights

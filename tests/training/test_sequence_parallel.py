@@ -19,7 +19,7 @@ from tests.training.conftest import ROOT, tiny_mqar
 
 MIXERS = (
     "softmax", "linear", "favor", "taylor", "hedgehog", "retnet", "gated", "deltanet",
-    "gated_deltanet", "gla", "swa", "kda", "gated_deltaproduct",
+    "gated_deltanet", "gla", "swa", "kda", "gated_deltaproduct", "rwkv7",
 )  # fmt: skip
 FEATURE_DIM = {"favor": 8, "taylor": 4, "hedgehog": 8}
 
@@ -59,10 +59,20 @@ def main(workdir):
 
         return run(state, batch)
 
+    # Packed rows: documents of 1-9 tokens, many crossing a shard boundary.
+    lengths = rng.integers(1, 10, (B, T))
+    segment_ids = np.stack([np.repeat(np.arange(T), row)[:T] for row in lengths])
+    packed = dict(batch, segment_ids=jnp.asarray(segment_ids, jnp.int32))
+    crossing = (segment_ids[:, 3::4][:, :3] == segment_ids[:, 4::4]).sum()
+
     out = {}
     for i, name in enumerate(MIXERS):
+        # rwkv7 (token shift instead of a conv, no rotary positions) on the packed rows: its
+        # shift reads the previous shard's last token unless a document starts there
+        rwkv = name == "rwkv7"
         config = ModelConfig(
-            vocab_size=32, d_model=16, num_layers=1, num_heads=2, mixer=name, conv=True,
+            vocab_size=32, d_model=16, num_layers=1, num_heads=2, mixer=name,
+            conv=None if rwkv else True,
             feature_dim=FEATURE_DIM.get(name), position=("rope", "learned")[i % 2],
             max_length=T, mlp=False,
             # (only the options this mixer reads: the config refuses one no layer uses)
@@ -70,7 +80,10 @@ def main(workdir):
             window=5 if name == "swa" else None,
         )  # fmt: skip
         # (swa with window 5: a halo of 4 keys, one whole shard back)
-        (g_one, s_one), (g_split, s_split) = (grads_and_stats(config, m) for m in (None, split))
+        data = packed if rwkv else batch
+        (g_one, s_one), (g_split, s_split) = (
+            grads_and_stats(config, m, data) for m in (None, split)
+        )
         errs = [
             float(np.max(np.abs(np.asarray(a) - np.asarray(b))) / (np.max(np.abs(b)) + 1e-12))
             for a, b in zip(jax.tree.leaves(g_split), jax.tree.leaves(g_one), strict=True)
@@ -81,13 +94,9 @@ def main(workdir):
             "grad_norm": float(optax_norm(g_one)),
         }
 
-    # Packed rows: documents of 1-9 tokens, many crossing a shard boundary, through a hybrid of
-    # every kind of sequence path (attention gathered, window halo, linear and delta-rule
-    # states, the conv's halo) with rotary positions restarting at each document.
-    lengths = rng.integers(1, 10, (B, T))
-    segment_ids = np.stack([np.repeat(np.arange(T), row)[:T] for row in lengths])
-    packed = dict(batch, segment_ids=jnp.asarray(segment_ids, jnp.int32))
-    crossing = (segment_ids[:, 3::4][:, :3] == segment_ids[:, 4::4]).sum()
+    # The packed rows through a hybrid of every kind of sequence path (attention gathered,
+    # window halo, linear and delta-rule states, the conv's halo) with rotary positions
+    # restarting at each document.
     config = ModelConfig(
         vocab_size=32, d_model=16, num_layers=5, num_heads=2, conv=True, position="rope",
         mixer=("softmax", "swa", "gla", "gated_deltanet", "linear"), max_length=T,
