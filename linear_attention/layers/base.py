@@ -12,7 +12,8 @@ and has three paths giving the same numbers: `__call__` (whole sequence from an 
 plain pytrees (`MixerState`), not NNX variables, so a jitted step can be reused at any position.
 
 Options: a subclass declares `OPTIONS` (its own options, `layers.options.Option`) and
-`DEFAULTS` (its defaults of the common ones, e.g. `out_norm`); `check_options` validates every
+`DEFAULTS` (its defaults of the common ones, e.g. `out_norm`) and `NOT_TAKEN` (common options it
+refuses, with the reason: rwkv7 takes no conv); `check_options` validates every
 keyword option once against that table and fills the defaults (an option the mixer does not
 use raises a ValueError naming it and the mixer). The parts read `self.options`.
 
@@ -64,6 +65,9 @@ class Mixer(nnx.Module):
     NAME: ClassVar[str] = ""
     OPTIONS: ClassVar[dict[str, Option]] = {}
     DEFAULTS: ClassVar[dict[str, Any]] = {}
+    # Common options this mixer refuses when set, with the reason (a model leaves them out of
+    # such layers and raises only when no layer takes them: `ModelConfig.mixer_options`).
+    NOT_TAKEN: ClassVar[dict[str, str]] = {}
     # `__call__` may run with time split over a mesh axis (layers/sequence.py).
     SEQUENCE_PARALLEL: ClassVar[bool] = False
 
@@ -133,6 +137,11 @@ class Mixer(nnx.Module):
                 f"d_model={d_model} is not divisible by num_heads={num_heads}; "
                 "change one of them or set head_dim"
             )
+        for name, why in cls.NOT_TAKEN.items():
+            if resolved[name]:
+                raise ValueError(
+                    f"mixer {cls.NAME!r} does not use option {name}={resolved[name]!r} ({why})"
+                )
         cls._check_family_options(num_heads, resolved)
         if resolved["rope"]:
             head_dim = resolved["head_dim"] or d_model // num_heads

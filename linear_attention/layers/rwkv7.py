@@ -68,15 +68,7 @@ class RWKV7Mixer(Mixer):
     SEQUENCE_PARALLEL = True
     OPTIONS = dict(method=METHOD.but(choices=tuple(K.DELTA_METHODS)), chunk_size=CHUNK_SIZE)
     DEFAULTS = dict(conv=False, out_norm=True, out_gate=True)
-
-    @classmethod
-    def _check_family_options(cls, num_heads, options) -> None:
-        reasons = dict(conv="its local context is the token shift", rope="no positions")
-        for name, why in reasons.items():
-            if options[name]:
-                raise ValueError(
-                    f"mixer {cls.NAME!r} does not use option {name}={options[name]!r} ({why})"
-                )
+    NOT_TAKEN = dict(conv="its local context is the token shift", rope="it has no positions")
 
     def _build_inputs(self, rngs: nnx.Rngs) -> nnx.Module:
         ratio_D = np.arange(self.d_model) / self.d_model

@@ -178,6 +178,20 @@ class _ModelFields:
                 f"redraw_interval={self.redraw_interval} needs a favor layer "
                 f"(mixers: {', '.join(sorted(mixers))})"
             )
+        # A common option some mixers refuse (rwkv7: conv, rope) applies to the layers that take
+        # it, and raises when it is set and no layer takes it.
+        for option, field, off, is_set in (
+            ("conv", "conv", "False", bool(self.conv)),
+            ("rope", "position", "none", self.position == "rope"),
+        ):
+            refusing = [m for m in mixers if option in MIXERS[m].NOT_TAKEN]
+            if is_set and len(refusing) == len(mixers):
+                why = MIXERS[refusing[0]].NOT_TAKEN[option]
+                raise ValueError(
+                    f"{field}={getattr(self, field)!r} is not used by any layer: "
+                    f"{', '.join(refusing)} takes no {option} ({why}); set "
+                    f"--config.model.{field}={off}"
+                )
         for name in mixers:
             MIXERS[name].check_options(self.d_model, self.num_heads, **self.mixer_options(name))
 
@@ -190,7 +204,8 @@ class _ModelFields:
 
     def mixer_options(self, name: str) -> dict:
         """Keyword options for the mixer class `name`: the common ones and those of its own
-        that are set (None: the mixer's default)."""
+        that are set (None: the mixer's default). A common option the mixer refuses
+        (`NOT_TAKEN`) is left out: it applies to the other layers of a hybrid."""
         options = dict(
             head_dim=self.head_dim,
             conv=self.conv,
@@ -203,6 +218,8 @@ class _ModelFields:
         for field in MIXERS[name].OPTIONS:
             if getattr(self, field) is not None:
                 options[field] = getattr(self, field)
+        for option in MIXERS[name].NOT_TAKEN:
+            options.pop(option, None)
         return options
 
     @property

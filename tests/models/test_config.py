@@ -44,6 +44,12 @@ def test_mixer_options_only_pass_what_a_mixer_uses():
     assert scaled.feature_scale == 8.0 and isinstance(scaled.feature_scale, float)
     assert scaled.mixer_options("linear")["feature_scale"] == 8.0
     assert "feature_scale" not in scaled.mixer_options("softmax")
+    # a common option a mixer refuses (rwkv7: conv, rope) goes to the hybrid's other layers
+    shifted = ModelConfig(**BASE, mixer=("rwkv7", "softmax"), conv=4, position="rope")
+    assert shifted.mixer_options("softmax")["conv"] == 4
+    assert shifted.mixer_options("softmax")["rope"] is True
+    assert "conv" not in shifted.mixer_options("rwkv7")
+    assert "rope" not in shifted.mixer_options("rwkv7")
 
 
 BAD = [
@@ -82,6 +88,8 @@ BAD = [
     (dict(mixer="gla", feature_map="relu"), "feature_map='relu' is not used by any layer"),
     (dict(mixer="softmax", method="chunked"), r"method='chunked' is not used by any layer \(mix"),
     (dict(mixer=("swa", "softmax"), eps=1e-3), r"eps=0.001 is not used by any layer"),
+    (dict(mixer="rwkv7", conv=4), r"conv=4 is not used by any layer: rwkv7 takes no conv"),
+    (dict(mixer="rwkv7", position="rope"), r"position='rope' is not used by any layer: rwkv7"),
 ]
 
 

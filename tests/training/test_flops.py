@@ -24,6 +24,8 @@ def _config(mixer: str):
     """The smoke preset with one layer of ``mixer``."""
     config = load_config("mqar", "smoke")
     config.model.mixer, config.model.num_layers = mixer, 1
+    if mixer == "rwkv7":  # its local context is the token shift: it refuses the conv
+        config.model.conv = False
     return config
 
 
