@@ -7,17 +7,18 @@ Command (writes results.csv, best.csv, results.md and two plots; resumable):
     python experiments/sweep.py --config configs/sweeps/mqar.py:cpu --workdir runs/mqar-study \
         --jobs 2
 
-Presets (``configs/sweeps/mqar.py:<arg>``), both with 13 mixers (softmax, linear = elu+1,
-taylor, retnet, gated, gla, deltanet, gated_deltanet, kda, gated_deltaproduct, swa, Based =
+Presets (``configs/sweeps/mqar.py:<arg>``), both with 14 mixers (softmax, linear = elu+1,
+taylor, retnet, gated, gla, deltanet, gated_deltanet, kda, gated_deltaproduct, rwkv7 (without
+the base's short conv, which it refuses), swa, Based =
 ``("taylor", "swa")``: a Taylor layer then a sliding-window layer, and linear_scale8 = elu+1
 with q and k scaled by 8 before the feature map) and 2 seeds. kda and gated_deltaproduct joined
 the grids after the runs below (issue 20): the figures are the other 11 mixers' 132 runs.
   (none) / ``default``: the Zoology grid for an accelerator: vocab 8192, d_model 64…512,
       (seq_len, kv pairs) = (64, 4), (128, 8), (256, 16), (512, 64), learning rates
       logspace(-4, -2, 4), 20k steps of batch 256 per run; Taylor and Based with 16 projected
-      dims, windows of 64 (at seq_len 64 that window is full softmax attention). 1664 runs.
+      dims, windows of 64 (at seq_len 64 that window is full softmax attention). 1792 runs.
   ``cpu``: d_model (64, 128) × (seq_len 64, 8 pairs) × learning rates (1e-2, 3e-2, 3e-3) ×
-      seeds (0, 1): 156 runs of at most 400 steps of batch 64 (warmup 40, cosine), stopped
+      seeds (0, 1): 168 runs of at most 400 steps of batch 64 (warmup 40, cosine), stopped
       at the first evaluation (every 50 steps, 512 held-out examples) with accuracy >= 0.99;
       Taylor and Based with 8 projected dims (45 features), swa and Based with windows of 16.
       Budget: a run takes ~1 min at d_model 64 and ~1.7 min at 128 (medians, two workers

@@ -80,18 +80,20 @@ def test_presets_expand_and_validate(sweep):
             sizes[Path(path).stem, preset] = len(points)
     assert sizes == {
         ("mqar", "smoke"): 8,
-        ("mqar", "cpu"): 156,  # 13 mixers x 2 widths x 3 lrs x 2 seeds
-        ("mqar", "default"): 1664,  # 13 mixers (swa, Based, scaled elu+1) x 4 x 4 x 4 x 2 seeds
+        ("mqar", "cpu"): 168,  # 14 mixers x 2 widths x 3 lrs x 2 seeds
+        ("mqar", "default"): 1792,  # 14 mixers (swa, Based, scaled elu+1) x 4 x 4 x 4 x 2 seeds
         ("lm", "smoke"): 2,
-        ("lm", "cpu"): 12,
-        ("lm", "default"): 24,
+        ("lm", "cpu"): 13,
+        ("lm", "default"): 26,
     }
 
 
 def test_mqar_cpu_mixer_labels_set_their_options(sweep):
     _, points = sweep.expand(sweep.load_sweep(f"{MQAR}:cpu"), ["d_model=64", "lr=0.01", "seed=0"])
     models = {p.labels["mixer"]: experiment_config(p.config).model for p in points}
-    assert len(models) == 13
+    assert len(models) == 14
+    # rwkv7 without the base's conv (it refuses one); every other mixer keeps it
+    assert models["rwkv7"].conv is False and models["deltanet"].conv == 4
     scaled, linear = models["linear_scale8"], models["linear"]
     assert (scaled.mixer, scaled.feature_scale, linear.feature_scale) == ("linear", 8.0, None)
     assert (models["based"].mixer, models["based"].feature_dim) == (("taylor", "swa"), 8)
