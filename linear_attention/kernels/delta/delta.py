@@ -68,8 +68,12 @@ from linear_attention.kernels.primitives.decays import (
     sub_block_size,
 )
 from linear_attention.kernels.primitives.layout import from_chunks, pad_time, to_chunks
-from linear_attention.kernels.primitives.triangular import invert_unit_lower
-from linear_attention.kernels.segments import check_segment_ids, segment_log_decay
+from linear_attention.kernels.primitives.triangular import invert_unit_lower, unit_lower_solve_vjp
+from linear_attention.kernels.segments import (
+    check_segment_ids,
+    cumulative_log_decay,
+    segment_log_decay,
+)
 from linear_attention.kernels.state import LinearAttentionState
 
 METHODS = ("chunk", "scan")
@@ -316,25 +320,84 @@ def delta_chunked_per_key(q_BTHK, k_BTHK, v_BTHD, beta_BTH, a_BTHK, s0_BHKD, *, 
     C = min(chunk_size, T)
     G = chunks_per_step(C, -(-T // C))  # padded to whole steps: padding leaves S alone
     xs = [to_chunks(pad_time(x, G * C), C) for x in (q_BTHK, k_BTHK, v_BTHD, beta_BTH, a_BTHK)]
-    prepare = functools.partial(_per_key_chunks, c=sub_block_size(C))
-    o_NBHCD, s_BHKD = affine_chunk_scan(s0_BHKD, xs, prepare, G)
+    # The cumulative sums stay outside the hand-written VJP: autodiff carries db to a.
+    b, n = cumulative_log_decay(xs.pop(), axis=-2, restart=True)
+    c = sub_block_size(C)
+    forward = functools.partial(_per_key_forward, c=c)
+    backward = functools.partial(_per_key_backward, c=c)
+    o_NBHCD, s_BHKD = affine_chunk_scan(s0_BHKD, [*xs, b, n], forward, G, backward)
     return from_chunks(o_NBHCD, T), s_BHKD
 
 
-def _per_key_chunks(q, k, v, beta, a, *, c):
+def _per_key_forward(q, k, v, beta, b, n, *, c):
     """The state-independent part of a step's chunks, batched ([G, B, H, C, ...]), as the affine
     map of `affine_chunk_scan`: with U = (I + A)⁻¹ diag(β) V and W = (I + A)⁻¹ diag(β)(K ⊙ e^b),
     U' = U − W S, so X = −W S, O = (Q ⊙ e^b) S + P X + P U, S' = e^{b_C} S + Eᵀ X + Eᵀ U with
-    P the decayed scores and E = K ⊙ e^{b_C − b}. Inside the rematerialised scan step: the
-    backward pass recomputes it rather than storing its intermediates."""
-    d = ChunkDecays(a)
-    sub = SubBlocks(d.b, d.n, c)
-    inv_CC = invert_unit_lower(beta[..., :, None] * jnp.tril(sub.scores(k, k), -1))
+    P the decayed scores and E = K ⊙ e^{b_C − b}. Residuals for the backward pass: (I + A)⁻¹,
+    U, W, P and the strict scores L (A = diag(β) L), a few [C, C] and [C, K] per chunk."""
+    d = ChunkDecays.from_cumulative(b, n)
+    sub = SubBlocks(b, n, c)
+    l_CC = jnp.tril(sub.scores(k, k), -1)
+    inv_CC = invert_unit_lower(beta[..., :, None] * l_CC)
     u_CD = inv_CC @ (beta[..., None] * v)
     w_CK = inv_CC @ (beta[..., None] * k * d.start)
     p_CC = sub.scores(q, k)
     e_CK = k * d.end
-    return -w_CK, q * d.start, p_CC, p_CC @ u_CD, e_CK, jnp.swapaxes(e_CK, -1, -2) @ u_CD, d.total
+    terms = (-w_CK, q * d.start, p_CC, p_CC @ u_CD, e_CK, e_CK.mT @ u_CD, d.total)
+    return terms, (inv_CC, u_CD, w_CK, p_CC, l_CC)
+
+
+def _per_key_backward(xs, res, *, c):
+    """The hand-written VJP of `_per_key_forward` (the affine terms' cotangents to the inputs).
+
+    With Kₛ = K ⊙ e^b, Qₛ = Q ⊙ e^b, E = K ⊙ e^{b_C − b}, g = e^{b_C} and [U W] = (I + A)⁻¹ R,
+    R = [diag(β) V, diag(β) Kₛ], A = diag(β) L, the terms are (−W, Qₛ, P, P U, E, Eᵀ U, g). Given
+    their cotangents (dW', dQₛ, dP', dO₀, dE', dU₀, dg) from `affine_chunk_scan`:
+
+        dP = dP' + dO₀ Uᵀ,   dU = Pᵀ dO₀ + E dU₀,   dE = dE' + U dU₀ᵀ,   dW = −dW'
+        [dR_u dR_w] = (I + A)⁻ᵀ [dU dW],   dA = −strict_lower(dR_u Uᵀ + dR_w Wᵀ)
+        dV = diag(β) dR_u,   dKₛ = diag(β) dR_w,   dL = diag(β) dA
+        dβ_t = Σ_s dA_ts L_ts + ⟨dR_u, V⟩_t + ⟨dR_w, Kₛ⟩_t
+        dK = dKₛ ⊙ e^b + dE ⊙ e^{b_C − b} + (score terms),   dQ = dQₛ ⊙ e^b + (score terms)
+        db_t = dKₛ ⊙ Kₛ + dQₛ ⊙ Qₛ − dE ⊙ E  (+ Σ_t dE ⊙ E + dg ⊙ g at t = C)  + (score terms)
+
+    The score terms come from P = scores(Q, K) and L = strict(scores(K, K)), both sums of
+    x_tm y_sm e^{b_tm − b_sm}: `SubBlocks.vjp` gives their q, k and decay cotangents by the same
+    sub-block factorisation as the forward pass (every exponent ≤ 0). Each factor e^{…} is a
+    masked exp, whose derivative is itself (0 across a reset), so the same lines hold with
+    resets. Cost: a few [C, C]·[C, K] matmuls per chunk, as in the forward pass.
+    """
+    q, k, v, beta, b, n = xs
+    inv_CC, u_CD, w_CK, p_CC, l_CC = res
+    d = ChunkDecays.from_cumulative(b, n)
+    sub = SubBlocks(b, n, c)
+    q_start, k_start, e_CK = q * d.start, k * d.start, k * d.end
+
+    def pullback(dw_neg, dq_start, dp, do0, de, du0, dg):
+        dp = dp + do0 @ u_CD.mT
+        du = p_CC.mT @ do0 + e_CK @ du0
+        de = de + u_CD @ du0.mT
+        dr_CX, da_CC = unit_lower_solve_vjp(
+            inv_CC, jnp.concatenate([u_CD, w_CK], -1), jnp.concatenate([du, -dw_neg], -1)
+        )
+        Dv = v.shape[-1]
+        dr_u, dr_w = dr_CX[..., :Dv], dr_CX[..., Dv:]
+        dbeta = jnp.sum(da_CC * l_CC, -1) + jnp.sum(dr_u * v, -1) + jnp.sum(dr_w * k_start, -1)
+        dv = beta[..., None] * dr_u
+        dk_start = beta[..., None] * dr_w
+        dq = dq_start * d.start
+        dk = dk_start * d.start + de * d.end
+        db = dk_start * k_start + dq_start * q_start - de * e_CK
+        db_end = jnp.sum(de * e_CK, -2) + dg * d.total
+        dq_p, dk_p, dbq_p, dbk_p = sub.vjp(dp, q, k)
+        dk_1, dk_2, dbq_l, dbk_l = sub.vjp(beta[..., :, None] * da_CC, k, k)
+        dq = dq + dq_p
+        dk = dk + dk_p + dk_1 + dk_2
+        db = db + dbq_p + dbk_p + dbq_l + dbk_l
+        db = db.at[..., -1, :].add(db_end)
+        return dq, dk, dv, dbeta, db, None
+
+    return (-w_CK, q_start, p_CC, e_CK, d.total), pullback
 
 
 def check_delta_inputs(q, k, v, beta, *, time: bool):
