@@ -48,16 +48,14 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from linear_attention.kernels._checks import (
-    check_choice,
-    check_float,
-    check_layouts,
-    check_log_decay,
-    check_positive_int,
-    check_static,
-    concrete,
+from linear_attention.kernels._checks import check_log_decay
+from linear_attention.kernels.delta.checks import (
+    check_beta,
+    check_delta_state,
+    check_inputs,
+    check_options,
+    initial_state_f32,
 )
 from linear_attention.kernels.primitives.chunk_scan import affine_chunk_scan, chunks_per_step
 from linear_attention.kernels.primitives.combine import affine_sequence_parallel, span_resets
@@ -75,8 +73,6 @@ from linear_attention.kernels.segments import (
     segment_log_decay,
 )
 from linear_attention.kernels.state import LinearAttentionState
-
-METHODS = ("chunk", "scan")
 
 
 def delta_rule(
@@ -125,12 +121,9 @@ def delta_rule(
     gradient is NaN throughout; under `axis_name` a NaN carried into a later shard stops at that
     shard's first reset.
     """
-    check_choice("method", method, METHODS)
-    check_positive_int("chunk_size", chunk_size)
-    check_static("return_state", return_state)
+    check_options(method, chunk_size, return_state)
     B, T, H, HV, Kd, Dv = check_delta_inputs(q, k, v, beta, time=True)
-    if initial_state is not None:
-        check_delta_state(initial_state, B, HV, Kd, Dv, "initial_state")
+    s0_BHKD = initial_state_f32(initial_state, B, HV, Kd, Dv)
     a_BTHX = check_log_decay(log_decay, (B, T, HV), "[B, T, HV]", feature_dim=Kd)
     if segment_ids is not None:
         a_BTHX = segment_log_decay(check_segment_ids(segment_ids, B, T), a_BTHX, HV)
@@ -139,10 +132,6 @@ def delta_rule(
     q32, k32 = (expand_heads(x.astype(jnp.float32), HV) for x in (q, k))
     v32 = v.astype(jnp.float32)
     beta32 = jnp.asarray(beta, jnp.float32)
-    if initial_state is None:
-        s0_BHKD = jnp.zeros((B, HV, Kd, Dv), jnp.float32)
-    else:
-        s0_BHKD = initial_state.kv.astype(jnp.float32)
     core = delta_chunked if method == "chunk" else delta_scan
     kwargs = {"chunk_size": chunk_size} if method == "chunk" else {}
     if axis_name is not None:  # time split: the unsplit kernel per shard, then one combine
@@ -408,7 +397,8 @@ def check_delta_inputs(q, k, v, beta, *, time: bool):
     grouped = jnp.ndim(v) == len(lead.split(", ")) + 2 and jnp.ndim(q) == jnp.ndim(v)
     grouped = grouped and jnp.shape(v)[head_axis] != jnp.shape(q)[head_axis]
     hv = "HV" if grouped else "H"
-    check_layouts(
+    check_inputs(
+        time=time,
         q=(q, f"[{lead}, H, K]"),
         k=(k, f"[{lead}, H, K]"),
         v=(v, f"[{lead}, {hv}, Dv]"),
@@ -420,33 +410,5 @@ def check_delta_inputs(q, k, v, beta, *, time: bool):
             f"v has {HV} value heads, not a multiple of the {H} query/key heads of q, k "
             f"(q: {tuple(q.shape)}, v: {tuple(v.shape)}): grouped value heads need HV = g·H"
         )
-    check_float(("q", "k", "v", "beta"), (q, k, v, beta))
-    if time and q.shape[1] == 0:
-        raise ValueError(f"q, k, v must have at least one time step, got shape {q.shape}")
     check_beta(beta, 0.0, 2.0)
     return (*q.shape[:-2], H, HV, q.shape[-1], v.shape[-1])
-
-
-def check_beta(beta, lo_allowed, hi_allowed, name="beta"):
-    """Raise unless the concrete values of `beta` lie in [lo_allowed, hi_allowed]. Values are read
-    with NumPy when concrete (a constant closed over under `jit` included); traced: skip."""
-    values = concrete(beta)
-    if values is not None and values.size:
-        lo, hi = float(np.min(values)), float(np.max(values))
-        if not (lo >= lo_allowed and hi <= hi_allowed):
-            raise ValueError(
-                f"{name} must lie in [{lo_allowed:g}, {hi_allowed:g}], got values in [{lo}, {hi}]"
-            )
-
-
-def check_delta_state(state, batch, heads, kd, dv, name):
-    """Raise unless `state` is a `LinearAttentionState(kv=[B, H, K, Dv], k_sum=None)`."""
-    if not isinstance(state, LinearAttentionState):
-        raise ValueError(f"{name} must be a LinearAttentionState, got {type(state).__name__}")
-    if state.k_sum is not None:
-        raise ValueError(f"{name}.k_sum must be None for the delta rule (it has no normaliser)")
-    want = (batch, heads, kd, dv)
-    if tuple(jnp.shape(state.kv)) != want:
-        raise ValueError(
-            f"{name}.kv has shape {tuple(jnp.shape(state.kv))}; expected {want} [B, H, K, Dv]"
-        )

@@ -36,15 +36,13 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from linear_attention.kernels._checks import (
-    check_choice,
-    check_float,
-    check_layouts,
-    check_log_decay,
-    check_positive_int,
-    check_static,
+from linear_attention.kernels._checks import check_log_decay
+from linear_attention.kernels.delta.checks import (
+    check_delta_state,
+    check_inputs,
+    check_options,
+    initial_state_f32,
 )
-from linear_attention.kernels.delta.delta import check_delta_state
 from linear_attention.kernels.primitives.chunk_scan import affine_chunk_scan, chunks_per_step
 from linear_attention.kernels.primitives.combine import affine_sequence_parallel, span_start_reset
 from linear_attention.kernels.primitives.decays import ChunkDecays, SubBlocks, sub_block_size
@@ -56,8 +54,6 @@ from linear_attention.kernels.segments import (
     segment_starts,
 )
 from linear_attention.kernels.state import LinearAttentionState
-
-METHODS = ("chunk", "scan")
 
 
 def dplr_delta_rule(
@@ -94,12 +90,9 @@ def dplr_delta_rule(
     Returns:
       `o: [B, T, H, Dv]` in `result_type(q, k, v)`, and with `return_state` the final state.
     """
-    check_choice("method", method, METHODS)
-    check_positive_int("chunk_size", chunk_size)
-    check_static("return_state", return_state)
+    check_options(method, chunk_size, return_state)
     B, T, H, Kd, Dv = _check_inputs(q, k, v, a, b, time=True)
-    if initial_state is not None:
-        check_delta_state(initial_state, B, H, Kd, Dv, "initial_state")
+    s0_BHKD = initial_state_f32(initial_state, B, H, Kd, Dv)
     w = check_log_decay(log_decay, (B, T, H), "[B, T, H]", feature_dim=Kd)
     w_BTHK = _per_key(w, (B, T, H, Kd))
     dtype = jnp.result_type(q, k, v)
@@ -109,10 +102,6 @@ def dplr_delta_rule(
         if axis_name is not None:
             starts_BT = starts_BT.at[:, 0].set(span_start_reset(segment_ids, axis_name))
         w_BTHK, a32 = _fold_resets(starts_BT, w_BTHK, a32)
-    if initial_state is None:
-        s0_BHKD = jnp.zeros((B, H, Kd, Dv), jnp.float32)
-    else:
-        s0_BHKD = initial_state.kv.astype(jnp.float32)
     core = dplr_chunked if method == "chunk" else dplr_scan
     kwargs = {"chunk_size": chunk_size} if method == "chunk" else {}
     if axis_name is not None:
@@ -300,14 +289,12 @@ def _fold_resets(starts_BT, w_BTHK, a_BTHK):
 
 def _check_inputs(q, k, v, a, b, *, time: bool):
     lead = "B, T, H" if time else "B, H"
-    check_layouts(
+    check_inputs(
+        time=time,
         q=(q, f"[{lead}, K]"),
         k=(k, f"[{lead}, K]"),
         v=(v, f"[{lead}, Dv]"),
         a=(a, f"[{lead}, K]"),
         b=(b, f"[{lead}, K]"),
     )
-    check_float(("q", "k", "v", "a", "b"), (q, k, v, a, b))
-    if time and q.shape[1] == 0:
-        raise ValueError(f"q, k, v must have at least one time step, got shape {q.shape}")
     return (*q.shape, v.shape[-1])

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 # Tokens per scan step: the state-independent work of a step's chunks is batched (fewer, larger
 # ops than one chunk per step), while a step's temporaries stay small (never materialised for
 # the whole sequence).
-TOKENS_PER_STEP = 256
+TOKENS_PER_STEP = 128
 
 
 def chunks_per_step(chunk_size: int, num_chunks: int) -> int:
