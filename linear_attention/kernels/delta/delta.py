@@ -26,14 +26,15 @@ Resets. A log decay of −inf (a decay of exactly 0: the `segment_ids` boundarie
 of the cumulative sum and counted (`segments.cumulative_log_decay`), so that b_t − b_s never
 reads −inf − (−inf): a factor exp(b_t − b_s) is kept only where no reset lies in (s, t].
 
-Gradient. Autodiff, with the scan's chunk step rematerialised (`jax.checkpoint`): the backward
-pass stores the state entering each chunk (one [K, Dv] state per chunk, never one per token)
-and recomputes U', O and S' of a chunk from it; the chunk-parallel part (the UT transform,
-scores, decays) is plain autodiff of batched matmuls, O(T·C) residuals. Measured on CPU at
-B=1, T=2048, H=4, K=Dv=64 (BENCHMARKS.md): the remat step needs 60 MB of gradient temporaries
-against 76 MB without it and ~400 MB for autodiff through the token scan, and is the faster of
-the two chunk variants; a hand-written VJP would save little more, as the per-chunk work is
-already dominated by dense C×C and C×K matmuls.
+Gradient. For a per-head decay (and DeltaNet), autodiff, with the scan's chunk step
+rematerialised (`jax.checkpoint`): the backward pass stores the state entering each chunk (one
+[K, Dv] state per chunk, never one per token) and recomputes U', O and S' of a chunk from it; the
+chunk-parallel part (the UT transform, scores, decays) is plain autodiff of batched matmuls,
+O(T·C) residuals. Measured on CPU at B=1, T=2048, H=4, K=Dv=64 (BENCHMARKS.md): the remat step
+needs 60 MB of gradient temporaries against 76 MB without it and ~400 MB for autodiff through
+the token scan. For a decay per key channel (KDA) the gradient is hand-written
+(`_per_key_backward`, through `primitives.chunk_scan.affine_chunk_scan`): autodiff of the
+sub-block scores was the larger part of its time.
 
 The triangular inverse (I + A)⁻¹ is computed by doubling the block size
 (`primitives.invert_unit_lower`):
@@ -302,8 +303,11 @@ def delta_chunked_per_key(q_BTHK, k_BTHK, v_BTHD, beta_BTH, a_BTHK, s0_BHKD, *, 
     factorisation), every exponent ≤ 0: exact and finite with −30 per token. A `lax.scan` walks
     steps of G chunks (`primitives.chunk_scan.affine_chunk_scan`): a step computes the
     state-independent part (decays, scores, inverse) of its chunks at once, then their affine
-    maps of S in order; the step is rematerialised, so the gradient keeps the state entering each
-    step and the inputs, never a state per token.
+    maps of S in order. The gradient is hand-written: the forward pass keeps the state entering
+    each chunk and a few [C, C]/[C, K] residuals per chunk (the inverse, U, W, the scores), never
+    a state per token; the backward pass walks the steps last to first (`_per_key_backward`
+    derives each line). The cumulative log decays are summed outside it (autodiff carries their
+    cotangent back to a, stopping at resets).
     """
     T = q_BTHK.shape[1]
     C = min(chunk_size, T)

@@ -23,10 +23,16 @@ a generalised UT transform: (I − L_ab)⁻¹ by `primitives.invert_unit_lower`,
 score matrices by sub-blocks (`primitives.decays.SubBlocks`, the query side reading g⁻ for L), every
 exponent ≤ 0, so −30 per token stays exact and finite. A `lax.scan` walks steps of G chunks
 (`primitives.chunk_scan.affine_chunk_scan`): a step computes what does not depend on S (decays,
-scores, inverse) for its G chunks at once, then the affine maps of S in order; the step is
-rematerialised (`jax.checkpoint`), so the gradient keeps the state entering each step and the
-inputs, never a state per token nor the [C, C]-sized intermediates of the whole sequence. A
-per-head (or absent) decay is broadcast over the key channels.
+scores, inverse) for its G chunks at once, then the affine maps of S in order. A per-head (or
+absent) decay is broadcast over the key channels.
+
+Gradient. Hand-written (`_backward` derives it line by line): the forward pass keeps the state
+entering each chunk (never one per token) and six [C, C]/[C, K] residuals per chunk; the
+backward pass walks the steps last to first carrying the state's cotangent
+(`affine_chunk_scan`), and maps the cotangents of each chunk's affine terms to q, k, v, a, b and
+the cumulative log decay by matmuls, the four scores' by `SubBlocks.vjp` (same sub-blocks, every
+exponent ≤ 0). Autodiff of the rematerialised step, the earlier form, spent most of its time
+differentiating the sub-block scores (BENCHMARKS.md).
 """
 
 from __future__ import annotations
