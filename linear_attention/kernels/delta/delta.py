@@ -348,6 +348,7 @@ def _per_key_backward(xs, res, *, c):
     their cotangents (dW', dQₛ, dP', dO₀, dE', dU₀, dg) from `affine_chunk_scan`:
 
         dP = dP' + dO₀ Uᵀ,   dU = Pᵀ dO₀ + E dU₀,   dE = dE' + U dU₀ᵀ,   dW = −dW'
+        (U is the X₀ of `affine_chunk_scan`, whose walk adds these three terms)
         [dR_u dR_w] = (I + A)⁻ᵀ [dU dW],   dA = −strict_lower(dR_u Uᵀ + dR_w Wᵀ)
         dV = diag(β) dR_u,   dKₛ = diag(β) dR_w,   dL = diag(β) dA
         dβ_t = Σ_s dA_ts L_ts + ⟨dR_u, V⟩_t + ⟨dR_w, Kₛ⟩_t
@@ -366,10 +367,10 @@ def _per_key_backward(xs, res, *, c):
     sub = SubBlocks(b, n, c)
     q_start, k_start, e_CK = q * d.start, k * d.start, k * d.end
 
-    def pullback(dw_neg, dq_start, dp, do0, de, du0, dg):
-        dp = dp + do0 @ u_CD.mT
-        du = p_CC.mT @ do0 + e_CK @ du0
-        de = de + u_CD @ du0.mT
+    def pullback(dw_neg, du, dq_start, dp, do0, de, du0, dg):
+        # U is the X₀ of `affine_chunk_scan` (O₀ = P U, U₀ = Eᵀ U): dU, and U's share of dP and
+        # dE, come from its walk
+        del do0, du0
         dr_CX, da_CC = unit_lower_solve_vjp(
             inv_CC, jnp.concatenate([u_CD, w_CK], -1), jnp.concatenate([du, -dw_neg], -1)
         )
@@ -390,7 +391,7 @@ def _per_key_backward(xs, res, *, c):
         db = db.at[..., -1, :].add(db_end)
         return dq, dk, dv, dbeta, db, None
 
-    return (-w_CK, q_start, p_CC, e_CK, d.total), pullback
+    return (-w_CK, u_CD, q_start, p_CC, e_CK, d.total), pullback
 
 
 def check_delta_inputs(q, k, v, beta, *, time: bool):

@@ -216,6 +216,7 @@ def _backward(xs, res, *, c):
 
         dM_qb = dM' + dO₀ W₀ᵀ,   dM_qk = dO₀ Vᵀ,   dW₀ = M_qbᵀ dO₀ + B_e dU₀
         dB_e = dB' + W₀ dU₀ᵀ,    dK_e = V dU₀ᵀ,    dV = M_qkᵀ dO₀ + K_e dU₀ + L_akᵀ dR₀
+        (W₀ is the X₀ of `affine_chunk_scan`, whose walk adds dO₀ W₀ᵀ, W₀ dU₀ᵀ and gives dW₀)
         [dR₀ dAₛ] = (I − L_ab)⁻ᵀ [dW₀ dX],   dL_ab = strict_lower(dR₀ W₀ᵀ + dAₛ Xᵀ)
         dL_ak = dR₀ Vᵀ
         dA = dAₛ ⊙ e^{g⁻},  dQ = dQₛ ⊙ e^g,  dB = dB_e ⊙ e^{g_C − g},  dK = dK_e ⊙ e^{g_C − g}
@@ -235,11 +236,10 @@ def _backward(xs, res, *, c):
     q_start, a_start = q * d.start, a * d.start_prev
     b_end, k_end = b * d.end, k * d.end
 
-    def pullback(dx, dq_start, dm_qb, do0, db_end, du0, dgamma):
-        dm_qb = dm_qb + do0 @ w0_CD.mT
+    def pullback(dx, dw0, dq_start, dm_qb, do0, db_end, du0, dgamma):
+        # W₀ is the X₀ of `affine_chunk_scan`: dW₀, and W₀'s share of dM_qb and dB_e, come from
+        # its walk
         dm_qk = do0 @ v.mT
-        dw0 = m_qb.mT @ do0 + b_end @ du0
-        db_end = db_end + w0_CD @ du0.mT
         dk_end = v @ du0.mT
         dr_CX, da_CC = unit_lower_solve_vjp(
             inv_CC, jnp.concatenate([w0_CD, x_CK], -1), jnp.concatenate([dw0, dx], -1)
@@ -277,7 +277,7 @@ def _backward(xs, res, *, c):
         dg = dg.at[..., -1, :].add(dg_end)
         return dq, dk, dv, da, db, dg, None
 
-    return (x_CK, q_start, m_qb, b_end, d.total), pullback
+    return (x_CK, w0_CD, q_start, m_qb, b_end, d.total), pullback
 
 
 def _per_key(w, shape):

@@ -15,6 +15,11 @@ Backward, given dO and dS' (the cotangent of the state leaving the chunk):
     dg = Σ_d dS' ⊙ S   (summed over the value columns; over the keys too for g [1])
     dS = Qᵀ dO + Wᵀ dX + diag(g) dS'        (the cotangent carried to the previous chunk)
 
+The families' O₀ and U₀ usually hold P X₀ and Eᵀ X₀ for a state-independent part X₀ of the
+writes (the delta rule's U = (I + A)⁻¹ diag(β) V: its writes are U − W S). The backward pass then
+reads X + X₀ where the lines above read X (dP = dO (X + X₀)ᵀ, dE = (X + X₀) dS'ᵀ) and dX₀ = dX,
+so that a family's pullback needs no matmul of its own for X₀ (the forward pass is unchanged).
+
 The forward pass keeps the state entering each chunk (one [K, Dv] state per chunk, never one
 per token) and whatever small per-chunk residuals the family's `forward` returns; the backward
 pass walks the groups last to first carrying dS, rebuilds each group's terms from those
@@ -49,9 +54,10 @@ def affine_chunk_scan(s0_BHKD, xs, forward, group: int, backward=None):
     `terms = (W, Q, P, O0, E, U0, g)` for `group` chunks, batched with a leading `[group]` axis
     (g `[.., K]` or `[.., 1]`, or None for no decay), and `res` a tuple of arrays the backward
     pass needs (stored for every group: keep it to a few [C, C]- and [C, K]-sized arrays per
-    chunk). `backward(xs_group, res_group) -> ((W, Q, P, E, g), pullback)` rebuilds the terms
-    the chain above reads, and `pullback(dW, dQ, dP, dO0, dE, dU0, dg)` returns the cotangents
-    of `xs_group` (None for an integer input).
+    chunk). `backward(xs_group, res_group) -> ((W, X0, Q, P, E, g), pullback)` rebuilds the terms
+    the chain above reads (X0: the state-independent writes inside O0 = P X0 + … and
+    U0 = Eᵀ X0 + …, or None), and `pullback(dW, dX0, dQ, dP, dO0, dE, dU0, dg)` returns the
+    cotangents of `xs_group` (None for an integer input); dP and dE already hold X0's share.
 
     Without `backward`, autodiff differentiates `forward` through a rematerialised scan step.
     Returns `(O [N, B, H, C, Dv], S_final)`.
@@ -124,22 +130,25 @@ def _hand_scan_bwd(forward, backward, group, residuals, cotangents):
 
     def step(ds_next, inputs):
         x_group, s_group, do_group, res_group = inputs
-        (w, q, p, e, g), pullback = backward(x_group, res_group)
-        d_terms = [[None] * group for _ in range(7)]
+        (w, x0, q, p, e, g), pullback = backward(x_group, res_group)
+        d_terms = [[None] * group for _ in range(8)]
         for i in reversed(range(group)):
             s, do = s_group[i], do_group[i]
             x = w[i] @ s
+            if x0 is not None:
+                x = x + x0[i]
             dx = p[i].mT @ do + e[i] @ ds_next
             d_terms[0][i] = dx @ s.mT  # dW
-            d_terms[1][i] = do @ s.mT  # dQ
-            d_terms[2][i] = do @ x.mT  # dP
-            d_terms[3][i] = do  # dO0
-            d_terms[4][i] = x @ ds_next.mT  # dE
-            d_terms[5][i] = ds_next  # dU0
+            d_terms[1][i] = dx  # dX0
+            d_terms[2][i] = do @ s.mT  # dQ
+            d_terms[3][i] = do @ x.mT  # dP
+            d_terms[4][i] = do  # dO0
+            d_terms[5][i] = x @ ds_next.mT  # dE
+            d_terms[6][i] = ds_next  # dU0
             ds = q[i].mT @ do + w[i].mT @ dx
             if g is not None:
                 dg = jnp.sum(ds_next * s, -1)
-                d_terms[6][i] = jnp.sum(dg, -1, keepdims=True) if g.shape[-1] == 1 else dg
+                d_terms[7][i] = jnp.sum(dg, -1, keepdims=True) if g.shape[-1] == 1 else dg
                 ds = ds + g[i][..., :, None] * ds_next
             else:
                 ds = ds + ds_next
