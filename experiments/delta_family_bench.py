@@ -14,7 +14,10 @@ At B=1, T=2048, H=4, K=Dv=64, float32, chunk 64, in one process: the gradient of
 Each point is compiled first; its temporary memory is XLA's compiled `temp_size_in_bytes`
 (`memory_analysis()`); then `benchmarks.timing.interleaved` times a warm-up round and R rounds,
 every point once per round in a fresh random order, wall time. Ratios are medians over rounds of the
-ratio within a round (the machine is shared and loaded: its load average is recorded). Targets:
+ratio within a round (the machine is shared and loaded: its load average is recorded), in wall
+time and in process CPU time (user + system, all threads: what the process itself spent, less
+sensitive to the load, which stretches a multi-threaded XLA program's wall time more than a
+single-threaded token scan's). Targets:
 chunk gradient ≥ 4× faster and ≥ 4× less temporary memory than autodiff through the scan.
 """
 
@@ -131,8 +134,10 @@ def main(argv=None):
             points[name, mode] = (compiled, call_args)
             temps[f"{name}/{mode}"] = temp
             print(f"compiled {name}/{mode}: temp {temp / 2**20:.1f} MiB", flush=True)
-    times = interleaved(points, rounds=args.rounds, slow_s=60.0)
+    cpu = {}
+    times = interleaved(points, rounds=args.rounds, slow_s=60.0, cpu_times=cpu)
     median = {f"{n}/{m}": statistics.median(ts[1:] or ts) for (n, m), ts in times.items()}
+    median_cpu = {f"{n}/{m}": statistics.median(ts[1:] or ts) for (n, m), ts in cpu.items()}
     results = {
         "machine": {**info, "load_avg_end": os.getloadavg()},
         "shape": dict(B=1, T=args.T, H=4, K=64, Dv=64, chunk_size=args.chunk_size),
@@ -140,14 +145,18 @@ def main(argv=None):
         "temp_bytes": temps,
         "median_s": median,
         "times_s": {f"{n}/{m}": ts for (n, m), ts in times.items()},
+        "median_cpu_s": median_cpu,
+        "cpu_times_s": {f"{n}/{m}": ts for (n, m), ts in cpu.items()},
         "ratios": {
             f"{name}_{what}": (
                 ratio(times, (a, mode), (b, mode))
                 if what == "time"
+                else ratio(cpu, (a, mode), (b, mode))
+                if what == "cpu_time"
                 else temps[f"{a}/{mode}"] / temps[f"{b}/{mode}"]
             )
             for name, a, b, mode in COMPARISONS
-            for what in ("time", "temp")
+            for what in ("time", "cpu_time", "temp")
         },
     }
     out = Path(args.out)
@@ -156,7 +165,10 @@ def main(argv=None):
     for key, value in results["ratios"].items():
         print(f"{key}: {value:.2f}")
     for key, value in median.items():
-        print(f"{key}: {value * 1e3:.1f} ms, temp {temps[key] / 2**20:.1f} MiB")
+        print(
+            f"{key}: {value * 1e3:.1f} ms wall, {median_cpu[key] * 1e3:.1f} ms cpu, "
+            f"temp {temps[key] / 2**20:.1f} MiB"
+        )
 
 
 if __name__ == "__main__":

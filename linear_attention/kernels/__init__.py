@@ -5,7 +5,7 @@ Example, with `from linear_attention import kernels as K` and `phi = K.feature_m
 """
 
 from linear_attention.kernels import feature_maps
-from linear_attention.kernels.delta.delta import METHODS as DELTA_METHODS
+from linear_attention.kernels.delta.checks import METHODS as DELTA_METHODS
 from linear_attention.kernels.delta.delta import delta_rule, delta_rule_step
 from linear_attention.kernels.delta.delta_product import delta_product, delta_product_step
 from linear_attention.kernels.delta.dplr import dplr_delta_rule, dplr_delta_rule_step

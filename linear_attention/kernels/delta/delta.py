@@ -26,14 +26,15 @@ Resets. A log decay of −inf (a decay of exactly 0: the `segment_ids` boundarie
 of the cumulative sum and counted (`segments.cumulative_log_decay`), so that b_t − b_s never
 reads −inf − (−inf): a factor exp(b_t − b_s) is kept only where no reset lies in (s, t].
 
-Gradient. Autodiff, with the scan's chunk step rematerialised (`jax.checkpoint`): the backward
-pass stores the state entering each chunk (one [K, Dv] state per chunk, never one per token)
-and recomputes U', O and S' of a chunk from it; the chunk-parallel part (the UT transform,
-scores, decays) is plain autodiff of batched matmuls, O(T·C) residuals. Measured on CPU at
-B=1, T=2048, H=4, K=Dv=64 (BENCHMARKS.md): the remat step needs 60 MB of gradient temporaries
-against 76 MB without it and ~400 MB for autodiff through the token scan, and is the faster of
-the two chunk variants; a hand-written VJP would save little more, as the per-chunk work is
-already dominated by dense C×C and C×K matmuls.
+Gradient. For a per-head decay (and DeltaNet), autodiff, with the scan's chunk step
+rematerialised (`jax.checkpoint`): the backward pass stores the state entering each chunk (one
+[K, Dv] state per chunk, never one per token) and recomputes U', O and S' of a chunk from it; the
+chunk-parallel part (the UT transform, scores, decays) is plain autodiff of batched matmuls,
+O(T·C) residuals. Measured on CPU at B=1, T=2048, H=4, K=Dv=64 (BENCHMARKS.md): the remat step
+needs 60 MB of gradient temporaries against 76 MB without it and ~400 MB for autodiff through
+the token scan. For a decay per key channel (KDA) the gradient is hand-written
+(`_per_key_backward`, through `primitives.chunk_scan.affine_chunk_scan`): autodiff of the
+sub-block scores was the larger part of its time.
 
 The triangular inverse (I + A)⁻¹ is computed by doubling the block size
 (`primitives.invert_unit_lower`):
@@ -48,16 +49,14 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from linear_attention.kernels._checks import (
-    check_choice,
-    check_float,
-    check_layouts,
-    check_log_decay,
-    check_positive_int,
-    check_static,
-    concrete,
+from linear_attention.kernels._checks import check_log_decay
+from linear_attention.kernels.delta.checks import (
+    check_beta,
+    check_delta_state,
+    check_inputs,
+    check_options,
+    initial_state_f32,
 )
 from linear_attention.kernels.primitives.chunk_scan import affine_chunk_scan, chunks_per_step
 from linear_attention.kernels.primitives.combine import affine_sequence_parallel, span_resets
@@ -68,11 +67,13 @@ from linear_attention.kernels.primitives.decays import (
     sub_block_size,
 )
 from linear_attention.kernels.primitives.layout import from_chunks, pad_time, to_chunks
-from linear_attention.kernels.primitives.triangular import invert_unit_lower
-from linear_attention.kernels.segments import check_segment_ids, segment_log_decay
+from linear_attention.kernels.primitives.triangular import invert_unit_lower, unit_lower_solve_vjp
+from linear_attention.kernels.segments import (
+    check_segment_ids,
+    cumulative_log_decay,
+    segment_log_decay,
+)
 from linear_attention.kernels.state import LinearAttentionState
-
-METHODS = ("chunk", "scan")
 
 
 def delta_rule(
@@ -121,12 +122,9 @@ def delta_rule(
     gradient is NaN throughout; under `axis_name` a NaN carried into a later shard stops at that
     shard's first reset.
     """
-    check_choice("method", method, METHODS)
-    check_positive_int("chunk_size", chunk_size)
-    check_static("return_state", return_state)
+    check_options(method, chunk_size, return_state)
     B, T, H, HV, Kd, Dv = check_delta_inputs(q, k, v, beta, time=True)
-    if initial_state is not None:
-        check_delta_state(initial_state, B, HV, Kd, Dv, "initial_state")
+    s0_BHKD = initial_state_f32(initial_state, B, HV, Kd, Dv)
     a_BTHX = check_log_decay(log_decay, (B, T, HV), "[B, T, HV]", feature_dim=Kd)
     if segment_ids is not None:
         a_BTHX = segment_log_decay(check_segment_ids(segment_ids, B, T), a_BTHX, HV)
@@ -135,10 +133,6 @@ def delta_rule(
     q32, k32 = (expand_heads(x.astype(jnp.float32), HV) for x in (q, k))
     v32 = v.astype(jnp.float32)
     beta32 = jnp.asarray(beta, jnp.float32)
-    if initial_state is None:
-        s0_BHKD = jnp.zeros((B, HV, Kd, Dv), jnp.float32)
-    else:
-        s0_BHKD = initial_state.kv.astype(jnp.float32)
     core = delta_chunked if method == "chunk" else delta_scan
     kwargs = {"chunk_size": chunk_size} if method == "chunk" else {}
     if axis_name is not None:  # time split: the unsplit kernel per shard, then one combine
@@ -309,32 +303,95 @@ def delta_chunked_per_key(q_BTHK, k_BTHK, v_BTHD, beta_BTH, a_BTHK, s0_BHKD, *, 
     factorisation), every exponent ≤ 0: exact and finite with −30 per token. A `lax.scan` walks
     steps of G chunks (`primitives.chunk_scan.affine_chunk_scan`): a step computes the
     state-independent part (decays, scores, inverse) of its chunks at once, then their affine
-    maps of S in order; the step is rematerialised, so the gradient keeps the state entering each
-    step and the inputs, never a state per token.
+    maps of S in order. The gradient is hand-written: the forward pass keeps the state entering
+    each chunk and a few [C, C]/[C, K] residuals per chunk (the inverse, U, W, the scores), never
+    a state per token; the backward pass walks the steps last to first (`_per_key_backward`
+    derives each line). The cumulative log decays are summed outside it (autodiff carries their
+    cotangent back to a, stopping at resets).
     """
     T = q_BTHK.shape[1]
     C = min(chunk_size, T)
     G = chunks_per_step(C, -(-T // C))  # padded to whole steps: padding leaves S alone
     xs = [to_chunks(pad_time(x, G * C), C) for x in (q_BTHK, k_BTHK, v_BTHD, beta_BTH, a_BTHK)]
-    prepare = functools.partial(_per_key_chunks, c=sub_block_size(C))
-    o_NBHCD, s_BHKD = affine_chunk_scan(s0_BHKD, xs, prepare, G)
+    # The cumulative sums stay outside the hand-written VJP: autodiff carries db to a.
+    b, n = cumulative_log_decay(xs.pop(), axis=-2, restart=True)
+    c = sub_block_size(C)
+    forward = functools.partial(_per_key_forward, c=c)
+    backward = functools.partial(_per_key_backward, c=c)
+    o_NBHCD, s_BHKD = affine_chunk_scan(s0_BHKD, [*xs, b, n], forward, G, backward)
     return from_chunks(o_NBHCD, T), s_BHKD
 
 
-def _per_key_chunks(q, k, v, beta, a, *, c):
+def _per_key_forward(q, k, v, beta, b, n, *, c):
     """The state-independent part of a step's chunks, batched ([G, B, H, C, ...]), as the affine
     map of `affine_chunk_scan`: with U = (I + A)⁻¹ diag(β) V and W = (I + A)⁻¹ diag(β)(K ⊙ e^b),
     U' = U − W S, so X = −W S, O = (Q ⊙ e^b) S + P X + P U, S' = e^{b_C} S + Eᵀ X + Eᵀ U with
-    P the decayed scores and E = K ⊙ e^{b_C − b}. Inside the rematerialised scan step: the
-    backward pass recomputes it rather than storing its intermediates."""
-    d = ChunkDecays(a)
-    sub = SubBlocks(d.b, d.n, c)
-    inv_CC = invert_unit_lower(beta[..., :, None] * jnp.tril(sub.scores(k, k), -1))
+    P the decayed scores and E = K ⊙ e^{b_C − b}. Residuals for the backward pass: (I + A)⁻¹,
+    U, W, P and the strict scores L (A = diag(β) L), a few [C, C] and [C, K] per chunk."""
+    d = ChunkDecays.from_cumulative(b, n)
+    sub = SubBlocks(b, n, c)
+    l_CC = jnp.tril(sub.scores(k, k), -1)
+    inv_CC = invert_unit_lower(beta[..., :, None] * l_CC)
     u_CD = inv_CC @ (beta[..., None] * v)
     w_CK = inv_CC @ (beta[..., None] * k * d.start)
     p_CC = sub.scores(q, k)
     e_CK = k * d.end
-    return -w_CK, q * d.start, p_CC, p_CC @ u_CD, e_CK, jnp.swapaxes(e_CK, -1, -2) @ u_CD, d.total
+    terms = (-w_CK, q * d.start, p_CC, p_CC @ u_CD, e_CK, e_CK.mT @ u_CD, d.total)
+    return terms, (inv_CC, u_CD, w_CK, p_CC, l_CC)
+
+
+def _per_key_backward(xs, res, *, c):
+    """The hand-written VJP of `_per_key_forward` (the affine terms' cotangents to the inputs).
+
+    With Kₛ = K ⊙ e^b, Qₛ = Q ⊙ e^b, E = K ⊙ e^{b_C − b}, g = e^{b_C} and [U W] = (I + A)⁻¹ R,
+    R = [diag(β) V, diag(β) Kₛ], A = diag(β) L, the terms are (−W, Qₛ, P, P U, E, Eᵀ U, g). Given
+    their cotangents (dW', dQₛ, dP', dO₀, dE', dU₀, dg) from `affine_chunk_scan`:
+
+        dP = dP' + dO₀ Uᵀ,   dU = Pᵀ dO₀ + E dU₀,   dE = dE' + U dU₀ᵀ,   dW = −dW'
+        (U is the X₀ of `affine_chunk_scan`, whose walk adds these three terms)
+        [dR_u dR_w] = (I + A)⁻ᵀ [dU dW],   dA = −strict_lower(dR_u Uᵀ + dR_w Wᵀ)
+        dV = diag(β) dR_u,   dKₛ = diag(β) dR_w,   dL = diag(β) dA
+        dβ_t = Σ_s dA_ts L_ts + ⟨dR_u, V⟩_t + ⟨dR_w, Kₛ⟩_t
+        dK = dKₛ ⊙ e^b + dE ⊙ e^{b_C − b} + (score terms),   dQ = dQₛ ⊙ e^b + (score terms)
+        db_t = dKₛ ⊙ Kₛ + dQₛ ⊙ Qₛ − dE ⊙ E  (+ Σ_t dE ⊙ E + dg ⊙ g at t = C)  + (score terms)
+
+    The score terms come from P = scores(Q, K) and L = strict(scores(K, K)), both sums of
+    x_tm y_sm e^{b_tm − b_sm}: `SubBlocks.vjp` gives their q, k and decay cotangents by the same
+    sub-block factorisation as the forward pass (every exponent ≤ 0). Each factor e^{…} is a
+    masked exp, whose derivative is itself (0 across a reset), so the same lines hold with
+    resets. Cost: a few [C, C]·[C, K] matmuls per chunk, as in the forward pass.
+    """
+    q, k, v, beta, b, n = xs
+    inv_CC, u_CD, w_CK, p_CC, l_CC = res
+    d = ChunkDecays.from_cumulative(b, n)
+    sub = SubBlocks(b, n, c)
+    q_start, k_start, e_CK = q * d.start, k * d.start, k * d.end
+
+    def pullback(dw_neg, du, dq_start, dp, do0, de, du0, dg):
+        # U is the X₀ of `affine_chunk_scan` (O₀ = P U, U₀ = Eᵀ U): dU, and U's share of dP and
+        # dE, come from its walk
+        del do0, du0
+        dr_CX, da_CC = unit_lower_solve_vjp(
+            inv_CC, jnp.concatenate([u_CD, w_CK], -1), jnp.concatenate([du, -dw_neg], -1)
+        )
+        Dv = v.shape[-1]
+        dr_u, dr_w = dr_CX[..., :Dv], dr_CX[..., Dv:]
+        dbeta = jnp.sum(da_CC * l_CC, -1) + jnp.sum(dr_u * v, -1) + jnp.sum(dr_w * k_start, -1)
+        dv = beta[..., None] * dr_u
+        dk_start = beta[..., None] * dr_w
+        dq = dq_start * d.start
+        dk = dk_start * d.start + de * d.end
+        db = dk_start * k_start + dq_start * q_start - de * e_CK
+        db_end = jnp.sum(de * e_CK, -2) + dg * d.total
+        dq_p, dk_p, dbq_p, dbk_p = sub.vjp(dp, q, k)
+        dk_1, dk_2, dbq_l, dbk_l = sub.vjp(beta[..., :, None] * da_CC, k, k)
+        dq = dq + dq_p
+        dk = dk + dk_p + dk_1 + dk_2
+        db = db + dbq_p + dbk_p + dbq_l + dbk_l
+        db = db.at[..., -1, :].add(db_end)
+        return dq, dk, dv, dbeta, db, None
+
+    return (-w_CK, u_CD, q_start, p_CC, e_CK, d.total), pullback
 
 
 def check_delta_inputs(q, k, v, beta, *, time: bool):
@@ -345,7 +402,8 @@ def check_delta_inputs(q, k, v, beta, *, time: bool):
     grouped = jnp.ndim(v) == len(lead.split(", ")) + 2 and jnp.ndim(q) == jnp.ndim(v)
     grouped = grouped and jnp.shape(v)[head_axis] != jnp.shape(q)[head_axis]
     hv = "HV" if grouped else "H"
-    check_layouts(
+    check_inputs(
+        time=time,
         q=(q, f"[{lead}, H, K]"),
         k=(k, f"[{lead}, H, K]"),
         v=(v, f"[{lead}, {hv}, Dv]"),
@@ -357,33 +415,5 @@ def check_delta_inputs(q, k, v, beta, *, time: bool):
             f"v has {HV} value heads, not a multiple of the {H} query/key heads of q, k "
             f"(q: {tuple(q.shape)}, v: {tuple(v.shape)}): grouped value heads need HV = g·H"
         )
-    check_float(("q", "k", "v", "beta"), (q, k, v, beta))
-    if time and q.shape[1] == 0:
-        raise ValueError(f"q, k, v must have at least one time step, got shape {q.shape}")
     check_beta(beta, 0.0, 2.0)
     return (*q.shape[:-2], H, HV, q.shape[-1], v.shape[-1])
-
-
-def check_beta(beta, lo_allowed, hi_allowed, name="beta"):
-    """Raise unless the concrete values of `beta` lie in [lo_allowed, hi_allowed]. Values are read
-    with NumPy when concrete (a constant closed over under `jit` included); traced: skip."""
-    values = concrete(beta)
-    if values is not None and values.size:
-        lo, hi = float(np.min(values)), float(np.max(values))
-        if not (lo >= lo_allowed and hi <= hi_allowed):
-            raise ValueError(
-                f"{name} must lie in [{lo_allowed:g}, {hi_allowed:g}], got values in [{lo}, {hi}]"
-            )
-
-
-def check_delta_state(state, batch, heads, kd, dv, name):
-    """Raise unless `state` is a `LinearAttentionState(kv=[B, H, K, Dv], k_sum=None)`."""
-    if not isinstance(state, LinearAttentionState):
-        raise ValueError(f"{name} must be a LinearAttentionState, got {type(state).__name__}")
-    if state.k_sum is not None:
-        raise ValueError(f"{name}.k_sum must be None for the delta rule (it has no normaliser)")
-    want = (batch, heads, kd, dv)
-    if tuple(jnp.shape(state.kv)) != want:
-        raise ValueError(
-            f"{name}.kv has shape {tuple(jnp.shape(state.kv))}; expected {want} [B, H, K, Dv]"
-        )

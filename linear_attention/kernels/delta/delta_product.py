@@ -19,25 +19,18 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from linear_attention.kernels._checks import (
-    check_choice,
-    check_float,
-    check_layouts,
-    check_log_decay,
-    check_positive_int,
-    check_static,
-)
-from linear_attention.kernels.delta.delta import (
+from linear_attention.kernels._checks import check_log_decay
+from linear_attention.kernels.delta.checks import (
     check_beta,
     check_delta_state,
-    delta_chunked,
-    delta_token,
+    check_inputs,
+    check_options,
+    initial_state_f32,
 )
+from linear_attention.kernels.delta.delta import delta_chunked, delta_token
 from linear_attention.kernels.primitives.combine import affine_sequence_parallel, span_resets
 from linear_attention.kernels.segments import check_segment_ids, segment_log_decay
 from linear_attention.kernels.state import LinearAttentionState
-
-METHODS = ("chunk", "scan")
 
 
 def delta_product(
@@ -70,12 +63,9 @@ def delta_product(
     Returns:
       `o: [B, T, H, Dv]` in `result_type(q, k, v)`, and with `return_state` the final state.
     """
-    check_choice("method", method, METHODS)
-    check_positive_int("chunk_size", chunk_size)
-    check_static("return_state", return_state)
+    check_options(method, chunk_size, return_state)
     B, T, H, n, Kd, Dv = _check_inputs(q, k, v, beta, time=True)
-    if initial_state is not None:
-        check_delta_state(initial_state, B, H, Kd, Dv, "initial_state")
+    s0_BHKD = initial_state_f32(initial_state, B, H, Kd, Dv)
     a_BTH = check_log_decay(log_decay, (B, T, H), "[B, T, H]")
     if segment_ids is not None:
         a_BTH = segment_log_decay(check_segment_ids(segment_ids, B, T), a_BTH, H)
@@ -84,10 +74,6 @@ def delta_product(
     dtype = jnp.result_type(q, k, v)
     q32, k32, v32 = (x.astype(jnp.float32) for x in (q, k, v))
     beta32 = jnp.asarray(beta, jnp.float32)
-    if initial_state is None:
-        s0_BHKD = jnp.zeros((B, H, Kd, Dv), jnp.float32)
-    else:
-        s0_BHKD = initial_state.kv.astype(jnp.float32)
 
     def run(v_BTHND, s_init):
         if method == "scan":
@@ -176,14 +162,12 @@ def delta_product_chunked(q_BTHK, k_BTHNK, v_BTHND, beta_BTHN, a_BTH, s0_BHKD, *
 
 def _check_inputs(q, k, v, beta, *, time: bool):
     lead = "B, T, H" if time else "B, H"
-    check_layouts(
+    check_inputs(
+        time=time,
         q=(q, f"[{lead}, K]"),
         k=(k, f"[{lead}, n, K]"),
         v=(v, f"[{lead}, n, Dv]"),
         beta=(beta, f"[{lead}, n]"),
     )
-    check_float(("q", "k", "v", "beta"), (q, k, v, beta))
-    if time and q.shape[1] == 0:
-        raise ValueError(f"q, k, v must have at least one time step, got shape {q.shape}")
     check_beta(beta, 0.0, 2.0)
     return (*k.shape, v.shape[-1])

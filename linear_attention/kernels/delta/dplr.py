@@ -23,10 +23,16 @@ a generalised UT transform: (I − L_ab)⁻¹ by `primitives.invert_unit_lower`,
 score matrices by sub-blocks (`primitives.decays.SubBlocks`, the query side reading g⁻ for L), every
 exponent ≤ 0, so −30 per token stays exact and finite. A `lax.scan` walks steps of G chunks
 (`primitives.chunk_scan.affine_chunk_scan`): a step computes what does not depend on S (decays,
-scores, inverse) for its G chunks at once, then the affine maps of S in order; the step is
-rematerialised (`jax.checkpoint`), so the gradient keeps the state entering each step and the
-inputs, never a state per token nor the [C, C]-sized intermediates of the whole sequence. A
-per-head (or absent) decay is broadcast over the key channels.
+scores, inverse) for its G chunks at once, then the affine maps of S in order. A per-head (or
+absent) decay is broadcast over the key channels.
+
+Gradient. Hand-written (`_backward` derives it line by line): the forward pass keeps the state
+entering each chunk (never one per token) and six [C, C]/[C, K] residuals per chunk; the
+backward pass walks the steps last to first carrying the state's cotangent
+(`affine_chunk_scan`), and maps the cotangents of each chunk's affine terms to q, k, v, a, b and
+the cumulative log decay by matmuls, the four scores' by `SubBlocks.vjp` (same sub-blocks, every
+exponent ≤ 0). Autodiff of the rematerialised step, the earlier form, spent most of its time
+differentiating the sub-block scores (BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -36,24 +42,24 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from linear_attention.kernels._checks import (
-    check_choice,
-    check_float,
-    check_layouts,
-    check_log_decay,
-    check_positive_int,
-    check_static,
+from linear_attention.kernels._checks import check_log_decay
+from linear_attention.kernels.delta.checks import (
+    check_delta_state,
+    check_inputs,
+    check_options,
+    initial_state_f32,
 )
-from linear_attention.kernels.delta.delta import check_delta_state
 from linear_attention.kernels.primitives.chunk_scan import affine_chunk_scan, chunks_per_step
 from linear_attention.kernels.primitives.combine import affine_sequence_parallel, span_start_reset
 from linear_attention.kernels.primitives.decays import ChunkDecays, SubBlocks, sub_block_size
 from linear_attention.kernels.primitives.layout import from_chunks, pad_time, to_chunks
-from linear_attention.kernels.primitives.triangular import invert_unit_lower
-from linear_attention.kernels.segments import check_segment_ids, segment_starts
+from linear_attention.kernels.primitives.triangular import invert_unit_lower, unit_lower_solve_vjp
+from linear_attention.kernels.segments import (
+    check_segment_ids,
+    cumulative_log_decay,
+    segment_starts,
+)
 from linear_attention.kernels.state import LinearAttentionState
-
-METHODS = ("chunk", "scan")
 
 
 def dplr_delta_rule(
@@ -90,12 +96,9 @@ def dplr_delta_rule(
     Returns:
       `o: [B, T, H, Dv]` in `result_type(q, k, v)`, and with `return_state` the final state.
     """
-    check_choice("method", method, METHODS)
-    check_positive_int("chunk_size", chunk_size)
-    check_static("return_state", return_state)
+    check_options(method, chunk_size, return_state)
     B, T, H, Kd, Dv = _check_inputs(q, k, v, a, b, time=True)
-    if initial_state is not None:
-        check_delta_state(initial_state, B, H, Kd, Dv, "initial_state")
+    s0_BHKD = initial_state_f32(initial_state, B, H, Kd, Dv)
     w = check_log_decay(log_decay, (B, T, H), "[B, T, H]", feature_dim=Kd)
     w_BTHK = _per_key(w, (B, T, H, Kd))
     dtype = jnp.result_type(q, k, v)
@@ -105,10 +108,6 @@ def dplr_delta_rule(
         if axis_name is not None:
             starts_BT = starts_BT.at[:, 0].set(span_start_reset(segment_ids, axis_name))
         w_BTHK, a32 = _fold_resets(starts_BT, w_BTHK, a32)
-    if initial_state is None:
-        s0_BHKD = jnp.zeros((B, H, Kd, Dv), jnp.float32)
-    else:
-        s0_BHKD = initial_state.kv.astype(jnp.float32)
     core = dplr_chunked if method == "chunk" else dplr_scan
     kwargs = {"chunk_size": chunk_size} if method == "chunk" else {}
     if axis_name is not None:
@@ -176,27 +175,109 @@ def dplr_chunked(q_BTHK, k_BTHK, v_BTHD, a_BTHK, b_BTHK, w_BTHK, s0_BHKD, *, chu
     G = chunks_per_step(C, -(-T // C))  # padded to whole steps: padding leaves S alone
     inputs = (q_BTHK, k_BTHK, v_BTHD, a_BTHK, b_BTHK, w_BTHK)
     xs = [to_chunks(pad_time(x, G * C), C) for x in inputs]
-    prepare = functools.partial(_chunks, c=sub_block_size(C))
-    o_NBHCD, s_BHKD = affine_chunk_scan(s0_BHKD, xs, prepare, G)
+    # The cumulative sums stay outside the hand-written VJP: autodiff carries dg to w.
+    g, n = cumulative_log_decay(xs.pop(), axis=-2, restart=True)
+    c = sub_block_size(C)
+    forward = functools.partial(_forward, c=c)
+    backward = functools.partial(_backward, c=c)
+    o_NBHCD, s_BHKD = affine_chunk_scan(s0_BHKD, [*xs, g, n], forward, G, backward)
     return from_chunks(o_NBHCD, T), s_BHKD
 
 
-def _chunks(q, k, v, a, b, w, *, c):
+def _forward(q, k, v, a, b, g, n, *, c):
     """The state-independent part of a step's chunks, batched ([G, B, H, C, ...]), as the affine
     map of `affine_chunk_scan`: W = W₀ + X with W₀ = (I − L_ab)⁻¹ L_ak V and X = (I − L_ab)⁻¹
     (A ⊙ e^{g⁻}) S, so O = (Q ⊙ e^g) S + M_qb X + (M_qb W₀ + M_qk V) and
     S' = e^{g_C} S + (B ⊙ e^{g_C − g})ᵀ X + ((B ⊙ e^{g_C − g})ᵀ W₀ + (K ⊙ e^{g_C − g})ᵀ V).
-    Inside the rematerialised scan step (its intermediates are recomputed, not stored)."""
-    d = ChunkDecays(w, exclusive=True)
+    Residuals for the backward pass: (I − L_ab)⁻¹, W₀, (I − L_ab)⁻¹ (A ⊙ e^{g⁻}), M_qb, M_qk and
+    L_ak, a few [C, C] and [C, K] per chunk."""
+    d = ChunkDecays.from_cumulative(g, n, exclusive=True)
     inclusive = SubBlocks(d.b, d.n, c)
     exclusive = SubBlocks(d.b, d.n, c, b_query=d.b_prev, n_query=d.n_prev, strict=True)
     inv_CC = invert_unit_lower(-exclusive.scores(a, b))  # (I − L_ab)⁻¹
-    w0_CD = inv_CC @ (exclusive.scores(a, k) @ v)
+    l_ak = exclusive.scores(a, k)
+    w0_CD = inv_CC @ (l_ak @ v)
     m_qb = inclusive.scores(q, b)
+    m_qk = inclusive.scores(q, k)
     b_end, k_end = b * d.end, k * d.end
-    o0_CD = m_qb @ w0_CD + inclusive.scores(q, k) @ v
-    u0_KD = jnp.swapaxes(b_end, -1, -2) @ w0_CD + jnp.swapaxes(k_end, -1, -2) @ v
-    return inv_CC @ (a * d.start_prev), q * d.start, m_qb, o0_CD, b_end, u0_KD, d.total
+    o0_CD = m_qb @ w0_CD + m_qk @ v
+    u0_KD = b_end.mT @ w0_CD + k_end.mT @ v
+    x_CK = inv_CC @ (a * d.start_prev)
+    terms = (x_CK, q * d.start, m_qb, o0_CD, b_end, u0_KD, d.total)
+    return terms, (inv_CC, w0_CD, x_CK, m_qb, m_qk, l_ak)
+
+
+def _backward(xs, res, *, c):
+    """The hand-written VJP of `_forward` (the affine terms' cotangents to the inputs).
+
+    With Aₛ = A ⊙ e^{g⁻}, Qₛ = Q ⊙ e^g, B_e = B ⊙ e^{g_C − g}, K_e = K ⊙ e^{g_C − g}, γ = e^{g_C}
+    and [W₀ X] = (I − L_ab)⁻¹ [L_ak V, Aₛ], the terms are (X, Qₛ, M_qb, M_qb W₀ + M_qk V, B_e,
+    B_eᵀ W₀ + K_eᵀ V, γ). Given their cotangents (dX, dQₛ, dM', dO₀, dB', dU₀, dγ):
+
+        dM_qb = dM' + dO₀ W₀ᵀ,   dM_qk = dO₀ Vᵀ,   dW₀ = M_qbᵀ dO₀ + B_e dU₀
+        dB_e = dB' + W₀ dU₀ᵀ,    dK_e = V dU₀ᵀ,    dV = M_qkᵀ dO₀ + K_e dU₀ + L_akᵀ dR₀
+        (W₀ is the X₀ of `affine_chunk_scan`, whose walk adds dO₀ W₀ᵀ, W₀ dU₀ᵀ and gives dW₀)
+        [dR₀ dAₛ] = (I − L_ab)⁻ᵀ [dW₀ dX],   dL_ab = strict_lower(dR₀ W₀ᵀ + dAₛ Xᵀ)
+        dL_ak = dR₀ Vᵀ
+        dA = dAₛ ⊙ e^{g⁻},  dQ = dQₛ ⊙ e^g,  dB = dB_e ⊙ e^{g_C − g},  dK = dK_e ⊙ e^{g_C − g}
+        dg⁻_t = dAₛ ⊙ Aₛ,   dg_t = dQₛ ⊙ Qₛ − dB_e ⊙ B_e − dK_e ⊙ K_e
+                (+ Σ_t (dB_e ⊙ B_e + dK_e ⊙ K_e) + dγ ⊙ γ at t = C)
+
+    plus the four score matrices' cotangents by `SubBlocks.vjp` (L_ab and L_ak read g⁻ on the
+    query side, M_qb and M_qk read g), every factor with an exponent ≤ 0; g⁻_t = g_{t−1}, so
+    dg⁻_t is added to dg_{t−1} (the first token's g⁻ is the constant 0). Masked exps have
+    themselves as derivative (0 across a reset), so the same lines hold with resets.
+    """
+    q, k, v, a, b, g, n = xs
+    inv_CC, w0_CD, x_CK, m_qb, m_qk, l_ak = res
+    d = ChunkDecays.from_cumulative(g, n, exclusive=True)
+    inclusive = SubBlocks(d.b, d.n, c)
+    exclusive = SubBlocks(d.b, d.n, c, b_query=d.b_prev, n_query=d.n_prev, strict=True)
+    q_start, a_start = q * d.start, a * d.start_prev
+    b_end, k_end = b * d.end, k * d.end
+
+    def pullback(dx, dw0, dq_start, dm_qb, do0, db_end, du0, dgamma):
+        # W₀ is the X₀ of `affine_chunk_scan`: dW₀, and W₀'s share of dM_qb and dB_e, come from
+        # its walk
+        dm_qk = do0 @ v.mT
+        dk_end = v @ du0.mT
+        dr_CX, da_CC = unit_lower_solve_vjp(
+            inv_CC, jnp.concatenate([w0_CD, x_CK], -1), jnp.concatenate([dw0, dx], -1)
+        )
+        Dv = v.shape[-1]
+        dr0, da_start = dr_CX[..., :Dv], dr_CX[..., Dv:]
+        dl_ab = -da_CC  # the system is (I − L_ab): A = −L_ab
+        dl_ak = dr0 @ v.mT
+        dv = m_qk.mT @ do0 + k_end @ du0 + l_ak.mT @ dr0
+        da = da_start * d.start_prev
+        dq = dq_start * d.start
+        db = db_end * d.end
+        dk = dk_end * d.end
+        dg_prev = da_start * a_start
+        dg = dq_start * q_start - db_end * b_end - dk_end * k_end
+        dg_end = jnp.sum(db_end * b_end + dk_end * k_end, -2) + dgamma * d.total
+        for scores, (x, y), ds in (
+            (exclusive, ("a", "b"), dl_ab),
+            (exclusive, ("a", "k"), dl_ak),
+            (inclusive, ("q", "b"), dm_qb),
+            (inclusive, ("q", "k"), dm_qk),
+        ):
+            named = {"q": q, "k": k, "a": a, "b": b}
+            dx_, dy_, dbq, dbk = scores.vjp(ds, named[x], named[y])
+            grads = {"q": dq, "k": dk, "a": da, "b": db}
+            grads[x] = grads[x] + dx_
+            grads[y] = grads[y] + dy_
+            dq, dk, da, db = grads["q"], grads["k"], grads["a"], grads["b"]
+            if scores is exclusive:
+                dg_prev = dg_prev + dbq
+            else:
+                dg = dg + dbq
+            dg = dg + dbk
+        dg = dg.at[..., :-1, :].add(dg_prev[..., 1:, :])
+        dg = dg.at[..., -1, :].add(dg_end)
+        return dq, dk, dv, da, db, dg, None
+
+    return (x_CK, w0_CD, q_start, m_qb, b_end, d.total), pullback
 
 
 def _per_key(w, shape):
@@ -214,14 +295,12 @@ def _fold_resets(starts_BT, w_BTHK, a_BTHK):
 
 def _check_inputs(q, k, v, a, b, *, time: bool):
     lead = "B, T, H" if time else "B, H"
-    check_layouts(
+    check_inputs(
+        time=time,
         q=(q, f"[{lead}, K]"),
         k=(k, f"[{lead}, K]"),
         v=(v, f"[{lead}, Dv]"),
         a=(a, f"[{lead}, K]"),
         b=(b, f"[{lead}, K]"),
     )
-    check_float(("q", "k", "v", "a", "b"), (q, k, v, a, b))
-    if time and q.shape[1] == 0:
-        raise ValueError(f"q, k, v must have at least one time step, got shape {q.shape}")
     return (*q.shape, v.shape[-1])

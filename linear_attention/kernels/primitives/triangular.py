@@ -32,3 +32,19 @@ def invert_unit_lower(a_CC):
         d_nbb = jnp.concatenate([top, bottom], axis=-2)
         b *= 2
     return d_nbb[..., 0, :C, :C]
+
+
+def unit_lower_solve_vjp(inv_CC, m_CX, dm_CX):
+    """The cotangents of R and A in M = (I + A)⁻¹ R (A strictly lower-triangular [..., C, C]),
+    given the inverse `inv_CC` = (I + A)⁻¹ (from `invert_unit_lower`), M and its cotangent dM:
+
+        dR = (I + A)⁻ᵀ dM,      dA = −strict_lower(dR Mᵀ)
+
+    From δM = (I + A)⁻¹ (δR − δA M): ⟨dM, δM⟩ = ⟨(I + A)⁻ᵀ dM, δR⟩ − ⟨(I + A)⁻ᵀ dM Mᵀ, δA⟩, and A
+    lives on the strict lower triangle only. The forward pass already holds the inverse, so the
+    transposed solve is one batched matmul with it (a triangular solve is the same arithmetic and
+    was several times slower on CPU for these many small systems, see `invert_unit_lower`).
+    Returns `(dR [..., C, X], dA [..., C, C])`.
+    """
+    dr_CX = jnp.swapaxes(inv_CC, -1, -2) @ dm_CX
+    return dr_CX, -jnp.tril(dr_CX @ jnp.swapaxes(m_CX, -1, -2), -1)
