@@ -63,7 +63,12 @@ the convolution carry order). bits-per-byte = eval/loss / ln 2 (tokens are bytes
 
 import ml_collections
 
-from linear_attention.training.config import model_section
+from linear_attention.training.config import (
+    mesh_section,
+    model_section,
+    optimizer_section,
+    train_section,
+)
 
 # Published settings (see `_paper_size`): the model, the sequence, the batch in tokens, the
 # training tokens and the optimizer of each paper's runs.
@@ -130,41 +135,18 @@ def get_config(arg=None):
         dtype="bfloat16",
     )
 
-    config.optimizer = ml_collections.ConfigDict()
-    config.optimizer.learning_rate = 1e-3
-    config.optimizer.weight_decay = 0.1
-    config.optimizer.warmup_steps = 1000
-    config.optimizer.schedule = "cosine"
-    config.optimizer.min_lr_ratio = 0.1
-    config.optimizer.grad_clip = 1.0
-    config.optimizer.b1 = 0.9
-    config.optimizer.b2 = 0.95
-    config.optimizer.eps = 1e-8
-
-    config.train = ml_collections.ConfigDict()
-    config.train.num_steps = 20_000
-    config.train.batch_size = 64
-    config.train.eval_batch_size = 0  # 0: the training batch size
-    config.train.eval_every = 1000
-    config.train.log_every = 100
-    config.train.checkpoint_every = 1000
-    config.train.keep_checkpoints = 3
-    config.train.profile_steps = 0  # >0: trace that many steps for TensorBoard (jax.profiler)
-    config.train.grad_accum_steps = 1  # micro-batches per step (the same update)
-    config.train.peak_flops = 0.0  # one device's peak FLOP/s; > 0 logs MFU
-    config.train.sample_tokens = 256  # generated after training, from sample_prompt
-    config.train.sample_prompt = "def "
-    config.train.sample_temperature = 0.8
-    config.train.sample_top_k = 0  # 0: no top-k truncation
-
-    config.mesh = ml_collections.ConfigDict()
-    config.mesh.num_devices = 0  # 0: every device
-    config.mesh.fsdp = False
-    config.mesh.seq = 1  # devices splitting the time axis (sequence parallelism)
-    config.mesh.multi_host = False  # one of several processes (jax.distributed)
-    config.mesh.coordinator_address = ""  # "" / 0: from the environment or cluster
-    config.mesh.num_processes = 0
-    config.mesh.process_id = 0
+    # Only what differs from the dataclasses' defaults; every field can still be overridden.
+    config.optimizer = optimizer_section(
+        learning_rate=1e-3, weight_decay=0.1, warmup_steps=1000, min_lr_ratio=0.1, b2=0.95
+    )
+    config.train = train_section(
+        num_steps=20_000,
+        batch_size=64,
+        sample_tokens=256,  # generated after training, from sample_prompt
+        sample_prompt="def ",
+        sample_temperature=0.8,
+    )
+    config.mesh = mesh_section()
 
     if arg == "cpu":
         config.data.seq_len = 128

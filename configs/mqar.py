@@ -35,7 +35,12 @@ mixers on the same backbone. Labels exist only at query positions; eval/accuracy
 import ml_collections
 from ml_collections import config_dict
 
-from linear_attention.training.config import model_section
+from linear_attention.training.config import (
+    mesh_section,
+    model_section,
+    optimizer_section,
+    train_section,
+)
 
 PRESETS = ("default", "cpu", "smoke", "forgetting")
 
@@ -63,40 +68,12 @@ def get_config(arg=None):
 
     config.model = _model_config(vocab_size)
 
-    config.optimizer = ml_collections.ConfigDict()
-    config.optimizer.learning_rate = 1e-3
-    config.optimizer.weight_decay = 0.1
-    config.optimizer.warmup_steps = 1000
-    config.optimizer.schedule = "cosine"
-    config.optimizer.min_lr_ratio = 0.0
-    config.optimizer.grad_clip = 1.0
-    config.optimizer.b1 = 0.9
-    config.optimizer.b2 = 0.98
-    config.optimizer.eps = 1e-8
-
-    config.train = ml_collections.ConfigDict()
-    config.train.num_steps = 20_000
-    config.train.batch_size = 256
-    config.train.eval_batch_size = 0  # 0: the training batch size
-    config.train.eval_every = 1000
-    config.train.log_every = 100
-    config.train.checkpoint_every = 1000
-    config.train.keep_checkpoints = 3
-    config.train.profile_steps = 0  # >0: trace that many steps for TensorBoard (jax.profiler)
-    config.train.grad_accum_steps = 1  # micro-batches per step (the same update)
-    config.train.peak_flops = 0.0  # one device's peak FLOP/s; > 0 logs MFU
-    config.train.sample_tokens = 0  # nothing to sample for MQAR
-    config.train.stop_at = 0.0  # > 0: stop after an eval with accuracy >= this (0: off)
-    config.train.stop_metric = "eval/accuracy"
-
-    config.mesh = ml_collections.ConfigDict()
-    config.mesh.num_devices = 0  # 0: every device
-    config.mesh.fsdp = False
-    config.mesh.seq = 1  # devices splitting the time axis (sequence parallelism)
-    config.mesh.multi_host = False  # one of several processes (jax.distributed)
-    config.mesh.coordinator_address = ""  # "" / 0: from the environment or cluster
-    config.mesh.num_processes = 0
-    config.mesh.process_id = 0
+    # Only what differs from the dataclasses' defaults; every field can still be overridden.
+    config.optimizer = optimizer_section(
+        learning_rate=1e-3, weight_decay=0.1, warmup_steps=1000, b2=0.98
+    )
+    config.train = train_section(num_steps=20_000, batch_size=256)
+    config.mesh = mesh_section()
 
     if arg in ("cpu", "forgetting"):
         vocab_size.set(512)

@@ -459,15 +459,17 @@ def _model_config(values: Mapping) -> ModelConfig:
         raise ValueError(f"config.model: {e}") from None
 
 
-def model_section(**fields) -> ml_collections.ConfigDict:
-    """`config.model` for a config file: every `ModelConfig` field, at its default unless given
+def section(cls, path: str, **fields) -> ml_collections.ConfigDict:
+    """A config file's section for the frozen dataclass ``cls`` (``ModelConfig``,
+    `OptimizerConfig`, `TrainConfig`, `MeshConfig`): every field, at its default unless given
     in `fields` (a value or a `FieldReference`), so that a config file lists only what it
-    changes and every field can still be overridden (`--config.model.window=16`). A field whose
+    changes and every field can still be overridden from the command line
+    (`--config.train.stop_at=0.99`). A field without a default must be given. A field whose
     default is None is a typed placeholder (its type from `FIELD_TYPES`)."""
-    known = {f.name: f for f in dataclasses.fields(ModelConfig)}
+    known = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(fields) - set(known))
     if unknown:
-        raise ValueError(f"model.{unknown[0]} is not a field; known fields: {', '.join(known)}")
+        raise ValueError(f"{path}.{unknown[0]} is not a field; known fields: {', '.join(known)}")
     section = ml_collections.ConfigDict()
     for name, field in known.items():
         if name in fields:
@@ -477,7 +479,30 @@ def model_section(**fields) -> ml_collections.ConfigDict:
             section[name] = config_dict.placeholder(int if name == "conv" else kind)
         elif field.default is not dataclasses.MISSING:
             section[name] = field.default
+        else:
+            raise ValueError(f"{path}.{name} has no default: give it")
     return section
+
+
+def model_section(**fields) -> ml_collections.ConfigDict:
+    """`config.model`: every `ModelConfig` field (each mixer's options included), see `section`."""
+    return section(ModelConfig, "model", **fields)
+
+
+def optimizer_section(**fields) -> ml_collections.ConfigDict:
+    """`config.optimizer`: every `OptimizerConfig` field; ``learning_rate`` must be given."""
+    return section(OptimizerConfig, "optimizer", **fields)
+
+
+def train_section(**fields) -> ml_collections.ConfigDict:
+    """`config.train`: every `TrainConfig` field; ``num_steps`` and ``batch_size`` must be
+    given."""
+    return section(TrainConfig, "train", **fields)
+
+
+def mesh_section(**fields) -> ml_collections.ConfigDict:
+    """`config.mesh`: every `MeshConfig` field (one process over every device by default)."""
+    return section(MeshConfig, "mesh", **fields)
 
 
 def _as_dict(config) -> dict:
