@@ -24,10 +24,7 @@ Measured: not yet. The presets are built and tested (tests/test_synthetic_config
 the smoke preset); their results and the study (configs/sweeps/mad.py) are still to be run.
 """
 
-from pathlib import Path
-
 from linear_attention.data.mad import MAD_SETTINGS, OPTION_DEFAULTS, TASKS, mad_num_tokens
-from linear_attention.training.cli import load_config_file
 from linear_attention.training.presets import synthetic_preset
 
 PRESETS = (*TASKS, "smoke")
@@ -54,11 +51,9 @@ def get_config(arg=None):
         **OPTION_DEFAULTS,
     )
     num_steps = TOKENS_PER_RUN // (64 * seq_len)
-    # The model, optimizer, train and mesh sections of the MQAR CPU preset, resized. The
-    # model's vocabulary: the content tokens plus the task's special tokens (at defaults; an
-    # option that adds tokens, such as noise_vocab_size, needs model.vocab_size raised too).
+    # The model's vocabulary: the content tokens plus the task's special tokens (at defaults;
+    # an option that adds tokens, such as noise_vocab_size, needs model.vocab_size raised too).
     return synthetic_preset(
-        load_config_file(str(Path(__file__).resolve().parent / "mqar.py") + ":cpu"),
         data,
         vocab_size=mad_num_tokens(task, vocab_size, seq_len),
         max_length=seq_len,

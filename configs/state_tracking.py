@@ -28,10 +28,7 @@ lengths 40 / 64 / 128 / 256 after its 2000 steps; with ``False`` it stays at cha
 s5, s5_swaps and a5 are built and tested but not yet measured.
 """
 
-from pathlib import Path
-
 from linear_attention.data.state_tracking import TASKS, task_vocab_size
-from linear_attention.training.cli import load_config_file
 from linear_attention.training.presets import synthetic_preset
 
 PRESETS = (*TASKS, "smoke")
@@ -53,9 +50,7 @@ def get_config(arg=None):
         eval_lengths=(12, 20) if smoke else (40, 64, 128, 256),
         num_eval_examples=20 if smoke else 512,
     )
-    # The model, optimizer, train and mesh sections of the MQAR CPU preset, resized.
     return synthetic_preset(
-        load_config_file(str(Path(__file__).resolve().parent / "mqar.py") + ":cpu"),
         data,
         vocab_size=task_vocab_size(task),
         max_length=32 if smoke else 256,
