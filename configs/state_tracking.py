@@ -28,22 +28,11 @@ lengths 40 / 64 / 128 / 256 after its 2000 steps; with ``False`` it stays at cha
 s5, s5_swaps and a5 are built and tested but not yet measured.
 """
 
-import importlib.util
-from pathlib import Path
-
-import ml_collections
-
 from linear_attention.data.state_tracking import TASKS, task_vocab_size
+from linear_attention.training.presets import synthetic_preset
 
 PRESETS = (*TASKS, "smoke")
-
-
-def _mqar(preset):
-    path = Path(__file__).resolve().parent / "mqar.py"
-    spec = importlib.util.spec_from_file_location("configs_mqar", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config(preset)
+NUM_STEPS = 500
 
 
 def get_config(arg=None):
@@ -51,49 +40,25 @@ def get_config(arg=None):
         raise ValueError(
             f"unknown preset {arg!r} for configs/state_tracking.py; presets: {PRESETS}"
         )
-    task = "parity" if arg == "smoke" else arg
-    # The model, optimizer, train and mesh sections of the MQAR CPU preset, resized here.
-    base = _mqar("cpu")
-    config = ml_collections.ConfigDict()
-    config.seed = 0
-
-    config.data = ml_collections.ConfigDict()
-    config.data.kind = "state_tracking"
-    config.data.task = task
-    config.data.seq_len = 40  # the longest training sequence
-    config.data.min_len = 3
-    config.data.eval_lengths = (40, 64, 128, 256)
-    config.data.num_eval_examples = 512
-
-    config.model = base.model
-    config.model.vocab_size = task_vocab_size(task)
-    config.model.d_model = 64
-    config.model.num_heads = 2
-    config.model.mlp = True
-    config.model.max_length = 256
-
-    config.optimizer = base.optimizer
-    config.optimizer.learning_rate = 1e-3
-    config.optimizer.warmup_steps = 100
-
-    config.train = base.train
-    config.train.num_steps = 2000
-    config.train.batch_size = 64
-    config.train.eval_every = 500
-    config.train.log_every = 100
-    config.train.checkpoint_every = 500
-    config.mesh = base.mesh
-
-    if arg == "smoke":
-        config.data.seq_len = 12
-        config.data.eval_lengths = (12, 20)
-        config.data.num_eval_examples = 20
-        config.model.d_model = 32
-        config.model.max_length = 32
-        config.optimizer.warmup_steps = 2
-        config.train.num_steps = 4
-        config.train.batch_size = 8
-        config.train.eval_every = 2
-        config.train.log_every = 1
-        config.train.checkpoint_every = 2
-    return config
+    smoke = arg == "smoke"
+    task = "parity" if smoke else arg
+    data = dict(
+        kind="state_tracking",
+        task=task,
+        seq_len=12 if smoke else 40,  # the longest training sequence
+        min_len=3,
+        eval_lengths=(12, 20) if smoke else (40, 64, 128, 256),
+        num_eval_examples=20 if smoke else 512,
+    )
+    return synthetic_preset(
+        data,
+        vocab_size=task_vocab_size(task),
+        max_length=32 if smoke else 256,
+        learning_rate=1e-3,
+        warmup_steps=NUM_STEPS // 10,
+        num_steps=NUM_STEPS,
+        eval_every=NUM_STEPS,  # once, at the end: an evaluation costs as much as ~50 steps
+        log_every=50,
+        checkpoint_every=NUM_STEPS // 2,
+        smoke=smoke,
+    )

@@ -3,6 +3,7 @@ validates and builds, bad settings stop naming the numbers, and a tiny run of ea
 trains, evaluates and records its metrics."""
 
 import json
+import math
 import os
 
 import jax
@@ -38,6 +39,30 @@ def test_every_preset_validates_and_builds(name, task):
     assert logits.shape == (2, cfg.model.max_length, cfg.model.vocab_size)
     with open(ROOT / "configs" / f"{name}.py") as f:
         assert f"python experiments/train.py --config configs/{name}.py:" in f.read()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,task", PRESETS)
+def test_every_preset_trains_two_steps_and_evaluates(name, task, tmp_path):
+    """Each preset at its own model, lengths and vocabulary (only the batch and the evaluation
+    set shrunk) goes through the trainer: 2 steps, a finite loss, every score recorded. Slow (a
+    compilation per preset); the fast check of the same configs is the build test above and the
+    smoke runs below."""
+    config = load_config(name, task)
+    config.train.num_steps = 2
+    config.optimizer.warmup_steps = 1
+    config.train.batch_size = 4
+    config.train.eval_every = 2
+    config.train.checkpoint_every = 2
+    if name == "mad":
+        config.data.num_test_examples = 8
+    else:
+        config.data.num_eval_examples = 4
+    summary = train(config, str(tmp_path))
+    assert summary["step"] == 2 and math.isfinite(summary["train/loss"])
+    assert 0.0 <= summary["eval/accuracy"] <= 1.0
+    if name == "state_tracking":
+        assert all(f"eval/length_{n}/accuracy" in summary for n in (40, 64, 128, 256))
 
 
 def _args(config, *extra):

@@ -8,31 +8,33 @@ skips finished points):
     python experiments/sweep.py --config configs/sweeps/mad.py:cpu --workdir runs/mad --jobs 2
 
 Presets (``configs/sweeps/mad.py:<arg>``):
-  ``cpu``: the six tasks × 10 mixers (below) × learning rates (1e-3, 3e-3, 1e-2) × seeds
-      (0, 1): 360 runs of ``configs/mad.py`` (2 layers with MLPs, d_model 64, 12,800
-      training examples) cut to 400 steps of batch 64 (2 epochs), stopped early at an
-      evaluation (every 100 steps) with accuracy >= 0.99. Budget estimate, not yet run in full:
-      about a minute per run at length 128 on an idle 2-core machine, i.e. a few hours with
-      ``--jobs 2``; ``order`` runs lr 3e-3 and seed 0 first, so a sweep cut short still
-      covers every (task, mixer).
+  ``cpu``: the six tasks × 13 mixers (below; 14 with rwkv7) × learning rates (1e-3, 3e-3,
+      1e-2) × seeds (0, 1): 468 runs of ``configs/mad.py``, each task at its preset's budget
+      (the same 1.6M training tokens for every task: 200 steps of batch 64 at length 128, one
+      evaluation at the end), so that each run is a preset run. Not yet run in full: a preset
+      run took minutes at load ~14 (docs/results/presets_cpu/), so this is days of the shared
+      2-core machine; ``order`` runs lr 3e-3 and seed 0 first, so a sweep cut short still
+      covers every (task, mixer), and ``--only task=in_context_recall`` runs one task.
   ``smoke``: in-context recall at the smoke size, softmax and deltanet × 3 rates × 2 seeds,
       for the test; seconds.
 
 Mixers: softmax, linear (elu+1), taylor (8 projected dims), retnet, gated, gla, deltanet,
-gated_deltanet, swa (window 16) and Based (taylor + swa layers). kda, rwkv7 and
-gated_deltaproduct are to be added once they are in the registry.
+gated_deltanet, swa (window 16), Based (taylor + swa layers), kda and gated_deltaproduct with
+1 and 2 Householder steps (``_n1``, ``_n2``), each at its default β range; rwkv7 (issue 20)
+joins once it is in the registry (the grid builds without it).
 
 Expected ranking (DeltaNet paper Table 1): DeltaNet 100 on in-context recall, noisy recall and
 selective copying where GLA scores 80.8 / 81.6 / 88.6; fuzzy recall hard for all (DeltaNet 35.7,
 GLA 6.7–6.9). Compare rankings: the budget here is far below MAD's.
 """
 
-import importlib.util
 from pathlib import Path
 
 import ml_collections
 
-from linear_attention.data.mad import MAD_SETTINGS, TASKS, mad_num_tokens
+from linear_attention.data.mad import TASKS
+from linear_attention.layers.registry import MIXERS as REGISTRY
+from linear_attention.training.cli import load_config_file
 
 PRESETS = ("cpu", "smoke")
 MIXERS = (
@@ -46,43 +48,52 @@ MIXERS = (
     "gated_deltanet",
     "swa",
     "based",
+    # The generalized delta rules (issue 20): gated_deltaproduct with 1 and 2 Householder steps.
+    "kda",
+    "gated_deltaproduct_n1",
+    "gated_deltaproduct_n2",
 )
-MIXER_FIELDS = ("model.mixer", "model.feature_dim", "model.window")
+# rwkv7 (issue 20) joins the grid once it is in the registry; until then the grid still builds.
+MIXERS += ("rwkv7",) if "rwkv7" in REGISTRY else ()
+MIXER_FIELDS = ("model.mixer", "model.feature_dim", "model.window", "model.num_householder")
 TASK_FIELDS = (
     "data.task",
     "data.vocab_size",
     "data.seq_len",
     "model.vocab_size",
     "model.max_length",
+    "train.num_steps",
+    "optimizer.warmup_steps",
+    "train.eval_every",
+    "train.checkpoint_every",
 )
 
 
 def mixer_choices(names, *, taylor_dim=8, window=16):
-    """(mixer, feature_dim, window) per label: only taylor layers use feature_dim, only swa
-    layers the window (the others leave them unset: a mixer refuses an option it does not
-    use)."""
-    return [
-        (
-            ("taylor", "swa") if m == "based" else m,
-            taylor_dim if m in ("taylor", "based") else None,
-            window if m in ("swa", "based") else None,
-        )
-        for m in names
-    ]
+    """(mixer, feature_dim, window, num_householder) per label: only taylor layers use
+    feature_dim, only swa layers the window, ``gated_deltaproduct_n<k>`` is gated_deltaproduct
+    with k Householder steps (the others leave them unset: a mixer refuses an option it does
+    not use)."""
+    choices = []
+    for m in names:
+        steps = None
+        if m.startswith("gated_deltaproduct_n"):
+            m, steps = "gated_deltaproduct", int(m.removeprefix("gated_deltaproduct_n"))
+        mixer = ("taylor", "swa") if m == "based" else m
+        taylor = taylor_dim if m in ("taylor", "based") else None
+        choices.append((mixer, taylor, window if m in ("swa", "based") else None, steps))
+    return choices
 
 
 def task_choice(task):
-    """(task, vocab, seq_len, model vocab, model max_length) at MAD's baseline."""
-    vocab_size, seq_len = MAD_SETTINGS[task]
-    return (task, vocab_size, seq_len, mad_num_tokens(task, vocab_size, seq_len), seq_len)
+    """The values of `TASK_FIELDS` in the task's preset (``configs/mad.py:<task>``): MAD's
+    baseline sizes and the preset's budget (the same number of tokens for every task)."""
+    preset = _base(task)
+    return tuple(preset[section][name] for section, name in (f.split(".") for f in TASK_FIELDS))
 
 
 def _base(preset):
-    path = Path(__file__).resolve().parents[1] / "mad.py"
-    spec = importlib.util.spec_from_file_location("configs_mad", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config(preset)
+    return load_config_file(str(Path(__file__).resolve().parents[1] / "mad.py") + f":{preset}")
 
 
 def _axis(field, choices, labels=None):
@@ -102,19 +113,14 @@ def get_config(arg=None):
     grid.lr = _axis("optimizer.learning_rate", (3e-3, 1e-3, 1e-2))
     if arg == "smoke":
         config.base = _base("smoke")
-        smoke = (("in_context_recall", 16, 16, 16, 16),)
+        smoke = (("in_context_recall", 16, 16, 16, 16, 4, 2, 2, 2),)
         grid.task = _axis(TASK_FIELDS, smoke, ("in_context_recall",))
         grid.mixer = _axis(
             MIXER_FIELDS, mixer_choices(("softmax", "deltanet")), ("softmax", "deltanet")
         )
         grid.d_model = _axis("model.d_model", (32,))
         return config
-    config.base = base = _base("in_context_recall")
-    base.train.num_steps = 400
-    base.optimizer.warmup_steps = 40
-    base.train.eval_every = 100
-    base.train.checkpoint_every = 200
-    base.train.stop_at = 0.99
+    config.base = _base("in_context_recall")
     grid.task = _axis(TASK_FIELDS, tuple(task_choice(t) for t in TASKS), TASKS)
     grid.mixer = _axis(MIXER_FIELDS, mixer_choices(MIXERS), MIXERS)
     grid.d_model = _axis("model.d_model", (64,))

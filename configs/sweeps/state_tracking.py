@@ -11,60 +11,73 @@ rerun skips finished points):
         --workdir runs/state-tracking --jobs 2
 
 Presets (``configs/sweeps/state_tracking.py:<arg>``):
-  ``cpu``: parity and mod_arith × 12 mixers (below) × learning rates (1e-3, 3e-3, 1e-2) ×
-      seeds (0, 1): 144 runs of ``configs/state_tracking.py`` (2 layers, d_model 64; train
-      lengths 3–40, evaluation 40, 64, 128, 256) at 1000 steps, stopped early at an
-      evaluation (every 250 steps) with mean accuracy >= 0.99. Budget estimate: a parity run
-      of 1000 steps on an idle 2-core machine takes a few minutes (the measured 2000-step runs
-      of EXPERIMENTS.md took longer at load ~20), so a few hours with ``--jobs 2``; not yet run
-      in full.
-  ``groups``: s3, s5, s5_swaps, a5 with the same mixers, rates, seeds and budget (288 runs).
+  ``cpu``: parity and mod_arith × 18 mixers (below; 19 with rwkv7) × learning rates (1e-3,
+      3e-3, 1e-2) × seeds (0, 1): 216 runs of ``configs/state_tracking.py`` (2 layers, d_model
+      64; train lengths 3–40, evaluation 40, 64, 128, 256) at 1000 steps, stopped early at an
+      evaluation (every 250 steps) with mean accuracy >= 0.99. Not yet run in full: a 500-step
+      parity run took 5–11 min at load 9–15 (docs/results/presets_cpu/), so this is days of
+      the shared 2-core machine, hours of an idle one.
+  ``groups``: s3, s5, s5_swaps, a5 with the same mixers, rates, seeds and budget (432 runs).
+  ``parity``: the slice that fits a session: parity × ``PARITY_MIXERS`` (softmax, gla, gated
+      and the delta family) × 3 rates × 2 seeds = 78 runs at the preset's own budget (500
+      steps, one evaluation at the end), so that each run is a preset run; ``--only`` picks
+      points, a rerun resumes.
   ``smoke``: parity, 2 mixers (gated_deltanet with β ∈ (0, 1) and (0, 2)) × 2 rates × 2
       seeds at the smoke size, for the test; seconds.
 
 Mixers (``MIXERS``): softmax, linear (elu+1), taylor (8 projected dims), retnet, gated, gla,
-swa (window 16), deltanet and gated_deltanet each with β ∈ (0, 1) and with β ∈ (0, 2)
-(``*_neg``, ``model.allow_neg_eigval``), and Based (taylor + swa layers). The mixers being
-added by the generalized-delta-rule work (kda, rwkv7, gated_deltaproduct with 1 and 2
-Householder steps) are to be listed here once they are in the registry.
+swa (window 16), Based (taylor + swa layers), and the delta family, each with β ∈ (0, 1) and
+with β ∈ (0, 2) (``*_neg``, ``model.allow_neg_eigval``): deltanet, gated_deltanet,
+gated_deltaproduct with 1 and 2 Householder steps (``_n1``, ``_n2``) and kda; rwkv7 (issue 20)
+joins once it is in the registry (the grid builds without it).
 
 Expected (Grazzi et al. Table 3, scaled accuracy): only β ∈ (0, 2) solves parity (1.000 against
 0.000–0.022 for β ∈ (0, 1) and for a Transformer); mod_arith: DeltaNet [−1, 1] 0.971 against
 0.314 for [0, 1]; softmax attention does not extrapolate past its training lengths.
 """
 
-import importlib.util
 from pathlib import Path
 
 import ml_collections
 
 from linear_attention.data.state_tracking import task_vocab_size
+from linear_attention.layers.registry import MIXERS as REGISTRY
+from linear_attention.training.cli import load_config_file
 
-PRESETS = ("cpu", "groups", "smoke")
-MIXERS = (
-    "softmax",
-    "linear",
-    "taylor",
-    "retnet",
-    "gated",
-    "gla",
-    "swa",
-    "based",
-    "deltanet",
-    "deltanet_neg",
-    "gated_deltanet",
-    "gated_deltanet_neg",
+PRESETS = ("cpu", "groups", "parity", "smoke")
+# The delta family, each with β ∈ (0, 1) and with β ∈ (0, 2) (``*_neg``); gated_deltaproduct
+# with 1 and 2 Householder steps per token (``_n1``, ``_n2``).
+DELTA_FAMILY = tuple(
+    f"{m}{neg}"
+    for m in ("deltanet", "gated_deltanet", "gated_deltaproduct_n1", "gated_deltaproduct_n2", "kda")
+    for neg in ("", "_neg")
 )
-MIXER_FIELDS = ("model.mixer", "model.allow_neg_eigval", "model.feature_dim", "model.window")
+MIXERS = ("softmax", "linear", "taylor", "retnet", "gated", "gla", "swa", "based", *DELTA_FAMILY)
+# rwkv7 (issue 20) joins the grid once it is in the registry; until then the grid still builds.
+MIXERS += ("rwkv7",) if "rwkv7" in REGISTRY else ()
+# The study slice that fits a session (``parity``): the delta family and three references.
+PARITY_MIXERS = ("softmax", "gla", "gated", *DELTA_FAMILY)
+MIXER_FIELDS = (
+    "model.mixer",
+    "model.allow_neg_eigval",
+    "model.feature_dim",
+    "model.window",
+    "model.num_householder",
+)
 TASK_FIELDS = ("data.task", "model.vocab_size")
 
 
 def mixer_choices(names, *, taylor_dim=8, window=16):
-    """(mixer, allow_neg_eigval, feature_dim, window) per label (`MIXER_FIELDS`): ``*_neg`` is
-    the mixer with β ∈ (0, 2); only taylor layers use feature_dim, only swa layers the window."""
+    """(mixer, allow_neg_eigval, feature_dim, window, num_householder) per label
+    (`MIXER_FIELDS`): ``*_neg`` is the mixer with β ∈ (0, 2); ``gated_deltaproduct_n<k>`` has
+    k Householder steps; only taylor layers use feature_dim, only swa layers the window (the
+    others leave them unset: a mixer refuses an option it does not use)."""
     choices = []
     for label in names:
         base = label.removesuffix("_neg")
+        steps = None
+        if base.startswith("gated_deltaproduct_n"):
+            base, steps = "gated_deltaproduct", int(base.removeprefix("gated_deltaproduct_n"))
         mixer = ("taylor", "swa") if base == "based" else base
         choices.append(
             (
@@ -72,17 +85,16 @@ def mixer_choices(names, *, taylor_dim=8, window=16):
                 True if label.endswith("_neg") else None,  # (unset: the mixer's own)
                 taylor_dim if base in ("taylor", "based") else None,
                 window if base in ("swa", "based") else None,
+                steps,
             )
         )
     return choices
 
 
-def _base(task, preset):
-    path = Path(__file__).resolve().parents[1] / "state_tracking.py"
-    spec = importlib.util.spec_from_file_location("configs_state_tracking", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config(preset or task)
+def _base(preset):
+    return load_config_file(
+        str(Path(__file__).resolve().parents[1] / "state_tracking.py") + f":{preset}"
+    )
 
 
 def _axis(field, choices, labels=None):
@@ -97,7 +109,7 @@ def get_config(arg=None):
     tasks = {"cpu": ("parity", "mod_arith"), "groups": ("s3", "s5", "s5_swaps", "a5")}
     tasks = tasks.get(arg, ("parity",))
     config = ml_collections.ConfigDict()
-    config.base = _base(tasks[0], "smoke" if arg == "smoke" else None)
+    config.base = _base("smoke" if arg == "smoke" else tasks[0])
     config.tune = "lr"
     config.replicate = "seed"
     # Table: tasks across, one row per mixer; figure: accuracy against evaluation length, one
@@ -111,13 +123,18 @@ def get_config(arg=None):
         grid.mixer = _axis(MIXER_FIELDS, mixer_choices(names), names)
         grid.lr = _axis("optimizer.learning_rate", (1e-3, 3e-3))
         return config
+    grid.lr = _axis("optimizer.learning_rate", (1e-3, 3e-3, 1e-2))
+    # A sweep cut short leaves every mixer at the same settings: the first rate and seed first.
+    config.order = ("lr", "seed", "task", "mixer")
+    if arg == "parity":
+        # The preset's own budget (500 steps, one evaluation at the end): each run is a
+        # preset run, so the preset's measured figures are rows of this study.
+        grid.mixer = _axis(MIXER_FIELDS, mixer_choices(PARITY_MIXERS), PARITY_MIXERS)
+        return config
     base = config.base
     base.train.num_steps = 1000
     base.train.eval_every = 250
     base.train.checkpoint_every = 250
     base.train.stop_at = 0.99
     grid.mixer = _axis(MIXER_FIELDS, mixer_choices(MIXERS), MIXERS)
-    grid.lr = _axis("optimizer.learning_rate", (1e-3, 3e-3, 1e-2))
-    # A sweep cut short leaves every mixer at the same settings: the first rate and seed first.
-    config.order = ("lr", "seed", "task", "mixer")
     return config

@@ -7,6 +7,7 @@ import csv
 import numpy as np
 import pytest
 
+from linear_attention.layers.registry import MIXERS as REGISTRY
 from linear_attention.training import experiment_config
 from linear_attention.training import sweep as engine
 from tests.training.conftest import ROOT
@@ -14,25 +15,37 @@ from tests.training.conftest import ROOT
 SWEEPS = ROOT / "configs" / "sweeps"
 
 
+# Points per mixer: tasks × learning rates × seeds. The full grids' mixer lists grow with the
+# registry (rwkv7 joins when it lands), so their counts are per mixer.
 @pytest.mark.parametrize(
-    "spec,count",
+    "spec,per_mixer,mixers",
     [
-        ("state_tracking.py:cpu", 144),
-        ("state_tracking.py:groups", 288),
-        ("state_tracking.py:smoke", 8),
-        ("mad.py:cpu", 360),
-        ("mad.py:smoke", 12),
+        ("state_tracking.py:cpu", 2 * 3 * 2, None),
+        ("state_tracking.py:groups", 4 * 3 * 2, None),
+        ("state_tracking.py:parity", 1 * 3 * 2, 13),
+        ("state_tracking.py:smoke", 1 * 2 * 2, 2),
+        ("mad.py:cpu", 6 * 3 * 2, None),
+        ("mad.py:smoke", 1 * 3 * 2, 2),
     ],
 )
-def test_presets_expand_and_validate(spec, count):
+def test_presets_expand_and_validate(spec, per_mixer, mixers):
     config = engine.load_sweep(str(SWEEPS / spec))
     axes, points = engine.expand(config)
-    assert len(points) == count
+    labels = next(a for a in axes if a.name == "mixer").labels
+    if mixers is None:  # every mixer of the registry but the random-feature / learned maps
+        used = set()
+        for point in points:
+            mixer = point.config.model.mixer
+            used |= set(mixer) if isinstance(mixer, tuple) else {mixer}
+        assert set(REGISTRY) - {"favor", "hedgehog"} <= used
+    else:
+        assert len(labels) == mixers
+    assert len(points) == per_mixer * len(labels)
     names = {a.name for a in axes}
     assert {"task", "mixer", "lr", "seed"} <= names
     lrs = next(a for a in axes if a.name == "lr").choices
     assert len(lrs) >= 2 if spec.endswith("smoke") else len(lrs) >= 3
-    for point in points[:: max(1, count // 12)]:
+    for point in points[:: max(1, len(points) // 12)]:
         cfg = experiment_config(point.config)
         assert cfg.data.task == point.labels["task"]
         assert cfg.model.vocab_size >= cfg.data.tokens
@@ -40,6 +53,21 @@ def test_presets_expand_and_validate(spec, count):
             assert cfg.model.allow_neg_eigval
         if point.labels["mixer"] == "based":
             assert cfg.model.mixer == ("taylor", "swa")
+
+
+def test_delta_family_labels_set_the_options():
+    """``gated_deltaproduct_n<k>[_neg]`` is gated_deltaproduct with k Householder steps (and
+    β ∈ (0, 2)); the other mixers leave num_householder unset."""
+    config = engine.load_sweep(str(SWEEPS / "state_tracking.py:parity"))
+    _, points = engine.expand(config)
+    seen = {}
+    for point in points:
+        m = experiment_config(point.config).model
+        seen[point.labels["mixer"]] = (m.mixer, m.allow_neg_eigval, m.num_householder)
+    assert seen["gated_deltaproduct_n1_neg"] == ("gated_deltaproduct", True, 1)
+    assert seen["gated_deltaproduct_n2"] == ("gated_deltaproduct", None, 2)  # (the default)
+    assert seen["kda_neg"][:2] == ("kda", True)
+    assert seen["deltanet"] == ("deltanet", None, None)
 
 
 @pytest.mark.slow  # 8 runs, 2 delta-rule models compiled at 3 shapes: minutes on a loaded CPU
