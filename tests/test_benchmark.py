@@ -40,6 +40,7 @@ def quick(bench, tmp_path_factory):
     return out, json.loads((out / "results.json").read_text())
 
 
+@pytest.mark.slow  # (the script's whole preset: minutes on 2 cores)
 def test_quick_preset_measures_every_method_and_writes_files(quick):
     out, res = quick
     assert (out / "time_vs_T.png").stat().st_size > 0
@@ -60,6 +61,7 @@ def test_quick_preset_measures_every_method_and_writes_files(quick):
         assert got[m, "grad", Ts[1]]["temp_bytes"] > got[m, "grad", Ts[0]]["temp_bytes"] > 0
 
 
+@pytest.mark.slow  # (the script's whole preset: minutes on 2 cores)
 def test_speedups_and_headline_follow_from_the_raw_times(quick, bench):
     _, res = quick
     T = res["config"]["headline_T"]
@@ -123,6 +125,7 @@ def test_budgets_skip_points_with_a_reason(bench, tmp_path):
         assert recs[mode, 192]["skipped"] == recs[mode, 128]["skipped"]
 
 
+@pytest.mark.slow  # (the script's whole preset: minutes on 2 cores)
 def test_quick_preset_measures_the_delta_rule(quick):
     out, res = quick
     assert (out / "delta_vs_T.png").stat().st_size > 0

@@ -21,6 +21,7 @@ def tiny(ac, tmp_path_factory):
     return out, json.loads((out / "results.json").read_text())
 
 
+@pytest.mark.slow  # (the script's whole preset: minutes on 2 cores)
 def test_tiny_preset_checks_and_times_everything(ac, tiny):
     out, res = tiny
     assert (out / "time_vs_T.png").stat().st_size > 0

@@ -27,6 +27,7 @@ def result(tmp_path_factory):
     return json.loads((out / "results.json").read_text())
 
 
+@pytest.mark.slow  # (the script's whole preset: minutes on 2 cores)
 def test_every_point_and_ratios(result):
     recs = {(r["layer"], r["devices"]): r for r in result["records"]}
     assert set(recs) == {(layer, n) for layer in ("gated", "gated_deltanet") for n in (1, 4)}
@@ -40,6 +41,7 @@ def test_every_point_and_ratios(result):
         assert r["time_ratio_vs_1"] == pytest.approx(r["median_s"] / one["median_s"])
 
 
+@pytest.mark.slow  # (the script's whole preset: minutes on 2 cores)
 def test_memory_per_device_falls_with_the_split(result):
     for layer in ("gated", "gated_deltanet"):
         (r,) = [r for r in result["records"] if r["layer"] == layer and r["devices"] == 4]
