@@ -16,16 +16,37 @@ at lengths 40, 64, 128 and 256 (512 sequences each), as Grazzi et al. (train 3�
 token-level for the group tasks; ``eval/accuracy`` is their mean over the lengths and
 ``eval/scaled_accuracy`` = (accuracy − chance) / (1 − chance), Grazzi et al.'s score.
 
-Model: 2 layers, d_model 64, 2 heads, MLP, the short conv; ``--config.model.mixer=...``
-compares mixers on the same backbone. AdamW at lr 1e-3, warmup + cosine, batch 64.
+Model and budget (`linear_attention.training.presets.synthetic_preset`): 2 layers, d_model 64,
+2 heads, MLP, the short conv, softmax by default (``--config.model.mixer=...`` compares mixers
+on the same backbone); AdamW at lr 1e-3, 50 warmup steps then cosine, batch 64, 500 steps,
+one evaluation at the end. Sized to minutes on the shared 2-core machine (each preset run once
+with its default mixer, seed 0; docs/results/presets_cpu/<task>.json holds the command, the
+wall time, the load and every record; ``scaled`` is Grazzi et al.'s score, 0 at chance):
 
-Measured (EXPERIMENTS.md section 7; docs/results/state_tracking_parity_gated_deltanet_*.json;
-seed 0, on 2 cores at load 13-31: 19-30 steps a minute, 2000 steps in about 1 h 40 min there;
-the time on an idle 2-core machine, the 15-minute target, is not measured): parity with
-gated_deltanet and ``allow_neg_eigval=True`` reaches accuracy 1.000 / 0.996 / 0.939 / 0.746 at
-lengths 40 / 64 / 128 / 256 after its 2000 steps; with ``False`` it stays at chance
-(0.459 / 0.500 / 0.475 / 0.494). The issue's 0.9 at length 256 is not reached. mod_arith, s3,
-s5, s5_swaps and a5 are built and tested but not yet measured.
+Measured presets:
+- ``parity``: 4.1 min at load 13–11, 500 steps; eval/accuracy 0.494 (0.502 / 0.480 / 0.484 /
+  0.510 at 40 / 64 / 128 / 256), scaled -0.012, train accuracy 0.594;
+- ``mod_arith``: 5.5 min at load 14–14, 500 steps; eval/accuracy 0.207 (0.201 / 0.225 / 0.205 /
+  0.197 at 40 / 64 / 128 / 256), scaled 0.009, train accuracy 0.223;
+- ``s3``: 5.3 min at load 12–13, 500 steps; eval/accuracy 0.220 (0.270 / 0.230 / 0.198 / 0.183
+  at 40 / 64 / 128 / 256), scaled 0.064, train accuracy 0.356;
+- ``s5``: 2.7 min at load 8–6, 500 steps; eval/accuracy 0.022 (0.034 / 0.024 / 0.017 / 0.012 at
+  40 / 64 / 128 / 256), scaled 0.013, train accuracy 0.056;
+- ``s5_swaps``: 2.8 min at load 5–9, 500 steps; eval/accuracy 0.045 (0.081 / 0.051 / 0.030 /
+  0.019 at 40 / 64 / 128 / 256), scaled 0.037, train accuracy 0.139;
+- ``a5``: 1.9 min at load 6–5, 500 steps; eval/accuracy 0.032 (0.047 / 0.035 / 0.026 / 0.021 at
+  40 / 64 / 128 / 256), scaled 0.016, train accuracy 0.074.
+Softmax, the default, stays near chance on every task at this budget (scaled ≤ 0.064; above
+chance only at the shortest lengths of the group tasks, whose labels are per position).
+
+The issue's parity measure (gated_deltanet with ``allow_neg_eigval=True`` ≥ 0.9 at length
+256; with ``False`` ≤ 0.6) holds on the ``False`` side (0.469 at length 256, lr 1e-3, 7.5 min)
+and is not reached on the ``True`` side at this budget, nor at 4× it: 0.531 / 0.562 at lr
+1e-3 / 3e-3 after 500 steps (0.943 / 0.941 at length 40; about 10 min each at load 9–19;
+0.795 with seed 1 at 3e-3, which fits its training lengths ~100 steps sooner),
+0.746 after 2000 steps (1 h 40 min at load 13–31); one layer instead of two: 0.666 after 500
+steps. The runs, and why the settings tried fall short: EXPERIMENTS.md section 7.1
+(docs/results/state_tracking_parity_sweep_cpu.csv).
 """
 
 from linear_attention.data.state_tracking import TASKS, task_vocab_size
