@@ -526,3 +526,17 @@ def test_ctrl_c_stops_parallel_workers_with_checkpoints(tmp_path):
         steps = [int(p.name) for p in (run / "checkpoints").iterdir() if p.name.isdigit()]
         assert steps and max(steps) > 0
         assert not (run / "summary.json").exists()
+
+
+def test_the_studys_results_file_is_of_the_cpu_grid():
+    """EXPERIMENTS.md §1 redraws its tables and figures from docs/results/mqar_sweep_cpu.csv
+    (`--report-only --results-csv`): every row must match a point of today's `:cpu` grid, field
+    by field, and report its accuracy."""
+    from linear_attention.training.sweep.grid import expand, load_sweep
+    from linear_attention.training.sweep.results import rows_from_csv
+
+    axes, points = expand(load_sweep(MQAR + ":cpu"))
+    rows = rows_from_csv(axes, points, ROOT / "docs/results/mqar_sweep_cpu.csv")
+    done = [r for r in rows if r["status"] == "ok"]
+    assert len(done) >= 137 and all(0.0 <= r["eval/accuracy"] <= 1.0 for r in done)
+    assert {r["mixer"] for r in done} >= {"softmax", "deltanet", "kda", "rwkv7"}
