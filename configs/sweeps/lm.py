@@ -35,6 +35,8 @@ from pathlib import Path
 
 import ml_collections
 
+from linear_attention.training.sweep.grid import grid_axis
+
 PRESETS = ("default", "cpu", "smoke")
 
 # (label, mixer, d_model) per preset; the widths match softmax's parameter count within 1%
@@ -86,10 +88,6 @@ def _base(preset):
     return module.get_config(preset)
 
 
-def _axis(field, choices, labels=None):
-    return ml_collections.ConfigDict(dict(field=field, choices=tuple(choices), labels=labels))
-
-
 def get_config(arg=None):
     arg = arg or "default"
     if arg not in PRESETS:
@@ -102,21 +100,21 @@ def get_config(arg=None):
     variants = VARIANTS[arg]
     grid = config.grid = ml_collections.ConfigDict()
     # rwkv7 refuses the base's short conv (its token shift is its local context)
-    grid.mixer = _axis(
+    grid.mixer = grid_axis(
         ("model.mixer", "model.d_model", "model.conv"),
         [(m, d, False if m == "rwkv7" else base.model.conv) for _, m, d in variants],
         tuple(label for label, _, _ in variants),
     )
     if arg == "default":
-        grid.lr = _axis("optimizer.learning_rate", (1e-3, 3e-3))
+        grid.lr = grid_axis("optimizer.learning_rate", (1e-3, 3e-3))
     elif arg == "cpu":
         base.train.num_steps = 400
         base.optimizer.warmup_steps = 40
         base.train.eval_every = 100
         base.train.log_every = 25
         base.train.checkpoint_every = 200
-        grid.lr = _axis("optimizer.learning_rate", (3e-3,))
+        grid.lr = grid_axis("optimizer.learning_rate", (3e-3,))
     else:  # smoke: two layers, so the hybrid has one gated and one softmax layer
         base.model.num_layers = 2
-        grid.lr = _axis("optimizer.learning_rate", (1e-3,))
+        grid.lr = grid_axis("optimizer.learning_rate", (1e-3,))
     return config

@@ -35,6 +35,7 @@ import ml_collections
 from linear_attention.data.mad import TASKS
 from linear_attention.layers.registry import MIXERS as REGISTRY
 from linear_attention.training.cli import load_config_file
+from linear_attention.training.sweep.grid import grid_axis
 
 PRESETS = ("cpu", "smoke")
 MIXERS = (
@@ -96,10 +97,6 @@ def _base(preset):
     return load_config_file(str(Path(__file__).resolve().parents[1] / "mad.py") + f":{preset}")
 
 
-def _axis(field, choices, labels=None):
-    return ml_collections.ConfigDict(dict(field=field, choices=tuple(choices), labels=labels))
-
-
 def get_config(arg=None):
     if arg not in PRESETS:
         raise ValueError(f"unknown preset {arg!r} for configs/sweeps/mad.py; presets: {PRESETS}")
@@ -109,20 +106,20 @@ def get_config(arg=None):
     # Table and heat map: tasks across, one row per mixer.
     config.plot = ml_collections.ConfigDict(dict(x="task", line="mixer"))
     grid = config.grid = ml_collections.ConfigDict()
-    grid.seed = _axis("seed", (0, 1))
-    grid.lr = _axis("optimizer.learning_rate", (3e-3, 1e-3, 1e-2))
+    grid.seed = grid_axis("seed", (0, 1))
+    grid.lr = grid_axis("optimizer.learning_rate", (3e-3, 1e-3, 1e-2))
     if arg == "smoke":
         config.base = _base("smoke")
         smoke = (("in_context_recall", 16, 16, 16, 16, 4, 2, 2, 2),)
-        grid.task = _axis(TASK_FIELDS, smoke, ("in_context_recall",))
-        grid.mixer = _axis(
+        grid.task = grid_axis(TASK_FIELDS, smoke, ("in_context_recall",))
+        grid.mixer = grid_axis(
             MIXER_FIELDS, mixer_choices(("softmax", "deltanet")), ("softmax", "deltanet")
         )
-        grid.d_model = _axis("model.d_model", (32,))
+        grid.d_model = grid_axis("model.d_model", (32,))
         return config
     config.base = _base("in_context_recall")
-    grid.task = _axis(TASK_FIELDS, tuple(task_choice(t) for t in TASKS), TASKS)
-    grid.mixer = _axis(MIXER_FIELDS, mixer_choices(MIXERS), MIXERS)
-    grid.d_model = _axis("model.d_model", (64,))
+    grid.task = grid_axis(TASK_FIELDS, tuple(task_choice(t) for t in TASKS), TASKS)
+    grid.mixer = grid_axis(MIXER_FIELDS, mixer_choices(MIXERS), MIXERS)
+    grid.d_model = grid_axis("model.d_model", (64,))
     config.order = ("lr", "seed", "d_model", "task", "mixer")
     return config

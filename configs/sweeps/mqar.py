@@ -49,6 +49,8 @@ from pathlib import Path
 
 import ml_collections
 
+from linear_attention.training.sweep.grid import grid_axis
+
 PRESETS = ("default", "cpu", "smoke")
 MIXERS = ("softmax", "linear", "taylor", "retnet", "gated", "gla", "deltanet", "gated_deltanet")
 MIXERS += ("kda", "gated_deltaproduct", "rwkv7")  # (issue 20; see the docstring)
@@ -93,10 +95,6 @@ def _base(preset):
     return module.get_config(preset)
 
 
-def _axis(field, choices, labels=None):
-    return ml_collections.ConfigDict(dict(field=field, choices=tuple(choices), labels=labels))
-
-
 def get_config(arg=None):
     arg = arg or "default"
     if arg not in PRESETS:
@@ -107,19 +105,19 @@ def get_config(arg=None):
     config.replicate = "seed"  # ... by its mean over the seeds (Zoology's protocol)
     config.plot = ml_collections.ConfigDict(dict(x="d_model", line="mixer", panel="task"))
     grid = config.grid = ml_collections.ConfigDict()
-    grid.seed = _axis("seed", (0, 1))
+    grid.seed = grid_axis("seed", (0, 1))
     task = ("data.seq_len", "data.num_kv_pairs")
 
     if arg == "default":
-        grid.mixer = _axis(
+        grid.mixer = grid_axis(
             MIXER_FIELDS,
             _mixer_choices(DEFAULT_MIXERS, 16, 64, config.base.model.conv),
             DEFAULT_MIXERS,
         )
         # Zoology: d_model 64…512; seq_len and kv pairs grow together; lr = logspace(-4, -2, 4).
-        grid.d_model = _axis("model.d_model", (64, 128, 256, 512))
-        grid.task = _axis(task, ((64, 4), (128, 8), (256, 16), (512, 64)))
-        grid.lr = _axis("optimizer.learning_rate", (1e-4, 4.6e-4, 2.2e-3, 1e-2))
+        grid.d_model = grid_axis("model.d_model", (64, 128, 256, 512))
+        grid.task = grid_axis(task, ((64, 4), (128, 8), (256, 16), (512, 64)))
+        grid.lr = grid_axis("optimizer.learning_rate", (1e-4, 4.6e-4, 2.2e-3, 1e-2))
     elif arg == "cpu":
         base = config.base
         # 400 steps: softmax at d_model 64 solves (64, 8) by step 250 at lr 3e-2 with both seeds,
@@ -138,24 +136,24 @@ def get_config(arg=None):
         # swa and Based's sliding windows see 16 tokens: at seq_len 64 a 64-token window is
         # full softmax attention; 16 holds at most 8 pairs when the queries come (no recall of
         # pairs further back), the point of Based's small windows plus a global linear state.
-        grid.mixer = _axis(
+        grid.mixer = grid_axis(
             MIXER_FIELDS, _mixer_choices(DEFAULT_MIXERS, 8, 16, base.model.conv), DEFAULT_MIXERS
         )
         # d_model 32 learns nothing in 400 steps (every mixer <= 0.08 with 8 pairs at lr 1e-2,
         # seed 0: docs/results/mqar_sweep_cpu_1seed.md); (64, 8) only: the budget.
-        grid.d_model = _axis("model.d_model", (64, 128))
-        grid.task = _axis(task, ((64, 8),))
+        grid.d_model = grid_axis("model.d_model", (64, 128))
+        grid.task = grid_axis(task, ((64, 8),))
         # Listed in the order they run (``order``): 1e-2 first, the best single rate of the
         # earlier one-rate study; a sweep cut short leaves every mixer at the same rates.
-        grid.lr = _axis("optimizer.learning_rate", (1e-2, 3e-2, 3e-3))
+        grid.lr = grid_axis("optimizer.learning_rate", (1e-2, 3e-2, 3e-3))
         config.order = ("d_model", "lr", "mixer", "seed", "task")
     else:  # smoke
-        grid.mixer = _axis(
+        grid.mixer = grid_axis(
             ("model.mixer", "model.feature_dim"),
             (("softmax", None), ("linear", None)),
             ("softmax", "linear"),
         )
-        grid.d_model = _axis("model.d_model", (32,))
-        grid.task = _axis(task, ((32, 4),))
-        grid.lr = _axis("optimizer.learning_rate", (1e-3, 3e-3))
+        grid.d_model = grid_axis("model.d_model", (32,))
+        grid.task = grid_axis(task, ((32, 4),))
+        grid.lr = grid_axis("optimizer.learning_rate", (1e-3, 3e-3))
     return config

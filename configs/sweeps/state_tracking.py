@@ -43,6 +43,7 @@ import ml_collections
 from linear_attention.data.state_tracking import task_vocab_size
 from linear_attention.layers.registry import MIXERS as REGISTRY
 from linear_attention.training.cli import load_config_file
+from linear_attention.training.sweep.grid import grid_axis
 
 PRESETS = ("cpu", "groups", "parity", "smoke")
 # The delta family, each with β ∈ (0, 1) and with β ∈ (0, 2) (``*_neg``); gated_deltaproduct
@@ -97,10 +98,6 @@ def _base(preset):
     )
 
 
-def _axis(field, choices, labels=None):
-    return ml_collections.ConfigDict(dict(field=field, choices=tuple(choices), labels=labels))
-
-
 def get_config(arg=None):
     if arg not in PRESETS:
         raise ValueError(
@@ -116,25 +113,25 @@ def get_config(arg=None):
     # panel per task, one line per mixer.
     config.plot = ml_collections.ConfigDict(dict(x="task", line="mixer"))
     grid = config.grid = ml_collections.ConfigDict()
-    grid.task = _axis(TASK_FIELDS, tuple((t, task_vocab_size(t)) for t in tasks), tasks)
-    grid.seed = _axis("seed", (0, 1))
+    grid.task = grid_axis(TASK_FIELDS, tuple((t, task_vocab_size(t)) for t in tasks), tasks)
+    grid.seed = grid_axis("seed", (0, 1))
     if arg == "smoke":
         names = ("gated_deltanet", "gated_deltanet_neg")
-        grid.mixer = _axis(MIXER_FIELDS, mixer_choices(names), names)
-        grid.lr = _axis("optimizer.learning_rate", (1e-3, 3e-3))
+        grid.mixer = grid_axis(MIXER_FIELDS, mixer_choices(names), names)
+        grid.lr = grid_axis("optimizer.learning_rate", (1e-3, 3e-3))
         return config
-    grid.lr = _axis("optimizer.learning_rate", (1e-3, 3e-3, 1e-2))
+    grid.lr = grid_axis("optimizer.learning_rate", (1e-3, 3e-3, 1e-2))
     # A sweep cut short leaves every mixer at the same settings: the first rate and seed first.
     config.order = ("lr", "seed", "task", "mixer")
     if arg == "parity":
         # The preset's own budget (500 steps, one evaluation at the end): each run is a
         # preset run, so the preset's measured figures are rows of this study.
-        grid.mixer = _axis(MIXER_FIELDS, mixer_choices(PARITY_MIXERS), PARITY_MIXERS)
+        grid.mixer = grid_axis(MIXER_FIELDS, mixer_choices(PARITY_MIXERS), PARITY_MIXERS)
         return config
     base = config.base
     base.train.num_steps = 1000
     base.train.eval_every = 250
     base.train.checkpoint_every = 250
     base.train.stop_at = 0.99
-    grid.mixer = _axis(MIXER_FIELDS, mixer_choices(MIXERS), MIXERS)
+    grid.mixer = grid_axis(MIXER_FIELDS, mixer_choices(MIXERS), MIXERS)
     return config

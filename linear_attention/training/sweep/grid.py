@@ -75,6 +75,12 @@ def _set(config, path: str, value) -> None:
         node[leaf] = value
 
 
+def grid_axis(field, choices, labels=None) -> ml_collections.ConfigDict:
+    """One axis of a sweep config's ``grid``: a config field (or a tuple of fields set together)
+    and its choices, with optional labels for the run names (`parse_axes` checks it)."""
+    return ml_collections.ConfigDict(dict(field=field, choices=tuple(choices), labels=labels))
+
+
 def parse_axes(sweep) -> list[Axis]:
     """The grid's axes (sorted by name), checked against ``sweep.base``."""
     if "base" not in sweep or "grid" not in sweep:
