@@ -18,10 +18,11 @@ Presets: ``cpu`` (the LM sweep's ``:cpu``: 2 layers, sequence 128, batch 32, 400
 lr 3e-3).
 """
 
-import importlib.util
 from pathlib import Path
 
 import ml_collections
+
+from linear_attention.training.cli import load_config_file
 
 PRESETS = ("cpu",)
 
@@ -35,11 +36,7 @@ VARIANTS = (
 
 
 def _lm_sweep(preset):
-    path = Path(__file__).resolve().parent / "lm.py"
-    spec = importlib.util.spec_from_file_location("configs_sweeps_lm", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config(preset)
+    return load_config_file(str(Path(__file__).resolve().parent / "lm.py") + f":{preset}")
 
 
 def get_config(arg=None):

@@ -30,11 +30,11 @@ Presets (``configs/sweeps/lm.py:<arg>``):
   ``smoke``: softmax and the hybrid, 2 tiny layers, a few steps, for the test.
 """
 
-import importlib.util
 from pathlib import Path
 
 import ml_collections
 
+from linear_attention.training.cli import load_config_file
 from linear_attention.training.sweep.grid import grid_axis
 
 PRESETS = ("default", "cpu", "smoke")
@@ -81,11 +81,7 @@ VARIANTS = {
 
 
 def _base(preset):
-    path = Path(__file__).resolve().parents[1] / "lm.py"
-    spec = importlib.util.spec_from_file_location("configs_lm", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config(preset)
+    return load_config_file(str(Path(__file__).resolve().parents[1] / "lm.py") + f":{preset}")
 
 
 def get_config(arg=None):

@@ -44,11 +44,11 @@ A grid axis is ``ConfigDict(field=path or tuple of paths, choices=(...), labels=
 accuracy-vs-d_model figure (x, one line per, one panel per).
 """
 
-import importlib.util
 from pathlib import Path
 
 import ml_collections
 
+from linear_attention.training.cli import load_config_file
 from linear_attention.training.sweep.grid import grid_axis
 
 PRESETS = ("default", "cpu", "smoke")
@@ -88,11 +88,7 @@ def _mixer_choices(names, taylor_dim, window, conv):
 
 
 def _base(preset):
-    path = Path(__file__).resolve().parents[1] / "mqar.py"
-    spec = importlib.util.spec_from_file_location("configs_mqar", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config(preset)
+    return load_config_file(str(Path(__file__).resolve().parents[1] / "mqar.py") + f":{preset}")
 
 
 def get_config(arg=None):
