@@ -181,7 +181,7 @@ class _ModelFields:
         # A common option some mixers refuse (rwkv7: conv, rope) applies to the layers that take
         # it, and raises when it is set and no layer takes it.
         for option, field, off, is_set in (
-            ("conv", "conv", "False", bool(self.conv)),
+            ("conv", "conv", "0", bool(self.conv)),
             ("rope", "position", "none", self.position == "rope"),
         ):
             refusing = [m for m in mixers if option in MIXERS[m].NOT_TAKEN]
