@@ -19,8 +19,9 @@ Parts: `projections.ShiftedInputs` (token shift and the six interpolations),
 `decays.RWKV7Decay`, `projections.LowRank` for a, the delta family's `l2norm`, and the shared
 `OutputStage` with a per-head LayerNorm (GroupNorm, eps 64e-5 as RWKV-7), the bonus added after
 it and the low-rank gate with its sigmoid between the factors. `out_norm` / `out_gate` turn the
-norm and the gate off; `conv` and `rope` are refused (the token shift is this mixer's local
-context and RWKV has no positions).
+norm and the gate off; `conv` and `rope` are not taken (`NOT_TAKEN`: the token shift is this
+mixer's local context and RWKV has no positions): the mixer refuses them, and in a hybrid model
+they apply to the other layers only (`ModelConfig.mixer_options`).
 
 Taken from RWKV-7 (BlinkDL's x070 time mix): all of the above, the LoRA ranks
 (max(32, round(1.8·√D/32)·32) for w and a, max(32, round(0.6·D^0.8/32)·32) for g) and the
