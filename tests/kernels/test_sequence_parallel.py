@@ -1,8 +1,10 @@
 """Sequence parallelism (`axis_name`): kernels with time split over 2/4/8 forced CPU devices
 inside `jax.shard_map` (default checks) equal the unsplit call — outputs, gradients to every
 input, and the global final state on every shard — for every decay kind, normalised or not,
-every method, packed rows, and the delta rule. One subprocess runs every check (JAX starts
-once); one split result is also checked against the float64 NumPy loop."""
+every method, packed rows, and the delta rule. One subprocess runs each group of checks (JAX
+starts once); one split result is also checked against the float64 NumPy loop. The default run
+keeps one check per kernel family and path; the other device counts, decay kinds and methods
+run under `-m slow`."""
 
 import functools
 import os
@@ -10,6 +12,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from tests.kernels.reference import rel_err  # NumPy only: safe before JAX is configured
 from tests.scripts import DEADLINE_S, ROOT
@@ -107,19 +110,12 @@ def main(part):
         kernel = functools.partial(linear, normalize=normalize, method=method)
         return check(name, kernel, xs, jnp.asarray(SEGMENTS) if segments else None, n)
 
+    # "split" (the default run) covers every kernel family with packed rows, a per-key decay
+    # over 8 shards, an unnormalised output and the float64 loop; "split_more" (slow) the rest.
     if part == "split":
-        # Every device count, a data-dependent decay, from an initial state.
-        for n in (2, 4, 8):
-            run(f"chunk/BTH/n={n}", n, "BTH")
-        # Every decay kind, normalised or not, packed rows.
-        run("chunk/none/unnormalised", 4, "none", normalize=False)
-        run("chunk/H", 4, "H")
-        run("chunk/BTHM/unnormalised", 4, "BTHM", normalize=False)
         out = run("chunk/BTHM/segments/n=8", 8, "BTHM", segments=True)
-        run("chunk/none/segments", 4, "none", segments=True)
-        # Every method.
-        for method in ("scan", "associative_scan", "quadratic", "chunk_parallel"):
-            run(f"{method}/BTHM/segments", 4, "BTHM", method=method, segments=True)
+        run("chunk/none/unnormalised", 4, "none", normalize=False)
+        run("scan/BTHM/segments", 4, "BTHM", method="scan", segments=True)
 
         # The split result against the float64 recurrence itself.
         o_ref, kv_ref, z_ref = causal_linear_attention_loop(
@@ -130,6 +126,17 @@ def main(part):
         for x, ref in ((o, o_ref), (state.kv, kv_ref), (state.k_sum, z_ref)):
             assert rel_err(x, ref) <= 1e-4, rel_err(x, ref)
         print("CHECKED loop/BTHM/segments/n=8", flush=True)
+    if part == "split_more":
+        # Every device count, a data-dependent decay, from an initial state.
+        for n in (2, 4, 8):
+            run(f"chunk/BTH/n={n}", n, "BTH")
+        # Every decay kind, normalised or not, packed rows.
+        run("chunk/H", 4, "H")
+        run("chunk/BTHM/unnormalised", 4, "BTHM", normalize=False)
+        run("chunk/none/segments", 4, "none", segments=True)
+        # Every method.
+        for method in ("associative_scan", "quadratic", "chunk_parallel"):
+            run(f"{method}/BTHM/segments", 4, "BTHM", method=method, segments=True)
 
     # The delta rule: L2-normalised keys, β in (0, 2), gated or not, packed rows.
     unit = lambda x: x / jnp.linalg.norm(x, axis=-1, keepdims=True)  # noqa: E731
@@ -148,12 +155,15 @@ def main(part):
             method=method, chunk_size=4, return_state=True, axis_name=axis_name,
         )  # fmt: skip
 
-    if part == "split":
-        for name, n, gated, method, segments in (
+    delta_checks = {
+        "split": (("delta/chunk/gated/segments/n=8", 8, True, "chunk", True),),
+        "split_more": (
             ("delta/chunk/n=2", 2, False, "chunk", False),
-            ("delta/chunk/gated/segments/n=8", 8, True, "chunk", True),
             ("delta/scan/gated/n=4", 4, True, "scan", False),
-        ):
+        ),
+    }
+    if part in delta_checks:
+        for name, n, gated, method, segments in delta_checks[part]:
             xs = {**delta_base, "a": decays["BTH"]} if gated else delta_base
             seg = jnp.asarray(SEGMENTS) if segments else None
             check(name, functools.partial(delta, method=method), xs, seg, n)
@@ -229,21 +239,23 @@ def check_nan(name, kernel, xs, seg, n):
 
 
 EXPECTED = [
+    "chunk/BTHM/segments/n=8",
+    "chunk/none/unnormalised",
+    "scan/BTHM/segments",
+    "loop/BTHM/segments/n=8",
+    "delta/chunk/gated/segments/n=8",
+]
+EXPECTED_MORE = [
     "chunk/BTH/n=2",
     "chunk/BTH/n=4",
     "chunk/BTH/n=8",
-    "chunk/none/unnormalised",
     "chunk/H",
     "chunk/BTHM/unnormalised",
-    "chunk/BTHM/segments/n=8",
     "chunk/none/segments",
-    "scan/BTHM/segments",
     "associative_scan/BTHM/segments",
     "quadratic/BTHM/segments",
     "chunk_parallel/BTHM/segments",
-    "loop/BTHM/segments/n=8",
     "delta/chunk/n=2",
-    "delta/chunk/gated/segments/n=8",
     "delta/scan/gated/n=4",
 ]
 
@@ -280,6 +292,12 @@ def run_checks(part):
 
 def test_split_over_devices_equals_unsplit():
     assert run_checks("split") == EXPECTED
+
+
+@pytest.mark.slow
+def test_split_over_devices_more_equals_unsplit():
+    """Every device count, decay kind and method (minutes: 11 sharded programs)."""
+    assert run_checks("split_more") == EXPECTED_MORE
 
 
 def test_nan_in_one_shard_stops_at_a_reset_as_unsplit():
