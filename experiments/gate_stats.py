@@ -39,6 +39,8 @@ from linear_attention.training import build_data
 from linear_attention.training.load import restore_run
 
 QUANTILES = (0.01, 0.1, 0.5, 0.9, 0.99)
+EXACT_A_LOG = -1e4  # exp(A) = 0 in float32: log γ = −softplus(z)·0 = 0, so γ = 1 exactly
+EXACT_BETA_SCALE = 1e3  # β's logit ×1e3: sigmoid reaches 1 (or 0) exactly in float32
 ONES_BINS = 8  # accuracy by number of ones: this many equal-width bins per length
 
 
@@ -51,6 +53,26 @@ def check_model(model) -> None:
                 f"layer {i} has mixer {type(mixer).__name__}; gate_stats reads delta-rule "
                 "mixers (deltanet, gated_deltanet, gated_deltaproduct) only"
             )
+
+
+def exact_reflection(model, layer: int, head: int) -> None:
+    """Edit ``model`` in place so that head ``head`` of layer ``layer`` has γ = 1 and β at its
+    saturation at every token: its decay's A → exp(EXACT_A_LOG) = 0, and its β logits scaled by
+    EXACT_BETA_SCALE, so 2·sigmoid gives exactly 2 where the logit is > 0 (0 where < 0). This
+    is the transition the reading says parity needs (|γ(1 − β)| = 1); evaluating the edited
+    model tells whether the trained model's shortfall from it is what fails the long lengths."""
+    if not 0 <= layer < len(model.blocks):
+        raise ValueError(f"layer must be in [0, {len(model.blocks)}), got {layer}")
+    mixer = model.blocks[layer].mixer
+    if not 0 <= head < mixer.num_value_heads:
+        raise ValueError(f"head must be in [0, {mixer.num_value_heads}), got {head}")
+    if mixer.decay is not None:
+        a_log = mixer.decay.a_log
+        a_log[...] = a_log[...].at[head].set(EXACT_A_LOG)
+    n = mixer.beta_proj.kernel.shape[-1] // mixer.num_value_heads  # keys per head
+    kernel = mixer.beta_proj.kernel
+    cols = slice(head * n, (head + 1) * n)
+    kernel[...] = kernel[...].at[:, cols].multiply(EXACT_BETA_SCALE)
 
 
 def make_forward(model):
@@ -170,7 +192,9 @@ def length_figures(forward, inputs, labels, task: str, batch_size: int) -> dict:
     return out
 
 
-def gate_stats(workdir: str, step: int | None, lengths, batch_size: int) -> dict:
+def gate_stats(workdir: str, step: int | None, lengths, batch_size: int, exact=()) -> dict:
+    """The figures of every length in ``lengths``; with ``exact`` (``(layer, head)`` pairs),
+    also those of the model edited by `exact_reflection` at each pair."""
     run = restore_run(workdir, step=step)
     model, _ = nnx.merge(run.graphdef, run.state)  # (model, optimizer)
     config = run.config
@@ -184,7 +208,19 @@ def gate_stats(workdir: str, step: int | None, lengths, batch_size: int) -> dict
     missing = [L for L in lengths if L not in data.eval_sets]
     if missing:
         raise ValueError(f"lengths {missing} are not evaluation lengths {data.eval_lengths}")
-    forward = make_forward(model)
+    task = config.data.task
+
+    def figures(forward):
+        return {
+            str(L): length_figures(forward, *data.eval_sets[L], task, batch_size) for L in lengths
+        }
+
+    measured = figures(make_forward(model))
+    edited = None
+    if exact:
+        for layer, head in exact:
+            exact_reflection(model, layer, head)
+        edited = dict(heads=[list(pair) for pair in exact], lengths=figures(make_forward(model)))
     return dict(
         workdir=workdir,
         step=run.step,
@@ -197,34 +233,14 @@ def gate_stats(workdir: str, step: int | None, lengths, batch_size: int) -> dict
         ),
         learning_rate=config.optimizer.learning_rate,
         seed=config.seed,
-        lengths={
-            str(L): length_figures(forward, *data.eval_sets[L], config.data.task, batch_size)
-            for L in lengths
-        },
+        lengths=measured,
+        exact_reflection=edited,
     )
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workdir", required=True, help="a run written by experiments/train.py")
-    parser.add_argument("--step", type=int, default=None, help="checkpoint (default: latest)")
-    parser.add_argument(
-        "--lengths",
-        type=int,
-        nargs="*",
-        default=None,
-        help="evaluation lengths (default: all of the run's)",
-    )
-    parser.add_argument("--batch_size", type=int, default=128)
-    parser.add_argument("--out", required=True, help="JSON file to write")
-    args = parser.parse_args(argv)
-    if args.batch_size < 1:
-        parser.error(f"--batch_size must be >= 1, got {args.batch_size}")
-    result = gate_stats(args.workdir, args.step, args.lengths, args.batch_size)
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
-    for L, fig in result["lengths"].items():
+def print_figures(lengths: dict, title: str) -> None:
+    print(title)
+    for L, fig in lengths.items():
         print(f"length {L}: sequence accuracy {fig['sequence_accuracy']:.3f}")
         for layer in fig["layers"]:
             for head in layer["heads"]:
@@ -243,6 +259,49 @@ def main(argv=None):
                     for b in fig["accuracy_by_number_of_ones"]
                 ],
             )
+
+
+def layer_head(text: str) -> tuple[int, int]:
+    """``"LAYER:HEAD"`` -> (layer, head)."""
+    try:
+        layer, head = (int(part) for part in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected LAYER:HEAD (e.g. 0:1), got {text!r}") from None
+    return layer, head
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workdir", required=True, help="a run written by experiments/train.py")
+    parser.add_argument("--step", type=int, default=None, help="checkpoint (default: latest)")
+    parser.add_argument(
+        "--lengths",
+        type=int,
+        nargs="*",
+        default=None,
+        help="evaluation lengths (default: all of the run's)",
+    )
+    parser.add_argument("--batch_size", type=int, default=128)
+    parser.add_argument(
+        "--exact",
+        type=layer_head,
+        nargs="*",
+        default=(),
+        metavar="LAYER:HEAD",
+        help="also evaluate with these heads edited to γ = 1 and β saturated (exact_reflection)",
+    )
+    parser.add_argument("--out", required=True, help="JSON file to write")
+    args = parser.parse_args(argv)
+    if args.batch_size < 1:
+        parser.error(f"--batch_size must be >= 1, got {args.batch_size}")
+    result = gate_stats(args.workdir, args.step, args.lengths, args.batch_size, args.exact)
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    print_figures(result["lengths"], "measured")
+    if result["exact_reflection"] is not None:
+        edited = result["exact_reflection"]
+        print_figures(edited["lengths"], f"exact reflection at (layer, head) {edited['heads']}")
 
 
 if __name__ == "__main__":

@@ -66,3 +66,28 @@ def test_only_delta_rule_models_are_read(gs):
     cfg = ModelConfig(vocab_size=2, d_model=8, num_layers=1, num_heads=2, mixer="gla")
     with pytest.raises(ValueError, match="delta-rule mixers"):
         gs.check_model(LanguageModel(cfg, rngs=nnx.Rngs(0)))
+
+
+def test_exact_reflection_sets_one_head_to_gamma_one_and_beta_saturated(gs):
+    cfg = ModelConfig(
+        vocab_size=2,
+        d_model=8,
+        num_layers=1,
+        num_heads=2,
+        mixer="gated_deltanet",
+        allow_neg_eigval=True,
+    )
+    model = LanguageModel(cfg, rngs=nnx.Rngs(0))
+    mixer = model.blocks[0].mixer
+    x = np.random.default_rng(0).normal(size=(1, 5, 8)).astype(np.float32)
+    beta0, log_gamma0 = np.asarray(mixer.beta(x)), np.asarray(mixer.decay(x))
+    gs.exact_reflection(model, 0, 1)
+    beta, log_gamma = np.asarray(mixer.beta(x)), np.asarray(mixer.decay(x))
+    np.testing.assert_array_equal(beta[..., 0], beta0[..., 0])  # head 0 untouched
+    np.testing.assert_array_equal(log_gamma[..., 0], log_gamma0[..., 0])
+    assert np.all(log_gamma[..., 1] == 0.0)  # γ = 1 exactly
+    # β = 2 where the logit was > 0 (β0 > 1), 0 where < 0: the sign of the logit is kept
+    np.testing.assert_array_equal(beta[..., 1], np.where(beta0[..., 1] > 1.0, 2.0, 0.0))
+    with pytest.raises(ValueError, match="head must be in"):
+        gs.exact_reflection(model, 0, 2)
+    assert gs.layer_head("0:1") == (0, 1)
