@@ -16,8 +16,9 @@ over every position of the ``num_eval_examples`` evaluation sequences of each le
 log10 Π_t |γ_t(1 − β_t)| (the whole sequence's shrinkage of a component orthogonal to, or
 along, every k_t). Also the sequence accuracy (the trainer's argmax at the scored positions),
 the readout's margin (label logit minus the best other, at the scored positions) and, for
-parity, the accuracy by the number of ones in the sequence, which tells whether the errors
-follow the count of flips or the length. The mixer's input is read as `Block` builds it
+parity, the accuracy by the number of ones in the sequence (do the errors follow the count of
+flips?) and at every prefix length (the running parity at each position: where along the
+sequence do the errors start?). The mixer's input is read as `Block` builds it
 (``mixer_norm`` of the residual stream), so the figures are those of the trained forward pass.
 Delta-rule mixers (`DeltaNetMixer` and its subclasses) with a scalar or no decay only.
 """
@@ -42,6 +43,7 @@ QUANTILES = (0.01, 0.1, 0.5, 0.9, 0.99)
 EXACT_A_LOG = -1e4  # exp(A) = 0 in float32: log γ = −softplus(z)·0 = 0, so γ = 1 exactly
 EXACT_BETA_SCALE = 1e3  # β's logit ×1e3: sigmoid reaches 1 (or 0) exactly in float32
 ONES_BINS = 8  # accuracy by number of ones: this many equal-width bins per length
+PREFIX_EVERY = 16  # parity's prefix accuracy: at every this many positions (and the last)
 
 
 def check_model(model) -> None:
@@ -189,6 +191,13 @@ def length_figures(forward, inputs, labels, task: str, batch_size: int) -> dict:
             for lo, hi in zip(edges[:-1], edges[1:], strict=True)
             if (sel := (ones >= lo) & (ones < hi)).any()
         ]
+        # the model is causal, so its answer at position t is its answer for the prefix of
+        # length t + 1: accuracy at every prefix length, from the same forward pass
+        right_BT = logits.argmax(-1) == np.cumsum(inputs, -1) % 2
+        at = sorted({*range(PREFIX_EVERY - 1, inputs.shape[1], PREFIX_EVERY), inputs.shape[1] - 1})
+        out["prefix_accuracy"] = dict(
+            prefix_length=[t + 1 for t in at], accuracy=[float(right_BT[:, t].mean()) for t in at]
+        )
     return out
 
 

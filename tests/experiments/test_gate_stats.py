@@ -36,13 +36,15 @@ def test_gate_figures_by_token_and_products(gs):
     )
 
 
-def test_length_figures_accuracy_margin_and_ones(gs):
+def test_length_figures_accuracy_margin_and_ones(gs, monkeypatch):
     # 4 parity sequences of length 2, label at the last position; logits chosen by hand
     inputs = np.array([[0, 0], [0, 1], [1, 1], [1, 0]], np.int32)
     labels = np.full((4, 2), IGNORE_INDEX, np.int32)
     labels[:, 1] = inputs.sum(-1) % 2  # 0, 1, 0, 1
     logits = np.zeros((4, 2, 2), np.float32)
     logits[:, 1] = [[2.0, 0.0], [0.0, 0.5], [0.0, 1.0], [3.0, 0.0]]  # right, right, wrong, wrong
+    # position 0 (prefix length 1, parity = the first bit 0, 0, 1, 1): predicts 0, 0, 0, 1
+    logits[:, 0] = [[1.0, 0.0], [1.0, 0.0], [1.0, 0.0], [0.0, 1.0]]
     beta = np.full((4, 2, 1), 0.5, np.float32)
     log_gamma = np.zeros((4, 2, 1), np.float32)
 
@@ -50,6 +52,7 @@ def test_length_figures_accuracy_margin_and_ones(gs):
         assert np.asarray(tokens).shape == (4, 2)
         return logits, [beta], [log_gamma]
 
+    monkeypatch.setattr(gs, "PREFIX_EVERY", 1)  # every prefix length
     out = gs.length_figures(forward, inputs, labels, "parity", batch_size=4)
     assert out["num_sequences"] == 4 and out["sequence_accuracy"] == 0.5
     np.testing.assert_allclose(sorted([out["margin"]["min"], out["margin"]["max"]]), [-3.0, 2.0])
@@ -60,6 +63,7 @@ def test_length_figures_accuracy_margin_and_ones(gs):
     # 0 ones: [0, 0] right; 2 ones: [1, 1] wrong; 1 one: one right, one wrong
     accuracy = {lo: b["accuracy"] for (lo, hi), b in by_ones.items() if lo == hi}
     assert accuracy[0] == 1.0 and accuracy[2] == 0.0 and accuracy[1] == 0.5
+    assert out["prefix_accuracy"] == dict(prefix_length=[1, 2], accuracy=[0.75, 0.5])
 
 
 def test_only_delta_rule_models_are_read(gs):
