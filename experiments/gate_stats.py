@@ -28,6 +28,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -304,6 +306,8 @@ def main(argv=None):
     if args.batch_size < 1:
         parser.error(f"--batch_size must be >= 1, got {args.batch_size}")
     result = gate_stats(args.workdir, args.step, args.lengths, args.batch_size, args.exact)
+    argv = sys.argv[1:] if argv is None else argv
+    result = dict(command=shlex.join(["python", "experiments/gate_stats.py", *argv]), **result)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
