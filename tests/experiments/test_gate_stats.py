@@ -1,0 +1,97 @@
+"""experiments/gate_stats.py: the per-token gate figures and the per-length accuracy, margin and
+accuracy by number of ones, against hand-computed cases."""
+
+import numpy as np
+import pytest
+from flax import nnx
+
+from linear_attention.data.batches import IGNORE_INDEX
+from linear_attention.models import LanguageModel, ModelConfig
+from tests.scripts import load_module
+
+
+@pytest.fixture(scope="module")
+def gs():
+    return load_module("experiments/gate_stats.py", "gate_stats")
+
+
+def test_gate_figures_by_token_and_products(gs):
+    # one sequence of 3 tokens [1, 0, 1], one head: β = (2·0.9, 0.1, 2·0.9), γ = (0.5, 1, 0.5)
+    tokens = np.array([[1, 0, 1]])
+    beta = np.array([[[1.8], [0.1], [1.8]]], np.float32)
+    log_gamma = np.log(np.array([[[0.5], [1.0], [0.5]]], np.float32))
+    (head,) = gs.gate_figures(beta, log_gamma, tokens)
+    one, zero = head["by_token"]["1"], head["by_token"]["0"]
+    assert (one["count"], zero["count"]) == (2, 1)
+    np.testing.assert_allclose(one["beta"]["mean"], 1.8, rtol=1e-6)
+    np.testing.assert_allclose(one["gamma"]["max"], 0.5, rtol=1e-6)
+    np.testing.assert_allclose(one["gamma_times_one_minus_beta"]["mean"], 0.5 * -0.8, rtol=1e-6)
+    np.testing.assert_allclose(zero["gamma_times_one_minus_beta"]["min"], 0.9, rtol=1e-6)
+    # Π γ = 0.25; Π |γ(1 − β)| = 0.4 · 0.9 · 0.4
+    np.testing.assert_allclose(
+        head["log10_prod_gamma_per_sequence"]["mean"], np.log10(0.25), rtol=1e-6
+    )
+    np.testing.assert_allclose(
+        head["log10_prod_abs_along_k_per_sequence"]["mean"], np.log10(0.4 * 0.9 * 0.4), rtol=1e-6
+    )
+
+
+def test_length_figures_accuracy_margin_and_ones(gs, monkeypatch):
+    # 4 parity sequences of length 2, label at the last position; logits chosen by hand
+    inputs = np.array([[0, 0], [0, 1], [1, 1], [1, 0]], np.int32)
+    labels = np.full((4, 2), IGNORE_INDEX, np.int32)
+    labels[:, 1] = inputs.sum(-1) % 2  # 0, 1, 0, 1
+    logits = np.zeros((4, 2, 2), np.float32)
+    logits[:, 1] = [[2.0, 0.0], [0.0, 0.5], [0.0, 1.0], [3.0, 0.0]]  # right, right, wrong, wrong
+    # position 0 (prefix length 1, parity = the first bit 0, 0, 1, 1): predicts 0, 0, 0, 1
+    logits[:, 0] = [[1.0, 0.0], [1.0, 0.0], [1.0, 0.0], [0.0, 1.0]]
+    beta = np.full((4, 2, 1), 0.5, np.float32)
+    log_gamma = np.zeros((4, 2, 1), np.float32)
+
+    def forward(tokens):  # one batch of all four sequences
+        assert np.asarray(tokens).shape == (4, 2)
+        return logits, [beta], [log_gamma]
+
+    monkeypatch.setattr(gs, "PREFIX_EVERY", 1)  # every prefix length
+    out = gs.length_figures(forward, inputs, labels, "parity", batch_size=4)
+    assert out["num_sequences"] == 4 and out["sequence_accuracy"] == 0.5
+    np.testing.assert_allclose(sorted([out["margin"]["min"], out["margin"]["max"]]), [-3.0, 2.0])
+    np.testing.assert_allclose(out["abs_margin_right"]["mean"], 1.25)
+    np.testing.assert_allclose(out["abs_margin_wrong"]["mean"], 2.0)
+    by_ones = {(b["ones_from"], b["ones_to"]): b for b in out["accuracy_by_number_of_ones"]}
+    assert sum(b["count"] for b in by_ones.values()) == 4
+    # 0 ones: [0, 0] right; 2 ones: [1, 1] wrong; 1 one: one right, one wrong
+    accuracy = {lo: b["accuracy"] for (lo, hi), b in by_ones.items() if lo == hi}
+    assert accuracy[0] == 1.0 and accuracy[2] == 0.0 and accuracy[1] == 0.5
+    assert out["prefix_accuracy"] == dict(prefix_length=[1, 2], accuracy=[0.75, 0.5])
+
+
+def test_only_delta_rule_models_are_read(gs):
+    cfg = ModelConfig(vocab_size=2, d_model=8, num_layers=1, num_heads=2, mixer="gla")
+    with pytest.raises(ValueError, match="delta-rule mixers"):
+        gs.check_model(LanguageModel(cfg, rngs=nnx.Rngs(0)))
+
+
+def test_exact_reflection_sets_one_head_to_gamma_one_and_beta_saturated(gs):
+    cfg = ModelConfig(
+        vocab_size=2,
+        d_model=8,
+        num_layers=1,
+        num_heads=2,
+        mixer="gated_deltanet",
+        allow_neg_eigval=True,
+    )
+    model = LanguageModel(cfg, rngs=nnx.Rngs(0))
+    mixer = model.blocks[0].mixer
+    x = np.random.default_rng(0).normal(size=(1, 5, 8)).astype(np.float32)
+    beta0, log_gamma0 = np.asarray(mixer.beta(x)), np.asarray(mixer.decay(x))
+    gs.exact_reflection(model, 0, 1)
+    beta, log_gamma = np.asarray(mixer.beta(x)), np.asarray(mixer.decay(x))
+    np.testing.assert_array_equal(beta[..., 0], beta0[..., 0])  # head 0 untouched
+    np.testing.assert_array_equal(log_gamma[..., 0], log_gamma0[..., 0])
+    assert np.all(log_gamma[..., 1] == 0.0)  # γ = 1 exactly
+    # β = 2 where the logit was > 0 (β0 > 1), 0 where < 0: the sign of the logit is kept
+    np.testing.assert_array_equal(beta[..., 1], np.where(beta0[..., 1] > 1.0, 2.0, 0.0))
+    with pytest.raises(ValueError, match="head must be in"):
+        gs.exact_reflection(model, 0, 2)
+    assert gs.layer_head("0:1") == (0, 1)
