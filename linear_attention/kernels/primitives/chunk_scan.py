@@ -54,10 +54,10 @@ def affine_chunk_scan(s0_BHKD, xs, forward, group: int, backward=None):
     as reset counts are allowed and get no cotangent). `forward(*xs_group) -> (terms, res)`:
     `terms = (W, X0, Q, P, O0, E, U0, g)` for `group` chunks, batched with a leading `[group]`
     axis (X0, O0 or U0 None where a family has none; g `[.., K]` or `[.., 1]`, or None for no
-    decay), and `res` a tuple of arrays the backward
-    pass needs (stored for every group: keep it to a few [C, C]- and [C, K]-sized arrays per
-    chunk). `backward(xs_group, res_group) -> ((W, X0, Q, P, E, g), pullback)` rebuilds the terms
-    the chain above reads, and `pullback(dW, dX0, dQ, dP, dO0, dE, dU0, dg)` returns the
+    decay), and `res` a tuple of arrays the backward pass needs (stored for every group: keep it
+    to a few [C, C]- and [C, K]-sized arrays per chunk).
+    `backward(xs_group, res_group) -> ((W, X0, Q, P, E, g), pullback)` rebuilds the terms the
+    chain above reads, and `pullback(dW, dX0, dQ, dP, dO0, dE, dU0, dg)` returns the
     cotangents of `xs_group` (None for an integer input); dP and dE already hold X0's share.
 
     Without `backward`, autodiff differentiates `forward` through a rematerialised scan step.
