@@ -54,6 +54,10 @@ def same_segment(q_segment_ids, k_segment_ids):
     return q_segment_ids[:, :, None] == k_segment_ids[:, None, :]
 
 
+# Longest axis whose reset count `cumulative_log_decay` takes by a triangle matmul (a chunk's).
+_COUNT_BY_MATMUL = 256
+
+
 def cumulative_log_decay(a, axis: int, restart: bool = False, by_matmul: bool = False):
     """Cumulative log decay that stays finite across resets (−inf entries of `a`).
 
@@ -63,19 +67,25 @@ def cumulative_log_decay(a, axis: int, restart: bool = False, by_matmul: bool = 
     With `restart`, b restarts from 0 at every reset (a segmented sum; the same differences):
     under autodiff no gradient then reaches a log decay before a reset, not even as rounding.
     With `by_matmul` (not with `restart`), both sums are taken as a matmul with a triangle, n as
-    float32 (exact integers): faster than `cumsum` on CPU along a short axis (a chunk).
+    float32 (exact integers): faster than `cumsum` on CPU along a short axis (a chunk). With
+    `restart` along an axis of at most 256 (a chunk), n is taken by that matmul too (int32).
     """
     reset = jnp.isneginf(a)
     finite = jnp.where(reset, 0.0, a)
+    upper_ST = jnp.triu(jnp.ones((a.shape[axis],) * 2, jnp.float32))  # [s, t]: s ≤ t
+    axes = "abcdefghijklmnopqrstuvwxy"[: a.ndim]
+    s = axes[axis % a.ndim]
+    spec = f"{axes},{s}z->{axes.replace(s, 'z')}"  # in place: no transposes around it
     if by_matmul:
         if restart:
             raise ValueError("cumulative_log_decay: by_matmul does not restart at resets")
-        upper_ST = jnp.triu(jnp.ones((a.shape[axis],) * 2, jnp.float32))  # [s, t]: s ≤ t
-        axes = "abcdefghijklmnopqrstuvwxy"[: a.ndim]
-        s = axes[axis % a.ndim]
-        spec = f"{axes},{s}z->{axes.replace(s, 'z')}"  # in place: no transposes around it
         return tuple(jnp.einsum(spec, x, upper_ST) for x in (finite, reset.astype(jnp.float32)))
-    n = jnp.cumsum(reset.astype(jnp.int32), axis=axis)
+    if restart and a.shape[axis] <= _COUNT_BY_MATMUL:
+        # a chunk's axis: the reset count by the triangle matmul (exact integers in float32),
+        # XLA's CPU cumsum of int32 is a reduce-window, O(C) per entry and slow
+        n = jnp.einsum(spec, reset.astype(jnp.float32), upper_ST).astype(jnp.int32)
+    else:
+        n = jnp.cumsum(reset.astype(jnp.int32), axis=axis)
     if not restart:
         return jnp.cumsum(finite, axis=axis), n
 

@@ -325,8 +325,8 @@ def delta_chunked_per_key(q_BTHK, k_BTHK, v_BTHD, beta_BTH, a_BTHK, s0_BHKD, *, 
 def _per_key_forward(q, k, v, beta, b, n, *, c):
     """The state-independent part of a step's chunks, batched ([G, B, H, C, ...]), as the affine
     map of `affine_chunk_scan`: with U = (I + A)⁻¹ diag(β) V and W = (I + A)⁻¹ diag(β)(K ⊙ e^b),
-    U' = U − W S, so X = −W S, O = (Q ⊙ e^b) S + P X + P U, S' = e^{b_C} S + Eᵀ X + Eᵀ U with
-    P the decayed scores and E = K ⊙ e^{b_C − b}. Residuals for the backward pass: (I + A)⁻¹,
+    U' = U − W S, so X = −W S, X₀ = U, O = (Q ⊙ e^b) S + P (X + U), S' = e^{b_C} S + Eᵀ (X + U)
+    with P the decayed scores and E = K ⊙ e^{b_C − b}. Residuals for the backward pass: (I + A)⁻¹,
     U, W, P and the strict scores L (A = diag(β) L), a few [C, C] and [C, K] per chunk."""
     d = ChunkDecays.from_cumulative(b, n)
     sub = SubBlocks(b, n, c)
@@ -336,7 +336,8 @@ def _per_key_forward(q, k, v, beta, b, n, *, c):
     w_CK = inv_CC @ (beta[..., None] * k * d.start)
     p_CC = sub.scores(q, k)
     e_CK = k * d.end
-    terms = (-w_CK, q * d.start, p_CC, p_CC @ u_CD, e_CK, e_CK.mT @ u_CD, d.total)
+    # U is the walk's X₀: P U and Eᵀ U come from its products with X + U
+    terms = (-w_CK, u_CD, q * d.start, p_CC, None, e_CK, None, d.total)
     return terms, (inv_CC, u_CD, w_CK, p_CC, l_CC)
 
 

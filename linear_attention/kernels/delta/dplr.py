@@ -187,8 +187,8 @@ def dplr_chunked(q_BTHK, k_BTHK, v_BTHD, a_BTHK, b_BTHK, w_BTHK, s0_BHKD, *, chu
 def _forward(q, k, v, a, b, g, n, *, c):
     """The state-independent part of a step's chunks, batched ([G, B, H, C, ...]), as the affine
     map of `affine_chunk_scan`: W = W₀ + X with W₀ = (I − L_ab)⁻¹ L_ak V and X = (I − L_ab)⁻¹
-    (A ⊙ e^{g⁻}) S, so O = (Q ⊙ e^g) S + M_qb X + (M_qb W₀ + M_qk V) and
-    S' = e^{g_C} S + (B ⊙ e^{g_C − g})ᵀ X + ((B ⊙ e^{g_C − g})ᵀ W₀ + (K ⊙ e^{g_C − g})ᵀ V).
+    (A ⊙ e^{g⁻}) S, so O = (Q ⊙ e^g) S + M_qb (X + W₀) + M_qk V and
+    S' = e^{g_C} S + (B ⊙ e^{g_C − g})ᵀ (X + W₀) + (K ⊙ e^{g_C − g})ᵀ V (W₀: the walk's X₀).
     Residuals for the backward pass: (I − L_ab)⁻¹, W₀, (I − L_ab)⁻¹ (A ⊙ e^{g⁻}), M_qb, M_qk and
     L_ak, a few [C, C] and [C, K] per chunk."""
     d = ChunkDecays.from_cumulative(g, n, exclusive=True)
@@ -200,10 +200,9 @@ def _forward(q, k, v, a, b, g, n, *, c):
     m_qb = inclusive.scores(q, b)
     m_qk = inclusive.scores(q, k)
     b_end, k_end = b * d.end, k * d.end
-    o0_CD = m_qb @ w0_CD + m_qk @ v
-    u0_KD = b_end.mT @ w0_CD + k_end.mT @ v
     x_CK = inv_CC @ (a * d.start_prev)
-    terms = (x_CK, q * d.start, m_qb, o0_CD, b_end, u0_KD, d.total)
+    # W₀ is the walk's X₀: M_qb W₀ and B_eᵀ W₀ come from its products with X S + W₀
+    terms = (x_CK, w0_CD, q * d.start, m_qb, m_qk @ v, b_end, k_end.mT @ v, d.total)
     return terms, (inv_CC, w0_CD, x_CK, m_qb, m_qk, l_ak)
 
 

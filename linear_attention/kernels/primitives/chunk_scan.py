@@ -2,11 +2,11 @@
 per chunk, walked by a `lax.scan` over groups of chunks, and its hand-written gradient.
 
 Per chunk, with S the state entering it and the chunk's own (state-independent) terms
-W [C, K], Q [C, K], P [C, C], O₀ [C, Dv], E [C, K], U₀ [K, Dv], g [K] (or [1]):
+W [C, K], X₀ [C, Dv], Q [C, K], P [C, C], O₀ [C, Dv], E [C, K], U₀ [K, Dv], g [K] (or [1]):
 
     X  = W S                              (the state's effect on the chunk's writes)
-    O  = Q S + P X + O₀
-    S' = diag(g) S + Eᵀ X + U₀
+    O  = Q S + P (X + X₀) + O₀
+    S' = diag(g) S + Eᵀ (X + X₀) + U₀
 
 Backward, given dO and dS' (the cotangent of the state leaving the chunk):
 
@@ -15,10 +15,11 @@ Backward, given dO and dS' (the cotangent of the state leaving the chunk):
     dg = Σ_d dS' ⊙ S   (summed over the value columns; over the keys too for g [1])
     dS = Qᵀ dO + Wᵀ dX + diag(g) dS'        (the cotangent carried to the previous chunk)
 
-The families' O₀ and U₀ usually hold P X₀ and Eᵀ X₀ for a state-independent part X₀ of the
-writes (the delta rule's U = (I + A)⁻¹ diag(β) V: its writes are U − W S). The backward pass then
-reads X + X₀ where the lines above read X (dP = dO (X + X₀)ᵀ, dE = (X + X₀) dS'ᵀ) and dX₀ = dX,
-so that a family's pullback needs no matmul of its own for X₀ (the forward pass is unchanged).
+X₀ is the state-independent part of the writes (the delta rule's U = (I + A)⁻¹ diag(β) V: its
+writes are U − W S), added to X before the two products that read it: P X₀ and Eᵀ X₀ cost no
+matmul of their own, in the forward pass or the backward one. The backward pass reads X + X₀
+where the lines above read X (dP = dO (X + X₀)ᵀ, dE = (X + X₀) dS'ᵀ) and dX₀ = dX, so that a
+family's pullback needs no matmul of its own for X₀ either.
 
 The forward pass keeps the state entering each chunk (one [K, Dv] state per chunk, never one
 per token) and whatever small per-chunk residuals the family's `forward` returns; the backward
@@ -51,12 +52,12 @@ def affine_chunk_scan(s0_BHKD, xs, forward, group: int, backward=None):
 
     `xs`: chunk-major inputs `[N, B, H, C, ...]` (N a multiple of `group`; integer arrays such
     as reset counts are allowed and get no cotangent). `forward(*xs_group) -> (terms, res)`:
-    `terms = (W, Q, P, O0, E, U0, g)` for `group` chunks, batched with a leading `[group]` axis
-    (g `[.., K]` or `[.., 1]`, or None for no decay), and `res` a tuple of arrays the backward
-    pass needs (stored for every group: keep it to a few [C, C]- and [C, K]-sized arrays per
-    chunk). `backward(xs_group, res_group) -> ((W, X0, Q, P, E, g), pullback)` rebuilds the terms
-    the chain above reads (X0: the state-independent writes inside O0 = P X0 + … and
-    U0 = Eᵀ X0 + …, or None), and `pullback(dW, dX0, dQ, dP, dO0, dE, dU0, dg)` returns the
+    `terms = (W, X0, Q, P, O0, E, U0, g)` for `group` chunks, batched with a leading `[group]`
+    axis (X0, O0 or U0 None where a family has none; g `[.., K]` or `[.., 1]`, or None for no
+    decay), and `res` a tuple of arrays the backward pass needs (stored for every group: keep it
+    to a few [C, C]- and [C, K]-sized arrays per chunk).
+    `backward(xs_group, res_group) -> ((W, X0, Q, P, E, g), pullback)` rebuilds the terms the
+    chain above reads, and `pullback(dW, dX0, dQ, dP, dO0, dE, dU0, dg)` returns the
     cotangents of `xs_group` (None for an integer input); dP and dE already hold X0's share.
 
     Without `backward`, autodiff differentiates `forward` through a rematerialised scan step.
@@ -79,14 +80,19 @@ def _ungrouped(x):
 def _chunk_maps(s_BHKD, terms, group, *, keep):
     """The affine maps of a group's chunks in order; the outputs `[group, ...]`, the leaving
     state, and with `keep` the state entering each chunk `[group, ...]`."""
-    w, q, p, o0, e, u0, g = terms
+    w, x0, q, p, o0, e, u0, g = terms
     outs, entering = [], []
     for i in range(group):  # a static loop over the step's chunks, not over time
         entering.append(s_BHKD)
         x = w[i] @ s_BHKD
-        outs.append(q[i] @ s_BHKD + p[i] @ x + o0[i])
+        if x0 is not None:
+            x = x + x0[i]
+        o = q[i] @ s_BHKD + p[i] @ x
+        outs.append(o if o0 is None else o + o0[i])
         decayed = s_BHKD if g is None else g[i][..., :, None] * s_BHKD
-        s_BHKD = decayed + e[i].mT @ x + u0[i]
+        s_BHKD = decayed + e[i].mT @ x
+        if u0 is not None:
+            s_BHKD = s_BHKD + u0[i]
     return jnp.stack(outs), s_BHKD, (jnp.stack(entering) if keep else None)
 
 
