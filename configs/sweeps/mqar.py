@@ -13,10 +13,9 @@ the base's short conv, which it refuses), swa, Based =
 ``("taylor", "swa")``: a Taylor layer then a sliding-window layer, and linear_scale8 = elu+1
 with q and k scaled by 8 before the feature map) and 2 seeds. kda, gated_deltaproduct and rwkv7
 joined the grids after the runs below (issue 20): the figures are the other 11 mixers' 132
-runs. The new mixers' 27 finished runs (EXPERIMENTS.md section 1, "The new mixers"): tuned at
-d_model 64, best lr 1e-2 for each: kda 0.928 (0.914-0.942), gated_deltaproduct 0.669
-(0.521-0.817), rwkv7 0.982 (0.972-0.991); d_model 128 not tuned (lr 3e-3 not run): at 1e-2 kda
-0.992, gated_deltaproduct 0.536 (0.080-0.991), rwkv7 0.993.
+runs. The new mixers' 36 runs (EXPERIMENTS.md section 1, "The new mixers"), best lr 1e-2 for
+each at both widths, d_model 64 / 128: kda 0.928 / 0.992, gated_deltaproduct 0.669 / 0.536
+(seed-fragile: 0.991 and 0.080 at 128), rwkv7 0.982 / 0.993.
   (none) / ``default``: the Zoology grid for an accelerator: vocab 8192, d_model 64…512,
       (seq_len, kv pairs) = (64, 4), (128, 8), (256, 16), (512, 64), learning rates
       logspace(-4, -2, 4), 20k steps of batch 256 per run; Taylor and Based with 16 projected
