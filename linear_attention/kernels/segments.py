@@ -72,18 +72,23 @@ def cumulative_log_decay(a, axis: int, restart: bool = False, by_matmul: bool = 
     """
     reset = jnp.isneginf(a)
     finite = jnp.where(reset, 0.0, a)
-    upper_ST = jnp.triu(jnp.ones((a.shape[axis],) * 2, jnp.float32))  # [s, t]: s ≤ t
-    axes = "abcdefghijklmnopqrstuvwxy"[: a.ndim]
-    s = axes[axis % a.ndim]
-    spec = f"{axes},{s}z->{axes.replace(s, 'z')}"  # in place: no transposes around it
+
+    def along_axis_by_matmul(x):
+        # built only here: the [T, T] triangle of a long axis would not fit outside a chunk
+        upper_ST = jnp.triu(jnp.ones((a.shape[axis],) * 2, jnp.float32))  # [s, t]: s ≤ t
+        axes = "abcdefghijklmnopqrstuvwxy"[: a.ndim]
+        s = axes[axis % a.ndim]
+        spec = f"{axes},{s}z->{axes.replace(s, 'z')}"  # in place: no transposes around it
+        return jnp.einsum(spec, x, upper_ST)
+
     if by_matmul:
         if restart:
             raise ValueError("cumulative_log_decay: by_matmul does not restart at resets")
-        return tuple(jnp.einsum(spec, x, upper_ST) for x in (finite, reset.astype(jnp.float32)))
+        return along_axis_by_matmul(finite), along_axis_by_matmul(reset.astype(jnp.float32))
     if restart and a.shape[axis] <= _COUNT_BY_MATMUL:
         # a chunk's axis: the reset count by the triangle matmul (exact integers in float32),
         # XLA's CPU cumsum of int32 is a reduce-window, O(C) per entry and slow
-        n = jnp.einsum(spec, reset.astype(jnp.float32), upper_ST).astype(jnp.int32)
+        n = along_axis_by_matmul(reset.astype(jnp.float32)).astype(jnp.int32)
     else:
         n = jnp.cumsum(reset.astype(jnp.int32), axis=axis)
     if not restart:
