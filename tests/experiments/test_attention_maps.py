@@ -26,8 +26,14 @@ def am():
     return load_module("experiments/attention_maps.py", "attention_maps")
 
 
+# One map of each kind in the default run (exact softmax, random features, a decay per token);
+# the other feature maps and the fixed decay under `-m slow`.
 @pytest.mark.parametrize(
-    "mixer", ["softmax", "linear", "favor", "taylor", "hedgehog", "retnet", "gated"]
+    "mixer",
+    [
+        m if m in ("softmax", "favor", "gated") else pytest.param(m, marks=pytest.mark.slow)
+        for m in ("softmax", "linear", "favor", "taylor", "hedgehog", "retnet", "gated")
+    ],
 )
 def test_effective_matrix_is_the_kernel_on_identity_values(am, mixer):
     config = ModelConfig(

@@ -109,26 +109,32 @@ def test_worked_example_noncausal():
 # ---- every method against the float64 recurrence and the quadratic form ----
 
 
+# The (normalize, initial state) pairs, split in two halves that each take both values of each:
+# the default run checks one half with every decay and method, `-m slow` the other half.
+HALVES = [
+    ((True, True), (False, False)),
+    pytest.param(((True, False), (False, True)), marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize("pairs", HALVES, ids=["half0", "half1"])
 @pytest.mark.parametrize("method", METHODS)
-def test_matches_float64_recurrence(method):
+def test_matches_float64_recurrence(method, pairs):
     q, k, v, decays, kv0, k_sum0 = make_inputs()
     for decay_name, log_decay in decays.items():
-        for normalize in (True, False):
-            for with_init in (True, False):
-                init = (kv0, k_sum0) if with_init else (None, None)
-                o, state = run(q, k, v, log_decay, *init, method=method, normalize=normalize)
-                ref_o, ref_kv, ref_sum = causal_linear_attention_loop(
-                    q, k, v, log_decay, *init, normalize=normalize
-                )
-                where = f"{method} decay={decay_name} normalize={normalize} init={with_init}"
-                assert rel_err(o, ref_o) < 1e-5, where
-                assert rel_err(state.kv, ref_kv) < 1e-5, where
-                assert rel_err(state.k_sum, ref_sum) < 1e-5, where
-                if method != "quadratic":
-                    o_quad = run(
-                        q, k, v, log_decay, *init, method="quadratic", normalize=normalize
-                    )[0]
-                    assert rel_err(o, o_quad) < 1e-4, where
+        for normalize, with_init in pairs:
+            init = (kv0, k_sum0) if with_init else (None, None)
+            o, state = run(q, k, v, log_decay, *init, method=method, normalize=normalize)
+            ref_o, ref_kv, ref_sum = causal_linear_attention_loop(
+                q, k, v, log_decay, *init, normalize=normalize
+            )
+            where = f"{method} decay={decay_name} normalize={normalize} init={with_init}"
+            assert rel_err(o, ref_o) < 1e-5, where
+            assert rel_err(state.kv, ref_kv) < 1e-5, where
+            assert rel_err(state.k_sum, ref_sum) < 1e-5, where
+            if method != "quadratic":
+                o_quad = run(q, k, v, log_decay, *init, method="quadratic", normalize=normalize)[0]
+                assert rel_err(o, o_quad) < 1e-4, where
 
 
 @pytest.mark.parametrize("method", ["chunk", "chunk_parallel"])
@@ -184,20 +190,22 @@ def loss_fn(method, normalize):
     return jax.jit(jax.grad(loss, argnums=range(6)))
 
 
+@pytest.mark.parametrize("pairs", HALVES, ids=["half0", "half1"])
 @pytest.mark.parametrize("method", ["chunk", "chunk_parallel", "scan", "associative_scan"])
-def test_gradients_match_quadratic(method):
+def test_gradients_match_quadratic(method, pairs):
     q, k, v, decays, kv0, k_sum0 = make_inputs(seed=2)
     names = ("q", "k", "v", "log_decay", "kv0", "k_sum0")
-    for normalize in (True, False):
-        for decay_name in ("none", "per_token"):
-            args = (q, k, v, decays[decay_name], kv0, k_sum0)
-            grads = loss_fn(method, normalize)(*args)
-            ref = loss_fn("quadratic", normalize)(*args)
-            for name, g, r in zip(names, grads, ref, strict=True):
-                if r is None:
-                    assert g is None
-                    continue
-                assert rel_err(g, r) < 1e-4, f"d{name} {method} {decay_name} {normalize}"
+    # (normalize, with a decay) pairs: the same halves
+    for normalize, decayed in pairs:
+        decay_name = "per_token" if decayed else "none"
+        args = (q, k, v, decays[decay_name], kv0, k_sum0)
+        grads = loss_fn(method, normalize)(*args)
+        ref = loss_fn("quadratic", normalize)(*args)
+        for name, g, r in zip(names, grads, ref, strict=True):
+            if r is None:
+                assert g is None
+                continue
+            assert rel_err(g, r) < 1e-4, f"d{name} {method} {decay_name} {normalize}"
 
 
 def test_gradient_of_fixed_per_head_decay():

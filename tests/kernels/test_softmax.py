@@ -231,8 +231,14 @@ def test_bad_segment_ids():
 
 
 # (Tq, L, position, block_size): one token, a prefill from 0 and one after a prefix, several
-# query and key blocks, L not a multiple of the block, the cache exactly full.
-CACHED = [(1, 13, 0, 4), (1, 13, 9, 4), (7, 16, 0, 3), (5, 13, 6, 4), (6, 11, 5, 512), (4, 9, 2, 2)]
+# query and key blocks, L not a multiple of the block, the cache exactly full. The default run
+# keeps one token after a prefix, a prefill after a prefix and the full cache; the three others
+# (one token and a prefill from position 0, blocks of 2) run under `-m slow`.
+SLOW = pytest.mark.slow
+CACHED = [
+    pytest.param(1, 13, 0, 4, marks=SLOW), (1, 13, 9, 4), pytest.param(7, 16, 0, 3, marks=SLOW),
+    (5, 13, 6, 4), (6, 11, 5, 512), pytest.param(4, 9, 2, 2, marks=SLOW),
+]  # fmt: skip
 
 
 @pytest.mark.parametrize("tq, length, position, block_size", CACHED)

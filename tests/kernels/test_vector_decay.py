@@ -179,9 +179,19 @@ def test_recurrent_step_with_vector_decay():
 SEG = np.array([[0] * 5 + [1] * 9 + [2] * 7, [4] * 3 + [9] * 18])  # [B, T]
 
 
-@pytest.mark.parametrize("method", METHODS)
-@pytest.mark.parametrize("decay", ["none", "head", "vector"])
-def test_segments_equal_each_document_alone(method, decay):
+# Every method with the per-key decay; the scalar and absent decays through the two chunk forms
+# (their own reset paths) in the default run, through the other methods under `-m slow`.
+SEGMENT_CASES = [
+    (decay, method)
+    if decay == "vector" or method in ("chunk", "chunk_parallel")
+    else pytest.param(decay, method, marks=pytest.mark.slow)
+    for decay in ("none", "head", "vector")
+    for method in METHODS
+]
+
+
+@pytest.mark.parametrize("decay, method", SEGMENT_CASES)
+def test_segments_equal_each_document_alone(decay, method):
     q, k, v, a, kv0, k_sum0 = inputs(seed=7)
     a = {"none": None, "head": a[..., 0], "vector": a}[decay]
     seg = jnp.asarray(SEG, jnp.int32)

@@ -3,10 +3,11 @@ statistics and gradients of every mixer with time split over ``seq = 4`` (and ro
 ``data = 2``) equal the unsplit model's — with the short conv (halo across shards), rotary and
 learned positions (global offsets) — packed rows (documents crossing shard boundaries) through
 a hybrid of every kind of sequence path, and a whole training run of a hybrid with ``seq = 4``
-equals one device. One subprocess runs the default run's checks: one mixer of each sequence
-path (gathered attention, window halo, the delta rule per head and per key, DPLR with its token
-shift) besides the packed hybrid (softmax, swa, gla, gated_deltanet, linear); the other mixers
-run in a second subprocess under `-m slow`."""
+equals one device. One subprocess runs the default run's checks: the packed hybrid (gathered
+attention, window halo, linear and per-head delta-rule states: softmax, swa, gla,
+gated_deltanet, linear) and alone the two sequence paths it lacks (the delta rule per key, DPLR
+with its token shift: kda, rwkv7); every other mixer alone runs in a second subprocess under
+`-m slow`."""
 
 import json
 import os
@@ -24,7 +25,9 @@ MIXERS = (
     "softmax", "linear", "favor", "taylor", "hedgehog", "retnet", "gated", "deltanet",
     "gated_deltanet", "gla", "swa", "kda", "gated_deltaproduct", "rwkv7",
 )  # fmt: skip
-FAST_MIXERS = ("softmax", "swa", "gated_deltanet", "kda", "rwkv7")
+# (softmax, swa and gated_deltanet alone moved under `-m slow`: the packed hybrid runs their
+# sequence paths, and they were 3/5 of this file's 140 s in the default run)
+FAST_MIXERS = ("kda", "rwkv7")
 FEATURE_DIM = {"favor": 8, "taylor": 4, "hedgehog": 8}
 
 
@@ -193,7 +196,9 @@ def test_packed_rows_split_over_seq_equal_unsplit(result):
     one, split = r["stats"]
     assert r["crossing"] >= 4  # documents continuing across shard boundaries
     np.testing.assert_allclose(split, one, rtol=1e-5)
-    assert r["max_grad_rel_err"] <= 1e-4, r["max_grad_rel_err"]
+    # (measured, largest over the leaves: 1.9e-5 at XLA's default backend optimisation level,
+    # 1.15e-4 at the level 0 the suite runs at, tests/conftest.py; rounding either way)
+    assert r["max_grad_rel_err"] <= 3e-4, r["max_grad_rel_err"]
     assert abs(r["unpacked_stats"][0] - one[0]) > 1e-4 * abs(one[0])  # the segments count (3e-4)
 
 
