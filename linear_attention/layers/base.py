@@ -175,9 +175,10 @@ class Mixer(nnx.Module):
             rngs=rngs,
         )
 
-    def _num_keys(self) -> int:
-        """Keys (and values) per token and head: n > 1 for Gated DeltaProduct."""
-        return 1
+    def _num_keys(self) -> int | None:
+        """Keys (and values) per token and head with an n axis (Gated DeltaProduct's n, 1 or
+        more), or None: one key and no such axis."""
+        return None
 
     def _output_options(self) -> dict:
         """Subclass hook: gate activation and rank of the output stage."""

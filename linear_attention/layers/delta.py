@@ -85,7 +85,7 @@ class DeltaNetMixer(Mixer):
         self.conv_silu = self.inputs.conv is not None  # the conv applies the SiLU itself
         # β is a gate: float32 whatever `dtype`
         lin = dict(use_bias=False, dtype=jnp.float32, param_dtype=self.param_dtype, rngs=rngs)
-        width = self.num_value_heads * self._num_keys()  # one β per value head and key
+        width = self.num_value_heads * (self._num_keys() or 1)  # one β per value head and key
         self.beta_proj = nnx.Linear(self.d_model, width, **lin)
         self.decay = self._build_decay(rngs)
 

@@ -5,8 +5,9 @@
     q, k = split(conv?(x W))            [B, T, H, Dk]      (rope? at absolute positions)
     v                                   [B, T, HV, Dv]     (HV = H, or grouped value heads)
 
-(with `num_keys` n > 1, Gated DeltaProduct's n keys and values per token: k `[B, T, H, n, Dk]`,
-v `[B, T, HV, n, Dv]`)
+(with `num_keys` n, Gated DeltaProduct's n keys and values per token: k `[B, T, H, n, Dk]`,
+v `[B, T, HV, n, Dv]`, the n axis kept for n = 1 too; `num_keys=None`, the default: one key
+without that axis)
 
 with one fused projection `qkv_proj` (a depthwise conv over its channels is the same as one conv
 per q, k and v). Its decoding state is the conv tail `[B, K−1, C]` float32 (None without conv).
@@ -47,7 +48,7 @@ class QKVProjection(nnx.Module):
         v_dim: int,
         *,
         num_value_heads: int | None = None,
-        num_keys: int = 1,
+        num_keys: int | None = None,
         conv: int = 0,
         rope: bool = False,
         rope_base: float = 10000.0,
@@ -60,7 +61,8 @@ class QKVProjection(nnx.Module):
         self.num_value_heads = num_value_heads or num_heads
         self.num_keys = num_keys
         self.rope, self.rope_base, self.reset_positions = rope, rope_base, reset_positions
-        width = (1 + num_keys) * num_heads * qk_dim + num_keys * self.num_value_heads * v_dim
+        n = num_keys or 1
+        width = (1 + n) * num_heads * qk_dim + n * self.num_value_heads * v_dim
         self.qkv_proj = nnx.Linear(
             d_model, width, use_bias=False, dtype=dtype, param_dtype=param_dtype, rngs=rngs
         )
@@ -82,7 +84,7 @@ class QKVProjection(nnx.Module):
             self.num_value_heads,
             self.qk_dim,
             self.v_dim,
-            self.num_keys,
+            self.num_keys or 1,
         )
         qkv = self.qkv_proj(x_BTD)
         if self.conv is not None and segments is not None:  # packed rows (from empty)
@@ -111,7 +113,7 @@ class QKVProjection(nnx.Module):
                 positions = segments.positions  # [B, T]
             q_BTHK = apply_rotary(q_BTHK, positions, base=self.rope_base)
             k_BTHK = apply_rotary(k_BTHK, positions, base=self.rope_base)
-        if n > 1:
+        if self.num_keys is not None:  # an n axis, also for n = 1 (DeltaProduct's kernels)
             k_BTHK = k_BTHK.reshape(b, t, h, n, dk)
             v_BTHD = v_BTHD.reshape(b, t, hv, n, dv)
         return q_BTHK, k_BTHK, v_BTHD, conv_tail

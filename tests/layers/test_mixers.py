@@ -50,6 +50,8 @@ CASES = {
     "gated_deltanet_grouped": dict(num_value_heads=4, conv=False, method="scan"),
     "gated_deltaproduct": dict(chunk_size=4, allow_neg_eigval=True),  # n = 2 (the default)
     "gated_deltaproduct_3": dict(num_householder=3, rope=True, method="scan"),
+    # one step per token keeps the kernels' n axis (the parity grid's n = 1 point crashed)
+    "gated_deltaproduct_1": dict(num_householder=1, allow_neg_eigval=True, chunk_size=4),
     "rwkv7": dict(chunk_size=5),  # token shift, GroupNorm, bonus and low-rank gate on
 }
 DELTA = ("deltanet", "gated_deltanet", "kda", "gated_deltaproduct")
