@@ -4,9 +4,11 @@ import os
 
 # The suite's shapes are tiny, so its time is mostly XLA compiling: LLVM's optimisation level 0
 # took tests/kernels/test_linear.py from 154 s to 114 s wall (user CPU 220 s to 148 s) on the
-# 2-core machine, every assertion unchanged. It changes how the CPU code is generated, not the
-# HLO the kernels lower to. Set before JAX creates its backend; subprocesses inherit it; a
-# level already in XLA_FLAGS is kept.
+# 2-core machine (the whole default run: 19.7 to 15.5 min). It changes how the CPU code is
+# generated, so results move by rounding: one tolerance was raised for it (the packed hybrid's
+# split-vs-unsplit gradient in tests/training/test_sequence_parallel.py, 1.9e-5 at the default
+# level, 1.15e-4 here). Set before JAX creates its backend; subprocesses inherit it; a level
+# already in XLA_FLAGS is kept.
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (
         os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0"
