@@ -382,6 +382,28 @@ DOCUMENTS = [[(0, 3), (3, 7), (7, 12)], [(0, 4), (4, 5), (5, 12)]]  # [start, en
 call_segments = nnx.jit(lambda mixer, x, seg: mixer(x, seg))
 
 
+def test_one_householder_step_is_gated_deltanet():
+    """gated_deltaproduct with n = 1 is Gated DeltaNet: the same parameter tree, drawn the same
+    from one seed, and the same outputs and gradients (eagerly; under jit XLA may round them
+    differently, EXPERIMENTS.md §7.4)."""
+    options = dict(allow_neg_eigval=True, chunk_size=4, rngs=nnx.Rngs(3))
+    product = get_mixer("gated_deltaproduct")(D, H, num_householder=1, **options)
+    options["rngs"] = nnx.Rngs(3)
+    delta = get_mixer("gated_deltanet")(D, H, **options)
+    assert jax.tree.map(jnp.shape, nnx.state(product)) == jax.tree.map(jnp.shape, nnx.state(delta))
+    leaves = [jax.tree.leaves(nnx.state(m)) for m in (product, delta)]
+    for a, b in zip(*leaves, strict=True):
+        np.testing.assert_array_equal(a, b)
+    x = inputs()
+    w = jnp.cos(jnp.arange(B * T * D, dtype=jnp.float32)).reshape(B, T, D)
+    grads = [
+        nnx.grad(lambda m, x: jnp.sum(m(x) * w), argnums=(0, 1))(m, x) for m in (product, delta)
+    ]
+    for a, b in zip(jax.tree.leaves(grads[0]), jax.tree.leaves(grads[1]), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(product(x), delta(x), rtol=1e-6, atol=1e-7)
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_packed_rows_match_each_document_alone(case):
     """mixer(x, segment_ids) equals the float64 reference run on each document alone (its own
