@@ -15,6 +15,9 @@ Presets (``configs/sweeps/mad.py:<arg>``):
       run took minutes at load ~14 (docs/results/presets_cpu/), so this is days of the shared
       2-core machine; ``order`` runs lr 3e-3 and seed 0 first, so a sweep cut short still
       covers every (task, mixer), and ``--only task=in_context_recall`` runs one task.
+  ``table1``: the DeltaNet paper's Table 1 comparison on every task: softmax (its Transformer),
+      gla and deltanet × the same rates and seeds (108 runs, ``order`` as ``cpu``), the slice
+      that fits a session of the shared machine (EXPERIMENTS.md section 9).
   ``smoke``: in-context recall at the smoke size, softmax and deltanet × 3 rates × 2 seeds,
       for the test; seconds.
 
@@ -37,7 +40,9 @@ from linear_attention.layers.registry import MIXERS as REGISTRY
 from linear_attention.training.cli import load_config_file
 from linear_attention.training.sweep.grid import grid_axis
 
-PRESETS = ("cpu", "smoke")
+PRESETS = ("cpu", "smoke", "table1")
+# The DeltaNet paper's Table 1 comparison: its Transformer, GLA and DeltaNet.
+TABLE1_MIXERS = ("softmax", "gla", "deltanet")
 MIXERS = (
     "softmax",
     "linear",
@@ -119,7 +124,8 @@ def get_config(arg=None):
         return config
     config.base = _base("in_context_recall")
     grid.task = grid_axis(TASK_FIELDS, tuple(task_choice(t) for t in TASKS), TASKS)
-    grid.mixer = grid_axis(MIXER_FIELDS, mixer_choices(MIXERS), MIXERS)
+    mixers = TABLE1_MIXERS if arg == "table1" else MIXERS
+    grid.mixer = grid_axis(MIXER_FIELDS, mixer_choices(mixers), mixers)
     grid.d_model = grid_axis("model.d_model", (64,))
     config.order = ("lr", "seed", "d_model", "task", "mixer")
     return config

@@ -26,6 +26,7 @@ SWEEPS = ROOT / "configs" / "sweeps"
         ("state_tracking.py:smoke", 1 * 2 * 2, 2),
         ("mad.py:cpu", 6 * 3 * 2, None),
         ("mad.py:smoke", 1 * 3 * 2, 2),
+        ("mad.py:table1", 6 * 3 * 2, 3),
     ],
 )
 def test_presets_expand_and_validate(spec, per_mixer, mixers):
