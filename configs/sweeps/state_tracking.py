@@ -22,6 +22,10 @@ Presets (``configs/sweeps/state_tracking.py:<arg>``):
       and the delta family) × 3 rates × 2 seeds = 78 runs at the preset's own budget (500
       steps, one evaluation at the end), so that each run is a preset run; ``--only`` picks
       points, a rerun resumes.
+  ``s3_one_layer``: DeltaProduct's S3 question, one Householder step per token against two in
+      one layer: s3 × gated_deltaproduct n = 1 and n = 2 with β ∈ (0, 2) × the 3 rates × 2
+      seeds = 12 runs of one layer at 2000 steps (200 warmup, evaluated every 500); n = 2
+      learned S3 in a probe at lr 3e-3 where n = 1 did not (EXPERIMENTS.md section 7.5).
   ``smoke``: parity, 2 mixers (gated_deltanet with β ∈ (0, 1) and (0, 2)) × 2 rates × 2
       seeds at the smoke size, for the test; seconds.
 
@@ -45,7 +49,7 @@ from linear_attention.layers.registry import MIXERS as REGISTRY
 from linear_attention.training.cli import load_config_file
 from linear_attention.training.sweep.grid import grid_axis
 
-PRESETS = ("cpu", "groups", "parity", "smoke")
+PRESETS = ("cpu", "groups", "parity", "s3_one_layer", "smoke")
 # The delta family, each with β ∈ (0, 1) and with β ∈ (0, 2) (``*_neg``); gated_deltaproduct
 # with 1 and 2 Householder steps per token (``_n1``, ``_n2``).
 DELTA_FAMILY = tuple(
@@ -103,7 +107,11 @@ def get_config(arg=None):
         raise ValueError(
             f"unknown preset {arg!r} for configs/sweeps/state_tracking.py; presets: {PRESETS}"
         )
-    tasks = {"cpu": ("parity", "mod_arith"), "groups": ("s3", "s5", "s5_swaps", "a5")}
+    tasks = {
+        "cpu": ("parity", "mod_arith"),
+        "groups": ("s3", "s5", "s5_swaps", "a5"),
+        "s3_one_layer": ("s3",),
+    }
     tasks = tasks.get(arg, ("parity",))
     config = ml_collections.ConfigDict()
     config.base = _base("smoke" if arg == "smoke" else tasks[0])
@@ -129,6 +137,17 @@ def get_config(arg=None):
         grid.mixer = grid_axis(MIXER_FIELDS, mixer_choices(PARITY_MIXERS), PARITY_MIXERS)
         return config
     base = config.base
+    if arg == "s3_one_layer":
+        # One layer: with n = 1 each token's transition is one reflection (or near identity),
+        # and S3's 3-cycles are products of two; a second layer could compose them.
+        names = ("gated_deltaproduct_n1_neg", "gated_deltaproduct_n2_neg")
+        grid.mixer = grid_axis(MIXER_FIELDS, mixer_choices(names), names)
+        base.model.num_layers = 1
+        base.train.num_steps = 2000
+        base.optimizer.warmup_steps = 200
+        base.train.eval_every = 500
+        base.train.checkpoint_every = 500
+        return config
     base.train.num_steps = 1000
     base.train.eval_every = 250
     base.train.checkpoint_every = 250
