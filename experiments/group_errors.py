@@ -1,0 +1,145 @@
+"""What a trained model gets right on a group word problem: the running product's sign against
+the whole element, by evaluation length and by position.
+
+    python experiments/group_errors.py --workdir runs/s3_n2 [--workdir runs/s3_n1 ...] \
+        --out docs/results/s3_group_errors.json
+
+Why: the sign of a permutation is a homomorphism onto {±1}, so the sign of the running product
+is the parity of the number of odd tokens so far: a parity problem inside the group problem.
+A model that carries only that bit (one reflection per token can) and guesses the rest gets the
+sign right everywhere and the element right 1/(|G|/2) of the time (1/3 for S3, loss ln 3);
+one that carries nothing past the short convolution gets the first few positions right and
+chance after. The two read differently in ``eval/accuracy`` only as a level; this script
+separates them. A5 has only even elements (its sign is always +1), so its sign figures are
+omitted.
+
+Per run and evaluation length: the element accuracy over every position (the trainer's
+``eval/length_{L}/accuracy``), the sign accuracy, the element accuracy where the sign is right,
+and the element and sign accuracy by position bucket (`BUCKETS`; the model is causal, so
+position t is the prefix of length t + 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+
+import jax
+import numpy as np
+from flax import nnx
+
+from linear_attention.data.state_tracking import group_elements, permutation_sign
+from linear_attention.training import build_data
+from linear_attention.training.load import restore_run
+
+BUCKETS = (0, 4, 16, 40, 64, 128, 256)  # position buckets [a, b): 40 is the longest trained
+
+
+def make_forward(model):
+    graphdef, state = nnx.split(model)
+
+    @jax.jit
+    def forward(state, tokens_BT):
+        return nnx.merge(graphdef, state)(tokens_BT)
+
+    return lambda tokens: np.asarray(forward(state, tokens))
+
+
+def length_figures(forward, inputs, labels, signs, batch_size: int) -> dict:
+    """The figures of one evaluation length (every sequence has that length)."""
+    preds = np.concatenate(
+        [forward(inputs[i : i + batch_size]).argmax(-1) for i in range(0, len(inputs), batch_size)]
+    )
+    right = preds == labels
+    out = dict(accuracy=float(right.mean()))
+    if signs is not None:
+        sign_right = signs[preds] == signs[labels]
+        out["sign_accuracy"] = float(sign_right.mean())
+        out["accuracy_where_sign_right"] = float(right[sign_right].mean())
+    by_position = []
+    for lo, hi in zip(BUCKETS, BUCKETS[1:], strict=False):
+        if lo >= labels.shape[1]:
+            break
+        cols = slice(lo, min(hi, labels.shape[1]))
+        row = dict(positions=[lo, min(hi, labels.shape[1])], accuracy=float(right[:, cols].mean()))
+        if signs is not None:
+            row["sign_accuracy"] = float(sign_right[:, cols].mean())
+        by_position.append(row)
+    out["by_position"] = by_position
+    return out
+
+
+def group_errors(workdir: str, step: int | None, batch_size: int) -> dict:
+    run = restore_run(workdir, step=step)
+    model, _ = nnx.merge(run.graphdef, run.state)  # (model, optimizer)
+    config = run.config
+    task = config.data.task
+    if config.data.kind != "state_tracking" or task in ("parity", "mod_arith"):
+        raise ValueError(
+            f"group_errors reads group word problems (s3, s5, s5_swaps, a5), got "
+            f"data.kind={config.data.kind!r}, data.task={task!r}"
+        )
+    signs = np.array([permutation_sign(p) for p in group_elements(task)])
+    signs = None if task == "a5" else signs
+    data = build_data(config)
+    forward = make_forward(model)
+    return dict(
+        workdir=workdir,
+        step=run.step,
+        task=task,
+        model=dict(
+            mixer=config.model.mixer,
+            num_layers=config.model.num_layers,
+            num_householder=config.model.num_householder,
+            allow_neg_eigval=config.model.allow_neg_eigval,
+        ),
+        learning_rate=config.optimizer.learning_rate,
+        seed=config.seed,
+        lengths={
+            str(L): length_figures(forward, *data.eval_sets[L], signs, batch_size)
+            for L in data.eval_lengths
+        },
+    )
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--workdir", required=True, action="append", help="a group-task run (repeatable)"
+    )
+    parser.add_argument("--step", type=int, default=None, help="checkpoint (default: latest)")
+    parser.add_argument("--batch_size", type=int, default=128)
+    parser.add_argument("--out", required=True, help="JSON file to write")
+    args = parser.parse_args(argv)
+    if args.batch_size < 1:
+        parser.error(f"--batch_size must be >= 1, got {args.batch_size}")
+    try:
+        runs = [group_errors(w, args.step, args.batch_size) for w in args.workdir]
+    except ValueError as e:
+        parser.error(str(e))
+    argv = sys.argv[1:] if argv is None else argv
+    result = dict(command=shlex.join(["python", "experiments/group_errors.py", *argv]), runs=runs)
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    for run in runs:
+        print(f"{run['workdir']} (step {run['step']})")
+        for L, fig in run["lengths"].items():
+            sign = (
+                f" sign {fig['sign_accuracy']:.3f}, element where sign right "
+                f"{fig['accuracy_where_sign_right']:.3f};"
+                if "sign_accuracy" in fig
+                else ""
+            )
+            buckets = ", ".join(
+                f"[{b['positions'][0]},{b['positions'][1]}) {b['accuracy']:.3f}"
+                for b in fig["by_position"]
+            )
+            print(f"  L={L}: accuracy {fig['accuracy']:.3f};{sign} by position: {buckets}")
+
+
+if __name__ == "__main__":
+    main()
