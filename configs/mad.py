@@ -40,8 +40,11 @@ Measured presets:
 - ``memorization``: 3.4 min at load 11–8, 800 steps; eval/accuracy 1.000 (token accuracy 1.000),
   train accuracy 1.000.
 Softmax solves the three recall tasks and memorization at this budget; selective copying (100
-steps, half an epoch, at length 256) is not learned and compression only partly. Only softmax
-was run: a study of those two may need more steps than the preset gives.
+steps, half an epoch, at length 256) is not learned and compression only partly. With gla and
+deltanet (``configs/sweeps/mad.py:table1``, EXPERIMENTS.md section 9): selective copying stays
+near chance for all three (deltanet 0.15); compression is solved by the recurrent mixers and by
+softmax with rotary positions (``--config.model.position=rope``: 1.000), so softmax's 0.674
+here measures its missing positions.
 """
 
 from linear_attention.data.mad import MAD_SETTINGS, OPTION_DEFAULTS, TASKS, mad_num_tokens

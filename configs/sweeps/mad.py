@@ -11,13 +11,15 @@ Presets (``configs/sweeps/mad.py:<arg>``):
   ``cpu``: the six tasks × 13 mixers (below; 14 with rwkv7) × learning rates (1e-3, 3e-3,
       1e-2) × seeds (0, 1): 468 runs of ``configs/mad.py``, each task at its preset's budget
       (the same 1.6M training tokens for every task: 200 steps of batch 64 at length 128, one
-      evaluation at the end), so that each run is a preset run. Not yet run in full: a preset
-      run took minutes at load ~14 (docs/results/presets_cpu/), so this is days of the shared
-      2-core machine; ``order`` runs lr 3e-3 and seed 0 first, so a sweep cut short still
-      covers every (task, mixer), and ``--only task=in_context_recall`` runs one task.
+      evaluation at the end), so that each run is a preset run. Not yet run in full:
+      ``table1``'s runs took 2.9–6.4 min each with 3–4 runs sharing the 2 cores (load ~8), so
+      by that rate this grid is roughly 9 hours of 2 otherwise idle cores; ``order`` runs lr
+      3e-3 and seed 0 first, so a sweep cut short still covers every (task, mixer), and
+      ``--only task=in_context_recall`` runs one task.
   ``table1``: the DeltaNet paper's Table 1 comparison on every task: softmax (its Transformer),
-      gla and deltanet × the same rates and seeds (108 runs, ``order`` as ``cpu``), the slice
-      that fits a session of the shared machine (EXPERIMENTS.md section 9).
+      gla and deltanet × the same rates and seeds (108 runs, ``order`` as ``cpu``; roughly 2
+      hours of 2 idle cores). Run at lr 3e-3 for every cell (36 runs, 90 min beside other
+      jobs; the other rates did not fit the session): EXPERIMENTS.md section 9.
   ``smoke``: in-context recall at the smoke size, softmax and deltanet × 3 rates × 2 seeds,
       for the test; seconds.
 
