@@ -109,3 +109,15 @@ def test_state_tracking_smoke_sweep(tmp_path):
         log=lambda *_: None,
     )
     assert again["markdown"] == result["markdown"]
+
+
+def test_s3_one_layer_is_one_layer_with_one_and_two_householder_steps():
+    """DeltaProduct's question needs one layer, β ∈ (0, 2) and n = 1 against n = 2 (2000 steps)."""
+    _, points = engine.expand(engine.load_sweep(str(SWEEPS / "state_tracking.py:s3_one_layer")))
+    seen = set()
+    for point in points:
+        cfg = experiment_config(point.config)
+        assert (cfg.data.task, cfg.model.num_layers, cfg.train.num_steps) == ("s3", 1, 2000)
+        assert cfg.model.mixer == "gated_deltaproduct" and cfg.model.allow_neg_eigval
+        seen.add(cfg.model.num_householder)
+    assert seen == {1, 2}
