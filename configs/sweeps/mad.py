@@ -12,7 +12,7 @@ Presets (``configs/sweeps/mad.py:<arg>``):
       1e-2) × seeds (0, 1): 468 runs of ``configs/mad.py``, each task at its preset's budget
       (the same 1.6M training tokens for every task: 200 steps of batch 64 at length 128, one
       evaluation at the end), so that each run is a preset run. Not yet run in full:
-      ``table1``'s runs took 2.9–6.4 min each with 3–4 runs sharing the 2 cores (load ~8), so
+      ``table1``'s runs took 2.9–6.4 min each with 3–4 runs sharing the 2 cores (load 6.7–9.4), so
       by that rate this grid is roughly 9 hours of 2 otherwise idle cores; ``order`` runs lr
       3e-3 and seed 0 first, so a sweep cut short still covers every (task, mixer), and
       ``--only task=in_context_recall`` runs one task.

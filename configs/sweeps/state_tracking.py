@@ -25,7 +25,7 @@ Presets (``configs/sweeps/state_tracking.py:<arg>``):
   ``s3_one_layer``: DeltaProduct's S3 question, one Householder step per token against two in
       one layer: s3 × gated_deltaproduct n = 1 and n = 2 with β ∈ (0, 2) × the 3 rates × 2
       seeds = 12 runs of one layer at 2000 steps (200 warmup, evaluated every 500); 15–34 min
-      a run beside other jobs (load ~8; 256 run-minutes in all). Run in full: neither
+      a run beside other jobs (load 2.4–10.5; 256 run-minutes in all). Run in full: neither
       n solves S3; 3 of 12 runs (n = 2 twice, n = 1 once) learn the permutation's sign and no
       more (EXPERIMENTS.md section 7.5, ``experiments/group_errors.py``).
   ``smoke``: parity, 2 mixers (gated_deltanet with β ∈ (0, 1) and (0, 2)) × 2 rates × 2
