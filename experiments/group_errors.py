@@ -31,6 +31,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from linear_attention.data.batches import IGNORE_INDEX
 from linear_attention.data.state_tracking import group_elements, permutation_sign
 from linear_attention.training import build_data
 from linear_attention.training.load import restore_run
@@ -50,6 +51,8 @@ def make_forward(model):
 
 def length_figures(forward, inputs, labels, signs, batch_size: int) -> dict:
     """The figures of one evaluation length (every sequence has that length)."""
+    if (labels == IGNORE_INDEX).any():  # a padded position would count as wrong and index signs
+        raise ValueError("labels must score every position (evaluation sets of one length)")
     preds = np.concatenate(
         [forward(inputs[i : i + batch_size]).argmax(-1) for i in range(0, len(inputs), batch_size)]
     )

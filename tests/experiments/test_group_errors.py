@@ -4,6 +4,7 @@ where the sign is right and by position, against a hand-computed case."""
 import numpy as np
 import pytest
 
+from linear_attention.data.batches import IGNORE_INDEX
 from linear_attention.data.state_tracking import group_elements, permutation_sign
 from tests.scripts import load_module
 
@@ -39,3 +40,7 @@ def test_length_figures_sign_and_element_accuracy(ge, monkeypatch):
     # A5 (every element even): no sign figures; one sequence per batch
     out = ge.length_figures(forward, rows, labels, None, batch_size=1)
     assert "sign_accuracy" not in out and out["accuracy"] == 4 / 8
+    # a padded (unscored) position is refused, not counted as a wrong answer
+    labels[1, 3] = IGNORE_INDEX
+    with pytest.raises(ValueError, match="every position"):
+        ge.length_figures(forward, rows, labels, signs, batch_size=2)
