@@ -18,10 +18,10 @@ Presets (``configs/sweeps/state_tracking.py:<arg>``):
       parity run took 5–11 min at load 9–15 (docs/results/presets_cpu/), so this is days of
       the shared 2-core machine, hours of an idle one.
   ``groups``: s3, s5, s5_swaps, a5 with the same mixers, rates, seeds and budget (432 runs).
-  ``parity``: the slice that fits a session: parity × ``PARITY_MIXERS`` (softmax, gla, gated
-      and the delta family) × 3 rates × 2 seeds = 78 runs at the preset's own budget (500
-      steps, one evaluation at the end), so that each run is a preset run; ``--only`` picks
-      points, a rerun resumes.
+  ``parity``, ``mod_arith``: the slices that fit a session: the task × ``SLICE_MIXERS``
+      (softmax, gla, gated, retnet, taylor, swa and the delta family) × 3 rates × 2 seeds = 96
+      runs each at the preset's own budget (500 steps, one evaluation at the end), so that
+      each run is a preset run; ``--only`` picks points, a rerun resumes.
   ``s3_one_layer``: DeltaProduct's S3 question, one Householder step per token against two in
       one layer: s3 × gated_deltaproduct n = 1 and n = 2 with β ∈ (0, 2) × the 3 rates × 2
       seeds = 12 runs of one layer at 2000 steps (200 warmup, evaluated every 500); 15–34 min
@@ -51,7 +51,7 @@ from linear_attention.layers.registry import MIXERS as REGISTRY
 from linear_attention.training.cli import load_config_file
 from linear_attention.training.sweep.grid import grid_axis
 
-PRESETS = ("cpu", "groups", "parity", "s3_one_layer", "smoke")
+PRESETS = ("cpu", "groups", "parity", "mod_arith", "s3_one_layer", "smoke")
 # The delta family, each with β ∈ (0, 1) and with β ∈ (0, 2) (``*_neg``); gated_deltaproduct
 # with 1 and 2 Householder steps per token (``_n1``, ``_n2``).
 DELTA_FAMILY = tuple(
@@ -62,8 +62,9 @@ DELTA_FAMILY = tuple(
 MIXERS = ("softmax", "linear", "taylor", "retnet", "gated", "gla", "swa", "based", *DELTA_FAMILY)
 # rwkv7 (issue 20) joins the grid once it is in the registry; until then the grid still builds.
 MIXERS += ("rwkv7",) if "rwkv7" in REGISTRY else ()
-# The study slice that fits a session (``parity``): the delta family and three references.
-PARITY_MIXERS = ("softmax", "gla", "gated", *DELTA_FAMILY)
+# The study slices that fit a session (``parity``, ``mod_arith``): the delta family and the
+# mixers the issue asks to place (gated, gla, retnet, taylor, swa) beside softmax.
+SLICE_MIXERS = ("softmax", "gla", "gated", "retnet", "taylor", "swa", *DELTA_FAMILY)
 MIXER_FIELDS = (
     "model.mixer",
     "model.allow_neg_eigval",
@@ -114,7 +115,7 @@ def get_config(arg=None):
         "groups": ("s3", "s5", "s5_swaps", "a5"),
         "s3_one_layer": ("s3",),
     }
-    tasks = tasks.get(arg, ("parity",))
+    tasks = tasks.get(arg, ("parity",) if arg == "smoke" else (arg,))
     config = ml_collections.ConfigDict()
     config.base = _base("smoke" if arg == "smoke" else tasks[0])
     config.tune = "lr"
@@ -133,10 +134,10 @@ def get_config(arg=None):
     grid.lr = grid_axis("optimizer.learning_rate", (1e-3, 3e-3, 1e-2))
     # A sweep cut short leaves every mixer at the same settings: the first rate and seed first.
     config.order = ("lr", "seed", "task", "mixer")
-    if arg == "parity":
+    if arg in ("parity", "mod_arith"):
         # The preset's own budget (500 steps, one evaluation at the end): each run is a
         # preset run, so the preset's measured figures are rows of this study.
-        grid.mixer = grid_axis(MIXER_FIELDS, mixer_choices(PARITY_MIXERS), PARITY_MIXERS)
+        grid.mixer = grid_axis(MIXER_FIELDS, mixer_choices(SLICE_MIXERS), SLICE_MIXERS)
         return config
     base = config.base
     if arg == "s3_one_layer":
