@@ -122,3 +122,15 @@ def test_s3_one_layer_is_one_layer_with_one_and_two_householder_steps():
         assert cfg.model.mixer == "gated_deltaproduct" and cfg.model.allow_neg_eigval
         seen.add(cfg.model.num_householder)
     assert seen == {1, 2}
+
+
+def test_heatmap_title_says_how_the_cells_were_tuned():
+    from linear_attention.training.sweep.synthetic import heatmap_title
+
+    one = [{"lr": "0.003", "tuned over": "1/1"}, {"lr": "0.003", "tuned over": "1/3"}]
+    assert heatmap_title(one, "lr").endswith("(mean over seeds at lr 0.003)")
+    mixed = [{"lr": "0.01", "tuned over": "3/3"}, {"lr": "0.001", "tuned over": "2/3"}]
+    assert heatmap_title(mixed, "lr").endswith("(mean over seeds, best lr of 2–3)")
+    full = [{"lr": "0.01", "tuned over": "3/3"}, {"lr": "0.001", "tuned over": "3/3"}]
+    assert heatmap_title(full, "lr").endswith("(mean over seeds, best lr of 3)")
+    assert heatmap_title(full, None).endswith("(mean over seeds)")

@@ -107,6 +107,20 @@ def synthetic_report(rows: list[dict], best: list[dict], axes: list[Axis], sweep
     return "\n\n".join(parts) + "\n"
 
 
+def heatmap_title(best: list[dict], tune: str | None) -> str:
+    """The heat map's title names how its cells were tuned: a grid run at one learning rate
+    (``--only lr=...``) is not "the best lr", and a partial one is tuned over fewer rates."""
+    counts = sorted({int(r["tuned over"].split("/")[0]) for r in best if r.get("tuned over")})
+    if not tune or not counts:
+        how = "mean over seeds"
+    elif counts == [1]:
+        how = f"mean over seeds at {tune} " + ", ".join(sorted({str(r[tune]) for r in best}))
+    else:
+        span = str(counts[0]) if len(counts) == 1 else f"{counts[0]}–{counts[-1]}"
+        how = f"mean over seeds, best {tune} of {span}"
+    return f"MAD: class-macro accuracy ({how})"
+
+
 def plot_mad_heatmap(best: list[dict], axes: list[Axis], sweep, out: Path) -> None:
     x_axis, line_axis = axis_named(axes, sweep.plot.x), axis_named(axes, sweep.plot.line)
     cells = {(r[line_axis.name], r[x_axis.name]): r.get("eval/accuracy") for r in best}
@@ -129,7 +143,7 @@ def plot_mad_heatmap(best: list[dict], axes: list[Axis], sweep, out: Path) -> No
                 ax.text(j, i, f"{grid[i, j]:.2f}", ha="center", va="center", fontsize=8, c=color)
     ax.set_xticks(range(len(tasks)), [t.replace("_", "\n") for t in tasks], fontsize=8)
     ax.set_yticks(range(len(mixers)), mixers, fontsize=8)
-    ax.set_title("MAD: class-macro accuracy (mean over seeds, best lr)", fontsize=9)
+    ax.set_title(heatmap_title(best, sweep.get("tune")), fontsize=9)
     fig.colorbar(image, ax=ax, fraction=0.04)
     fig.tight_layout()
     fig.savefig(out / "mad_heatmap.png", dpi=110)
