@@ -35,6 +35,15 @@ NUDGE = 1.025
 _STATE_TICKS = [m * 10**e for e in range(2, 12) for m in (1, 1.5, 2, 3, 5, 7)]
 
 
+def line_colors(n: int) -> list:
+    """One colour per line: matplotlib's ten, or tab20's pairs past ten, so that a grid that
+    lists each mixer beside its variant (``deltanet``, ``deltanet_neg``) draws the two in one
+    hue, dark and light, instead of five greys."""
+    if n <= 10:
+        return [f"C{i}" for i in range(n)]
+    return [plt.cm.tab20(i % 20) for i in range(n)]
+
+
 def nudge_factors(lines) -> dict:
     """The factor each line's x is multiplied by (see `NUDGE`): 1 for a single line."""
     half = (len(lines) - 1) / 2
@@ -51,8 +60,8 @@ def plot_mqar(best: list[dict], axes: list[Axis], sweep, out: Path) -> None:
     if not panels:  # nothing finished yet
         return
     # the ten default colours, then black and greys; a marker each (up to 15 lines apart)
-    palette = [f"C{i}" for i in range(10)] + ["black", "0.45", "0.65", "0.3", "0.55"]
-    colors = {line: palette[i % len(palette)] for i, line in enumerate(line_axis.labels)}
+    palette = line_colors(len(line_axis.labels))
+    colors = {line: palette[i] for i, line in enumerate(line_axis.labels)}
     markers = {line: "os^Dv<>pXP*hd8H"[i % 15] for i, line in enumerate(line_axis.labels)}
     nudge = nudge_factors(line_axis.labels)
     x_value = dict(zip(x_axis.labels, (c[0] for c in x_axis.choices), strict=True))

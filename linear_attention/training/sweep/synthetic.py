@@ -23,6 +23,7 @@ import numpy as np
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from linear_attention.training.sweep.figures import line_colors  # noqa: E402
 from linear_attention.training.sweep.grid import Axis, axis_named  # noqa: E402
 
 LENGTH_KEY = re.compile(r"^eval/length_(\d+)/accuracy$")
@@ -158,7 +159,7 @@ def plot_accuracy_vs_length(
     tasks = [t for t in x_axis.labels if any(k[0] == t for k in curves)]
     if not tasks:
         return
-    palette = [f"C{i}" for i in range(10)] + ["black", "0.45", "0.65", "0.3", "0.55"]
+    palette = line_colors(len(line_axis.labels))
     fig, axs = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks) + 1.6, 3.6), squeeze=False)
     for ax, task in zip(axs[0], tasks, strict=True):
         for i, mixer in enumerate(line_axis.labels):
@@ -172,7 +173,7 @@ def plot_accuracy_vs_length(
                 mean,
                 yerr=np.stack([mean - low, high - mean]),
                 fmt="os^Dv<>pXP*hd8H"[i % 15] + "-",
-                color=palette[i % len(palette)],
+                color=palette[i],
                 label=mixer,
                 ms=4,
                 capsize=3,
