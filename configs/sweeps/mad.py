@@ -63,7 +63,13 @@ MIXERS = (
 )
 # rwkv7 (issue 20) joins the grid once it is in the registry; until then the grid still builds.
 MIXERS += ("rwkv7",) if "rwkv7" in REGISTRY else ()
-MIXER_FIELDS = ("model.mixer", "model.feature_dim", "model.window", "model.num_householder")
+MIXER_FIELDS = (
+    "model.mixer",
+    "model.feature_dim",
+    "model.window",
+    "model.num_householder",
+    "model.conv",
+)
 TASK_FIELDS = (
     "data.task",
     "data.vocab_size",
@@ -78,10 +84,11 @@ TASK_FIELDS = (
 
 
 def mixer_choices(names, *, taylor_dim=8, window=16):
-    """(mixer, feature_dim, window, num_householder) per label: only taylor layers use
+    """(mixer, feature_dim, window, num_householder, conv) per label: only taylor layers use
     feature_dim, only swa layers the window, ``gated_deltaproduct_n<k>`` is gated_deltaproduct
     with k Householder steps (the others leave them unset: a mixer refuses an option it does
-    not use)."""
+    not use); rwkv7 turns the presets' short conv off (it refuses one: its token shift is its
+    local context), the others keep it (unset)."""
     choices = []
     for m in names:
         steps = None
@@ -89,7 +96,8 @@ def mixer_choices(names, *, taylor_dim=8, window=16):
             m, steps = "gated_deltaproduct", int(m.removeprefix("gated_deltaproduct_n"))
         mixer = ("taylor", "swa") if m == "based" else m
         taylor = taylor_dim if m in ("taylor", "based") else None
-        choices.append((mixer, taylor, window if m in ("swa", "based") else None, steps))
+        window_ = window if m in ("swa", "based") else None
+        choices.append((mixer, taylor, window_, steps, 0 if m == "rwkv7" else None))
     return choices
 
 

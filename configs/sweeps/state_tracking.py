@@ -71,15 +71,17 @@ MIXER_FIELDS = (
     "model.feature_dim",
     "model.window",
     "model.num_householder",
+    "model.conv",
 )
 TASK_FIELDS = ("data.task", "model.vocab_size")
 
 
 def mixer_choices(names, *, taylor_dim=8, window=16):
-    """(mixer, allow_neg_eigval, feature_dim, window, num_householder) per label
+    """(mixer, allow_neg_eigval, feature_dim, window, num_householder, conv) per label
     (`MIXER_FIELDS`): ``*_neg`` is the mixer with β ∈ (0, 2); ``gated_deltaproduct_n<k>`` has
     k Householder steps; only taylor layers use feature_dim, only swa layers the window (the
-    others leave them unset: a mixer refuses an option it does not use)."""
+    others leave them unset: a mixer refuses an option it does not use); rwkv7 turns the
+    presets' short conv off (it refuses one: its token shift is its local context)."""
     choices = []
     for label in names:
         base = label.removesuffix("_neg")
@@ -94,6 +96,7 @@ def mixer_choices(names, *, taylor_dim=8, window=16):
                 taylor_dim if base in ("taylor", "based") else None,
                 window if base in ("swa", "based") else None,
                 steps,
+                0 if base == "rwkv7" else None,  # (unset: the preset's conv)
             )
         )
     return choices

@@ -92,7 +92,8 @@ def rows_from_csv(axes: list[Axis], points: list[Point], path: Path) -> list[dic
     """The rows of `collect`, read back from a results.csv an earlier sweep of this grid wrote
     (e.g. ``docs/results/mqar_sweep_cpu.csv``), for tables and figures without the run
     directories. A point the file lacks is pending; one whose field values differ from the
-    grid's raises (the file is of another grid)."""
+    grid's raises (the file is of another grid). A field column the file lacks (the grid gained
+    it later) matches points that leave the field unset."""
     with open(path, newline="") as f:
         saved = {row["point"]: row for row in csv.DictReader(f)}
     rows = []
@@ -107,6 +108,9 @@ def rows_from_csv(axes: list[Axis], points: list[Point], path: Path) -> list[dic
             rows.append(row)
             continue
         for field in point.values:
+            # A field the file lacks is one the grid gained later; its points left it unset.
+            if field not in old and row[field] == format_value(None):
+                continue
             if old.get(field) != row[field]:
                 raise ValueError(
                     f"{path}: point {point.name} has {field} = {old.get(field)!r} but the grid "
