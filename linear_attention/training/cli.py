@@ -118,7 +118,9 @@ def _none_type(section: str, field: str):
 
 def config_from_json(values: dict) -> ml_collections.ConfigDict:
     """A run's ``config.json`` as a ConfigDict whose every field can be overridden: None fields
-    become typed placeholders, a list of mixers the string ``"a,b"``."""
+    become typed placeholders, a list of mixers the string ``"a,b"``, a list of integers (JSON
+    has no tuples; ``data.eval_lengths``) a tuple again, so that ``--config.data.eval_lengths=
+    (4,8)`` parses as it does for ``la-train``."""
     config = ml_collections.ConfigDict()
     for key, value in values.items():
         if not isinstance(value, dict):
@@ -128,6 +130,8 @@ def config_from_json(values: dict) -> ml_collections.ConfigDict:
         for field, v in value.items():
             if v is None:
                 v = config_dict.placeholder(_none_type(key, field))
+            elif isinstance(v, list) and v and all(type(x) is int for x in v):
+                v = tuple(v)
             elif isinstance(v, list):
                 v = ",".join(map(str, v))
             section[field] = v

@@ -249,6 +249,30 @@ def test_la_eval_reports_summary_metrics_and_accepts_data_overrides(text_run, ca
     assert _summary(workdir) == before  # summary.json untouched
 
 
+def test_la_eval_of_a_state_tracking_run_at_other_lengths(tmp_path, capsys):
+    """``data.eval_lengths`` comes back from config.json as a tuple: la-eval reproduces the
+    run's per-length figures and takes ``--config.data.eval_lengths=(...)`` as la-train does."""
+    workdir = str(tmp_path / "parity")
+    config = load_config("state_tracking", "smoke")
+    config.train.num_steps = 2
+    train(config, workdir, reporter=Reporter(2, stream=io.StringIO()))
+    before = _summary(workdir)
+    assert cli.eval_main(["la-eval", f"--workdir={workdir}", f"--output={tmp_path}/a.json"]) == 0
+    with open(tmp_path / "a.json") as f:
+        same = json.load(f)
+    for length in config.data.eval_lengths:
+        key = f"eval/length_{length}/accuracy"
+        assert same[key] == pytest.approx(before[key], abs=1e-6)
+    argv = ["la-eval", f"--workdir={workdir}", "--config.data.eval_lengths=(4,6)"]
+    assert cli.eval_main([*argv, f"--output={tmp_path}/b.json"]) == 0, capsys.readouterr().err
+    with open(tmp_path / "b.json") as f:
+        other = json.load(f)
+    per_length = sorted(k for k in other if k.startswith("eval/length_"))
+    assert per_length == ["eval/length_4/accuracy", "eval/length_6/accuracy"]
+    mean = (other["eval/length_4/accuracy"] + other["eval/length_6/accuracy"]) / 2
+    assert other["eval/accuracy"] == pytest.approx(mean)
+
+
 def test_la_eval_errors(text_run, capsys):
     workdir, _ = text_run
     for argv, message in (
