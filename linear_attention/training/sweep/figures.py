@@ -59,7 +59,7 @@ def plot_mqar(best: list[dict], axes: list[Axis], sweep, out: Path) -> None:
     panels = [p for p in panel_axis.labels if any(r[panel_axis.name] == p for r in best)]
     if not panels:  # nothing finished yet
         return
-    # the ten default colours, then black and greys; a marker each (up to 15 lines apart)
+    # a colour and a marker each (15 markers before they repeat)
     palette = line_colors(len(line_axis.labels))
     colors = {line: palette[i] for i, line in enumerate(line_axis.labels)}
     markers = {line: "os^Dv<>pXP*hd8H"[i % 15] for i, line in enumerate(line_axis.labels)}
