@@ -16,8 +16,9 @@ Presets (``configs/sweeps/mad.py:<arg>``):
       by that rate this grid is roughly 9 hours of 2 otherwise idle cores; ``order`` runs lr
       3e-3 and seed 0 first, so a sweep cut short still covers every (task, mixer), and
       ``--only task=in_context_recall`` runs one task. Run so far at lr 3e-3: gated, retnet,
-      taylor and swa × 2 seeds (48 runs, 1.9–3.6 min each at load ~4; gated_deltanet and kda
-      4.1–5.6 min), beside ``table1``'s mixers: EXPERIMENTS.md section 9.1.
+      taylor and swa × 2 seeds (48 runs, 1.9–3.6 min each at load ~4), gated_deltanet and kda
+      at seed 0 and on two tasks at seed 1 (16 runs, 3.1–5.6 min), beside ``table1``'s mixers:
+      EXPERIMENTS.md section 9.1.
   ``table1``: the DeltaNet paper's Table 1 comparison on every task: softmax (its Transformer),
       gla and deltanet × the same rates and seeds (108 runs, ``order`` as ``cpu``; roughly 2
       hours of 2 idle cores). Run at lr 3e-3 for every cell (36 runs, 90 min beside other
