@@ -99,8 +99,8 @@ def mixer_choices(names, *, taylor_dim=8, window=16):
             m, steps = "gated_deltaproduct", int(m.removeprefix("gated_deltaproduct_n"))
         mixer = ("taylor", "swa") if m == "based" else m
         taylor = taylor_dim if m in ("taylor", "based") else None
-        window_ = window if m in ("swa", "based") else None
-        choices.append((mixer, taylor, window_, steps, 0 if m == "rwkv7" else None))
+        swa = window if m in ("swa", "based") else None
+        choices.append((mixer, taylor, swa, steps, 0 if m == "rwkv7" else None))
     return choices
 
 
