@@ -44,6 +44,7 @@ from linear_attention.data.mad import TASKS
 from linear_attention.layers.registry import MIXERS as REGISTRY
 from linear_attention.training.cli import load_config_file
 from linear_attention.training.sweep.grid import grid_axis
+from linear_attention.training.sweep.mixers import mixer_axis
 
 PRESETS = ("cpu", "smoke", "table1")
 # The DeltaNet paper's Table 1 comparison: its Transformer, GLA and DeltaNet.
@@ -86,24 +87,6 @@ TASK_FIELDS = (
 )
 
 
-def mixer_choices(names, *, taylor_dim=8, window=16):
-    """(mixer, feature_dim, window, num_householder, conv) per label: only taylor layers use
-    feature_dim, only swa layers the window, ``gated_deltaproduct_n<k>`` is gated_deltaproduct
-    with k Householder steps (the others leave them unset: a mixer refuses an option it does
-    not use); rwkv7 turns the presets' short conv off (it refuses one: its token shift is its
-    local context), the others keep it (unset)."""
-    choices = []
-    for m in names:
-        steps = None
-        if m.startswith("gated_deltaproduct_n"):
-            m, steps = "gated_deltaproduct", int(m.removeprefix("gated_deltaproduct_n"))
-        mixer = ("taylor", "swa") if m == "based" else m
-        taylor = taylor_dim if m in ("taylor", "based") else None
-        swa = window if m in ("swa", "based") else None
-        choices.append((mixer, taylor, swa, steps, 0 if m == "rwkv7" else None))
-    return choices
-
-
 def task_choice(task):
     """The values of `TASK_FIELDS` in the task's preset (``configs/mad.py:<task>``): MAD's
     baseline sizes and the preset's budget (the same number of tokens for every task)."""
@@ -130,15 +113,13 @@ def get_config(arg=None):
         config.base = _base("smoke")
         smoke = (("in_context_recall", 16, 16, 16, 16, 4, 2, 2, 2),)
         grid.task = grid_axis(TASK_FIELDS, smoke, ("in_context_recall",))
-        grid.mixer = grid_axis(
-            MIXER_FIELDS, mixer_choices(("softmax", "deltanet")), ("softmax", "deltanet")
-        )
+        grid.mixer = mixer_axis(MIXER_FIELDS, ("softmax", "deltanet"), taylor_dim=8, window=16)
         grid.d_model = grid_axis("model.d_model", (32,))
         return config
     config.base = _base("in_context_recall")
     grid.task = grid_axis(TASK_FIELDS, tuple(task_choice(t) for t in TASKS), TASKS)
     mixers = TABLE1_MIXERS if arg == "table1" else MIXERS
-    grid.mixer = grid_axis(MIXER_FIELDS, mixer_choices(mixers), mixers)
+    grid.mixer = mixer_axis(MIXER_FIELDS, mixers, taylor_dim=8, window=16)
     grid.d_model = grid_axis("model.d_model", (64,))
     config.order = ("lr", "seed", "d_model", "task", "mixer")
     return config

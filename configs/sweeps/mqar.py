@@ -50,41 +50,25 @@ import ml_collections
 
 from linear_attention.training.cli import load_config_file
 from linear_attention.training.sweep.grid import grid_axis
+from linear_attention.training.sweep.mixers import LINEAR_SCALED, mixer_axis
 
 PRESETS = ("default", "cpu", "smoke")
 MIXERS = ("softmax", "linear", "taylor", "retnet", "gated", "gla", "deltanet", "gated_deltanet")
 MIXERS += ("kda", "gated_deltaproduct", "rwkv7")  # (issue 20; see the docstring)
-# Both grids add sliding-window softmax and Based: taylor and swa layers alternating (README,
-# "Based"), its taylor layers at the preset's projected width.
-BASED = ("taylor", "swa")
-# elu+1 with q and k scaled by 8 before the feature map (EXPERIMENTS.md, "Why elu+1 sits at
-# chance"): the fixed feature map at a scale where it learns; "linear" is the published scale 1.
-LINEAR_SCALED = "linear_scale8"
+# Both grids add sliding-window softmax, Based (taylor and swa layers alternating, its taylor
+# layers at the preset's projected width) and elu+1 with q and k scaled by 8, the fixed feature
+# map at a scale where it learns (`linear_attention.training.sweep.mixers`).
 DEFAULT_MIXERS = (*MIXERS, "swa", "based", LINEAR_SCALED)
 MIXER_FIELDS = (
     *("model.mixer", "model.feature_dim", "model.window", "model.feature_scale", "model.conv"),
 )
 
 
-def _mixer_choices(names, taylor_dim, window, conv):
-    """(model.mixer, model.feature_dim, model.window, model.feature_scale, model.conv) per mixer
-    label (`MIXER_FIELDS`); only taylor layers use feature_dim, only swa layers the window, only
-    the scaled elu+1 a feature_scale (the others leave them unset: a mixer refuses an option it
-    does not use); every mixer has the base's short conv but rwkv7, which refuses it (its token
-    shift is its local context)."""
-    choices = []
-    for m in names:
-        mixer = {"based": BASED, LINEAR_SCALED: "linear"}.get(m, m)
-        choices.append(
-            (
-                mixer,
-                taylor_dim if m in ("taylor", "based") else None,
-                window if m in ("swa", "based") else None,
-                8.0 if m == LINEAR_SCALED else None,
-                False if m == "rwkv7" else conv,
-            )
-        )
-    return choices
+def _conv(base):
+    """Every mixer keeps the base's short conv but rwkv7, which refuses one; False is how the
+    study's results.csv (docs/results/mqar_sweep_cpu.csv) records that, so the file still reads
+    back (`rows_from_csv` compares the values as written)."""
+    return dict(conv=base.model.conv, no_conv=False)
 
 
 def _base(preset):
@@ -105,10 +89,8 @@ def get_config(arg=None):
     task = ("data.seq_len", "data.num_kv_pairs")
 
     if arg == "default":
-        grid.mixer = grid_axis(
-            MIXER_FIELDS,
-            _mixer_choices(DEFAULT_MIXERS, 16, 64, config.base.model.conv),
-            DEFAULT_MIXERS,
+        grid.mixer = mixer_axis(
+            MIXER_FIELDS, DEFAULT_MIXERS, taylor_dim=16, window=64, **_conv(config.base)
         )
         # Zoology: d_model 64…512; seq_len and kv pairs grow together; lr = logspace(-4, -2, 4).
         grid.d_model = grid_axis("model.d_model", (64, 128, 256, 512))
@@ -132,8 +114,8 @@ def get_config(arg=None):
         # swa and Based's sliding windows see 16 tokens: at seq_len 64 a 64-token window is
         # full softmax attention; 16 holds at most 8 pairs when the queries come (no recall of
         # pairs further back), the point of Based's small windows plus a global linear state.
-        grid.mixer = grid_axis(
-            MIXER_FIELDS, _mixer_choices(DEFAULT_MIXERS, 8, 16, base.model.conv), DEFAULT_MIXERS
+        grid.mixer = mixer_axis(
+            MIXER_FIELDS, DEFAULT_MIXERS, taylor_dim=8, window=16, **_conv(base)
         )
         # d_model 32 learns nothing in 400 steps (every mixer <= 0.08 with 8 pairs at lr 1e-2,
         # seed 0: docs/results/mqar_sweep_cpu_1seed.md); (64, 8) only: the budget.

@@ -53,6 +53,7 @@ from linear_attention.data.state_tracking import task_vocab_size
 from linear_attention.layers.registry import MIXERS as REGISTRY
 from linear_attention.training.cli import load_config_file
 from linear_attention.training.sweep.grid import grid_axis
+from linear_attention.training.sweep.mixers import mixer_axis
 
 PRESETS = ("cpu", "groups", "parity", "mod_arith", "s3_one_layer", "smoke")
 # The delta family, each with β ∈ (0, 1) and with β ∈ (0, 2) (``*_neg``); gated_deltaproduct
@@ -77,32 +78,6 @@ MIXER_FIELDS = (
     "model.conv",
 )
 TASK_FIELDS = ("data.task", "model.vocab_size")
-
-
-def mixer_choices(names, *, taylor_dim=8, window=16):
-    """(mixer, allow_neg_eigval, feature_dim, window, num_householder, conv) per label
-    (`MIXER_FIELDS`): ``*_neg`` is the mixer with β ∈ (0, 2); ``gated_deltaproduct_n<k>`` has
-    k Householder steps; only taylor layers use feature_dim, only swa layers the window (the
-    others leave them unset: a mixer refuses an option it does not use); rwkv7 turns the
-    presets' short conv off (it refuses one: its token shift is its local context)."""
-    choices = []
-    for label in names:
-        base = label.removesuffix("_neg")
-        steps = None
-        if base.startswith("gated_deltaproduct_n"):
-            base, steps = "gated_deltaproduct", int(base.removeprefix("gated_deltaproduct_n"))
-        mixer = ("taylor", "swa") if base == "based" else base
-        choices.append(
-            (
-                mixer,
-                True if label.endswith("_neg") else None,  # (unset: the mixer's own)
-                taylor_dim if base in ("taylor", "based") else None,
-                window if base in ("swa", "based") else None,
-                steps,
-                0 if base == "rwkv7" else None,  # (unset: the preset's conv)
-            )
-        )
-    return choices
 
 
 def _base(preset):
@@ -134,7 +109,7 @@ def get_config(arg=None):
     grid.seed = grid_axis("seed", (0, 1))
     if arg == "smoke":
         names = ("gated_deltanet", "gated_deltanet_neg")
-        grid.mixer = grid_axis(MIXER_FIELDS, mixer_choices(names), names)
+        grid.mixer = mixer_axis(MIXER_FIELDS, names, taylor_dim=8, window=16)
         grid.lr = grid_axis("optimizer.learning_rate", (1e-3, 3e-3))
         return config
     grid.lr = grid_axis("optimizer.learning_rate", (1e-3, 3e-3, 1e-2))
@@ -143,14 +118,14 @@ def get_config(arg=None):
     if arg in ("parity", "mod_arith"):
         # The preset's own budget (500 steps, one evaluation at the end): each run is a
         # preset run, so the preset's measured figures are rows of this study.
-        grid.mixer = grid_axis(MIXER_FIELDS, mixer_choices(SLICE_MIXERS), SLICE_MIXERS)
+        grid.mixer = mixer_axis(MIXER_FIELDS, SLICE_MIXERS, taylor_dim=8, window=16)
         return config
     base = config.base
     if arg == "s3_one_layer":
         # One layer: with n = 1 each token's transition is one reflection (or near identity),
         # and S3's 3-cycles are products of two; a second layer could compose them.
         names = ("gated_deltaproduct_n1_neg", "gated_deltaproduct_n2_neg")
-        grid.mixer = grid_axis(MIXER_FIELDS, mixer_choices(names), names)
+        grid.mixer = mixer_axis(MIXER_FIELDS, names, taylor_dim=8, window=16)
         base.model.num_layers = 1
         base.train.num_steps = 2000
         base.optimizer.warmup_steps = 200
@@ -161,5 +136,5 @@ def get_config(arg=None):
     base.train.eval_every = 250
     base.train.checkpoint_every = 250
     base.train.stop_at = 0.99
-    grid.mixer = grid_axis(MIXER_FIELDS, mixer_choices(MIXERS), MIXERS)
+    grid.mixer = mixer_axis(MIXER_FIELDS, MIXERS, taylor_dim=8, window=16)
     return config

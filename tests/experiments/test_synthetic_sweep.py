@@ -10,6 +10,7 @@ import pytest
 from linear_attention.layers.registry import MIXERS as REGISTRY
 from linear_attention.training import experiment_config
 from linear_attention.training import sweep as engine
+from linear_attention.training.sweep.mixers import mixer_axis, mixer_settings
 from tests.training.conftest import ROOT
 
 SWEEPS = ROOT / "configs" / "sweeps"
@@ -71,6 +72,38 @@ def test_delta_family_labels_set_the_options():
     assert seen["gated_deltaproduct_n2"] == ("gated_deltaproduct", None, 2)  # (the default)
     assert seen["kda_neg"][:2] == ("kda", True)
     assert seen["deltanet"] == ("deltanet", None, None)
+
+
+def test_mixer_labels_set_only_the_fields_their_mixer_uses():
+    """One label per model setting (`sweep.mixers`), written out by hand for each kind of
+    label; an axis whose fields lack one a label sets raises rather than drop it."""
+    unset = dict.fromkeys(
+        ("allow_neg_eigval", "feature_dim", "window", "feature_scale", "num_householder")
+    )
+
+    def expect(mixer, conv=4, **fields):
+        return {
+            f"model.{k}": v for k, v in {"mixer": mixer, **unset, **fields, "conv": conv}.items()
+        }
+
+    def settings(label):
+        return mixer_settings(label, taylor_dim=8, window=16, conv=4, no_conv=0)
+
+    assert settings("deltanet") == expect("deltanet")
+    assert settings("kda_neg") == expect("kda", allow_neg_eigval=True)
+    assert settings("based") == expect(("taylor", "swa"), feature_dim=8, window=16)
+    assert settings("taylor") == expect("taylor", feature_dim=8)
+    assert settings("swa") == expect("swa", window=16)
+    assert settings("linear_scale8") == expect("linear", feature_scale=8.0)
+    assert settings("gated_deltaproduct_n2_neg") == expect(
+        "gated_deltaproduct", allow_neg_eigval=True, num_householder=2
+    )
+    assert settings("rwkv7") == expect("rwkv7", conv=0)
+    axis = mixer_axis(("model.mixer", "model.window"), ("swa", "gla"), taylor_dim=8, window=16)
+    assert axis.choices == (("swa", 16), ("gla", None)) and axis.labels == ("swa", "gla")
+    assert mixer_axis(("model.mixer",), ("gla",), taylor_dim=8, window=16).choices == ("gla",)
+    with pytest.raises(ValueError, match="'taylor' sets {'model.feature_dim': 8}"):
+        mixer_axis(("model.mixer",), ("gla", "taylor"), taylor_dim=8, window=16)
 
 
 @pytest.mark.slow  # 8 runs, 2 delta-rule models compiled at 3 shapes: minutes on a loaded CPU
