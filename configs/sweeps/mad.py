@@ -94,6 +94,13 @@ def task_choice(task):
     return tuple(preset[section][name] for section, name in (f.split(".") for f in TASK_FIELDS))
 
 
+def _mixer_axis(config, names):
+    """The mixer axis: taylor layers at 8 projected dims, windows of 16, and the preset's
+    short conv for every mixer but rwkv7 (said explicitly: unset, it is each mixer's default,
+    off for all but the delta rules)."""
+    return mixer_axis(MIXER_FIELDS, names, taylor_dim=8, window=16, conv=config.base.model.conv)
+
+
 def _base(preset):
     return load_config_file(str(Path(__file__).resolve().parents[1] / "mad.py") + f":{preset}")
 
@@ -113,13 +120,13 @@ def get_config(arg=None):
         config.base = _base("smoke")
         smoke = (("in_context_recall", 16, 16, 16, 16, 4, 2, 2, 2),)
         grid.task = grid_axis(TASK_FIELDS, smoke, ("in_context_recall",))
-        grid.mixer = mixer_axis(MIXER_FIELDS, ("softmax", "deltanet"), taylor_dim=8, window=16)
+        grid.mixer = _mixer_axis(config, ("softmax", "deltanet"))
         grid.d_model = grid_axis("model.d_model", (32,))
         return config
     config.base = _base("in_context_recall")
     grid.task = grid_axis(TASK_FIELDS, tuple(task_choice(t) for t in TASKS), TASKS)
     mixers = TABLE1_MIXERS if arg == "table1" else MIXERS
-    grid.mixer = mixer_axis(MIXER_FIELDS, mixers, taylor_dim=8, window=16)
+    grid.mixer = _mixer_axis(config, mixers)
     grid.d_model = grid_axis("model.d_model", (64,))
     config.order = ("lr", "seed", "d_model", "task", "mixer")
     return config

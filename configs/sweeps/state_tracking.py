@@ -80,6 +80,13 @@ MIXER_FIELDS = (
 TASK_FIELDS = ("data.task", "model.vocab_size")
 
 
+def _mixer_axis(config, names):
+    """The mixer axis: taylor layers at 8 projected dims, windows of 16, and the preset's
+    short conv for every mixer but rwkv7 (said explicitly: unset, it is each mixer's default,
+    off for all but the delta rules)."""
+    return mixer_axis(MIXER_FIELDS, names, taylor_dim=8, window=16, conv=config.base.model.conv)
+
+
 def _base(preset):
     return load_config_file(
         str(Path(__file__).resolve().parents[1] / "state_tracking.py") + f":{preset}"
@@ -109,7 +116,7 @@ def get_config(arg=None):
     grid.seed = grid_axis("seed", (0, 1))
     if arg == "smoke":
         names = ("gated_deltanet", "gated_deltanet_neg")
-        grid.mixer = mixer_axis(MIXER_FIELDS, names, taylor_dim=8, window=16)
+        grid.mixer = _mixer_axis(config, names)
         grid.lr = grid_axis("optimizer.learning_rate", (1e-3, 3e-3))
         return config
     grid.lr = grid_axis("optimizer.learning_rate", (1e-3, 3e-3, 1e-2))
@@ -118,14 +125,14 @@ def get_config(arg=None):
     if arg in ("parity", "mod_arith"):
         # The preset's own budget (500 steps, one evaluation at the end): each run is a
         # preset run, so the preset's measured figures are rows of this study.
-        grid.mixer = mixer_axis(MIXER_FIELDS, SLICE_MIXERS, taylor_dim=8, window=16)
+        grid.mixer = _mixer_axis(config, SLICE_MIXERS)
         return config
     base = config.base
     if arg == "s3_one_layer":
         # One layer: with n = 1 each token's transition is one reflection (or near identity),
         # and S3's 3-cycles are products of two; a second layer could compose them.
         names = ("gated_deltaproduct_n1_neg", "gated_deltaproduct_n2_neg")
-        grid.mixer = mixer_axis(MIXER_FIELDS, names, taylor_dim=8, window=16)
+        grid.mixer = _mixer_axis(config, names)
         base.model.num_layers = 1
         base.train.num_steps = 2000
         base.optimizer.warmup_steps = 200
@@ -136,5 +143,5 @@ def get_config(arg=None):
     base.train.eval_every = 250
     base.train.checkpoint_every = 250
     base.train.stop_at = 0.99
-    grid.mixer = mixer_axis(MIXER_FIELDS, MIXERS, taylor_dim=8, window=16)
+    grid.mixer = _mixer_axis(config, MIXERS)
     return config

@@ -535,8 +535,9 @@ def test_the_studys_results_file_is_of_the_cpu_grid():
     from linear_attention.training.sweep.grid import expand, load_sweep
     from linear_attention.training.sweep.results import rows_from_csv
 
-    axes, points = expand(load_sweep(MQAR + ":cpu"))
-    rows = rows_from_csv(axes, points, ROOT / "docs/results/mqar_sweep_cpu.csv")
+    sweep = load_sweep(MQAR + ":cpu")
+    axes, points = expand(sweep)
+    rows = rows_from_csv(axes, points, ROOT / "docs/results/mqar_sweep_cpu.csv", sweep.base)
     done = [r for r in rows if r["status"] == "ok"]
     assert len(done) >= 137 and all(0.0 <= r["eval/accuracy"] <= 1.0 for r in done)
     assert {r["mixer"] for r in done} >= {"softmax", "deltanet", "kda", "rwkv7"}

@@ -57,6 +57,9 @@ def test_presets_expand_and_validate(spec, per_mixer, mixers):
             assert cfg.model.allow_neg_eigval
         if point.labels["mixer"] == "based":
             assert cfg.model.mixer == ("taylor", "swa")
+        # Every mixer has the preset's kernel-4 conv but rwkv7, which refuses one; unset, the
+        # conv would be each mixer's default, off for all but the delta rules.
+        assert cfg.model.conv == (0 if cfg.model.mixer == "rwkv7" else 4)
 
 
 def test_delta_family_labels_set_the_options():
@@ -99,11 +102,15 @@ def test_mixer_labels_set_only_the_fields_their_mixer_uses():
         "gated_deltaproduct", allow_neg_eigval=True, num_householder=2
     )
     assert settings("rwkv7") == expect("rwkv7", conv=0)
-    axis = mixer_axis(("model.mixer", "model.window"), ("swa", "gla"), taylor_dim=8, window=16)
+    axis = mixer_axis(
+        ("model.mixer", "model.window"), ("swa", "gla"), taylor_dim=8, window=16, conv=None
+    )
     assert axis.choices == (("swa", 16), ("gla", None)) and axis.labels == ("swa", "gla")
-    assert mixer_axis(("model.mixer",), ("gla",), taylor_dim=8, window=16).choices == ("gla",)
+    assert mixer_axis(("model.mixer",), ("gla",), taylor_dim=8, window=16, conv=None).choices == (
+        "gla",
+    )
     with pytest.raises(ValueError, match="'taylor' sets {'model.feature_dim': 8}"):
-        mixer_axis(("model.mixer",), ("gla", "taylor"), taylor_dim=8, window=16)
+        mixer_axis(("model.mixer",), ("gla", "taylor"), taylor_dim=8, window=16, conv=None)
 
 
 @pytest.mark.slow  # 8 runs, 2 delta-rule models compiled at 3 shapes: minutes on a loaded CPU
@@ -171,16 +178,17 @@ def test_heatmap_title_says_how_the_cells_were_tuned():
 
 def test_results_csv_written_before_a_field_joined_the_grid(tmp_path):
     """``model.conv`` joined the MAD grid (for rwkv7) after docs/results/mad_table1_cpu.csv was
-    written: the file's rows still match the points that leave it unset, and a value the grid
-    does not have still marks the file as another grid's."""
+    written: the file's rows still match the points whose value is the base's, which its runs
+    had, and a value the grid does not have still marks the file as another grid's."""
     from linear_attention.training.sweep.results import rows_from_csv
 
-    axes, points = engine.expand(engine.load_sweep(str(SWEEPS / "mad.py:table1")))
+    sweep = engine.load_sweep(str(SWEEPS / "mad.py:table1"))
+    axes, points = engine.expand(sweep)
     saved = ROOT / "docs/results/mad_table1_cpu.csv"
     with open(saved, newline="") as f:
         old = list(csv.DictReader(f))
     assert "model.conv" not in old[0]
-    rows = rows_from_csv(axes, points, saved)
+    rows = rows_from_csv(axes, points, saved, sweep.base)
     done = {r["point"]: r for r in rows if r["status"] == "ok"}
     assert len(done) == len(old)
     first = old[0]
@@ -191,4 +199,4 @@ def test_results_csv_written_before_a_field_joined_the_grid(tmp_path):
         writer.writeheader()
         writer.writerow({**first, "model.conv": "2"})
     with pytest.raises(ValueError, match="model.conv = '2'.* another grid"):
-        rows_from_csv(axes, points, other)
+        rows_from_csv(axes, points, other, sweep.base)

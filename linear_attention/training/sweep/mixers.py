@@ -11,8 +11,10 @@ them, turned into the model fields a grid sets together for it.
 A field a mixer does not use stays None (unset), since a mixer refuses an option it does not
 use: only taylor layers take ``feature_dim``, only swa layers the ``window``, only the scaled
 elu+1 a ``feature_scale``, only the ``_neg`` labels ``allow_neg_eigval`` (the others keep the
-mixer's own range). rwkv7 turns the short conv off: it refuses one, its token shift being its
-local context.
+mixer's own range). ``model.conv`` is the exception: unset (None) it is each mixer's default,
+on for the delta rules and off for the rest, so a grid that means "the preset's conv" says so
+(``conv=base.model.conv``). rwkv7 turns the short conv off: it refuses one, its token shift
+being its local context.
 """
 
 from __future__ import annotations
@@ -25,10 +27,10 @@ LINEAR_SCALED = "linear_scale8"
 BASED = ("taylor", "swa")
 
 
-def mixer_settings(label: str, *, taylor_dim: int, window: int, conv=None, no_conv=0) -> dict:
+def mixer_settings(label: str, *, taylor_dim: int, window: int, conv, no_conv=0) -> dict:
     """The model fields (``model.<name>`` -> value) that a mixer label sets; ``conv`` is what
-    every mixer but rwkv7 writes into ``model.conv`` (None keeps the base config's), ``no_conv``
-    what rwkv7 writes."""
+    every mixer but rwkv7 writes into ``model.conv`` (None would be each mixer's default, not
+    the base config's), ``no_conv`` what rwkv7 writes."""
     base = label.removesuffix("_neg")
     steps = None
     if base.startswith("gated_deltaproduct_n"):

@@ -5,6 +5,7 @@ Zoology does, and the CSV files (written whole or not at all)."""
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import math
 import os
@@ -88,12 +89,17 @@ def _number(text: str):
         return float(text)
 
 
-def rows_from_csv(axes: list[Axis], points: list[Point], path: Path) -> list[dict]:
+def _base_value(base, field: str):
+    return functools.reduce(lambda node, part: node[part], field.split("."), base)
+
+
+def rows_from_csv(axes: list[Axis], points: list[Point], path: Path, base) -> list[dict]:
     """The rows of `collect`, read back from a results.csv an earlier sweep of this grid wrote
     (e.g. ``docs/results/mqar_sweep_cpu.csv``), for tables and figures without the run
     directories. A point the file lacks is pending; one whose field values differ from the
     grid's raises (the file is of another grid). A field column the file lacks (the grid gained
-    it later) matches points that leave the field unset."""
+    it later) matches points whose value is the one its runs had: ``base``'s (the sweep's base
+    config)."""
     with open(path, newline="") as f:
         saved = {row["point"]: row for row in csv.DictReader(f)}
     rows = []
@@ -108,8 +114,8 @@ def rows_from_csv(axes: list[Axis], points: list[Point], path: Path) -> list[dic
             rows.append(row)
             continue
         for field in point.values:
-            # A field the file lacks is one the grid gained later; its points left it unset.
-            if field not in old and row[field] == format_value(None):
+            # A field the file lacks is one the grid gained later: its runs had the base's value.
+            if field not in old and row[field] == format_value(_base_value(base, field)):
                 continue
             if old.get(field) != row[field]:
                 raise ValueError(

@@ -34,7 +34,7 @@ def report(
     if results_csv is None:
         rows = collect(axes, points, runs_dir)
     else:
-        rows = rows_from_csv(axes, points, Path(results_csv))
+        rows = rows_from_csv(axes, points, Path(results_csv), sweep.base)
     write_csv(workdir / "results.csv", rows)
     best = best_rows(rows, axes, sweep.get("tune"), kind, sweep.get("replicate"), partial=partial)
     if best:
