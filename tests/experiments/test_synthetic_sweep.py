@@ -200,3 +200,36 @@ def test_results_csv_written_before_a_field_joined_the_grid(tmp_path):
         writer.writerow({**first, "model.conv": "2"})
     with pytest.raises(ValueError, match="model.conv = '2'.* another grid"):
         rows_from_csv(axes, points, other, sweep.base)
+
+
+def test_results_from_several_files_take_each_points_first_finished_row(tmp_path):
+    """--results-csv given twice: a point's row is the first finished one in the order given
+    (a pending row in an earlier file gives way), and a later file of another grid still
+    raises although an earlier file had the point finished."""
+    from linear_attention.training.sweep.results import rows_from_csv
+
+    sweep = engine.load_sweep(str(SWEEPS / "mad.py:table1"))
+    axes, points = engine.expand(sweep)
+    with open(ROOT / "docs/results/mad_table1_cpu.csv", newline="") as f:
+        old = list(csv.DictReader(f))
+
+    def write(name, rows, columns=old[0]):
+        path = tmp_path / name
+        with open(path, "w", newline="") as f:
+            writer = csv.DictWriter(f, list(columns))
+            writer.writeheader()
+            writer.writerows(rows)
+        return path
+
+    first, second = old[0]["point"], old[1]["point"]
+    a = write("a.csv", old[:1] + [{**old[1], "status": "pending"}])
+    b = write("b.csv", [{**r, "eval/accuracy": "0.5"} for r in old[:2]])
+    rows = {r["point"]: r for r in rows_from_csv(axes, points, [a, b], sweep.base)}
+    assert rows[first]["eval/accuracy"] == pytest.approx(float(old[0]["eval/accuracy"]))
+    assert rows[second]["eval/accuracy"] == 0.5 and rows[second]["status"] == "ok"
+    assert sum(r["status"] == "ok" for r in rows.values()) == 2
+    rows = {r["point"]: r for r in rows_from_csv(axes, points, [b, a], sweep.base)}
+    assert rows[first]["eval/accuracy"] == 0.5
+    other = write("other.csv", [{**old[0], "optimizer.learning_rate": "0.5"}])
+    with pytest.raises(ValueError, match="other.csv: point .*optimizer.learning_rate = '0.5'"):
+        rows_from_csv(axes, points, [a, other], sweep.base)

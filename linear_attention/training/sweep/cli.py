@@ -8,7 +8,8 @@
     ... --report-only --only lr=0.01     # ... of a part of the grid (tuned over those lrs)
     ... --report-only --partial          # ... tuned over each setting's finished lrs
     ... --report-only --results-csv docs/results/mqar_sweep_cpu.csv
-                                         # ... of the runs in that file (no run folders)
+                                         # ... of the runs in that file (no run folders;
+                                         # repeatable: first finished row per point wins)
     ... --jobs 2                         # two worker processes, one XLA thread each
 
 (``python -m linear_attention.training.sweep`` is the same command.) Tables and plots always
@@ -56,10 +57,12 @@ def main(argv=None) -> int:
     )
     parser.add_argument(
         "--results-csv",
+        action="append",
         default=None,
         metavar="FILE",
-        help="with --report-only (MQAR): the finished runs from this results.csv of an earlier "
-        "sweep of the grid instead of the workdir's runs (docs/results/mqar_sweep_cpu.csv)",
+        help="with --report-only: the finished runs from this results.csv of an earlier sweep "
+        "of the grid instead of the workdir's runs (docs/results/mqar_sweep_cpu.csv); given "
+        "more than once, each point's first finished row, in the order given",
     )
     args = parser.parse_args(argv)
     if args.results_csv is not None and not args.report_only:

@@ -93,35 +93,53 @@ def _base_value(base, field: str):
     return functools.reduce(lambda node, part: node[part], field.split("."), base)
 
 
-def rows_from_csv(axes: list[Axis], points: list[Point], path: Path, base) -> list[dict]:
-    """The rows of `collect`, read back from a results.csv an earlier sweep of this grid wrote
-    (e.g. ``docs/results/mqar_sweep_cpu.csv``), for tables and figures without the run
-    directories. A point the file lacks is pending; one whose field values differ from the
-    grid's raises (the file is of another grid). A field column the file lacks (the grid gained
-    it later) matches points whose value is the one its runs had: ``base``'s (the sweep's base
-    config)."""
-    with open(path, newline="") as f:
-        saved = {row["point"]: row for row in csv.DictReader(f)}
-    rows = []
+def _check_fields(path: Path, old: dict, point: Point, row: dict, base) -> None:
+    """A saved row must have the grid point's field values (the file is of this grid)."""
+    for field in point.values:
+        # A field the file lacks is one the grid gained later: its runs had the base's value.
+        if field not in old and row[field] == format_value(_base_value(base, field)):
+            continue
+        if old.get(field) != row[field]:
+            raise ValueError(
+                f"{path}: point {point.name} has {field} = {old.get(field)!r} but the grid "
+                f"has {row[field]!r}; the file is of another grid"
+            )
+
+
+def rows_from_csv(axes: list[Axis], points: list[Point], paths, base) -> list[dict]:
+    """The rows of `collect`, read back from the results.csv files earlier sweeps of this grid
+    wrote (e.g. ``docs/results/mqar_sweep_cpu.csv``; one path or several: each point's row is
+    the first finished one, in the order given, else its first row), for tables and figures
+    without the run directories. A point no file has is pending; a row whose field values
+    differ from its point's raises (the file is of another grid). A field column a file lacks
+    (the grid gained it later) matches points whose value is the one its runs had: ``base``'s
+    (the sweep's base config)."""
+    paths = [Path(paths)] if isinstance(paths, (str, os.PathLike)) else [Path(p) for p in paths]
+    by_name = {point.name: point for point in points}
+    grid_rows = {}
     for point in points:
         row = {"point": point.name, **point.labels}
         row.update({field: format_value(v) for field, v in point.values.items()})
-        old = saved.get(point.name)
+        grid_rows[point.name] = row
+    saved: dict[str, dict] = {}
+    for path in paths:
+        with open(path, newline="") as f:
+            for old in csv.DictReader(f):
+                name = old["point"]
+                if name not in by_name:
+                    continue  # outside this selection of the grid (--only)
+                _check_fields(path, old, by_name[name], grid_rows[name], base)
+                first = saved.get(name)
+                if first is None or (first["status"] != "ok" and old["status"] == "ok"):
+                    saved[name] = old
+    rows = []
+    for point in points:
+        row, old = grid_rows[point.name], saved.get(point.name)
         if old is None:
-            cfg = experiment_config(point.config)
-            row["state_bytes"] = state_bytes(cfg)
+            row["state_bytes"] = state_bytes(experiment_config(point.config))
             row["status"] = "pending"
             rows.append(row)
             continue
-        for field in point.values:
-            # A field the file lacks is one the grid gained later: its runs had the base's value.
-            if field not in old and row[field] == format_value(_base_value(base, field)):
-                continue
-            if old.get(field) != row[field]:
-                raise ValueError(
-                    f"{path}: point {point.name} has {field} = {old.get(field)!r} but the grid "
-                    f"has {row[field]!r}; the file is of another grid"
-                )
         row["state_bytes"] = int(old["state_bytes"])
         row["status"] = old["status"]
         extra = [k for k in old if k.startswith("eval/") and k not in SUMMARY_KEYS]

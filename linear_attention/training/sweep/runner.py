@@ -25,16 +25,17 @@ def report(
     workdir: Path,
     *,
     partial: bool = False,
-    results_csv: Path | None = None,
+    results_csv=None,
 ) -> dict:
     """Write results.csv, results.md and the plots from what is finished (``results_csv``:
-    from that file's rows instead of the run directories); returns the rows."""
+    from the rows of that file, or of those files, instead of the run directories); returns
+    the rows."""
     kind = sweep.base.data.kind
     runs_dir = workdir / "runs"
     if results_csv is None:
         rows = collect(axes, points, runs_dir)
     else:
-        rows = rows_from_csv(axes, points, Path(results_csv), sweep.base)
+        rows = rows_from_csv(axes, points, _paths(results_csv), sweep.base)
     write_csv(workdir / "results.csv", rows)
     best = best_rows(rows, axes, sweep.get("tune"), kind, sweep.get("replicate"), partial=partial)
     if best:
@@ -55,8 +56,16 @@ def report(
     return {"rows": rows, "best": best, "markdown": text}
 
 
+def _paths(results_csv) -> list[Path]:
+    """One results.csv path, or several."""
+    if isinstance(results_csv, (str, Path)):
+        return [Path(results_csv)]
+    return [Path(p) for p in results_csv]
+
+
 def check_results_csv(sweep, results_csv, report_only: bool) -> None:
-    """``results_csv`` redraws the tables and figures of finished runs (not LM: ValueError)."""
+    """``results_csv`` (a path or several) redraws the tables and figures of finished runs
+    (not LM: ValueError)."""
     if results_csv is None:
         return
     if not report_only:
@@ -66,8 +75,9 @@ def check_results_csv(sweep, results_csv, report_only: bool) -> None:
             "results_csv redraws MQAR, MAD and state-tracking sweeps only (the LM loss curves "
             f"read every run's metrics.jsonl); this sweep's data.kind is {sweep.base.data.kind!r}"
         )
-    if not Path(results_csv).is_file():
-        raise ValueError(f"results_csv {str(results_csv)!r} is not a file")
+    for path in _paths(results_csv):
+        if not path.is_file():
+            raise ValueError(f"results_csv {str(path)!r} is not a file")
 
 
 def run(
@@ -85,7 +95,8 @@ def run(
     """Run (or resume) every selected point, then write the results; see the module doc.
     ``jobs`` > 1 trains the unfinished points in that many worker processes; ``partial``
     tunes a setting with pending runs over its finished learning rates (`best_rows`);
-    ``results_csv`` (with ``report_only``) takes the finished runs from that results.csv."""
+    ``results_csv`` (with ``report_only``) takes the finished runs from that results.csv, or
+    from those (each point's first finished row, in order)."""
     workdir = Path(workdir)
     check_results_csv(sweep, results_csv, report_only)
     axes, points = prepare(sweep, only)
