@@ -233,3 +233,29 @@ def test_results_from_several_files_take_each_points_first_finished_row(tmp_path
     other = write("other.csv", [{**old[0], "optimizer.learning_rate": "0.5"}])
     with pytest.raises(ValueError, match="other.csv: point .*optimizer.learning_rate = '0.5'"):
         rows_from_csv(axes, points, [a, other], sweep.base)
+
+
+def test_the_cli_redraws_a_table_from_two_results_files(tmp_path):
+    """`--results-csv A --results-csv B`: the table of the union of the two files' finished
+    runs (Table 1's file cut in two), equal to the table of the whole file."""
+    from linear_attention.training.sweep.cli import main
+
+    with open(ROOT / "docs/results/mad_table1_cpu.csv", newline="") as f:
+        old = list(csv.DictReader(f))
+    halves = []
+    for i, rows in enumerate((old[::2], old[1::2])):
+        halves.append(tmp_path / f"half{i}.csv")
+        with open(halves[-1], "w", newline="") as f:
+            writer = csv.DictWriter(f, list(old[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+    args = ["--config", str(SWEEPS / "mad.py:table1"), "--report-only", "--partial"]
+    whole = [*args, "--workdir", str(tmp_path / "whole")]
+    assert main([*whole, "--results-csv", str(ROOT / "docs/results/mad_table1_cpu.csv")]) == 0
+    both = [*args, "--workdir", str(tmp_path / "both")]
+    assert main([*both, *(a for h in halves for a in ("--results-csv", str(h)))]) == 0
+    with open(tmp_path / "both" / "results.csv", newline="") as f:
+        done = {r["point"] for r in csv.DictReader(f) if r["status"] == "ok"}
+    assert done == {r["point"] for r in old} and len(done) == 44
+    for name in ("results.md", "best.csv"):
+        assert (tmp_path / "both" / name).read_text() == (tmp_path / "whole" / name).read_text()
