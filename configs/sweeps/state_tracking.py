@@ -21,10 +21,11 @@ Presets (``configs/sweeps/state_tracking.py:<arg>``):
   ``parity``, ``mod_arith``: the slices that fit a session: the task × ``SLICE_MIXERS``
       (softmax, gla, gated, retnet, taylor, swa and the delta family) × 3 rates × 2 seeds = 96
       runs each at the preset's own budget (500 steps, one evaluation at the end), so that
-      each run is a preset run; ``--only`` picks points, a rerun resumes. Run so far: parity at
-      lr 3e-3 for all 16 mixers × 2 seeds (only β ∈ (0, 2) runs learn it: 4 of 10, none of
-      22 others), mod_arith for deltanet with both β ranges (chance; 2.5–2.8 min a run):
-      EXPERIMENTS.md sections 7.4, 7.6 and 7.7.
+      each run is a preset run; ``--only`` picks points, a rerun resumes. ``parity`` run in
+      full (56 of its runs in 75 min with ``--jobs 2`` at load ~4, 1.4–5.9 min a run, so about
+      2 hours of 2 cores): only β ∈ (0, 2) runs learn it, 9 of 30 against 0 of 66 others
+      (EXPERIMENTS.md section 7.8). mod_arith: deltanet with both β ranges at lr 3e-3 (chance;
+      2.5–2.8 min a run; section 7.7).
   ``s3_one_layer``: DeltaProduct's S3 question, one Householder step per token against two in
       one layer: s3 × gated_deltaproduct n = 1 and n = 2 with β ∈ (0, 2) × the 3 rates × 2
       seeds = 12 runs of one layer at 2000 steps (200 warmup, evaluated every 500); 15–34 min
