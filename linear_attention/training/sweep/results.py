@@ -106,6 +106,13 @@ def _check_fields(path: Path, old: dict, point: Point, row: dict, base) -> None:
             )
 
 
+def results_paths(paths) -> list[Path]:
+    """One results.csv path (str or path-like), or several, as a list of paths."""
+    if isinstance(paths, (str, os.PathLike)):
+        return [Path(paths)]
+    return [Path(p) for p in paths]
+
+
 def rows_from_csv(axes: list[Axis], points: list[Point], paths, base) -> list[dict]:
     """The rows of `collect`, read back from the results.csv files earlier sweeps of this grid
     wrote (e.g. ``docs/results/mqar_sweep_cpu.csv``; one path or several: each point's row is
@@ -114,7 +121,7 @@ def rows_from_csv(axes: list[Axis], points: list[Point], paths, base) -> list[di
     differ from its point's raises (the file is of another grid). A field column a file lacks
     (the grid gained it later) matches points whose value is the one its runs had: ``base``'s
     (the sweep's base config)."""
-    paths = [Path(paths)] if isinstance(paths, (str, os.PathLike)) else [Path(p) for p in paths]
+    paths = results_paths(paths)
     by_name = {point.name: point for point in points}
     grid_rows = {}
     for point in points:

@@ -8,7 +8,13 @@ from pathlib import Path
 from linear_attention.training.sweep.figures import plot_loss_curves, plot_mqar
 from linear_attention.training.sweep.grid import Axis, Point, expand, prepare, run_order
 from linear_attention.training.sweep.points import dry_run, is_finished, run_point
-from linear_attention.training.sweep.results import best_rows, collect, rows_from_csv, write_csv
+from linear_attention.training.sweep.results import (
+    best_rows,
+    collect,
+    results_paths,
+    rows_from_csv,
+    write_csv,
+)
 from linear_attention.training.sweep.synthetic import (
     plot_accuracy_vs_length,
     plot_mad_heatmap,
@@ -35,7 +41,7 @@ def report(
     if results_csv is None:
         rows = collect(axes, points, runs_dir)
     else:
-        rows = rows_from_csv(axes, points, _paths(results_csv), sweep.base)
+        rows = rows_from_csv(axes, points, results_csv, sweep.base)
     write_csv(workdir / "results.csv", rows)
     best = best_rows(rows, axes, sweep.get("tune"), kind, sweep.get("replicate"), partial=partial)
     if best:
@@ -56,13 +62,6 @@ def report(
     return {"rows": rows, "best": best, "markdown": text}
 
 
-def _paths(results_csv) -> list[Path]:
-    """One results.csv path, or several."""
-    if isinstance(results_csv, (str, Path)):
-        return [Path(results_csv)]
-    return [Path(p) for p in results_csv]
-
-
 def check_results_csv(sweep, results_csv, report_only: bool) -> None:
     """``results_csv`` (a path or several) redraws the tables and figures of finished runs
     (not LM: ValueError)."""
@@ -75,7 +74,7 @@ def check_results_csv(sweep, results_csv, report_only: bool) -> None:
             "results_csv redraws MQAR, MAD and state-tracking sweeps only (the LM loss curves "
             f"read every run's metrics.jsonl); this sweep's data.kind is {sweep.base.data.kind!r}"
         )
-    for path in _paths(results_csv):
+    for path in results_paths(results_csv):
         if not path.is_file():
             raise ValueError(f"results_csv {str(path)!r} is not a file")
 
