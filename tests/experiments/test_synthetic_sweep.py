@@ -234,6 +234,13 @@ def test_results_from_several_files_take_each_points_first_finished_row(tmp_path
     assert sum(r["status"] == "ok" for r in rows.values()) == 2
     rows = {r["point"]: r for r in rows_from_csv(axes, points, [b, a], sweep.base)}
     assert rows[first]["eval/accuracy"] == 0.5
+    trimmed = write(
+        "trimmed.csv",
+        [{k: v for k, v in old[0].items() if k != "status"}],
+        [k for k in old[0] if k != "status"],
+    )
+    with pytest.raises(ValueError, match="trimmed.csv: not a sweep's results.csv .no status"):
+        rows_from_csv(axes, points, [a, trimmed], sweep.base)
     other = write("other.csv", [{**old[0], "optimizer.learning_rate": "0.5"}])
     with pytest.raises(ValueError, match="other.csv: point .*optimizer.learning_rate = '0.5'"):
         rows_from_csv(axes, points, [a, other], sweep.base)

@@ -131,7 +131,15 @@ def rows_from_csv(axes: list[Axis], points: list[Point], paths, base) -> list[di
     saved: dict[str, dict] = {}
     for path in paths:
         with open(path, newline="") as f:
-            for old in csv.DictReader(f):
+            reader = csv.DictReader(f)
+            missing = [
+                c for c in ("point", "status", "state_bytes") if c not in (reader.fieldnames or ())
+            ]
+            if missing:
+                raise ValueError(
+                    f"{path}: not a sweep's results.csv (no {', '.join(missing)} column)"
+                )
+            for old in reader:
                 name = old["point"]
                 if name not in by_name:
                     continue  # outside this selection of the grid (--only)
