@@ -113,6 +113,13 @@ def results_paths(paths) -> list[Path]:
     return [Path(p) for p in paths]
 
 
+def check_results_header(path, columns) -> None:
+    """A results.csv a sweep wrote has ``point``, ``status`` and ``state_bytes`` columns."""
+    missing = [c for c in ("point", "status", "state_bytes") if c not in (columns or ())]
+    if missing:
+        raise ValueError(f"{path}: not a sweep's results.csv (no {', '.join(missing)} column)")
+
+
 def rows_from_csv(axes: list[Axis], points: list[Point], paths, base) -> list[dict]:
     """The rows of `collect`, read back from the results.csv files earlier sweeps of this grid
     wrote (e.g. ``docs/results/mqar_sweep_cpu.csv``; one path or several: each point's row is
@@ -132,13 +139,7 @@ def rows_from_csv(axes: list[Axis], points: list[Point], paths, base) -> list[di
     for path in paths:
         with open(path, newline="") as f:
             reader = csv.DictReader(f)
-            missing = [
-                c for c in ("point", "status", "state_bytes") if c not in (reader.fieldnames or ())
-            ]
-            if missing:
-                raise ValueError(
-                    f"{path}: not a sweep's results.csv (no {', '.join(missing)} column)"
-                )
+            check_results_header(path, reader.fieldnames)
             for old in reader:
                 name = old["point"]
                 if name not in by_name:

@@ -3,6 +3,7 @@ processes, then the results files, tables and figures written from what is finis
 
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 
 from linear_attention.training.sweep.figures import plot_loss_curves, plot_mqar
@@ -10,6 +11,7 @@ from linear_attention.training.sweep.grid import Axis, Point, expand, prepare, r
 from linear_attention.training.sweep.points import dry_run, is_finished, run_point
 from linear_attention.training.sweep.results import (
     best_rows,
+    check_results_header,
     collect,
     results_paths,
     rows_from_csv,
@@ -77,6 +79,8 @@ def check_results_csv(sweep, results_csv, report_only: bool) -> None:
     for path in results_paths(results_csv):
         if not path.is_file():
             raise ValueError(f"results_csv {str(path)!r} is not a file")
+        with open(path, newline="") as f:
+            check_results_header(path, csv.DictReader(f).fieldnames)
 
 
 def run(
