@@ -23,7 +23,7 @@ Presets (``configs/sweeps/mad.py:<arg>``):
   ``table1``: the DeltaNet paper's Table 1 comparison on every task: softmax (its Transformer),
       gla and deltanet × the same rates and seeds (108 runs, ``order`` as ``cpu``; roughly 2
       hours of 2 idle cores). Run at lr 3e-3 for every cell (36 runs, 90 min beside other
-      jobs; EXPERIMENTS.md section 9), then at the other two rates (72 runs, 1.5–4.8 min a
+      jobs; EXPERIMENTS.md section 9), then at the other two rates (72 runs, 1.5–5.0 min a
       run with ``--jobs 2`` at load ~4): run in full, 108 runs, every cell tuned over three
       rates (section 9.3).
   ``smoke``: in-context recall at the smoke size, softmax and deltanet × 3 rates × 2 seeds,
