@@ -23,8 +23,8 @@ SWEEPS = ROOT / "configs" / "sweeps"
     [
         ("state_tracking.py:cpu", 2 * 3 * 2, None),
         ("state_tracking.py:groups", 4 * 3 * 2, None),
-        ("state_tracking.py:parity", 1 * 3 * 2, 16),
-        ("state_tracking.py:mod_arith", 1 * 3 * 2, 16),
+        ("state_tracking.py:parity", 1 * 3 * 2, None),
+        ("state_tracking.py:mod_arith", 1 * 3 * 2, None),
         ("state_tracking.py:s3_one_layer", 1 * 3 * 2, 2),
         ("state_tracking.py:smoke", 1 * 2 * 2, 2),
         ("mad.py:cpu", 6 * 3 * 2, None),
