@@ -18,9 +18,10 @@ Presets (``configs/sweeps/state_tracking.py:<arg>``):
       parity run took 5–11 min at load 9–15 (docs/results/presets_cpu/), so this is days of
       the shared 2-core machine, hours of an idle one.
   ``groups``: s3, s5, s5_swaps, a5 with the same mixers, rates, seeds and budget (432 runs).
-  ``parity``, ``mod_arith``: the slices that fit a session: the task × every mixer of
-      ``MIXERS`` (19 with rwkv7) × 3 rates × 2 seeds = 114 runs each at the preset's own
-      budget (500 steps, one evaluation at the end), so that each run is a preset run;
+  ``parity``, ``mod_arith``, ``s3``, ``s5``, ``s5_swaps``, ``a5``: the slices that fit a
+      session, one task each: the task × every mixer of ``MIXERS`` (19 with rwkv7) × 3 rates
+      × 2 seeds = 114 runs each at the preset's own budget (500 steps, one evaluation at the
+      end), so that each run is a preset run;
       ``--only`` picks points, a rerun resumes. ``parity`` run for 16 of the mixers (56 of
       its runs in 75 min with ``--jobs 2`` at load ~4, 1.4–5.9 min a run, so about 2 hours of
       2 cores): only β ∈ (0, 2) runs learn it, 9 of 30 against 0 of 66 others (EXPERIMENTS.md
@@ -50,13 +51,14 @@ from pathlib import Path
 
 import ml_collections
 
-from linear_attention.data.state_tracking import task_vocab_size
+from linear_attention.data.state_tracking import TASKS, task_vocab_size
 from linear_attention.layers.registry import MIXERS as REGISTRY
 from linear_attention.training.cli import load_config_file
 from linear_attention.training.sweep.grid import grid_axis
 from linear_attention.training.sweep.mixers import mixer_axis
 
-PRESETS = ("cpu", "groups", "parity", "mod_arith", "s3_one_layer", "smoke")
+# One slice per task (``parity``, ..., ``a5``), named as configs/state_tracking.py's presets.
+PRESETS = ("cpu", "groups", *TASKS, "s3_one_layer", "smoke")
 # The delta family, each with β ∈ (0, 1) and with β ∈ (0, 2) (``*_neg``); gated_deltaproduct
 # with 1 and 2 Householder steps per token (``_n1``, ``_n2``).
 DELTA_FAMILY = tuple(
@@ -120,7 +122,7 @@ def get_config(arg=None):
     grid.lr = grid_axis("optimizer.learning_rate", (1e-3, 3e-3, 1e-2))
     # A sweep cut short leaves every mixer at the same settings: the first rate and seed first.
     config.order = ("lr", "seed", "task", "mixer")
-    if arg in ("parity", "mod_arith"):
+    if arg in TASKS:
         # The preset's own budget (500 steps, one evaluation at the end): each run is a
         # preset run, so the preset's measured figures are rows of this study.
         grid.mixer = _mixer_axis(config, MIXERS)
