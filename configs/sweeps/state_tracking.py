@@ -17,16 +17,16 @@ Presets (``configs/sweeps/state_tracking.py:<arg>``):
       evaluation (every 250 steps) with mean accuracy >= 0.99. Not yet run in full: a 500-step
       parity run took 5–11 min at load 9–15 (docs/results/presets_cpu/), so this is days of
       the shared 2-core machine, hours of an idle one.
-  ``groups``: s3, s5, s5_swaps, a5 with the same mixers, rates, seeds and budget (432 runs).
+  ``groups``: s3, s5, s5_swaps, a5 with the same mixers, rates, seeds and budget (456 runs).
   ``parity``, ``mod_arith``, ``s3``, ``s5``, ``s5_swaps``, ``a5``: the slices that fit a
       session, one task each: the task × every mixer of ``MIXERS`` (19 with rwkv7) × 3 rates
       × 2 seeds = 114 runs each at the preset's own budget (500 steps, one evaluation at the
       end), so that each run is a preset run;
-      ``--only`` picks points, a rerun resumes. ``parity`` run for 16 of the mixers (56 of
-      its runs in 75 min with ``--jobs 2`` at load ~4, 1.4–5.9 min a run, so about 2 hours of
-      2 cores): only β ∈ (0, 2) runs learn it, 9 of 30 against 0 of 66 others (EXPERIMENTS.md
-      section 7.8). mod_arith: deltanet with both β ranges at lr 3e-3 (chance; 2.5–2.8 min a
-      run; section 7.7).
+      ``--only`` picks points, a rerun resumes. ``parity`` run in full (1.4–5.9 min a run with
+      ``--jobs 2`` at load ~4, rwkv7 3.5–8.7, so about 2.5 hours of 2 cores): only β ∈ (0, 2)
+      runs learn it, 9 of 30 against 0 of 84 others (EXPERIMENTS.md section 7.8).
+      mod_arith: deltanet with both β ranges at lr 3e-3 (chance; 2.5–2.8 min a run; section
+      7.7).
   ``s3_one_layer``: DeltaProduct's S3 question, one Householder step per token against two in
       one layer: s3 × gated_deltaproduct n = 1 and n = 2 with β ∈ (0, 2) × the 3 rates × 2
       seeds = 12 runs of one layer at 2000 steps (200 warmup, evaluated every 500); 15–34 min
