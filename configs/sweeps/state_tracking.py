@@ -21,9 +21,9 @@ Presets (``configs/sweeps/state_tracking.py:<arg>``):
   ``parity``, ``mod_arith``, ``s3``, ``s5``, ``s5_swaps``, ``a5``: the slices that fit a
       session, one task each: the task × every mixer of ``MIXERS`` (19 with rwkv7) × 3 rates
       × 2 seeds = 114 runs each at the preset's own budget (500 steps, one evaluation at the
-      end), so that each run is a preset run;
-      ``--only`` picks points, a rerun resumes. ``parity`` run in full (1.4–5.9 min a run with
-      ``--jobs 2`` at load ~4, rwkv7 3.5–8.7, so about 2.5 hours of 2 cores): only β ∈ (0, 2)
+      end), so that each run is a preset run; ``--only`` picks points, a rerun resumes.
+      ``parity`` run in full (1.4–5.9 min a run with ``--jobs 2`` at load ~4, rwkv7 3.5–8.7,
+      so about 2.5 hours of 2 cores): only β ∈ (0, 2)
       runs learn it, 9 of 30 against 0 of 84 others (EXPERIMENTS.md section 7.8).
       mod_arith: deltanet with both β ranges at lr 3e-3 (chance; 2.5–2.8 min a run; section
       7.7). s5_swaps: deltanet and gated_deltanet with both β ranges (20 runs, 3.5–6.9 min a
