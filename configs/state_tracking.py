@@ -33,7 +33,11 @@ Measured presets:
 - ``s5``: 2.7 min at load 8–6, 500 steps; eval/accuracy 0.022 (0.034 / 0.024 / 0.017 / 0.012 at
   40 / 64 / 128 / 256), scaled 0.013, train accuracy 0.056;
 - ``s5_swaps``: 2.8 min at load 5–9, 500 steps; eval/accuracy 0.045 (0.081 / 0.051 / 0.030 /
-  0.019 at 40 / 64 / 128 / 256), scaled 0.037, train accuracy 0.139;
+  0.019 at 40 / 64 / 128 / 256), scaled 0.037, train accuracy 0.139. With
+  ``--config.model.mixer=deltanet --config.model.allow_neg_eigval=True
+  --config.optimizer.learning_rate=0.01`` (seed 0): 0.983 (1.000 / 1.000 / 0.993 / 0.938), a
+  reflection (β ≈ 2) per swap; seed 1 and β ∈ (0, 1) stay at 0.062–0.063 (EXPERIMENTS.md
+  section 7.9);
 - ``a5``: 1.9 min at load 6–5, 500 steps; eval/accuracy 0.032 (0.047 / 0.035 / 0.026 / 0.021 at
   40 / 64 / 128 / 256), scaled 0.016, train accuracy 0.074.
 Softmax, the default, stays near chance on every task at this budget (scaled ≤ 0.064; above
