@@ -475,6 +475,37 @@ def test_mqar_sweep_early_stop_and_parallel_workers(sweep, mqar_run, tmp_path, m
         config.base.train.stop_at = 0.0
 
 
+def test_point_queue_keeps_seeds_together_until_a_worker_would_idle(sweep):
+    """A setting's seeds go to the worker that took its first, in a row; a worker with no
+    setting left takes the last waiting seed of the setting with the most waiting."""
+
+    def points(settings, seeds):
+        return [
+            sweep.Point(f"{s}{r}", {"mixer": s, "seed": r}, {}, None)
+            for s in settings
+            for r in range(seeds)
+        ]
+
+    def names(queue, workers):
+        taken = [queue.take(w) for w in workers]
+        return [None if t is None else t[1].name for t in taken]
+
+    # Fewer settings than workers: the second worker takes seed 2, then seed 1 is left to it.
+    queue = sweep.PointQueue(points("a", 3), replicate="seed")
+    assert names(queue, [0, 1, 0, 1]) == ["a0", "a2", "a1", None]
+    # Three settings on two workers: seeds stay together until c's second is the only one left.
+    queue = sweep.PointQueue(points("abc", 2), replicate="seed")
+    assert names(queue, [0, 1, 0, 1, 0, 1, 0]) == ["a0", "b0", "a1", "b1", "c0", "c1", None]
+    # The last seed is taken from the setting with the most waiting, indices kept.
+    queue = sweep.PointQueue(points("ab", 4), replicate="seed")
+    assert [queue.take(w)[0] for w in (0, 1, 1, 1, 1)] == [0, 4, 5, 6, 7]
+    assert [queue.take(w)[0] for w in (1, 1, 0)] == [3, 2, 1]
+    assert queue.take(0) is None and queue.take(1) is None
+    # Without a replicate axis every point is its own setting.
+    queue = sweep.PointQueue(points("ab", 2))
+    assert names(queue, [0, 0, 0, 0, 0]) == ["a0", "a1", "b0", "b1", None]
+
+
 def test_ctrl_c_stops_parallel_workers_with_checkpoints(tmp_path):
     """SIGINT to `sweep.py --jobs 2` (a terminal's Ctrl-C reaches the parent only: workers run
     in their own session) is forwarded once: every run in progress saves a checkpoint, the sweep

@@ -17,10 +17,10 @@ such.
 With ``--jobs N`` the unfinished points are trained by N worker processes (``python -m
 linear_attention.training.sweep --worker``, one XLA thread each: these small models leave a
 second intra-op thread idle), a setting's seeds on one worker in a row (they share its compiled
-step); only this process writes the results files. A run that stops early (``train.stop_at``)
-counts as finished. Ctrl-C (or SIGTERM) stops the sweep after every run in progress has saved a
-checkpoint (the workers get the signal from this process, once), exits with 130, and the same
-command resumes.
+step) unless another worker would sit idle; only this process writes the results files. A run
+that stops early (``train.stop_at``) counts as finished. Ctrl-C (or SIGTERM) stops the sweep
+after every run in progress has saved a checkpoint (the workers get the signal from this
+process, once), exits with 130, and the same command resumes.
 
 Outputs in the workdir: ``results.csv`` (every run, with its seed, steps run and whether it
 stopped early), ``best.csv`` and ``results.md`` (the best learning rate per setting) and plots.
@@ -82,7 +82,7 @@ from linear_attention.training.sweep.results import (
 )
 from linear_attention.training.sweep.runner import check_results_csv, report, run
 from linear_attention.training.sweep.tables import lm_report, mqar_report
-from linear_attention.training.sweep.workers import SweepInterrupted, run_parallel
+from linear_attention.training.sweep.workers import PointQueue, SweepInterrupted, run_parallel
 
 __all__ = [
     "METRICS",
@@ -90,6 +90,7 @@ __all__ = [
     "SUMMARY_KEYS",
     "Axis",
     "Point",
+    "PointQueue",
     "SweepInterrupted",
     "best_rows",
     "check_results_csv",

@@ -5,7 +5,8 @@ thread each: these small models leave a second intra-op thread idle), each in it
 and sends them points on stdin, one pickled, base64 line each (config, run directory, decode
 batch size); a worker answers each with one ``@@sweep-result {json}`` line on stdout (status
 and seconds, or ``interrupted`` / ``error``). A setting's seeds go to one worker in a row (they
-share its compiled step). Only the parent writes results files.
+share its compiled step) unless another worker would sit idle: then it takes a waiting seed
+(`PointQueue`). Only the parent writes results files.
 
 Signals: SIGINT or SIGTERM reach the parent only (a terminal's Ctrl-C too: the workers are in
 their own session). The handler only sets flags (no I/O in a handler, issue 23); the parent's
@@ -17,10 +18,10 @@ second signal to a worker means "stop now, without a checkpoint".
 from __future__ import annotations
 
 import base64
+import collections
 import json
 import os
 import pickle
-import queue
 import signal
 import subprocess
 import sys
@@ -73,6 +74,40 @@ def _quiet(*_):
     pass
 
 
+class PointQueue:
+    """The points still to train, handed to the workers one at a time. A setting's
+    ``replicate`` runs (its seeds) go to the worker that took its first one, in a row: they
+    share that worker's compiled step (a seed changes no shape or constant), which saves a
+    compilation each. A worker with nothing left in its setting takes the next setting; with
+    none left either, it takes the last waiting seed of the setting with the most waiting,
+    since a compilation costs less than an idle core (with fewer settings than workers, or at
+    the end of a sweep, seeds kept together would run one after another on one core).
+    Thread-safe: the workers' threads share one queue."""
+
+    def __init__(self, points: list[Point], replicate: str | None = None):
+        groups: dict[tuple, collections.deque] = {}
+        for i, point in enumerate(points):
+            key = tuple(sorted((k, v) for k, v in point.labels.items() if k != replicate))
+            groups.setdefault(key, collections.deque()).append((i, point))
+        self._settings = collections.deque(groups.values())
+        self._held: dict[int, collections.deque] = {}  # worker -> the setting it is running
+        self._lock = threading.Lock()
+
+    def take(self, worker: int) -> tuple[int, Point] | None:
+        """The next ``(index in points, point)`` for ``worker``, or None when none is left."""
+        with self._lock:
+            held = self._held.get(worker)
+            if held:
+                return held.popleft()
+            if self._settings:
+                held = self._held[worker] = self._settings.popleft()
+                return held.popleft()
+            others = [d for w, d in self._held.items() if w != worker and d]
+            if not others:
+                return None
+            return max(others, key=len).pop()
+
+
 class SweepInterrupted(KeyboardInterrupt):
     """SIGINT or SIGTERM stopped the sweep; the runs in progress saved checkpoints."""
 
@@ -83,28 +118,18 @@ def run_parallel(
     """Train ``points`` in ``jobs`` worker processes (one XLA thread each); every worker
     writes only its points' run directories, this process writes every results file. The
     ``replicate`` runs (seeds) of a setting go to one worker, one after the other: they share
-    its compiled step (a seed changes no shape or constant), which saves a compilation each."""
-    groups: dict[tuple, list[tuple[int, Point]]] = {}
-    for i, point in enumerate(points):
-        key = tuple(sorted((k, v) for k, v in point.labels.items() if k != replicate))
-        groups.setdefault(key, []).append((i, point))
-    todo = queue.Queue()
-    for group in groups.values():
-        todo.put(group)
+    its compiled step, unless another worker would sit idle (`PointQueue`)."""
+    todo = PointQueue(points, replicate)
     env = dict(os.environ)
     env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {WORKER_XLA_FLAGS}".strip()
     env["PYTHONPATH"] = os.pathsep.join(p for p in (PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
     errors, interrupted = [], []
 
-    def drive(worker):
+    def drive(n, worker):
         while not errors and not interrupted:
-            try:
-                group = todo.get_nowait()
-            except queue.Empty:
+            job = todo.take(n)
+            if job is None or not run_one(worker, *job):
                 return
-            for i, point in group:
-                if not run_one(worker, i, point):
-                    return
 
     def run_one(worker, i, point) -> bool:
         job = (experiment_config(point.config), str(runs_dir / point.name), decode_batch_size)
@@ -144,7 +169,7 @@ def run_parallel(
         )
         for _ in range(min(jobs, len(points)))
     ]
-    threads = [threading.Thread(target=drive, args=(w,)) for w in workers]
+    threads = [threading.Thread(target=drive, args=(n, w)) for n, w in enumerate(workers)]
 
     received = []  # signals caught and not yet forwarded
 
