@@ -18,9 +18,14 @@ along, every k_t). Also the sequence accuracy (the trainer's argmax at the score
 the readout's margin (label logit minus the best other, at the scored positions) and, for
 parity, the accuracy by the number of ones in the sequence (do the errors follow the count of
 flips?) and at every prefix length (the running parity at each position: where along the
-sequence do the errors start?). The mixer's input is read as `Block` builds it
-(``mixer_norm`` of the residual stream), so the figures are those of the trained forward pass.
-Delta-rule mixers (`DeltaNetMixer` and its subclasses) with a scalar or no decay only.
+sequence do the errors start?). With ``--keys``, also the geometry of the keys the
+transition reflects along (`key_geometry`): per token, how constant its key is across
+positions and contexts, the cosines between the tokens' mean keys and their singular values
+(a group word problem solved by reflections should show the group's representation: S5's
+transpositions, for one, as e_i − e_j in a 4-dimensional subspace). The mixer's input is read
+as `Block` builds it (``mixer_norm`` of the residual stream), so the figures are those of the
+trained forward pass. Delta-rule mixers (`DeltaNetMixer` and its subclasses) with a scalar
+or no decay only.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ import numpy as np
 from flax import nnx
 
 from linear_attention.data.batches import IGNORE_INDEX
+from linear_attention.layers import delta_keys
 from linear_attention.layers.delta import DeltaNetMixer
 from linear_attention.training import build_data
 from linear_attention.training.load import restore_run
@@ -80,7 +86,8 @@ def exact_reflection(model, layer: int, head: int) -> None:
 
 
 def make_forward(model):
-    """A jitted ``tokens[B, T] -> (logits, [β [B,T,H·n]], [log γ [B,T,H]])`` per layer."""
+    """A jitted ``tokens[B, T] -> (logits, [β [B,T,H·n]], [log γ [B,T,H]], [k [B,T,H·n,K]])``
+    per layer (k: `delta_keys`, the unit keys)."""
     graphdef, state = nnx.split(model)
 
     @jax.jit
@@ -89,10 +96,12 @@ def make_forward(model):
         x_BTD = model.embed(tokens_BT)
         if model.pos_embed is not None:
             x_BTD = x_BTD + model.pos_embed(jnp.arange(tokens_BT.shape[1]))[None]
-        betas, log_decays = [], []
+        betas, log_decays, keys = [], [], []
         for block in model.blocks:
             xn_BTD = block.mixer_norm(x_BTD)
             betas.append(block.mixer.beta(xn_BTD))
+            k = delta_keys(block.mixer, xn_BTD)
+            keys.append(k.reshape(*k.shape[:2], -1, k.shape[-1]))  # [B, T, H·n, K]
             decay = block.mixer.decay
             log_decay_BTH = (
                 jnp.zeros(betas[-1].shape, jnp.float32) if decay is None else decay(xn_BTD)
@@ -104,7 +113,7 @@ def make_forward(model):
                 )
             log_decays.append(log_decay_BTH)
             x_BTD = block(x_BTD)
-        return model(tokens_BT), betas, log_decays
+        return model(tokens_BT), betas, log_decays, keys
 
     return lambda tokens: forward(state, tokens)
 
@@ -149,8 +158,36 @@ def gate_figures(beta_BTH, log_decay_BTH, tokens_BT) -> list[dict]:
     return heads
 
 
-def length_figures(forward, inputs, labels, task: str, batch_size: int) -> dict:
-    """Gate figures and accuracy for one evaluation length (all its sequences)."""
+def key_geometry(keys_BTHK, tokens_BT) -> list[dict]:
+    """Per head (and Householder key, as β's columns): for every input token, its mean unit key
+    m over the positions it is at, and ``consistency`` = |m| (1: the same key at every position,
+    whatever the conv reads of the context; less: the key varies); ``cosines`` between the
+    tokens' mean key directions m/|m| (rows and columns in ``tokens`` order); and the singular
+    values of the matrix of those directions, divided by the largest (how many dimensions the
+    tokens' keys span)."""
+    heads = []
+    tokens = np.unique(tokens_BT)
+    for h in range(keys_BTHK.shape[2]):
+        k_NK = keys_BTHK[:, :, h].reshape(-1, keys_BTHK.shape[-1]).astype(np.float64)
+        k_NK = k_NK / np.linalg.norm(k_NK, axis=-1, keepdims=True)
+        means = np.stack([k_NK[tokens_BT.reshape(-1) == t].mean(0) for t in tokens])
+        norms = np.linalg.norm(means, axis=-1)
+        directions = means / norms[:, None]
+        singular = np.linalg.svd(directions, compute_uv=False)
+        heads.append(
+            dict(
+                tokens=[int(t) for t in tokens],
+                consistency=norms.tolist(),
+                cosines=(directions @ directions.T).tolist(),
+                singular_values=(singular / singular[0]).tolist(),
+            )
+        )
+    return heads
+
+
+def length_figures(forward, inputs, labels, task: str, batch_size: int, keys: bool = False) -> dict:
+    """Gate figures and accuracy for one evaluation length (all its sequences); with ``keys``,
+    each layer's `key_geometry` too."""
     parts = [
         jax.device_get(forward(jnp.asarray(inputs[s : s + batch_size])))
         for s in range(0, len(inputs), batch_size)
@@ -159,6 +196,11 @@ def length_figures(forward, inputs, labels, task: str, batch_size: int) -> dict:
     # per layer: β and log γ of every batch, joined along the batch axis
     betas = [np.concatenate(layer) for layer in zip(*(p[1] for p in parts), strict=True)]
     log_decays = [np.concatenate(layer) for layer in zip(*(p[2] for p in parts), strict=True)]
+    key_layers = (
+        [np.concatenate(layer) for layer in zip(*(p[3] for p in parts), strict=True)]
+        if keys
+        else [None] * len(betas)
+    )
     scored = labels != IGNORE_INDEX
     correct_BT = (logits.argmax(-1) == labels) & scored
     # sequence-level: a sequence is right when every scored position is
@@ -177,7 +219,8 @@ def length_figures(forward, inputs, labels, task: str, batch_size: int) -> dict:
         abs_margin_wrong=summary(np.abs(margin[margin <= 0])),
         layers=[
             dict(layer=i, heads=gate_figures(b, d, inputs))
-            for i, (b, d) in enumerate(zip(betas, log_decays, strict=True))
+            | ({} if k is None else dict(keys=key_geometry(k, inputs)))
+            for i, (b, d, k) in enumerate(zip(betas, log_decays, key_layers, strict=True))
         ],
     )
     if task == "parity":
@@ -203,9 +246,12 @@ def length_figures(forward, inputs, labels, task: str, batch_size: int) -> dict:
     return out
 
 
-def gate_stats(workdir: str, step: int | None, lengths, batch_size: int, exact=()) -> dict:
-    """The figures of every length in ``lengths``; with ``exact`` (``(layer, head)`` pairs),
-    also those of the model edited by `exact_reflection` at each pair."""
+def gate_stats(
+    workdir: str, step: int | None, lengths, batch_size: int, exact=(), keys: bool = False
+) -> dict:
+    """The figures of every length in ``lengths`` (with ``keys``, the key geometry too); with
+    ``exact`` (``(layer, head)`` pairs), also those of the model edited by `exact_reflection`
+    at each pair."""
     run = restore_run(workdir, step=step)
     model, _ = nnx.merge(run.graphdef, run.state)  # (model, optimizer)
     config = run.config
@@ -223,7 +269,8 @@ def gate_stats(workdir: str, step: int | None, lengths, batch_size: int, exact=(
 
     def figures(forward):
         return {
-            str(L): length_figures(forward, *data.eval_sets[L], task, batch_size) for L in lengths
+            str(L): length_figures(forward, *data.eval_sets[L], task, batch_size, keys)
+            for L in lengths
         }
 
     measured = figures(make_forward(model))
@@ -262,6 +309,9 @@ def print_figures(lengths: dict, title: str) -> None:
                         f"γ(1−β) {s['gamma_times_one_minus_beta']['mean']:+.5f}"
                     )
                 print(f"  layer {layer['layer']} head {head['head']}: " + "; ".join(parts))
+            for h, geometry in enumerate(layer.get("keys", ())):
+                singular = ", ".join(f"{v:.3f}" for v in geometry["singular_values"])
+                print(f"  layer {layer['layer']} key column {h}: singular values {singular}")
         if "accuracy_by_number_of_ones" in fig:
             print(
                 "  by ones:",
@@ -301,11 +351,16 @@ def main(argv=None):
         metavar="LAYER:HEAD",
         help="also evaluate with these heads edited to γ = 1 and β saturated (exact_reflection)",
     )
+    parser.add_argument(
+        "--keys", action="store_true", help="also the keys' geometry by token (key_geometry)"
+    )
     parser.add_argument("--out", required=True, help="JSON file to write")
     args = parser.parse_args(argv)
     if args.batch_size < 1:
         parser.error(f"--batch_size must be >= 1, got {args.batch_size}")
-    result = gate_stats(args.workdir, args.step, args.lengths, args.batch_size, args.exact)
+    result = gate_stats(
+        args.workdir, args.step, args.lengths, args.batch_size, args.exact, args.keys
+    )
     argv = sys.argv[1:] if argv is None else argv
     result = dict(command=shlex.join(["python", "experiments/gate_stats.py", *argv]), **result)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

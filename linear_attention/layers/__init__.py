@@ -1,6 +1,6 @@
 """Flax NNX modules: feature maps, attention mixers (one registry), norms, MLP, blocks."""
 
-from linear_attention.layers.analysis import AttentionInputs, attention_inputs
+from linear_attention.layers.analysis import AttentionInputs, attention_inputs, delta_keys
 from linear_attention.layers.base import Mixer, MixerState
 from linear_attention.layers.block import Block
 from linear_attention.layers.conv import ShortConv
@@ -47,6 +47,7 @@ __all__ = [
     "get_mixer",
     "AttentionInputs",
     "attention_inputs",
+    "delta_keys",
     "COMMON_OPTIONS",
     "Option",
     "Segments",

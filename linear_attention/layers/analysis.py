@@ -1,4 +1,5 @@
-"""What a mixer attends with, for analysis (attention maps): `attention_inputs(mixer, x)`.
+"""What a mixer attends with, for analysis: `attention_inputs(mixer, x)` (attention maps) and
+`delta_keys(mixer, x)` (the keys a delta rule writes along).
 
 This reads the mixer's parts (its input projection, feature map and decay) and is kept out of the
 mixer classes: the model never calls it.
@@ -11,6 +12,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from linear_attention.layers.delta import DeltaNetMixer
 from linear_attention.layers.linear import LinearMixer
 from linear_attention.layers.softmax import SoftmaxMixer
 
@@ -53,3 +55,19 @@ def attention_inputs(mixer, x_BTD: jax.Array) -> AttentionInputs:
         shape = (b, t, h) if log_decay.ndim < 4 else (b, t, h, log_decay.shape[-1])
         log_decay = jnp.broadcast_to(log_decay, shape)
     return AttentionInputs(phi_q_BTHM, phi_k_BTHM, v_BTHD, log_decay)
+
+
+def delta_keys(mixer, x_BTD: jax.Array) -> jax.Array:
+    """The unit keys k_t a delta-rule mixer (deltanet, gated_deltanet, gated_deltaproduct,
+    kda) writes along on `x[B, T, D]`, a whole sequence from an empty state: the transition
+    I − β_t k_t k_tᵀ reflects (β = 2) or removes (β = 1) the state's component along k_t.
+    `[B, T, H, K]`, or `[B, T, H, n, K]` with n keys per token (gated_deltaproduct), float32."""
+    if not isinstance(mixer, DeltaNetMixer):
+        raise ValueError(
+            f"mixer {mixer.NAME!r} has no delta_keys: only the delta-rule mixers "
+            "(DeltaNetMixer and its subclasses) write along keys"
+        )
+    mixer.check_input(x_BTD, 3, "[B, T, D]")
+    q_BTHK, k_BTHK, v_BTHD, _ = mixer.inputs(x_BTD, None, 0)
+    _, k_BTHK, _ = mixer.prepare(q_BTHK, k_BTHK, v_BTHD)
+    return k_BTHK.astype(jnp.float32)

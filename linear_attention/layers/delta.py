@@ -109,7 +109,9 @@ class DeltaNetMixer(Mixer):
         beta_BTH = jax.nn.sigmoid(self.beta_proj(x_BTD).astype(jnp.float32))
         return 2.0 * beta_BTH if self.allow_neg_eigval else beta_BTH
 
-    def _prepare(self, q, k, v):
+    def prepare(self, q, k, v):
+        """The q, k, v the kernel receives, from the input part's: SiLU (unless the conv
+        applied it), q L2-normalised and scaled by Dk^-½, k L2-normalised (unit keys)."""
         if not self.conv_silu:
             q, k, v = jax.nn.silu(q), jax.nn.silu(k), jax.nn.silu(v)
         dtype = v.dtype
@@ -123,7 +125,7 @@ class DeltaNetMixer(Mixer):
 
     def _mix(self, x_BTD, q_BTHK, k_BTHK, v_BTHD, core, position, segments=None):
         del position
-        q, k, v = self._prepare(q_BTHK, k_BTHK, v_BTHD)
+        q, k, v = self.prepare(q_BTHK, k_BTHK, v_BTHD)
         options = dict(
             log_decay=self._log_decay(x_BTD),
             method=self.method,
@@ -138,7 +140,7 @@ class DeltaNetMixer(Mixer):
 
     def _mix_step(self, x_BD, q_BHK, k_BHK, v_BHD, core, position):
         del position
-        q, k, v = self._prepare(q_BHK, k_BHK, v_BHD)
+        q, k, v = self.prepare(q_BHK, k_BHK, v_BHD)
         log_decay = per_token(self._log_decay(x_BD[:, None]))
         return self.KERNEL_STEP(core, q, k, v, self.beta(x_BD), log_decay=log_decay)
 

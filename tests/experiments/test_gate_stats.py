@@ -48,12 +48,19 @@ def test_length_figures_accuracy_margin_and_ones(gs, monkeypatch):
     beta = np.full((4, 2, 1), 0.5, np.float32)
     log_gamma = np.zeros((4, 2, 1), np.float32)
 
+    keys = np.zeros((4, 2, 1, 2), np.float32)
+    keys[..., 0] = 1.0  # every token writes along e_0
+
     def forward(tokens):  # one batch of all four sequences
         assert np.asarray(tokens).shape == (4, 2)
-        return logits, [beta], [log_gamma]
+        return logits, [beta], [log_gamma], [keys]
 
     monkeypatch.setattr(gs, "PREFIX_EVERY", 1)  # every prefix length
-    out = gs.length_figures(forward, inputs, labels, "parity", batch_size=4)
+    out = gs.length_figures(forward, inputs, labels, "parity", batch_size=4, keys=True)
+    (geometry,) = out["layers"][0]["keys"]
+    assert geometry["tokens"] == [0, 1] and geometry["consistency"] == [1.0, 1.0]
+    np.testing.assert_allclose(geometry["cosines"], [[1.0, 1.0], [1.0, 1.0]])
+    np.testing.assert_allclose(geometry["singular_values"], [1.0, 0.0], atol=1e-7)
     assert out["num_sequences"] == 4 and out["sequence_accuracy"] == 0.5
     np.testing.assert_allclose(sorted([out["margin"]["min"], out["margin"]["max"]]), [-3.0, 2.0])
     np.testing.assert_allclose(out["abs_margin_right"]["mean"], 1.25)
@@ -64,6 +71,27 @@ def test_length_figures_accuracy_margin_and_ones(gs, monkeypatch):
     accuracy = {lo: b["accuracy"] for (lo, hi), b in by_ones.items() if lo == hi}
     assert accuracy[0] == 1.0 and accuracy[2] == 0.0 and accuracy[1] == 0.5
     assert out["prefix_accuracy"] == dict(prefix_length=[1, 2], accuracy=[0.75, 0.5])
+
+
+def test_key_geometry_by_token_against_a_hand_computed_case(gs):
+    # one head, K = 3: token 0 writes e_2; token 1 writes e_0, then (e_0 + e_1)/√2 (its mean
+    # direction is 22.5° from e_0, at |mean| = cos 22.5°); token 2 writes 2·e_1 (made unit)
+    tokens = np.array([[0, 1, 2, 1]])
+    keys = np.zeros((1, 4, 1, 3), np.float32)
+    keys[0, 0, 0, 2] = 1.0
+    keys[0, 1, 0, 0] = 1.0
+    keys[0, 2, 0, 1] = 2.0
+    keys[0, 3, 0, :2] = 0.5**0.5
+    (head,) = gs.key_geometry(keys, tokens)
+    s = np.sin(np.pi / 8)  # cosine between token 1's mean direction and e_1
+    assert head["tokens"] == [0, 1, 2]
+    np.testing.assert_allclose(head["consistency"], [1.0, np.cos(np.pi / 8), 1.0], rtol=1e-6)
+    np.testing.assert_allclose(
+        head["cosines"], [[1, 0, 0], [0, 1, s], [0, s, 1]], rtol=1e-6, atol=1e-7
+    )
+    # the Gram matrix's eigenvalues are 1 (e_2) and 1 ± s, the singular values their roots
+    expected = np.sqrt([1 + s, 1, 1 - s]) / np.sqrt(1 + s)
+    np.testing.assert_allclose(head["singular_values"], expected, rtol=1e-6)
 
 
 def test_only_delta_rule_models_are_read(gs):

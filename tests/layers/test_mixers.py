@@ -18,6 +18,7 @@ from linear_attention.layers import (
     ShortConv,
     TokenShift,
     attention_inputs,
+    delta_keys,
     get_mixer,
 )
 from linear_attention.layers.rotary import apply_rotary
@@ -355,6 +356,30 @@ def test_attention_inputs_reproduce_the_mixer(case):
     # linear + taylor2 is the taylor formula on unprojected heads (rope on as well)
     ref = mixer_reference("taylor" if case == "linear_taylor2" else name, mixer, x)
     np.testing.assert_allclose(output_reference(mixer, x, o), ref, rtol=2e-4, atol=2e-5)
+
+
+@pytest.mark.parametrize("name", DELTA)
+def test_delta_keys_are_the_unit_keys_the_kernel_receives(name, monkeypatch):
+    """`delta_keys` gives the k that the mixer's kernel is called with (captured from the
+    call), unit vectors, with the n axis of gated_deltaproduct; other mixers raise."""
+    mixer, x = get_mixer(name)(D, H, rngs=nnx.Rngs(0)), inputs()
+    seen = []
+    kernel = type(mixer).KERNEL
+
+    def spy(q, k, v, beta, **kw):
+        seen.append(np.asarray(k, np.float32))
+        return kernel(q, k, v, beta, **kw)
+
+    monkeypatch.setattr(type(mixer), "KERNEL", staticmethod(spy))
+    mixer(x)  # eagerly, so the captured k is an array
+    keys = np.asarray(delta_keys(mixer, x))
+    shape = (B, T, H, 2, D // H) if name == "gated_deltaproduct" else (B, T, H, D // H)
+    assert keys.shape == shape and keys.dtype == np.float32
+    np.testing.assert_allclose(keys, seen[0], rtol=1e-6, atol=1e-7)
+    # 1 up to L2_EPS = 1e-6 inside the norm's square root (1 − norm ≤ 1.3e-5 here)
+    np.testing.assert_allclose(np.linalg.norm(keys, axis=-1), 1.0, atol=1e-4)
+    with pytest.raises(ValueError, match="has no delta_keys"):
+        delta_keys(get_mixer("gla")(D, H, rngs=nnx.Rngs(0)), x)
 
 
 @pytest.mark.parametrize("name", DELTA)
