@@ -85,10 +85,12 @@ def exact_reflection(model, layer: int, head: int) -> None:
     kernel[...] = kernel[...].at[:, cols].multiply(EXACT_BETA_SCALE)
 
 
-def make_forward(model):
+def make_forward(model, keys: bool = False):
     """A jitted ``tokens[B, T] -> (logits, [β [B,T,H·n]], [log γ [B,T,H]], [k [B,T,H·n,K]])``
-    per layer (k: `delta_keys`, the unit keys)."""
+    per layer (k: `delta_keys`, the unit keys; only with ``keys``, else an empty list: they are
+    the largest outputs, brought to the host for every batch)."""
     graphdef, state = nnx.split(model)
+    want_keys = keys
 
     @jax.jit
     def forward(state, tokens_BT):
@@ -100,8 +102,9 @@ def make_forward(model):
         for block in model.blocks:
             xn_BTD = block.mixer_norm(x_BTD)
             betas.append(block.mixer.beta(xn_BTD))
-            k = delta_keys(block.mixer, xn_BTD)
-            keys.append(k.reshape(*k.shape[:2], -1, k.shape[-1]))  # [B, T, H·n, K]
+            if want_keys:
+                k = delta_keys(block.mixer, xn_BTD)
+                keys.append(k.reshape(*k.shape[:2], -1, k.shape[-1]))  # [B, T, H·n, K]
             decay = block.mixer.decay
             log_decay_BTH = (
                 jnp.zeros(betas[-1].shape, jnp.float32) if decay is None else decay(xn_BTD)
@@ -273,12 +276,14 @@ def gate_stats(
             for L in lengths
         }
 
-    measured = figures(make_forward(model))
+    measured = figures(make_forward(model, keys))
     edited = None
     if exact:
         for layer, head in exact:
             exact_reflection(model, layer, head)
-        edited = dict(heads=[list(pair) for pair in exact], lengths=figures(make_forward(model)))
+        edited = dict(
+            heads=[list(pair) for pair in exact], lengths=figures(make_forward(model, keys))
+        )
     return dict(
         workdir=workdir,
         step=run.step,
