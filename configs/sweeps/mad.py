@@ -20,8 +20,8 @@ Presets (``configs/sweeps/mad.py:<arg>``):
       × 2 seeds (24 runs, 3.1–8.8 min, partly beside the test suite), beside ``table1``'s mixers
       (EXPERIMENTS.md section 9.1); linear, Based, gated_deltaproduct n = 1, 2 and rwkv7
       (2.1–12.4 min a run at load ~4.6; sections 9.2, 9.4): every mixer at lr 3e-3 on every
-      task at both seeds (168 runs). Fuzzy recall and selective copying at all three rates for
-      every mixer (sections 9.5, 9.6; 1.7–5.0 min a selective-copying run at load ~3.8).
+      task at both seeds (168 runs). In-context recall, fuzzy recall and selective copying at
+      all three rates for every mixer (sections 9.5–9.7; 1.7–7.5 min a run at load ~3.8).
       Table 1's slice at all three rates (below).
   ``table1``: the DeltaNet paper's Table 1 comparison on every task: softmax (its Transformer),
       gla and deltanet × the same rates and seeds (108 runs, ``order`` as ``cpu``; roughly 2
