@@ -45,7 +45,6 @@ import jax.numpy as jnp
 
 from linear_attention import kernels as K
 from linear_attention.benchmarks.baselines import naive_chunked_causal, performer_causal
-from linear_attention.benchmarks.machine import machine_info
 from linear_attention.benchmarks.timing import (
     DEFAULT_CHUNK,
     B,
@@ -59,6 +58,7 @@ from linear_attention.benchmarks.timing import (
     matmul_point,
     timing_stats,
 )
+from linear_attention.training.machine import machine_info
 
 MODES = ("fwd", "grad")
 BASELINES = ("naive_chunked_causal", "performer_causal")

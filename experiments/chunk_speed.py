@@ -45,7 +45,6 @@ from pathlib import Path
 import jax
 
 from linear_attention.benchmarks.baselines import naive_chunked_causal
-from linear_attention.benchmarks.machine import machine_info
 from linear_attention.benchmarks.timing import (
     DEFAULT_CHUNK,
     B,
@@ -58,6 +57,7 @@ from linear_attention.benchmarks.timing import (
     make_inputs,
     matmul_point,
 )
+from linear_attention.training.machine import machine_info
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -34,8 +34,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from linear_attention import kernels as K
-from linear_attention.benchmarks.machine import machine_info
 from linear_attention.benchmarks.timing import interleaved
+from linear_attention.training.machine import machine_info
 
 
 def make_inputs(T, B=1, H=4, D=64, seed=0):

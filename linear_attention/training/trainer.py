@@ -46,6 +46,7 @@ from linear_attention.training.config import (
     experiment_config,
 )
 from linear_attention.training.flops import flops_per_token
+from linear_attention.training.machine import machine_info
 from linear_attention.training.mesh import (
     DATA_AXIS,
     check_batch_size,
@@ -710,7 +711,8 @@ class Run:
     # ------------------------------------------------------------------ the end
     def finish(self) -> dict:
         """The summary (written to ``summary.json``): the last evaluation and train record,
-        the run's timings over all sessions, and a sample when asked for."""
+        the run's timings over all sessions, the machine of this session, and a sample when
+        asked for."""
         cfg = self.cfg
         summary = {k: v for k, v in self.record.items() if k.startswith("eval/")}
         summary.update(self.last_train)
@@ -725,6 +727,11 @@ class Run:
             num_devices=int(self.mesh.devices.size),
             resumed_from_step=self.start,
         )
+        # which processor and jax: XLA's CPU rounding differs between them, so a rerun
+        # elsewhere can differ in its last digits (EXPERIMENTS 7.7)
+        machine = machine_info()
+        machine["load_avg_end"] = machine.pop("load_avg_start")  # (taken now, at the end)
+        summary["machine"] = machine
         if getattr(self.data, "provenance", None):  # what the corpus was: LM figures depend on it
             summary["corpus"] = self.data.provenance
         if cfg.train.sample_tokens:

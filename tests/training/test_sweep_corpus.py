@@ -1,4 +1,5 @@
-"""Sweep results rows carry the corpus record of a text run's summary."""
+"""Sweep results rows carry the corpus record of a text run's summary, and the machine
+record of every run's."""
 
 import json
 
@@ -18,3 +19,23 @@ def test_results_rows_carry_the_corpus_record(tmp_path):
     assert row["corpus/python"] == "3.11.7" and row["corpus/sha256"] == "ab"
     assert row["corpus/bytes"] == 10 and row["corpus/path"] == "builtin:/x"
     assert "corpus/files" not in row and "corpus/tokenizer" not in row
+
+
+def test_results_rows_carry_the_machine_record(tmp_path):
+    config = load_config("lm", "smoke")
+    points = [Point(name=n, labels={}, values={}, config=config) for n in ("new", "old")]
+    machine = {
+        "cpu_model": "AMD EPYC",
+        "device_kind": "cpu",
+        "jax_version": "0.4.38",
+        "cpu_count": 2,
+        "load_avg_end": [1.0, 2.0, 3.0],
+    }
+    for name, summary in (("new", {"step": 6, "machine": machine}), ("old", {"step": 6})):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "summary.json").write_text(json.dumps(summary))
+    new, old = collect([], points, tmp_path)
+    assert new["machine/cpu_model"] == "AMD EPYC" and new["machine/jax_version"] == "0.4.38"
+    assert new["machine/device_kind"] == "cpu" and "machine/cpu_count" not in new
+    # a run from before the record existed has no machine columns (not empty strings)
+    assert not any(key.startswith("machine/") for key in old)

@@ -8,6 +8,7 @@ import math
 import os
 import signal
 import struct
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -138,6 +139,14 @@ def test_tiny_run_writes_every_file_with_checked_numbers(tmp_path, tiny_config, 
     for key in ("wall_time_sec", "tokens_per_sec", "train/loss", "num_devices"):
         assert final[key] > 0
     assert summary["eval/loss"] == final["eval/loss"]
+    # the machine, read independently: the CPU model from /proc/cpuinfo, jax's own version
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        lines = [ln for ln in cpuinfo.read_text().splitlines() if ln.startswith("model name")]
+        assert final["machine"]["cpu_model"] == lines[0].split(":", 1)[1].strip()
+    assert final["machine"]["jax_version"] == jax.__version__
+    assert final["machine"]["device_kind"] == jax.devices()[0].device_kind
+    assert len(final["machine"]["load_avg_end"]) == 3 and "load_avg_start" not in final["machine"]
 
 
 class _Interrupt(KeyboardInterrupt):

@@ -45,6 +45,10 @@ SUMMARY_KEYS = (
 # The corpus record of a text run's summary (``summary["corpus"]``) carried into results rows.
 CORPUS_KEYS = ("python", "path", "bytes", "sha256", "tokenizer")
 
+# The machine record of a run's summary (``summary["machine"]``) carried into results rows: a
+# rerun on another processor can differ in rounding, and these say whether the machine changed.
+MACHINE_KEYS = ("cpu_model", "device_kind", "jax_version")
+
 
 def collect(axes: list[Axis], points: list[Point], runs_dir: Path) -> list[dict]:
     """One row per point: axis labels, field values, status, state bytes and final metrics."""
@@ -66,6 +70,8 @@ def collect(axes: list[Axis], points: list[Point], runs_dir: Path) -> list[dict]
             # the running Python's standard library)
             corpus = summary.get("corpus") or {}
             row.update({f"corpus/{k}": corpus[k] for k in CORPUS_KEYS if k in corpus})
+            machine = summary.get("machine") or {}
+            row.update({f"machine/{k}": machine[k] for k in MACHINE_KEYS if k in machine})
             if (run_dir / "decode.json").exists():
                 decode = json.loads((run_dir / "decode.json").read_text())
                 row["decode_tokens_per_sec"] = decode["decode_tokens_per_sec"]
@@ -163,6 +169,8 @@ def rows_from_csv(axes: list[Axis], points: list[Point], paths, base) -> list[di
             value = _number(old.get(key, ""))
             if value is not None:
                 row[key] = value
+        # (text, kept as written: a version such as 0.4.38 is not a number)
+        row.update({k: v for k, v in old.items() if k.startswith("machine/") and v})
         rows.append(row)
     return rows
 

@@ -1,4 +1,6 @@
-"""What a measurement ran on, recorded next to its numbers (shared by the experiment scripts)."""
+"""What a measurement ran on, recorded next to its numbers: in every run's ``summary.json``
+(and a sweep's results rows) and in the benchmark scripts' JSON. XLA's CPU code differs by
+processor, so a rerun on another machine can differ in rounding; this says which machine."""
 
 from __future__ import annotations
 
