@@ -11,18 +11,14 @@ Presets (``configs/sweeps/mad.py:<arg>``):
   ``cpu``: the six tasks × 13 mixers (below; 14 with rwkv7) × learning rates (1e-3, 3e-3,
       1e-2) × seeds (0, 1): 468 runs of ``configs/mad.py``, each task at its preset's budget
       (the same 1.6M training tokens for every task: 200 steps of batch 64 at length 128, one
-      evaluation at the end), so that each run is a preset run. Not yet run in full:
-      ``table1``'s runs took 2.9–6.4 min each with 3–4 runs sharing the 2 cores (load 6.7–9.4), so
-      by that rate this grid is roughly 9 hours of 2 otherwise idle cores; ``order`` runs lr
-      3e-3 and seed 0 first, so a sweep cut short still covers every (task, mixer), and
-      ``--only task=in_context_recall`` runs one task. Run so far at lr 3e-3: gated, retnet,
-      taylor and swa × 2 seeds (48 runs, 1.9–3.6 min each at load ~4), gated_deltanet and kda
-      × 2 seeds (24 runs, 3.1–8.8 min, partly beside the test suite), beside ``table1``'s mixers
-      (EXPERIMENTS.md section 9.1); linear, Based, gated_deltaproduct n = 1, 2 and rwkv7
-      (2.1–12.4 min a run at load ~4.6; sections 9.2, 9.4): every mixer at lr 3e-3 on every
-      task at both seeds (168 runs). In-context recall, fuzzy recall and selective copying at
-      all three rates for every mixer (sections 9.5–9.7; 1.7–7.5 min a run at load ~3.8).
-      Table 1's slice at all three rates (below).
+      evaluation at the end), so that each run is a preset run. ``order`` runs lr 3e-3 and
+      seed 0 first, so a sweep cut short still covers every (task, mixer), and ``--only
+      task=in_context_recall`` runs one task. Run in full, 504 runs with rwkv7, over several
+      sessions (EXPERIMENTS.md sections 9–9.9): 1.5–12.4 min a run, mostly two at a time at
+      load ~4, 30.5 run-hours in all (about 15 hours of 2 cores); every (task, mixer) cell
+      tuned over the three rates (``docs/results/mad_cpu.{csv,md,png}``). rwkv7 leads
+      selective copying (0.333), softmax fuzzy recall (0.990); most mixers solve the other
+      four at their best rate.
   ``table1``: the DeltaNet paper's Table 1 comparison on every task: softmax (its Transformer),
       gla and deltanet × the same rates and seeds (108 runs, ``order`` as ``cpu``; roughly 2
       hours of 2 idle cores). Run at lr 3e-3 for every cell (36 runs, 90 min beside other
