@@ -24,8 +24,16 @@ positions and contexts, the cosines between the tokens' mean keys and their sing
 (a group word problem solved by reflections should show the group's representation: S5's
 transpositions, for one, as e_i − e_j in a 4-dimensional subspace). The mixer's input is read
 as `Block` builds it (``mixer_norm`` of the residual stream), so the figures are those of the
-trained forward pass. Delta-rule mixers (`DeltaNetMixer` and its subclasses) with a scalar
-or no decay only.
+trained forward pass. Delta-rule mixers only (`DeltaNetMixer` and its subclasses).
+
+KDA's decay is per key channel: S_t = (I − β_t k_t k_tᵀ) Diag(γ_t) S_{t−1} + …, so there is
+no single γ per token. What the transition does to its own key is still one number,
+k_tᵀ (I − β_t k_t k_tᵀ) Diag(γ_t) k_t = (1 − β_t) · k_tᵀ Diag(γ_t) k_t, so for such layers
+``gamma`` is the decay seen along the token's key, kᵀ Diag(γ) k = Σ_c k_c² γ_c (γ itself for a
+scalar decay), ``gamma_times_one_minus_beta`` is that factor, ``gamma_min_over_channels`` is the
+most forgetful channel, and ``log10_prod_gamma_per_sequence`` summarises log10 Π_t γ_{t,c} over
+every (sequence, channel): Diag(γ) products commute, so that is each channel's exact
+whole-sequence shrinkage.
 """
 
 from __future__ import annotations
@@ -55,7 +63,7 @@ PREFIX_EVERY = 16  # parity's prefix accuracy: at every this many positions (and
 
 
 def check_model(model) -> None:
-    """ValueError unless every layer is a delta-rule mixer with a scalar (or no) decay."""
+    """ValueError unless every layer is a delta-rule mixer."""
     for i, block in enumerate(model.blocks):
         mixer = block.mixer
         if not isinstance(mixer, DeltaNetMixer):
@@ -86,9 +94,11 @@ def exact_reflection(model, layer: int, head: int) -> None:
 
 
 def make_forward(model, keys: bool = False):
-    """A jitted ``tokens[B, T] -> (logits, [β [B,T,H·n]], [log γ [B,T,H]], [k [B,T,H·n,K]])``
-    per layer (k: `delta_keys`, the unit keys; only with ``keys``, else an empty list: they are
-    the largest outputs, brought to the host for every batch)."""
+    """A jitted ``tokens[B, T] -> (logits, [β [B,T,H·n]], [log γ], [k [B,T,H·n,K]], [k_γ])``
+    per layer. log γ is ``[B,T,H]``, or ``[B,T,H,K]`` for a per-channel decay (kda), whose
+    layers also give k_γ, their unit keys per value head ``[B,T,H,K]`` (None elsewhere). k is
+    `delta_keys`, the unit keys, only with ``keys``, else an empty list: they are the largest
+    outputs, brought to the host for every batch."""
     graphdef, state = nnx.split(model)
     want_keys = keys
 
@@ -98,7 +108,7 @@ def make_forward(model, keys: bool = False):
         x_BTD = model.embed(tokens_BT)
         if model.pos_embed is not None:
             x_BTD = x_BTD + model.pos_embed(jnp.arange(tokens_BT.shape[1]))[None]
-        betas, log_decays, keys = [], [], []
+        betas, log_decays, keys, decay_keys = [], [], [], []
         for block in model.blocks:
             xn_BTD = block.mixer_norm(x_BTD)
             betas.append(block.mixer.beta(xn_BTD))
@@ -109,14 +119,16 @@ def make_forward(model, keys: bool = False):
             log_decay_BTH = (
                 jnp.zeros(betas[-1].shape, jnp.float32) if decay is None else decay(xn_BTD)
             )
-            if log_decay_BTH.ndim != 3:
-                raise ValueError(
-                    f"log decay has shape {log_decay_BTH.shape}: per-key decays (kda) are not "
-                    "read by gate_stats"
-                )
             log_decays.append(log_decay_BTH)
+            if log_decay_BTH.ndim == 4:  # per channel: the decay along a key needs the key
+                k_BTHK = delta_keys(block.mixer, xn_BTD)
+                # value head j reads key head j // (HV / H)
+                group = log_decay_BTH.shape[2] // k_BTHK.shape[2]
+                decay_keys.append(jnp.repeat(k_BTHK, group, axis=2))
+            else:
+                decay_keys.append(None)
             x_BTD = block(x_BTD)
-        return model(tokens_BT), betas, log_decays, keys
+        return model(tokens_BT), betas, log_decays, keys, decay_keys
 
     return lambda tokens: forward(state, tokens)
 
@@ -133,16 +145,31 @@ def summary(values) -> dict:
     return out
 
 
-def gate_figures(beta_BTH, log_decay_BTH, tokens_BT) -> list[dict]:
-    """Per head: β, γ, γ(1−β) by input token, and the per-sequence log10 products."""
+def gate_figures(beta_BTH, log_decay_BTH, tokens_BT, keys_BTHK=None) -> list[dict]:
+    """Per head: β, γ, γ(1−β) by input token, and the per-sequence log10 products. A
+    per-channel log decay ``[B,T,H,K]`` takes the unit keys ``keys_BTHK`` of the same shape,
+    and γ is then the decay along the token's key (the module docstring)."""
+    per_channel = log_decay_BTH.ndim == 4
+    if per_channel and (keys_BTHK is None or keys_BTHK.shape != log_decay_BTH.shape):
+        raise ValueError(
+            f"a per-channel log decay {log_decay_BTH.shape} needs keys of the same shape, got "
+            f"{None if keys_BTHK is None else keys_BTHK.shape}"
+        )
     heads = []
-    num_keys = beta_BTH.shape[-1] // log_decay_BTH.shape[-1]
+    num_keys = beta_BTH.shape[-1] // log_decay_BTH.shape[2]
     # β has H·n columns (n Householder keys per head, gated_deltaproduct); its key j of head h
     # is column h·n + j, and shares the head's decay
     for h in range(beta_BTH.shape[-1]):
         beta = beta_BTH[..., h].astype(np.float64)
-        log_gamma = log_decay_BTH[..., h // num_keys].astype(np.float64)
-        gamma = np.exp(log_gamma)
+        if per_channel:
+            log_gamma_BTK = log_decay_BTH[..., h, :].astype(np.float64)
+            k_BTK = keys_BTHK[..., h, :].astype(np.float64)
+            gamma = (k_BTK**2 * np.exp(log_gamma_BTK)).sum(-1)  # log γ ≤ 0: no overflow
+            with np.errstate(divide="ignore"):
+                log_gamma = np.log(gamma)
+        else:
+            log_gamma = log_decay_BTH[..., h // num_keys].astype(np.float64)
+            gamma = np.exp(log_gamma)
         along_k = gamma * (1.0 - beta)
         with np.errstate(divide="ignore"):
             log10_along = (log_gamma + np.log(np.abs(1.0 - beta))) / np.log(10.0)
@@ -155,7 +182,12 @@ def gate_figures(beta_BTH, log_decay_BTH, tokens_BT) -> list[dict]:
                 gamma=summary(gamma[at]),
                 gamma_times_one_minus_beta=summary(along_k[at]),
             )
-        head["log10_prod_gamma_per_sequence"] = summary(log_gamma.sum(-1) / np.log(10.0))
+            if per_channel:
+                head["by_token"][str(int(token))]["gamma_min_over_channels"] = summary(
+                    np.exp(log_gamma_BTK.min(-1))[at]
+                )
+        prod_log_gamma = log_gamma_BTK.sum(1).ravel() if per_channel else log_gamma.sum(-1)
+        head["log10_prod_gamma_per_sequence"] = summary(prod_log_gamma / np.log(10.0))
         head["log10_prod_abs_along_k_per_sequence"] = summary(log10_along.sum(-1))
         heads.append(head)
     return heads
@@ -204,6 +236,10 @@ def length_figures(forward, inputs, labels, task: str, batch_size: int, keys: bo
         if keys
         else [None] * len(betas)
     )
+    decay_keys = [
+        None if layer[0] is None else np.concatenate(layer)
+        for layer in zip(*(p[4] for p in parts), strict=True)
+    ]
     scored = labels != IGNORE_INDEX
     correct_BT = (logits.argmax(-1) == labels) & scored
     # sequence-level: a sequence is right when every scored position is
@@ -221,9 +257,11 @@ def length_figures(forward, inputs, labels, task: str, batch_size: int, keys: bo
         abs_margin_right=summary(np.abs(margin[margin > 0])),
         abs_margin_wrong=summary(np.abs(margin[margin <= 0])),
         layers=[
-            dict(layer=i, heads=gate_figures(b, d, inputs))
+            dict(layer=i, heads=gate_figures(b, d, inputs, dk))
             | ({} if k is None else dict(keys=key_geometry(k, inputs)))
-            for i, (b, d, k) in enumerate(zip(betas, log_decays, key_layers, strict=True))
+            for i, (b, d, k, dk) in enumerate(
+                zip(betas, log_decays, key_layers, decay_keys, strict=True)
+            )
         ],
     )
     if task == "parity":

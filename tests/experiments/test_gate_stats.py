@@ -36,6 +36,44 @@ def test_gate_figures_by_token_and_products(gs):
     )
 
 
+def test_per_channel_decay_is_read_along_the_key(gs):
+    # kda: one sequence [1, 0], one head, K = 2; keys e_0 and (0.6, 0.8); γ per channel
+    # (0.5, 1) then (0.25, 1); β = 1.8 then 0.5. Along the key: kᵀ Diag(γ) k = 0.5, then
+    # 0.36·0.25 + 0.64·1 = 0.73; times (1 − β): −0.4, 0.365
+    tokens = np.array([[1, 0]])
+    beta = np.array([[[1.8], [0.5]]], np.float32)
+    log_gamma = np.log(np.array([[[[0.5, 1.0]], [[0.25, 1.0]]]], np.float32))
+    keys = np.array([[[[1.0, 0.0]], [[0.6, 0.8]]]], np.float32)
+    (head,) = gs.gate_figures(beta, log_gamma, tokens, keys)
+    one, zero = head["by_token"]["1"], head["by_token"]["0"]
+    np.testing.assert_allclose(one["gamma"]["mean"], 0.5, rtol=1e-6)
+    np.testing.assert_allclose(zero["gamma"]["mean"], 0.73, rtol=1e-6)
+    np.testing.assert_allclose(one["gamma_times_one_minus_beta"]["mean"], -0.4, rtol=1e-6)
+    np.testing.assert_allclose(zero["gamma_times_one_minus_beta"]["mean"], 0.365, rtol=1e-6)
+    np.testing.assert_allclose(zero["gamma_min_over_channels"]["mean"], 0.25, rtol=1e-6)
+    # channel 0 keeps 0.5 · 0.25 over the sequence, channel 1 everything
+    prod = head["log10_prod_gamma_per_sequence"]
+    np.testing.assert_allclose([prod["min"], prod["max"]], [np.log10(0.125), 0.0], atol=1e-6)
+    np.testing.assert_allclose(
+        head["log10_prod_abs_along_k_per_sequence"]["mean"], np.log10(0.4 * 0.365), rtol=1e-6
+    )
+    with pytest.raises(ValueError, match="needs keys of the same shape"):
+        gs.gate_figures(beta, log_gamma, tokens)
+
+
+def test_forward_gives_kda_its_keys_per_value_head(gs):
+    cfg = ModelConfig(
+        vocab_size=3, d_model=8, num_layers=1, num_heads=2, mixer="kda", allow_neg_eigval=True
+    )
+    model = LanguageModel(cfg, rngs=nnx.Rngs(0))
+    tokens = np.array([[0, 2, 1, 1]], np.int32)
+    logits, betas, log_decays, keys, decay_keys = gs.make_forward(model)(tokens)
+    assert keys == [] and log_decays[0].shape == decay_keys[0].shape
+    assert log_decays[0].shape[:3] == betas[0].shape == (1, 4, 2)
+    np.testing.assert_allclose(np.linalg.norm(decay_keys[0], axis=-1), 1.0, rtol=1e-4)  # l2norm eps
+    np.testing.assert_allclose(logits, model(tokens), rtol=1e-5, atol=1e-6)
+
+
 def test_length_figures_accuracy_margin_and_ones(gs, monkeypatch):
     # 4 parity sequences of length 2, label at the last position; logits chosen by hand
     inputs = np.array([[0, 0], [0, 1], [1, 1], [1, 0]], np.int32)
@@ -53,7 +91,7 @@ def test_length_figures_accuracy_margin_and_ones(gs, monkeypatch):
 
     def forward(tokens):  # one batch of all four sequences
         assert np.asarray(tokens).shape == (4, 2)
-        return logits, [beta], [log_gamma], [keys]
+        return logits, [beta], [log_gamma], [keys], [None]
 
     monkeypatch.setattr(gs, "PREFIX_EVERY", 1)  # every prefix length
     out = gs.length_figures(forward, inputs, labels, "parity", batch_size=4, keys=True)
