@@ -62,14 +62,25 @@ def test_per_channel_decay_is_read_along_the_key(gs):
 
 
 def test_forward_gives_kda_its_keys_per_value_head(gs):
+    # 4 value heads over 2 key heads: value heads 0, 1 read key head 0 and 2, 3 key head 1
     cfg = ModelConfig(
-        vocab_size=3, d_model=8, num_layers=1, num_heads=2, mixer="kda", allow_neg_eigval=True
+        vocab_size=3,
+        d_model=8,
+        num_layers=1,
+        num_heads=2,
+        num_value_heads=4,
+        mixer="kda",
+        allow_neg_eigval=True,
     )
     model = LanguageModel(cfg, rngs=nnx.Rngs(0))
     tokens = np.array([[0, 2, 1, 1]], np.int32)
     logits, betas, log_decays, keys, decay_keys = gs.make_forward(model)(tokens)
     assert keys == [] and log_decays[0].shape == decay_keys[0].shape
-    assert log_decays[0].shape[:3] == betas[0].shape == (1, 4, 2)
+    assert log_decays[0].shape[:3] == betas[0].shape == (1, 4, 4)
+    k = np.asarray(decay_keys[0])
+    np.testing.assert_array_equal(k[:, :, 0], k[:, :, 1])
+    np.testing.assert_array_equal(k[:, :, 2], k[:, :, 3])
+    assert np.abs(k[:, :, 0] - k[:, :, 2]).max() > 1e-3
     np.testing.assert_allclose(np.linalg.norm(decay_keys[0], axis=-1), 1.0, rtol=1e-4)  # l2norm eps
     np.testing.assert_allclose(logits, model(tokens), rtol=1e-5, atol=1e-6)
 
