@@ -15,8 +15,12 @@ omitted.
 
 Per run and evaluation length: the element accuracy over every position (the trainer's
 ``eval/length_{L}/accuracy``), the sign accuracy, the element accuracy where the sign is right,
-and the element and sign accuracy by position bucket (`BUCKETS`; the model is causal, so
-position t is the prefix of length t + 1).
+the element and sign accuracy by position bucket (`BUCKETS`; the model is causal, so
+position t is the prefix of length t + 1), and whether errors are a lost state or a misread one
+(`error_structure`: the sequence accuracy, where the first error falls, the accuracy after it,
+how often a wrong position is followed by a right one), how often a wrong answer is the
+previous position's label (the newest token not applied) and how many transpositions separate
+each wrong answer from the right one.
 """
 
 from __future__ import annotations
@@ -49,8 +53,29 @@ def make_forward(model):
     return lambda tokens: np.asarray(forward(state, tokens))
 
 
-def length_figures(forward, inputs, labels, signs, batch_size: int) -> dict:
-    """The figures of one evaluation length (every sequence has that length)."""
+def transposition_distances(elements) -> np.ndarray:
+    """[G, G]: the fewest transpositions that turn element a into element b (n minus the
+    number of cycles of a⁻¹b): 1 is a right answer off by one swap."""
+    elements = np.asarray(elements)
+    n = elements.shape[1]
+    inverse = np.argsort(elements, axis=1)
+    out = np.zeros((len(elements), len(elements)), np.int32)
+    for i, a_inv in enumerate(inverse):
+        for j, b in enumerate(elements):
+            rel, seen, cycles = b[a_inv], np.zeros(n, bool), 0
+            for start in range(n):
+                if not seen[start]:
+                    cycles += 1
+                    while not seen[start]:
+                        seen[start], start = True, rel[start]
+            out[i, j] = n - cycles
+    return out
+
+
+def length_figures(forward, inputs, labels, signs, batch_size: int, distances=None) -> dict:
+    """The figures of one evaluation length (every sequence has that length); with
+    ``distances`` (`transposition_distances`), how far the wrong answers are from the right
+    ones: the share of errors at each distance."""
     if (labels == IGNORE_INDEX).any():  # a padded position would count as wrong and index signs
         raise ValueError("labels must score every position (evaluation sets of one length)")
     preds = np.concatenate(
@@ -62,6 +87,15 @@ def length_figures(forward, inputs, labels, signs, batch_size: int) -> dict:
         sign_right = signs[preds] == signs[labels]
         out["sign_accuracy"] = float(sign_right.mean())
         out["accuracy_where_sign_right"] = float(right[sign_right].mean())
+    out.update(error_structure(right))
+    # a wrong answer equal to the previous position's label: the newest token not applied
+    lagging = preds[:, 1:][~right[:, 1:]] == labels[:, :-1][~right[:, 1:]]
+    out["wrong_is_previous_label"] = float(lagging.mean()) if lagging.size else None
+    if distances is not None and (~right).any():
+        d = distances[preds[~right], labels[~right]]
+        out["error_distances"] = {
+            str(k): float((d == k).mean()) for k in range(1, int(distances.max()) + 1)
+        }
     by_position = []
     for lo, hi in zip(BUCKETS, BUCKETS[1:], strict=False):
         if lo >= labels.shape[1]:
@@ -75,6 +109,30 @@ def length_figures(forward, inputs, labels, signs, batch_size: int) -> dict:
     return out
 
 
+def error_structure(right) -> dict:
+    """Whether a model's errors are a lost state or a misread one, from ``right`` [N, T].
+
+    The label at every position is the running product, so a model whose state went wrong at
+    its first error stays wrong after it (at the level of a guess); one that misreads a right
+    state now and then is right again at the next position. ``accuracy_after_first_error`` is the
+    accuracy over the positions after each sequence's first error, to set beside ``accuracy``;
+    ``right_after_wrong`` is P(right at t + 1 | wrong at t). Both are None where nothing is
+    wrong (or nothing follows an error).
+    """
+    wrong = ~right
+    has_error = wrong.any(axis=1)
+    first = wrong.argmax(axis=1)[has_error]
+    after = np.arange(right.shape[1])[None, :] > first[:, None]
+    after_right = right[has_error][after]
+    follows_wrong = right[:, 1:][wrong[:, :-1]]
+    return dict(
+        sequence_accuracy=float(1.0 - has_error.mean()),
+        first_error_median=float(np.median(first)) if first.size else None,
+        accuracy_after_first_error=float(after_right.mean()) if after_right.size else None,
+        right_after_wrong=float(follows_wrong.mean()) if follows_wrong.size else None,
+    )
+
+
 def group_errors(workdir: str, step: int | None, batch_size: int) -> dict:
     run = restore_run(workdir, step=step)
     model, _ = nnx.merge(run.graphdef, run.state)  # (model, optimizer)
@@ -85,8 +143,10 @@ def group_errors(workdir: str, step: int | None, batch_size: int) -> dict:
             f"group_errors reads group word problems (s3, s5, s5_swaps, a5), got "
             f"data.kind={config.data.kind!r}, data.task={task!r}"
         )
-    signs = np.array([permutation_sign(p) for p in group_elements(task)])
+    elements = group_elements(task)
+    signs = np.array([permutation_sign(p) for p in elements])
     signs = None if task == "a5" else signs
+    distances = transposition_distances(elements)
     data = build_data(config)
     forward = make_forward(model)
     return dict(
@@ -102,7 +162,7 @@ def group_errors(workdir: str, step: int | None, batch_size: int) -> dict:
         learning_rate=config.optimizer.learning_rate,
         seed=config.seed,
         lengths={
-            str(L): length_figures(forward, *data.eval_sets[L], signs, batch_size)
+            str(L): length_figures(forward, *data.eval_sets[L], signs, batch_size, distances)
             for L in data.eval_lengths
         },
     )
@@ -141,7 +201,21 @@ def main(argv=None):
                 f"[{b['positions'][0]},{b['positions'][1]}) {b['accuracy']:.3f}"
                 for b in fig["by_position"]
             )
-            print(f"  L={L}: accuracy {fig['accuracy']:.3f};{sign} by position: {buckets}")
+            after = fig["accuracy_after_first_error"]
+            recovery = (
+                f" after the first error {after:.3f} (median position "
+                f"{fig['first_error_median']:.0f}), right after a wrong one "
+                f"{fig['right_after_wrong']:.3f}, the previous label "
+                f"{fig['wrong_is_previous_label']:.3f}; errors by swaps away "
+                + " ".join(f"{k}:{v:.3f}" for k, v in fig["error_distances"].items())
+                + ";"
+                if after is not None
+                else ""
+            )
+            print(
+                f"  L={L}: accuracy {fig['accuracy']:.3f}, sequences "
+                f"{fig['sequence_accuracy']:.3f};{sign}{recovery} by position: {buckets}"
+            )
 
 
 if __name__ == "__main__":
