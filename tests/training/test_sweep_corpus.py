@@ -26,6 +26,8 @@ def test_results_rows_carry_the_machine_record(tmp_path):
     points = [Point(name=n, labels={}, values={}, config=config) for n in ("new", "old")]
     machine = {
         "cpu_model": "AMD EPYC",
+        "cpu_id": "25/1/1",
+        "cpu_flags": "avx avx2 fma",
         "device_kind": "cpu",
         "jax_version": "0.4.38",
         "cpu_count": 2,
@@ -37,5 +39,6 @@ def test_results_rows_carry_the_machine_record(tmp_path):
     new, old = collect([], points, tmp_path)
     assert new["machine/cpu_model"] == "AMD EPYC" and new["machine/jax_version"] == "0.4.38"
     assert new["machine/device_kind"] == "cpu" and "machine/cpu_count" not in new
+    assert new["machine/cpu_id"] == "25/1/1" and new["machine/cpu_flags"] == "avx avx2 fma"
     # a run from before the record existed has no machine columns (not empty strings)
     assert not any(key.startswith("machine/") for key in old)

@@ -17,6 +17,7 @@ from flax import nnx
 
 from linear_attention.training import experiment_config, make_optimizer, trainer
 from linear_attention.training.checkpoint import Checkpoints
+from linear_attention.training.machine import cpu_identity
 from linear_attention.training.metrics import Reporter
 from tests.training.conftest import final_state, np_stats
 
@@ -144,6 +145,10 @@ def test_tiny_run_writes_every_file_with_checked_numbers(tmp_path, tiny_config, 
     if cpuinfo.exists():
         lines = [ln for ln in cpuinfo.read_text().splitlines() if ln.startswith("model name")]
         assert final["machine"]["cpu_model"] == lines[0].split(":", 1)[1].strip()
+        # (cpu_identity's reading is checked in test_machine.py; here, that the run keeps it)
+        identity = cpu_identity(cpuinfo.read_text())
+        assert final["machine"]["cpu_id"] == identity["cpu_id"]
+        assert final["machine"]["cpu_flags"] == identity["cpu_flags"]
     assert final["machine"]["jax_version"] == jax.__version__
     assert final["machine"]["device_kind"] == jax.devices()[0].device_kind
     assert len(final["machine"]["load_avg_end"]) == 3 and "load_avg_start" not in final["machine"]

@@ -47,7 +47,7 @@ CORPUS_KEYS = ("python", "path", "bytes", "sha256", "tokenizer")
 
 # The machine record of a run's summary (``summary["machine"]``) carried into results rows: a
 # rerun on another processor can differ in rounding, and these say whether the machine changed.
-MACHINE_KEYS = ("cpu_model", "device_kind", "jax_version")
+MACHINE_KEYS = ("cpu_model", "cpu_id", "cpu_flags", "device_kind", "jax_version")
 
 
 def collect(axes: list[Axis], points: list[Point], runs_dir: Path) -> list[dict]:
