@@ -26,10 +26,11 @@ Presets (``configs/sweeps/state_tracking.py:<arg>``):
       so about 2.5 hours of 2 cores): only β ∈ (0, 2) runs learn it, 9 of 30 against 0 of 84
       others (EXPERIMENTS.md section 7.8). ``mod_arith`` run in full (1.4–12.4 min a run at
       load 1–8, about 3.5 hours with ``--jobs 2``): every run at chance, at every rate, with
-      either β range (section 7.7). s5_swaps: the delta family with both β ranges and rwkv7
-      (66 runs, 3.0–6.9 min a run): deltanet and kda with β ∈ (0, 2) learn it at lr 1e-2 with
-      one seed of two each (0.938 and 0.929 at length 256, trained to 40); no other run leaves
-      the floor, Gated DeltaProduct's included (section 7.9).
+      either β range (section 7.7). ``s5_swaps`` run in full (0.9–6.9 min a run): deltanet
+      and kda with β ∈ (0, 2) learned it at lr 1e-2 with one seed of two each (0.938 and
+      0.929 at length 256, trained to 40) on earlier machines, and neither rerun on another
+      (0.059, 0.526: rounding decides it); the other 112 runs stay at the floor, Gated
+      DeltaProduct's included (section 7.9).
   ``s3_one_layer``: DeltaProduct's S3 question, one Householder step per token against two in
       one layer: s3 × gated_deltaproduct n = 1 and n = 2 with β ∈ (0, 2) × the 3 rates × 2
       seeds = 12 runs of one layer at 2000 steps (200 warmup, evaluated every 500); 15–34 min
