@@ -36,7 +36,11 @@ import numpy as np
 from flax import nnx
 
 from linear_attention.data.batches import IGNORE_INDEX
-from linear_attention.data.state_tracking import group_elements, permutation_sign
+from linear_attention.data.state_tracking import (
+    group_elements,
+    multiplication_table,
+    permutation_sign,
+)
 from linear_attention.training import build_data
 from linear_attention.training.load import restore_run
 
@@ -58,18 +62,17 @@ def transposition_distances(elements) -> np.ndarray:
     number of cycles of a⁻¹b): 1 is a right answer off by one swap."""
     elements = np.asarray(elements)
     n = elements.shape[1]
-    inverse = np.argsort(elements, axis=1)
-    out = np.zeros((len(elements), len(elements)), np.int32)
-    for i, a_inv in enumerate(inverse):
-        for j, b in enumerate(elements):
-            rel, seen, cycles = b[a_inv], np.zeros(n, bool), 0
-            for start in range(n):
-                if not seen[start]:
-                    cycles += 1
-                    while not seen[start]:
-                        seen[start], start = True, rel[start]
-            out[i, j] = n - cycles
-    return out
+    cycles = np.zeros(len(elements), np.int32)
+    for g, perm in enumerate(elements):
+        seen = np.zeros(n, bool)
+        for start in range(n):
+            cycles[g] += not seen[start]
+            while not seen[start]:
+                seen[start], start = True, perm[start]
+    table = multiplication_table(elements)
+    identity = int(np.flatnonzero((elements == np.arange(n)).all(axis=1))[0])
+    inverse = np.argmax(table == identity, axis=1)
+    return (n - cycles[table[inverse]]).astype(np.int32)  # [a, b]: cycles of a⁻¹ ∘ b
 
 
 def length_figures(forward, inputs, labels, signs, batch_size: int, distances=None) -> dict:
@@ -201,17 +204,20 @@ def main(argv=None):
                 f"[{b['positions'][0]},{b['positions'][1]}) {b['accuracy']:.3f}"
                 for b in fig["by_position"]
             )
-            after = fig["accuracy_after_first_error"]
-            recovery = (
-                f" after the first error {after:.3f} (median position "
-                f"{fig['first_error_median']:.0f}), right after a wrong one "
-                f"{fig['right_after_wrong']:.3f}, the previous label "
-                f"{fig['wrong_is_previous_label']:.3f}; errors by swaps away "
-                + " ".join(f"{k}:{v:.3f}" for k, v in fig["error_distances"].items())
-                + ";"
-                if after is not None
-                else ""
+            recovery = "".join(
+                f" {name} {fig[key]:.3f};"
+                for name, key in (
+                    ("after the first error", "accuracy_after_first_error"),
+                    ("right after a wrong one", "right_after_wrong"),
+                    ("wrong = the previous label", "wrong_is_previous_label"),
+                )
+                if fig[key] is not None  # (None where nothing is wrong, or nothing follows)
             )
+            if "error_distances" in fig:
+                recovery += " errors by swaps away " + " ".join(
+                    f"{k}:{v:.3f}" for k, v in fig["error_distances"].items()
+                )
+                recovery += f"; first error at {fig['first_error_median']:.0f} (median);"
             print(
                 f"  L={L}: accuracy {fig['accuracy']:.3f}, sequences "
                 f"{fig['sequence_accuracy']:.3f};{sign}{recovery} by position: {buckets}"
