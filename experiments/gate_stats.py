@@ -53,7 +53,7 @@ from linear_attention.data.batches import IGNORE_INDEX
 from linear_attention.layers import delta_keys
 from linear_attention.layers.delta import DeltaNetMixer
 from linear_attention.training import build_data
-from linear_attention.training.load import restore_run
+from linear_attention.training.load import restore_run, run_header
 
 QUANTILES = (0.01, 0.1, 0.5, 0.9, 0.99)
 EXACT_A_LOG = -1e4  # exp(A) = 0 in float32: log γ = −softplus(z)·0 = 0, so γ = 1 exactly
@@ -323,17 +323,7 @@ def gate_stats(
             heads=[list(pair) for pair in exact], lengths=figures(make_forward(model, keys))
         )
     return dict(
-        workdir=workdir,
-        step=run.step,
-        task=config.data.task,
-        model=dict(
-            mixer=config.model.mixer,
-            num_layers=config.model.num_layers,
-            num_heads=config.model.num_heads,
-            allow_neg_eigval=config.model.allow_neg_eigval,
-        ),
-        learning_rate=config.optimizer.learning_rate,
-        seed=config.seed,
+        run_header(workdir, run),
         lengths=measured,
         exact_reflection=edited,
     )

@@ -42,7 +42,7 @@ from linear_attention.data.state_tracking import (
     permutation_sign,
 )
 from linear_attention.training import build_data
-from linear_attention.training.load import restore_run
+from linear_attention.training.load import restore_run, run_header
 
 BUCKETS = (0, 4, 16, 40, 64, 128, 256)  # position buckets [a, b): 40 is the longest trained
 
@@ -153,17 +153,7 @@ def group_errors(workdir: str, step: int | None, batch_size: int) -> dict:
     data = build_data(config)
     forward = make_forward(model)
     return dict(
-        workdir=workdir,
-        step=run.step,
-        task=task,
-        model=dict(
-            mixer=config.model.mixer,
-            num_layers=config.model.num_layers,
-            num_householder=config.model.num_householder,
-            allow_neg_eigval=config.model.allow_neg_eigval,
-        ),
-        learning_rate=config.optimizer.learning_rate,
-        seed=config.seed,
+        run_header(workdir, run),
         lengths={
             str(L): length_figures(forward, *data.eval_sets[L], signs, batch_size, distances)
             for L in data.eval_lengths

@@ -47,7 +47,7 @@ from flax import nnx
 from linear_attention.data.batches import IGNORE_INDEX
 from linear_attention.kernels.state import LinearAttentionState
 from linear_attention.training import build_data
-from linear_attention.training.load import restore_run
+from linear_attention.training.load import restore_run, run_header
 
 BUCKETS = (0, 4, 16, 40, 64, 128, 256)  # position buckets [a, b): 40 is the longest trained
 
@@ -215,17 +215,7 @@ def state_probe(workdir: str, step, fit_batches: int, batch_size: int, ridge: fl
             state_norms=state_norms([np.concatenate(n) if n else None for n in norms], length),
         )
     return dict(
-        workdir=workdir,
-        step=run.step,
-        task=config.data.task,
-        model=dict(
-            mixer=config.model.mixer,
-            num_layers=config.model.num_layers,
-            num_heads=config.model.num_heads,
-            allow_neg_eigval=config.model.allow_neg_eigval,
-        ),
-        learning_rate=config.optimizer.learning_rate,
-        seed=config.seed,
+        run_header(workdir, run),
         fit=dict(
             batches=fit_batches,
             batch_size=batch_size,

@@ -76,6 +76,27 @@ def restore_run(workdir: str, *, config=None, step: int | None = None) -> Restor
     return RestoredRun(graphdef, state, cfg, step, mesh)
 
 
+def run_header(workdir: str, run: RestoredRun) -> dict:
+    """What ``run`` (restored from ``workdir``) is, for the head of an analysis's output: the
+    folder, the checkpoint's step, the task, the model's mixer and shape, learning rate and seed."""
+    config = run.config
+    model = config.model
+    return dict(
+        workdir=workdir,
+        step=run.step,
+        task=getattr(config.data, "task", None),
+        model=dict(
+            mixer=model.mixer,
+            num_layers=model.num_layers,
+            num_heads=model.num_heads,
+            num_householder=model.num_householder,
+            allow_neg_eigval=model.allow_neg_eigval,
+        ),
+        learning_rate=config.optimizer.learning_rate,
+        seed=config.seed,
+    )
+
+
 def load_run(
     workdir: str, *, config=None, step: int | None = None
 ) -> tuple[LanguageModel, ExperimentConfig]:

@@ -105,6 +105,17 @@ def test_state_probe_of_a_run(sp, tmp_path):
     sp.main(["--workdir", workdir, "--fit_batches", "2", "--batch_size", "8", "--out", str(out)])
     result = json.loads(out.read_text())
     assert result["step"] == 2 and result["fit"]["first_step"] == 2
+    # the run's header (`run_header`): what was probed
+    assert result["workdir"] == workdir and result["task"] == "parity"
+    assert result["model"] == dict(
+        mixer="kda",
+        num_layers=config.model.num_layers,
+        num_heads=config.model.num_heads,
+        num_householder=None,
+        allow_neg_eigval=True,
+    )
+    assert result["learning_rate"] == config.optimizer.learning_rate
+    assert result["seed"] == config.seed
     assert result["command"].startswith("python experiments/state_probe.py --workdir")
     for length in (12, 20):
         figs = result["lengths"][str(length)]
