@@ -30,10 +30,10 @@ Presets (``configs/sweeps/state_tracking.py:<arg>``):
       and kda with β ∈ (0, 2) learned it at lr 1e-2 with one seed of two each (0.938 and
       0.929 at length 256, trained to 40) on earlier machines, and neither rerun on another
       (0.059, 0.526: rounding decides it); the other 112 runs stay at the floor, Gated
-      DeltaProduct's included (section 7.9). ``s3`` at lr 1e-2 (38 runs, 1.3–4.7 min a
-      run): every run at the floor, 0.197–0.240 against chance 1/6, right only where the
-      short convolution reaches (section 7.10); at lr 1e-3 the delta family and rwkv7 (22
-      runs) likewise; lr 3e-3 and the rest of 1e-3 not yet run.
+      DeltaProduct's included (section 7.9). ``s3`` run in full (1.1–5.6 min a run, Gated
+      DeltaProduct n = 2 the slowest; about 2.5 hours with ``--jobs 2`` at load ~4): every
+      run at the floor at every rate, 0.197–0.240 against chance 1/6, right only where the
+      short convolution reaches (section 7.10).
   ``s3_one_layer``: DeltaProduct's S3 question, one Householder step per token against two in
       one layer: s3 × gated_deltaproduct n = 1 and n = 2 with β ∈ (0, 2) × the 3 rates × 2
       seeds = 12 runs of one layer at 2000 steps (200 warmup, evaluated every 500); 15–34 min
