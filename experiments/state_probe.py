@@ -182,10 +182,7 @@ def state_probe(workdir: str, step, fit_batches: int, batch_size: int, ridge: fl
 
     batches = list(training_features())
     names = list(batches[0])
-    probes = {
-        name: ridge_fit(((b[name][0], b[name][1]) for b in batches), num_classes, ridge)
-        for name in names
-    }
+    probes = {name: ridge_fit((b[name] for b in batches), num_classes, ridge) for name in names}
     fit_accuracy = {
         name: float(
             np.concatenate([probe_predict(w, b[name][0]) == b[name][1] for b in batches]).mean()
