@@ -29,6 +29,11 @@ A state probe that stays right where the model fails says the state holds the an
 reading blurs; a residual probe after the last block that fails with the model says the
 blur is already in the features, not in the head. Layers whose state is not a
 `LinearAttentionState` (softmax's KV cache) have no state probe.
+
+And one intervention (`capped_accuracy`, ``--cap_scales``): decode again with every head's
+state held to a multiple of the largest norm it reached on the fitting batches. At 1 the cap
+never acts on training-length data, so past those lengths it removes the states' growth and
+nothing else: if the growth is what the model fails on, accuracy there comes back.
 """
 
 from __future__ import annotations
@@ -52,6 +57,57 @@ from linear_attention.training.load import restore_run, run_header
 BUCKETS = (0, 4, 16, 40, 64, 128, 256)  # position buckets [a, b): 40 is the longest trained
 
 
+def decode(graphdef, params, tokens_BT, caps):
+    """`LanguageModel.step` scanned over ``tokens[B, T]`` (the decoding path, equal to the full
+    pass). After each token, layer l's recurrent state is scaled, head by head, down to a
+    Frobenius norm of at most ``caps[l][h]`` (``caps[l]`` a ``[H]`` array, or None: left as it
+    is). Returns the step logits ``[B, T, V]``, each layer's state after each position as the
+    next token reads it ``[B, T, H, M·Dv]`` and its norm per head before the cap ``[B, T, H]``
+    (both None for a layer without a `LinearAttentionState`)."""
+    b, t = tokens_BT.shape
+
+    def body(state, tokens_B):
+        logits_BV, state = nnx.merge(graphdef, params).step(tokens_B, state)
+        layers, kv, norms = [], [], []
+        for layer, cap_H in zip(state.layers, caps, strict=True):
+            if not isinstance(layer.core, LinearAttentionState):
+                layers.append(layer)
+                kv.append(None)
+                norms.append(None)
+                continue
+            kv_BHMD = layer.core.kv
+            norm_BH = jnp.sqrt(jnp.sum(jnp.square(kv_BHMD), axis=(2, 3)))
+            if cap_H is not None:
+                scale_BH = jnp.where(norm_BH > cap_H, cap_H / norm_BH, 1.0)
+                kv_BHMD = kv_BHMD * scale_BH[:, :, None, None]
+                layer = layer._replace(core=layer.core._replace(kv=kv_BHMD))
+            layers.append(layer)
+            kv.append(kv_BHMD.reshape(b, kv_BHMD.shape[1], -1))
+            norms.append(norm_BH)
+        return state._replace(layers=tuple(layers)), (logits_BV, kv, norms)
+
+    init = nnx.merge(graphdef, params).init_state(b, t)
+    _, (logits_TBV, kv_TBF, norms_TBH) = jax.lax.scan(body, init, tokens_BT.T)
+
+    def batch_major(xs):
+        return [None if x is None else jnp.swapaxes(x, 0, 1) for x in xs]
+
+    return jnp.swapaxes(logits_TBV, 0, 1), batch_major(kv_TBF), batch_major(norms_TBH)
+
+
+def make_decoder(model):
+    """A jitted ``(tokens[B, T], caps) -> (logits, norms)``: `decode` on ``model``, without the
+    states (not computed: the scan's unused output is dropped)."""
+    graphdef, params = nnx.split(model)
+
+    @jax.jit
+    def logits_and_norms(params, tokens_BT, caps):
+        logits, _, norms = decode(graphdef, params, tokens_BT, caps)
+        return logits, norms
+
+    return lambda tokens, caps: logits_and_norms(params, jnp.asarray(tokens), caps)
+
+
 def make_features(model):
     """A jitted ``tokens[B, T] -> (logits [B, T, V], residuals, states)``: ``residuals`` the
     residual stream after each block ``[B, T, D]``, ``states`` each layer's recurrent state
@@ -69,20 +125,7 @@ def make_features(model):
         for block in model.blocks:
             x_BTD = block(x_BTD)
             residuals.append(x_BTD)
-        b, t = tokens_BT.shape
-
-        def body(state, tokens_B):
-            _, state = nnx.merge(graphdef, params).step(tokens_B, state)
-            kv = [
-                layer.core.kv.reshape(b, layer.core.kv.shape[1], -1)
-                if isinstance(layer.core, LinearAttentionState)
-                else None
-                for layer in state.layers
-            ]
-            return state, kv
-
-        _, kv_TBF = jax.lax.scan(body, model.init_state(b, t), tokens_BT.T)
-        states = [None if s is None else jnp.swapaxes(s, 0, 1) for s in kv_TBF]
+        _, states, _ = decode(graphdef, params, tokens_BT, (None,) * len(model.blocks))
         return model(tokens_BT), residuals, states
 
     return lambda tokens: features(params, jnp.asarray(tokens))
@@ -159,7 +202,9 @@ def state_norms(norms, length: int) -> list:
     return out
 
 
-def state_probe(workdir: str, step, fit_batches: int, batch_size: int, ridge: float) -> dict:
+def state_probe(
+    workdir: str, step, fit_batches: int, batch_size: int, ridge: float, cap_scales=(1.0,)
+) -> dict:
     run = restore_run(workdir, step=step)
     model, _ = nnx.merge(run.graphdef, run.state)  # (model, optimizer)
     config = run.config
@@ -171,12 +216,20 @@ def state_probe(workdir: str, step, fit_batches: int, batch_size: int, ridge: fl
     features = make_features(model)
     num_classes = config.model.vocab_size
 
+    max_norms = [None] * len(model.blocks)  # per layer, each head's largest state norm
+
     def training_features():
         first = run.step  # steps the run never trained on
         for s in range(first, first + fit_batches):
             batch = data.train_batch(s, batch_size)
             scored = batch["labels"] != IGNORE_INDEX
             logits, residuals, states = jax.device_get(features(batch["inputs"]))
+            for layer, st in enumerate(states):
+                if st is not None:
+                    top = np.linalg.norm(st[scored], axis=-1).max(0)
+                    max_norms[layer] = (
+                        top if max_norms[layer] is None else np.maximum(max_norms[layer], top)
+                    )
             sets = feature_sets(residuals, states)
             yield {k: (v[scored], batch["labels"][scored]) for k, v in sets.items()}
 
@@ -213,6 +266,7 @@ def state_probe(workdir: str, step, fit_batches: int, batch_size: int, ridge: fl
         )
     return dict(
         run_header(workdir, run),
+        caps=capped_accuracy(model, data, max_norms, cap_scales, batch_size),
         fit=dict(
             batches=fit_batches,
             batch_size=batch_size,
@@ -225,6 +279,46 @@ def state_probe(workdir: str, step, fit_batches: int, batch_size: int, ridge: fl
     )
 
 
+def capped_accuracy(model, data, max_norms, scales, batch_size: int) -> dict:
+    """The model's accuracy when every layer's state is held, head by head, to ``scale`` times
+    the largest norm that head reached on the fitting batches (``max_norms``: per layer ``[H]``,
+    or None), for each scale: at 1 the cap never acts at training lengths on the fitting data,
+    and past them it takes away the growth alone. ``binds``: per layer, the fraction of scored
+    (position, head) pairs at which the cap acted."""
+    decoder = make_decoder(model)
+    out = dict(max_norm=[None if m is None else m.tolist() for m in max_norms], scales={})
+    for scale in scales:
+        caps = tuple(None if m is None else jnp.asarray(scale * m, jnp.float32) for m in max_norms)
+        per_length = {}
+        for length in data.eval_lengths:
+            inputs, labels = data.eval_sets[length]
+            scored = labels != IGNORE_INDEX
+            right, binds = [], [[] for _ in max_norms]
+            for s in range(0, len(inputs), batch_size):
+                logits, norms = jax.device_get(decoder(inputs[s : s + batch_size], caps))
+                right.append(logits.argmax(-1) == labels[s : s + batch_size])
+                for layer, n_BTH in enumerate(norms):
+                    if n_BTH is not None:
+                        binds[layer].append(n_BTH[scored[s : s + batch_size]] > caps[layer])
+            per_length[str(length)] = dict(
+                accuracy_figures(np.concatenate(right), scored),
+                binds=[float(np.concatenate(b).mean()) if b else None for b in binds],
+            )
+        out["scales"][f"{scale:g}"] = per_length
+    return out
+
+
+def positive_floats(text: str) -> list:
+    """``--cap_scales``: comma-separated positive numbers (``inf``: no cap) or empty."""
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        values = [-1.0]
+    if not all(v > 0 for v in values):
+        raise argparse.ArgumentTypeError(f"positive numbers separated by commas, got {text!r}")
+    return values
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", required=True, help="a state-tracking run")
@@ -232,6 +326,13 @@ def main(argv=None):
     parser.add_argument("--fit_batches", type=int, default=32, help="training batches to fit on")
     parser.add_argument("--batch_size", type=int, default=64)
     parser.add_argument("--ridge", type=float, default=1e-4, help="× mean diagonal of XᵀX")
+    parser.add_argument(
+        "--cap_scales",
+        type=positive_floats,
+        default="1",
+        help="comma-separated multiples of each head's largest state norm on the fitting batches "
+        "to hold the states to (`capped_accuracy`); empty: none",
+    )
     parser.add_argument("--out", required=True, help="JSON file to write")
     args = parser.parse_args(argv)
     for name in ("fit_batches", "batch_size"):
@@ -240,7 +341,9 @@ def main(argv=None):
     if not args.ridge >= 0:
         parser.error(f"--ridge must be >= 0, got {args.ridge}")
     try:
-        result = state_probe(args.workdir, args.step, args.fit_batches, args.batch_size, args.ridge)
+        result = state_probe(
+            args.workdir, args.step, args.fit_batches, args.batch_size, args.ridge, args.cap_scales
+        )
     except ValueError as e:
         parser.error(str(e))
     argv = sys.argv[1:] if argv is None else argv
@@ -263,6 +366,14 @@ def main(argv=None):
                 for r in layer["by_position"]
             )
             print(f"    state norm per head, layer {layer['layer']}: {rows}")
+    for scale, per_length in result["caps"]["scales"].items():
+        cells = ", ".join(
+            f"L={length} {fig['accuracy']:.3f}/{fig['sequence_accuracy']:.3f} (binds "
+            + " ".join("-" if b is None else f"{b:.3f}" for b in fig["binds"])
+            + ")"
+            for length, fig in per_length.items()
+        )
+        print(f"  states held to {scale} x the fitting batches' largest norm: {cells}")
 
 
 if __name__ == "__main__":

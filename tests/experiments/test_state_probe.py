@@ -46,6 +46,44 @@ def test_features_are_the_prefill_states_and_the_residual_stream(sp):
         np.testing.assert_allclose(states[0][:, t], kv.reshape(2, h, -1), rtol=1e-4, atol=1e-5)
 
 
+def test_capped_decoding_against_a_step_loop(sp):
+    cfg = ModelConfig(
+        vocab_size=5,
+        d_model=16,
+        num_layers=2,
+        num_heads=2,
+        mixer=("kda", "softmax"),
+        allow_neg_eigval=True,
+        max_length=8,
+    )
+    model = LanguageModel(cfg, rngs=nnx.Rngs(1))
+    tokens = np.random.default_rng(2).integers(0, 5, (2, 6)).astype(np.int32)
+    decoder = sp.make_decoder(model)
+    # no cap: the decoding path's logits are the full pass's, the norms the states' norms
+    logits, norms = decoder(tokens, (None, None))
+    np.testing.assert_allclose(logits, model(tokens), rtol=1e-4, atol=1e-5)
+    assert norms[1] is None
+    _, _, states = sp.make_features(model)(tokens)
+    np.testing.assert_allclose(norms[0], np.linalg.norm(states[0], axis=-1), rtol=1e-5)
+    # a cap between the heads' norms: reference is model.step in a Python loop, each head's
+    # state scaled to the cap by hand whenever its norm exceeds it
+    cap = np.array([np.median(norms[0][..., 0]), np.median(norms[0][..., 1])], np.float32)
+    logits, capped = decoder(tokens, (cap, None))
+    state, want_logits, want_norms = model.init_state(2, 8), [], []
+    for t in range(tokens.shape[1]):
+        step_logits, state = model.step(tokens[:, t], state)
+        kv = np.asarray(state.layers[0].core.kv, np.float64)  # [B, H, M, Dv]
+        norm = np.sqrt((kv**2).sum(axis=(2, 3)))
+        kv = kv * np.where(norm > cap, cap / norm, 1.0)[:, :, None, None]
+        core = state.layers[0].core._replace(kv=kv.astype(np.float32))
+        state = state._replace(layers=(state.layers[0]._replace(core=core), *state.layers[1:]))
+        want_logits.append(step_logits)
+        want_norms.append(norm)
+    np.testing.assert_allclose(logits, np.stack(want_logits, 1), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(capped[0], np.stack(want_norms, 1), rtol=1e-4)
+    assert (capped[0] > cap).any() and (capped[0] <= cap).any()  # the cap acted, not always
+
+
 def test_ridge_fit_solves_the_regularised_normal_equations(sp):
     rng = np.random.default_rng(1)
     x = rng.normal(size=(30, 4))
@@ -129,12 +167,42 @@ def test_state_probe_of_a_run(sp, tmp_path):
         # a norm per head, positive once a token has been written
         assert all(n > 0 for r in figs["state_norms"][0]["by_position"] for n in r["norm"])
     assert set(result["fit"]["accuracy"]) == {"state_0", "state_1", "residual_0", "residual_1"}
+    # the default cap: each head at its largest norm on the fitting batches (both layers kda)
+    caps = result["caps"]
+    assert list(caps["scales"]) == ["1"]
+    assert [len(m) for m in caps["max_norm"]] == [config.model.num_heads] * 2
+    assert all(n > 0 for m in caps["max_norm"] for n in m)
+    for length in (12, 20):
+        fig = caps["scales"]["1"][str(length)]
+        assert 0 <= fig["accuracy"] <= 1 and len(fig["binds"]) == 2
+        assert all(0 <= b <= 1 for b in fig["binds"])
+    # a cap that always acts and one that never does
+    sp.main(
+        [
+            "--workdir",
+            workdir,
+            "--fit_batches",
+            "2",
+            "--batch_size",
+            "8",
+            "--out",
+            str(out),
+            "--cap_scales",
+            "1e-6,1e6",
+        ]
+    )
+    scales = json.loads(out.read_text())["caps"]["scales"]
+    for length in (12, 20):
+        assert scales["1e-06"][str(length)]["binds"] == [1.0, 1.0]
+        assert scales["1e+06"][str(length)]["binds"] == [0.0, 0.0]
 
 
 def test_bad_arguments_exit_2(sp, capsys):
     for argv, message in (
         (["--fit_batches", "0"], "--fit_batches must be >= 1"),
         (["--ridge", "-1"], "--ridge must be >= 0"),
+        (["--cap_scales", "1,x"], "argument --cap_scales: positive numbers"),
+        (["--cap_scales", "0"], "argument --cap_scales: positive numbers"),
     ):
         with pytest.raises(SystemExit) as e:
             sp.main(["--workdir", "x", "--out", "y", *argv])
