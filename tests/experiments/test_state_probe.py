@@ -18,7 +18,8 @@ def sp():
     return load_module("experiments/state_probe.py", "state_probe")
 
 
-def test_features_are_the_prefill_states_and_the_residual_stream(sp):
+def kda_then_softmax(seed: int) -> LanguageModel:
+    """Two layers: a state (kda, β ∈ (0, 2)) and a KV cache (softmax), on 5 tokens."""
     cfg = ModelConfig(
         vocab_size=5,
         d_model=16,
@@ -28,7 +29,11 @@ def test_features_are_the_prefill_states_and_the_residual_stream(sp):
         allow_neg_eigval=True,
         max_length=8,
     )
-    model = LanguageModel(cfg, rngs=nnx.Rngs(0))
+    return LanguageModel(cfg, rngs=nnx.Rngs(seed))
+
+
+def test_features_are_the_prefill_states_and_the_residual_stream(sp):
+    model = kda_then_softmax(seed=0)
     tokens = np.random.default_rng(0).integers(0, 5, (2, 6)).astype(np.int32)
     logits, residuals, states = sp.make_features(model)(tokens)
     np.testing.assert_allclose(logits, model(tokens), rtol=1e-5, atol=1e-6)
@@ -47,16 +52,7 @@ def test_features_are_the_prefill_states_and_the_residual_stream(sp):
 
 
 def test_capped_decoding_against_a_step_loop(sp):
-    cfg = ModelConfig(
-        vocab_size=5,
-        d_model=16,
-        num_layers=2,
-        num_heads=2,
-        mixer=("kda", "softmax"),
-        allow_neg_eigval=True,
-        max_length=8,
-    )
-    model = LanguageModel(cfg, rngs=nnx.Rngs(1))
+    model = kda_then_softmax(seed=1)
     tokens = np.random.default_rng(2).integers(0, 5, (2, 6)).astype(np.int32)
     decoder = sp.make_decoder(model)
     # no cap: the decoding path's logits are the full pass's, the norms the states' norms
