@@ -8,7 +8,8 @@ import pytest
 from flax import nnx
 
 from linear_attention.models import LanguageModel, ModelConfig
-from linear_attention.training import trainer
+from linear_attention.training import build_data, trainer
+from linear_attention.training.load import restore_run
 from tests.scripts import load_module
 from tests.training.conftest import load_config
 
@@ -151,8 +152,10 @@ def test_state_probe_of_a_run(sp, tmp_path):
     assert result["learning_rate"] == config.optimizer.learning_rate
     assert result["seed"] == config.seed
     assert result["command"].startswith("python experiments/state_probe.py --workdir")
+    figs_by_length = {}
     for length in (12, 20):
         figs = result["lengths"][str(length)]
+        figs_by_length[length] = figs["model"]["accuracy"]
         # one label per parity sequence: the model's figure is the trainer's evaluation
         assert figs["model"]["accuracy"] == pytest.approx(
             summary[f"eval/length_{length}/accuracy"], abs=1e-6
@@ -173,24 +176,19 @@ def test_state_probe_of_a_run(sp, tmp_path):
         assert 0 <= fig["accuracy"] <= 1 and len(fig["binds"]) == 2
         assert all(0 <= b <= 1 for b in fig["binds"])
     # a cap that always acts and one that never does
-    sp.main(
-        [
-            "--workdir",
-            workdir,
-            "--fit_batches",
-            "2",
-            "--batch_size",
-            "8",
-            "--out",
-            str(out),
-            "--cap_scales",
-            "1e-6,1e6",
-        ]
-    )
-    scales = json.loads(out.read_text())["caps"]["scales"]
+    run = restore_run(workdir)
+    model, _ = nnx.merge(run.graphdef, run.state)
+    max_norms = [np.asarray(m) for m in caps["max_norm"]]
+    data = build_data(run.config)
+    scales = sp.capped_accuracy(model, data, max_norms, [1e-6, 1e6], 8)
     for length in (12, 20):
-        assert scales["1e-06"][str(length)]["binds"] == [1.0, 1.0]
-        assert scales["1e+06"][str(length)]["binds"] == [0.0, 0.0]
+        assert scales["scales"]["1e-06"][str(length)]["binds"] == [1.0, 1.0]
+        never = scales["scales"]["1e+06"][str(length)]
+        assert never["binds"] == [0.0, 0.0]
+        # the uncapped decoding path against the full pass: equal but for a near-tie's
+        # rounding, at most one sequence (one parity label each) of the evaluation set
+        one = 1 / len(data.eval_sets[length][0])
+        assert abs(never["accuracy"] - figs_by_length[length]) <= one + 1e-9
 
 
 def test_bad_arguments_exit_2(sp, capsys):
