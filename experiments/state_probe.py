@@ -61,9 +61,10 @@ def decode(graphdef, params, tokens_BT, caps):
     """`LanguageModel.step` scanned over ``tokens[B, T]`` (the decoding path, equal to the full
     pass). After each token, layer l's recurrent state is scaled, head by head, down to a
     Frobenius norm of at most ``caps[l][h]`` (``caps[l]`` a ``[H]`` array, or None: left as it
-    is). Returns the step logits ``[B, T, V]``, each layer's state after each position as the
-    next token reads it ``[B, T, H, M·Dv]`` and its norm per head before the cap ``[B, T, H]``
-    (both None for a layer without a `LinearAttentionState`)."""
+    is; a tracked normaliser ``k_sum`` is scaled with it). Returns the step logits
+    ``[B, T, V]``, each layer's state after each position as the next token reads it
+    ``[B, T, H, M·Dv]`` and its norm per head before the cap ``[B, T, H]`` (both None for a
+    layer without a `LinearAttentionState`)."""
     b, t = tokens_BT.shape
 
     def body(state, tokens_B):
@@ -80,7 +81,10 @@ def decode(graphdef, params, tokens_BT, caps):
             if cap_H is not None:
                 scale_BH = jnp.where(norm_BH > cap_H, cap_H / norm_BH, 1.0)
                 kv_BHMD = kv_BHMD * scale_BH[:, :, None, None]
-                layer = layer._replace(core=layer.core._replace(kv=kv_BHMD))
+                # a normaliser, where tracked, scales with its state: the output is unchanged
+                k_sum = layer.core.k_sum
+                k_sum = None if k_sum is None else k_sum * scale_BH[:, :, None]
+                layer = layer._replace(core=LinearAttentionState(kv_BHMD, k_sum))
             layers.append(layer)
             kv.append(kv_BHMD.reshape(b, kv_BHMD.shape[1], -1))
             norms.append(norm_BH)
@@ -310,12 +314,13 @@ def capped_accuracy(model, data, max_norms, scales, batch_size: int) -> dict:
 
 def positive_floats(text: str) -> list:
     """``--cap_scales``: comma-separated positive numbers (``inf``: no cap) or empty."""
+    message = f"positive numbers separated by commas, got {text!r}"
     try:
         values = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        values = [-1.0]
+        raise argparse.ArgumentTypeError(message) from None
     if not all(v > 0 for v in values):
-        raise argparse.ArgumentTypeError(f"positive numbers separated by commas, got {text!r}")
+        raise argparse.ArgumentTypeError(message)
     return values
 
 

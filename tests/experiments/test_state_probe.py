@@ -19,22 +19,23 @@ def sp():
     return load_module("experiments/state_probe.py", "state_probe")
 
 
-def kda_then_softmax(seed: int) -> LanguageModel:
-    """Two layers: a state (kda, β ∈ (0, 2)) and a KV cache (softmax), on 5 tokens."""
+def then_softmax(seed: int, mixer: str = "kda") -> LanguageModel:
+    """Two layers: a state (kda with β ∈ (0, 2), or ``mixer``) and a KV cache (softmax), on 5
+    tokens."""
     cfg = ModelConfig(
         vocab_size=5,
         d_model=16,
         num_layers=2,
         num_heads=2,
-        mixer=("kda", "softmax"),
-        allow_neg_eigval=True,
+        mixer=(mixer, "softmax"),
+        allow_neg_eigval=True if mixer == "kda" else None,
         max_length=8,
     )
     return LanguageModel(cfg, rngs=nnx.Rngs(seed))
 
 
 def test_features_are_the_prefill_states_and_the_residual_stream(sp):
-    model = kda_then_softmax(seed=0)
+    model = then_softmax(seed=0)
     tokens = np.random.default_rng(0).integers(0, 5, (2, 6)).astype(np.int32)
     logits, residuals, states = sp.make_features(model)(tokens)
     np.testing.assert_allclose(logits, model(tokens), rtol=1e-5, atol=1e-6)
@@ -52,13 +53,15 @@ def test_features_are_the_prefill_states_and_the_residual_stream(sp):
         np.testing.assert_allclose(states[0][:, t], kv.reshape(2, h, -1), rtol=1e-4, atol=1e-5)
 
 
-def test_capped_decoding_against_a_step_loop(sp):
-    model = kda_then_softmax(seed=1)
+@pytest.mark.parametrize("mixer", ["kda", "taylor"])  # taylor: a normaliser k_sum beside kv
+def test_capped_decoding_against_a_step_loop(sp, mixer):
+    model = then_softmax(seed=1, mixer=mixer)
     tokens = np.random.default_rng(2).integers(0, 5, (2, 6)).astype(np.int32)
     decoder = sp.make_decoder(model)
     # no cap: the decoding path's logits are the full pass's, the norms the states' norms
     logits, norms = decoder(tokens, (None, None))
     np.testing.assert_allclose(logits, model(tokens), rtol=1e-4, atol=1e-5)
+    uncapped = logits
     assert norms[1] is None
     _, _, states = sp.make_features(model)(tokens)
     np.testing.assert_allclose(norms[0], np.linalg.norm(states[0], axis=-1), rtol=1e-5)
@@ -71,14 +74,17 @@ def test_capped_decoding_against_a_step_loop(sp):
         step_logits, state = model.step(tokens[:, t], state)
         kv = np.asarray(state.layers[0].core.kv, np.float64)  # [B, H, M, Dv]
         norm = np.sqrt((kv**2).sum(axis=(2, 3)))
-        kv = kv * np.where(norm > cap, cap / norm, 1.0)[:, :, None, None]
-        core = state.layers[0].core._replace(kv=kv.astype(np.float32))
+        scale = np.where(norm > cap, cap / norm, 1.0)
+        core = state.layers[0].core._replace(kv=(kv * scale[:, :, None, None]).astype(np.float32))
+        if core.k_sum is not None:
+            core = core._replace(k_sum=(core.k_sum * scale[:, :, None]).astype(np.float32))
         state = state._replace(layers=(state.layers[0]._replace(core=core), *state.layers[1:]))
         want_logits.append(step_logits)
         want_norms.append(norm)
     np.testing.assert_allclose(logits, np.stack(want_logits, 1), rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(capped[0], np.stack(want_norms, 1), rtol=1e-4)
     assert (capped[0] > cap).any() and (capped[0] <= cap).any()  # the cap acted, not always
+    assert np.abs(logits - uncapped).max() > 1e-3  # and what came after it changed
 
 
 def test_ridge_fit_solves_the_regularised_normal_equations(sp):
