@@ -33,8 +33,9 @@ Presets (``configs/sweeps/state_tracking.py:<arg>``):
       DeltaProduct's included (section 7.9). ``s3`` run in full (1.1–5.6 min a run, Gated
       DeltaProduct n = 2 the slowest; about 2.5 hours with ``--jobs 2`` at load ~4): every
       run at the floor at every rate, 0.197–0.240 against chance 1/6, right only where the
-      short convolution reaches (section 7.10). ``s5`` at lr 1e-2 (38 runs, 1.6–5.4 min a
-      run): every mixer at the same floor, 0.0207–0.0217 (section 7.11).
+      short convolution reaches (section 7.10). ``s5`` run in full (1.5–6.2 min a run, about
+      3 hours with ``--jobs 2`` at load ~4.5): every run at the same floor, 0.0207–0.0221
+      against chance 1/120 (section 7.11).
   ``s3_one_layer``: DeltaProduct's S3 question, one Householder step per token against two in
       one layer: s3 × gated_deltaproduct n = 1 and n = 2 with β ∈ (0, 2) × the 3 rates × 2
       seeds = 12 runs of one layer at 2000 steps (200 warmup, evaluated every 500); 15–34 min
