@@ -100,8 +100,8 @@ def decode(graphdef, params, tokens_BT, caps):
 
 
 def make_decoder(model):
-    """A jitted ``(tokens[B, T], caps) -> (logits, norms)``: `decode` on ``model``, without the
-    states (not computed: the scan's unused output is dropped)."""
+    """A jitted ``(tokens[B, T], caps) -> (logits, norms)``: `decode` on ``model``, without
+    returning the states (``[B, T, H, M·Dv]`` per layer, the bulk of the output)."""
     graphdef, params = nnx.split(model)
 
     @jax.jit
@@ -292,7 +292,10 @@ def capped_accuracy(model, data, max_norms, scales, batch_size: int) -> dict:
     decoder = make_decoder(model)
     out = dict(max_norm=[None if m is None else m.tolist() for m in max_norms], scales={})
     for scale in scales:
-        caps = tuple(None if m is None else jnp.asarray(scale * m, jnp.float32) for m in max_norms)
+        limits = [
+            None if m is None else np.float32(scale) * np.asarray(m, np.float32) for m in max_norms
+        ]
+        caps = tuple(None if m is None else jnp.asarray(m) for m in limits)
         per_length = {}
         for length in data.eval_lengths:
             inputs, labels = data.eval_sets[length]
@@ -303,7 +306,7 @@ def capped_accuracy(model, data, max_norms, scales, batch_size: int) -> dict:
                 right.append(logits.argmax(-1) == labels[s : s + batch_size])
                 for layer, n_BTH in enumerate(norms):
                     if n_BTH is not None:
-                        binds[layer].append(n_BTH[scored[s : s + batch_size]] > caps[layer])
+                        binds[layer].append(n_BTH[scored[s : s + batch_size]] > limits[layer])
             per_length[str(length)] = dict(
                 accuracy_figures(np.concatenate(right), scored),
                 binds=[float(np.concatenate(b).mean()) if b else None for b in binds],
