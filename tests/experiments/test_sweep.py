@@ -7,6 +7,7 @@ import csv
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -413,6 +414,34 @@ def test_mqar_rerun_skips_finished_points_and_resumes_unfinished(sweep, mqar_run
     config.base.train.num_steps = 6
 
 
+def test_interrupted_sweep_writes_the_finished_runs(sweep, mqar_run, tmp_path, monkeypatch):
+    """Ctrl-C during a run leaves results.csv listing the runs finished before it (ok, with
+    their metrics) and the rest pending, without a rerun or --report-only."""
+    config, finished, _ = mqar_run
+    workdir = tmp_path / "sweep"
+    shutil.copytree(finished / "runs", workdir / "runs")
+    before = read_csv(finished / "results.csv")
+    stopped = [r["point"] for r in before[2:4]]
+    for point in stopped:
+        (workdir / "runs" / point / "summary.json").unlink()
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sweep_points, "train", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        sweep.run(config, workdir, log=quiet)
+    assert not (workdir / "results.md").exists()  # the tables wait for a finished invocation
+    rows = read_csv(workdir / "results.csv")
+    assert [r["point"] for r in rows] == [r["point"] for r in before]
+    for row, old in zip(rows, before, strict=True):
+        if row["point"] in stopped:
+            assert row["status"] == "pending" and row["eval/accuracy"] == ""
+        else:
+            assert row["status"] == "ok"
+            assert float(row["eval/accuracy"]) == float(old["eval/accuracy"])
+
+
 def test_lm_smoke_sweep_bits_per_byte_throughput_and_curves(sweep, tmp_path, monkeypatch):
     config = sweep.load_sweep(f"{LM}:smoke")
     result = sweep.run(config, tmp_path, log=quiet)
@@ -557,6 +586,8 @@ def test_ctrl_c_stops_parallel_workers_with_checkpoints(tmp_path):
         steps = [int(p.name) for p in (run / "checkpoints").iterdir() if p.name.isdigit()]
         assert steps and max(steps) > 0
         assert not (run / "summary.json").exists()
+    rows = read_csv(workdir / "results.csv")  # written on the way out: nothing finished yet
+    assert len(rows) == 8 and {r["status"] for r in rows} == {"pending"}
 
 
 def test_the_studys_results_file_is_of_the_cpu_grid():

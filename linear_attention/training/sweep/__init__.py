@@ -20,7 +20,8 @@ second intra-op thread idle), a setting's seeds on one worker in a row (they sha
 step) unless another worker would sit idle; only this process writes the results files. A run
 that stops early (``train.stop_at``) counts as finished. Ctrl-C (or SIGTERM) stops the sweep
 after every run in progress has saved a checkpoint (the workers get the signal from this
-process, once), exits with 130, and the same command resumes.
+process, once), writes ``results.csv`` with the runs finished so far, exits with 130, and the
+same command resumes.
 
 Outputs in the workdir: ``results.csv`` (every run, with its seed, steps run and whether it
 stopped early), ``best.csv`` and ``results.md`` (the best learning rate per setting) and plots.

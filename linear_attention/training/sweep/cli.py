@@ -14,8 +14,9 @@
 
 (``python -m linear_attention.training.sweep`` is the same command.) Tables and plots always
 cover the whole grid; a setting with a run still pending is left out. Ctrl-C (or SIGTERM) stops
-the sweep after every run in progress has saved a checkpoint and exits with 130; the same
-command resumes. A bad config, grid or ``--only`` exits with 2 before anything is trained.
+the sweep after every run in progress has saved a checkpoint, writes results.csv (the runs
+finished so far) and exits with 130; the same command resumes. A bad config, grid or
+``--only`` exits with 2 before anything is trained.
 """
 
 from __future__ import annotations

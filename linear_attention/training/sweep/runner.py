@@ -83,6 +83,28 @@ def check_results_csv(sweep, results_csv, report_only: bool) -> None:
             check_results_header(path, csv.DictReader(f).fieldnames)
 
 
+def _train(sweep, axes, points, runs_dir: Path, jobs: int, decode_batch_size: int, log):
+    """Train every unfinished point of ``points``, serially or in ``jobs`` workers."""
+    ordered = run_order(sweep, axes, points)
+    todo = [p for p in ordered if not is_finished(runs_dir / p.name)]
+    parallel = jobs > 1 and len(todo) > 1
+    for i, point in enumerate(ordered):
+        if parallel and point in todo:
+            continue  # trained by the workers below
+        log(f"[{i + 1}/{len(points)}] {point.name}")
+        run_point(point.config, runs_dir / point.name, decode_batch_size=decode_batch_size, log=log)
+    if parallel:
+        log(f"{len(todo)} points in {min(jobs, len(todo))} worker processes")
+        run_parallel(
+            todo,
+            runs_dir,
+            jobs=jobs,
+            decode_batch_size=decode_batch_size,
+            log=log,
+            replicate=sweep.get("replicate"),
+        )
+
+
 def run(
     sweep,
     workdir,
@@ -110,26 +132,13 @@ def run(
     decode_batch_size = int(sweep.get("decode_batch_size", 1))
     if not report_only:
         runs_dir = workdir / "runs"
-        ordered = run_order(sweep, axes, points)
-        todo = [p for p in ordered if not is_finished(runs_dir / p.name)]
-        parallel = jobs > 1 and len(todo) > 1
-        for i, point in enumerate(ordered):
-            if parallel and point in todo:
-                continue  # trained by the workers below
-            log(f"[{i + 1}/{len(points)}] {point.name}")
-            run_point(
-                point.config, runs_dir / point.name, decode_batch_size=decode_batch_size, log=log
-            )
-        if parallel:
-            log(f"{len(todo)} points in {min(jobs, len(todo))} worker processes")
-            run_parallel(
-                todo,
-                runs_dir,
-                jobs=jobs,
-                decode_batch_size=decode_batch_size,
-                log=log,
-                replicate=sweep.get("replicate"),
-            )
+        try:
+            _train(sweep, axes, points, runs_dir, jobs, decode_batch_size, log)
+        except KeyboardInterrupt:
+            # The runs finished before the signal are on disk: results.csv lists them now
+            # (the tables wait for a rerun or --report-only; drawing them would delay the exit).
+            write_csv(workdir / "results.csv", collect(*expand(sweep), runs_dir))
+            raise
     # The tables cover the whole grid: points run earlier (or by another --only) count too;
     # --report-only with --only: that part of the grid (e.g. the learning rates finished).
     results = report(
