@@ -44,7 +44,9 @@ from linear_attention.data.state_tracking import (
 from linear_attention.training import build_data
 from linear_attention.training.load import restore_run, run_header
 
-BUCKETS = (0, 4, 16, 40, 64, 128, 256)  # position buckets [a, b): 40 is the longest trained
+# Position buckets [a, b): positions 0 and 1 alone (the first element and the first product,
+# both within the short convolution's reach: the floor's reading), 40 the longest trained.
+BUCKETS = (0, 1, 2, 4, 16, 40, 64, 128, 256)
 
 
 def make_forward(model):
