@@ -35,9 +35,9 @@ Presets (``configs/sweeps/state_tracking.py:<arg>``):
       run at the floor at every rate, 0.197–0.240 against chance 1/6, right only where the
       short convolution reaches (section 7.10). ``s5`` run in full (1.5–6.2 min a run, about
       3 hours with ``--jobs 2`` at load ~4.5): every run at the same floor, 0.0207–0.0221
-      against chance 1/120 (section 7.11). ``a5`` 91 of 114 runs so far (1.5–6.1 min a run;
-      the delta family and rwkv7 at lr 1e-3 not yet): every run at the floor, 0.0289–0.0388
-      against chance 1/60 (section 7.12).
+      against chance 1/120 (section 7.11). ``a5`` run in full (0.8–6.1 min a run, about 2.8
+      hours with ``--jobs 2`` at load ~4.5, on two machines): every run at the floor,
+      0.0289–0.0388 against chance 1/60, 3e-3 the best rate for every mixer (section 7.12).
   ``s3_one_layer``: DeltaProduct's S3 question, one Householder step per token against two in
       one layer: s3 × gated_deltaproduct n = 1 and n = 2 with β ∈ (0, 2) × the 3 rates × 2
       seeds = 12 runs of one layer at 2000 steps (200 warmup, evaluated every 500); 15–34 min
