@@ -38,7 +38,8 @@ Measured presets:
   --config.optimizer.learning_rate=0.01`` (seed 0): 0.983 (1.000 / 1.000 / 0.993 / 0.938), a
   reflection (β ≈ 2) per swap; seed 1 and β ∈ (0, 1) stay at 0.062–0.063 (EXPERIMENTS.md
   section 7.9). That success was at c86fff4 on an earlier machine: rerun at ea83b4f on a
-  family 25 model 1 EPYC it stays at 0.059, which cell learns being decided by rounding;
+  family 25 model 1 EPYC it stays at 0.059, and at 0.059 on a family 25 model 17 (where kda's
+  counterpart learns it, 0.973), which cell learns being decided by rounding;
 - ``a5``: 1.9 min at load 6–5, 500 steps; eval/accuracy 0.032 (0.047 / 0.035 / 0.026 / 0.021 at
   40 / 64 / 128 / 256), scaled 0.016, train accuracy 0.074.
 Softmax, the default, stays near chance on every task at this budget (scaled ≤ 0.064; above

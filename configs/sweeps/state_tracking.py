@@ -28,12 +28,13 @@ Presets (``configs/sweeps/state_tracking.py:<arg>``):
       load 1–8, about 3.5 hours with ``--jobs 2``): every run at chance, at every rate, with
       either β range (section 7.7). ``s5_swaps`` run in full (0.9–6.9 min a run): deltanet
       and kda with β ∈ (0, 2) learned it at lr 1e-2 with one seed of two each (0.938 and
-      0.929 at length 256, trained to 40) on earlier machines, and neither rerun on another
-      (0.059, 0.526: rounding decides it); the other 112 runs stay at the floor, Gated
-      DeltaProduct's included (section 7.9). ``s3`` run in full (1.1–5.6 min a run, Gated
-      DeltaProduct n = 2 the slowest; about 2.5 hours with ``--jobs 2`` at load ~4): every
-      run at the floor at every rate, 0.197–0.240 against chance 1/6, right only where the
-      short convolution reaches (section 7.10). ``s5`` run in full (1.5–6.2 min a run, about
+      0.929 at length 256, trained to 40) on earlier machines; rerun on two others,
+      deltanet's on neither (0.059, 0.059), kda's on one (0.526, 0.973): rounding decides it;
+      the other 112 runs stay at the floor, Gated DeltaProduct's included (section 7.9).
+      ``s3`` run in full (1.1–5.6 min a run, Gated DeltaProduct n = 2 the slowest; about
+      2.5 hours with ``--jobs 2`` at load ~4): every run at the floor at every rate,
+      0.197–0.240 against chance 1/6, right only where the short convolution reaches
+      (section 7.10). ``s5`` run in full (1.5–6.2 min a run, about
       3 hours with ``--jobs 2`` at load ~4.5): every run at the same floor, 0.0207–0.0221
       against chance 1/120 (section 7.11). ``a5`` run in full (0.8–6.1 min a run, about 2.8
       hours with ``--jobs 2`` at load ~4.5, on two machines): every run at the floor,
