@@ -49,7 +49,8 @@ The issue's parity measure (gated_deltanet with ``allow_neg_eigval=True`` ≥ 0.
 256; with ``False`` ≤ 0.6) holds on the ``False`` side (0.469 at length 256, lr 1e-3, 7.5 min)
 and is not reached on the ``True`` side at this budget, nor at 4× it: 0.531 / 0.562 at lr
 1e-3 / 3e-3 after 500 steps (0.943 / 0.941 at length 40; about 10 min each at load 9–19;
-0.795 with seed 1 at 3e-3, which fits its training lengths ~100 steps sooner),
+0.795 with seed 1 at 3e-3, which fits its training lengths ~100 steps sooner; on a family
+25 model 17 EPYC the 1e-3 command does not fit even length 40: 0.473 there, 0.516 at 256),
 0.746 after 2000 steps (1 h 40 min at load 13–31); one layer instead of two: 0.666 after 500
 steps. The runs, and why the settings tried fall short: EXPERIMENTS.md section 7.1
 (docs/results/state_tracking_parity_sweep_cpu.csv). One layer, lr 3e-3 and 2000 steps
