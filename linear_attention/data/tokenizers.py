@@ -20,7 +20,6 @@ file.
 from __future__ import annotations
 
 import functools
-import hashlib
 import math
 import os
 from collections.abc import Iterable
@@ -28,17 +27,10 @@ from collections.abc import Iterable
 import numpy as np
 
 from linear_attention.data.batches import IGNORE_INDEX
+from linear_attention.data.files import atomic_file, sha256_file
 
 BYTES = "bytes"
 _SPACE_PIECE = "\u2581"  # sentencepiece's "▁": a space
-
-
-def _sha256_file(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 @functools.cache
@@ -87,7 +79,7 @@ class HFTokenizer:
         except Exception as e:  # the library's own message names what is wrong
             raise ValueError(f"tokenizer {path!r} is not a valid tokenizer.json: {e}") from None
         self.name = path
-        self.fingerprint = _sha256_file(path)
+        self.fingerprint = sha256_file(path)
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
         self.token_bytes = self._token_bytes()
 
@@ -137,7 +129,7 @@ class SentencePieceTokenizer:
         except Exception as e:  # the library's own message names what is wrong
             raise ValueError(f"tokenizer {path!r} is not a sentencepiece model: {e}") from None
         self.name = path
-        self.fingerprint = _sha256_file(path)
+        self.fingerprint = sha256_file(path)
         self.vocab_size = int(self._sp.GetPieceSize())
         out = np.zeros(self.vocab_size, np.int64)
         for i in range(self.vocab_size):
@@ -205,26 +197,45 @@ def load_tokenizer(spec: str) -> ByteTokenizer | HFTokenizer | SentencePieceToke
     return _load(spec, os.stat(spec).st_mtime_ns)
 
 
-def train_bpe(texts: Iterable[str], *, vocab_size: int, output: str) -> HFTokenizer:
+# The tokenizers library reserves memory for the vocabulary it is asked for: 10**9 aborts the
+# process inside Rust, so requests are bounded (far above any vocabulary a model here uses).
+MAX_VOCAB_SIZE = 1 << 24
+
+
+def check_vocab_size(vocab_size: int) -> None:
+    """ValueError unless a byte-level BPE of ``vocab_size`` tokens can be trained."""
+    low = len(_byte_level_table())
+    if not low <= vocab_size <= MAX_VOCAB_SIZE:
+        raise ValueError(
+            f"vocab_size must be in [{low}, {MAX_VOCAB_SIZE:,}] (at least the byte alphabet), "
+            f"got {vocab_size}"
+        )
+
+
+def train_bpe(
+    texts: Iterable[str], *, vocab_size: int, output: str, show_progress: bool = False
+) -> HFTokenizer:
     """Train a byte-level BPE (GPT-2's byte alphabet and pre-tokenizer, so any text encodes,
     with no unknown token) of at most ``vocab_size`` tokens on ``texts``; saved as a
-    ``tokenizer.json`` at ``output`` and returned. The vocabulary is smaller when the corpus
-    has fewer distinct merges."""
+    ``tokenizer.json`` at ``output`` (written whole or not at all: a failed write, e.g. a full
+    disk, raises OSError and leaves no file) and returned. The vocabulary is smaller when the
+    corpus has fewer distinct merges. ``show_progress``: the library's own bar of the merges
+    (on a terminal)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+    check_vocab_size(vocab_size)
     alphabet = pre_tokenizers.ByteLevel.alphabet()
-    if vocab_size < len(alphabet):
-        raise ValueError(
-            f"vocab_size must be >= {len(alphabet)} (the byte alphabet), got {vocab_size}"
-        )
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, initial_alphabet=alphabet, special_tokens=[], show_progress=False
+        vocab_size=vocab_size,
+        initial_alphabet=alphabet,
+        special_tokens=[],
+        show_progress=show_progress,
     )
     tok.train_from_iterator(texts, trainer)
-    folder = os.path.dirname(os.path.abspath(output))
-    os.makedirs(folder, exist_ok=True)
-    tok.save(output)
+    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+    with atomic_file(output) as f:  # (the library's own save raises a bare Exception)
+        f.write(tok.to_str().encode())
     return HFTokenizer(output)

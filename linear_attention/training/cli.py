@@ -39,6 +39,7 @@ from linear_attention.training import config as config_lib
 from linear_attention.training.config import SECTIONS, experiment_config
 from linear_attention.training.load import evaluate_run, load_run, run_config
 from linear_attention.training.metrics import write_json
+from linear_attention.training.outputs import check_output
 from linear_attention.training.sizing import dry_run as dry_run_sizing
 from linear_attention.training.trainer import Interrupted, NonFiniteLossError, train
 from linear_attention.training.workdir import RunError
@@ -49,6 +50,7 @@ USAGE = (
 )
 EVAL_USAGE = (
     "usage: la-eval --workdir DIR [--config.SECTION.FIELD=VALUE ...] [--step N] [--output FILE]"
+    " [--overwrite]"
 )
 GENERATE_USAGE = (
     "usage: la-generate --workdir DIR --prompt TEXT --num_tokens N [--temperature T] [--top_k K]"
@@ -378,8 +380,12 @@ def _workdir_flag(fv) -> None:
 def eval_main(argv: list[str] | None = None) -> int:
     """Entry point of ``la-eval``: evaluate a run's checkpoint on its evaluation data (or on
     data given by ``--config.data.*`` overrides); prints the metrics and writes them, with the
-    overrides, to ``--output`` (default ``<workdir>/eval_step<N>[_<overrides digest>].json``;
-    ``summary.json`` is never touched)."""
+    overrides, to ``--output`` (default ``<workdir>/eval_step<N>[_<overrides digest>].json``,
+    rewritten by the same evaluation). ``--output`` is checked before anything is evaluated:
+    it must not exist (``--overwrite`` replaces it) and is never one of a run's own files
+    (``config.json``, ``summary.json``, ``metrics.jsonl``, checkpoints). An override that
+    changes what the checkpoint means (a ``config.model`` field, ``config.data.tokenizer``) is
+    said on the first line and recorded under ``changed`` in the output."""
     argv = list(sys.argv if argv is None else argv)
     if any(a in ("-h", "--help", "-help") for a in argv[1:]):
         print(_help(EVAL_USAGE, f"{eval_main.__doc__}\n\n{_sections_help()}"))
@@ -388,25 +394,60 @@ def eval_main(argv: list[str] | None = None) -> int:
     def extra(fv):
         _workdir_flag(fv)
         flags.DEFINE_string("output", None, "JSON file for the metrics", flag_values=fv)
+        flags.DEFINE_bool("overwrite", False, "replace an existing --output file", flag_values=fv)
 
     try:
         workdir = _pop_workdir(argv)
         fv = _parse(argv, _run_config(workdir, EVAL_USAGE), extra)
-        overrides = {p: v for p, v in (_override_values(argv)).items()}
-        _validate(fv.config)
+        overrides = _override_values(argv)
+        if fv.output is not None:
+            check_output(fv.output, overwrite=fv.overwrite, workdir=workdir)
+        changed = meaning_changes(_validate(run_config(workdir)), _validate(fv.config))
+        if changed:
+            shown = "; ".join(
+                f"{k} = {v['now']!r} (the run has {v['run']!r})" for k, v in changed.items()
+            )
+            print(
+                f"la-eval: warning: the checkpoint evaluated as another model or tokenizer: {shown}"
+            )
         metrics = evaluate_run(workdir, config=fv.config, step=fv.step)
     except (UsageError, ValueError) as e:
         return _error("la-eval", e)
     step = metrics.pop("step")
     record = {"step": step, "workdir": os.path.abspath(workdir), "overrides": overrides, **metrics}
+    if changed:
+        record["changed"] = changed
     output = fv.output
     if output is None:
         digest = hashlib.sha1(json.dumps(overrides, sort_keys=True).encode()).hexdigest()[:8]
         output = os.path.join(workdir, f"eval_step{step}{'_' + digest if overrides else ''}.json")
-    write_json(output, record)
+    try:
+        write_json(output, record)
+    except OSError as e:
+        return _error("la-eval", f"--output {output!r} not written ({e.strerror or e})")
     shown = ", ".join(f"{k} {v:.4f}" for k, v in sorted(metrics.items()))
     print(f"step {step}: {shown}\nwritten to {output}")
     return 0
+
+
+# Model fields that compute the same function (to rounding) or only bound the lengths.
+_SAME_MEANING = ("dtype", "param_dtype", "remat", "max_length", "redraw_interval")
+
+
+def meaning_changes(run: config_lib.ExperimentConfig, now: config_lib.ExperimentConfig) -> dict:
+    """``{"config.<path>": {"run": old, "now": new}}`` for each field where ``now`` reads the
+    run's checkpoint as another model (a ``model`` field but those of `_SAME_MEANING`) or its
+    ids as another tokenizer's (``data.tokenizer``)."""
+    out = {}
+    old_model, new_model = run.to_dict()["model"], now.to_dict()["model"]
+    for name in sorted((set(old_model) | set(new_model)) - set(_SAME_MEANING)):
+        if old_model.get(name) != new_model.get(name):
+            out[f"config.model.{name}"] = {"run": old_model.get(name), "now": new_model.get(name)}
+    old_tok = getattr(run.data, "tokenizer", None)
+    new_tok = getattr(now.data, "tokenizer", None)
+    if old_tok != new_tok:
+        out["config.data.tokenizer"] = {"run": old_tok, "now": new_tok}
+    return out
 
 
 def _override_values(argv: list[str]) -> dict[str, str]:

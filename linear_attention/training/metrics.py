@@ -10,16 +10,14 @@ import sys
 import time
 from typing import IO
 
+from linear_attention.data.files import write_atomic
 from linear_attention.training.workdir import RunError
 
 
 def write_json(path: str, obj) -> None:
-    """Write ``obj`` atomically (a half-written file never replaces a good one)."""
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2, sort_keys=True)
-        f.write("\n")
-    os.replace(tmp, path)
+    """Write ``obj`` atomically (a half-written file never replaces a good one; a failed write
+    leaves no temporary)."""
+    write_atomic(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
 def read_jsonl(path: str, *, message=None) -> list[dict]:
@@ -131,6 +129,62 @@ class Reporter:
 
     def close(self) -> None:
         self._end_bar()
+
+
+class Progress:
+    """Progress of long work that is not a training run (tokenizing, a sweep): on a terminal one
+    line redrawn in place (at most every ``interval`` seconds, and at the end); otherwise a plain
+    line at each tenth of ``total`` (or every ``interval`` seconds when the total is unknown),
+    so a log keeps a few lines, not thousands. ``update(done, total)``; ``close()`` ends the
+    line. ``unit`` names what is counted ("bytes" are shown with thousands separators)."""
+
+    def __init__(
+        self,
+        label: str,
+        *,
+        unit: str = "",
+        stream: IO[str] | None = None,
+        tty: bool | None = None,
+        interval: float = 0.5,
+    ):
+        self.label, self.unit = label, unit
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty() if tty is None else tty
+        self.interval = interval if self.tty else max(interval, 30.0)
+        self._start = self._last = time.perf_counter()
+        self._tenth, self._shown = -1, False
+
+    def _text(self, done: float, total: float | None) -> str:
+        unit = f" {self.unit}" if self.unit else ""
+        elapsed = time.perf_counter() - self._start
+        if not total:
+            return f"{self.label}: {done:,.0f}{unit} ({elapsed:.0f}s)"
+        return (
+            f"{self.label}: {done:,.0f}/{total:,.0f}{unit} "
+            f"({100.0 * done / total:.0f}%, {elapsed:.0f}s)"
+        )
+
+    def update(self, done: float, total: float | None = None) -> None:
+        now = time.perf_counter()
+        end = bool(total) and done >= total
+        if self.tty:
+            if end or now - self._last >= self.interval or not self._shown:
+                print(f"\r{self._text(done, total)}\x1b[K", end="", file=self.stream, flush=True)
+                self._shown, self._last = True, now
+            return
+        if total:
+            tenth = int(10 * min(done, total) // total)
+            if tenth > self._tenth:
+                self._tenth = tenth
+                print(self._text(done, total), file=self.stream, flush=True)
+        elif now - self._last >= self.interval:
+            self._last = now
+            print(self._text(done, total), file=self.stream, flush=True)
+
+    def close(self) -> None:
+        if self.tty and self._shown:
+            print(file=self.stream, flush=True)
+            self._shown = False
 
 
 class Throughput:

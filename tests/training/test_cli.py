@@ -310,3 +310,53 @@ def test_la_generate_streams_the_sample_of_generate(text_run, capsys):
     ):
         assert cli.generate_main([*argv, *extra]) == 2
         assert message in capsys.readouterr().err
+
+
+def test_la_eval_output_never_replaces_a_run_file_and_is_checked_first(text_run, capsys):
+    workdir, _ = text_run
+    own = {name: open(os.path.join(workdir, name), "rb").read()
+           for name in ("config.json", "summary.json", "metrics.jsonl")}  # fmt: skip
+    base = ["la-eval", f"--workdir={workdir}"]
+    for extra, message in (
+        (["--output", f"{workdir}/config.json", "--overwrite"], "is the run's config.json"),
+        ([f"--output={workdir}/summary.json"], "is the run's summary.json"),
+        ([f"--output={workdir}/metrics.jsonl"], "is the run's metrics.jsonl"),
+        ([f"--output={workdir}/checkpoints/4/x.json"], "part of the run's checkpoints/"),
+        ([f"--output={workdir}/nope/a.json"], "does not exist"),
+        ([f"--output={workdir}"], "is a folder"),
+    ):
+        assert cli.eval_main([*base, *extra]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("la-eval: error: --output ") and message in err, err
+    for name, content in own.items():
+        assert open(os.path.join(workdir, name), "rb").read() == content
+    out = os.path.join(os.path.dirname(workdir), "metrics_a.json")
+    assert cli.eval_main([*base, f"--output={out}"]) == 0
+    first = capsys.readouterr().out
+    assert cli.eval_main([*base, f"--output={out}"]) == 2
+    assert "exists; pass --overwrite to replace it" in capsys.readouterr().err
+    assert cli.eval_main([*base, f"--output={out}", "--overwrite"]) == 0
+    assert capsys.readouterr().out == first
+
+
+def test_la_eval_says_and_records_an_override_that_changes_the_model(text_run, capsys):
+    workdir, _ = text_run
+    out = os.path.join(os.path.dirname(workdir), "as_swa.json")
+    argv = ["la-eval", f"--workdir={workdir}", "--config.model.mixer=gated,swa", f"--output={out}"]
+    assert cli.eval_main(argv) == 0, capsys.readouterr().err
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first == (
+        "la-eval: warning: the checkpoint evaluated as another model or tokenizer: "
+        "config.model.mixer = ('gated', 'swa') (the run has ('gated', 'softmax'))"
+    )
+    with open(out) as f:
+        record = json.load(f)
+    assert record["changed"] == {
+        "config.model.mixer": {"run": ["gated", "softmax"], "now": ["gated", "swa"]}
+    }
+    # data overrides keep the model's meaning: nothing said, nothing recorded
+    argv = ["la-eval", f"--workdir={workdir}", "--config.data.num_val_windows=3"]
+    assert cli.eval_main([*argv, f"--output={out}", "--overwrite"]) == 0
+    assert capsys.readouterr().out.startswith("step 4: ")
+    with open(out) as f:
+        assert "changed" not in json.load(f)
