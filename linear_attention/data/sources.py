@@ -27,8 +27,10 @@ import numpy as np
 
 from linear_attention.data.batches import padded_batches
 from linear_attention.data.corpus import check_token_range, read_documents, read_token_file
+from linear_attention.data.files import file_digest
 from linear_attention.data.pipeline import GrainPipeline, document_spans, eos_spans, window_spans
 from linear_attention.data.text import TextData, validation_blocks, window_rows
+from linear_attention.data.token_files import check_token_file
 from linear_attention.data.tokenized import tokenize_documents
 from linear_attention.data.tokenizers import BYTES, load_tokenizer
 
@@ -164,6 +166,7 @@ def text_source(
         **text.provenance,
         "tokenizer": tok.name,
         "tokenizer_sha256": tok.fingerprint,
+        "vocab_size": tok.vocab_size,
     }
     if loader == "windows":
         return text
@@ -200,6 +203,7 @@ def token_file_source(
     eos_id: int = -1,
     process_index: int = 0,
     process_count: int = 1,
+    message=None,
 ):
     """The source of ``config.data.kind = "tokens"``, trained through the Grain pipeline. Every
     token is checked against ``vocab_size`` (the first one outside is named with its index).
@@ -211,10 +215,24 @@ def token_file_source(
     when both lie in training blocks; one straddling the two is left out). With ``eos_id``
     the documents are the file's own, each ending with its ``eos_id`` token (`eos_spans`):
     packed rows restart their segment ids, and so the model's states, at every document
-    (`_eos_documents`)."""
+    (`_eos_documents`).
+
+    A sidecar ``<path>.json`` (written by ``la-tokenizer encode``) is checked first
+    (`token_files.check_token_file`); without one, ``message`` gets a warning when the ids look
+    like uint32 read as uint16. The provenance holds the file's ``digest`` (`files.file_digest`)
+    and the tokenizer's SHA-256, which a resumed run compares."""
     tokens = read_token_file(path, token_dtype)
-    check_token_range(tokens, vocab_size, path)
     tok = load_tokenizer(tokenizer) if tokenizer else None
+    sidecar = check_token_file(
+        path,
+        tokens,
+        token_dtype=token_dtype,
+        vocab_size=vocab_size,
+        eos_id=eos_id,
+        tokenizer=tok,
+        message=message,
+    )
+    check_token_range(tokens, vocab_size, path)
     if tok is not None and tok.vocab_size > vocab_size:
         raise ValueError(
             f"the tokenizer {tokenizer!r} has {tok.vocab_size} tokens, more than "
@@ -232,11 +250,14 @@ def token_file_source(
         "path": os.path.abspath(path),
         "files": 1,
         "bytes": size,
-        "mtime_ns": os.stat(path).st_mtime_ns,  # the fingerprint (a large file is not hashed)
+        "mtime_ns": os.stat(path).st_mtime_ns,
+        "digest": sidecar["digest"] if sidecar else file_digest(path),
         "tokens": int(tokens.size),
         "token_dtype": str(tokens.dtype),
         "tokenizer": tokenizer,
     }
+    if tok is not None:
+        provenance.update(tokenizer_sha256=tok.fingerprint, vocab_size=tok.vocab_size)
     if eos_id >= 0:
         provenance.update(eos_id=eos_id, documents=documents)
     return GrainData(

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 
 import numpy as np
 
@@ -100,14 +101,14 @@ def check_token_file(
     message=None,
 ) -> dict | None:
     """Check the token file ``path`` (read as ``tokens``) against its sidecar, returned (see
-    the module docstring); without a sidecar, ``message`` gets a warning when the ids look like
-    uint32 read as uint16, and None is returned."""
+    the module docstring); without a sidecar, ``message`` (default: standard error) gets a
+    warning when the ids look like uint32 read as uint16, and None is returned."""
     record = read_sidecar(path)
     sidecar = sidecar_path(path)
     if record is None:
         warning = _narrow_read(tokens, token_dtype)
-        if warning and message is not None:
-            message(f"warning: {path}: {warning}")
+        if warning:
+            (message or _stderr)(f"warning: {path}: {warning}")
         return None
     if record["dtype"] != token_dtype:
         raise ValueError(
@@ -141,6 +142,10 @@ def check_token_file(
             f"{tokenizer.name!r} (SHA-256 {tokenizer.fingerprint[:12]}...)"
         )
     return record
+
+
+def _stderr(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
 
 
 def _narrow_read(tokens: np.ndarray, token_dtype: str) -> str | None:

@@ -1,6 +1,7 @@
 """Command lines: ``la-train``, ``la-eval`` and ``la-generate``.
 
     la-train --config configs/mqar.py:cpu --workdir runs/x [--config.a.b=v ...] [--dry_run]
+             [--allow_data_change]
     la-eval --workdir runs/x [--config.data.seq_len=256 ...] [--step N] [--output FILE]
     la-generate --workdir runs/x --prompt "def " --num_tokens 200 [--temperature 0.8 --top_k 40]
 
@@ -8,6 +9,9 @@
 overridden with ``--config.<section>.<field>=value``; ``la-eval`` starts from the run's own
 ``config.json`` instead. A missing file, an unknown field or a bad value stops with
 ``<command>: error: ...`` (exit status 2) before anything is built or compiled.
+
+A resumed run whose corpus, token file or tokenizer changed since its checkpoint stops with
+``la-train: error:`` naming the change; ``--allow_data_change`` goes on with the new data (said).
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ from linear_attention.training.workdir import RunError
 
 USAGE = (
     "usage: la-train --config CONFIG_FILE[:PRESET] --workdir DIR [--config.SECTION.FIELD=VALUE ...]"
-    " [--dry_run]"
+    " [--dry_run] [--allow_data_change]"
 )
 EVAL_USAGE = (
     "usage: la-eval --workdir DIR [--config.SECTION.FIELD=VALUE ...] [--step N] [--output FILE]"
@@ -322,6 +326,8 @@ def main(argv: list[str] | None = None) -> int:
         text = f"{__doc__}\n{_presets_help()}\n\n{_sections_help()}\n\n{_mixers_help()}"
         print(_help(USAGE, text))
         return 0
+    allow_data_change = "--allow_data_change" in argv
+    argv = [a for a in argv if a != "--allow_data_change"]
     try:
         config, workdir, dry_run = _parse_train(argv)
     except UsageError as e:
@@ -336,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     try:
-        summary = train(config, workdir)
+        summary = train(config, workdir, allow_data_change=allow_data_change)
     except RunError as e:  # a busy or damaged workdir, a config that no longer fits it, ...
         return _error("la-train", e)
     except NonFiniteLossError as e:

@@ -176,6 +176,7 @@ def build_data(config: ExperimentConfig, *, cache_dir: str | None = None, messag
             eos_id=d.eos_id,
             vocab_size=config.model.vocab_size,
             tokenizer=d.tokenizer,
+            message=message,
             **common,
         )
     return text_source(
@@ -369,9 +370,11 @@ def evaluate(state, data, config: ExperimentConfig, graphdef, mesh) -> dict[str,
     return out
 
 
-def _check_resume_config(path: str, current: dict, cfg: ExperimentConfig) -> None:
+def _check_resume_config(path: str, current: dict, cfg: ExperimentConfig) -> bool:
+    """RunError if the run saved at ``path`` (its ``config.json``) has another seed, model or
+    data config than ``current``; False when there is no ``config.json``."""
     if not os.path.exists(path):
-        return
+        return False
     try:
         with open(path) as f:
             previous = json.load(f)
@@ -382,15 +385,61 @@ def _check_resume_config(path: str, current: dict, cfg: ExperimentConfig) -> Non
             f"{path} is damaged ({e}); it records the run this workdir holds: restore it, or "
             "use another workdir"
         ) from None
+    _compare_fixed(previous, current, cfg, os.path.dirname(path))
+    return True
+
+
+def _compare_fixed(previous: dict, current: dict, cfg: ExperimentConfig, workdir: str) -> None:
     # (a field added to the code since the run was saved, at its default, is no difference)
     fixed = {section: previous.get(section) for section in _FIXED_SECTIONS}
     diff = config_difference(fixed, {section: current[section] for section in _FIXED_SECTIONS}, cfg)
     if diff:
         name, old, new = diff
         raise ResumeConfigError(
-            f"{os.path.dirname(path)} holds a run with config.{name} = {old!r}, but this config "
+            f"{workdir} holds a run with config.{name} = {old!r}, but this config "
             f"has {new!r}; resume with the same {'/'.join(_FIXED_SECTIONS)} or use another workdir"
         )
+
+
+# What a run's data are, compared on resume (`data_record`): each key of a source's provenance
+# that identifies its content, and how a message names it.
+_DATA_KEYS = {
+    "sha256": "the corpus",
+    "digest": "the token file",
+    "tokenizer_sha256": "the tokenizer file",
+    "vocab_size": "the tokenizer's vocabulary",
+}
+
+
+def data_record(provenance: dict | None) -> dict | None:
+    """The part of a source's ``provenance`` that identifies its content (saved with every
+    checkpoint; None for synthetic data): the corpus's SHA-256 (text), the token file's digest
+    (`data.files.file_digest`: whole, or size + samples for files over 1 GiB), the tokenizer's
+    SHA-256 and vocabulary, and the paths for the messages."""
+    if not provenance:
+        return None
+    record = {k: provenance[k] for k in (*_DATA_KEYS, "path", "tokenizer") if k in provenance}
+    return json.loads(json.dumps(record))
+
+
+def data_changes(saved: dict, now: dict) -> list[str]:
+    """What differs between two `data_record`s, in words (empty: the same data)."""
+    out = []
+    for key, name in _DATA_KEYS.items():
+        if key in saved and saved[key] != now.get(key):
+            old, new = saved[key], now.get(key)
+            if isinstance(old, dict) or isinstance(new, dict):  # a file digest
+                old, new = (
+                    f"{d.get('bytes')} bytes, {str(d.get('sha256', d.get('sampled_sha256')))[:12]}"
+                    if isinstance(d, dict)
+                    else d
+                    for d in (old, new)
+                )
+            elif isinstance(old, str) and len(old) == 64:
+                old, new = old[:12], str(new)[:12]
+            where = saved.get("tokenizer" if key.startswith(("tokenizer", "vocab")) else "path")
+            out.append(f"{name}{f' {where!r}' if where else ''} ({old} then, {new} now)")
+    return out
 
 
 def _read_summary(path: str, reporter: Reporter) -> dict | None:
@@ -428,11 +477,22 @@ def _sample(state, graphdef, config: ExperimentConfig, tokenizer) -> str:
     return tokenizer.decode(np.concatenate([prompt, new]))
 
 
-def train(config, workdir: str, *, reporter: Reporter | None = None) -> dict:
+def train(
+    config,
+    workdir: str,
+    *,
+    reporter: Reporter | None = None,
+    allow_data_change: bool = False,
+) -> dict:
     """Train (or resume) the run described by ``config`` in ``workdir``; returns the summary.
 
     ``config`` is a ConfigDict (validated here, before anything is built) or an
     `ExperimentConfig`. Rerunning on the same workdir continues from the latest checkpoint.
+    Every checkpoint records the seed/model/data config and what the data are (`data_record`:
+    the corpus's SHA-256, the token file's digest, the tokenizer's SHA-256 and vocabulary); a
+    resume whose data differ raises `RunError` naming what changed, unless
+    ``allow_data_change`` (then it is said, and the run goes on). A workdir whose
+    ``config.json`` is gone is checked against its checkpoint's record.
     """
     started = time.perf_counter()
     cfg = experiment_config(config)
@@ -458,7 +518,15 @@ def train(config, workdir: str, *, reporter: Reporter | None = None) -> dict:
     with contextlib.ExitStack() as closing:  # closed in reverse: the lock last
         closing.callback(lock.release)
         closing.callback(reporter.close)
-        run = Run(cfg, workdir, mesh, reporter, closing, started=started)
+        run = Run(
+            cfg,
+            workdir,
+            mesh,
+            reporter,
+            closing,
+            started=started,
+            allow_data_change=allow_data_change,
+        )
         if run.finished is not None:
             return run.finished
         with _StopSignals(reporter) as stop:
@@ -477,13 +545,25 @@ class Run:
     one method; the step itself (redraw, batch, update) is `_step`.
     """
 
-    def __init__(self, cfg, workdir, mesh, reporter, closing, *, started: float):
+    def __init__(
+        self,
+        cfg,
+        workdir,
+        mesh,
+        reporter,
+        closing,
+        *,
+        started: float,
+        allow_data_change: bool = False,
+    ):
         tc = cfg.train
         self.cfg, self.workdir, self.mesh, self.reporter = cfg, workdir, mesh, reporter
         self.fsdp, self.lead = cfg.mesh.fsdp, jax.process_index() == 0
         self.started = started
         config_dict = json.loads(json.dumps(cfg.to_dict()))
-        _check_resume_config(os.path.join(workdir, "config.json"), config_dict, cfg)
+        self.fixed = {section: config_dict[section] for section in _FIXED_SECTIONS}
+        self.config_dict = config_dict
+        had_config = _check_resume_config(os.path.join(workdir, "config.json"), config_dict, cfg)
         try:
             cache = os.path.join(workdir, "token_cache")
             self.data = build_data(cfg, cache_dir=cache, message=reporter.message)
@@ -505,6 +585,10 @@ class Run:
             os.path.join(workdir, "checkpoints"), keep=tc.keep_checkpoints
         )
         closing.callback(self.checkpoints.close)
+        self.data_record = data_record(getattr(self.data, "provenance", None))
+        latest = self.checkpoints.latest_step()
+        if latest:
+            self._check_saved(self.checkpoints.meta(latest), latest, had_config, allow_data_change)
         self.finished = self._finished_summary()
         if self.finished is not None:
             return
@@ -554,6 +638,40 @@ class Run:
         if self.flops is not None:
             parts = ", ".join(f"{k} {v:.3g}" for k, v in self.flops.items() if k != "total")
             reporter.message(f"{self.flops['total']:.4g} train FLOPs per token ({parts})")
+
+    def _check_saved(self, meta: dict, step: int, had_config: bool, allow_data_change: bool):
+        """What checkpoint ``step`` records (its ``meta``) against this run: the config, when
+        ``config.json`` is gone, and the data (`data_changes`), which stop the run unless
+        ``allow_data_change``."""
+        where = f"checkpoint step {step} in {self.checkpoints.directory}"
+        if not had_config:
+            if not isinstance(meta.get("config"), dict):
+                raise RunError(
+                    f"{self.workdir} holds checkpoints but no config.json, and {where} records "
+                    "no config to check this one against: restore config.json, or use another "
+                    "workdir"
+                )
+            _compare_fixed(meta["config"], self.fixed, self.cfg, self.workdir)
+            if self.lead:  # (a finished run returns before the usual write)
+                write_json(os.path.join(self.workdir, "config.json"), self.config_dict)
+            self.reporter.message(
+                f"{self.workdir}/config.json is missing: checked the config against {where} "
+                "and wrote it again"
+            )
+        saved = meta.get("data")
+        if not isinstance(saved, dict) or self.data_record is None:
+            return
+        changes = data_changes(saved, self.data_record)
+        if not changes:
+            return
+        if not allow_data_change:
+            raise RunError(
+                f"the data changed since {where} was saved: {'; '.join(changes)}; resume on "
+                "the same data, or pass --allow_data_change to go on with these data"
+            )
+        self.reporter.message(
+            f"going on with changed data (--allow_data_change): {'; '.join(changes)}"
+        )
 
     def _finished_summary(self) -> dict | None:
         """The summary of a run that is already finished (nothing to train), else None:
@@ -701,10 +819,13 @@ class Run:
 
     def save(self) -> None:
         data_state = getattr(self.data, "iterator_state", None)  # a loader with a state
+        meta = {"timings": self.throughput.totals(), "config": self.fixed}
+        if self.data_record is not None:
+            meta["data"] = self.data_record
         self.checkpoints.save(
             self.done,
             self.state,
-            {"timings": self.throughput.totals()},
+            meta,
             data_state=data_state() if data_state else None,
         )
 
