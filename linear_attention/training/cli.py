@@ -1,6 +1,6 @@
 """Command lines: ``la-train``, ``la-eval`` and ``la-generate``.
 
-    la-train --config configs/mqar.py:cpu --workdir runs/x [--config.a.b=v ...] [--dry_run]
+    la-train --config configs/mqar.py:cpu --workdir runs/x [--config.a.b=v ...] [--dry_run [--fit]]
              [--allow_data_change]
     la-eval --workdir runs/x [--config.data.seq_len=256 ...] [--step N] [--output FILE]
     la-generate --workdir runs/x --prompt "def " --num_tokens 200 [--temperature 0.8 --top_k 40]
@@ -44,13 +44,15 @@ from linear_attention.training.config import SECTIONS, experiment_config
 from linear_attention.training.load import evaluate_run, load_run, run_config
 from linear_attention.training.metrics import write_json
 from linear_attention.training.outputs import check_output
+from linear_attention.training.sizing import FIT_ORDER, verdict
 from linear_attention.training.sizing import dry_run as dry_run_sizing
+from linear_attention.training.tpu_target import TargetCompileError
 from linear_attention.training.trainer import Interrupted, NonFiniteLossError, train
 from linear_attention.training.workdir import RunError
 
 USAGE = (
     "usage: la-train --config CONFIG_FILE[:PRESET] --workdir DIR [--config.SECTION.FIELD=VALUE ...]"
-    " [--dry_run] [--allow_data_change]"
+    " [--dry_run [--fit]] [--allow_data_change]"
 )
 EVAL_USAGE = (
     "usage: la-eval --workdir DIR [--config.SECTION.FIELD=VALUE ...] [--step N] [--output FILE]"
@@ -238,7 +240,16 @@ def _parse_train(argv: list[str]):
             "dry_run",
             False,
             "print the resolved config, then one JSON line {parameters, flops_per_token, "
-            "train_step_bytes_per_device} (the train step compiled on abstract shapes), and exit",
+            "train_step_bytes_per_device} (the train step compiled on abstract shapes), and exit; "
+            "with --config.mesh.target=tpu:GEN:TOPOLOGY compiled for that TPU slice, adding "
+            "target, hbm_bytes_per_device, fits and the memory parts (exit 1: it does not fit)",
+            flag_values=fv,
+        )
+        flags.DEFINE_bool(
+            "fit",
+            False,
+            "with --dry_run and a target: search the first setting that fits and print it as "
+            "overrides. " + FIT_ORDER.replace("\n", " "),
             flag_values=fv,
         )
 
@@ -246,8 +257,10 @@ def _parse_train(argv: list[str]):
     config = fv.config
     if not fv.workdir and not fv.dry_run:
         raise UsageError(f"--workdir is required\n{USAGE}")
+    if fv.fit and not fv.dry_run:
+        raise UsageError(f"--fit searches with --dry_run; add it\n{USAGE}")
     _validate(config)
-    return config, fv.workdir, fv.dry_run
+    return config, fv.workdir, (fv.dry_run and ("fit" if fv.fit else "size"))
 
 
 def _sections_help() -> str:
@@ -333,13 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as e:
         return _error("la-train", e)
     if dry_run:  # the resolved config, then the sizing as one JSON line (the last)
-        print(json.dumps(experiment_config(config).to_dict(), indent=2, sort_keys=True))
-        try:
-            sizing = dry_run_sizing(config)
-        except ValueError as e:
-            return _error("la-train", e)
-        print(json.dumps(sizing, sort_keys=True))
-        return 0
+        return _dry_run(config, fit=dry_run == "fit")
 
     try:
         summary = train(config, workdir, allow_data_change=allow_data_change)
@@ -356,6 +363,29 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     finals = {k: v for k, v in summary.items() if k.startswith("eval/")}
     print("final: " + ", ".join(f"{k} {v:.4f}" for k, v in sorted(finals.items())))
+    return 0
+
+
+def _dry_run(config, *, fit: bool) -> int:
+    """Print the resolved config and the sizing's JSON line; exit 1 (one ``la-train:`` line on
+    stderr) where the step does not fit its target or XLA:TPU refuses it."""
+    print(json.dumps(experiment_config(config).to_dict(), indent=2, sort_keys=True))
+    log = lambda line: print(f"la-train: {line}", file=sys.stderr, flush=True)  # noqa: E731
+    try:
+        sizing = dry_run_sizing(config, fit=fit, log=log)
+    except ValueError as e:
+        return _error("la-train", e)
+    except TargetCompileError as e:
+        print(f"la-train: {e}", file=sys.stderr)
+        return 1
+    if fit and sizing["fits"]:
+        overrides = " ".join(sizing["fit"]["overrides"]) or "(none: it fits as given)"
+        print(f"fits {sizing['target']['name']} with: {overrides}")
+    print(json.dumps(sizing, sort_keys=True))
+    line = verdict(sizing)
+    if line:
+        print(f"la-train: {line}", file=sys.stderr)
+        return 1
     return 0
 
 

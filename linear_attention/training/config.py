@@ -29,6 +29,7 @@ from linear_attention.data.state_tracking import (
 )
 from linear_attention.data.tokenizers import check_tokenizer_spec, load_tokenizer
 from linear_attention.models.config import FIELD_TYPES, ModelConfig
+from linear_attention.training.tpu_target import parse_target
 
 SCHEDULES = ("cosine", "linear", "constant")
 # Metrics an early stop can watch, and whether larger is better.
@@ -357,7 +358,10 @@ class MeshConfig:
     """Devices: a mesh over ``num_devices`` (0: all) with axes ``data`` (batch rows) and ``seq``
     (``seq`` devices split the time axis: sequence parallelism). With ``multi_host`` the run is
     one of ``num_processes`` processes joined by ``jax.distributed.initialize``; an empty
-    address and ``num_processes = 0`` are taken from the environment or the cluster."""
+    address and ``num_processes = 0`` are taken from the environment or the cluster.
+    ``target``: the slice the run is sized for, ``""`` (the visible devices) or
+    ``"tpu:<gen>:<topology>"`` (`training.tpu_target`): ``la-train --dry_run`` compiles the
+    train step for it from any machine; training runs on the visible devices."""
 
     num_devices: int = 0
     fsdp: bool = False  # shard parameters and optimizer state over the data axis
@@ -366,8 +370,10 @@ class MeshConfig:
     coordinator_address: str = ""  # "host:port" of process 0
     num_processes: int = 0
     process_id: int = 0  # read when num_processes > 0
+    target: str = ""  # "tpu:v5e:4x4": the slice --dry_run compiles for ("": visible devices)
 
     def validate(self, path: str):
+        parse_target(self.target, f"config.{path}.target")
         _need_int(f"{path}.num_devices", self.num_devices, minimum=0)
         _need_int(f"{path}.seq", self.seq)
         if self.num_devices and self.num_devices % self.seq:

@@ -32,10 +32,10 @@ def initialize_distributed(mesh_config) -> None:
     jax.distributed.initialize(**kwargs)
 
 
-def make_mesh(num_devices: int = 0, seq: int = 1) -> Mesh:
-    """A ``(data, seq)`` mesh over the first ``num_devices`` devices (0: all of them), ``seq``
-    of them along the time axis."""
-    devices = jax.devices()
+def make_mesh(num_devices: int = 0, seq: int = 1, devices=None) -> Mesh:
+    """A ``(data, seq)`` mesh over the first ``num_devices`` of ``devices`` (default: the
+    visible ones; 0: all of them), ``seq`` of them along the time axis."""
+    devices = list(jax.devices() if devices is None else devices)
     if num_devices > len(devices):
         raise ValueError(
             f"config.mesh.num_devices = {num_devices} but only {len(devices)} devices are visible"
@@ -51,6 +51,20 @@ def check_batch_size(name: str, batch_size: int, mesh: Mesh) -> None:
     if batch_size % n:
         raise ValueError(
             f"config.{name} = {batch_size} must be divisible by the number of devices ({n})"
+        )
+
+
+def check_train_batches(train, mesh: Mesh) -> None:
+    """`ValueError` unless the mesh's ``data`` axis divides the train and eval batches and
+    every micro-batch (``train.batch_size / grad_accum_steps`` rows)."""
+    check_batch_size("train.batch_size", train.batch_size, mesh)
+    check_batch_size("train.eval_batch_size", train.eval_batch, mesh)
+    micro = train.batch_size // train.grad_accum_steps
+    if micro % mesh.shape[DATA_AXIS]:
+        raise ValueError(
+            f"config.train.batch_size / grad_accum_steps = {micro} rows per micro-batch must "
+            f"be divisible by the number of devices splitting the batch "
+            f"({mesh.shape[DATA_AXIS]})"
         )
 
 

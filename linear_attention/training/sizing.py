@@ -7,24 +7,72 @@ memory per device, from abstract shapes only (nothing is allocated, no data is r
 `memory_analysis()`. The bytes per device are what the compiled step holds at its peak:
 arguments + outputs − the outputs that reuse donated arguments (the state) + temporaries.
 
-The mesh is that of `config.mesh` over the visible devices; to size an N-device job on a
-laptop, make N host devices visible: ``XLA_FLAGS=--xla_force_host_platform_device_count=N``.
-The figures are XLA's for this machine's backend: another backend (GPU, TPU) fuses and
-schedules differently, so its figure differs somewhat (the same order).
+Without ``config.mesh.target`` the mesh is that of `config.mesh` over the visible devices; to
+size an N-device job on a laptop, make N host devices visible:
+``XLA_FLAGS=--xla_force_host_platform_device_count=N``. Those figures are XLA's for this
+machine's backend: another backend fuses and schedules differently (the same order).
+
+With ``config.mesh.target = "tpu:<gen>:<topology>"`` the mesh is laid over that slice's
+devices and XLA:TPU compiles the step (`training.tpu_target`), on any machine with libtpu: the
+result adds the target, the memory a device has (``hbm_bytes_per_device``, its source), whether
+the step ``fits`` and the `memory_analysis()` parts. A step that does not fit is refused by the
+compiler, which then gives only its needed total (no parts).
+
+`dry_run(config, fit=True)` searches for a setting that fits the target (`FIT_ORDER`), never
+changing the global batch, the sequence or the model.
 """
 
 from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from linear_attention.training.config import experiment_config
+from linear_attention.models.config import REMAT
+from linear_attention.training.config import ExperimentConfig, experiment_config
 from linear_attention.training.flops import flops_per_token
-from linear_attention.training.mesh import batch_sharding, make_mesh, state_shardings
+from linear_attention.training.mesh import (
+    DATA_AXIS,
+    batch_sharding,
+    check_train_batches,
+    make_mesh,
+    state_shardings,
+)
 from linear_attention.training.optim import make_optimizer
+from linear_attention.training.tpu_target import (
+    HBM_SOURCE,
+    Compiled,
+    compile_for_target,
+    describe,
+    hbm_bytes_per_device,
+    memory_parts,
+    parse_target,
+    step_bytes,
+    topology_devices,
+    versions,
+)
 from linear_attention.training.trainer import build_model, train_step
+
+GiB = 2**30
+# Remat policies from the least memory saved to the most (`ModelConfig.remat`).
+REMAT_ORDER = ("none", "dots", "dots_no_batch", "block")
+assert sorted(REMAT_ORDER) == sorted(REMAT), "every remat policy has a place in the fit order"
+FIT_ORDER = """\
+The fit search compiles the train step for the target, one setting at a time, and stops at the
+first that fits. First the setting as given. Then, in stages, each on top of the last stage's
+strongest setting:
+  1. remat: the policies that save more than the given one, in the order dots, dots_no_batch,
+     block (model.remat);
+  2. grad_accum_steps: the given value times 2, 4, 8, ... while each micro-batch still splits
+     evenly over the devices (train.grad_accum_steps; the global batch is unchanged);
+  3. FSDP (mesh.fsdp=True; parameters and optimizer state split over the devices), then
+     stages 1 and 2 again with it.
+A stage's strongest setting (block; the most micro-batches) is compiled first: memory only
+falls along a stage, so where it does not fit the stage is skipped."""
 
 
 def abstract_batch(cfg, mesh) -> dict[str, jax.ShapeDtypeStruct]:
@@ -37,15 +85,16 @@ def abstract_batch(cfg, mesh) -> dict[str, jax.ShapeDtypeStruct]:
     return {k: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=sharding) for k in names}
 
 
-def train_step_bytes(cfg, mesh) -> int:
-    """Bytes per device of the compiled train step (see the module docstring)."""
+def trace_train_step(cfg, mesh):
+    """The real `train_step` traced on abstract shapes: the model and optimizer state placed
+    as the loop places them (replicated or FSDP) and a batch split over ``data``."""
     tx, _ = make_optimizer(cfg.optimizer, cfg.train.num_steps)
     graphdef, state = nnx.split(nnx.eval_shape(lambda: build_model(cfg, tx)))
     shardings = state_shardings(state, mesh, cfg.mesh.fsdp)
     state = jax.tree.map(
         lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, shardings
     )
-    lowered = train_step.lower(
+    return train_step.trace(
         state,
         abstract_batch(cfg, mesh),
         graphdef=graphdef,
@@ -53,13 +102,11 @@ def train_step_bytes(cfg, mesh) -> int:
         fsdp=cfg.mesh.fsdp,
         accum=cfg.train.grad_accum_steps,
     )
-    m = lowered.compile().memory_analysis()
-    return int(
-        m.argument_size_in_bytes
-        + m.output_size_in_bytes
-        - m.alias_size_in_bytes
-        + m.temp_size_in_bytes
-    )
+
+
+def train_step_bytes(cfg, mesh) -> int:
+    """Bytes per device of the train step compiled for this machine's backend."""
+    return step_bytes(memory_parts(trace_train_step(cfg, mesh).lower().compile()))
 
 
 def abstract_model(cfg):
@@ -67,15 +114,167 @@ def abstract_model(cfg):
     return nnx.eval_shape(lambda: build_model(cfg, make_optimizer(cfg.optimizer, 1)[0])[0])
 
 
-def dry_run(config) -> dict:
+def dry_run(config, *, fit: bool = False, log: Callable[[str], None] | None = None) -> dict:
     """``{"parameters", "flops_per_token", "train_step_bytes_per_device"}`` of the run that
-    ``config`` (a ConfigDict or `ExperimentConfig`) describes."""
+    ``config`` (a ConfigDict or `ExperimentConfig`) describes; with ``config.mesh.target``
+    also ``target``, ``hbm_bytes_per_device``, ``hbm_source``, ``fits``, ``memory`` (the
+    parts; None where the compiler refused the step), ``compile_s`` and ``versions``. With
+    ``fit`` (needs a target): the first setting in `FIT_ORDER` that fits, its sizing and
+    ``fit: {"overrides", "tries"}``; ``log`` gets a line per try. Bad settings (a bad target,
+    a batch the devices do not divide) raise `ValueError`; a compiler error other than memory
+    `tpu_target.TargetCompileError`."""
     cfg = experiment_config(config)
-    mesh = make_mesh(cfg.mesh.num_devices, cfg.mesh.seq)
+    target = parse_target(cfg.mesh.target)
+    if fit and target is None:
+        raise ValueError("--fit searches a setting that fits config.mesh.target, which is ''")
+    devices = None if target is None else topology_devices(target)
+    mesh = make_mesh(cfg.mesh.num_devices, cfg.mesh.seq, devices)
+    check_train_batches(cfg.train, mesh)
     model = abstract_model(cfg)
     params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+    result = {"parameters": params, "flops_per_token": flops_per_token(model, cfg.data.seq_len)}
+    result["flops_per_token"] = result["flops_per_token"]["total"]
+    if target is None:
+        result["train_step_bytes_per_device"] = train_step_bytes(cfg, mesh)
+        return result
+    hbm = hbm_bytes_per_device(target)
+    result["target"] = {**describe(target), "mesh": dict(mesh.shape)}
+    result["hbm_bytes_per_device"] = hbm
+    result["hbm_source"] = HBM_SOURCE.format(**versions())
+    result["versions"] = versions()
+    compile_one = lambda c: compile_for_target(  # noqa: E731
+        trace_train_step(c, make_mesh(c.mesh.num_devices, c.mesh.seq, devices)), target, hbm
+    )
+    if not fit:
+        return {**result, **_compiled_fields(compile_one(cfg))}
+    chosen, tries = _fit_search(cfg, mesh.shape[DATA_AXIS], compile_one, hbm, log or _quiet)
+    overrides = None if chosen is None else overrides_of(cfg, chosen[0])
+    shown = chosen or min(tries.values(), key=lambda t: t[1].bytes_per_device or 0)
     return {
-        "parameters": params,
-        "flops_per_token": flops_per_token(model, cfg.data.seq_len)["total"],
-        "train_step_bytes_per_device": train_step_bytes(cfg, mesh),
+        **result,
+        **_compiled_fields(shown[1]),
+        "fit": {
+            "overrides": overrides,
+            "setting": _setting(shown[0]),
+            "tries": [{**_setting(c), **_try_fields(r)} for c, r in tries.values()],
+        },
     }
+
+
+def _quiet(line: str) -> None:
+    pass
+
+
+def _compiled_fields(compiled: Compiled) -> dict:
+    fields = {
+        "train_step_bytes_per_device": compiled.bytes_per_device,
+        "fits": compiled.fits,
+        "memory": compiled.memory,
+        "compile_s": round(compiled.seconds, 1),
+    }
+    if compiled.message:
+        fields["compiler_message"] = compiled.message
+    return fields
+
+
+def _try_fields(compiled: Compiled) -> dict:
+    return {
+        "fits": compiled.fits,
+        "bytes_per_device": compiled.bytes_per_device,
+        "compile_s": round(compiled.seconds, 1),
+    }
+
+
+def _setting(cfg: ExperimentConfig) -> dict:
+    return {
+        "remat": cfg.model.remat,
+        "grad_accum_steps": cfg.train.grad_accum_steps,
+        "fsdp": cfg.mesh.fsdp,
+    }
+
+
+def _with(cfg: ExperimentConfig, *, remat=None, accum=None, fsdp=None) -> ExperimentConfig:
+    model = cfg.model if remat is None else dataclasses.replace(cfg.model, remat=remat)
+    train = cfg.train
+    if accum is not None:
+        train = dataclasses.replace(cfg.train, grad_accum_steps=accum)
+    mesh = cfg.mesh if fsdp is None else dataclasses.replace(cfg.mesh, fsdp=fsdp)
+    return dataclasses.replace(cfg, model=model, train=train, mesh=mesh)
+
+
+def overrides_of(cfg: ExperimentConfig, new: ExperimentConfig) -> list[str]:
+    """The command-line overrides that turn ``cfg``'s fit settings into ``new``'s."""
+    names = {"remat": "model.remat", "grad_accum_steps": "train.grad_accum_steps"}
+    names["fsdp"] = "mesh.fsdp"
+    old, want = _setting(cfg), _setting(new)
+    return [f"--config.{names[k]}={want[k]}" for k in names if old[k] != want[k]]
+
+
+def _accumulations(cfg: ExperimentConfig, data: int) -> list[int]:
+    """grad_accum_steps above the given one, doubling, while micro-batches split over
+    ``data`` devices."""
+    batch, accum, found = cfg.train.batch_size, cfg.train.grad_accum_steps, []
+    while batch % (accum * 2) == 0 and (batch // (accum * 2)) % data == 0:
+        accum *= 2
+        found.append(accum)
+    return found
+
+
+def _fit_search(cfg, data: int, compile_one, hbm: int, log):
+    """``((setting, compiled) or None, {key: (setting, compiled)} of every try in order)``
+    (`FIT_ORDER`)."""
+    tries: dict = {}
+
+    def attempt(c: ExperimentConfig) -> bool:
+        key = tuple(_setting(c).values())
+        if key not in tries:
+            result = compile_one(c)
+            tries[key] = (c, result)
+            shown = " ".join(overrides_of(cfg, c)) or "as given"
+            need = result.bytes_per_device
+            verdict = "fits" if result.fits else "does not fit"
+            log(
+                f"try {len(tries)}: {shown}: {verdict}, {need / GiB:.2f} GiB of "
+                f"{hbm / GiB:.2f} GiB per device ({result.seconds:.0f} s)"
+            )
+        return tries[key][1].fits
+
+    if attempt(cfg):
+        return tries[tuple(_setting(cfg).values())], tries
+    start = REMAT_ORDER.index(cfg.model.remat)
+    fsdps = [cfg.mesh.fsdp] if cfg.mesh.fsdp or data == 1 else [False, True]
+    for fsdp in fsdps:
+        base = _with(cfg, fsdp=fsdp)
+        strongest = _with(base, remat=REMAT_ORDER[-1])
+        stages = [
+            [_with(base, remat=r) for r in REMAT_ORDER[start:]],
+            [_with(strongest, accum=a) for a in _accumulations(cfg, data)],
+        ]
+        for stage in stages:
+            if not stage or not attempt(stage[-1]):
+                continue
+            for c in stage:
+                if attempt(c):
+                    return tries[tuple(_setting(c).values())], tries
+    return None, tries
+
+
+def verdict(sizing: dict) -> str | None:
+    """The one line for a sizing whose step does not fit its target (None where it fits or
+    has no target)."""
+    if sizing.get("fits", True):
+        return None
+    target, hbm = sizing["target"], sizing["hbm_bytes_per_device"]
+    need = sizing["train_step_bytes_per_device"]
+    where = f"{target['name']} ({target['devices']} x {target['device_kind']})"
+    if "fit" in sizing:
+        s = sizing["fit"]["setting"]
+        return (
+            f"no setting tried fits {where}: the smallest needs {need / GiB:.2f} GiB per device "
+            f"(remat={s['remat']}, grad_accum_steps={s['grad_accum_steps']}, fsdp={s['fsdp']}) "
+            f"and a device has {hbm / GiB:.2f} GiB"
+        )
+    return (
+        f"the train step does not fit {where}: it needs {need / GiB:.2f} GiB per device and a "
+        f"device has {hbm / GiB:.2f} GiB (XLA:TPU's figures); --fit searches a setting that fits"
+    )

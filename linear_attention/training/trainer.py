@@ -49,7 +49,7 @@ from linear_attention.training.flops import flops_per_token
 from linear_attention.training.machine import machine_info
 from linear_attention.training.mesh import (
     DATA_AXIS,
-    check_batch_size,
+    check_train_batches,
     initialize_distributed,
     make_mesh,
     sequence_parallel_stats,
@@ -499,15 +499,7 @@ def train(
     initialize_distributed(cfg.mesh)
     try:
         mesh = make_mesh(cfg.mesh.num_devices, cfg.mesh.seq)
-        check_batch_size("train.batch_size", cfg.train.batch_size, mesh)
-        check_batch_size("train.eval_batch_size", cfg.train.eval_batch, mesh)
-        micro = cfg.train.batch_size // cfg.train.grad_accum_steps
-        if micro % mesh.shape[DATA_AXIS]:
-            raise ValueError(
-                f"config.train.batch_size / grad_accum_steps = {micro} rows per micro-batch must "
-                f"be divisible by the number of devices splitting the batch "
-                f"({mesh.shape[DATA_AXIS]})"
-            )
+        check_train_batches(cfg.train, mesh)
     except ValueError as e:
         raise RunError(str(e)) from None
     reporter = reporter or Reporter(cfg.train.num_steps)

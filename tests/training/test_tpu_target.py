@@ -1,0 +1,190 @@
+"""``config.mesh.target``: the train step compiled by XLA:TPU for a TPU slice on this machine
+(libtpu's compile-only devices), its memory per device, whether it fits, the exit status and
+the errors of ``la-train --dry_run``, and the ``--fit`` search.
+
+Compiling for a TPU needs libtpu (``jax[tpu]``, in the ``test`` extras); where it is absent the
+tests that compile skip with the reason. Shapes are tiny (sequence 32, chunks of 16): the
+cost is XLA:TPU's compile time, ~5 to 40 s per step here."""
+
+import json
+import os
+
+import jax
+import pytest
+
+from linear_attention.training import cli, tpu_target
+from linear_attention.training.tpu_target import TARGET_FORMS, oom_bytes, parse_target
+from tests.training.conftest import ROOT
+
+GiB = 2**30
+MISSING = tpu_target.libtpu_missing()
+needs_libtpu = pytest.mark.skipif(MISSING is not None, reason=f"compiling for TPU: {MISSING}")
+# One mixer of each family, as one hybrid model: a single compile covers them all.
+FAMILIES = "linear,gated,gated_deltanet,rwkv7,gated_deltaproduct,softmax,swa"
+V5E = "--config.mesh.target=tpu:v5e:2x2"
+
+
+def _dry_run(capsys, *argv) -> tuple[int, dict | None, str]:
+    """la-train --dry_run: (exit status, the last stdout line as JSON or None, stderr)."""
+    status = cli.main(["la-train", *argv, "--dry_run"])
+    out, err = capsys.readouterr()
+    last = out.strip().splitlines()[-1] if out.strip() else ""
+    return status, (json.loads(last) if last.startswith("{") else None), err
+
+
+def _check_sizing(sizing: dict, devices: int):
+    """What every target sizing holds: the compiler's HBM figure for v5e (16 GiB less what
+    the runtime reserves: 15.75 GiB), the parts adding up to the total, and every device
+    holding at least the replicated float32 parameters and AdamW's two moments."""
+    assert sizing["target"] == {
+        "name": "tpu:v5e:2x2",
+        "device_kind": "TPU v5 lite",
+        "devices": 4,
+        "chips": 4,
+        "mesh": {"data": devices, "seq": 1},
+    }
+    assert sizing["hbm_bytes_per_device"] == round(15.75 * GiB)
+    assert "XLA:TPU compiler" in sizing["hbm_source"]
+    assert sizing["versions"]["jax"] == jax.__version__
+    m = sizing["memory"]
+    assert sizing["train_step_bytes_per_device"] == (
+        m["arguments"] + m["outputs"] - m["aliases"] + m["temporaries"]
+    )
+    assert m["arguments"] >= 3 * 4 * sizing["parameters"]
+    assert m["aliases"] >= 3 * 4 * sizing["parameters"]  # the donated state is reused
+    assert sizing["fits"] is True
+    assert 0 < sizing["train_step_bytes_per_device"] <= sizing["hbm_bytes_per_device"]
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        "tpu:v9:1x1",
+        "gpu:h100:8",
+        "garbage",
+        "tpu:v5e:",
+        "tpu:v5e:0x2",
+        "tpu:v5e:2x2x2x2",
+        "v5e:2x2",
+    ],
+)
+def test_a_bad_target_is_a_usage_error_naming_the_accepted_forms(capsys, monkeypatch, target):
+    monkeypatch.chdir(ROOT)
+    status, sizing, err = _dry_run(
+        capsys, "--config=configs/mqar.py:smoke", f"--config.mesh.target={target}"
+    )
+    assert status == 2 and sizing is None
+    assert err.startswith(f"la-train: error: config.mesh.target = {target!r}")
+    assert TARGET_FORMS in err and "Traceback" not in err
+    with pytest.raises(ValueError, match="accepted: '' \\(the visible devices\\)"):
+        parse_target(target)
+
+
+def test_targets_parse():
+    assert parse_target("") is None
+    t = parse_target("tpu:v5p:2x2x2")
+    assert (t.generation, t.topology, t.device_kind) == ("v5p", "2x2x2", "TPU v5")
+    assert parse_target("tpu:v4:2x2x1").device_kind == "TPU v4"
+    assert parse_target("tpu:v6e:16x16").topology == "16x16"
+
+
+def test_the_compilers_out_of_memory_messages_are_read():
+    total = (
+        "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
+        "temporaries (302.99G) exceeds available HBM (15.75G)."
+    )
+    assert oom_bytes(total) == (round(302.99 * GiB), round(15.75 * GiB))
+    used = (
+        "Ran out of memory in memory space hbm. Used 8.00G of 8.00G hbm. Exceeded hbm "
+        "capacity by 110.0K."
+    )
+    assert oom_bytes(used) == (8 * GiB + 110 * 1024, 8 * GiB)
+    assert oom_bytes("INVALID_ARGUMENT: something else") is None
+
+
+def test_without_libtpu_a_target_is_a_clear_error(capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(tpu_target, "libtpu_missing", lambda: "libtpu is not installed: pip ...")
+    tpu_target.topology_devices.cache_clear()
+    try:
+        status, _, err = _dry_run(capsys, "--config=configs/mqar.py:smoke", V5E)
+    finally:
+        tpu_target.topology_devices.cache_clear()
+    assert status == 2
+    assert err == (
+        "la-train: error: config.mesh.target = 'tpu:v5e:2x2' needs libtpu: libtpu is not "
+        "installed: pip ...\n"
+    )
+
+
+def test_fit_needs_a_target_and_a_dry_run(capsys, monkeypatch, tmp_path):
+    monkeypatch.chdir(ROOT)
+    status, _, err = _dry_run(capsys, "--config=configs/mqar.py:smoke", "--fit")
+    assert status == 2 and "--fit searches a setting that fits config.mesh.target" in err
+    status = cli.main(
+        ["la-train", "--config=configs/mqar.py:smoke", f"--workdir={tmp_path}", "--fit"]
+    )
+    assert status == 2 and "--fit searches with --dry_run" in capsys.readouterr().err
+
+
+@needs_libtpu
+def test_a_topology_libtpu_cannot_lay_out_is_a_usage_error(capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    status, _, err = _dry_run(
+        capsys, "--config=configs/mqar.py:smoke", "--config.mesh.target=tpu:v5e:3x3"
+    )
+    assert status == 2
+    assert err.startswith("la-train: error: config.mesh.target = 'tpu:v5e:3x3': libtpu cannot")
+    assert "not divisible" in err and "Traceback" not in err
+
+
+@needs_libtpu
+@pytest.mark.parametrize(
+    "preset, mixers",
+    [
+        ("lm.py:smoke", FAMILIES),  # packed text: segment ids through every kernel
+        ("mqar.py:smoke", "gated,softmax"),  # every family: the slow case below
+        pytest.param("mqar.py:smoke", FAMILIES, marks=pytest.mark.slow),
+    ],
+)
+def test_every_mixer_family_compiles_for_a_v5e_slice(capsys, monkeypatch, preset, mixers):
+    """One layer of each family (linear, decays, delta rule, DPLR, DeltaProduct, softmax,
+    sliding window) in one model, compiled for 4 v5e chips (~30 s of CPU: the delta-rule
+    family's chunk forms are most of it); the default backend stays the CPU's (a TPU target
+    compiles, it runs nothing)."""
+    monkeypatch.chdir(ROOT)
+    backend = jax.default_backend()
+    status, sizing, err = _dry_run(
+        capsys,
+        f"--config=configs/{preset}",
+        V5E,
+        "--config.model.chunk_size=16",
+        f"--config.model.mixer={mixers}",
+        f"--config.model.num_layers={len(mixers.split(','))}",
+    )
+    assert status == 0, err
+    _check_sizing(sizing, devices=4)
+    assert jax.default_backend() == backend
+    assert os.environ.get("ALLOW_MULTIPLE_LIBTPU_LOAD") is not None
+
+
+@needs_libtpu
+def test_a_step_that_cannot_fit_exits_1_with_what_it_needs(capsys, monkeypatch):
+    """2^21 rows of 32 tokens on 4 chips: each holds 2^19 · 32 · 256 float32 logits (16 GiB)
+    alone, more than a v5e chip's 15.75 GiB, so the compiler refuses the step."""
+    monkeypatch.chdir(ROOT)
+    status, sizing, err = _dry_run(
+        capsys, "--config=configs/lm.py:smoke", V5E, f"--config.train.batch_size={2**21}"
+    )
+    assert status == 1
+    assert sizing["fits"] is False and sizing["memory"] is None
+    logits = 2**19 * 32 * 256 * 4
+    assert sizing["train_step_bytes_per_device"] > logits > sizing["hbm_bytes_per_device"]
+    need = sizing["train_step_bytes_per_device"] / GiB
+    assert err == (
+        "la-train: the train step does not fit tpu:v5e:2x2 (4 x TPU v5 lite): it needs "
+        f"{need:.2f} GiB per device and a device has 15.75 GiB (XLA:TPU's figures); --fit "
+        "searches a setting that fits\n"
+    )
+    assert "RESOURCE_EXHAUSTED" in sizing["compiler_message"]
+    assert oom_bytes(sizing["compiler_message"])[0] == sizing["train_step_bytes_per_device"]
