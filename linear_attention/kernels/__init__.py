@@ -11,10 +11,12 @@ from linear_attention.kernels.delta.delta_product import delta_product, delta_pr
 from linear_attention.kernels.delta.dplr import dplr_delta_rule, dplr_delta_rule_step
 from linear_attention.kernels.linear.linear import (
     METHODS,
+    PALLAS_METHODS,
     causal_linear_attention,
     linear_attention,
 )
 from linear_attention.kernels.linear.recurrent import recurrent_step
+from linear_attention.kernels.primitives.pallas import pallas_interpret
 from linear_attention.kernels.softmax.sliding_window import sliding_window_attention
 from linear_attention.kernels.softmax.softmax import (
     blockwise_softmax_attention,
@@ -26,6 +28,7 @@ from linear_attention.kernels.state import LinearAttentionState
 __all__ = [
     "DELTA_METHODS",
     "METHODS",
+    "PALLAS_METHODS",
     "LinearAttentionState",
     "blockwise_softmax_attention",
     "cached_softmax_attention",
@@ -38,6 +41,7 @@ __all__ = [
     "dplr_delta_rule_step",
     "feature_maps",
     "linear_attention",
+    "pallas_interpret",
     "recurrent_step",
     "sliding_window_attention",
     "softmax_attention",

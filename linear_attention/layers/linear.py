@@ -52,7 +52,9 @@ from linear_attention.layers.options import (
 )
 from linear_attention.layers.sequence import sequence_axis
 
-KERNEL_OPTIONS = dict(method=METHOD.but(choices=tuple(K.METHODS)), chunk_size=CHUNK_SIZE)
+KERNEL_OPTIONS = dict(
+    method=METHOD.but(choices=(*K.METHODS, *K.PALLAS_METHODS)), chunk_size=CHUNK_SIZE
+)
 
 
 class LinearMixer(Mixer):

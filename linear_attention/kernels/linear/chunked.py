@@ -31,8 +31,8 @@ steps last to first carrying the state cotangent, G = exp(g) G' + Σ_t exp(b_t) 
 chunk, recomputing scores and normalisers. The decay gradient needs no extra pass: every output
 term carries exp(B_query − B_key) for the global cumulative decay B, so
 dL/dB_t = q_t·dq_t − k_t·dk_t (+ ⟨dS_T, S_T⟩ at the end) and dL/da_s = Σ_{t ≥ s} dL/dB_t, the
-sum stopping at the next reset (see `_suffix_sum_to_reset`). For a decay per key dimension both
-hold per dimension m (every term carries exp(B_tm − B_sm) for one m).
+sum stopping at the next reset (`decays.suffix_sum_to_reset`). For a decay per key dimension
+both hold per dimension m (every term carries exp(B_tm − B_sm) for one m).
 """
 
 from __future__ import annotations
@@ -42,7 +42,12 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from linear_attention.kernels.primitives.decays import SubBlocks, pair_decays, sub_block_size
+from linear_attention.kernels.primitives.decays import (
+    SubBlocks,
+    pair_decays,
+    sub_block_size,
+    suffix_sum_to_reset,
+)
 from linear_attention.kernels.primitives.layout import pad_time
 from linear_attention.kernels.segments import cumulative_log_decay, masked_exp
 
@@ -374,26 +379,8 @@ def _chunked_bwd(GC, normalize, eps, residuals, cotangents):
             end_BHM += dz_BHM * z_BHM
         end_BHX = end_BHM if vector else jnp.sum(end_BHM, -1, keepdims=True)
         db_BTHX = _merge(db).at[:, -1].add(end_BHX)
-        da_BTHX = _suffix_sum_to_reset(db_BTHX, jnp.isneginf(a_BTHX))
+        da_BTHX = suffix_sum_to_reset(db_BTHX, jnp.isneginf(a_BTHX))
     return _merge(dq), _merge(dk), _merge(dv), da_BTHX, dkv0_BHMD, dz0_BHM, None
-
-
-def _suffix_sum_to_reset(db_BTHX, reset_BTHX):
-    """dL/da_s = Σ_{s ≤ t < u} dL/dB_t, u the next reset after s; 0 at a reset itself.
-
-    Exact algebra (pairs across a reset have weight 0) gives the plain suffix sum too, but
-    summing past a reset leaves rounding residue: stopping there keeps gradients from crossing
-    a document boundary at all. A reverse scan of da_s = dB_s + [no reset at s+1] · da_{s+1}.
-    """
-    go_on = jnp.pad(~reset_BTHX[:, 1:], ((0, 0), (0, 1), (0, 0), (0, 0))).astype(jnp.float32)
-
-    def combine(later, earlier):  # reverse scan: `later` holds the suffix after `earlier`
-        g_later, x_later = later
-        g, x = earlier
-        return g * g_later, x + g * x_later
-
-    _, da_BTHX = jax.lax.associative_scan(combine, (go_on, db_BTHX), reverse=True, axis=1)
-    return jnp.where(reset_BTHX, 0.0, da_BTHX)
 
 
 _chunked.defvjp(_chunked_fwd, _chunked_bwd)

@@ -41,13 +41,18 @@ from linear_attention.kernels._checks import (
 from linear_attention.kernels.linear.associative import causal_associative
 from linear_attention.kernels.linear.chunk_parallel import causal_chunk_parallel
 from linear_attention.kernels.linear.chunked import causal_chunked
+from linear_attention.kernels.linear.pallas import CHUNK_MULTIPLE, causal_pallas
 from linear_attention.kernels.linear.quadratic import causal_quadratic
 from linear_attention.kernels.linear.recurrent import causal_scan
 from linear_attention.kernels.linear.sequence_parallel import linear_sequence_parallel
+from linear_attention.kernels.primitives.pallas import check_pallas_backend
 from linear_attention.kernels.segments import check_segment_ids, segment_log_decay
 from linear_attention.kernels.state import LinearAttentionState, check_state
 
 METHODS = ("chunk", "scan", "associative_scan", "quadratic", "chunk_parallel")
+# The Pallas TPU kernel (`pallas.py`): Mosaic on a TPU backend, interpreted inside
+# `pallas_interpret()`, an error elsewhere. Not in METHODS, which run on every backend.
+PALLAS_METHODS = ("pallas",)
 # "chunk" has a hand-written VJP (reverse mode only); the others are plain JAX, so `jax.jvp` and
 # `jax.jacfwd` go through them.
 FORWARD_MODE_ALTERNATIVES = 'method="chunk_parallel", "scan", "associative_scan" or "quadratic"'
@@ -109,10 +114,13 @@ def causal_linear_attention(
         the values are concrete; under `jit`/`vmap` only the shape and dtype are checked.
       normalize: divide by q_tᵀ k_sum_t + eps.
       eps: added to the normaliser; must be > 0.
-      method: "chunk" (default, the training path), "scan", "associative_scan", "quadratic" or
-        "chunk_parallel" (every chunk at once, shaped for accelerators). The default is "chunk"
-        on every backend: on the CPU it is about 2× faster than "chunk_parallel" at T = 16384
-        and level at T ≤ 4096 (BENCHMARKS.md); on GPU/TPU it is a choice, not yet a measurement
+      method: "chunk" (default, the training path), "scan", "associative_scan", "quadratic",
+        "chunk_parallel" (every chunk at once, shaped for accelerators) or "pallas" (the Pallas
+        TPU kernel, `pallas.py`: on a TPU backend, or interpreted on any backend inside
+        `kernels.pallas_interpret()`; elsewhere it raises; `chunk_size` a multiple of 16). The
+        default is "chunk" on every backend: on the CPU it is about 2× faster than
+        "chunk_parallel" at T = 16384 and level at T ≤ 4096 (BENCHMARKS.md); on GPU/TPU it is a
+        choice, not yet a measurement
         (`experiments/accelerator_check.py` measures both there).
       chunk_size: tokens per chunk for "chunk" and "chunk_parallel"; T need not be a multiple.
       initial_state: state before the first token; None means zeros. Its `k_sum` may be None
@@ -134,11 +142,18 @@ def causal_linear_attention(
     lies beyond float16's range (|o| > 65504, likely without `normalize`) and finite elsewhere,
     however large the float32 sums before it; no warning (the values are unknown under `jit`).
     Autodiff: reverse mode (`jax.grad`, `jax.vjp`) through every method; forward mode
-    (`jax.jvp`, `jax.jacfwd`) through all but "chunk", whose gradient is a custom VJP: it raises
-    `ValueError` naming the others, which give the same numbers.
+    (`jax.jvp`, `jax.jacfwd`) through all but "chunk" and "pallas", whose gradients are custom
+    VJPs: they raise `ValueError` naming the others, which give the same numbers.
     """
-    check_choice("method", method, METHODS)
+    check_choice("method", method, METHODS + PALLAS_METHODS)
     chunk_size = check_positive_int("chunk_size", chunk_size)
+    if method == "pallas":
+        check_pallas_backend('causal_linear_attention(method="pallas")')
+        if chunk_size % CHUNK_MULTIPLE:
+            raise ValueError(
+                f'chunk_size must be a multiple of {CHUNK_MULTIPLE} for method="pallas" (its '
+                f"blocks tile by 16 rows), got {chunk_size}"
+            )
     check_static("normalize", normalize)
     check_static("return_state", return_state)
     check_eps(eps)
@@ -181,7 +196,29 @@ def causal_linear_attention(
         return (o, LinearAttentionState(kv=kv0_BHMD, k_sum=z0_BHM)) if return_state else o
     ok_BTH, poisoned_BTH = _bad_tokens(k32, v32, a_BTH)
 
-    if method == "chunk":  # zeroes bad tokens inside its steps, no extra pass over k and v
+    if method == "pallas":
+        if z0_BHM is None:  # the kernel always carries the normaliser; dropped below
+            z0_BHM_kernel = jnp.zeros((B, H, M), jnp.float32)
+        else:
+            z0_BHM_kernel = z0_BHM
+        ok_BTH1 = ok_BTH[..., None]
+        # bad tokens zeroed (in the input dtype: bfloat16 is read as bfloat16), their outputs NaN
+        k_in, v_in = jnp.where(ok_BTH1, k, 0), jnp.where(ok_BTH1, v, 0)
+        with reverse_mode_only('method="pallas"', FORWARD_MODE_ALTERNATIVES):
+            o_BTHD, kv_BHMD, z_BHM = causal_pallas(
+                jnp.asarray(q),
+                k_in,
+                v_in,
+                a_BTH,
+                kv0_BHMD,
+                z0_BHM_kernel,
+                chunk_size=chunk_size,
+                normalize=normalize,
+                eps=eps,
+            )
+        z_BHM = z_BHM if with_sum else None
+        o_BTHD = jnp.where(poisoned_BTH[..., None], jnp.nan, o_BTHD)
+    elif method == "chunk":  # zeroes bad tokens inside its steps, no extra pass over k and v
         with reverse_mode_only('method="chunk"', FORWARD_MODE_ALTERNATIVES):
             o_BTHD, kv_BHMD, z_BHM = causal_chunked(
                 q32,

@@ -10,6 +10,7 @@ overflow: −30 per token is exact) and no (−inf) − (−inf) arises.
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 from linear_attention.kernels.segments import cumulative_log_decay, masked_exp
@@ -168,3 +169,22 @@ class SubBlocks:
         """
         dq, dk = self.grads(ds, q, k)
         return dq, dk, q * dq, -(k * dk)
+
+
+def suffix_sum_to_reset(db_BTHX, reset_BTHX):
+    """dL/da_s = Σ_{s ≤ t < u} dL/dB_t from dL/dB_t `[B, T, H, X]` (B the cumulative log
+    decay, `reset` where a = −inf), u the next reset after s; 0 at a reset itself.
+
+    Exact algebra (pairs across a reset have weight 0) gives the plain suffix sum too, but
+    summing past a reset leaves rounding residue: stopping there keeps gradients from crossing
+    a document boundary at all. A reverse scan of da_s = dB_s + [no reset at s+1] · da_{s+1}.
+    """
+    go_on = jnp.pad(~reset_BTHX[:, 1:], ((0, 0), (0, 1), (0, 0), (0, 0))).astype(jnp.float32)
+
+    def combine(later, earlier):  # reverse scan: `later` holds the suffix after `earlier`
+        g_later, x_later = later
+        g, x = earlier
+        return g * g_later, x + g * x_later
+
+    _, da_BTHX = jax.lax.associative_scan(combine, (go_on, db_BTHX), reverse=True, axis=1)
+    return jnp.where(reset_BTHX, 0.0, da_BTHX)

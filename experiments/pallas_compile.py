@@ -1,0 +1,109 @@
+"""Compiler figures of the Pallas kernels against the XLA chunk form, for a TPU, on any machine.
+
+For each kernel (`method="pallas"` and `method="chunk"`, each decay kind) and each length T, the
+program is compiled for a TPU topology through libtpu (no TPU needed) and the compiler's own
+figures are recorded: `memory_analysis()` (temporaries, arguments, outputs and the peak, per
+chip) and `cost_analysis()` (FLOPs, bytes accessed). These are compiler figures, not times. Two
+programs: "forward" (the outputs) and "train" (the outputs and the gradients of a loss on them
+with respect to q, k, v and the log decay).
+
+    python experiments/pallas_compile.py --topology v5e:2x2 \
+        --out docs/results/pallas_compile_v5e.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+from jax.experimental import topologies  # noqa: E402
+
+from linear_attention import kernels as K  # noqa: E402
+from linear_attention.kernels.primitives.pallas import pallas_mosaic  # noqa: E402
+
+DECAYS = ("none", "per_token", "per_key")
+METHODS = ("pallas", "chunk")
+
+
+def compile_one(topology, method, decay, T, mode, *, B=1, H=4, M=128, chunk_size=64):
+    sharding = jax.sharding.SingleDeviceSharding(topology.devices[0])
+
+    def spec(shape, dtype=jnp.bfloat16):
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+
+    decay_shape = {"none": None, "per_token": (B, T, H), "per_key": (B, T, H, M)}[decay]
+    a = None if decay_shape is None else spec(decay_shape, jnp.float32)
+
+    def forward(q, k, v, a):
+        return K.causal_linear_attention(q, k, v, log_decay=a, method=method, chunk_size=chunk_size)
+
+    def train(q, k, v, a):
+        def loss(q, k, v, a):
+            o = forward(q, k, v, a)
+            return jnp.sum(o.astype(jnp.float32) ** 2), o
+
+        argnums = (0, 1, 2) if a is None else (0, 1, 2, 3)
+        return jax.grad(loss, argnums=argnums, has_aux=True)(q, k, v, a)
+
+    fn = forward if mode == "forward" else train
+    qkv = [spec((B, T, H, M)) for _ in range(3)]
+    start = time.perf_counter()
+    with pallas_mosaic():
+        lowered = jax.jit(fn).trace(*qkv, a).lower(lowering_platforms=("tpu",))
+    compiled = lowered.compile()
+    memory, cost = compiled.memory_analysis(), compiled.cost_analysis()
+    return {
+        "method": method,
+        "decay": decay,
+        "T": T,
+        "mode": mode,
+        "temp_bytes": memory.temp_size_in_bytes,
+        "peak_bytes": memory.peak_memory_in_bytes,
+        "argument_bytes": memory.argument_size_in_bytes,
+        "output_bytes": memory.output_size_in_bytes,
+        "flops": cost.get("flops"),
+        "bytes_accessed": cost.get("bytes accessed"),
+        "compile_s": round(time.perf_counter() - start, 1),
+    }
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--topology", default="v5e:2x2", help="a libtpu topology, e.g. v6e:2x2")
+    parser.add_argument("--lengths", default="4096,16384,65536")
+    parser.add_argument("--modes", default="forward,train")
+    parser.add_argument("--out", required=True, help="JSON file to write")
+    args = parser.parse_args()
+    topology = topologies.get_topology_desc(topology_name=args.topology, platform="tpu")
+    rows = []
+    for T in (int(x) for x in args.lengths.split(",")):
+        for mode in args.modes.split(","):
+            for decay in DECAYS:
+                for method in METHODS:
+                    row = compile_one(topology, method, decay, T, mode)
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+    result = {
+        "what": "compiler figures (memory_analysis, cost_analysis) per chip, not times",
+        "topology": args.topology,
+        "shape": {"B": 1, "H": 4, "K": 128, "V": 128, "dtype": "bfloat16", "chunk_size": 64},
+        "jax": jax.__version__,
+        "machine": platform.node(),
+        "load_avg": os.getloadavg(),
+        "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+        "rows": rows,
+    }
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+        f.write("\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,126 @@
+"""Shared parts of the Pallas kernels (`method="pallas"`): where they run, and their block specs.
+
+The kernels are written for TPUs (Mosaic). Where they run is read when a kernel is traced:
+
+- on a TPU backend, the Mosaic kernel;
+- inside `pallas_interpret()`, the same kernel in Pallas's interpret mode on any backend (the
+  tests run it on the CPU: the same block walk, the same arithmetic);
+- inside `pallas_mosaic()`, the Mosaic kernel whatever the default backend: for compiling ahead
+  of time for a TPU topology from another machine
+  (`jax.jit(f).trace(...).lower(lowering_platforms=("tpu",))`, as the compile tests and
+  `experiments/pallas_compile.py` do);
+- elsewhere, `check_pallas_backend` raises a `ValueError`: there is no silent fallback to
+  another method.
+
+The mode is read at trace time, so a function jitted inside one of the context managers keeps the
+kernel it was traced with (JAX's jit cache does not see the mode).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import math
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+_MODE: contextvars.ContextVar[str | None] = contextvars.ContextVar("pallas_mode", default=None)
+
+
+@contextlib.contextmanager
+def pallas_interpret():
+    """Run the Pallas kernels (`method="pallas"`) in Pallas's interpret mode on any backend.
+
+    Example: `with K.pallas_interpret(): o = K.causal_linear_attention(q, k, v,
+    method="pallas")` runs on the CPU. Slow (every block is interpreted): for tests and
+    debugging, not training."""
+    token = _MODE.set("interpret")
+    try:
+        yield
+    finally:
+        _MODE.reset(token)
+
+
+@contextlib.contextmanager
+def pallas_mosaic():
+    """Lower the Pallas kernels for Mosaic (TPU) whatever the default backend: for compiling
+    ahead of time for a TPU topology (`lower(lowering_platforms=("tpu",))`). Running the result
+    needs a TPU."""
+    token = _MODE.set("mosaic")
+    try:
+        yield
+    finally:
+        _MODE.reset(token)
+
+
+def check_pallas_backend(what: str) -> bool:
+    """Whether the Pallas kernels run interpreted (True) or as Mosaic kernels (False); raise a
+    `ValueError` naming `what` when neither applies (no TPU backend, no context manager)."""
+    mode = _MODE.get()
+    if mode is not None:
+        return mode == "interpret"
+    backend = jax.default_backend()
+    if backend != "tpu":
+        raise ValueError(
+            f"{what}: the Pallas kernels target TPU (Mosaic), and the default backend is "
+            f"{backend!r}. Run on a TPU, or inside linear_attention.kernels.pallas_interpret() "
+            "to run the same kernels in Pallas interpret mode on any backend (slow: for tests), "
+            'or use method="chunk"'
+        )
+    return False
+
+
+def compiler_params(num_sequential: int = 1):
+    """Mosaic parameters for a grid of independent rows (batch × heads) followed by
+    `num_sequential` axes walked in order (a state carried across chunks)."""
+    return pltpu.CompilerParams(dimension_semantics=("parallel",) + ("arbitrary",) * num_sequential)
+
+
+def cost_estimate(*, flops: int, transcendentals: int, arrays) -> pl.CostEstimate:
+    """A `pl.CostEstimate` whose bytes are those of the arrays a call reads and writes (each
+    read or written once), so that XLA's scheduler and `cost_analysis()` see the kernel's work."""
+    nbytes = sum(math.prod(x.shape) * jnp.dtype(x.dtype).itemsize for x in arrays)
+    return pl.CostEstimate(
+        flops=int(flops), transcendentals=int(transcendentals), bytes_accessed=nbytes
+    )
+
+
+def chunk_spec(block: tuple[int, ...], reverse: bool = False, num_chunks: int | None = None):
+    """Block spec of a `[rows, time-or-chunks, ...]` array for a `(rows, chunks)` grid: row r,
+    chunk j (chunk N − 1 − j with `reverse`, for a backward walk; then `num_chunks` is N).
+    `block` is the block shape with None for the squeezed row axis, e.g. `(None, C, M)`."""
+    rest = (0,) * (len(block) - 2)
+    if reverse:
+        return pl.BlockSpec(block, lambda r, j: (r, num_chunks - 1 - j, *rest))
+    return pl.BlockSpec(block, lambda r, j: (r, j, *rest))
+
+
+def row_spec(block: tuple[int, ...]):
+    """Block spec of a per-row array (a state `[rows, M, Dv]`) for a `(rows, chunks)` grid: the
+    same block for every chunk of the row (read once, or written after the row's last chunk)."""
+    rest = (0,) * (len(block) - 1)
+    return pl.BlockSpec(block, lambda r, j: (r, *rest))
+
+
+def mxu_dot(a, b, *, trans_a: bool = False, trans_b: bool = False):
+    """a @ b in float32 on the MXU, with either operand read transposed (no transpose made)."""
+    contract = ((0 if trans_a else a.ndim - 1,), (b.ndim - 1 if trans_b else 0,))
+    return jax.lax.dot_general(
+        a,
+        b,
+        (contract, ((), ())),
+        precision=jax.lax.Precision.HIGHEST,
+        preferred_element_type=jnp.float32,
+    )
+
+
+def vmem_f32(shape):
+    """A float32 VMEM scratch buffer (a state carried across the chunks of a row)."""
+    return pltpu.VMEM(shape, jnp.float32)
+
+
+def round_up(x: int, multiple: int) -> int:
+    return -(-x // multiple) * multiple

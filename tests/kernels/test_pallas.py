@@ -1,0 +1,285 @@
+"""The Pallas kernels (`method="pallas"`), in Pallas interpret mode on the CPU: outputs, final
+states and every input's gradient against the float64 recurrence (gradients by central
+differences of it in float64) and against `method="chunk"`; dispatch errors; and the Mosaic
+kernels compiled for TPU v5e and v6e through libtpu."""
+
+import functools
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from linear_attention import kernels as K
+from tests.kernels.reference import causal_linear_attention_loop, rel_err
+
+H, M, DV = 2, 4, 4
+EPS = 1e-6
+
+
+# ---- the float64 reference: outputs, states and a loss's gradient by central differences ----
+
+
+def _weights(T):
+    """Fixed weights of the loss: every output and state entry matters differently."""
+    w_o = np.cos(np.arange(T * H * DV)).reshape(1, T, H, DV)
+    w_s = np.sin(np.arange(H * M * DV)).reshape(1, H, M, DV)
+    w_z = 0.3 * np.cos(np.arange(H * M) + 0.5).reshape(1, H, M)
+    return w_o, w_s, w_z
+
+
+def _reference_losses(args, normalize, segment_ids):
+    """The loss of each batch row [P] of the float64 recurrence."""
+    q, k, v, a, kv0, z0 = args
+    P, T = q.shape[:2]
+    seg = None if segment_ids is None else np.broadcast_to(segment_ids, (P, T))
+    o, kv, z = causal_linear_attention_loop(q, k, v, a, kv0, z0, normalize, EPS, seg)
+    w_o, w_s, w_z = _weights(T)
+    return (o * w_o).sum((1, 2, 3)) + (kv * w_s).sum((1, 2, 3)) + (z * w_z).sum((1, 2))
+
+
+def _finite_difference_grads(args, normalize, segment_ids, h=1e-6):
+    """d loss / d each of (q, k, v, log_decay, kv0, k_sum0) in float64, every entry perturbed
+    by ±h at once as rows of one batch (the inputs have batch 1; a `[H]` decay becomes
+    `[rows, 1, H]`)."""
+    args = [None if x is None else np.asarray(x, np.float64) for x in args]
+    grads = []
+    for i, x in enumerate(args):
+        if x is None:
+            grads.append(None)
+            continue
+        n = x.size
+        flat = np.tile(x.reshape(1, -1), (2 * n, 1))
+        flat[np.arange(n), np.arange(n)] += h
+        flat[n + np.arange(n), np.arange(n)] -= h
+        rows = flat.reshape(2 * n, *(x.shape[1:] if x.ndim > 1 else (1, x.shape[0])))
+        batched = [
+            rows
+            if j == i
+            else None
+            if y is None
+            else (y if y.ndim == 1 else np.broadcast_to(y, (2 * n, *y.shape[1:])))
+            for j, y in enumerate(args)
+        ]
+        losses = _reference_losses(batched, normalize, segment_ids)
+        grads.append(((losses[:n] - losses[n:]) / (2 * h)).reshape(x.shape))
+    return grads
+
+
+# ---- the kernels, through the public entry point ----
+
+
+@functools.partial(jax.jit, static_argnames=("method", "normalize", "chunk_size"))
+def _outputs_and_grads(q, k, v, a, kv0, z0, segment_ids, *, method, normalize, chunk_size):
+    def loss(q, k, v, a, kv0, z0):
+        o, state = K.causal_linear_attention(
+            q,
+            k,
+            v,
+            log_decay=a,
+            normalize=normalize,
+            method=method,
+            chunk_size=chunk_size,
+            initial_state=K.LinearAttentionState(kv0, z0),
+            return_state=True,
+            segment_ids=segment_ids,
+        )
+        w_o, w_s, w_z = (jnp.asarray(w, jnp.float32) for w in _weights(q.shape[1]))
+        total = jnp.sum(o * w_o) + jnp.sum(state.kv * w_s) + jnp.sum(state.k_sum * w_z)
+        return total, (o, state.kv, state.k_sum)
+
+    argnums = (0, 1, 2, 4, 5) if a is None else (0, 1, 2, 3, 4, 5)
+    grads, outputs = jax.grad(loss, argnums=argnums, has_aux=True)(q, k, v, a, kv0, z0)
+    if a is None:
+        grads = (*grads[:3], None, *grads[3:])
+    return outputs, grads
+
+
+def _inputs(T, decay, seed=0):
+    """Batch-1 float32 inputs: positive features, a log decay of the given kind, a state."""
+    rng = np.random.default_rng(seed)
+    q = np.abs(rng.normal(size=(1, T, H, M))) + 0.1
+    k = np.abs(rng.normal(size=(1, T, H, M))) + 0.1
+    v = rng.normal(size=(1, T, H, DV))
+    a = {
+        "none": None,
+        "per_head": np.log(np.array([0.9, 0.6])),  # RetNet: fixed, [H]
+        "per_token": -rng.uniform(0.0, 0.3, size=(1, T, H)),  # Mamba-2 / simple GLA
+        "per_key": -rng.uniform(0.0, 0.3, size=(1, T, H, M)),  # GLA
+    }[decay]
+    if decay == "per_key":
+        a[..., 0, 1] = -30.0  # a strong decay on one channel: exact, no overflow
+    kv0 = rng.normal(size=(1, H, M, DV))
+    z0 = np.abs(rng.normal(size=(1, H, M))) + 0.5
+    return [None if x is None else jnp.asarray(x, jnp.float32) for x in (q, k, v, a, kv0, z0)]
+
+
+def _segments(T, starts):
+    """[1, T] ids with a new document at each of `starts`."""
+    ids = np.zeros((1, T), np.int32)
+    for s in starts:
+        ids[:, s:] += 1
+    return jnp.asarray(ids)
+
+
+# (decay, normalize, T, chunk_size, document starts): T = 1; T not a multiple of the chunk;
+# resets mid-chunk and on a chunk boundary; the per-key kind over two 16-query sub-blocks.
+CASES = [
+    ("none", True, 37, 16, ()),
+    ("per_head", True, 37, 16, ()),
+    ("per_token", False, 37, 16, (5, 16)),
+    ("per_token", True, 1, 16, ()),
+    ("per_key", True, 45, 32, (20, 32)),
+    ("per_key", False, 45, 32, ()),
+]
+
+
+@pytest.mark.parametrize(("decay", "normalize", "T", "chunk_size", "starts"), CASES)
+def test_matches_float64_recurrence_and_chunk(decay, normalize, T, chunk_size, starts):
+    args = _inputs(T, decay)
+    seg = _segments(T, starts) if starts else None
+    config = dict(normalize=normalize, chunk_size=chunk_size)
+    with K.pallas_interpret():
+        (o, kv, z), grads = _outputs_and_grads(*args, seg, method="pallas", **config)
+    (o_c, kv_c, z_c), grads_c = _outputs_and_grads(*args, seg, method="chunk", **config)
+    seg_np = None if seg is None else np.asarray(seg)
+    ref = causal_linear_attention_loop(*args, normalize=normalize, eps=EPS, segment_ids=seg_np)
+    for name, x, x_c, r in zip(
+        ("o", "kv", "k_sum"), (o, kv, z), (o_c, kv_c, z_c), ref, strict=True
+    ):
+        assert rel_err(x, r) < 1e-4, (name, rel_err(x, r))
+        assert rel_err(x, x_c) < 1e-4, (name, rel_err(x, x_c))
+    ref_grads = _finite_difference_grads(args, normalize, seg_np)
+    names = ("q", "k", "v", "log_decay", "kv0", "k_sum0")
+    for name, g, g_c, r in zip(names, grads, grads_c, ref_grads, strict=True):
+        if r is None:
+            assert g is None
+            continue
+        assert g.shape == r.shape, name
+        assert rel_err(g, r) < 1e-4, (name, rel_err(g, r))
+        assert rel_err(g, g_c) < 1e-4, (name, rel_err(g, g_c))
+
+
+def test_bfloat16_inputs_match_chunk():
+    """bfloat16 in, bfloat16 out, float32 states: as close to `chunk` as bfloat16 rounding."""
+    args = _inputs(37, "per_token", seed=1)
+    args = [x.astype(jnp.bfloat16) if i < 3 else x for i, x in enumerate(args)]
+    config = dict(normalize=True, chunk_size=16)
+    with K.pallas_interpret():
+        (o, kv, z), grads = _outputs_and_grads(*args, None, method="pallas", **config)
+    (o_c, kv_c, z_c), grads_c = _outputs_and_grads(*args, None, method="chunk", **config)
+    assert o.dtype == jnp.bfloat16 and kv.dtype == jnp.float32
+    assert rel_err(o, o_c) < 1e-2
+    assert rel_err(kv, kv_c) < 1e-4  # states from the same bfloat16 inputs, in float32
+    for g, g_c in zip(grads, grads_c, strict=True):
+        assert g.dtype == g_c.dtype
+        assert rel_err(g, g_c) < 2e-2
+
+
+def test_without_state_and_non_finite_tokens_match_chunk():
+    """No initial state, no returned state, and a NaN key: poisoned outputs as in `chunk`."""
+    q, k, v, a, _, _ = _inputs(37, "per_token", seed=2)
+    k = k.at[0, 9, 1].set(jnp.nan)
+    seg = _segments(37, (20,))
+
+    def run(method):
+        return K.causal_linear_attention(
+            q, k, v, log_decay=a, method=method, chunk_size=16, segment_ids=seg
+        )
+
+    with K.pallas_interpret():
+        o = run("pallas")
+    o_c = run("chunk")
+    np.testing.assert_array_equal(np.isnan(o), np.isnan(o_c))
+    assert np.isnan(o[0, 9:20, 1]).all() and not np.isnan(o[0, 20:, 1]).any()
+    finite = ~np.isnan(o_c)
+    assert rel_err(np.asarray(o)[finite], np.asarray(o_c)[finite]) < 1e-4
+
+
+# ---- dispatch ----
+
+
+def test_pallas_outside_tpu_raises_unless_interpreted():
+    q, k, v, *_ = _inputs(5, "none")
+    with pytest.raises(ValueError, match="target TPU.*pallas_interpret"):
+        K.causal_linear_attention(q, k, v, method="pallas", chunk_size=16)
+
+
+def test_pallas_chunk_size_must_tile():
+    q, k, v, *_ = _inputs(5, "none")
+    with K.pallas_interpret(), pytest.raises(ValueError, match="chunk_size must be a multiple"):
+        K.causal_linear_attention(q, k, v, method="pallas", chunk_size=24)
+
+
+def test_pallas_forward_mode_names_the_alternatives():
+    q, k, v, *_ = _inputs(5, "none")
+    f = functools.partial(K.causal_linear_attention, method="pallas", chunk_size=16)
+    with K.pallas_interpret(), pytest.raises(ValueError, match="reverse-mode.*chunk_parallel"):
+        jax.jvp(lambda q: f(q, k, v), (q,), (q,))
+
+
+def test_unknown_method_lists_pallas():
+    q, k, v, *_ = _inputs(5, "none")
+    with pytest.raises(ValueError, match="'pallas'"):
+        K.causal_linear_attention(q, k, v, method="mosaic")
+
+
+# ---- the Mosaic kernels, compiled for TPUs through libtpu ----
+
+
+def _tpu_topology(name):
+    """A TPU topology from libtpu (no TPU needed), or skip with the reason."""
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # several xdist workers
+    from jax.experimental import topologies
+
+    try:
+        return topologies.get_topology_desc(topology_name=name, platform="tpu")
+    except Exception as e:  # libtpu absent or unusable: nothing to compile with
+        pytest.skip(f"no TPU compiler (libtpu) for {name}: {e}")
+
+
+# Each compile takes 10-40 s on the 2-core machine: the default run compiles two of the three
+# kernels, one per generation; `-m slow` compiles every kernel for both.
+_SLOW = pytest.mark.slow
+COMPILE_CASES = [
+    ("v5e:2x2", "per_token"),
+    ("v6e:2x2", "per_key"),
+    pytest.param("v5e:2x2", "none", marks=_SLOW),
+    pytest.param("v5e:2x2", "per_key", marks=_SLOW),
+    pytest.param("v6e:2x2", "none", marks=_SLOW),
+    pytest.param("v6e:2x2", "per_token", marks=_SLOW),
+]
+
+
+@pytest.mark.parametrize(("topology", "decay"), COMPILE_CASES)
+def test_compiles_for_tpu(topology, decay):
+    """Forward and gradient in one program at B=1, T=4096, H=4, K=V=128, bfloat16."""
+    from linear_attention.kernels.primitives.pallas import pallas_mosaic
+
+    topo = _tpu_topology(topology)
+    sharding = jax.sharding.SingleDeviceSharding(topo.devices[0])
+    B, T, Hc, Mc = 1, 4096, 4, 128
+
+    def spec(shape, dtype=jnp.bfloat16):
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+
+    decay_shape = {"none": None, "per_token": (B, T, Hc), "per_key": (B, T, Hc, Mc)}[decay]
+    a = None if decay_shape is None else spec(decay_shape, jnp.float32)
+
+    def loss(q, k, v, a):
+        o = K.causal_linear_attention(q, k, v, log_decay=a, method="pallas", chunk_size=64)
+        return jnp.sum(o.astype(jnp.float32) ** 2), o
+
+    def forward_and_grads(q, k, v, a):
+        argnums = (0, 1, 2) if a is None else (0, 1, 2, 3)
+        return jax.grad(loss, argnums=argnums, has_aux=True)(q, k, v, a)
+
+    qkv = [spec((B, T, Hc, Mc)) for _ in range(3)]
+    with pallas_mosaic():
+        lowered = jax.jit(forward_and_grads).trace(*qkv, a).lower(lowering_platforms=("tpu",))
+    text = lowered.as_text()
+    assert "tpu_custom_call" in text  # the Mosaic kernels, not an XLA fallback
+    compiled = lowered.compile()
+    assert compiled.memory_analysis() is not None
+    assert compiled.cost_analysis()["flops"] > 0
