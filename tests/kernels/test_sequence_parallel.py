@@ -26,12 +26,14 @@ SEGMENTS = np.array(  # boundaries at shard edges (6, 12 of 4 shards) and inside
 REPLICATED = ("kv0", "z0", "s0")  # the initial state is the same on every shard
 
 
-def check(name, kernel, xs, seg, n, tol=1e-4):
+def check(name, kernel, xs, seg, n, tol=1e-4, check_vma=True):
     """Split over n devices vs unsplit: outputs and the gradients of a weighted loss on them.
 
     `kernel(xs, seg, *, axis_name)` returns `(o, state)`; `xs` is a dict of the float inputs
     (split along time, except a fixed `[H]` decay and the initial state), `seg` the segment ids
-    or None. Returns the split outputs.
+    or None. Returns the split outputs. `check_vma=False` for Pallas's interpret mode, whose
+    interpreted kernel body does not type its constants as varying over the mesh (a Mosaic
+    kernel is one typed primitive).
     """
     import jax
     import jax.numpy as jnp
@@ -46,6 +48,7 @@ def check(name, kernel, xs, seg, n, tol=1e-4):
         mesh=mesh,
         in_specs=(specs, time),
         out_specs=(time, P()),
+        check_vma=check_vma,
     )
     unsplit = functools.partial(kernel, axis_name=None)
 
@@ -97,18 +100,21 @@ def main(part):
         "BTHM": -0.5 * jnp.abs(f(B, T, H, M)),
     }
 
-    def linear(xs, seg, *, axis_name, normalize, method):
+    def linear(xs, seg, *, axis_name, normalize, method, chunk_size=4):
         return K.causal_linear_attention(
             xs["q"], xs["k"], xs["v"], log_decay=xs.get("a"),
             initial_state=K.LinearAttentionState(xs["kv0"], xs["z0"]), segment_ids=seg,
-            normalize=normalize, method=method, chunk_size=4, return_state=True,
+            normalize=normalize, method=method, chunk_size=chunk_size, return_state=True,
             axis_name=axis_name,
         )  # fmt: skip
 
-    def run(name, n, decay, normalize=True, method="chunk", segments=False):
+    def run(name, n, decay, normalize=True, method="chunk", segments=False, chunk_size=4):
         xs = dict(base) if decays[decay] is None else {**base, "a": decays[decay]}
-        kernel = functools.partial(linear, normalize=normalize, method=method)
-        return check(name, kernel, xs, jnp.asarray(SEGMENTS) if segments else None, n)
+        kernel = functools.partial(
+            linear, normalize=normalize, method=method, chunk_size=chunk_size
+        )
+        seg = jnp.asarray(SEGMENTS) if segments else None
+        return check(name, kernel, xs, seg, n, check_vma=method != "pallas")
 
     # "split" (the default run) covers every kernel family with packed rows, a per-key decay
     # over 8 shards, an unnormalised output and the float64 loop; "split_more" (slow) the rest.
@@ -126,6 +132,9 @@ def main(part):
         for x, ref in ((o, o_ref), (state.kv, kv_ref), (state.k_sum, z_ref)):
             assert rel_err(x, ref) <= 1e-4, rel_err(x, ref)
         print("CHECKED loop/BTHM/segments/n=8", flush=True)
+    if part == "pallas":  # the Pallas kernel (interpreted) gives each shard's summary
+        with K.pallas_interpret():
+            run("pallas/BTHM/segments", 4, "BTHM", method="pallas", segments=True, chunk_size=16)
     if part == "split_more":
         # Every device count, a data-dependent decay, from an initial state.
         for n in (2, 4, 8):
@@ -261,6 +270,7 @@ EXPECTED_MORE = [
 
 
 EXPECTED_NAN = ["nan/chunk", "nan/scan", "nan/delta", "nan/delta/loop"]
+EXPECTED_PALLAS = ["pallas/BTHM/segments"]
 
 
 def run_checks(part):
@@ -298,6 +308,12 @@ def test_split_over_devices_equals_unsplit():
 def test_split_over_devices_more_equals_unsplit():
     """Every device count, decay kind and method (minutes: 11 sharded programs)."""
     assert run_checks("split_more") == EXPECTED_MORE
+
+
+def test_split_over_devices_pallas_equals_unsplit():
+    """method="pallas" (interpret mode) composes with `axis_name` as "chunk" does: a decay per
+    key channel, packed rows, 4 shards."""
+    assert run_checks("pallas") == EXPECTED_PALLAS
 
 
 def test_nan_in_one_shard_stops_at_a_reset_as_unsplit():

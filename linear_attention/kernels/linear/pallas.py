@@ -43,8 +43,10 @@ from linear_attention.kernels.primitives.pallas import (
     compiler_params,
     cost_estimate,
     mxu_dot,
+    result_struct,
     round_up,
     row_spec,
+    vary_together,
     vmem_f32,
 )
 from linear_attention.kernels.segments import cumulative_log_decay
@@ -386,19 +388,21 @@ def _forward_call(q, k, v, a, kv0, z0, config, keep):
     dtype = jnp.result_type(q, k, v)
     inputs = [_rows(q), _rows(k), _rows(v), *_decay_inputs(a, C)]
     inputs += [kv0.reshape(R, M, Dv), z0.reshape(R, 1, M)]
+    inputs = vary_together(inputs)
+    struct = functools.partial(result_struct, like=inputs[0])
     in_specs = [chunk_spec((None, C, M))] * 2 + [chunk_spec((None, C, Dv))]
     in_specs += _decay_specs(kind, C, M)
     in_specs += [row_spec((None, M, Dv)), row_spec((None, 1, M))]
     out_shape = [
-        jax.ShapeDtypeStruct((R, T, Dv), dtype),
-        jax.ShapeDtypeStruct((R, M, Dv), jnp.float32),
-        jax.ShapeDtypeStruct((R, 1, M), jnp.float32),
+        struct((R, T, Dv), dtype),
+        struct((R, M, Dv), jnp.float32),
+        struct((R, 1, M), jnp.float32),
     ]
     out_specs = [chunk_spec((None, C, Dv)), row_spec((None, M, Dv)), row_spec((None, 1, M))]
     if keep:
         out_shape += [
-            jax.ShapeDtypeStruct((R, N, M, Dv), jnp.float32),
-            jax.ShapeDtypeStruct((R, N, 1, M), jnp.float32),
+            struct((R, N, M, Dv), jnp.float32),
+            struct((R, N, 1, M), jnp.float32),
         ]
         out_specs += [chunk_spec((None, None, M, Dv)), chunk_spec((None, None, 1, M))]
     kernel = functools.partial(
@@ -448,18 +452,20 @@ def _linear_pallas_bwd(config, residuals, cotangents):
     inputs = [_rows(q), _rows(k), _rows(v), _rows(do.astype(jnp.result_type(q, k, v)))]
     inputs += _decay_inputs(a, C)
     inputs += [s_enter, z_enter, dkv.reshape(R, M, Dv), dz.reshape(R, 1, M)]
+    inputs = vary_together(inputs)
+    struct = functools.partial(result_struct, like=inputs[0])
     rev = functools.partial(chunk_spec, reverse=True, num_chunks=N)
     in_specs = [rev((None, C, M))] * 2 + [rev((None, C, Dv))] * 2
     in_specs += _decay_specs(kind, C, M, reverse=True, num_chunks=N)
     in_specs += [rev((None, None, M, Dv)), rev((None, None, 1, M))]
     in_specs += [row_spec((None, M, Dv)), row_spec((None, 1, M))]
     out_shape = [
-        jax.ShapeDtypeStruct((R, T, M), q.dtype),
-        jax.ShapeDtypeStruct((R, T, M), k.dtype),
-        jax.ShapeDtypeStruct((R, T, Dv), v.dtype),
-        jax.ShapeDtypeStruct((R, T, X), jnp.float32),
-        jax.ShapeDtypeStruct((R, M, Dv), jnp.float32),
-        jax.ShapeDtypeStruct((R, 1, M), jnp.float32),
+        struct((R, T, M), q.dtype),
+        struct((R, T, M), k.dtype),
+        struct((R, T, Dv), v.dtype),
+        struct((R, T, X), jnp.float32),
+        struct((R, M, Dv), jnp.float32),
+        struct((R, 1, M), jnp.float32),
     ]
     out_specs = [rev((None, C, M))] * 2 + [rev((None, C, Dv)), rev((None, C, X))]
     out_specs += [row_spec((None, M, Dv)), row_spec((None, 1, M))]

@@ -75,7 +75,8 @@ def affine_sequence_parallel(local, v, s0_BHKD, axis_name, *, like, resets_BTH=N
     return o_BTHD, s_out_BHKD
 
 
-def _vma(x):
+def varying_axes(x):
+    """The mesh axes `x` is typed as varying over (inside `jax.shard_map`; empty outside)."""
     aval = jax.typeof(x)
     varying = getattr(aval, "vma", None)  # the set of varying mesh axes (renamed across versions)
     return aval.manual_axis_type.varying if varying is None else varying
@@ -87,7 +88,7 @@ def vary_like(x, ref):
     replicated) must vary like the queries."""
     if x is None:
         return x
-    missing = tuple(sorted(_vma(ref) - _vma(x)))
+    missing = tuple(sorted(varying_axes(ref) - varying_axes(x)))
     return jax.lax.pcast(x, missing, to="varying") if missing else x
 
 

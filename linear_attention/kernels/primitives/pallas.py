@@ -27,6 +27,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from linear_attention.kernels.primitives.combine import varying_axes
+
 _MODE: contextvars.ContextVar[str | None] = contextvars.ContextVar("pallas_mode", default=None)
 
 
@@ -120,6 +122,27 @@ def mxu_dot(a, b, *, trans_a: bool = False, trans_b: bool = False):
 def vmem_f32(shape):
     """A float32 VMEM scratch buffer (a state carried across the chunks of a row)."""
     return pltpu.VMEM(shape, jnp.float32)
+
+
+def vary_together(arrays):
+    """The arrays typed as varying over every mesh axis any of them varies over, and that set.
+
+    Inside `jax.shard_map` (sequence parallelism), a `pallas_call`'s operands and results must
+    say how they vary over the mesh: a state replicated over the axis enters a kernel beside
+    queries split over it."""
+    axes = set()
+    for x in arrays:
+        axes |= set(varying_axes(x))
+    out = []
+    for x in arrays:
+        missing = tuple(sorted(axes - set(varying_axes(x))))
+        out.append(jax.lax.pcast(x, missing, to="varying") if missing else x)
+    return out
+
+
+def result_struct(shape, dtype, like):
+    """A `pallas_call` result typed as varying over the mesh like the operand `like`."""
+    return jax.ShapeDtypeStruct(shape, dtype, manual_axis_type=jax.typeof(like).mat)
 
 
 def round_up(x: int, multiple: int) -> int:
