@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from linear_attention.kernels.primitives.pallas import pallas_mosaic
 from linear_attention.models.config import REMAT
 from linear_attention.training.config import ExperimentConfig, experiment_config
 from linear_attention.training.flops import flops_per_token
@@ -142,9 +143,13 @@ def dry_run(config, *, fit: bool = False, log: Callable[[str], None] | None = No
     result["hbm_bytes_per_device"] = hbm
     result["hbm_source"] = HBM_SOURCE.format(**versions())
     result["versions"] = versions()
-    compile_one = lambda c: compile_for_target(  # noqa: E731
-        trace_train_step(c, make_mesh(c.mesh.num_devices, c.mesh.seq, devices)), target, hbm
-    )
+
+    def compile_one(c):
+        # method="pallas": the Mosaic kernels, lowered for the target whatever this backend is
+        with pallas_mosaic():
+            traced = trace_train_step(c, make_mesh(c.mesh.num_devices, c.mesh.seq, devices))
+        return compile_for_target(traced, target, hbm)
+
     if not fit:
         return {**result, **_compiled_fields(compile_one(cfg))}
     chosen, tries = _fit_search(cfg, mesh.shape[DATA_AXIS], compile_one, hbm, log or _quiet)

@@ -297,12 +297,15 @@ def summed_gradients(model, batch, mesh, accum: int):
 
 def model_stats(model, batch, mesh=None):
     """`token_stats` of the model on ``batch`` (with its ``segment_ids`` if packed); with a
-    ``seq`` mesh axis over more than one device, time split over it (sequence parallelism)."""
+    ``seq`` mesh axis over more than one device, time split over it (sequence parallelism).
+    A model with ``method="pallas"`` on more than one device runs in `jax.shard_map` too (with
+    ``seq`` 1: rows split over ``data``): XLA cannot partition a Mosaic kernel itself."""
 
     def stats(model, batch):
         return token_stats(model(batch["inputs"], batch.get("segment_ids")), batch["labels"])
 
-    if mesh is None or mesh.shape.get("seq", 1) == 1:
+    pallas = getattr(getattr(model, "config", None), "method", None) == "pallas"
+    if mesh is None or (mesh.shape.get("seq", 1) == 1 and not (pallas and mesh.size > 1)):
         return stats(model, batch)
     return sequence_parallel_stats(stats, model, batch, mesh)
 

@@ -169,6 +169,21 @@ def test_every_mixer_family_compiles_for_a_v5e_slice(capsys, monkeypatch, preset
 
 
 @needs_libtpu
+def test_the_pallas_method_compiles_for_a_v5e_slice(capsys, monkeypatch):
+    """method="pallas" on a CPU machine: the Mosaic kernels lowered for the target (a per-token
+    decay and a plain linear layer); without a target the dry run compiles for this machine's
+    CPU, where the Pallas kernels raise."""
+    monkeypatch.chdir(ROOT)
+    model = ["--config.model.method=pallas", "--config.model.chunk_size=16"]
+    model += ["--config.model.mixer=gated,linear", "--config.model.num_layers=2"]
+    status, sizing, err = _dry_run(capsys, "--config=configs/mqar.py:smoke", V5E, *model)
+    assert status == 0, err
+    _check_sizing(sizing, devices=4)
+    status, _, err = _dry_run(capsys, "--config=configs/mqar.py:smoke", *model)
+    assert status == 2 and "the Pallas kernels target TPU" in err, err
+
+
+@needs_libtpu
 def test_a_step_that_cannot_fit_exits_1_with_what_it_needs(capsys, monkeypatch):
     """2^21 rows of 32 tokens on 4 chips: each holds 2^19 · 32 · 256 float32 logits (16 GiB)
     alone, more than a v5e chip's 15.75 GiB, so the compiler refuses the step."""
