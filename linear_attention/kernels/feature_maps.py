@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from linear_attention.kernels._checks import check_choice, check_positive_int
+from linear_attention.kernels.checks import check_choice, check_positive_int
 
 __all__ = [
     "NAMES",

@@ -6,9 +6,15 @@ flows into the first document only). A reset is a decay factor of exactly 0, i.e
 −inf: kernels that take `log_decay` get packed rows by folding the resets into it, and must mask
 −inf before any `exp` of a difference of cumulative log decays. Softmax attention instead masks
 the logits of keys in another segment (`same_segment`).
+
+`Segments` carries what the kernels and layers need of packed rows, derived once per model call
+(`Segments.from_ids`): every kernel's `segment_ids` takes it as well as raw ids, and then reads
+its checked `ids` and `starts` instead of validating and deriving them again.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -30,6 +36,126 @@ def check_segment_ids(segment_ids, batch: int, time: int):
     return jnp.asarray(segment_ids)
 
 
+class Segments(NamedTuple):
+    """Packed rows, derived once (`from_ids`), `[B, T]` each:
+
+    ids        int32  the index of each token's document in its row (0, 1, 2, …): a softmax
+                      mask over equal ids and a reset at changes of id then describe the same
+                      documents even if an id comes back later
+    starts     bool   True where a document starts (t = 0 of the row and every change of id;
+                      under a time split, a span's first token is a start only if a document
+                      starts there in the whole row)
+    positions  int32  each token's position within its document (rotary, learned)
+    """
+
+    ids: jax.Array
+    starts: jax.Array
+    positions: jax.Array
+
+    @classmethod
+    def from_ids(cls, segment_ids, batch: int, time: int, axis_name: str | None = None):
+        """Check `segment_ids` (integers `[batch, time]`, ValueError otherwise) and derive the
+        document ids, starts and positions. With `axis_name` (time split over that `shard_map`
+        axis, this call seeing one span of each row) the answer is the whole row's: the ids are
+        gathered over the axis (`[B, T]` integers, small beside the activations), numbered, and
+        this span's part sliced out, so every span numbers a document crossing its start as its
+        neighbour does and counts positions from the document's global start."""
+        segment_ids = check_segment_ids(segment_ids, batch, time)
+        if axis_name is None:
+            return cls(*_derive(segment_ids))
+        row_BS = jax.lax.all_gather(segment_ids, axis_name, axis=1, tiled=True)
+        start = jax.lax.axis_index(axis_name) * time
+        parts = (jax.lax.dynamic_slice_in_dim(a, start, time, axis=1) for a in _derive(row_BS))
+        return cls(*parts)
+
+
+def _derive(segment_ids_BT):
+    """(ids, starts, positions) of whole rows."""
+    changes_BT = segment_starts(segment_ids_BT)
+    ids_BT = jnp.cumsum(changes_BT, axis=1, dtype=jnp.int32)
+    starts_BT = changes_BT.at[:, 0].set(True)
+    index_T = jnp.arange(segment_ids_BT.shape[1], dtype=jnp.int32)
+    first_BT = jax.lax.cummax(jnp.where(starts_BT, index_T, 0), axis=1)
+    return ids_BT, starts_BT, index_T - first_BT
+
+
+def document_ids(segment_ids, batch: int, time: int):
+    """The `[B, T]` ids a kernel compares (masks): a `Segments`' own (checked when it was made,
+    only its shape here), or raw `segment_ids` checked. None stays None."""
+    if isinstance(segment_ids, Segments):
+        _check_shape(segment_ids, batch, time)
+        return segment_ids.ids
+    return check_segment_ids(segment_ids, batch, time)
+
+
+def _check_shape(segments: Segments, batch: int, time: int) -> None:
+    if tuple(jnp.shape(segments.ids)) != (batch, time):
+        raise ValueError(
+            f"segment_ids (a Segments) must have shape [B, T] = {(batch, time)}, got "
+            f"{tuple(jnp.shape(segments.ids))}"
+        )
+
+
+def segment_resets(segment_ids, batch: int, time: int, axis_name: str | None = None):
+    """`[B, T]` bool: the tokens before which a recurrent state is zeroed, or None.
+
+    `segment_ids`: None, raw ids `[B, T]` (checked here) or a `Segments` (read as it is). A reset
+    is a document start, never the first token of the sequence (an initial state flows into the
+    first document). With `axis_name` (time split), a span's first token is a reset when a
+    document starts there in the whole row: a `Segments` made under the split knows it; for raw
+    ids the previous span's last id arrives by `ppermute`.
+    """
+    if segment_ids is None:
+        return None
+    if isinstance(segment_ids, Segments):
+        _check_shape(segment_ids, batch, time)
+        first_B = segment_ids.starts[:, 0]
+        if axis_name is None:
+            first_B = jnp.zeros_like(first_B)
+        else:
+            first_B = first_B & (jax.lax.axis_index(axis_name) > 0)
+        return segment_ids.starts.at[:, 0].set(first_B)
+    ids_BT = check_segment_ids(segment_ids, batch, time)
+    starts_BT = segment_starts(ids_BT)
+    if axis_name is not None:
+        starts_BT = starts_BT.at[:, 0].set(_span_start(ids_BT, axis_name))
+    return starts_BT
+
+
+def _span_start(segment_ids, axis_name):
+    """`[B]` bool: this span's first token starts a new document (its id differs from the
+    previous span's last id, which arrives by `ppermute`); False on the first span."""
+    n = jax.lax.axis_size(axis_name)
+    idx = jax.lax.axis_index(axis_name)
+    prev_last_B = jax.lax.ppermute(
+        segment_ids[:, -1], axis_name, perm=[(i, i + 1) for i in range(n - 1)]
+    )
+    return (idx > 0) & (segment_ids[:, 0] != prev_last_B)
+
+
+def fold_resets(resets_BT, log_decay, num_heads: int):
+    """A log decay with −inf (a reset) before every token of `resets_BT` (None: unchanged).
+
+    `log_decay` is float32 `[B, T, H]`, `[B, T, H, M]` (every key dimension is reset) or None
+    (zeros `[B, T, H]` are made when there is a reset to fold)."""
+    if resets_BT is None:
+        return log_decay
+    if log_decay is None:
+        log_decay = jnp.zeros((*resets_BT.shape, num_heads), jnp.float32)
+    resets = resets_BT.reshape(resets_BT.shape + (1,) * (jnp.ndim(log_decay) - 2))
+    return jnp.where(resets, -jnp.inf, log_decay)
+
+
+def reset_reach(log_decay):
+    """`[B, T, H]` bool: a reset lies at or before each token (a −inf log decay in every key
+    dimension zeroes the whole state), or None without a decay. Under a time split it tells how
+    far a NaN carried into the span reaches."""
+    if log_decay is None:
+        return None
+    reached = jnp.isneginf(jnp.cumsum(log_decay, axis=1))
+    return jnp.all(reached, -1) if reached.ndim == 4 else reached
+
+
 def segment_starts(segment_ids):
     """`[B, T]` bool: True at tokens whose id differs from the previous token's (never at t=0)."""
     changed_BT = segment_ids[:, 1:] != segment_ids[:, :-1]
@@ -42,11 +168,7 @@ def segment_log_decay(segment_ids, log_decay, num_heads: int):
     `log_decay` is float32 `[B, T, H]`, `[B, T, H, M]` (a decay per key dimension; every dimension
     is reset) or None (no decay). Returns float32 of the same shape, `[B, T, H]` for None.
     """
-    starts_BT = segment_starts(segment_ids)
-    if log_decay is None:
-        log_decay = jnp.zeros((*segment_ids.shape, num_heads), jnp.float32)
-    starts = starts_BT.reshape(starts_BT.shape + (1,) * (jnp.ndim(log_decay) - 2))
-    return jnp.where(starts, -jnp.inf, log_decay)
+    return fold_resets(segment_starts(segment_ids), log_decay, num_heads)
 
 
 def same_segment(q_segment_ids, k_segment_ids):

@@ -38,7 +38,7 @@ from linear_attention.layers.projections import LowRank, QKVProjection, ShiftedI
 from linear_attention.layers.registry import MIXERS, get_mixer
 from linear_attention.layers.rotary import apply_rotary
 from linear_attention.layers.rwkv7 import RWKV7Mixer
-from linear_attention.layers.segments import Segments
+from linear_attention.layers.segments import Segments, segments_of
 from linear_attention.layers.sliding_window import RingBuffer, SlidingWindowMixer
 from linear_attention.layers.softmax import KVCache, SoftmaxMixer
 
@@ -51,6 +51,7 @@ __all__ = [
     "COMMON_OPTIONS",
     "Option",
     "Segments",
+    "segments_of",
     "QKVProjection",
     "TokenShift",
     "ShiftedInputs",

@@ -130,7 +130,7 @@ class DeltaNetMixer(Mixer):
             log_decay=self._log_decay(x_BTD),
             method=self.method,
             chunk_size=self.chunk_size,
-            segment_ids=None if segments is None else segments.ids,
+            segment_ids=segments,  # checked once per model call: the kernel reads it as is
             axis_name=sequence_axis(),
         )
         beta = self.beta(x_BTD)

@@ -138,7 +138,7 @@ class LinearMixer(Mixer):
             **self._kernel_options(),
         )
         if segments is not None:
-            options["segment_ids"] = segments.ids
+            options["segment_ids"] = segments
         if core is None:
             return K.causal_linear_attention(phi_q_BTHM, phi_k_BTHM, v_BTHD, **options), None
         return K.causal_linear_attention(

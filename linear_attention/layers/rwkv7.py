@@ -149,7 +149,7 @@ class RWKV7Mixer(Mixer):
                 log_decay=log_decay,
                 method=self.method,
                 chunk_size=self.chunk_size,
-                segment_ids=None if segments is None else segments.ids,
+                segment_ids=segments,
                 axis_name=sequence_axis(),
             )
             if core is None:

@@ -62,7 +62,7 @@ class SoftmaxMixer(Mixer):
             )
             return o, None
         if core is None:
-            ids = {} if segments is None else dict(segment_ids=segments.ids)
+            ids = {} if segments is None else dict(segment_ids=segments)
             o_BTHD = K.softmax_attention(q_BTHK, k_BTHK, v_BTHD, causal=True, scale=scale, **ids)
             return o_BTHD, None
         t, length = q_BTHK.shape[1], core.k.shape[1]

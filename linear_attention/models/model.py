@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from linear_attention.layers import Block, FavorMixer, MixerState, RMSNorm, Segments
+from linear_attention.layers import Block, FavorMixer, MixerState, RMSNorm, segments_of
 from linear_attention.layers.sequence import sequence_offset
 from linear_attention.models.config import MAX_POSITION, ModelConfig
 from linear_attention.models.tokens import check_token_ids, is_concrete
@@ -170,8 +170,8 @@ class LanguageModel(nnx.Module):
             )
         check_token_ids(tokens, self.config.vocab_size)
         # checked and turned into document ids, starts and positions once, for every layer (with
-        # time split, the whole row's ids and positions: `Segments.from_ids`)
-        segments = None if segment_ids is None else Segments.from_ids(segment_ids, *tokens.shape)
+        # time split, the whole row's ids and positions: `segments_of`)
+        segments = None if segment_ids is None else segments_of(segment_ids, *tokens.shape)
         # position 0 unless time is split
         x, valid = self._embed(tokens, sequence_offset(tokens.shape[1]), segments)
         if self.config.remat == "none":

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from linear_attention.kernels._checks import check_layouts
+from linear_attention.kernels.checks import check_layouts
 
 
 def test_layouts_return_the_sizes_by_letter():

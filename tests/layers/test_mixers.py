@@ -22,7 +22,6 @@ from linear_attention.layers import (
     get_mixer,
 )
 from linear_attention.layers.rotary import apply_rotary
-from linear_attention.layers.segments import document_ids, document_positions
 from linear_attention.layers.sequence import split_sequence
 from tests.layers.numpy_reference import mixer_reference, output_reference
 
@@ -463,11 +462,10 @@ def test_conv_reads_no_other_document_by_gradients():
 
 def test_segment_helpers_hand_cases():
     seg = jnp.asarray([[7, 7, 3, 3, 3, 7], [1, 2, 3, 3, 3, 3]])
-    docs = document_ids(seg)
-    np.testing.assert_array_equal(docs, [[0, 0, 1, 1, 1, 2], [0, 1, 2, 2, 2, 2]])
-    np.testing.assert_array_equal(
-        document_positions(docs), [[0, 1, 0, 1, 2, 0], [0, 0, 0, 1, 2, 3]]
-    )
+    segments = Segments.from_ids(seg, 2, 6)
+    np.testing.assert_array_equal(segments.ids, [[0, 0, 1, 1, 1, 2], [0, 1, 2, 2, 2, 2]])
+    np.testing.assert_array_equal(segments.positions, [[0, 1, 0, 1, 2, 0], [0, 0, 0, 1, 2, 3]])
+    np.testing.assert_array_equal(segments.starts, [[1, 0, 1, 0, 0, 1], [1, 1, 1, 0, 0, 0]])
 
 
 def test_bad_segment_ids_raise():

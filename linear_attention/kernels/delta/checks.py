@@ -7,7 +7,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from linear_attention.kernels._checks import (
+from linear_attention.kernels.checks import (
     check_choice,
     check_float,
     check_layouts,

@@ -50,8 +50,9 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from linear_attention.kernels._checks import check_log_decay
+from linear_attention.kernels.checks import check_log_decay
 from linear_attention.kernels.delta.checks import (
+    METHODS,
     check_beta,
     check_delta_state,
     check_inputs,
@@ -59,19 +60,20 @@ from linear_attention.kernels.delta.checks import (
     initial_state_f32,
 )
 from linear_attention.kernels.primitives.chunk_scan import affine_chunk_scan, chunks_per_step
-from linear_attention.kernels.primitives.combine import affine_sequence_parallel, span_resets
 from linear_attention.kernels.primitives.decays import (
     ChunkDecays,
     SubBlocks,
     pair_decays,
     sub_block_size,
 )
+from linear_attention.kernels.primitives.driver import affine_call
 from linear_attention.kernels.primitives.layout import from_chunks, pad_time, to_chunks
 from linear_attention.kernels.primitives.triangular import invert_unit_lower, unit_lower_solve_vjp
 from linear_attention.kernels.segments import (
-    check_segment_ids,
     cumulative_log_decay,
-    segment_log_decay,
+    fold_resets,
+    reset_reach,
+    segment_resets,
 )
 from linear_attention.kernels.state import LinearAttentionState
 
@@ -110,7 +112,8 @@ def delta_rule(
       chunk_size: tokens per chunk for "chunk"; T need not be a multiple of it.
       initial_state: `LinearAttentionState(kv=[B, HV, K, Dv], k_sum=None)`.
       return_state: also return the state after the last token.
-      segment_ids: `[B, T]` integers (packed rows): S is reset before every change of id.
+      segment_ids: `[B, T]` integers or a `Segments` (packed rows): S is reset before every
+        change of id.
       axis_name: time split over this `shard_map` axis: the unsplit result by sequence
         parallelism (`sequence_parallel.py`).
     Returns:
@@ -126,34 +129,30 @@ def delta_rule(
     B, T, H, HV, Kd, Dv = check_delta_inputs(q, k, v, beta, time=True)
     s0_BHKD = initial_state_f32(initial_state, B, HV, Kd, Dv)
     a_BTHX = check_log_decay(log_decay, (B, T, HV), "[B, T, HV]", feature_dim=Kd)
-    if segment_ids is not None:
-        a_BTHX = segment_log_decay(check_segment_ids(segment_ids, B, T), a_BTHX, HV)
-
-    dtype = jnp.result_type(q, k, v)
+    a_BTHX = fold_resets(segment_resets(segment_ids, B, T, axis_name), a_BTHX, HV)
     q32, k32 = (expand_heads(x.astype(jnp.float32), HV) for x in (q, k))
-    v32 = v.astype(jnp.float32)
     beta32 = jnp.asarray(beta, jnp.float32)
-    core = delta_chunked if method == "chunk" else delta_scan
-    kwargs = {"chunk_size": chunk_size} if method == "chunk" else {}
-    if axis_name is not None:  # time split: the unsplit kernel per shard, then one combine
-        a_BTHX = span_resets(a_BTHX, segment_ids, HV, axis_name)
+    match method:
+        case "chunk":
+            kernel = functools.partial(delta_chunked, chunk_size=chunk_size)
+        case "scan":
+            kernel = delta_scan
+        case _:
+            raise ValueError(f"unknown method {method!r}; allowed: {', '.join(METHODS)}")
 
-        def local(v_ext, s_init):
-            return core(q32, k32, v_ext, beta32, a_BTHX, s_init, **kwargs)
+    def core(v_ext, s_init):
+        return kernel(q32, k32, v_ext, beta32, a_BTHX, s_init)
 
-        resets_BTH = None
-        if a_BTHX is not None:  # a reset zeroes the state if it spans every key channel
-            resets_BTH = jnp.isneginf(jnp.cumsum(a_BTHX, axis=1))
-            resets_BTH = jnp.all(resets_BTH, -1) if resets_BTH.ndim == 4 else resets_BTH
-        o_BTHD, s_BHKD = affine_sequence_parallel(
-            local, v32, s0_BHKD, axis_name, like=q32, resets_BTH=resets_BTH
-        )
-    else:
-        o_BTHD, s_BHKD = core(q32, k32, v32, beta32, a_BTHX, s0_BHKD, **kwargs)
-    o_BTHD = o_BTHD.astype(dtype)
-    if not return_state:
-        return o_BTHD
-    return o_BTHD, LinearAttentionState(kv=s_BHKD, k_sum=None)
+    return affine_call(
+        core,
+        v.astype(jnp.float32),
+        s0_BHKD,
+        dtype=jnp.result_type(q, k, v),
+        return_state=return_state,
+        axis_name=axis_name,
+        like=q32,
+        reached_BTH=reset_reach(a_BTHX),
+    )
 
 
 def delta_rule_step(state: LinearAttentionState, q, k, v, beta, *, log_decay=None):

@@ -16,11 +16,14 @@ the n-th sub-token. `chunk_size` counts sub-tokens, so a chunk costs what a delt
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
-from linear_attention.kernels._checks import check_log_decay
+from linear_attention.kernels.checks import check_log_decay
 from linear_attention.kernels.delta.checks import (
+    METHODS,
     check_beta,
     check_delta_state,
     check_inputs,
@@ -28,8 +31,8 @@ from linear_attention.kernels.delta.checks import (
     initial_state_f32,
 )
 from linear_attention.kernels.delta.delta import delta_chunked, delta_token
-from linear_attention.kernels.primitives.combine import affine_sequence_parallel, span_resets
-from linear_attention.kernels.segments import check_segment_ids, segment_log_decay
+from linear_attention.kernels.primitives.driver import affine_call
+from linear_attention.kernels.segments import fold_resets, reset_reach, segment_resets
 from linear_attention.kernels.state import LinearAttentionState
 
 
@@ -58,7 +61,8 @@ def delta_product(
       chunk_size: sub-tokens (of the T·n) per chunk for "chunk".
       initial_state: `LinearAttentionState(kv=[B, H, K, Dv], k_sum=None)`.
       return_state: also return the state after the last token.
-      segment_ids: `[B, T]` integers: the state is zeroed before every change of id.
+      segment_ids: `[B, T]` integers or a `Segments`: the state is zeroed before every change
+        of id.
       axis_name: time split over this `shard_map` axis (`affine_sequence_parallel`).
     Returns:
       `o: [B, T, H, Dv]` in `result_type(q, k, v)`, and with `return_state` the final state.
@@ -67,33 +71,31 @@ def delta_product(
     B, T, H, n, Kd, Dv = _check_inputs(q, k, v, beta, time=True)
     s0_BHKD = initial_state_f32(initial_state, B, H, Kd, Dv)
     a_BTH = check_log_decay(log_decay, (B, T, H), "[B, T, H]")
-    if segment_ids is not None:
-        a_BTH = segment_log_decay(check_segment_ids(segment_ids, B, T), a_BTH, H)
-    if axis_name is not None:
-        a_BTH = span_resets(a_BTH, segment_ids, H, axis_name)
-    dtype = jnp.result_type(q, k, v)
-    q32, k32, v32 = (x.astype(jnp.float32) for x in (q, k, v))
+    a_BTH = fold_resets(segment_resets(segment_ids, B, T, axis_name), a_BTH, H)
+    q32, k32 = (x.astype(jnp.float32) for x in (q, k))
     beta32 = jnp.asarray(beta, jnp.float32)
+    match method:
+        case "chunk":
+            kernel = functools.partial(delta_product_chunked, chunk_size=chunk_size)
+        case "scan":
+            kernel = delta_product_scan
+        case _:
+            raise ValueError(f"unknown method {method!r}; allowed: {', '.join(METHODS)}")
 
-    def run(v_BTHND, s_init):
-        if method == "scan":
-            return delta_product_scan(q32, k32, v_BTHND, beta32, a_BTH, s_init)
-        return delta_product_chunked(
-            q32, k32, v_BTHND, beta32, a_BTH, s_init, chunk_size=chunk_size
-        )
+    def core(v_BTHND, s_init):
+        return kernel(q32, k32, v_BTHND, beta32, a_BTH, s_init)
 
-    if axis_name is not None:
-        # a −inf decay zeroes the state before the token's steps: a NaN carried in stops there
-        resets_BTH = None if a_BTH is None else jnp.isneginf(jnp.cumsum(a_BTH, axis=1))
-        o_BTHD, s_BHKD = affine_sequence_parallel(
-            run, v32, s0_BHKD, axis_name, like=q32, resets_BTH=resets_BTH
-        )
-    else:
-        o_BTHD, s_BHKD = run(v32, s0_BHKD)
-    o_BTHD = o_BTHD.astype(dtype)
-    if not return_state:
-        return o_BTHD
-    return o_BTHD, LinearAttentionState(kv=s_BHKD, k_sum=None)
+    # a −inf decay zeroes the state before the token's steps: a NaN carried in stops there
+    return affine_call(
+        core,
+        v.astype(jnp.float32),
+        s0_BHKD,
+        dtype=jnp.result_type(q, k, v),
+        return_state=return_state,
+        axis_name=axis_name,
+        like=q32,
+        reached_BTH=reset_reach(a_BTH),
+    )
 
 
 def delta_product_step(state: LinearAttentionState, q, k, v, beta, *, log_decay=None):

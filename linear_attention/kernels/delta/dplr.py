@@ -42,23 +42,20 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from linear_attention.kernels._checks import check_log_decay
+from linear_attention.kernels.checks import check_log_decay
 from linear_attention.kernels.delta.checks import (
+    METHODS,
     check_delta_state,
     check_inputs,
     check_options,
     initial_state_f32,
 )
 from linear_attention.kernels.primitives.chunk_scan import affine_chunk_scan, chunks_per_step
-from linear_attention.kernels.primitives.combine import affine_sequence_parallel, span_start_reset
 from linear_attention.kernels.primitives.decays import ChunkDecays, SubBlocks, sub_block_size
+from linear_attention.kernels.primitives.driver import affine_call
 from linear_attention.kernels.primitives.layout import from_chunks, pad_time, to_chunks
 from linear_attention.kernels.primitives.triangular import invert_unit_lower, unit_lower_solve_vjp
-from linear_attention.kernels.segments import (
-    check_segment_ids,
-    cumulative_log_decay,
-    segment_starts,
-)
+from linear_attention.kernels.segments import cumulative_log_decay, segment_resets
 from linear_attention.kernels.state import LinearAttentionState
 
 
@@ -91,7 +88,8 @@ def dplr_delta_rule(
       chunk_size: tokens per chunk for "chunk"; T need not be a multiple of it.
       initial_state: `LinearAttentionState(kv=[B, H, K, Dv], k_sum=None)`.
       return_state: also return the state after the last token.
-      segment_ids: `[B, T]` integers: the state is zeroed before every change of id.
+      segment_ids: `[B, T]` integers or a `Segments`: the state is zeroed before every change
+        of id.
       axis_name: time split over this `shard_map` axis (`affine_sequence_parallel`).
     Returns:
       `o: [B, T, H, Dv]` in `result_type(q, k, v)`, and with `return_state` the final state.
@@ -101,32 +99,33 @@ def dplr_delta_rule(
     s0_BHKD = initial_state_f32(initial_state, B, H, Kd, Dv)
     w = check_log_decay(log_decay, (B, T, H), "[B, T, H]", feature_dim=Kd)
     w_BTHK = _per_key(w, (B, T, H, Kd))
-    dtype = jnp.result_type(q, k, v)
-    q32, k32, v32, a32, b32 = (x.astype(jnp.float32) for x in (q, k, v, a, b))
-    if segment_ids is not None:
-        starts_BT = segment_starts(check_segment_ids(segment_ids, B, T))
-        if axis_name is not None:
-            starts_BT = starts_BT.at[:, 0].set(span_start_reset(segment_ids, axis_name))
-        w_BTHK, a32 = _fold_resets(starts_BT, w_BTHK, a32)
-    core = dplr_chunked if method == "chunk" else dplr_scan
-    kwargs = {"chunk_size": chunk_size} if method == "chunk" else {}
-    if axis_name is not None:
+    q32, k32, a32, b32 = (x.astype(jnp.float32) for x in (q, k, a, b))
+    resets_BT = segment_resets(segment_ids, B, T, axis_name)
+    reached_BTH = None  # only a segment start zeroes the state (w = −inf keeps the low rank)
+    if resets_BT is not None:
+        w_BTHK, a32 = _fold_resets(resets_BT, w_BTHK, a32)
+        reached_BTH = jnp.broadcast_to(jnp.cumsum(resets_BT, axis=1)[..., None] > 0, (B, T, H))
+    match method:
+        case "chunk":
+            kernel = functools.partial(dplr_chunked, chunk_size=chunk_size)
+        case "scan":
+            kernel = dplr_scan
+        case _:
+            raise ValueError(f"unknown method {method!r}; allowed: {', '.join(METHODS)}")
 
-        def local(v_ext, s_init):
-            return core(q32, k32, v_ext, a32, b32, w_BTHK, s_init, **kwargs)
+    def core(v_ext, s_init):
+        return kernel(q32, k32, v_ext, a32, b32, w_BTHK, s_init)
 
-        resets_BTH = None  # only a segment start zeroes the state (w = −inf keeps the low rank)
-        if segment_ids is not None:
-            resets_BTH = jnp.broadcast_to(jnp.cumsum(starts_BT, axis=1)[..., None] > 0, (B, T, H))
-        o_BTHD, s_BHKD = affine_sequence_parallel(
-            local, v32, s0_BHKD, axis_name, like=q32, resets_BTH=resets_BTH
-        )
-    else:
-        o_BTHD, s_BHKD = core(q32, k32, v32, a32, b32, w_BTHK, s0_BHKD, **kwargs)
-    o_BTHD = o_BTHD.astype(dtype)
-    if not return_state:
-        return o_BTHD
-    return o_BTHD, LinearAttentionState(kv=s_BHKD, k_sum=None)
+    return affine_call(
+        core,
+        v.astype(jnp.float32),
+        s0_BHKD,
+        dtype=jnp.result_type(q, k, v),
+        return_state=return_state,
+        axis_name=axis_name,
+        like=q32,
+        reached_BTH=reached_BTH,
+    )
 
 
 def dplr_delta_rule_step(state: LinearAttentionState, q, k, v, a, b, *, log_decay=None):

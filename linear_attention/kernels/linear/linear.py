@@ -28,7 +28,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from linear_attention.kernels._checks import (
+from linear_attention.kernels.checks import (
     check_choice,
     check_eps,
     check_float,
@@ -46,7 +46,7 @@ from linear_attention.kernels.linear.quadratic import causal_quadratic
 from linear_attention.kernels.linear.recurrent import causal_scan
 from linear_attention.kernels.linear.sequence_parallel import linear_sequence_parallel
 from linear_attention.kernels.primitives.pallas import check_pallas_backend
-from linear_attention.kernels.segments import check_segment_ids, segment_log_decay
+from linear_attention.kernels.segments import fold_resets, segment_resets
 from linear_attention.kernels.state import LinearAttentionState, check_state
 
 METHODS = ("chunk", "scan", "associative_scan", "quadratic", "chunk_parallel")
@@ -126,9 +126,10 @@ def causal_linear_attention(
       initial_state: state before the first token; None means zeros. Its `k_sum` may be None
         without `normalize` (then the returned state's is None too).
       return_state: also return the state after the last token.
-      segment_ids: `[B, T]` integers, None for one document per row. The state is zeroed before
-        every token whose id differs from the previous token's (the initial state flows into
-        the first document only): a token attends only to earlier tokens of its document.
+      segment_ids: `[B, T]` integers or a `Segments`, None for one document per row. The state
+        is zeroed before every token whose id differs from the previous token's (the initial
+        state flows into the first document only): a token attends only to earlier tokens of
+        its document.
       axis_name: inside `jax.shard_map` with time split over this mesh axis, compute the
         unsplit result (outputs, gradients, and the global final state on every shard) by
         sequence parallelism (`sequence_parallel.py`). None: no split.
@@ -161,102 +162,136 @@ def causal_linear_attention(
     if initial_state is not None:
         check_state(initial_state, B, H, M, Dv, need_k_sum=normalize)
     a_BTH = check_log_decay(log_decay, (B, T, H), "[B, T, H]", feature_dim=M)
-    segment_ids = check_segment_ids(segment_ids, B, T)
-    if segment_ids is not None:
-        a_BTH = segment_log_decay(segment_ids, a_BTH, H)
-
+    a_BTH = fold_resets(segment_resets(segment_ids, B, T, axis_name), a_BTH, H)
     dtype = jnp.result_type(q, k, v)
     q32, k32, v32 = (jnp.asarray(x, jnp.float32) for x in (q, k, v))
     with_sum = normalize or (
         return_state and (initial_state is None or initial_state.k_sum is not None)
     )
-    if initial_state is None:
-        kv0_BHMD = jnp.zeros((B, H, M, Dv), jnp.float32)
-        z0_BHM = jnp.zeros((B, H, M), jnp.float32) if with_sum else None
-    else:
-        kv0_BHMD = jnp.asarray(initial_state.kv, jnp.float32)
-        z0_BHM = jnp.asarray(initial_state.k_sum, jnp.float32) if with_sum else None
+    kv0_BHMD, z0_BHM = _initial_state(initial_state, (B, H, M, Dv), with_sum)
     if axis_name is not None:  # time split: the unsplit kernel per shard, then a combine
         local = functools.partial(
             causal_linear_attention, normalize=False, method=method, chunk_size=chunk_size
         )
         o_BTHD, kv_BHMD, z_BHM = linear_sequence_parallel(
-            local,
+            local, (q32, k32, v32, a_BTH), (kv0_BHMD, z0_BHM), axis_name, normalize, eps
+        )
+        state = LinearAttentionState(kv_BHMD, z_BHM)
+    elif B == 0 or H == 0:  # nothing to compute (and no chunk of zero rows to split)
+        o_BTHD = jnp.zeros((B, T, H, Dv), jnp.float32)
+        state = LinearAttentionState(kv=kv0_BHMD, k_sum=z0_BHM)
+    else:
+        o_BTHD, state = _local(
+            (q, k, v),
             (q32, k32, v32, a_BTH),
             (kv0_BHMD, z0_BHM),
-            segment_ids,
-            axis_name,
+            method,
+            chunk_size,
             normalize,
             eps,
         )
-        o_BTHD = o_BTHD.astype(dtype)
-        return (o_BTHD, LinearAttentionState(kv_BHMD, z_BHM)) if return_state else o_BTHD
-    if B == 0 or H == 0:  # nothing to compute (and no chunk of zero rows to split)
-        o = jnp.zeros((B, T, H, Dv), dtype)
-        return (o, LinearAttentionState(kv=kv0_BHMD, k_sum=z0_BHM)) if return_state else o
-    ok_BTH, poisoned_BTH = _bad_tokens(k32, v32, a_BTH)
-
-    if method == "pallas":
-        if z0_BHM is None:  # the kernel always carries the normaliser; dropped below
-            z0_BHM_kernel = jnp.zeros((B, H, M), jnp.float32)
-        else:
-            z0_BHM_kernel = z0_BHM
-        ok_BTH1 = ok_BTH[..., None]
-        # bad tokens zeroed (in the input dtype: bfloat16 is read as bfloat16), their outputs NaN
-        k_in, v_in = jnp.where(ok_BTH1, k, 0), jnp.where(ok_BTH1, v, 0)
-        with reverse_mode_only('method="pallas"', FORWARD_MODE_ALTERNATIVES):
-            o_BTHD, kv_BHMD, z_BHM = causal_pallas(
-                jnp.asarray(q),
-                k_in,
-                v_in,
-                a_BTH,
-                kv0_BHMD,
-                z0_BHM_kernel,
-                chunk_size=chunk_size,
-                normalize=normalize,
-                eps=eps,
-            )
-        z_BHM = z_BHM if with_sum else None
-        o_BTHD = jnp.where(poisoned_BTH[..., None], jnp.nan, o_BTHD)
-    elif method == "chunk":  # zeroes bad tokens inside its steps, no extra pass over k and v
-        with reverse_mode_only('method="chunk"', FORWARD_MODE_ALTERNATIVES):
-            o_BTHD, kv_BHMD, z_BHM = causal_chunked(
-                q32,
-                k32,
-                v32,
-                a_BTH,
-                kv0_BHMD,
-                z0_BHM,
-                chunk_size=chunk_size,
-                normalize=normalize,
-                eps=eps,
-                guard=(ok_BTH, poisoned_BTH),
-            )
-    else:
-        ok_BTH1 = ok_BTH[..., None]
-        k32, v32 = jnp.where(ok_BTH1, k32, 0.0), jnp.where(ok_BTH1, v32, 0.0)
-        core = {
-            "scan": causal_scan,
-            "associative_scan": causal_associative,
-            "chunk_parallel": functools.partial(causal_chunk_parallel, chunk_size=chunk_size),
-        }.get(method, causal_quadratic)
-        # The normaliser is the output for a value that is always 1: one more value column.
-        if with_sum:
-            v32 = jnp.concatenate([v32, jnp.ones((B, T, H, 1), jnp.float32)], axis=-1)
-            kv0_BHMD = jnp.concatenate([kv0_BHMD, z0_BHM[..., None]], axis=-1)
-        out_BTHD, s_BHMD = core(q32, k32, v32, a_BTH, kv0_BHMD)
-        o_BTHD, kv_BHMD = out_BTHD[..., :Dv], s_BHMD[..., :Dv]
-        z_BHM = s_BHMD[..., Dv] if with_sum else None
-        if normalize:
-            o_BTHD = o_BTHD / (out_BTHD[..., Dv:] + eps)
-        o_BTHD = jnp.where(poisoned_BTH[..., None], jnp.nan, o_BTHD)
     o_BTHD = o_BTHD.astype(dtype)
-    if not return_state:
-        return o_BTHD
+    return (o_BTHD, state) if return_state else o_BTHD
+
+
+def _initial_state(initial_state, shape, with_sum):
+    """The entering `(kv [B, H, M, Dv], k_sum [B, H, M] or None)`, float32 (zeros for None)."""
+    if initial_state is None:
+        kv0_BHMD = jnp.zeros(shape, jnp.float32)
+        return kv0_BHMD, jnp.zeros(shape[:-1], jnp.float32) if with_sum else None
+    kv0_BHMD = jnp.asarray(initial_state.kv, jnp.float32)
+    return kv0_BHMD, jnp.asarray(initial_state.k_sum, jnp.float32) if with_sum else None
+
+
+def _local(qkv, qkva, state0, method, chunk_size, normalize, eps):
+    """The unsplit kernel on float32 arrays (`qkv`: the inputs as given, for "pallas", which
+    reads them in their own dtype), non-finite keys and values guarded (module docstring):
+    `(o_BTHD, LinearAttentionState)`, NaN where a bad token reaches."""
+    q32, k32, v32, a_BTH = qkva
+    kv0_BHMD, z0_BHM = state0
+    ok_BTH, poisoned_BTH = _bad_tokens(k32, v32, a_BTH)
+    match method:
+        case "chunk":  # zeroes bad tokens inside its steps, no extra pass over k and v
+            with reverse_mode_only('method="chunk"', FORWARD_MODE_ALTERNATIVES):
+                o_BTHD, kv_BHMD, z_BHM = causal_chunked(
+                    *qkva,
+                    kv0_BHMD,
+                    z0_BHM,
+                    chunk_size=chunk_size,
+                    normalize=normalize,
+                    eps=eps,
+                    guard=(ok_BTH, poisoned_BTH),
+                )
+        case "pallas":
+            o_BTHD, kv_BHMD, z_BHM = _pallas_core(
+                qkv, qkva[3], state0, ok_BTH, chunk_size, normalize, eps
+            )
+            o_BTHD = jnp.where(poisoned_BTH[..., None], jnp.nan, o_BTHD)
+        case "scan" | "associative_scan" | "quadratic" | "chunk_parallel":
+            o_BTHD, kv_BHMD, z_BHM = _value_column_core(
+                _CORES[method](chunk_size), qkva, state0, ok_BTH, normalize, eps
+            )
+            o_BTHD = jnp.where(poisoned_BTH[..., None], jnp.nan, o_BTHD)
+        case _:
+            allowed = ", ".join(METHODS + PALLAS_METHODS)
+            raise ValueError(f"unknown method {method!r}; allowed: {allowed}")
     last_BH11 = poisoned_BTH[:, -1, :, None, None]
     kv_BHMD = jnp.where(last_BH11, jnp.nan, kv_BHMD)
     z_BHM = None if z_BHM is None else jnp.where(last_BH11[..., 0], jnp.nan, z_BHM)
     return o_BTHD, LinearAttentionState(kv=kv_BHMD, k_sum=z_BHM)
+
+
+def _pallas_core(qkv, a_BTH, state0, ok_BTH, chunk_size, normalize, eps):
+    """The Pallas kernel (`pallas.py`) on the inputs in their own dtype, bad tokens zeroed (in
+    that dtype: bfloat16 is read as bfloat16); it always carries the normaliser."""
+    q, k, v = qkv
+    kv0_BHMD, z0_BHM = state0
+    z0_kernel = jnp.zeros(kv0_BHMD.shape[:-1], jnp.float32) if z0_BHM is None else z0_BHM
+    ok_BTH1 = ok_BTH[..., None]
+    k_in, v_in = jnp.where(ok_BTH1, k, 0), jnp.where(ok_BTH1, v, 0)
+    with reverse_mode_only('method="pallas"', FORWARD_MODE_ALTERNATIVES):
+        o_BTHD, kv_BHMD, z_BHM = causal_pallas(
+            jnp.asarray(q),
+            k_in,
+            v_in,
+            a_BTH,
+            kv0_BHMD,
+            z0_kernel,
+            chunk_size=chunk_size,
+            normalize=normalize,
+            eps=eps,
+        )
+    return o_BTHD, kv_BHMD, z_BHM if z0_BHM is not None else None
+
+
+# The methods that take the normaliser as one more value column, by name (`chunk_size` or not).
+_CORES = {
+    "scan": lambda chunk_size: causal_scan,
+    "associative_scan": lambda chunk_size: causal_associative,
+    "quadratic": lambda chunk_size: causal_quadratic,
+    "chunk_parallel": lambda chunk_size: functools.partial(
+        causal_chunk_parallel, chunk_size=chunk_size
+    ),
+}
+
+
+def _value_column_core(core, qkva, state0, ok_BTH, normalize, eps):
+    """`core(q, k, v, a, s0) -> (out, s)` with the normaliser as the output for a value that is
+    always 1 (one more value column), bad tokens zeroed: `(o_BTHD, kv_BHMD, z_BHM or None)`."""
+    q32, k32, v32, a_BTH = qkva
+    kv0_BHMD, z0_BHM = state0
+    B, T, H, Dv = v32.shape
+    ok_BTH1 = ok_BTH[..., None]
+    k32, v32 = jnp.where(ok_BTH1, k32, 0.0), jnp.where(ok_BTH1, v32, 0.0)
+    if z0_BHM is not None:
+        v32 = jnp.concatenate([v32, jnp.ones((B, T, H, 1), jnp.float32)], axis=-1)
+        kv0_BHMD = jnp.concatenate([kv0_BHMD, z0_BHM[..., None]], axis=-1)
+    out_BTHD, s_BHMD = core(q32, k32, v32, a_BTH, kv0_BHMD)
+    o_BTHD, kv_BHMD = out_BTHD[..., :Dv], s_BHMD[..., :Dv]
+    z_BHM = s_BHMD[..., Dv] if z0_BHM is not None else None
+    if normalize:
+        o_BTHD = o_BTHD / (out_BTHD[..., Dv:] + eps)
+    return o_BTHD, kv_BHMD, z_BHM
 
 
 def _bad_tokens(k_BTHM, v_BTHD, a_BTH):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from linear_attention.kernels._checks import (
+from linear_attention.kernels.checks import (
     check_eps,
     check_float,
     check_layouts,

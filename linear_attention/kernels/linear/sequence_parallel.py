@@ -11,24 +11,24 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from linear_attention.kernels.primitives.combine import prefix, span_resets, vary_like
+from linear_attention.kernels.primitives.combine import prefix, vary_like
 from linear_attention.kernels.state import LinearAttentionState
 
 
-def linear_sequence_parallel(local, qkva, state0, segment_ids, axis_name, normalize, eps):
+def linear_sequence_parallel(local, qkva, state0, axis_name, normalize, eps):
     """Causal linear attention with time split over `axis_name`, on float32 arrays.
 
     `local(q, k, v, log_decay=, return_state=True)` is the unsplit kernel, unnormalised, from a
     zero state. `qkva = (q_BTHM, k_BTHM, v_BTHD, a_BTH)` with the log decay `[B,T,H]`,
-    `[B,T,H,M]` or None and the shard's own resets folded in; `state0 = (kv0_BHMD, z0_BHM)`,
-    `z0_BHM` None when the normaliser state is not tracked. Returns `(o_BTHD, kv_BHMD, z_BHM)`
-    with the global final state.
+    `[B,T,H,M]` or None and the shard's resets folded in (its first token's too);
+    `state0 = (kv0_BHMD, z0_BHM)`, `z0_BHM` None when the normaliser state is not tracked.
+    Returns `(o_BTHD, kv_BHMD, z_BHM)` with the global final state.
     """
     q_BTHM, k_BTHM, v_BTHD, a_BTH = qkva
     kv0_BHMD, z0_BHM = state0
     B, T, H, M = q_BTHM.shape
     Dv = v_BTHD.shape[-1]
-    a_BTH = vary_like(span_resets(a_BTH, segment_ids, H, axis_name), q_BTHM)
+    a_BTH = vary_like(a_BTH, q_BTHM)
 
     # ---- 1. local outputs and summary from a zero state (normaliser: a value that is 1) ----
     with_sum = normalize or z0_BHM is not None

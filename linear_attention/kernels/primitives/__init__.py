@@ -11,7 +11,9 @@
 - `chunk_scan`: the walk across chunks of an affine per-chunk map (`affine_chunk_scan`), with a
   hand-written VJP when the family gives its pullback (one state per chunk kept);
 - `combine`: sequence parallelism, one affine combine `S_out = A S_in + U` over a mesh axis
-  that takes any local kernel (`affine_sequence_parallel`, `prefix`, span resets).
+  that takes any local kernel (`affine_sequence_parallel`, `prefix`);
+- `driver`: the one sequence call of the affine-state families (`affine_call`: the core,
+  the sequence-parallel combine, the cast), after their checks and resets.
 
 A new family (e.g. log-linear attention, PaTH) is a new folder beside `linear/`, `delta/` and
 `softmax/` built from these parts, with its reference (scan/quadratic) beside its fast form.

@@ -29,7 +29,7 @@ A non-finite key or value (NaN outputs of the local kernel, a NaN summary) is ca
 beside clean numbers (`prefix`), so that it reaches later shards only up to a reset, as in the
 unsplit call, and no 0·NaN enters the outputs or the gradient. Work per device is O(T/n) plus
 O(n) state-sized combines. Packed rows (`segment_ids`) reset at
-span starts too: the previous shard's last id arrives by `ppermute`. Gradients are JAX's own
+span starts too (`segments.segment_resets`, before the local kernel runs). Gradients are JAX's own
 through the collectives (the transpose of `all_gather` is a reduce-scatter), so they equal the
 unsplit call's, including those of an initial state replicated over the axis.
 """
@@ -90,31 +90,6 @@ def vary_like(x, ref):
         return x
     missing = tuple(sorted(varying_axes(ref) - varying_axes(x)))
     return jax.lax.pcast(x, missing, to="varying") if missing else x
-
-
-def span_start_reset(segment_ids, axis_name):
-    """`[B]` bool: this span's first token starts a new document (its id differs from the
-    previous span's last id, which arrives by `ppermute`); False on the first shard."""
-    n = jax.lax.axis_size(axis_name)
-    idx = jax.lax.axis_index(axis_name)
-    prev_last_B = jax.lax.ppermute(
-        segment_ids[:, -1], axis_name, perm=[(i, i + 1) for i in range(n - 1)]
-    )
-    return (idx > 0) & (segment_ids[:, 0] != prev_last_B)
-
-
-def span_resets(a_BTH, segment_ids, num_heads, axis_name):
-    """Fold the reset at this span's first token (`span_start_reset`) into the log decay
-    `[B, T, H]` or `[B, T, H, K]` (None: zeros `[B, T, H]` are made); the kernels reset only
-    inside a row, never at its first token. Without `segment_ids`, `a_BTH` is returned."""
-    if segment_ids is None:
-        return a_BTH
-    reset_B = span_start_reset(segment_ids, axis_name)
-    if a_BTH is None:
-        a_BTH = jnp.zeros((*segment_ids.shape, num_heads), jnp.float32)
-    first = a_BTH[:, 0]
-    reset = reset_B.reshape(reset_B.shape + (1,) * (first.ndim - 1))
-    return a_BTH.at[:, 0].set(jnp.where(reset, -jnp.inf, first))
 
 
 def prefix(A, U, s0, reset_BH, axis_name, apply):

@@ -36,7 +36,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from linear_attention.kernels._checks import check_positive_int
+from linear_attention.kernels.checks import check_positive_int
 from linear_attention.kernels.softmax.softmax import check_inputs, quarantine, resolve_scale
 
 __all__ = ["sliding_window_attention"]

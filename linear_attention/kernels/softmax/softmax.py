@@ -39,14 +39,14 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from linear_attention.kernels._checks import (
+from linear_attention.kernels.checks import (
     check_float,
     check_layouts,
     check_positive_int,
     check_static,
     reverse_mode_only,
 )
-from linear_attention.kernels.segments import check_segment_ids, same_segment
+from linear_attention.kernels.segments import document_ids, same_segment
 
 __all__ = ["softmax_attention", "blockwise_softmax_attention", "cached_softmax_attention"]
 
@@ -60,7 +60,7 @@ def check_inputs(q, k, v, scale, segment_ids=None):
             f"segment_ids needs Tq = Tk (one id per token), got q {tuple(q.shape)}, "
             f"k {tuple(k.shape)}"
         )
-    segment_ids = check_segment_ids(segment_ids, q.shape[0], q.shape[1])
+    segment_ids = document_ids(segment_ids, q.shape[0], q.shape[1])
     if scale is None:
         return segment_ids
     if jnp.ndim(scale) != 0:

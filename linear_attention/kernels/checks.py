@@ -1,4 +1,5 @@
-"""Argument checks shared by the kernels: fail fast, name the argument and the shapes."""
+"""Argument checks shared by the kernels (public: every family and the layers use them): fail fast,
+name the argument and the shapes."""
 
 from __future__ import annotations
 
