@@ -43,7 +43,6 @@ from pathlib import Path
 import ml_collections
 
 from linear_attention.data.mad import TASKS
-from linear_attention.layers.registry import MIXERS as REGISTRY
 from linear_attention.training.cli import load_config_file
 from linear_attention.training.sweep.grid import grid_axis
 from linear_attention.training.sweep.mixers import mixer_axis
@@ -66,9 +65,8 @@ MIXERS = (
     "kda",
     "gated_deltaproduct_n1",
     "gated_deltaproduct_n2",
+    "rwkv7",
 )
-# rwkv7 (issue 20) joins the grid once it is in the registry; until then the grid still builds.
-MIXERS += ("rwkv7",) if "rwkv7" in REGISTRY else ()
 MIXER_FIELDS = (
     "model.mixer",
     "model.feature_dim",

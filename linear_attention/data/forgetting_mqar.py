@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from linear_attention.data.batches import IGNORE_INDEX
-from linear_attention.data.mqar import (
+from linear_attention.data.recall_sampling import (
     check_mqar_settings,
     sample_distinct,
     sample_weighted_distinct,

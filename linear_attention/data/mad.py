@@ -47,7 +47,7 @@ from __future__ import annotations
 import numpy as np
 
 from linear_attention.data.batches import IGNORE_INDEX, padded_batches
-from linear_attention.data.mqar import sample_distinct
+from linear_attention.data.recall_sampling import sample_distinct
 
 TASKS = (
     "in_context_recall",

@@ -50,8 +50,8 @@ from linear_attention.layers.options import CHUNK_SIZE, METHOD
 from linear_attention.layers.projections import LowRank, ShiftedInputs
 from linear_attention.layers.sequence import sequence_axis
 
-BRANCHES = ("r", "w", "k", "v", "a", "g")
-# RWKV-7's exponents of its token-shift inits, μ_c = 1 − (i/D)^(p_c · (1 − layer ratio))
+# RWKV-7's exponents of its token-shift inits, branches r, w, k, v, a, g:
+# μ_c = 1 − (i/D)^(p_c · (1 − layer ratio))
 SHIFT_POWERS = (0.2, 0.9, 0.7, 0.7, 0.9, 0.2)
 LAYER_RATIO = 0.5  # a middle layer's init (see the module docstring)
 GROUP_NORM_EPS = 64e-5  # RWKV-7's ln_x: 1e-5 · head_size_divisor² with divisor 8

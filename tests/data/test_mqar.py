@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from linear_attention.data import IGNORE_INDEX, MQARData, multiquery_ar
-from linear_attention.data.mqar import sample_distinct, sample_weighted_distinct
+from linear_attention.data.recall_sampling import sample_distinct, sample_weighted_distinct
 
 
 def _check_example(x, y, *, vocab_size, num_kv_pairs, random_non_queries):
