@@ -49,7 +49,6 @@ from linear_attention.kernels.primitives.pallas import (
     vary_together,
     vmem_f32,
 )
-from linear_attention.kernels.segments import cumulative_log_decay
 
 # Queries per sub-block of a decay per key channel (its diagonal blocks cost C·16·M exps).
 SUB_BLOCK = 16
@@ -57,7 +56,7 @@ SUB_BLOCK = 16
 CHUNK_MULTIPLE = 16
 DECAY_KINDS = ("none", "head", "key")
 # Decay arrays each kind passes to the kernels (see `_decay_inputs`).
-_NUM_DECAY = {"none": 0, "head": 4, "key": 3}
+_NUM_DECAY = {"none": 0, "head": 2, "key": 1}
 
 
 def causal_pallas(q_BTHM, k_BTHM, v_BTHD, a_BTH, kv0_BHMD, z0_BHM, *, chunk_size, normalize, eps):
@@ -97,29 +96,17 @@ def _unrows(x_RT, B, H):
 
 
 def _decay_inputs(a_BTHX, C):
-    """The kernels' decay arrays, by rows, from the padded log decay (None for "none").
-
-    "head": b and n as columns `[R, T, 1]` and as rows `[R, N, 1, C]` (the C×C decay matrix is
-    b_t − b_s: no transpose inside the kernel). "key": b, n `[R, T, M]` and the chunk's total
-    decay as a column `[R, N, M, 1]`, which scales the state's rows.
-    """
+    """The kernels' decay arrays, by rows, from the padded log decay (None for "none"): the log
+    decays themselves (the cumulative sums are taken inside the kernels, no [T, M] array of
+    them is made). "head": `[R, T, 1]` and the same numbers as rows `[R, N, 1, C]` (the C×C
+    decay matrix is b_t − b_s: no transpose inside the kernel). "key": `[R, T, M]`."""
     if a_BTHX is None:
         return []
     B, T, H, X = a_BTHX.shape
-    N = T // C
-    a_RNCX = _rows(a_BTHX).reshape(B * H, N, C, X)
-    b, n = cumulative_log_decay(a_RNCX, axis=2)
-    n = n.astype(jnp.float32)  # small exact integers; compared for equality only
+    a_RTX = _rows(a_BTHX)
     if X == 1:
-        return [
-            b.reshape(B * H, T, 1),
-            n.reshape(B * H, T, 1),
-            b.reshape(B * H, N, 1, C),
-            n.reshape(B * H, N, 1, C),
-        ]
-    b_end, n_end = b[:, :, -1], n[:, :, -1]  # [R, N, M]
-    total = jnp.exp(jnp.where(n_end == 0, b_end, -jnp.inf))
-    return [b.reshape(B * H, T, X), n.reshape(B * H, T, X), total[..., None]]
+        return [a_RTX, a_RTX.reshape(B * H, T // C, 1, C)]
+    return [a_RTX]
 
 
 def _decay_specs(kind, C, M, reverse=False, num_chunks=None):
@@ -127,9 +114,8 @@ def _decay_specs(kind, C, M, reverse=False, num_chunks=None):
     if kind == "none":
         return []
     if kind == "head":
-        column, row = spec((None, C, 1)), spec((None, None, 1, C))
-        return [column, column, row, row]
-    return [spec((None, C, M)), spec((None, C, M)), spec((None, None, M, 1))]
+        return [spec((None, C, 1)), spec((None, None, 1, C))]
+    return [spec((None, C, M))]
 
 
 # ---- the chunk algebra inside a kernel ----
@@ -137,6 +123,35 @@ def _decay_specs(kind, C, M, reverse=False, num_chunks=None):
 
 def _mexp(keep, x):
     return jnp.exp(jnp.where(keep, x, -jnp.inf))
+
+
+def _triangle(C, upper=False):
+    """[C, C] float32 ones on and below (above with `upper`) the diagonal."""
+    row = jax.lax.broadcasted_iota(jnp.int32, (C, C), 0)
+    col = jax.lax.broadcasted_iota(jnp.int32, (C, C), 1)
+    return ((row <= col) if upper else (row >= col)).astype(jnp.float32)
+
+
+def _cumulative(a, C, row=False):
+    """(b, n): the cumulative log decay inside the chunk with −inf read as 0, and the resets
+    counted so far (exact small integers in float32), along the chunk's axis of a `[C, X]`
+    column block (or a `[1, C]` row with `row`), by a matmul with a triangle."""
+    reset = a == -jnp.inf
+    finite, count = jnp.where(reset, 0.0, a), reset.astype(jnp.float32)
+    if row:
+        upper = _triangle(C, upper=True)
+        return mxu_dot(finite, upper), mxu_dot(count, upper)
+    lower = _triangle(C)
+    return mxu_dot(lower, finite), mxu_dot(lower, count)
+
+
+def _as_column(x_1M):
+    """A `[1, M]` row as an `[M, 1]` column (through its diagonal: no transpose in Mosaic)."""
+    M = x_1M.shape[-1]
+    eye = jax.lax.broadcasted_iota(jnp.int32, (M, M), 0) == jax.lax.broadcasted_iota(
+        jnp.int32, (M, M), 1
+    )
+    return jnp.sum(jnp.where(eye, x_1M, 0.0), axis=1, keepdims=True)
 
 
 def _sum(x, axis):
@@ -155,7 +170,8 @@ class _Chunk:
         self.kind, self.C = kind, C
         self.start = self.end = None
         if kind == "head":
-            b_col, n_col, b_row, n_row = decay
+            b_col, n_col = _cumulative(decay[0], C)
+            b_row, n_row = _cumulative(decay[1], C, row=True)
             b_end, n_end = b_row[:, C - 1 :], n_row[:, C - 1 :]  # [1, 1]
             row = jax.lax.broadcasted_iota(jnp.int32, (C, C), 0)
             col = jax.lax.broadcasted_iota(jnp.int32, (C, C), 1)
@@ -164,11 +180,12 @@ class _Chunk:
             self.end = _mexp(n_col == n_end, b_end - b_col)
             self.total_col = self.total_row = _mexp(n_end == 0, b_end)
         elif kind == "key":
-            self.b, self.n, self.total_col = decay  # [C, M], [C, M], [M, 1]
+            self.b, self.n = _cumulative(decay[0], C)  # [C, M]
             b_end, n_end = self.b[C - 1 :], self.n[C - 1 :]  # [1, M]
             self.start = _mexp(self.n == 0, self.b)
             self.end = _mexp(self.n == n_end, b_end - self.b)
             self.total_row = _mexp(n_end == 0, b_end)
+            self.total_col = _as_column(self.total_row)  # scales the state's rows
         else:
             row = jax.lax.broadcasted_iota(jnp.int32, (C, C), 0)
             col = jax.lax.broadcasted_iota(jnp.int32, (C, C), 1)
