@@ -17,7 +17,8 @@
    compiled, run once to warm up, then timed in R interleaved rounds (`timing.interleaved`:
    a fresh random order each round, so that no point always follows one that freed large
    temporaries);
-   `chunk_parallel_speedup` is the median over rounds of t_chunk / t_chunk_parallel. A point is
+   `chunk_parallel_speedup` is the median over rounds of t_chunk / t_chunk_parallel (on a TPU
+   also `method="pallas"`, checked and timed, and `pallas_speedup` = t_chunk / t_pallas). A point is
    skipped (with the reason) when its compiled temporaries exceed the memory budget, when the
    same method, dtype and pass took over `--time_budget_s` at a smaller T, or once the whole
    script has run `--budget_s`.
@@ -58,6 +59,12 @@ TIMED = {
     "chunk_parallel": (linear_fn("chunk_parallel"), True),
     "softmax": (lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True), False),
 }
+# The Pallas kernels run on TPUs only (elsewhere they raise): checked and timed there, with
+# `pallas_speedup` = t_chunk / t_pallas.
+ON_TPU = jax.default_backend() == "tpu"
+CHECKED_METHODS = K.METHODS + (K.PALLAS_METHODS if ON_TPU else ())
+if ON_TPU:
+    TIMED["pallas"] = (linear_fn("pallas"), True)
 
 
 def rel_err(x, ref) -> float:
@@ -106,7 +113,7 @@ def run_checks(T: int, decay_kinds=DECAYS, chunk_size: int = 16) -> list[dict]:
                 continue
             grad = jax.jit(jax.grad(loss, argnums=(1, 2, 3)), static_argnums=0)
             ref_grads = grad("quadratic", q, k, v, a)
-            for method in K.METHODS:
+            for method in CHECKED_METHODS:
                 if method == "quadratic":
                     continue
                 for dtype in DTYPES if method in TIMED else ("float32",):
@@ -183,13 +190,14 @@ def run_timings(T_list, dtypes, repeats, budget_s, time_budget_s, mem_budget, lo
                 if recs[key]["median_s"] > time_budget_s:
                     blocked[key] = f"took {recs[key]['median_s']:.3g} s at T={T}"
             for mode in MODES:
-                a, b = times.get(("chunk", dname, mode)), times.get(("chunk_parallel", dname, mode))
-                if a and b:
-                    pairs = list(zip(a, b, strict=False))
-                    pairs = pairs[1:] or pairs
-                    recs["chunk_parallel", dname, mode]["chunk_parallel_speedup"] = (
-                        statistics.median(x / y for x, y in pairs)
-                    )
+                for other in ("chunk_parallel", "pallas"):
+                    a, b = times.get(("chunk", dname, mode)), times.get((other, dname, mode))
+                    if a and b:
+                        pairs = list(zip(a, b, strict=False))
+                        pairs = pairs[1:] or pairs
+                        recs[other, dname, mode][f"{other}_speedup"] = statistics.median(
+                            x / y for x, y in pairs
+                        )
             log(
                 f"T={T} {dname}: "
                 + ", ".join(
@@ -293,8 +301,9 @@ def table(records) -> str:
         for n, d, m in cols:
             r = get.get((n, d, m, T), {})
             cell = f"{r['median_s'] * 1e3:.3g}" if "median_s" in r else "—"
-            if "chunk_parallel_speedup" in r:
-                cell += f" ({r['chunk_parallel_speedup']:.2f}×)"
+            for other in ("chunk_parallel", "pallas"):
+                if f"{other}_speedup" in r:
+                    cell += f" ({r[f'{other}_speedup']:.2f}×)"
             cells.append(cell)
         lines.append(f"| {T} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -219,6 +219,20 @@ def test_pallas_forward_mode_names_the_alternatives():
         jax.jvp(lambda q: f(q, k, v), (q,), (q,))
 
 
+def test_delta_family_without_a_pallas_form_names_the_methods_it_has():
+    q, k, v, *_ = _inputs(5, "none")
+    beta = jnp.full(q.shape[:3], 0.5)
+    k2, v2, beta2 = k[:, :, :, None], v[:, :, :, None], beta[..., None]
+    calls = {
+        "delta_rule": lambda: K.delta_rule(q, k, v, beta, method="pallas"),
+        "dplr_delta_rule": lambda: K.dplr_delta_rule(q, k, v, -k, k, method="pallas"),
+        "delta_product": lambda: K.delta_product(q, k2, v2, beta2, method="pallas"),
+    }
+    for call in calls.values():
+        with K.pallas_interpret(), pytest.raises(ValueError, match="allowed: 'chunk', 'scan'"):
+            call()
+
+
 def test_unknown_method_lists_pallas():
     q, k, v, *_ = _inputs(5, "none")
     with pytest.raises(ValueError, match="'pallas'"):

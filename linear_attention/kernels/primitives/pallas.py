@@ -13,7 +13,22 @@ The kernels are written for TPUs (Mosaic). Where they run is read when a kernel 
   another method.
 
 The mode is read at trace time, so a function jitted inside one of the context managers keeps the
-kernel it was traced with (JAX's jit cache does not see the mode).
+kernel it was traced with (JAX's jit cache does not see the mode). Inside `jax.shard_map` the
+Mosaic kernels' operands and results are typed as varying over the mesh (`vary_together`,
+`result_struct`); the interpreter does not type its kernel body's constants so, and needs
+`check_vma=False` there. Over several devices without `shard_map`, XLA cannot partition a
+Mosaic kernel (the trainer runs such a model in `shard_map`).
+
+What has a Pallas form: `causal_linear_attention` (`linear/pallas.py`: no decay, per head, per
+token, per key channel). The delta family (`delta_rule`, `dplr_delta_rule`, `delta_product`)
+does not yet: its chunk kernel needs, inside the kernel, the unit-lower-triangular inverse of
+the UT transform (`triangular.invert_unit_lower` builds it by doubling the block size, with
+slices and concatenations of [C, C] blocks that Mosaic lowers poorly; inside a kernel it would
+be forward substitution over 16-row blocks, then the 2×2 block merges), and a hand-written
+backward through that inverse, the WY terms and (KDA, DPLR) the sub-block scores — the
+pullbacks of `delta.py` and `dplr.py`, each to be rewritten as one kernel per chunk. DPLR and
+DeltaProduct reuse the same pieces (DeltaProduct is the delta rule on n·T sub-tokens with
+decays at token starts), so they follow once the delta-rule kernel exists.
 """
 
 from __future__ import annotations
