@@ -47,6 +47,7 @@ from __future__ import annotations
 import numpy as np
 
 from linear_attention.data.batches import IGNORE_INDEX, padded_batches
+from linear_attention.data.protocol import DataSource
 from linear_attention.data.recall_sampling import sample_distinct
 
 TASKS = (
@@ -336,7 +337,7 @@ def mad_examples(
     return inputs.astype(np.int32), labels.astype(np.int32)
 
 
-class MADData:
+class MADData(DataSource):
     """A MAD task's fixed training and test sets (different seeds), step-keyed training batches,
     scored by class-macro accuracy (``score = "class_macro"``)."""
 

@@ -19,6 +19,7 @@ import numpy as np
 
 from linear_attention.data.batches import IGNORE_INDEX, padded_batches
 from linear_attention.data.forgetting_mqar import forgetting_mqar
+from linear_attention.data.protocol import DataSource
 from linear_attention.data.recall_sampling import (
     check_mqar_settings,
     sample_distinct,
@@ -80,7 +81,7 @@ def multiquery_ar(
     return np.ascontiguousarray(inputs), np.ascontiguousarray(labels)
 
 
-class MQARData:
+class MQARData(DataSource):
     """A fixed MQAR train set and test set (different seeds); step-keyed training batches."""
 
     def __init__(

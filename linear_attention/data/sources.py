@@ -29,6 +29,7 @@ from linear_attention.data.batches import padded_batches
 from linear_attention.data.corpus import check_token_range, read_documents, read_token_file
 from linear_attention.data.files import file_digest
 from linear_attention.data.pipeline import GrainPipeline, document_spans, eos_spans, window_spans
+from linear_attention.data.protocol import DataSource
 from linear_attention.data.text import TextData, validation_blocks, window_rows
 from linear_attention.data.token_files import check_token_file
 from linear_attention.data.tokenized import tokenize_documents
@@ -50,11 +51,12 @@ def _holds_records(path: str) -> bool:
     return False
 
 
-class GrainData:
+class GrainData(DataSource):
     """Training batches from the Grain pipeline over ``spans`` of ``stream``; evaluation on the
     fixed windows ``eval_rows`` (``inputs``, ``labels`` and, when packed, ``segment_ids``)."""
 
     process_local = True
+    stateful = True
 
     def __init__(
         self,

@@ -39,6 +39,7 @@ import itertools
 import numpy as np
 
 from linear_attention.data.batches import IGNORE_INDEX, padded_batches
+from linear_attention.data.protocol import DataSource
 
 TASKS = ("parity", "mod_arith", "s3", "s5", "s5_swaps", "a5")
 MODULUS = 5
@@ -212,7 +213,7 @@ def state_tracking_examples(
     return inputs.astype(np.int32), labels.astype(np.int32)
 
 
-class StateTrackingData:
+class StateTrackingData(DataSource):
     """Step-keyed training batches of lengths in ``[min_len, max_len]`` and a fixed evaluation
     set per length in ``eval_lengths`` (see the module docstring)."""
 

@@ -29,6 +29,7 @@ import sysconfig
 import numpy as np
 
 from linear_attention.data.batches import IGNORE_INDEX, padded_batches
+from linear_attention.data.protocol import DataSource
 
 VOCAB_SIZE = 256
 _SKIP_DIRS = frozenset({"site-packages", "dist-packages", "__pycache__"})
@@ -178,7 +179,7 @@ def window_rows(stream, segments, starts, seq_len):
     return batch
 
 
-class TextData:
+class TextData(DataSource):
     """Language-modelling data: random training windows keyed by step, fixed evenly spaced
     validation windows. A window of ``seq_len + 1`` tokens ``w`` gives ``inputs = w[:-1]`` and
     ``labels = w[1:]``; with ``pack=True`` also ``segment_ids`` (the documents of the inputs;

@@ -32,10 +32,8 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from linear_attention.data import IGNORE_INDEX, MQARData
-from linear_attention.data.mad import MADData
-from linear_attention.data.sources import text_source, token_file_source
-from linear_attention.data.state_tracking import StateTrackingData
+from linear_attention.data import IGNORE_INDEX
+from linear_attention.data.protocol import DataSource
 from linear_attention.data.tokenizers import bits_per_byte, label_bytes
 from linear_attention.models import LanguageModel, ModelConfig, generate, redraw_features
 from linear_attention.models.tokens import check_token_ids
@@ -45,6 +43,7 @@ from linear_attention.training.config import (
     config_difference,
     experiment_config,
 )
+from linear_attention.training.data_kinds import DATA_KINDS
 from linear_attention.training.flops import flops_per_token
 from linear_attention.training.machine import machine_info
 from linear_attention.training.mesh import (
@@ -125,72 +124,13 @@ class _StopSignals:
             signal.signal(sig, handler)
 
 
-def build_data(config: ExperimentConfig, *, cache_dir: str | None = None, message=None):
-    """The data source of ``config.data``: a synthetic task, text (`sources.text_source`;
-    tokenized text cached in ``cache_dir``) or a token file (`sources.token_file_source`)."""
-    d = config.data
-    if d.kind == "state_tracking":
-        return StateTrackingData(
-            task=d.task,
-            min_len=d.min_len,
-            max_len=d.seq_len,
-            eval_lengths=d.eval_lengths,
-            num_eval_examples=d.num_eval_examples,
-            seed=config.seed,
-        )
-    if d.kind == "mqar":
-        return MQARData(
-            vocab_size=d.vocab_size,
-            seq_len=d.seq_len,
-            num_kv_pairs=d.num_kv_pairs,
-            num_train_examples=d.num_train_examples,
-            num_test_examples=d.num_test_examples,
-            power_a=d.power_a,
-            random_non_queries=d.random_non_queries,
-            seed=config.seed,
-            num_reassignments=d.num_reassignments,
-        )
-    if d.kind == "mad":
-        return MADData(
-            task=d.task,
-            vocab_size=d.vocab_size,
-            seq_len=d.seq_len,
-            num_train_examples=d.num_train_examples,
-            num_test_examples=d.num_test_examples,
-            seed=config.seed,
-            **d.options,
-        )
-    common = dict(
-        seq_len=d.seq_len,
-        val_fraction=d.val_fraction,
-        num_val_windows=d.num_val_windows,
-        seed=config.seed,
-        batch_size=config.train.batch_size,
-        process_index=jax.process_index(),
-        process_count=jax.process_count(),
-    )
-    if d.kind == "tokens":
-        return token_file_source(
-            path=d.path,
-            token_dtype=d.token_dtype,
-            eos_id=d.eos_id,
-            vocab_size=config.model.vocab_size,
-            tokenizer=d.tokenizer,
-            message=message,
-            **common,
-        )
-    return text_source(
-        path=d.path,
-        tokenizer=d.tokenizer,
-        text_field=d.text_field,
-        loader=d.loader,
-        max_bytes=d.max_bytes or None,
-        pack=d.pack,
-        separator=d.separator_bytes,
-        cache_dir=cache_dir,
-        message=message,
-        **common,
-    )
+def build_data(
+    config: ExperimentConfig, *, cache_dir: str | None = None, message=None
+) -> DataSource:
+    """The data source of ``config.data``, by its kind's builder (`data_kinds.DATA_KINDS`;
+    tokenized text is cached in ``cache_dir``)."""
+    kind = DATA_KINDS[config.data.kind]
+    return kind.build(config.data, config, cache_dir=cache_dir, message=message)
 
 
 def build_model(config: ExperimentConfig, tx: optax.GradientTransformation):
@@ -334,16 +274,15 @@ def class_eval_step(state, batch, *, graphdef):
     return class_token_stats(model(batch["inputs"]), batch["labels"])
 
 
-def evaluate(state, data, config: ExperimentConfig, graphdef, mesh) -> dict[str, float]:
+def evaluate(state, data: DataSource, config: ExperimentConfig, graphdef, mesh) -> dict[str, float]:
     """Mean loss and accuracy over every labelled position of the evaluation set (for MQAR:
     the query positions only); bits per byte for text. A source scored ``class_macro`` (MAD)
     reports that as eval/accuracy; one with ``eval_groups`` (state tracking) reports each
     group's accuracy and their mean (`scores`)."""
     batch_size = config.train.eval_batch
-    macro = getattr(data, "score", "micro") == "class_macro"
-    groups = getattr(data, "eval_groups", None)
-    groups = groups(batch_size) if groups else {"": data.eval_batches(batch_size)}
-    token_bytes = getattr(data, "token_bytes", None)  # None: no text (or no tokenizer)
+    macro = data.score == "class_macro"
+    groups = data.eval_groups(batch_size)
+    token_bytes = data.token_bytes  # None: no text (or no tokenizer)
     totals, num_bytes = {}, 0
     for name, batches in groups.items():
         sums = []
@@ -580,7 +519,7 @@ class Run:
             os.path.join(workdir, "checkpoints"), keep=tc.keep_checkpoints
         )
         closing.callback(self.checkpoints.close)
-        self.data_record = data_record(getattr(self.data, "provenance", None))
+        self.data_record = data_record(self.data.provenance)
         latest = self.checkpoints.latest_step()
         if latest:
             self._check_saved(self.checkpoints.meta(latest), latest, had_config, allow_data_change)
@@ -595,7 +534,7 @@ class Run:
         self.start, self.state = self.checkpoints.restore_latest(target, message=reporter.message)
         if self.start:
             reporter.message(f"resuming from step {self.start} ({self.checkpoints.directory})")
-            if hasattr(self.data, "restore_iterator"):  # a loader with a state (Grain)
+            if self.data.stateful:  # a loader with a state (Grain)
                 data_state = self.checkpoints.data_state(self.start)
                 if data_state is None:
                     raise RunError(
@@ -749,7 +688,7 @@ class Run:
             )
         batch = self.data.train_batch(s, self.cfg.train.batch_size)
         batch = checked(batch, self.cfg.model, f"the batch of step {s + 1}")
-        if getattr(self.data, "process_local", False):  # each process holds its own rows
+        if self.data.process_local:  # each process holds its own rows
             batch = shard_local_batch(batch, self.mesh)
         else:
             batch = shard_batch(batch, self.mesh)
@@ -813,7 +752,6 @@ class Run:
         return evaluate(self.state, self.data, self.cfg, self.graphdef, self.mesh)
 
     def save(self) -> None:
-        data_state = getattr(self.data, "iterator_state", None)  # a loader with a state
         meta = {"timings": self.throughput.totals(), "config": self.fixed}
         if self.data_record is not None:
             meta["data"] = self.data_record
@@ -821,7 +759,7 @@ class Run:
             self.done,
             self.state,
             meta,
-            data_state=data_state() if data_state else None,
+            data_state=self.data.iterator_state(),
         )
 
     # ------------------------------------------------------------------ the end
@@ -848,7 +786,7 @@ class Run:
         machine = machine_info()
         machine["load_avg_end"] = machine.pop("load_avg_start")  # (taken now, at the end)
         summary["machine"] = machine
-        if getattr(self.data, "provenance", None):  # what the corpus was: LM figures depend on it
+        if self.data.provenance:  # what the corpus was: LM figures depend on it
             summary["corpus"] = self.data.provenance
         if cfg.train.sample_tokens:
             summary["sample"] = _sample(self.state, self.graphdef, cfg, self.data.tokenizer)
