@@ -32,7 +32,7 @@ from linear_attention.layers.linear import (
 )
 from linear_attention.layers.mlp import SwiGLU
 from linear_attention.layers.norm import LayerNorm, RMSNorm
-from linear_attention.layers.options import COMMON_OPTIONS, Option
+from linear_attention.layers.options import COMMON_OPTIONS, MixerConfig, Option
 from linear_attention.layers.output import OutputStage
 from linear_attention.layers.projections import LowRank, QKVProjection, ShiftedInputs, TokenShift
 from linear_attention.layers.registry import MIXERS, get_mixer
@@ -49,6 +49,7 @@ __all__ = [
     "attention_inputs",
     "delta_keys",
     "COMMON_OPTIONS",
+    "MixerConfig",
     "Option",
     "Segments",
     "segments_of",

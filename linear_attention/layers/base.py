@@ -11,11 +11,16 @@ and has three paths giving the same numbers: `__call__` (whole sequence from an 
 `prefill(x, state) -> (y, state)` and `step(x[B, D], state) -> (y[B, D], state)`. States are
 plain pytrees (`MixerState`), not NNX variables, so a jitted step can be reused at any position.
 
-Options: a subclass declares `OPTIONS` (its own options, `layers.options.Option`) and
-`DEFAULTS` (its defaults of the common ones, e.g. `out_norm`) and `NOT_TAKEN` (common options it
-refuses, with the reason: rwkv7 takes no conv); `check_options` validates every
-keyword option once against that table and fills the defaults (an option the mixer does not
-use raises a ValueError naming it and the mixer). The parts read `self.options`.
+Options: a family declares `OPTIONS`, its frozen options dataclass (`layers.options`: the common
+options with its own defaults, and its own fields), and `NOT_TAKEN` (common options it refuses,
+with the reason: rwkv7 takes no conv). Every registered mixer gets `Config`, that dataclass
+named after it; `make_config` builds and checks it once (an option the mixer does not use
+raises a ValueError naming it and the mixer) and `check_config` adds the rules that involve
+the model's sizes. A mixer is made from keyword options or from a `config` already made (by
+`ModelConfig`); the parts read `self.options`. What a mixer reports about itself: its
+`Config`, `NOT_TAKEN`, `REDRAWS` (random features that training redraws), `SWEEP` (its sweep
+labels, `training.sweep.mixers`) and `mixing_flops(seq_len)` (forward FLOPs per token of its
+sequence mixing; `training.flops`).
 
 Packed rows: `__call__(x, segments)` with a `layers.segments.Segments` (or raw `segment_ids[B,
 T]`, checked and converted here) mixes each document on its own: the conv reads no other
@@ -25,6 +30,7 @@ segments for the kernel's mask or state resets.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any, ClassVar, NamedTuple
 
@@ -32,7 +38,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from linear_attention.layers.options import COMMON_OPTIONS, Option, check_options, conv_kernel_size
+from linear_attention.fields import build, check_int
+from linear_attention.layers.options import MixerConfig, conv_kernel_size
 from linear_attention.layers.output import OutputStage
 from linear_attention.layers.projections import QKVProjection
 from linear_attention.layers.rotary import check_rotary_dim
@@ -53,36 +60,53 @@ class MixerState(NamedTuple):
     position: jax.Array
 
 
-def check_int(name: str, value, minimum: int = 1) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-
-
 class Mixer(nnx.Module):
     """Base of the attention mixers; subclasses are kernel families, and their subclasses pick
     parts (`DECAY`, a feature map, output defaults) and declare `OPTIONS`."""
 
     NAME: ClassVar[str] = ""
-    OPTIONS: ClassVar[dict[str, Option]] = {}
-    DEFAULTS: ClassVar[dict[str, Any]] = {}
+    # The family's options dataclass; `Config` is it, named after this mixer.
+    OPTIONS: ClassVar[type[MixerConfig]] = MixerConfig
+    Config: ClassVar[type[MixerConfig]] = MixerConfig
     # Common options this mixer refuses when set, with the reason (a model leaves them out of
     # such layers and raises only when no layer takes them: `ModelConfig.mixer_options`).
     NOT_TAKEN: ClassVar[dict[str, str]] = {}
     # `__call__` may run with time split over a mesh axis (layers/sequence.py).
     SEQUENCE_PARALLEL: ClassVar[bool] = False
+    # Random features that training redraws every `ModelConfig.redraw_interval` steps.
+    REDRAWS: ClassVar[bool] = False
+    # Sweep labels (`training.sweep.mixers`): the options a sweep sets for this mixer, each
+    # to the value of a keyword of `mixer_settings` ({"window": "window"}); the option a
+    # `<name>_n<k>` label sets to k; labels of fixed settings of this class only (not
+    # inherited), e.g. {"linear_scale8": {"feature_scale": 8.0}}.
+    SWEEP_FIELDS: ClassVar[dict[str, str]] = {}
+    SWEEP_COUNT: ClassVar[str | None] = None
+    SWEEP_LABELS: ClassVar[dict[str, dict]] = {}
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        # Each registered mixer's own config class, so that messages name the mixer; its
+        # qualified name `<Mixer>.Config` lets pickle find it.
+        attributes = {"MIXER": cls.NAME, "__module__": cls.__module__}
+        cls.Config = type(f"{cls.__name__}Config", (cls.OPTIONS,), attributes)
+        cls.Config.__qualname__ = f"{cls.__qualname__}.Config"
 
     def __init__(
         self,
         d_model: int,
         num_heads: int,
         *,
+        config: MixerConfig | None = None,
         dtype=None,
         param_dtype=jnp.float32,
         rngs: nnx.Rngs,
         **options,
     ):
+        config = self.make_config(d_model, num_heads, config, **options)
         # (a tuple: a module's static attributes must be hashable for nnx.jit)
-        self.option_items = tuple(self.check_options(d_model, num_heads, **options).items())
+        self.option_items = tuple(
+            (f.name, getattr(config, f.name)) for f in dataclasses.fields(config)
+        )
         opts = self.options
         self.d_model = d_model
         self.num_heads = num_heads
@@ -113,40 +137,46 @@ class Mixer(nnx.Module):
         return dict(self.option_items)
 
     @classmethod
-    def option_table(cls) -> dict[str, Option]:
-        """Every option this mixer takes, with its default for this mixer."""
-        table = {
-            name: option.with_default(cls.DEFAULTS.get(name, option.default))
-            for name, option in COMMON_OPTIONS.items()
-        }
-        table.update(cls.OPTIONS)
-        return table
+    def make_config(cls, d_model: int, num_heads: int, config=None, **options) -> MixerConfig:
+        """This mixer's checked `Config`: made from keyword ``options`` (each checked once), or
+        ``config`` as given (made and checked by `ModelConfig`); then `check_config`."""
+        if config is None:
+            shown = cls.Config.own_options()
+            config = build(cls.Config, options, owner=f"mixer {cls.NAME!r}", shown=shown)
+        elif options or not isinstance(config, cls.Config):
+            raise ValueError(
+                f"mixer {cls.NAME!r} takes a {cls.Config.__name__} or keyword options, got "
+                f"{type(config).__name__} and {sorted(options)}"
+            )
+        cls.check_config(d_model, num_heads, config)
+        return config
 
     @classmethod
     def check_options(cls, d_model: int, num_heads: int, **options) -> dict:
-        """The validated options with this mixer's defaults filled in; ValueError naming the
-        first bad one (called before any parameter exists)."""
+        """The checked options with this mixer's defaults filled in, as a dict; ValueError
+        naming the first bad one (called before any parameter exists)."""
+        return dataclasses.asdict(cls.make_config(d_model, num_heads, **options))
+
+    @classmethod
+    def check_config(cls, d_model: int, num_heads: int, config: MixerConfig) -> None:
+        """The rules between a config and the model's sizes (its fields are checked already)."""
         check_int("d_model", d_model)
         check_int("num_heads", num_heads)
-        resolved = check_options(cls.NAME, cls.option_table(), options)
-        for name in ("out_norm", "out_gate"):  # None in a config means "the mixer's default"
-            if resolved[name] is None:
-                resolved[name] = bool(cls.DEFAULTS.get(name, False))
-        if resolved["head_dim"] is None and d_model % num_heads:
+        options = dataclasses.asdict(config)
+        if config.head_dim is None and d_model % num_heads:
             raise ValueError(
                 f"d_model={d_model} is not divisible by num_heads={num_heads}; "
                 "change one of them or set head_dim"
             )
         for name, why in cls.NOT_TAKEN.items():
-            if resolved[name]:
+            if options[name]:
                 raise ValueError(
-                    f"mixer {cls.NAME!r} does not use option {name}={resolved[name]!r} ({why})"
+                    f"mixer {cls.NAME!r} does not use option {name}={options[name]!r} ({why})"
                 )
-        cls._check_family_options(num_heads, resolved)
-        if resolved["rope"]:
-            head_dim = resolved["head_dim"] or d_model // num_heads
-            check_rotary_dim("q/k head dimension", cls._qk_dim(head_dim, resolved))
-        return resolved
+        cls._check_family_options(num_heads, options)
+        if config.rope:
+            head_dim = config.head_dim or d_model // num_heads
+            check_rotary_dim("q/k head dimension", cls._qk_dim(head_dim, options))
 
     @classmethod
     def _check_family_options(cls, num_heads: int, options: Mapping) -> None:
@@ -197,6 +227,12 @@ class Mixer(nnx.Module):
 
     def _mix_step(self, x_BD, q, k, v, core, position) -> tuple[jax.Array, Any]:
         raise NotImplementedError
+
+    def mixing_flops(self, seq_len: int, *, method=None, chunk_size=None) -> float:
+        """Forward FLOPs per token of the sequence mixing on rows of ``seq_len`` tokens, with
+        the kernel ``method`` and ``chunk_size`` (None: this mixer's own); a family counts its
+        own (`training.flops`), and one without a count raises."""
+        raise NotImplementedError(f"no FLOPs count for mixer {self.NAME!r}")
 
     def _forward(self, x_BTD, tail, core, position, segments=None, *, step: bool = False):
         """inputs → family → output: `(y [B, T, D], core, input tail)`. A whole sequence

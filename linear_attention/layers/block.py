@@ -9,11 +9,13 @@ from flax import nnx
 from linear_attention.layers.base import MixerState
 from linear_attention.layers.mlp import SwiGLU
 from linear_attention.layers.norm import RMSNorm
+from linear_attention.layers.options import MixerConfig
 from linear_attention.layers.registry import get_mixer
 
 
 class Block(nnx.Module):
-    """One layer: a mixer (by registry name, with `mixer_options`) and an optional SwiGLU MLP."""
+    """One layer: a mixer (by registry name, with keyword `mixer_options` or its checked
+    `mixer_config`) and an optional SwiGLU MLP."""
 
     def __init__(
         self,
@@ -22,6 +24,7 @@ class Block(nnx.Module):
         mixer: str = "linear",
         *,
         mixer_options: dict | None = None,
+        mixer_config: MixerConfig | None = None,
         mlp: bool = True,
         mlp_ratio: float = 4.0,
         norm_eps: float = 1e-6,
@@ -32,7 +35,9 @@ class Block(nnx.Module):
         mixer_cls = get_mixer(mixer)
         common = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.mixer_norm = RMSNorm(d_model, eps=norm_eps, **common)
-        self.mixer = mixer_cls(d_model, num_heads, **(mixer_options or {}), **common)
+        self.mixer = mixer_cls(
+            d_model, num_heads, config=mixer_config, **(mixer_options or {}), **common
+        )
         if mlp:
             self.mlp_norm = RMSNorm(d_model, eps=norm_eps, **common)
             self.mlp = SwiGLU(d_model, mlp_ratio=mlp_ratio, **common)

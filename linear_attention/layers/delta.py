@@ -19,6 +19,7 @@ float32, whatever the context length.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import ClassVar
 
 import jax
@@ -31,17 +32,31 @@ from linear_attention.layers.decays import ScalarDecay, per_token
 from linear_attention.layers.options import (
     ALLOW_NEG_EIGVAL,
     CHUNK_SIZE,
+    CONV,
     METHOD,
     NUM_VALUE_HEADS,
+    GatedOutputConfig,
 )
 from linear_attention.layers.sequence import sequence_axis
 
 L2_EPS = 1e-6  # inside the square root of the q/k L2 norm
-DELTA_OPTIONS = dict(
-    method=METHOD.but(choices=tuple(K.DELTA_METHODS)),
-    chunk_size=CHUNK_SIZE,
-    allow_neg_eigval=ALLOW_NEG_EIGVAL,
-)
+
+
+@dataclasses.dataclass(frozen=True)
+class DeltaConfig(GatedOutputConfig):
+    """The delta-rule family: the short conv, the output norm and gate on; β's range."""
+
+    conv: bool | int | None = CONV.field(True)
+    method: str = METHOD.field(choices=tuple(K.DELTA_METHODS))
+    chunk_size: int = CHUNK_SIZE.field()
+    allow_neg_eigval: bool = ALLOW_NEG_EIGVAL.field()
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupedDeltaConfig(DeltaConfig):
+    """A delta rule with grouped value heads."""
+
+    num_value_heads: int | None = NUM_VALUE_HEADS.field()
 
 
 def l2norm(x):
@@ -62,8 +77,7 @@ class DeltaNetMixer(Mixer):
 
     NAME = "deltanet"
     SEQUENCE_PARALLEL = True
-    OPTIONS = DELTA_OPTIONS
-    DEFAULTS = dict(conv=True, out_norm=True, out_gate=True)
+    OPTIONS = DeltaConfig
     DECAY: ClassVar[type | None] = None
     KERNEL = staticmethod(K.delta_rule)
     KERNEL_STEP = staticmethod(K.delta_rule_step)
@@ -76,6 +90,20 @@ class DeltaNetMixer(Mixer):
                 f"num_value_heads={hv} must be a multiple of num_heads={num_heads} "
                 f"(mixer {cls.NAME!r})"
             )
+
+    def mixing_flops(self, seq_len: int, *, method=None, chunk_size=None) -> float:
+        """chunk (WY/UT form): 2·H·(3·C·dk + 2·C·dv + C²/3 + 3·dk·dv) (βKKᵀ, QKᵀ, W = T·βK;
+        U = T·βV and the intra sum; the triangular solve, C³/3 multiply-adds per chunk; W·S,
+        Q·S and the state update); scan: 6·H·dk·dv. H counts the value heads, which carry the
+        states; a decay per key channel (KDA) is elementwise, so it costs what Gated
+        DeltaNet's does; DeltaProduct's n Householder steps are n delta-rule sub-tokens: H·n,
+        and C counts sub-tokens, min(chunk, n·T)."""
+        n = self._num_keys() or 1
+        h, dk, dv = self.num_value_heads * n, self.qk_dim, self.head_dim
+        if (method or self.method) == "chunk":
+            c = min(chunk_size or n * seq_len, n * seq_len)
+            return 2.0 * h * (3 * c * dk + 2 * c * dv + c * c / 3 + 3 * dk * dv)
+        return 6.0 * h * dk * dv
 
     def _build(self, rngs) -> None:
         opts = self.options
@@ -151,5 +179,5 @@ class GatedDeltaNetMixer(DeltaNetMixer):
     softplus(b_h) ~ logU[1e-3, 1e-1])."""
 
     NAME = "gated_deltanet"
-    OPTIONS = dict(DELTA_OPTIONS, num_value_heads=NUM_VALUE_HEADS)
+    OPTIONS = GroupedDeltaConfig
     DECAY = ScalarDecay

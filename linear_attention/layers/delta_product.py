@@ -14,17 +14,25 @@ the state is `LinearAttentionState(kv [B, H, K, Dv], k_sum=None)`, float32.
 
 from __future__ import annotations
 
+import dataclasses
+
 from linear_attention import kernels as K
 from linear_attention.layers.decays import ScalarDecay
-from linear_attention.layers.delta import DELTA_OPTIONS, DeltaNetMixer
+from linear_attention.layers.delta import DeltaConfig, DeltaNetMixer
 from linear_attention.layers.options import NUM_HOUSEHOLDER
+
+
+@dataclasses.dataclass(frozen=True)
+class DeltaProductConfig(DeltaConfig):
+    num_householder: int = NUM_HOUSEHOLDER.field()
 
 
 class GatedDeltaProductMixer(DeltaNetMixer):
     """Gated DeltaProduct: Gated DeltaNet with `num_householder` delta steps per token."""
 
     NAME = "gated_deltaproduct"
-    OPTIONS = dict(DELTA_OPTIONS, num_householder=NUM_HOUSEHOLDER)
+    OPTIONS = DeltaProductConfig
+    SWEEP_COUNT = "num_householder"
     DECAY = ScalarDecay
     KERNEL = staticmethod(K.delta_product)
     KERNEL_STEP = staticmethod(K.delta_product_step)

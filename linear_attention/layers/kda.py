@@ -18,15 +18,14 @@ per-channel decay and the sigmoid low-rank output gate; the kernels are `kernels
 from __future__ import annotations
 
 from linear_attention.layers.decays import ChannelDecay
-from linear_attention.layers.delta import DELTA_OPTIONS, DeltaNetMixer
-from linear_attention.layers.options import NUM_VALUE_HEADS
+from linear_attention.layers.delta import DeltaNetMixer, GroupedDeltaConfig
 
 
 class KDAMixer(DeltaNetMixer):
     """KDA: per-channel decay from a low-rank projection, sigmoid-gated RMSNorm output."""
 
     NAME = "kda"
-    OPTIONS = dict(DELTA_OPTIONS, num_value_heads=NUM_VALUE_HEADS)
+    OPTIONS = GroupedDeltaConfig
 
     def _build_decay(self, rngs):
         return ChannelDecay(

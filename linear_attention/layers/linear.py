@@ -27,6 +27,7 @@ the context length.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import ClassVar
 
 import jax
@@ -49,12 +50,61 @@ from linear_attention.layers.options import (
     FEATURE_MAP,
     FEATURE_SCALE,
     METHOD,
+    GatedOutputConfig,
+    MixerConfig,
 )
 from linear_attention.layers.sequence import sequence_axis
 
-KERNEL_OPTIONS = dict(
-    method=METHOD.but(choices=(*K.METHODS, *K.PALLAS_METHODS)), chunk_size=CHUNK_SIZE
-)
+# The kernel methods of the linear family (the Pallas form included).
+LINEAR_METHODS = (*K.METHODS, *K.PALLAS_METHODS)
+# The sweep label of elu+1 with q and k scaled by 8.
+SCALED_LABEL = "linear_scale8"
+
+
+@dataclasses.dataclass(frozen=True)
+class LinearConfig(MixerConfig):
+    """`linear`: a fixed feature map of scaled q and k, the causal kernel, its epsilon."""
+
+    feature_map: str = FEATURE_MAP.field("elu_plus_one", choices=FIXED_FEATURE_MAPS)
+    feature_scale: float | None = FEATURE_SCALE.field()
+    method: str = METHOD.field(choices=LINEAR_METHODS)
+    chunk_size: int = CHUNK_SIZE.field()
+    eps: float = EPS.field()
+
+
+@dataclasses.dataclass(frozen=True)
+class FeatureConfig(MixerConfig):
+    """A feature map of its own width (favor, taylor, hedgehog; None: the mixer's default)."""
+
+    feature_dim: int | None = FEATURE_DIM.field()
+    method: str = METHOD.field(choices=LINEAR_METHODS)
+    chunk_size: int = CHUNK_SIZE.field()
+    eps: float = EPS.field()
+
+
+@dataclasses.dataclass(frozen=True)
+class FavorConfig(FeatureConfig):
+    feature_dim: int | None = FEATURE_DIM.field(64)
+
+
+@dataclasses.dataclass(frozen=True)
+class TaylorConfig(FeatureConfig):
+    feature_dim: int | None = FEATURE_DIM.field(16)
+
+
+@dataclasses.dataclass(frozen=True)
+class DecayConfig(GatedOutputConfig):
+    """retnet and gated: identity features by default (any fixed map may be chosen)."""
+
+    feature_map: str = FEATURE_MAP.field("identity", choices=FIXED_FEATURE_MAPS)
+    method: str = METHOD.field(choices=LINEAR_METHODS)
+    chunk_size: int = CHUNK_SIZE.field()
+
+
+@dataclasses.dataclass(frozen=True)
+class GLAConfig(GatedOutputConfig):
+    method: str = METHOD.field(choices=LINEAR_METHODS)
+    chunk_size: int = CHUNK_SIZE.field()
 
 
 class LinearMixer(Mixer):
@@ -68,21 +118,28 @@ class LinearMixer(Mixer):
 
     NAME = "linear"
     SEQUENCE_PARALLEL = True
-    OPTIONS = dict(
-        feature_map=FEATURE_MAP.but(default="elu_plus_one", choices=FIXED_FEATURE_MAPS),
-        feature_scale=FEATURE_SCALE,
-        **KERNEL_OPTIONS,
-        eps=EPS,
-    )
+    OPTIONS = LinearConfig
+    # (EXPERIMENTS.md, "Why elu+1 sits at chance": q and k scaled by 8 before elu+1)
+    SWEEP_LABELS = {SCALED_LABEL: {"feature_scale": 8.0}}
     NORMALIZE: ClassVar[bool] = True
     K_SCALE: ClassVar[bool] = False
     DECAY: ClassVar[type | None] = None
+
+    def mixing_flops(self, seq_len: int, *, method=None, chunk_size=None) -> float:
+        """chunk: 2·H·(C·(dk + dv) + 2·dk·dv) (intra-chunk scores and sum; reading and
+        updating the dk×dv state), dk the feature width; scan / recurrent: 4·H·dk·dv (read and
+        update)."""
+        h, dk, dv = self.num_heads, self.state_feature_dim, self.head_dim
+        if (method or self.method) == "chunk":
+            c = min(chunk_size or seq_len, seq_len)
+            return 2.0 * h * (c * (dk + dv) + 2 * dk * dv)
+        return 4.0 * h * dk * dv
 
     def _build(self, rngs) -> None:
         opts = self.options
         self.method = opts["method"]
         self.chunk_size = opts["chunk_size"]
-        self.eps = opts.get("eps", EPS.default)
+        self.eps = opts.get("eps", EPS.default)  # (no eps: the mixer does not normalise)
         scale = opts.get("feature_scale")
         self.feature_scale = 1.0 if scale is None else scale
         self.feature_map = self._build_feature_map(rngs)
@@ -159,7 +216,8 @@ class FavorMixer(LinearMixer):
     redrawn by `redraw(key)` (training calls it every `redraw_interval` steps)."""
 
     NAME = "favor"
-    OPTIONS = dict(feature_dim=FEATURE_DIM.with_default(64), **KERNEL_OPTIONS, eps=EPS)
+    OPTIONS = FavorConfig
+    REDRAWS = True
 
     def _build_feature_map(self, rngs):
         return FavorFeatures(self.qk_dim, self.options["feature_dim"], rngs=rngs)
@@ -175,7 +233,8 @@ class TaylorMixer(LinearMixer):
     M = 1 + d + d(d+1)/2 (153 at d = 16); normalized."""
 
     NAME = "taylor"
-    OPTIONS = dict(feature_dim=FEATURE_DIM.with_default(16), **KERNEL_OPTIONS, eps=EPS)
+    OPTIONS = TaylorConfig
+    SWEEP_FIELDS = {"feature_dim": "taylor_dim"}
 
     @classmethod
     def _qk_dim(cls, head_dim, options):
@@ -190,7 +249,7 @@ class HedgehogMixer(LinearMixer):
     (F = `feature_dim`, default Dk); normalized."""
 
     NAME = "hedgehog"
-    OPTIONS = dict(feature_dim=FEATURE_DIM, **KERNEL_OPTIONS, eps=EPS)
+    OPTIONS = FeatureConfig
 
     def _build_feature_map(self, rngs):
         return HedgehogFeatures(
@@ -202,18 +261,12 @@ class HedgehogMixer(LinearMixer):
         )
 
 
-# retnet and gated: identity features by default (any fixed map may be chosen)
-_IDENTITY_MAP = FEATURE_MAP.but(default="identity", choices=FIXED_FEATURE_MAPS)
-_GATED_DEFAULTS = dict(out_norm=True, out_gate=True)
-
-
 class RetNetMixer(LinearMixer):
     """Retention: fixed multi-scale decay γ_h = 1 − 2^(−5−h) per head h = 0..H−1, no
     denominator, per-head RMSNorm of the output and a swish output gate."""
 
     NAME = "retnet"
-    OPTIONS = dict(feature_map=_IDENTITY_MAP, **KERNEL_OPTIONS)
-    DEFAULTS = _GATED_DEFAULTS
+    OPTIONS = DecayConfig
     NORMALIZE = False
     K_SCALE = True
     DECAY = FixedDecay
@@ -228,8 +281,7 @@ class GatedMixer(LinearMixer):
     denominator, per-head RMSNorm and swish output gate."""
 
     NAME = "gated"
-    OPTIONS = dict(feature_map=_IDENTITY_MAP, **KERNEL_OPTIONS)
-    DEFAULTS = _GATED_DEFAULTS
+    OPTIONS = DecayConfig
     NORMALIZE = False
     K_SCALE = True
     DECAY = ScalarDecay
@@ -246,8 +298,7 @@ class GLAMixer(LinearMixer):
     and v share `head_dim` here, where the paper halves the key width)."""
 
     NAME = "gla"
-    OPTIONS = dict(KERNEL_OPTIONS)
-    DEFAULTS = _GATED_DEFAULTS
+    OPTIONS = GLAConfig
     NORMALIZE = False
     K_SCALE = True
     DECAY = KeyDecay

@@ -1,4 +1,4 @@
-"""Mixer registry: one dict from name to class."""
+"""Mixer registry: one dict from name to class, and the named hybrids of the sweeps."""
 
 from __future__ import annotations
 
@@ -38,6 +38,10 @@ MIXERS: dict[str, type[Mixer]] = {
         RWKV7Mixer,
     )
 }
+
+
+# Hybrids the studies name (sweep labels): a pattern of registered mixers.
+HYBRIDS: dict[str, tuple[str, ...]] = {"based": ("taylor", "swa")}
 
 
 def get_mixer(name: str) -> type[Mixer]:

@@ -37,6 +37,8 @@ project's MLP is used), and RWKV's initialisation of the r/k/v/output matrices (
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -46,7 +48,7 @@ from linear_attention import kernels as K
 from linear_attention.layers.base import Mixer
 from linear_attention.layers.decays import RWKV7Decay
 from linear_attention.layers.delta import l2norm
-from linear_attention.layers.options import CHUNK_SIZE, METHOD
+from linear_attention.layers.options import CHUNK_SIZE, CONV, METHOD, GatedOutputConfig
 from linear_attention.layers.projections import LowRank, ShiftedInputs
 from linear_attention.layers.sequence import sequence_axis
 
@@ -62,13 +64,19 @@ def lora_rank(d_model: int, factor: float, power: float) -> int:
     return max(32, int(round(factor * d_model**power / 32)) * 32)
 
 
+@dataclasses.dataclass(frozen=True)
+class RWKV7Config(GatedOutputConfig):
+    conv: bool | int | None = CONV.field(False)
+    method: str = METHOD.field(choices=tuple(K.DELTA_METHODS))
+    chunk_size: int = CHUNK_SIZE.field()
+
+
 class RWKV7Mixer(Mixer):
     """RWKV-7 time mixing: token shift, per-channel decay, in-context rate, DPLR state."""
 
     NAME = "rwkv7"
     SEQUENCE_PARALLEL = True
-    OPTIONS = dict(method=METHOD.but(choices=tuple(K.DELTA_METHODS)), chunk_size=CHUNK_SIZE)
-    DEFAULTS = dict(conv=False, out_norm=True, out_gate=True)
+    OPTIONS = RWKV7Config
     NOT_TAKEN = dict(conv="its local context is the token shift", rope="it has no positions")
 
     def _build_inputs(self, rngs: nnx.Rngs) -> nnx.Module:
@@ -84,6 +92,18 @@ class RWKV7Mixer(Mixer):
             norm_type="layer",
             norm_eps=GROUP_NORM_EPS,
         )
+
+    def mixing_flops(self, seq_len: int, *, method=None, chunk_size=None) -> float:
+        """chunk (generalised UT form): 2·H·(5·C·dk + 5·C·dv + C²/3 + 5·dk·dv) (the four
+        decayed score matrices L_ab, L_ak, M_qb, M_qk and the inverse applied to A; the
+        triangular solve; W₀ = (I − L_ab)⁻¹ L_ak V, three intra-chunk sums into O; the reads of
+        S through A and Q and the state update through B and K); scan: 8·H·dk·dv (aᵀS,
+        b·(aᵀS), k vᵀ, qᵀS)."""
+        h, dk, dv = self.num_heads, self.qk_dim, self.head_dim
+        if (method or self.method) == "chunk":
+            c = min(chunk_size or seq_len, seq_len)
+            return 2.0 * h * (5 * c * dk + 5 * c * dv + c * c / 3 + 5 * dk * dv)
+        return 8.0 * h * dk * dv
 
     def _build(self, rngs) -> None:
         opts = self.options

@@ -21,6 +21,7 @@ feature_dim=16, window=..., conv=...)` (see README, "Based").
 
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple
 
 import jax
@@ -28,7 +29,7 @@ import jax.numpy as jnp
 
 from linear_attention import kernels as K
 from linear_attention.layers.base import Mixer
-from linear_attention.layers.options import WINDOW
+from linear_attention.layers.options import WINDOW, MixerConfig
 from linear_attention.layers.sequence import previous_tail, sequence_axis
 
 
@@ -40,14 +41,24 @@ class RingBuffer(NamedTuple):
     v: jax.Array
 
 
+@dataclasses.dataclass(frozen=True)
+class SlidingWindowConfig(MixerConfig):
+    window: int = WINDOW.field()
+
+
 class SlidingWindowMixer(Mixer):
     """Causal softmax attention over the last `window` tokens; rope or learned positions give
     order within the window."""
 
     NAME = "swa"
     SEQUENCE_PARALLEL = True
-    OPTIONS = dict(window=WINDOW)
+    OPTIONS = SlidingWindowConfig
+    SWEEP_FIELDS = {"window": "window"}
     BLOCK = 64  # query block of the sequence kernel (grown to the window if larger)
+
+    def mixing_flops(self, seq_len: int, *, method=None, chunk_size=None) -> float:
+        """2·H·min(W, T)·(dk + dv): softmax attention's count over the window."""
+        return 2.0 * self.num_heads * min(self.window, seq_len) * (self.qk_dim + self.head_dim)
 
     def _build(self, rngs) -> None:
         self.window = self.options["window"]

@@ -39,6 +39,11 @@ class SoftmaxMixer(Mixer):
     SEQUENCE_PARALLEL = True
     CACHE_BLOCK = 512  # slots of the KV cache read per block by prefill / step
 
+    def mixing_flops(self, seq_len: int, *, method=None, chunk_size=None) -> float:
+        """2·H·T·(dk + dv): QKᵀ and the weighted sum over all T keys (the convention of PaLM's
+        MFU, Chowdhery et al. 2022, appendix B: causal masking is not discounted)."""
+        return 2.0 * self.num_heads * seq_len * (self.qk_dim + self.head_dim)
+
     def _cache_dtype(self):
         return jnp.dtype(self.dtype or self.param_dtype)
 

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from linear_attention.fields import check_int
 from linear_attention.models.config import ModelConfig
 from linear_attention.models.model import LanguageModel, ModelState
 from linear_attention.models.tokens import check_token_ids
@@ -62,15 +63,6 @@ def _generate(graphdef, params, prompt, rng, *, num_tokens, temperature, top_k):
 
     (last, _), tokens_NB = jax.lax.scan(body, (first, state), jnp.arange(1, num_tokens))
     return jnp.concatenate([tokens_NB.T, last[:, None]], axis=1)
-
-
-def _integer(name: str, value):
-    """A Python or NumPy integer as an int (None stays None); ValueError otherwise."""
-    if value is None:
-        return None
-    if isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_):
-        return int(value)
-    raise ValueError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
 
 
 def _key(name: str, rng) -> jax.Array:
@@ -173,9 +165,7 @@ def _check_generate_args(model, prompt, num_tokens, temperature, top_k, rng):
     if 0 in jnp.shape(prompt):
         raise ValueError(f"prompt must hold at least one token per row, got shape {prompt.shape}")
     check_token_ids(prompt, config.vocab_size, name="prompt")
-    num_tokens = _integer("num_tokens", num_tokens)
-    if num_tokens is None or num_tokens < 1:
-        raise ValueError(f"num_tokens must be an integer >= 1, got {num_tokens!r}")
+    num_tokens = check_int("num_tokens", num_tokens)
     total = prompt.shape[1] + num_tokens
     if total > config.max_length:
         raise ValueError(
@@ -185,7 +175,7 @@ def _check_generate_args(model, prompt, num_tokens, temperature, top_k, rng):
     ok = isinstance(temperature, numbers.Real) and not isinstance(temperature, bool | np.bool_)
     if not ok or not math.isfinite(temperature) or temperature < 0:
         raise ValueError(f"temperature must be a number >= 0 and finite, got {temperature!r}")
-    top_k = _integer("top_k", top_k)
+    top_k = None if top_k is None else check_int("top_k", top_k, minimum=None)
     if top_k is not None and not 1 <= top_k <= config.vocab_size:
         raise ValueError(f"top_k must be None or an int in [1, {config.vocab_size}], got {top_k!r}")
     return num_tokens, float(temperature), top_k, _key("rng", rng)

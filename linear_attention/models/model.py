@@ -114,7 +114,7 @@ class LanguageModel(nnx.Module):
                     config.d_model,
                     config.num_heads,
                     name,
-                    mixer_options=config.mixer_options(name),
+                    mixer_config=config.mixer_config(name),
                     mlp=config.mlp,
                     mlp_ratio=config.mlp_ratio,
                     norm_eps=config.norm_eps,

@@ -27,7 +27,6 @@ import os
 import re
 import sys
 import textwrap
-import typing
 
 import jax
 import ml_collections
@@ -36,11 +35,10 @@ from absl import flags
 from ml_collections import config_dict, config_flags
 
 from linear_attention.data.tokenizers import BYTES, load_tokenizer
-from linear_attention.layers import COMMON_OPTIONS, MIXERS
+from linear_attention.layers import COMMON_OPTIONS, MIXERS, MixerConfig
 from linear_attention.models import generate_stream
-from linear_attention.models.config import FIELD_TYPES, ModelConfig
 from linear_attention.training import config as config_lib
-from linear_attention.training.config import SECTIONS, experiment_config
+from linear_attention.training.config import SECTION_CLASSES, SECTIONS, experiment_config
 from linear_attention.training.load import evaluate_run, load_run, run_config
 from linear_attention.training.metrics import write_json
 from linear_attention.training.outputs import check_output
@@ -62,14 +60,6 @@ GENERATE_USAGE = (
     "usage: la-generate --workdir DIR --prompt TEXT --num_tokens N [--temperature T] [--top_k K]"
     " [--seed S] [--step N]"
 )
-# The dataclass behind each section, for --help and for typing config.json's None fields.
-_SECTION_CLASSES = {
-    "model": (ModelConfig,),
-    "data": (config_lib.MQARDataConfig, config_lib.TextDataConfig, config_lib.TokenDataConfig),
-    "optimizer": (config_lib.OptimizerConfig,),
-    "train": (config_lib.TrainConfig,),
-    "mesh": (config_lib.MeshConfig,),
-}
 
 
 class UsageError(ValueError):
@@ -114,13 +104,9 @@ def _load_module(path: str):
 
 def _none_type(section: str, field: str):
     """The scalar type of a field whose value is None (from the section's dataclass)."""
-    if section == "model" and field in FIELD_TYPES:
-        return int if field == "conv" else FIELD_TYPES[field][0]
-    for cls in _SECTION_CLASSES.get(section, ()):
-        hint = typing.get_type_hints(cls).get(field)
-        for t in typing.get_args(hint) or (hint,):
-            if t in (int, float, bool, str):
-                return t
+    for cls in SECTION_CLASSES.get(section, ()):
+        if field in {f.name for f in dataclasses.fields(cls)}:
+            return config_lib.field_type(cls, field)
     return str
 
 
@@ -268,7 +254,7 @@ def _sections_help() -> str:
     lines.append("  seed")
     for section in SECTIONS[1:]:
         names = dict.fromkeys(
-            f.name for cls in _SECTION_CLASSES[section] for f in dataclasses.fields(cls)
+            f.name for cls in SECTION_CLASSES[section] for f in dataclasses.fields(cls)
         )
         lines += textwrap.wrap(
             ", ".join(names), 100, initial_indent=f"  {section}: ", subsequent_indent=" " * 6
@@ -279,11 +265,8 @@ def _sections_help() -> str:
 def _mixers_help() -> str:
     """Each mixer's options with its defaults (`layers.options`), as --config.model.FIELD."""
     lines = ["mixers (--config.model.mixer=NAME or NAME,NAME,... per layer) and their options:"]
-    common = ", ".join(
-        f"{name}={MIXERS['softmax'].option_table()[name].default}"
-        for name in COMMON_OPTIONS
-        if name != "rope"
-    )
+    base = MixerConfig.defaults()
+    common = ", ".join(f"{name}={base[name]}" for name in COMMON_OPTIONS if name != "rope")
     lines += textwrap.wrap(
         f"every mixer: {common} (rope: model.position='rope'; None: the mixer's default)",
         100,
@@ -291,9 +274,9 @@ def _mixers_help() -> str:
         subsequent_indent="      ",
     )
     for name, cls in MIXERS.items():
-        table = cls.option_table()
-        own = [f"{o}={table[o].default}" for o in cls.OPTIONS]
-        changed = [f"{o}={cls.DEFAULTS[o]}" for o in COMMON_OPTIONS if o in cls.DEFAULTS]
+        defaults = cls.Config.defaults()
+        own = [f"{o}={defaults[o]}" for o in cls.Config.own_options()]
+        changed = [f"{o}={defaults[o]}" for o in COMMON_OPTIONS if defaults[o] != base[o]]
         text = ", ".join(own + changed) or "no options of its own"
         lines += textwrap.wrap(text, 100, initial_indent=f"  {name}: ", subsequent_indent=" " * 6)
     return "\n".join(lines)

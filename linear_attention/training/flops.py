@@ -4,32 +4,12 @@ A training step costs three times the forward pass (the backward pass is two mat
 forward matmul), so ``train = 3 · forward`` per token. The forward pass per token is
 
     matmuls:  2 · (every weight matrix's size: projections, MLP, short conv, the output head)
-    mixing:   per layer, from its mixer's heads H, key width dk (after the feature map) and
-              value width dv, the sequence length T, the chunk size C, the window W:
-      softmax         2·H·T·(dk + dv)            QKᵀ and the weighted sum over all T keys (the
-                                                 convention of PaLM's MFU, Chowdhery et al. 2022,
-                                                 appendix B: causal masking is not discounted)
-      swa             2·H·min(W, T)·(dk + dv)    the same over the window
-      linear family   chunk: 2·H·(C·(dk + dv) + 2·dk·dv)
-                      (intra-chunk scores and sum; reading and updating the dk×dv state)
-                      scan / recurrent: 4·H·dk·dv (read and update)
-      delta rule      chunk (WY/UT form): 2·H·(3·C·dk + 2·C·dv + C²/3 + 3·dk·dv)
-                      (βKKᵀ, QKᵀ, W = T·βK; U = T·βV and the intra sum; the triangular solve,
-                      C³/3 multiply-adds per chunk; W·S, Q·S and the state update)
-                      scan: 6·H·dk·dv
-                      (deltanet, gated_deltanet, kda, gated_deltaproduct; H counts the value
-                      heads, which carry the states; KDA's decay per key channel is
-                      elementwise, so it costs what Gated DeltaNet's does; DeltaProduct's n
-                      Householder steps are n delta-rule sub-tokens: H·n, and C counts
-                      sub-tokens, min(chunk, n·T))
-      dplr (rwkv7)    chunk (generalised UT form): 2·H·(5·C·dk + 5·C·dv + C²/3 + 5·dk·dv)
-                      (the four decayed score matrices L_ab, L_ak, M_qb, M_qk and the inverse
-                      applied to A; the triangular solve; W₀ = (I − L_ab)⁻¹ L_ak V, three
-                      intra-chunk sums into O; the reads of S through A and Q and the state
-                      update through B and K)
-                      scan: 8·H·dk·dv (aᵀS, b·(aᵀS), k vᵀ, qᵀS)
+    mixing:   per layer, its mixer's own count, `Mixer.mixing_flops(seq_len)`, from its heads,
+              key and value widths, the sequence length, its kernel method and chunk size
+              (each layer module's docstring of `mixing_flops` gives its formula: softmax and
+              windows, the linear family, the delta rule, DPLR).
 
-A mixer with no count here raises a ValueError naming it (a new mixer adds its count).
+A mixer without a count raises a ValueError naming it (a new mixer adds its count).
 
 Embedding lookups, norms, gates, decays and softmax exponentials are elementwise and not counted
 (as in the papers' 6·N counts). The matmuls are the ``kernel`` parameters (of `nnx.Linear` and
@@ -45,47 +25,21 @@ import jax
 import numpy as np
 from flax import nnx
 
-# Mixers whose sequence mixing is attention over keys: the window each token sees.
-_ATTENTION = {"softmax": None, "swa": "window"}
-# Mixers whose kernel is the delta rule (chunked in the WY/UT form).
-_DELTA = ("deltanet", "gated_deltanet", "kda", "gated_deltaproduct")
-# Mixers whose kernel is the diagonal-plus-low-rank delta rule.
-_DPLR = ("rwkv7",)
-# Mixers whose kernel is chunked linear attention (with or without decay).
-_LINEAR = ("linear", "favor", "taylor", "hedgehog", "retnet", "gated", "gla")
+from linear_attention.layers import MIXERS
+from linear_attention.layers.base import Mixer
 
 
 def mixing_flops(mixer, name: str, seq_len: int, *, method: str, chunk_size: int) -> float:
-    """Forward FLOPs per token of one mixer's sequence mixing (see the module docstring). A
-    mixer without a count here (a new one) raises a ValueError naming it: its FLOPs are never
-    guessed from another mixer's shapes."""
-    if name not in (*_ATTENTION, *_DELTA, *_DPLR, *_LINEAR):
-        known = ", ".join((*_ATTENTION, *_DELTA, *_DPLR, *_LINEAR))
+    """Forward FLOPs per token of one mixer's sequence mixing (its `mixing_flops`). A mixer
+    without a count (a new one) raises a ValueError naming it: its FLOPs are never guessed
+    from another mixer's shapes."""
+    counted = [n for n, cls in MIXERS.items() if cls.mixing_flops is not Mixer.mixing_flops]
+    if name not in counted:
         raise ValueError(
-            f"no FLOPs count for mixer {name!r} (counted: {known}); add its count to "
-            "linear_attention/training/flops.py"
+            f"no FLOPs count for mixer {name!r} (counted: {', '.join(counted)}); add its "
+            "`mixing_flops` to its layer module"
         )
-    h, dv = mixer.num_heads, mixer.head_dim
-    dk = getattr(mixer, "state_feature_dim", mixer.qk_dim)
-    if name in _ATTENTION:
-        keys = seq_len if name == "softmax" else min(mixer.window, seq_len)
-        return 2.0 * h * keys * (dk + dv)
-    c = min(chunk_size or seq_len, seq_len)
-    if name in _DELTA:
-        # value heads carry the states (grouped value heads); DeltaProduct's n steps per token
-        # are n sub-tokens of the delta rule, and its chunk counts sub-tokens
-        n = getattr(mixer, "num_householder", 1)
-        h, c = mixer.num_value_heads * n, min(chunk_size or n * seq_len, n * seq_len)
-        if method == "chunk":
-            return 2.0 * h * (3 * c * dk + 2 * c * dv + c * c / 3 + 3 * dk * dv)
-        return 6.0 * h * dk * dv
-    if name in _DPLR:
-        if method == "chunk":
-            return 2.0 * h * (5 * c * dk + 5 * c * dv + c * c / 3 + 5 * dk * dv)
-        return 8.0 * h * dk * dv
-    if method == "chunk":
-        return 2.0 * h * (c * (dk + dv) + 2 * dk * dv)
-    return 4.0 * h * dk * dv
+    return mixer.mixing_flops(seq_len, method=method, chunk_size=chunk_size)
 
 
 def matmul_params(model) -> int:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import typing
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -300,8 +302,8 @@ def test_registry_lists_every_family():
     # every option is declared once, with the same type wherever two mixers share it
     types = {}
     for cls in MIXERS.values():
-        for option_name, option in cls.option_table().items():
-            assert types.setdefault(option_name, option.type) is option.type
+        for option_name, hint in typing.get_type_hints(cls.Config).items():
+            assert types.setdefault(option_name, hint) == hint, (cls.NAME, option_name)
     assert all(cls.NAME == name for name, cls in MIXERS.items())
 
 

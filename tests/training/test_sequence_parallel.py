@@ -85,7 +85,7 @@ def main(workdir, part="fast"):
             feature_dim=FEATURE_DIM.get(name), position=("rope", "learned")[i % 2],
             max_length=T, mlp=False,
             # (only the options this mixer reads: the config refuses one no layer uses)
-            chunk_size=4 if "chunk_size" in REGISTRY[name].OPTIONS else None,
+            chunk_size=4 if "chunk_size" in REGISTRY[name].Config.own_options() else None,
             window=5 if name == "swa" else None,
         )  # fmt: skip
         # (swa with window 5: a halo of 4 keys, one whole shard back)

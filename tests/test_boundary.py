@@ -1,0 +1,141 @@
+"""The configuration boundary: the one field checker, the data-kind registry and what the
+trainer asks of a source, the mixers' typed configs and what a mixer reports about itself."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import pathlib
+import re
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from linear_attention import fields
+from linear_attention.data import MQARData, TextData
+from linear_attention.data.mad import MADData
+from linear_attention.data.protocol import DataSource
+from linear_attention.data.sources import GrainData
+from linear_attention.data.state_tracking import StateTrackingData
+from linear_attention.layers import MIXERS, get_mixer
+from linear_attention.models import ModelConfig
+from linear_attention.training import config as config_lib
+from linear_attention.training.data_kinds import DATA_CONFIGS, DATA_KINDS
+
+PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "linear_attention"
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: fields.check_int("n", 0), "n must be an integer >= 1, got 0$"),
+        (lambda: fields.check_int("n", "3"), r"n must be an integer >= 1, got '3' \(str\)$"),
+        (lambda: fields.check_int("n", True, None), r"n must be an integer, got True \(bool\)$"),
+        (lambda: fields.check_float("x", 0.0), "x must be a finite number > 0, got 0.0$"),
+        (lambda: fields.check_float("x", math.nan), "x must be a finite number > 0, got nan$"),
+        (lambda: fields.check_float("x", 2.0, 0.0, 1.0, low_open=False), r"in \[0.0, 1.0\]"),
+        (lambda: fields.check_bool("b", 1), r"b must be a bool, got 1 \(int\)$"),
+        (lambda: fields.check_choice("m", "x", ("a", "b"), "mixer 'y'"), "unknown m 'x' for mi"),
+        (lambda: fields.check_int_tuple("t", (1, 2.0)), "t must be a tuple of integers"),
+    ],
+)
+def test_one_message_format_per_kind_of_error(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def test_checker_converts_numpy_scalars_and_refuses_bools_as_numbers():
+    assert type(fields.check_int("n", np.int64(3))) is int
+    assert type(fields.check_float("x", np.float32(0.5))) is float
+    assert fields.check_float("x", 2) == 2.0
+    assert type(fields.check_bool("b", np.bool_(True))) is bool
+    with pytest.raises(ValueError, match="x must be a finite number > 0, got True"):
+        fields.check_float("x", True)
+
+
+def test_build_names_unknown_and_missing_fields():
+    with pytest.raises(ValueError, match=r"config.train.nope is not a field: config.train does"):
+        config_lib._build(config_lib.TrainConfig, {"num_steps": 1, "nope": 2}, "train")
+    with pytest.raises(ValueError, match="config.train.batch_size is required"):
+        config_lib._build(config_lib.TrainConfig, {"num_steps": 1}, "train")
+    train = config_lib.TrainConfig(num_steps=np.int32(3), batch_size=2, stop_at=1)
+    assert type(train.num_steps) is int and train.stop_at == 1.0  # stored as Python values
+
+
+def test_every_data_kind_is_registered_exported_and_listed():
+    import linear_attention.training as training
+
+    assert set(DATA_KINDS) == {"mqar", "text", "tokens", "mad", "state_tracking"}
+    assert config_lib.SECTION_CLASSES["data"] == DATA_CONFIGS
+    for kind, entry in DATA_KINDS.items():
+        assert entry.config.KIND == kind
+        assert getattr(training, entry.config.__name__) is entry.config
+        assert entry.config.__name__ in training.__all__
+    with pytest.raises(ValueError, match="unknown config.data.kind 'csv'; allowed: mqar, text"):
+        config_lib.experiment_config(
+            dict(seed=0, model={}, data={"kind": "csv"}, optimizer={}, train={}, mesh={})
+        )
+
+
+def test_every_source_answers_the_protocol():
+    for cls in (MQARData, TextData, GrainData, MADData, StateTrackingData):
+        assert issubclass(cls, DataSource), cls
+    data = MQARData(vocab_size=16, seq_len=16, num_kv_pairs=2, num_train_examples=4,
+                    num_test_examples=3)  # fmt: skip
+    assert data.score == "micro" and data.token_bytes is None
+    assert not data.process_local and not data.stateful
+    assert data.iterator_state() is None
+    groups = data.eval_groups(2)
+    assert list(groups) == [""] and sum(b["inputs"].shape[0] for b in groups[""]) == 4
+    assert StateTrackingData.score == "micro" and MADData.score == "class_macro"
+    assert GrainData.stateful and GrainData.process_local
+
+
+def test_model_config_is_static_and_holds_every_mixer_option():
+    names = {f.name for f in dataclasses.fields(ModelConfig)}
+    for cls in MIXERS.values():
+        assert set(cls.Config.own_options()) <= names, cls.NAME
+    assert ModelConfig.__module__ == "linear_attention.models.config"
+    source = (PACKAGE / "models" / "config.py").read_text()
+    assert "make_dataclass" not in source
+
+
+def test_mixer_config_is_made_once_and_passed_to_the_layer():
+    config = ModelConfig(vocab_size=32, d_model=16, num_layers=2, num_heads=2,
+                         mixer=("swa", "gated_deltanet"), window=np.int64(8),
+                         num_value_heads=4)  # fmt: skip
+    swa = config.mixer_config("swa")
+    assert type(swa) is MIXERS["swa"].Config and swa.window == 8 and type(swa.window) is int
+    assert config.window == 8 and type(config.window) is int
+    delta = config.mixer_config("gated_deltanet")
+    assert (delta.conv, delta.out_norm, delta.num_value_heads) == (True, True, 4)  # its defaults
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        swa.window = 4
+    # a mixer made from the config and one made from keyword options: the same parameters
+    cls = get_mixer("gated_deltanet")
+    a = cls(16, 2, config=delta, rngs=nnx.Rngs(0))
+    b = cls(16, 2, num_value_heads=4, rngs=nnx.Rngs(0))
+    assert a.options == b.options
+    leaves = jax.tree.leaves(nnx.state(a, nnx.Param)), jax.tree.leaves(nnx.state(b, nnx.Param))
+    assert all(np.array_equal(x, y) for x, y in zip(*leaves, strict=True))
+    with pytest.raises(ValueError, match="takes a GatedDeltaNetMixerConfig or keyword options"):
+        cls(16, 2, config=delta, window=3, rngs=nnx.Rngs(0))
+
+
+def test_mixer_messages_name_the_mixer():
+    with pytest.raises(
+        ValueError, match="unknown method 'fft' for mixer 'kda'; allowed: chunk, scan$"
+    ):
+        MIXERS["kda"].Config(method="fft")
+    with pytest.raises(ValueError, match="window is not a field: mixer 'kda' does not use option"):
+        MIXERS["kda"].make_config(16, 2, window=3)
+
+
+def test_no_mixer_name_in_the_training_room():
+    """flops and the sweep engine ask the mixers; they hold no mixer's name."""
+    names = "|".join(map(re.escape, MIXERS))
+    pattern = re.compile(rf"[\"']({names})[\"']")
+    for path in [PACKAGE / "training" / "flops.py", *(PACKAGE / "training" / "sweep").glob("*.py")]:
+        assert not pattern.findall(path.read_text()), path
