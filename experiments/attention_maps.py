@@ -129,14 +129,9 @@ def eval_accuracy(run_dir: Path) -> float | None:
 
 # ----------------------------------------------------------------------------- the maps
 def layer_input(model, tokens_BT, layer: int):
-    """The (normalised) input of layer `layer`'s mixer, from the model's public modules."""
-    x = model.embed(tokens_BT)
-    if model.pos_embed is not None:
-        x = x + model.pos_embed(jnp.arange(tokens_BT.shape[1], dtype=jnp.int32))
-    for block in model.blocks[:layer]:
-        x = block(x)
-    block = model.blocks[layer]
-    return block.mixer_norm(x), block.mixer
+    """The (normalised) input of layer `layer`'s mixer (`LanguageModel.hidden_states`), and
+    the mixer."""
+    return model.hidden_states(tokens_BT).mixer_inputs[layer], model.blocks[layer].mixer
 
 
 def effective_maps(mixer, x_BTD):

@@ -105,12 +105,9 @@ def make_forward(model, keys: bool = False):
     @jax.jit
     def forward(state, tokens_BT):
         model = nnx.merge(graphdef, state)
-        x_BTD = model.embed(tokens_BT)
-        if model.pos_embed is not None:
-            x_BTD = x_BTD + model.pos_embed(jnp.arange(tokens_BT.shape[1]))[None]
+        hidden = model.hidden_states(tokens_BT)
         betas, log_decays, keys, decay_keys = [], [], [], []
-        for block in model.blocks:
-            xn_BTD = block.mixer_norm(x_BTD)
+        for block, xn_BTD in zip(model.blocks, hidden.mixer_inputs, strict=True):
             betas.append(block.mixer.beta(xn_BTD))
             if want_keys:
                 k = delta_keys(block.mixer, xn_BTD)
@@ -127,8 +124,7 @@ def make_forward(model, keys: bool = False):
                 decay_keys.append(jnp.repeat(k_BTHK, group, axis=2))
             else:
                 decay_keys.append(None)
-            x_BTD = block(x_BTD)
-        return model(tokens_BT), betas, log_decays, keys, decay_keys
+        return hidden.logits, betas, log_decays, keys, decay_keys
 
     return lambda tokens: forward(state, tokens)
 

@@ -74,6 +74,7 @@ from linear_attention.benchmarks import machine_info  # noqa: E402
 from linear_attention.data.text import load_documents, split_corpus, split_documents  # noqa: E402
 from linear_attention.data.tokenizers import BYTES, bits_per_byte  # noqa: E402
 from linear_attention.training import experiment_config  # noqa: E402
+from linear_attention.training.checkpoint import latest_saved_step  # noqa: E402
 from linear_attention.training.load import load_run, run_config  # noqa: E402
 
 
@@ -157,15 +158,6 @@ def _label(config) -> str:
     return mixer if m.position == "none" else f"{mixer}+{m.position}"
 
 
-def latest_step(workdir: str) -> int:
-    """The newest checkpoint's step (ValueError if there is none)."""
-    folder = os.path.join(workdir, "checkpoints")
-    steps = [int(d) for d in os.listdir(folder) if d.isdigit()] if os.path.isdir(folder) else []
-    if not steps:
-        raise ValueError(f"workdir {workdir!r} has no checkpoint yet (nothing in {folder})")
-    return max(steps)
-
-
 def check_byte_run(workdir: str, cfg) -> None:
     """ValueError unless ``cfg`` is a byte-level text run (see the module docstring)."""
     if cfg.data.kind != "text":
@@ -200,7 +192,7 @@ def evaluate_run(
     if not learned:  # max_length bounds the input only; raise it to the longest length
         raw = json.loads(json.dumps(raw))
         raw["model"]["max_length"] = max(table, longest)
-    step = latest_step(workdir)
+    step = latest_saved_step(workdir)
     model, cfg = load_run(workdir, config=raw, step=step)
     data = cfg.data
     if max_bytes is not None:
@@ -407,7 +399,7 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     runs, evaluated = [], []
     for label, workdir in specs:
-        reused = previous.get((str(workdir), latest_step(workdir)))
+        reused = previous.get((str(workdir), latest_saved_step(workdir)))
         if reused is not None:
             runs.append({**reused, "label": label or reused["label"]})
             print(f"  {runs[-1]['label']}: reused from {out / 'length_gen.json'}")

@@ -122,15 +122,9 @@ def make_features(model):
     @jax.jit
     def features(params, tokens_BT):
         model = nnx.merge(graphdef, params)
-        x_BTD = model.embed(tokens_BT)
-        if model.pos_embed is not None:
-            x_BTD = x_BTD + model.pos_embed(jnp.arange(tokens_BT.shape[1]))[None]
-        residuals = []
-        for block in model.blocks:
-            x_BTD = block(x_BTD)
-            residuals.append(x_BTD)
+        hidden = model.hidden_states(tokens_BT)
         _, states, _ = decode(graphdef, params, tokens_BT, (None,) * len(model.blocks))
-        return model(tokens_BT), residuals, states
+        return hidden.logits, list(hidden.residuals[1:]), states
 
     return lambda tokens: features(params, jnp.asarray(tokens))
 

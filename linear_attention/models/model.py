@@ -40,6 +40,23 @@ class ModelState(NamedTuple):
     position: jax.Array
 
 
+class Hidden(NamedTuple):
+    """What `LanguageModel.hidden_states` reads on the way through the layers.
+
+    residuals     num_layers + 1 arrays `[B, T, D]`: the stream entering each block (the
+                  embeddings first), then the last block's output (before the final norm)
+    mixer_inputs  num_layers arrays `[B, T, D]`: each block's mixer input (its `mixer_norm` of
+                  the entering stream)
+    segments      the `Segments` of packed rows the mixers saw, or None
+    logits        `[B, T, vocab]` float32, equal to the model's `__call__`
+    """
+
+    residuals: tuple
+    mixer_inputs: tuple
+    segments: object
+    logits: jax.Array
+
+
 def _check_tokens(tokens, rank: int, layout: str) -> None:
     if jnp.ndim(tokens) != rank or not jnp.issubdtype(jnp.asarray(tokens).dtype, jnp.integer):
         raise ValueError(
@@ -163,6 +180,34 @@ class LanguageModel(nnx.Module):
     def __call__(self, tokens: jax.Array, segment_ids: jax.Array | None = None) -> jax.Array:
         """`tokens[B, T]` -> `logits[B, T, vocab]` float32; position t sees tokens ≤ t only, and
         with `segment_ids[B, T]` (int; a document is a run of equal ids) only its document's."""
+        x, valid, segments = self._inputs(tokens, segment_ids)
+        if self.config.remat == "none":
+            for block in self.blocks:
+                x = block(x, segments)
+        else:
+            pattern = 1 if isinstance(self.config.mixer, str) else len(self.config.mixer)
+            policy = _REMAT_POLICIES[self.config.remat]
+            x = _scanned_blocks(self.blocks, pattern, policy, x, segments)
+        return self._logits(x, valid)
+
+    def hidden_states(self, tokens: jax.Array, segment_ids: jax.Array | None = None) -> Hidden:
+        """The full pass of `__call__` with what analysis reads on the way (`Hidden`): the
+        residual stream entering each block and leaving the last, each mixer's (normalised)
+        input, the `Segments` the mixers saw, and the logits, equal to `__call__`'s. Same checks,
+        positions and NaN guard; the blocks run unscanned (no remat: it is not a training path).
+        `layers.attention_inputs(model.blocks[i].mixer, hidden.mixer_inputs[i])` then gives a
+        layer's q, k, v and decay."""
+        x, valid, segments = self._inputs(tokens, segment_ids)
+        residuals, mixer_inputs = [x], []
+        for block in self.blocks:
+            mixer_inputs.append(block.mixer_norm(x))
+            x = block(x, segments)
+            residuals.append(x)
+        logits = self._logits(x, valid)
+        return Hidden(tuple(residuals), tuple(mixer_inputs), segments, logits)
+
+    def _inputs(self, tokens, segment_ids):
+        """Checked tokens embedded `(x, valid, segments)`, for the full-sequence paths."""
         _check_tokens(tokens, 2, "[B, T]")
         if tokens.shape[1] > self.config.max_length:
             raise ValueError(
@@ -174,14 +219,7 @@ class LanguageModel(nnx.Module):
         segments = None if segment_ids is None else segments_of(segment_ids, *tokens.shape)
         # position 0 unless time is split
         x, valid = self._embed(tokens, sequence_offset(tokens.shape[1]), segments)
-        if self.config.remat == "none":
-            for block in self.blocks:
-                x = block(x, segments)
-        else:
-            pattern = 1 if isinstance(self.config.mixer, str) else len(self.config.mixer)
-            policy = _REMAT_POLICIES[self.config.remat]
-            x = _scanned_blocks(self.blocks, pattern, policy, x, segments)
-        return self._logits(x, valid)
+        return x, valid, segments
 
     def init_state(self, batch_size: int, max_length: int | None = None) -> ModelState:
         """Empty decoding state for `batch_size` sequences of up to `max_length` tokens

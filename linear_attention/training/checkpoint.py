@@ -32,6 +32,25 @@ from linear_attention.training.workdir import RunError, verify_digest, write_dig
 META_NAME = "meta.json"
 
 
+def saved_steps(workdir: str) -> list[int]:
+    """The checkpoint steps of the run in ``workdir`` (its ``checkpoints/<step>`` folders), oldest
+    first, read from the folder names: cheap, for readers that only list (no orbax manager).
+    Whether a step is intact is `Checkpoints.verify`'s answer (`load.restore_run` asks it)."""
+    folder = os.path.join(workdir, "checkpoints")
+    if not os.path.isdir(folder):
+        return []
+    return sorted(int(d) for d in os.listdir(folder) if d.isdigit())
+
+
+def latest_saved_step(workdir: str) -> int:
+    """The newest of `saved_steps` (ValueError naming the folder if there is none)."""
+    steps = saved_steps(workdir)
+    if not steps:
+        folder = os.path.join(workdir, "checkpoints")
+        raise ValueError(f"workdir {workdir!r} has no checkpoint yet (nothing in {folder})")
+    return steps[-1]
+
+
 class Checkpoints:
     def __init__(self, directory: str, *, keep: int):
         self.directory = os.path.abspath(directory)

@@ -16,7 +16,7 @@ import jax
 from flax import nnx
 
 from linear_attention.models import LanguageModel
-from linear_attention.training.checkpoint import Checkpoints
+from linear_attention.training.checkpoint import Checkpoints, latest_saved_step, saved_steps
 from linear_attention.training.config import ExperimentConfig, experiment_config
 from linear_attention.training.mesh import check_batch_size, make_mesh, state_shardings
 from linear_attention.training.optim import make_optimizer
@@ -47,13 +47,9 @@ def restore_run(workdir: str, *, config=None, step: int | None = None) -> Restor
     ``config`` (a ConfigDict, dict or `ExperimentConfig`; default: the run's ``config.json``)."""
     cfg = experiment_config(run_config(workdir) if config is None else config)
     folder = os.path.join(workdir, "checkpoints")
-    steps = (
-        sorted(int(d) for d in os.listdir(folder) if d.isdigit()) if os.path.isdir(folder) else []
-    )
-    if not steps:
-        raise ValueError(f"workdir {workdir!r} has no checkpoint yet (nothing in {folder})")
+    steps = saved_steps(workdir)
     if step is None:
-        step = steps[-1]
+        step = latest_saved_step(workdir)
     elif step not in steps:
         raise ValueError(f"step must be one of the saved checkpoints {steps}, got {step!r}")
     mesh = make_mesh(cfg.mesh.num_devices, cfg.mesh.seq)

@@ -272,3 +272,30 @@ def test_bad_inputs_raise():
         model(toks, jnp.zeros((B, T), jnp.float32))
     with pytest.raises(ValueError, match="config must be a ModelConfig"):
         LanguageModel(dict(vocab_size=V), rngs=nnx.Rngs(0))
+
+
+def test_hidden_states_are_the_full_pass_by_hand():
+    """`hidden_states` against the pass written out by hand in NumPy at its ends: the first
+    residual is the embedding (learned positions added), the first mixer input its RMSNorm, and
+    the last residual through the final norm and the tied head gives the logits, which equal
+    `__call__`'s, packed rows and the remat scan included."""
+    model = make(mixer=("gated", "softmax"), position="learned", remat="block")
+    toks = tokens()
+    seg = jnp.asarray([[0] * 5 + [1] * 7, [3] * 12], jnp.int32)
+    hidden = model.hidden_states(toks, seg)
+    assert len(hidden.residuals) == 3 and len(hidden.mixer_inputs) == 2
+    np.testing.assert_allclose(hidden.logits, model(toks, seg), rtol=1e-5, atol=1e-5)
+    table = np.asarray(model.embed.embedding[...], np.float64)
+    positions = np.asarray(hidden.segments.positions)
+    x0 = table[np.asarray(toks)] + np.asarray(model.pos_embed.embedding[...])[positions]
+    np.testing.assert_allclose(hidden.residuals[0], x0, rtol=1e-5, atol=1e-6)
+
+    def rms(x, weight):
+        return x / np.sqrt(np.mean(x * x, -1, keepdims=True) + model.config.norm_eps) * weight
+
+    w0 = np.asarray(model.blocks[0].mixer_norm.scale[...], np.float64)
+    np.testing.assert_allclose(hidden.mixer_inputs[0], rms(x0, w0), rtol=1e-4, atol=1e-5)
+    x_last = np.asarray(hidden.residuals[-1], np.float64)
+    wf = np.asarray(model.final_norm.scale[...], np.float64)
+    logits = rms(x_last, wf) @ table.T
+    np.testing.assert_allclose(hidden.logits, logits, rtol=1e-4, atol=1e-4)
