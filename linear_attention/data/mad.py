@@ -113,7 +113,6 @@ def check_mad_settings(*, task: str, vocab_size: int, seq_len: int, **options) -
                 f"{name}={value!r} is not an option of {task!r} (its options: "
                 f"{TASK_OPTIONS[task] or 'none'}); leave it at {OPTION_DEFAULTS[name]!r}"
             )
-    o = {**OPTION_DEFAULTS, **options}
     if task in ("in_context_recall", "noisy_recall", "fuzzy_recall", "memorization"):
         if vocab_size < 4 or vocab_size % 2:
             raise ValueError(
@@ -123,40 +122,60 @@ def check_mad_settings(*, task: str, vocab_size: int, seq_len: int, **options) -
         raise ValueError(f"vocab_size must be >= 2, got {vocab_size}")
     if task in ("in_context_recall", "memorization") and (seq_len < 4 or seq_len % 2):
         raise ValueError(f"seq_len must be even and >= 4 for {task!r} (pairs), got {seq_len}")
-    if task == "noisy_recall":
-        if not 0.0 <= o["noise_fraction"] < 1.0:
-            raise ValueError(f"noise_fraction must be in [0, 1), got {o['noise_fraction']}")
-        if o["noise_vocab_size"] < 1:
-            raise ValueError(f"noise_vocab_size must be >= 1, got {o['noise_vocab_size']}")
-        pairs, _ = noisy_layout(seq_len, o["noise_fraction"])
-        if pairs < 2:
-            raise ValueError(
-                f"seq_len={seq_len} with noise_fraction={o['noise_fraction']} leaves {pairs} "
-                "pair(s); need >= 2"
-            )
-    if task == "fuzzy_recall":
-        for name in ("max_key_len", "max_value_len"):
-            if o[name] < 1:
-                raise ValueError(f"{name} must be >= 1, got {o[name]}")
-        longest = o["max_key_len"] + o["max_value_len"]
-        if seq_len < 2 * longest:
-            raise ValueError(
-                f"seq_len={seq_len} must hold two of the longest pairs "
-                f"(2 * (max_key_len + max_value_len) = {2 * longest})"
-            )
-        # A prefix-free set of V/2 keys of length <= max_key_len over V/2 symbols exists when
-        # the keys of exactly max_key_len tokens are enough: (V/2)^max_key_len >= V/2.
-    if task == "selective_copying":
-        n = o["num_tokens_to_copy"]
-        if n < 1:
-            raise ValueError(f"num_tokens_to_copy must be >= 1, got {n}")
-        if seq_len < 2 * n + (1 if o["selective"] else 0):
-            raise ValueError(
-                f"seq_len={seq_len} must be >= 2 * num_tokens_to_copy = {2 * n} (the tokens "
-                f"among blanks, then their copy){' plus a blank' if o['selective'] else ''}"
-            )
-    if task == "compression" and seq_len < 3:
+    if task in _TASK_CHECKS:
+        _TASK_CHECKS[task](seq_len, {**OPTION_DEFAULTS, **options})
+
+
+def _check_noisy_recall(seq_len: int, o: dict) -> None:
+    if not 0.0 <= o["noise_fraction"] < 1.0:
+        raise ValueError(f"noise_fraction must be in [0, 1), got {o['noise_fraction']}")
+    if o["noise_vocab_size"] < 1:
+        raise ValueError(f"noise_vocab_size must be >= 1, got {o['noise_vocab_size']}")
+    pairs, _ = noisy_layout(seq_len, o["noise_fraction"])
+    if pairs < 2:
+        raise ValueError(
+            f"seq_len={seq_len} with noise_fraction={o['noise_fraction']} leaves {pairs} "
+            "pair(s); need >= 2"
+        )
+
+
+def _check_fuzzy_recall(seq_len: int, o: dict) -> None:
+    for name in ("max_key_len", "max_value_len"):
+        if o[name] < 1:
+            raise ValueError(f"{name} must be >= 1, got {o[name]}")
+    longest = o["max_key_len"] + o["max_value_len"]
+    if seq_len < 2 * longest:
+        raise ValueError(
+            f"seq_len={seq_len} must hold two of the longest pairs "
+            f"(2 * (max_key_len + max_value_len) = {2 * longest})"
+        )
+    # A prefix-free set of V/2 keys of length <= max_key_len over V/2 symbols exists when
+    # the keys of exactly max_key_len tokens are enough: (V/2)^max_key_len >= V/2.
+
+
+def _check_selective_copying(seq_len: int, o: dict) -> None:
+    n = o["num_tokens_to_copy"]
+    if n < 1:
+        raise ValueError(f"num_tokens_to_copy must be >= 1, got {n}")
+    if seq_len < 2 * n + (1 if o["selective"] else 0):
+        raise ValueError(
+            f"seq_len={seq_len} must be >= 2 * num_tokens_to_copy = {2 * n} (the tokens "
+            f"among blanks, then their copy){' plus a blank' if o['selective'] else ''}"
+        )
+
+
+def _check_compression(seq_len: int, o: dict) -> None:
+    if seq_len < 3:
         raise ValueError(f"seq_len must be >= 3 for compression, got {seq_len}")
+
+
+# The checks of one task's own options and lengths.
+_TASK_CHECKS = {
+    "noisy_recall": _check_noisy_recall,
+    "fuzzy_recall": _check_fuzzy_recall,
+    "selective_copying": _check_selective_copying,
+    "compression": _check_compression,
+}
 
 
 def noisy_layout(seq_len: int, noise_fraction: float) -> tuple[int, int]:

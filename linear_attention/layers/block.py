@@ -10,7 +10,7 @@ from linear_attention.layers.base import MixerState
 from linear_attention.layers.mlp import SwiGLU
 from linear_attention.layers.norm import RMSNorm
 from linear_attention.layers.options import MixerConfig
-from linear_attention.layers.registry import get_mixer
+from linear_attention.layers.registry import DEFAULT_MIXER, get_mixer
 
 
 class Block(nnx.Module):
@@ -21,7 +21,7 @@ class Block(nnx.Module):
         self,
         d_model: int,
         num_heads: int,
-        mixer: str = "linear",
+        mixer: str = DEFAULT_MIXER,
         *,
         mixer_options: dict | None = None,
         mixer_config: MixerConfig | None = None,

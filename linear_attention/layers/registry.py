@@ -40,6 +40,8 @@ MIXERS: dict[str, type[Mixer]] = {
 }
 
 
+# The mixer of a model or block that names none.
+DEFAULT_MIXER = "linear"
 # Hybrids the studies name (sweep labels): a pattern of registered mixers.
 HYBRIDS: dict[str, tuple[str, ...]] = {"based": ("taylor", "swa")}
 

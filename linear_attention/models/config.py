@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from linear_attention.fields import POSITIVE, check_choice, check_fields, fail, kinds, spec_field
 from linear_attention.layers import MIXERS, MixerConfig, get_mixer
 from linear_attention.layers.options import CONV
+from linear_attention.layers.registry import DEFAULT_MIXER
 
 POSITIONS = ("none", "learned", "rope")
 # Rematerialisation: what the backward pass keeps of each block's forward pass (see `remat`).
@@ -98,7 +99,7 @@ class ModelConfig:
     num_layers: int = 2
     num_heads: int = 2
     head_dim: int | None = None
-    mixer: str | tuple[str, ...] = spec_field("linear", convert=_mixer_names)
+    mixer: str | tuple[str, ...] = spec_field(DEFAULT_MIXER, convert=_mixer_names)
     conv: bool | int | None = CONV.field()
     out_norm: bool | None = None
     out_gate: bool | None = None

@@ -32,8 +32,8 @@ from linear_attention.training.data_kinds import (
     StateTrackingDataConfig,
     TextDataConfig,
     TokenDataConfig,
+    broken,
     data_kind,
-    fail,
 )
 from linear_attention.training.tpu_target import parse_target
 
@@ -107,16 +107,16 @@ class TrainConfig(Section):
 
     def check(self):
         if self.batch_size % self.grad_accum_steps:
-            fail(
+            broken(
                 "train.grad_accum_steps",
                 f"= {self.grad_accum_steps} must divide config.train.batch_size = "
                 f"{self.batch_size}",
             )
         if self.sample_tokens and not self.sample_prompt:
-            fail("train.sample_prompt", "must be non-empty when sample_tokens > 0")
+            broken("train.sample_prompt", "must be non-empty when sample_tokens > 0")
         high = 1.0 if STOP_METRICS[self.stop_metric] else math.inf
         if self.stop_at > high:
-            fail("train.stop_at", f"must be in [0, {high}] (0: off), got {self.stop_at}")
+            broken("train.stop_at", f"must be in [0, {high}] (0: off), got {self.stop_at}")
 
     def should_stop(self, record: Mapping[str, float]) -> bool:
         """Whether an evaluation ``record`` meets the early-stop threshold (never when off)."""
@@ -154,16 +154,16 @@ class MeshConfig(Section):
     def check(self):
         parse_target(self.target, "config.mesh.target")
         if self.num_devices and self.num_devices % self.seq:
-            fail("mesh.seq", f"= {self.seq} must divide num_devices = {self.num_devices}")
+            broken("mesh.seq", f"= {self.seq} must divide num_devices = {self.num_devices}")
         if self.num_processes and self.process_id >= self.num_processes:
-            fail(
+            broken(
                 "mesh.process_id",
                 f"= {self.process_id} must be < num_processes = {self.num_processes}",
             )
         if not self.multi_host:
             for name in ("coordinator_address", "num_processes", "process_id"):
                 if getattr(self, name):
-                    fail(f"mesh.{name}", "is set but multi_host is False")
+                    broken(f"mesh.{name}", "is set but multi_host is False")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -292,12 +292,12 @@ def experiment_config(config) -> ExperimentConfig:
     values = _as_dict(config)
     unknown = sorted(set(values) - set(SECTIONS))
     if unknown:
-        fail(unknown[0], f"is not a section; known: {', '.join(SECTIONS)}")
+        broken(unknown[0], f"is not a section; known: {', '.join(SECTIONS)}")
     for name in SECTIONS:
         if name not in values:
-            fail(name, "is required")
+            broken(name, "is required")
         if name != "seed" and not isinstance(values[name], Mapping):
-            fail(name, f"must be a ConfigDict, got {values[name]!r}")
+            broken(name, f"must be a ConfigDict, got {values[name]!r}")
     seed = check_int("config.seed", values["seed"], minimum=0)
     data = _build(data_kind(values["data"].get("kind")).config, values["data"], "data")
     optimizer = _build(OptimizerConfig, values["optimizer"], "optimizer")
@@ -316,13 +316,13 @@ def _check_sections(model, data, optimizer, train, mesh) -> None:
     if train.sample_tokens:
         total = len(train.sample_prompt.encode()) + train.sample_tokens
         if total > model.max_length:
-            fail(
+            broken(
                 "train.sample_tokens",
                 f"= {train.sample_tokens} plus the prompt's {total - train.sample_tokens} bytes "
                 f"exceeds config.model.max_length = {model.max_length}",
             )
     if optimizer.warmup_steps > train.num_steps:
-        fail(
+        broken(
             "optimizer.warmup_steps",
             f"= {optimizer.warmup_steps} exceeds config.train.num_steps = {train.num_steps}",
         )

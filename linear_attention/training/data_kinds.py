@@ -42,7 +42,7 @@ PREFIX = "config.data."
 VAL_FRACTION = dict(low=0.0, high=0.5, low_open=True)
 
 
-def fail(name: str, message: str):
+def broken(name: str, message: str):
     """A cross-field rule broken: ``config.<name> <message>``."""
     raise ValueError(f"config.{name} {message}")
 
@@ -95,27 +95,27 @@ class DataConfig:
     def check_run(self, model, train, mesh) -> None:
         """The rules between the data and the model, train and mesh sections."""
         if model.vocab_size < self.tokens:
-            fail(
+            broken(
                 "model.vocab_size",
                 f"= {model.vocab_size} is smaller than the data's vocabulary ({self.tokens})",
             )
         if model.max_length < self.seq_len:
-            fail(
+            broken(
                 "model.max_length",
                 f"= {model.max_length} is shorter than config.data.seq_len = {self.seq_len}",
             )
         if model.max_length < self.longest:
-            fail(
+            broken(
                 "model.max_length",
                 f"= {model.max_length} is shorter than the longest of config.data.eval_lengths "
                 f"= {self.longest}",
             )
         if self.seq_len % mesh.seq:
-            fail("mesh.seq", f"= {mesh.seq} must divide config.data.seq_len = {self.seq_len}")
+            broken("mesh.seq", f"= {mesh.seq} must divide config.data.seq_len = {self.seq_len}")
         if not self.TIME_SPLIT and mesh.seq > 1:
-            fail("mesh.seq", f"= {mesh.seq}: {self.kind} is evaluated on one time shard (use 1)")
+            broken("mesh.seq", f"= {mesh.seq}: {self.kind} is evaluated on one time shard (use 1)")
         if self.train_examples is not None and train.batch_size > self.train_examples:
-            fail(
+            broken(
                 "train.batch_size",
                 f"= {train.batch_size} exceeds config.data.num_train_examples = "
                 f"{self.train_examples}",
@@ -123,9 +123,9 @@ class DataConfig:
         if not self.has_text:
             name = self.LABEL or self.kind
             if train.sample_tokens:
-                fail("train.sample_tokens", f"must be 0 for {name} (there is no text to sample)")
+                broken("train.sample_tokens", f"must be 0 for {name} (there is no text to sample)")
             if train.stop_metric == "eval/bits_per_byte":
-                fail("train.stop_metric", f"= 'eval/bits_per_byte' is for text data, not {name}")
+                broken("train.stop_metric", f"= 'eval/bits_per_byte' is for text data, not {name}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,19 +196,19 @@ class TextDataConfig(DataConfig):
         try:
             check_tokenizer_spec(self.tokenizer)
         except ValueError as e:
-            fail("data.tokenizer", str(e))
+            broken("data.tokenizer", str(e))
         if self.loader == "grain" and not self.pack:
-            fail("data.loader", "= 'grain' packs documents: needs config.data.pack = True")
+            broken("data.loader", "= 'grain' packs documents: needs config.data.pack = True")
         if not self.text_field:
-            fail("data.text_field", "must be a non-empty field name")
+            broken("data.text_field", "must be a non-empty field name")
         if self.path and not os.path.exists(self.path):
-            fail("data.path", f"{self.path!r} does not exist")
+            broken("data.path", f"{self.path!r} does not exist")
         if self.separator and not self.pack:
-            fail("data.separator", f"= {self.separator!r} needs config.data.pack = True")
+            broken("data.separator", f"= {self.separator!r} needs config.data.pack = True")
         try:
             _ = self.separator_bytes
         except ValueError as e:
-            fail("data.separator", f"= {self.separator!r} has a bad escape: {e}")
+            broken("data.separator", f"= {self.separator!r} has a bad escape: {e}")
 
     @property
     def separator_bytes(self) -> bytes:
@@ -242,12 +242,12 @@ class TokenDataConfig(DataConfig):
 
     def check(self):
         if not os.path.isfile(self.path):
-            fail("data.path", f"= {self.path!r} is not a file (a .bin or .npy of token ids)")
+            broken("data.path", f"= {self.path!r} is not a file (a .bin or .npy of token ids)")
         if self.tokenizer:
             try:
                 check_tokenizer_spec(self.tokenizer)
             except ValueError as e:
-                fail("data.tokenizer", str(e))
+                broken("data.tokenizer", str(e))
 
     @property
     def has_text(self) -> bool:
@@ -260,16 +260,16 @@ class TokenDataConfig(DataConfig):
 
     def check_run(self, model, train, mesh) -> None:
         if self.eos_id >= model.vocab_size:
-            fail(
+            broken(
                 "data.eos_id",
                 f"= {self.eos_id} is outside the vocabulary [0, {model.vocab_size}) "
                 "(config.model.vocab_size)",
             )
         if not self.tokenizer:
             if train.sample_tokens:
-                fail("train.sample_tokens", "must be 0 without config.data.tokenizer (no text)")
+                broken("train.sample_tokens", "must be 0 without config.data.tokenizer (no text)")
             if train.stop_metric == "eval/bits_per_byte":
-                fail("train.stop_metric", "= 'eval/bits_per_byte' needs config.data.tokenizer")
+                broken("train.stop_metric", "= 'eval/bits_per_byte' needs config.data.tokenizer")
         super().check_run(model, train, mesh)
 
 
