@@ -59,6 +59,13 @@ from linear_attention.training.tpu_target import (
 from linear_attention.training.trainer import build_model, train_step
 
 GiB = 2**30
+
+
+def size(n: int) -> str:
+    """Bytes as GiB, or MiB below one GiB."""
+    return f"{n / GiB:.2f} GiB" if n >= GiB else f"{n / 2**20:.2f} MiB"
+
+
 # Remat policies from the least memory saved to the most (`ModelConfig.remat`).
 REMAT_ORDER = ("none", "dots", "dots_no_batch", "block")
 assert sorted(REMAT_ORDER) == sorted(REMAT), "every remat policy has a place in the fit order"
@@ -73,7 +80,9 @@ strongest setting:
   3. FSDP (mesh.fsdp=True; parameters and optimizer state split over the devices), then
      stages 1 and 2 again with it.
 A stage's strongest setting (block; the most micro-batches) is compiled first: memory only
-falls along a stage, so where it does not fit the stage is skipped."""
+falls along a stage, so where it does not fit the stage is skipped; where it fits, the weaker
+settings are searched for the first that fits (remat: in order; grad_accum_steps: by halving
+the interval, a compile per halving)."""
 
 
 def abstract_batch(cfg, mesh) -> dict[str, jax.ShapeDtypeStruct]:
@@ -115,13 +124,21 @@ def abstract_model(cfg):
     return nnx.eval_shape(lambda: build_model(cfg, make_optimizer(cfg.optimizer, 1)[0])[0])
 
 
-def dry_run(config, *, fit: bool = False, log: Callable[[str], None] | None = None) -> dict:
+def dry_run(
+    config,
+    *,
+    fit: bool = False,
+    log: Callable[[str], None] | None = None,
+    hbm_limit: int | None = None,
+) -> dict:
     """``{"parameters", "flops_per_token", "train_step_bytes_per_device"}`` of the run that
     ``config`` (a ConfigDict or `ExperimentConfig`) describes; with ``config.mesh.target``
     also ``target``, ``hbm_bytes_per_device``, ``hbm_source``, ``fits``, ``memory`` (the
     parts; None where the compiler refused the step), ``compile_s`` and ``versions``. With
     ``fit`` (needs a target): the first setting in `FIT_ORDER` that fits, its sizing and
-    ``fit: {"overrides", "tries"}``; ``log`` gets a line per try. Bad settings (a bad target,
+    ``fit: {"overrides", "tries"}``; ``log`` gets a line per try. ``hbm_limit`` (bytes per
+    device, whole MiB, at most the chip's) holds the compiler to less than the chip has, to
+    leave room (it becomes ``hbm_bytes_per_device``). Bad settings (a bad target,
     a batch the devices do not divide) raise `ValueError`; a compiler error other than memory
     `tpu_target.TargetCompileError`."""
     cfg = experiment_config(config)
@@ -138,17 +155,25 @@ def dry_run(config, *, fit: bool = False, log: Callable[[str], None] | None = No
     if target is None:
         result["train_step_bytes_per_device"] = train_step_bytes(cfg, mesh)
         return result
-    hbm = hbm_bytes_per_device(target)
+    hbm = chip = hbm_bytes_per_device(target)
+    source = HBM_SOURCE.format(**versions())
+    if hbm_limit is not None:
+        if not 0 < hbm_limit <= chip or hbm_limit % 2**20:
+            raise ValueError(
+                f"hbm_limit = {hbm_limit} must be a whole number of MiB in (0, {chip}] bytes "
+                f"(a {target.device_kind} device's)"
+            )
+        hbm, source = hbm_limit, f"hbm_limit, below the {chip} bytes of the {source}"
     result["target"] = {**describe(target), "mesh": dict(mesh.shape)}
     result["hbm_bytes_per_device"] = hbm
-    result["hbm_source"] = HBM_SOURCE.format(**versions())
+    result["hbm_source"] = source
     result["versions"] = versions()
 
-    def compile_one(c):
+    def compile_one(c: ExperimentConfig) -> Compiled:
         # method="pallas": the Mosaic kernels, lowered for the target whatever this backend is
         with pallas_mosaic():
             traced = trace_train_step(c, make_mesh(c.mesh.num_devices, c.mesh.seq, devices))
-        return compile_for_target(traced, target, hbm)
+        return compile_for_target(traced, target, chip, hbm_limit)
 
     if not fit:
         return {**result, **_compiled_fields(compile_one(cfg))}
@@ -239,8 +264,8 @@ def _fit_search(cfg, data: int, compile_one, hbm: int, log):
             need = result.bytes_per_device
             verdict = "fits" if result.fits else "does not fit"
             log(
-                f"try {len(tries)}: {shown}: {verdict}, {need / GiB:.2f} GiB of "
-                f"{hbm / GiB:.2f} GiB per device ({result.seconds:.0f} s)"
+                f"try {len(tries)}: {shown}: {verdict}, {size(need)} of {size(hbm)} per device "
+                f"({result.seconds:.0f} s)"
             )
         return tries[key][1].fits
 
@@ -255,12 +280,14 @@ def _fit_search(cfg, data: int, compile_one, hbm: int, log):
             [_with(base, remat=r) for r in REMAT_ORDER[start:]],
             [_with(strongest, accum=a) for a in _accumulations(cfg, data)],
         ]
-        for stage in stages:
+        for stage, bisect in zip(stages, (False, True), strict=True):
             if not stage or not attempt(stage[-1]):
                 continue
-            for c in stage:
-                if attempt(c):
-                    return tries[tuple(_setting(c).values())], tries
+            low, high = -1, len(stage) - 1  # stage[high] fits; stage[: low + 1] do not
+            while high - low > 1:
+                mid = (low + high) // 2 if bisect else low + 1
+                low, high = (low, mid) if attempt(stage[mid]) else (mid, high)
+            return tries[tuple(_setting(stage[high]).values())], tries
     return None, tries
 
 
@@ -275,11 +302,11 @@ def verdict(sizing: dict) -> str | None:
     if "fit" in sizing:
         s = sizing["fit"]["setting"]
         return (
-            f"no setting tried fits {where}: the smallest needs {need / GiB:.2f} GiB per device "
+            f"no setting tried fits {where}: the smallest needs {size(need)} per device "
             f"(remat={s['remat']}, grad_accum_steps={s['grad_accum_steps']}, fsdp={s['fsdp']}) "
-            f"and a device has {hbm / GiB:.2f} GiB"
+            f"and a device has {size(hbm)}"
         )
     return (
-        f"the train step does not fit {where}: it needs {need / GiB:.2f} GiB per device and a "
-        f"device has {hbm / GiB:.2f} GiB (XLA:TPU's figures); --fit searches a setting that fits"
+        f"the train step does not fit {where}: it needs {size(need)} per device and a device "
+        f"has {size(hbm)} (XLA:TPU's figures); --fit searches a setting that fits"
     )

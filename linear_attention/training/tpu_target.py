@@ -210,13 +210,19 @@ def step_bytes(parts: dict[str, int]) -> int:
     return parts["arguments"] + parts["outputs"] - parts["aliases"] + parts["temporaries"]
 
 
-def compile_for_target(traced, target: Target, hbm: int) -> Compiled:
+def compile_for_target(traced, target: Target, hbm: int, limit: int | None = None) -> Compiled:
     """Compile a traced jit function (`jax.jit(f).trace(...)`, arguments placed on a mesh
-    over `topology_devices`) for the target. Does not fit: ``fits=False`` with the compiler's
-    needed bytes. Any other compiler error: `TargetCompileError` with its message."""
+    over `topology_devices`) for the target, whose devices have ``hbm`` bytes. ``limit``
+    (bytes, whole MiB) holds the compiler to less, leaving the rest free. Does not fit:
+    ``fits=False`` with the compiler's needed bytes. Any other compiler error:
+    `TargetCompileError` with its message."""
+    options = {}
+    if limit is not None:  # the compiler's own cap, in MiB
+        options["xla_tpu_max_hbm_size_mib"] = limit // 2**20
+        hbm = min(hbm, limit)
     start = time.perf_counter()
     try:
-        compiled = traced.lower(lowering_platforms=("tpu",)).compile()
+        compiled = traced.lower(lowering_platforms=("tpu",)).compile(compiler_options=options)
     except Exception as e:
         text = str(e)
         found = oom_bytes(text)

@@ -6,13 +6,14 @@ Compiling for a TPU needs libtpu (``jax[tpu]``, in the ``test`` extras); where i
 tests that compile skip with the reason. Shapes are tiny (sequence 32, chunks of 16): the
 cost is XLA:TPU's compile time, ~5 to 40 s per step here."""
 
+import functools
 import json
 import os
 
 import jax
 import pytest
 
-from linear_attention.training import cli, tpu_target
+from linear_attention.training import cli, sizing, tpu_target
 from linear_attention.training.tpu_target import TARGET_FORMS, oom_bytes, parse_target
 from tests.training.conftest import ROOT
 
@@ -203,3 +204,81 @@ def test_a_step_that_cannot_fit_exits_1_with_what_it_needs(capsys, monkeypatch):
     )
     assert "RESOURCE_EXHAUSTED" in sizing["compiler_message"]
     assert oom_bytes(sizing["compiler_message"])[0] == sizing["train_step_bytes_per_device"]
+
+
+def _capped(monkeypatch, mib: int):
+    """la-train's dry run holding XLA:TPU to ``mib`` MiB per device (`dry_run`'s
+    ``hbm_limit``, the compiler's own cap), so that tiny models need a change to fit."""
+    monkeypatch.setattr(
+        cli, "dry_run_sizing", functools.partial(sizing.dry_run, hbm_limit=mib * 2**20)
+    )
+
+
+@needs_libtpu
+def test_fit_finds_the_first_setting_in_its_order_that_fits(capsys, monkeypatch):
+    """d 256 (1.19M parameters: 13.6 MiB of float32 parameters and AdamW moments on each
+    device when replicated) under a 16 MiB cap: with remat=block given, neither it nor 2
+    micro-batches (one row per device) fit; FSDP (a quarter of the state per device) does.
+    The tries follow FIT_ORDER and the batch, sequence and model are untouched."""
+    monkeypatch.chdir(ROOT)
+    _capped(monkeypatch, 16)
+    argv = ["--config=configs/lm.py:smoke", V5E, "--config.model.d_model=256"]
+    status = cli.main(["la-train", *argv, "--config.model.remat=block", "--dry_run", "--fit"])
+    out, err = capsys.readouterr()
+    assert status == 0, err
+    *_, found, last = out.strip().splitlines()
+    sizing_ = json.loads(last)
+    assert found == "fits tpu:v5e:2x2 with: --config.mesh.fsdp=True"
+    assert sizing_["fit"]["overrides"] == ["--config.mesh.fsdp=True"]
+    tries = [
+        (t["remat"], t["grad_accum_steps"], t["fsdp"], t["fits"]) for t in sizing_["fit"]["tries"]
+    ]
+    assert tries == [
+        ("block", 1, False, False),  # as given
+        ("block", 2, False, False),  # the most micro-batches: 8 rows over 4 devices
+        ("block", 1, True, True),  # FSDP, the remat stage again: block is its strongest
+    ]
+    assert [line.split(":")[1].strip() for line in err.splitlines() if "try" in line] == [
+        "try 1",
+        "try 2",
+        "try 3",
+    ]
+    assert sizing_["hbm_bytes_per_device"] == 16 * 2**20
+    assert sizing_["fits"] and sizing_["train_step_bytes_per_device"] <= 16 * 2**20
+    assert sizing_["memory"]["arguments"] >= 3 * 4 * sizing_["parameters"] / 4
+    assert sizing_["memory"]["arguments"] < 3 * 4 * sizing_["parameters"]  # split over 4
+    given = sizing_["fit"]["tries"][0]["bytes_per_device"]
+    assert given > 16 * 2**20 > sizing_["train_step_bytes_per_device"]
+
+
+@needs_libtpu
+def test_fit_without_a_setting_that_fits_exits_1(capsys, monkeypatch):
+    """Under a 1 MiB cap with block, the most micro-batches and FSDP given, nothing is left
+    to try: one compile, then one la-train line with the smallest need."""
+    monkeypatch.chdir(ROOT)
+    _capped(monkeypatch, 1)
+    status = cli.main(
+        [
+            "la-train",
+            "--config=configs/lm.py:smoke",
+            V5E,
+            "--config.model.d_model=128",
+            "--config.model.remat=block",
+            "--config.train.grad_accum_steps=2",
+            "--config.mesh.fsdp=True",
+            "--dry_run",
+            "--fit",
+        ]
+    )
+    out, err = capsys.readouterr()
+    assert status == 1
+    sizing_ = json.loads(out.strip().splitlines()[-1])
+    assert sizing_["fits"] is False and sizing_["fit"]["overrides"] is None
+    assert len(sizing_["fit"]["tries"]) == 1
+    need = sizing_["train_step_bytes_per_device"]
+    assert need > 2**20
+    assert err.splitlines()[-1] == (
+        "la-train: no setting tried fits tpu:v5e:2x2 (4 x TPU v5 lite): the smallest needs "
+        f"{need / 2**20:.2f} MiB per device (remat=block, grad_accum_steps=2, fsdp=True) and "
+        "a device has 1.00 MiB"
+    )
