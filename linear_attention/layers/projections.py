@@ -167,6 +167,17 @@ class ShiftedInputs(nnx.Module):
         return tuple(x_BTD + delta_BTD * mu_ND[i] for i in range(mu_ND.shape[0])), tail_B1D
 
 
+def float32_init(init):
+    """``init`` computed in float32 and cast to the parameter dtype: QR (the orthogonal
+    initialiser) has no bfloat16 kernel, and bfloat16 parameters then equal the float32 model's,
+    rounded."""
+
+    def wrapped(key, shape, dtype=jnp.float32):
+        return init(key, shape, jnp.float32).astype(dtype)
+
+    return wrapped
+
+
 class LowRank(nnx.Module):
     """`b + act(x W₁) W₂`, W₁: [d_in, rank], W₂: [rank, d_out] (`nnx.Linear` kernels, counted
     as matmuls by the FLOPs count), computed in float32: the mixer's gates and decays are
@@ -200,7 +211,7 @@ class LowRank(nnx.Module):
             rank,
             d_out,
             use_bias=bias is not None,
-            kernel_init=nnx.initializers.orthogonal(scale=w2_scale),
+            kernel_init=float32_init(nnx.initializers.orthogonal(scale=w2_scale)),
             **common,
         )
         if bias is not None:

@@ -115,7 +115,10 @@ class LanguageModel(nnx.Module):
             raise ValueError(f"config must be a ModelConfig, got {type(config).__name__}")
         self.config = config
         dtype, param_dtype = config.compute_dtype, config.parameter_dtype
-        common = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        # Built in float32, then cast: every initialiser computes in float32 (some, like the
+        # orthogonal one's QR, have no bfloat16 kernel), so a bfloat16 model holds the float32
+        # model's parameters, rounded.
+        common = dict(dtype=dtype, param_dtype=jnp.float32, rngs=rngs)
         embed_init = nnx.initializers.normal(stddev=0.02)
         self.embed = nnx.Embed(
             config.vocab_size, config.d_model, embedding_init=embed_init, **common
@@ -146,6 +149,12 @@ class LanguageModel(nnx.Module):
             if config.tie_embeddings
             else nnx.Linear(config.d_model, config.vocab_size, use_bias=False, **common)
         )
+        if param_dtype != jnp.float32:
+            params = nnx.state(self, nnx.Param)
+            nnx.update(self, jax.tree.map(lambda x: x.astype(param_dtype), params))
+            for _, module in nnx.iter_modules(self):
+                if hasattr(module, "param_dtype"):
+                    module.param_dtype = param_dtype
 
     # ------------------------------------------------------------------ pieces
     def _embed(self, tokens, position, segments=None):

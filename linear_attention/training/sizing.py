@@ -120,8 +120,19 @@ def train_step_bytes(cfg, mesh) -> int:
 
 
 def abstract_model(cfg):
-    """The `LanguageModel` of an `ExperimentConfig` as abstract shapes (nothing allocated)."""
-    return nnx.eval_shape(lambda: build_model(cfg, make_optimizer(cfg.optimizer, 1)[0])[0])
+    """The `LanguageModel` of an `ExperimentConfig` as abstract shapes (nothing allocated).
+    Its initialisation is lowered too (not run): shapes alone pass where an initialiser has no
+    kernel for the parameter dtype, and the run would then fail to build what was sized."""
+    build = lambda: build_model(cfg, make_optimizer(cfg.optimizer, 1)[0])[0]  # noqa: E731
+    try:
+        jax.jit(lambda: nnx.state(build())).lower()
+    except Exception as e:  # noqa: BLE001 (XLA's own error names the operation)
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(
+            f"the model cannot be built with config.model.param_dtype = "
+            f"{cfg.model.param_dtype!r}: {first}"
+        ) from None
+    return nnx.eval_shape(build)
 
 
 def dry_run(
