@@ -30,8 +30,17 @@ def check_options(method, chunk_size, return_state) -> None:
 
 def check_inputs(*, time: bool, **arrays) -> None:
     """Layouts (`name=(array, "[B, T, H, K]")`, as `check_layouts`) and float dtypes of the
-    inputs; with `time`, at least one time step (axis 1 of the first array)."""
-    check_layouts(**arrays)
+    inputs; with `time`, at least one time step (axis 1 of the first array); keys at least one
+    channel wide (`K`) and at least one sub-step per token (`n`). (An empty batch is no error:
+    its outputs are empty.)"""
+    sizes = check_layouts(**arrays)
+    for axis, what in (
+        ("K", "keys need at least one channel"),
+        ("n", "a token needs n >= 1 sub-steps"),
+    ):
+        if sizes.get(axis) == 0:
+            name, (x, layout) = next((n, a) for n, a in arrays.items() if axis in a[1])
+            raise ValueError(f"{name} has shape {tuple(jnp.shape(x))} {layout}: {axis} = 0, {what}")
     names = tuple(arrays)
     values = [x for x, _ in arrays.values()]
     check_float(names, values)
@@ -46,6 +55,13 @@ def check_beta(beta, lo_allowed, hi_allowed, name="beta"):
     with NumPy when concrete (a constant closed over under `jit` included); traced: skip."""
     values = concrete(beta)
     if values is not None and values.size:
+        nan = np.isnan(values)
+        if nan.any():
+            raise ValueError(
+                f"{name} holds NaN ({int(nan.sum())} of {values.size} values, the first at "
+                f"index {tuple(int(i) for i in np.argwhere(nan)[0])}); it must lie in "
+                f"[{lo_allowed:g}, {hi_allowed:g}]"
+            )
         lo, hi = float(np.min(values)), float(np.max(values))
         if not (lo >= lo_allowed and hi <= hi_allowed):
             raise ValueError(

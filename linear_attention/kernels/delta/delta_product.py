@@ -159,7 +159,7 @@ def delta_product_chunked(q_BTHK, k_BTHNK, v_BTHND, beta_BTHN, a_BTH, s0_BHKD, *
         s0_BHKD,
         chunk_size=chunk_size,
     )
-    return o_sub.reshape(B, T, n, H, -1)[:, :, -1], s_BHKD
+    return o_sub.reshape(B, T, n, H, o_sub.shape[-1])[:, :, -1], s_BHKD
 
 
 def _check_inputs(q, k, v, beta, *, time: bool):

@@ -74,7 +74,8 @@ def _grouped(x, group):
 
 
 def _ungrouped(x):
-    return x.reshape(-1, *x.shape[2:])
+    # (sizes, not -1: an empty batch leaves -1 undetermined)
+    return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])
 
 
 def _chunk_maps(s_BHKD, terms, group, *, keep):
