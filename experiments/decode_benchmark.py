@@ -60,7 +60,7 @@ import numpy as np
 from flax import nnx
 
 from linear_attention.benchmarks import machine_info
-from linear_attention.layers import MIXERS, MixerState
+from linear_attention.layers import MIXERS
 from linear_attention.models import LanguageModel, ModelConfig, state_size_bytes, step_fn
 
 PRESETS = {
@@ -135,7 +135,7 @@ def _fill(state, position: int, key):
             for k, x in zip(keys, leaves, strict=True)
         ]
         pos = jnp.asarray(position, jnp.int32)  # one buffer each, so the state can be donated
-        layers.append(MixerState(jax.tree.unflatten(treedef, leaves), layer.conv, pos))
+        layers.append(layer._replace(core=jax.tree.unflatten(treedef, leaves), position=pos))
     return state._replace(layers=tuple(layers), position=jnp.asarray(position, jnp.int32))
 
 

@@ -52,12 +52,26 @@ __all__ = ["Mixer", "MixerState", "conv_kernel_size"]
 class MixerState(NamedTuple):
     """Decoding state of one mixer: the family's `core` state (a `LinearAttentionState` or a
     `KVCache`), the input part's tail `[B, K−1, C]` float32 (conv tail or token shift; None
-    without), and `position`, an int32 scalar counting the tokens seen (all sequences of a batch
-    advance together)."""
+    without), `position`, an int32 scalar counting the tokens seen (all sequences of a batch
+    advance together), and `kind`, the name of the mixer that made it ("" when unknown), static
+    in the pytree: a layer refuses another mixer's state even when the shapes agree (a kda
+    state read by gated_deltanet would decode silently wrong)."""
 
     core: Any
     conv: jax.Array | None
     position: jax.Array
+    kind: str = ""
+
+
+jax.tree_util.register_pytree_with_keys(
+    MixerState,
+    lambda s: (
+        tuple((jax.tree_util.GetAttrKey(k), getattr(s, k)) for k in ("core", "conv", "position")),
+        s.kind,
+    ),
+    lambda kind, children: MixerState(*children, kind),
+    flatten_func=lambda s: ((s.core, s.conv, s.position), s.kind),
+)
 
 
 class Mixer(nnx.Module):
@@ -265,7 +279,17 @@ class Mixer(nnx.Module):
             core=self._init_core(batch_size, max_length),
             conv=self.inputs.init_state(batch_size),
             position=jnp.zeros((), jnp.int32),
+            kind=self.NAME,
         )
+
+    def _check_state(self, state) -> None:
+        if not isinstance(state, MixerState):
+            raise ValueError(f"state must be a MixerState, got {type(state).__name__}")
+        if state.kind and state.kind != self.NAME:
+            raise ValueError(
+                f"the state was made by a {state.kind!r} mixer; this layer is {self.NAME!r} "
+                "(use the state of this model's init_state / prefill)"
+            )
 
     def __call__(self, x_BTD: jax.Array, segments: Segments | jax.Array | None = None):
         """Causal mixing of a whole sequence `[B, T, d_model]` from an empty state; with
@@ -285,13 +309,15 @@ class Mixer(nnx.Module):
         self.check_input(x_BTD, 3, "[B, T, D]")
         if sequence_axis() is not None:
             raise ValueError("prefill does not split time: call it outside split_sequence")
+        self._check_state(state)
         y_BTD, core, tail = self._forward(x_BTD, state.conv, state.core, state.position)
-        return y_BTD, MixerState(core, tail, state.position + x_BTD.shape[1])
+        return y_BTD, MixerState(core, tail, state.position + x_BTD.shape[1], self.NAME)
 
     def step(self, x_BD: jax.Array, state: MixerState) -> tuple[jax.Array, MixerState]:
         """One token `x[B, D]`; returns `(y[B, D], new state)`."""
         self.check_input(x_BD, 2, "[B, D]")
+        self._check_state(state)
         y_B1D, core, tail = self._forward(
             x_BD[:, None], state.conv, state.core, state.position, step=True
         )
-        return y_B1D[:, 0], MixerState(core, tail, state.position + 1)
+        return y_B1D[:, 0], MixerState(core, tail, state.position + 1, self.NAME)

@@ -264,6 +264,12 @@ class LanguageModel(nnx.Module):
         position = int(state.position) if is_concrete(state.position) else None
         for i, (layer, want, want2) in enumerate(zip(state.layers, short, longer, strict=True)):
             name = f"state.layers[{i}] ({config.layer_mixers[i]})"
+            if isinstance(layer, MixerState) and layer.kind != want.kind:
+                if layer.kind:
+                    raise ValueError(
+                        f"{name} was made by a {layer.kind!r} mixer: a state from another model"
+                    )
+                layer = layer._replace(kind=want.kind)  # built by hand: its shapes are checked
             if jax.tree.structure(layer) != jax.tree.structure(want):
                 raise ValueError(
                     f"{name} has the structure {jax.tree.structure(layer)}, but this model's "

@@ -469,6 +469,18 @@ def meaning_changes(run: config_lib.ExperimentConfig, now: config_lib.Experiment
     return out
 
 
+def _check_utf8(flag: str, text: str) -> None:
+    """UsageError unless ``text`` (an argument, decoded by Python with surrogate escapes) is
+    UTF-8: a tokenizer reads text only."""
+    raw = os.fsencode(text)
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UsageError(
+            f"{flag} is not UTF-8 text (byte {raw[e.start]:#04x} at offset {e.start})"
+        ) from None
+
+
 def _override_values(argv: list[str]) -> dict[str, str]:
     return {
         a.split("=", 1)[0].lstrip("-"): a.split("=", 1)[1] if "=" in a else "True"
@@ -509,10 +521,13 @@ def generate_main(argv: list[str] | None = None) -> int:
             )
         if not fv.prompt:
             raise UsageError(f"--prompt is required (a non-empty text)\n{GENERATE_USAGE}")
+        _check_utf8("--prompt", fv.prompt)
         if fv.num_tokens is None:
             raise UsageError(f"--num_tokens is required\n{GENERATE_USAGE}")
         if fv.top_k < 0:
             raise UsageError(f"--top_k must be >= 0 (0: all), got {fv.top_k}")
+        if fv.seed < 0:
+            raise UsageError(f"--seed must be >= 0, got {fv.seed}")
         model, _ = load_run(workdir, config=fv.config, step=fv.step)
         tokenizer = load_tokenizer(cfg.data.tokenizer)
         prompt = tokenizer.encode(fv.prompt).astype(np.int32)[None]

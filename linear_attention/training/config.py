@@ -194,7 +194,10 @@ def _mixer_names(mixer):
     """A hybrid given on the command line as a string, ``"gated,softmax"`` or
     ``"('gated', 'softmax')"``, becomes a tuple of names; anything else is left as is."""
     if isinstance(mixer, str) and "," in mixer:
-        return tuple(name.strip(" '\"") for name in mixer.strip("()[] ").split(",") if name.strip())
+        names = [name.strip(" '\"") for name in mixer.strip("()[] ").split(",")]
+        if not all(names):  # "kda," would otherwise be the one-layer hybrid ("kda",)
+            _fail("model.mixer", f"has an empty name in {mixer!r}; give NAME or NAME,NAME,...")
+        return tuple(names)
     return mixer
 
 

@@ -360,3 +360,26 @@ def test_la_eval_says_and_records_an_override_that_changes_the_model(text_run, c
     assert capsys.readouterr().out.startswith("step 4: ")
     with open(out) as f:
         assert "changed" not in json.load(f)
+
+
+def test_la_generate_refuses_a_negative_seed_and_a_prompt_that_is_not_utf8(text_run, capsys):
+    workdir, _ = text_run
+    argv = ["la-generate", f"--workdir={workdir}", "--num_tokens=4"]
+    assert cli.generate_main([*argv, "--prompt=x", "--seed=-1"]) == 2
+    assert capsys.readouterr().err == "la-generate: error: --seed must be >= 0, got -1\n"
+    prompt = b"ab\xffc".decode("utf-8", "surrogateescape")  # as Python decodes such an argv
+    assert cli.generate_main([*argv, f"--prompt={prompt}"]) == 2
+    err = capsys.readouterr().err
+    assert err == "la-generate: error: --prompt is not UTF-8 text (byte 0xff at offset 2)\n"
+
+
+def test_a_trailing_comma_in_the_mixer_list_is_an_error(capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    for mixer in ("kda,", "gated,,softmax"):
+        assert cli.main(["la-train", SMOKE, "--workdir=x", f"--config.model.mixer={mixer}"]) == 2
+        err = capsys.readouterr().err
+        assert err == (
+            f"la-train: error: config.model.mixer has an empty name in {mixer!r}; give NAME or "
+            "NAME,NAME,...\n"
+        )
+    assert not os.path.exists(ROOT / "x")
