@@ -23,12 +23,25 @@
    same method, dtype and pass took over `--time_budget_s` at a smaller T, or once the whole
    script has run `--budget_s`.
 
-Writes `results.json` (machine, checks, every time, ratios, skips) and `time_vs_T.png`.
+3. Every other kernel family, forward and gradient (float32) and bfloat16 forward against the
+   float32 reference, with an initial state where the family takes one: the delta rule with a
+   per-token decay (Gated DeltaNet) and with a per-key decay (KDA), DPLR (RWKV-7's transition)
+   and DeltaProduct (2 Householder steps) in "chunk" against "scan"; softmax blockwise against
+   the quadratic form; the sliding window against the quadratic form with its band mask.
+4. One training step (the loop's `train_step`: AdamW, float32 loss) of each paper preset of
+   `configs/lm.py` at a reduced depth (`depth` layers; the `tiny` preset also narrows the model
+   and shortens the rows), on one device: the step time (median of `repeats` after a warm-up),
+   tokens/s, the model FLOPs per token of `training.flops` and, with `--peak_flops` (the
+   device's peak FLOP/s for the compute dtype), the MFU = FLOPs per token · tokens/s / peak.
+
+Writes `results.json` (machine, checks, every time, ratios, skips, train steps) and
+`time_vs_T.png`.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -38,19 +51,37 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 from linear_attention import kernels as K
 from linear_attention.benchmarks import machine_info
 from linear_attention.benchmarks.timing import B, D, H, compile_point, interleaved, linear_fn
+from linear_attention.training.cli import load_config_file
+from linear_attention.training.config import experiment_config
+from linear_attention.training.flops import flops_per_token
+from linear_attention.training.mesh import make_mesh, shard_batch
+from linear_attention.training.optim import make_optimizer
+from linear_attention.training.sizing import abstract_batch
+from linear_attention.training.trainer import build_model, train_step
 
 MODES = ("fwd", "grad")
 DECAYS = ("none", "per_head", "per_token", "per_key")
 DTYPES = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}
 TOLERANCE = {"float32": 1e-4, "bfloat16": 3e-2}  # relative to the largest reference entry
+# step: the paper presets' training step at `depth` layers; "narrow" shrinks the model (d 64,
+# 2 heads of 32) and the rows (`seq_len`, `batch`), for a CPU.
 PRESETS = {
-    "full": dict(T=tuple(1024 * 2**i for i in range(7)), repeats=5, check_T=300, decays=DECAYS),
-    "tiny": dict(T=(128,), repeats=1, check_T=37, decays=("per_token", "per_key")),
-}
+    "full": dict(
+        T=tuple(1024 * 2**i for i in range(7)), repeats=5, check_T=300, decays=DECAYS,
+        step=dict(depth=2, narrow=False, seq_len=None, batch=8, repeats=3),
+    ),
+    "tiny": dict(
+        T=(128,), repeats=1, check_T=37, decays=("per_token", "per_key"),
+        step=dict(depth=1, narrow=True, seq_len=32, batch=2, repeats=1),
+    ),
+}  # fmt: skip
+FAMILIES = ("delta_rule", "kda", "dplr", "delta_product", "softmax", "sliding_window")
+ROOT = Path(__file__).resolve().parents[1]
 
 
 # name -> (function of (q, k, v), whether it takes featurised q and k)
@@ -136,6 +167,114 @@ def run_checks(T: int, decay_kinds=DECAYS, chunk_size: int = 16) -> list[dict]:
     return out
 
 
+def _family_case(family: str, T: int, rng):
+    """``(function of (variant, *arrays) -> outputs, arrays, reference variant, checked
+    variants, how many leading arrays are cast to bfloat16)`` of a kernel family."""
+    B, H, Kd, Dv, n = 2, 2, 8, 8, 2
+    arr = lambda *s: jnp.asarray(rng.normal(size=s), jnp.float32)  # noqa: E731
+    unit = lambda x: x / jnp.linalg.norm(x, axis=-1, keepdims=True)  # noqa: E731
+    beta = jnp.asarray(rng.uniform(0.1, 1.5, (B, T, H)), jnp.float32)
+    per_token = jnp.asarray(-rng.uniform(0, 0.5, (B, T, H)), jnp.float32)
+    per_key = jnp.asarray(-rng.uniform(0, 0.5, (B, T, H, Kd)), jnp.float32)
+    state = K.LinearAttentionState(0.3 * arr(B, H, Kd, Dv), None)
+    q, k, v = arr(B, T, H, Kd), unit(arr(B, T, H, Kd)), arr(B, T, H, Dv)
+
+    def delta(method, q, k, v, beta, a):
+        o, s = K.delta_rule(
+            q, k, v, beta, log_decay=a, method=method, chunk_size=16, initial_state=state,
+            return_state=True,
+        )  # fmt: skip
+        return o, s.kv
+
+    def dplr(method, q, k, v, kk, beta, w):
+        kk = unit(kk)
+        o, s = K.dplr_delta_rule(
+            q, k, v, -kk, beta[..., None] * kk, log_decay=w, method=method, chunk_size=16,
+            initial_state=state, return_state=True,
+        )  # fmt: skip
+        return o, s.kv
+
+    def product(method, q, k, v, beta, a):
+        o, s = K.delta_product(
+            q, k, v, beta, log_decay=a, method=method, chunk_size=16, initial_state=state,
+            return_state=True,
+        )  # fmt: skip
+        return o, s.kv
+
+    def softmax(method, q, k, v):
+        if method == "quadratic":
+            return K.softmax_attention(q, k, v, causal=True)
+        return K.blockwise_softmax_attention(q, k, v, causal=True, block_size=16)
+
+    window = 7
+
+    def sliding(method, q, k, v):
+        if method == "quadratic":  # causal softmax over the band j in (i - window, i]
+            s = jnp.einsum("bihd,bjhd->bhij", q, k) / np.sqrt(q.shape[-1])
+            i, j = jnp.arange(T)[:, None], jnp.arange(T)[None, :]
+            s = jnp.where((j <= i) & (j > i - window), s, -jnp.inf)
+            return jnp.einsum("bhij,bjhd->bihd", jax.nn.softmax(s, axis=-1), v)
+        return K.sliding_window_attention(q, k, v, window=window, block_size=16)
+
+    match family:
+        case "delta_rule":
+            return delta, (q, k, v, beta, per_token), "scan", ("chunk",), 3
+        case "kda":
+            return delta, (q, k, v, beta, per_key), "scan", ("chunk",), 3
+        case "dplr":
+            return dplr, (q, 0.5 * k, v, arr(B, T, H, Kd), beta, per_key), "scan", ("chunk",), 4
+        case "delta_product":
+            ks = unit(arr(B, T, H, n, Kd))
+            betas = jnp.asarray(rng.uniform(0.1, 1.5, (B, T, H, n)), jnp.float32)
+            args = (q, ks, arr(B, T, H, n, Dv), betas, per_token)
+            return product, args, "scan", ("chunk",), 3
+        case "softmax":
+            return softmax, (q, k, v), "quadratic", ("blockwise",), 3
+        case "sliding_window":
+            return sliding, (q, k, v), "quadratic", ("blockwise",), 3
+    raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
+
+
+def run_family_checks(T: int, families=FAMILIES) -> list[dict]:
+    """For each family: every checked variant against the reference, forward and gradient in
+    float32, and its forward on bfloat16 inputs against the float32 reference."""
+    rng = np.random.default_rng(1)
+    out = []
+    with jax.default_matmul_precision("highest"):
+        for family in families:
+            f, args, ref_variant, variants, n_cast = _family_case(family, T, rng)
+            fwd = jax.jit(f, static_argnums=0)
+
+            def loss(variant, *args, f=f):
+                leaves = jax.tree.leaves(f(variant, *args))
+                return sum(
+                    jnp.sum(x.astype(jnp.float32) * jnp.cos(jnp.arange(x.size).reshape(x.shape)))
+                    for x in leaves
+                )
+
+            grad = jax.jit(jax.grad(loss, argnums=tuple(range(1, len(args) + 1))), static_argnums=0)
+            ref, ref_grads = fwd(ref_variant, *args), grad(ref_variant, *args)
+            low = [x.astype(jnp.bfloat16) if i < n_cast else x for i, x in enumerate(args)]
+            for variant in variants:
+                errs = {
+                    ("forward", "float32"): fwd(variant, *args),
+                    ("gradient", "float32"): grad(variant, *args),
+                    ("forward", "bfloat16"): fwd(variant, *low),
+                }
+                for (check, dtype), got in errs.items():
+                    want = ref_grads if check == "gradient" else ref
+                    err = max(
+                        rel_err(g, r)
+                        for g, r in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True)
+                    )
+                    out.append(
+                        dict(check=check, family=family, method=variant, reference=ref_variant,
+                             dtype=dtype, rel_err=err,
+                             ok=bool(np.isfinite(err) and err < TOLERANCE[dtype]))
+                    )  # fmt: skip
+    return out
+
+
 # ---- 2. timings ----
 
 
@@ -209,6 +348,94 @@ def run_timings(T_list, dtypes, repeats, budget_s, time_budget_s, mem_budget, lo
     return records
 
 
+# ---- 4. a training step of each paper preset ----
+
+
+def paper_presets() -> tuple[str, ...]:
+    """The paper-size presets of `configs/lm.py` (its ``PAPER_SIZES``)."""
+    spec = importlib.util.spec_from_file_location("configs_lm", ROOT / "configs" / "lm.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return tuple(module.PAPER_SIZES)
+
+
+def step_config(preset: str, depth: int, narrow: bool, seq_len: int | None, batch: int):
+    """The preset's config at ``depth`` layers, ``batch`` rows of ``seq_len`` tokens (None:
+    the preset's) in one step; ``narrow``: d 64 and 2 heads of 32 (the vocabulary kept)."""
+    config = load_config_file(f"{ROOT / 'configs' / 'lm.py'}:{preset}")
+    config.model.num_layers = depth
+    if narrow:
+        config.model.d_model, config.model.num_heads = 64, 2
+        if config.model.head_dim is not None:
+            config.model.head_dim = 32
+    if seq_len:
+        config.data.seq_len = seq_len
+    config.train.batch_size, config.train.grad_accum_steps = batch, 1
+    return experiment_config(config)
+
+
+def run_train_step(cfg, repeats: int, peak_flops: float | None) -> dict:
+    """One device: the loop's `train_step` compiled, run once to warm up, then ``repeats``
+    timed steps on random tokens (one document per row)."""
+    mesh = make_mesh(1, 1)
+    tx, _ = make_optimizer(cfg.optimizer, cfg.train.num_steps)
+    model, optimizer = build_model(cfg, tx)
+    flops = flops_per_token(model, cfg.data.seq_len)["total"]
+    params = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+    graphdef, state = nnx.split((model, optimizer))
+    rng = np.random.default_rng(0)
+    shape = (cfg.train.batch_size, cfg.data.seq_len)
+    batch = {
+        name: np.ones(shape, np.int32)
+        if name == "segment_ids"
+        else rng.integers(0, cfg.model.vocab_size, shape, dtype=np.int32)
+        for name in abstract_batch(cfg, mesh)
+    }
+    batch = shard_batch(batch, mesh)
+    kwargs = dict(graphdef=graphdef, mesh=mesh, fsdp=False, accum=1)
+    start = time.perf_counter()
+    compiled = train_step.lower(state, batch, **kwargs).compile()
+    compile_s = time.perf_counter() - start
+    state, metrics = compiled(state, batch)
+    first_loss = float(metrics["train/loss"])
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        state, metrics = compiled(state, batch)
+        jax.block_until_ready(metrics)
+        times.append(time.perf_counter() - start)
+    step_s = statistics.median(times)
+    tokens_per_sec = shape[0] * shape[1] / step_s
+    return dict(
+        parameters=int(params), d_model=cfg.model.d_model, num_layers=cfg.model.num_layers,
+        seq_len=shape[1], batch=shape[0], dtype=cfg.model.dtype, compile_s=compile_s,
+        first_loss=first_loss, times_s=times, step_s=step_s, tokens_per_sec=tokens_per_sec,
+        flops_per_token=flops,
+        mfu=None if not peak_flops else flops * tokens_per_sec / peak_flops,
+    )  # fmt: skip
+
+
+def run_train_steps(presets, depth, narrow, seq_len, batch, repeats, peak_flops, log):
+    records = []
+    for preset in presets:
+        cfg = step_config(preset, depth, narrow, seq_len, batch)
+        try:
+            rec = dict(preset=preset, **run_train_step(cfg, repeats, peak_flops))
+        except Exception as e:  # e.g. out of memory on a small device: said, not fatal
+            rec = dict(preset=preset, skipped=f"{type(e).__name__}: {str(e).splitlines()[0]}")
+        records.append(rec)
+        if "skipped" in rec:
+            log(f"train step {preset}: skipped ({rec['skipped']})")
+            continue
+        mfu = "" if rec["mfu"] is None else f", MFU {rec['mfu']:.3f}"
+        log(
+            f"train step {preset} ({rec['num_layers']} layers, d {rec['d_model']}, "
+            f"{rec['batch']} x {rec['seq_len']}): {rec['step_s'] * 1e3:.1f} ms, "
+            f"{rec['tokens_per_sec']:.0f} tokens/s{mfu}"
+        )
+    return records
+
+
 def plot(records, path: Path) -> None:
     import matplotlib
 
@@ -248,11 +475,14 @@ def run(
     budget_s=270.0,
     time_budget_s=20.0,
     mem_budget_gb=None,
+    peak_flops=None,
     log=print,
 ):
     """Checks and timings into `out`; returns the results dict (also written as results.json)."""
     if preset not in PRESETS:
         raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {preset!r}")
+    if peak_flops is not None and not peak_flops > 0:
+        raise ValueError(f"peak_flops must be > 0 (the device's FLOP/s), got {peak_flops}")
     cfg = PRESETS[preset]
     T_list = tuple(sorted(set(cfg["T"] if T is None else T)))
     repeats = cfg["repeats"] if repeats is None else repeats
@@ -277,10 +507,21 @@ def run(
     failed = [c for c in results["checks"] if c.get("ok") is False]
     results["checks_passed"] = not failed
     log(f"checks: {len(results['checks']) - len(failed)} ok, failed: {failed or 'none'}")
+    results["family_checks"] = run_family_checks(cfg["check_T"])
+    failed = [c for c in results["family_checks"] if not c["ok"]]
+    results["checks_passed"] = results["checks_passed"] and not failed
+    passed = len(results["family_checks"]) - len(failed)
+    log(f"family checks: {passed} ok, failed: {failed or 'none'}")
     remaining = budget_s - (time.time() - start)
     results["records"] = run_timings(
         T_list, dtypes, repeats, remaining, time_budget_s, mem_budget, log
     )
+    step = cfg["step"]
+    results["config"]["train_step"] = dict(step, peak_flops=peak_flops)
+    results["train_steps"] = run_train_steps(
+        paper_presets(), step["depth"], step["narrow"], step["seq_len"], step["batch"],
+        step["repeats"], peak_flops, log,
+    )  # fmt: skip
     results["machine"].update(load_avg_end=os.getloadavg(), wall_s=time.time() - start)
     (out / "results.json").write_text(json.dumps(results, indent=1))
     plot(results["records"], out / "time_vs_T.png")
@@ -321,10 +562,13 @@ def main(argv=None):
         "--time_budget_s", type=float, default=20.0, help="skip larger T once a run took this"
     )
     p.add_argument("--mem_budget_gb", type=float, help="default: 80%% of the device's memory")
+    p.add_argument(
+        "--peak_flops", type=float, help="the device's peak FLOP/s (bfloat16), for the MFU"
+    )
     a = p.parse_args(argv)
     run(
         a.out, a.preset, a.T, tuple(a.dtypes), a.repeats, budget_s=a.budget_s,
-        time_budget_s=a.time_budget_s, mem_budget_gb=a.mem_budget_gb,
+        time_budget_s=a.time_budget_s, mem_budget_gb=a.mem_budget_gb, peak_flops=a.peak_flops,
     )  # fmt: skip
 
 
