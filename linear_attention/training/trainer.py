@@ -569,6 +569,11 @@ class Run:
             f"(data {mesh.shape['data']} × seq {mesh.shape['seq']}), "
             f"steps {self.start}..{tc.num_steps}"
         )
+        if cfg.mesh.target:  # the slice --dry_run sized the run for; a run uses what it sees
+            reporter.message(
+                f"config.mesh.target = {cfg.mesh.target!r} is what --dry_run compiles for; this "
+                f"run trains on the visible {jax.devices()[0].device_kind} device(s)"
+            )
         if self.flops is not None:
             parts = ", ".join(f"{k} {v:.3g}" for k, v in self.flops.items() if k != "total")
             reporter.message(f"{self.flops['total']:.4g} train FLOPs per token ({parts})")

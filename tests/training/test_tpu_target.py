@@ -282,3 +282,22 @@ def test_fit_without_a_setting_that_fits_exits_1(capsys, monkeypatch):
         f"{need / 2**20:.2f} MiB per device (remat=block, grad_accum_steps=2, fsdp=True) and "
         "a device has 1.00 MiB"
     )
+
+
+def test_a_run_with_a_target_trains_on_the_visible_devices_and_says_so(
+    capsys, monkeypatch, tmp_path
+):
+    """The target is for --dry_run: training with it set runs here (no libtpu needed)."""
+    monkeypatch.chdir(ROOT)
+    argv = ["--config=configs/mqar.py:smoke", V5E, f"--workdir={tmp_path / 'run'}"]
+    argv += ["--config.train.num_steps=2", "--config.train.eval_every=2"]
+    assert cli.main(["la-train", *argv]) == 0
+    out, err = capsys.readouterr()
+    kind = jax.devices()[0].device_kind
+    assert (
+        f"config.mesh.target = 'tpu:v5e:2x2' is what --dry_run compiles for; this run trains on "
+        f"the visible {kind} device(s)"
+    ) in out + err
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["mesh"]["target"] == (
+        "tpu:v5e:2x2"
+    )
