@@ -129,8 +129,10 @@ def text_source(
     process_index: int = 0,
     process_count: int = 1,
     message=None,
+    progress=None,
 ):
-    """The source of ``config.data.kind = "text"`` (see the module docstring)."""
+    """The source of ``config.data.kind = "text"`` (see the module docstring); ``progress(done,
+    total)`` follows the tokenization of a corpus that is not in the cache (in characters)."""
     if loader not in LOADERS:
         raise ValueError(f"loader must be one of {LOADERS}, got {loader!r}")
     if loader == "grain" and not pack:
@@ -154,6 +156,7 @@ def text_source(
             separator=separator.decode(),
             cache_dir=cache_dir,
             message=message,
+            progress=progress,
         )
         text = TextData(
             tokens=tokens,

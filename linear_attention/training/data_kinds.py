@@ -36,6 +36,7 @@ from linear_attention.data.state_tracking import (
 )
 from linear_attention.data.tokenizers import check_tokenizer_spec, load_tokenizer
 from linear_attention.fields import POSITIVE, check_choice, check_fields, spec_field
+from linear_attention.training.metrics import Progress
 
 PREFIX = "config.data."
 # The validation share of a corpus: above 0, at most half.
@@ -405,7 +406,19 @@ def _stream(d, run) -> dict:
     )
 
 
+# Corpora tokenized in seconds show no progress.
+_PROGRESS_CHARACTERS = 1 << 26
+
+
 def _text(d: TextDataConfig, run, *, cache_dir=None, message=None) -> DataSource:
+    progress = Progress("tokenizing the corpus", unit="characters", min_total=_PROGRESS_CHARACTERS)
+    try:
+        return _text_source(d, run, cache_dir, message, progress.update)
+    finally:
+        progress.close()
+
+
+def _text_source(d: TextDataConfig, run, cache_dir, message, progress) -> DataSource:
     return text_source(
         path=d.path,
         tokenizer=d.tokenizer,
@@ -416,6 +429,7 @@ def _text(d: TextDataConfig, run, *, cache_dir=None, message=None) -> DataSource
         separator=d.separator_bytes,
         cache_dir=cache_dir,
         message=message,
+        progress=progress,
         **_stream(d, run),
     )
 

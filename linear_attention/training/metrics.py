@@ -136,7 +136,8 @@ class Progress:
     line redrawn in place (at most every ``interval`` seconds, and at the end); otherwise a plain
     line at each tenth of ``total`` (or every ``interval`` seconds when the total is unknown),
     so a log keeps a few lines, not thousands. ``update(done, total)``; ``close()`` ends the
-    line. ``unit`` names what is counted ("bytes" are shown with thousands separators)."""
+    line. ``unit`` names what is counted; work whose total is below ``min_total`` is quick and
+    shows nothing."""
 
     def __init__(
         self,
@@ -146,8 +147,9 @@ class Progress:
         stream: IO[str] | None = None,
         tty: bool | None = None,
         interval: float = 0.5,
+        min_total: float = 0,
     ):
-        self.label, self.unit = label, unit
+        self.label, self.unit, self.min_total = label, unit, min_total
         self.stream = stream or sys.stderr
         self.tty = self.stream.isatty() if tty is None else tty
         self.interval = interval if self.tty else max(interval, 30.0)
@@ -165,6 +167,8 @@ class Progress:
         )
 
     def update(self, done: float, total: float | None = None) -> None:
+        if total is not None and total < self.min_total:
+            return
         now = time.perf_counter()
         end = bool(total) and done >= total
         if self.tty:

@@ -23,7 +23,7 @@ from linear_attention.training.sweep.synthetic import (
     synthetic_report,
 )
 from linear_attention.training.sweep.tables import lm_report, mqar_report
-from linear_attention.training.sweep.workers import run_parallel
+from linear_attention.training.sweep.workers import SweepProgress, run_parallel
 
 
 def report(
@@ -88,11 +88,14 @@ def _train(sweep, axes, points, runs_dir: Path, jobs: int, decode_batch_size: in
     ordered = run_order(sweep, axes, points)
     todo = [p for p in ordered if not is_finished(runs_dir / p.name)]
     parallel = jobs > 1 and len(todo) > 1
+    progress = None if parallel else SweepProgress(len(todo))
     for i, point in enumerate(ordered):
         if parallel and point in todo:
             continue  # trained by the workers below
         log(f"[{i + 1}/{len(points)}] {point.name}")
         run_point(point.config, runs_dir / point.name, decode_batch_size=decode_batch_size, log=log)
+        if progress is not None and point in todo:
+            log(progress.done())
     if parallel:
         log(f"{len(todo)} points in {min(jobs, len(todo))} worker processes")
         run_parallel(

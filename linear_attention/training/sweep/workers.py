@@ -112,6 +112,27 @@ class SweepInterrupted(KeyboardInterrupt):
     """SIGINT or SIGTERM stopped the sweep; the runs in progress saved checkpoints."""
 
 
+class SweepProgress:
+    """Runs done and to go: `done()` after each run returns the line to log, ``N of M runs
+    done, K to go (T s so far, about E s more)`` (the estimate: the mean time per run so far
+    times the runs to go, divided by the workers)."""
+
+    def __init__(self, total: int, *, workers: int = 1):
+        self.total, self.workers, self.count = total, max(1, workers), 0
+        self.start = time.perf_counter()
+
+    def done(self) -> str:
+        self.count += 1
+        elapsed = time.perf_counter() - self.start
+        left = self.total - self.count
+        line = (
+            f"sweep: {self.count} of {self.total} runs done, {left} to go ({elapsed:.0f} s so far"
+        )
+        if left:
+            line += f", about {elapsed / self.count * left:.0f} s more"
+        return line + ")"
+
+
 def run_parallel(
     points: list[Point], runs_dir: Path, *, jobs: int, decode_batch_size: int, log, replicate=None
 ):
@@ -124,6 +145,8 @@ def run_parallel(
     env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {WORKER_XLA_FLAGS}".strip()
     env["PYTHONPATH"] = os.pathsep.join(p for p in (PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
     errors, interrupted = [], []
+    progress = SweepProgress(len(points))
+    lock = threading.Lock()
 
     def drive(n, worker):
         while not errors and not interrupted:
@@ -151,9 +174,12 @@ def run_parallel(
         if "error" in result:
             errors.append(f"{point.name}: {result['error']}")
             return False
-        log(
-            f"[{i + 1}/{len(points)}] {point.name}: {result['status']} in {result['seconds']:.0f} s"
-        )
+        with lock:
+            log(
+                f"[{i + 1}/{len(points)}] {point.name}: {result['status']} in "
+                f"{result['seconds']:.0f} s"
+            )
+            log(progress.done())
         return True
 
     # Workers in their own session: a Ctrl-C at the terminal reaches this process only, which
