@@ -196,7 +196,7 @@ def _mixer_names(mixer):
     if isinstance(mixer, str) and "," in mixer:
         names = [name.strip(" '\"") for name in mixer.strip("()[] ").split(",")]
         if not all(names):  # "kda," would otherwise be the one-layer hybrid ("kda",)
-            _fail("model.mixer", f"has an empty name in {mixer!r}; give NAME or NAME,NAME,...")
+            broken("model.mixer", f"has an empty name in {mixer!r}; give NAME or NAME,NAME,...")
         return tuple(names)
     return mixer
 
