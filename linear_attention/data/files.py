@@ -34,9 +34,11 @@ def atomic_file(path: str):
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(OSError):
             os.remove(tmp)
+        if isinstance(e, OSError) and e.filename is None:  # (a failed write names no file)
+            raise OSError(e.errno, e.strerror, path) from None
         raise
 
 

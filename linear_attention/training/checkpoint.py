@@ -17,9 +17,13 @@ run's timings so far), covered by the integrity record like every other file."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import shutil
+import sys
+import tempfile
 
 import jax
 import orbax.checkpoint as ocp
@@ -51,6 +55,49 @@ def latest_saved_step(workdir: str) -> int:
     return steps[-1]
 
 
+@contextlib.contextmanager
+def _stderr_held():
+    """Hold back what is written to file descriptor 2 inside the block, and write it out after
+    a block that succeeds. A write that fails inside orbax is reported by each of its writer
+    threads with a traceback, some from C++ callbacks (no logger to quiet); the `RunError`
+    raised instead says it in one line."""
+    try:
+        held = tempfile.TemporaryFile()
+        saved = os.dup(2)
+    except OSError:  # no room even for this: nothing is held back
+        yield
+        return
+    sys.stderr.flush()
+    os.dup2(held.fileno(), 2)
+    ok = False
+    try:
+        yield
+        ok = True
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        if ok:
+            held.seek(0)
+            text = held.read()
+            if text:
+                sys.stderr.buffer.write(text)
+                sys.stderr.flush()
+        held.close()
+
+
+def _write_error(e: Exception) -> str:
+    """What a failed write says, in one line: the OS error's text when there is one (orbax's
+    tensorstore messages carry it as ``os_error_code='27'``)."""
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror
+    code = re.search(r"os_error_code='(\d+)'", str(e))
+    if code:
+        return os.strerror(int(code.group(1)))
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return first[:200]
+
+
 class Checkpoints:
     def __init__(self, directory: str, *, keep: int):
         self.directory = os.path.abspath(directory)
@@ -78,6 +125,40 @@ class Checkpoints:
         record, so the record covers them."""
         if step in self.manager.all_steps():
             return
+        need = sum(int(x.size) * x.dtype.itemsize for x in jax.tree.leaves(state))
+        free = shutil.disk_usage(self.directory).free
+        if need > free:
+            raise RunError(
+                f"checkpoint step {step} needs about {need:,} bytes, {self.directory} has "
+                f"{free:,} free; {self._kept()}: free space, then rerun to resume"
+            )
+        try:
+            with _stderr_held():
+                self._save(step, state, meta, data_state)
+        except Exception as e:  # orbax raises ValueError / OSError from its writer threads
+            self._remove_partial(step)
+            raise RunError(
+                f"checkpoint step {step} could not be written in {self.directory} "
+                f"({_write_error(e)}); nothing of it is left, {self._kept()}: free space (or "
+                "raise the file size limit), then rerun to resume"
+            ) from None
+
+    def _kept(self) -> str:
+        last = self.latest_step()
+        return (
+            f"the last checkpoint (step {last}) is kept" if last else "there is no checkpoint yet"
+        )
+
+    def _remove_partial(self, step: int) -> None:
+        """Remove what a failed save of ``step`` left: its folder and orbax's temporaries."""
+        if jax.process_index() != 0:
+            return
+        for name in os.listdir(self.directory):
+            if name == str(step) or name.startswith(f"{step}.orbax-checkpoint-tmp"):
+                shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
+        self.manager.reload()
+
+    def _save(self, step, state, meta, data_state) -> None:
         self.manager.save(step, args=ocp.args.StandardSave(nnx.to_pure_dict(state)), force=True)
         self.manager.wait_until_finished()
         if data_state is not None:

@@ -335,6 +335,8 @@ def main(argv: list[str] | None = None) -> int:
         summary = train(config, workdir, allow_data_change=allow_data_change)
     except RunError as e:  # a busy or damaged workdir, a config that no longer fits it, ...
         return _error("la-train", e)
+    except OSError as e:  # a full disk: config.json, metrics.jsonl, summary.json
+        return _error("la-train", f"cannot write {e.filename or workdir}: {e.strerror or e}")
     except NonFiniteLossError as e:
         print(f"la-train: {e}", file=sys.stderr)
         return 1

@@ -6,6 +6,8 @@ import contextlib
 import json
 import os
 import resource
+import subprocess
+import sys
 
 import pytest
 
@@ -13,6 +15,8 @@ from linear_attention.data.tokenizers import load_tokenizer
 from linear_attention.training import tokenizer_cli
 from linear_attention.training.metrics import write_json
 from linear_attention.training.outputs import check_output, run_file
+from tests.scripts import DEADLINE_S
+from tests.training.conftest import ROOT
 
 TEXT = "def f(x):\n    return x + 1\n" * 40
 
@@ -122,3 +126,34 @@ def test_la_tokenizer_on_a_full_disk_says_so_and_leaves_no_file(tmp_path, capsys
         assert code == 2 and last.startswith("la-tokenizer: error: cannot write "), err
         assert last.endswith(": File too large")
         assert os.listdir(tmp_path) == ["c.txt"]
+
+
+_LIMITED_RUN = """
+import resource, sys
+from linear_attention.training import cli
+resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[2]), resource.RLIM_INFINITY))
+sys.exit(cli.main(["la-train", "--config=configs/mqar.py:smoke", f"--workdir={sys.argv[1]}",
+                   "--config.train.num_steps=2", "--config.train.checkpoint_every=2"]))
+"""
+
+
+@pytest.mark.parametrize("limit, what", [(20_000, "checkpoint"), (1_000, "config.json")])
+def test_a_full_disk_stops_the_run_with_one_line_and_no_partial_checkpoint(tmp_path, limit, what):
+    """``ulimit -f``: a checkpoint (orbax's writer threads) or config.json that cannot be written
+    ends in one ``la-train: error:`` line, exit 2, no traceback, and no partial step left."""
+    workdir = tmp_path / "run"
+    out = subprocess.run(
+        [sys.executable, "-c", _LIMITED_RUN, str(workdir), str(limit)],
+        capture_output=True, text=True, cwd=ROOT, timeout=DEADLINE_S,
+    )  # fmt: skip
+    assert out.returncode == 2, out.stderr[-3000:]
+    errors = [line for line in out.stderr.splitlines() if line.startswith("la-train: error:")]
+    assert len(errors) == 1 and "File too large" in errors[0], out.stderr[-3000:]
+    assert "Traceback" not in out.stderr
+    if what == "checkpoint":
+        assert errors[0].startswith("la-train: error: checkpoint step 2 could not be written")
+        assert os.listdir(workdir / "checkpoints") == []
+    else:
+        assert errors[0].startswith(f"la-train: error: cannot write {workdir}/config.json")
+        assert not (workdir / "config.json").exists()
+    assert not [name for name in os.listdir(workdir) if ".tmp" in name]
