@@ -139,3 +139,15 @@ def test_no_mixer_name_in_the_training_room():
     pattern = re.compile(rf"[\"']({names})[\"']")
     for path in [PACKAGE / "training" / "flops.py", *(PACKAGE / "training" / "sweep").glob("*.py")]:
         assert not pattern.findall(path.read_text()), path
+
+
+def test_data_kinds_say_whether_they_are_text_and_how_runs_are_judged():
+    from linear_attention.training.sweep.results import METRICS
+
+    mqar = DATA_KINDS["mqar"].config(kind="mqar", vocab_size=16, seq_len=16, num_kv_pairs=2)
+    state = DATA_KINDS["state_tracking"].config(kind="state_tracking", task="parity", seq_len=8,
+                                                eval_lengths=(8,))  # fmt: skip
+    text = DATA_KINDS["text"].config(kind="text", seq_len=16)
+    assert (mqar.has_text, state.has_text, text.has_text) == (False, False, True)
+    assert set(METRICS) == set(DATA_KINDS)
+    assert METRICS["text"] == ("eval/bits_per_byte", False) and METRICS["mqar"][1] is True

@@ -515,7 +515,7 @@ def generate_main(argv: list[str] | None = None) -> int:
         workdir = _pop_workdir(argv)
         fv = _parse(argv, _run_config(workdir, GENERATE_USAGE), extra)
         cfg = _validate(fv.config)
-        if cfg.data.kind == "mqar" or not cfg.data.tokenizer:
+        if not cfg.data.has_text:
             raise UsageError(
                 f"la-generate samples text; {workdir} is a {cfg.data.kind!r} run without a "
                 "tokenizer (config.data.kind must be 'text', or 'tokens' with "

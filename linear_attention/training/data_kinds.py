@@ -55,6 +55,9 @@ class DataConfig:
     # Whether the data are text (samples, bits per byte), and the data's name in messages.
     TEXT: ClassVar[bool] = False
     LABEL: ClassVar[str] = ""
+    # The metric a run of this kind is judged by (sweeps select by it), and whether larger
+    # is better.
+    METRIC: ClassVar[tuple[str, bool]] = ("eval/accuracy", True)
     # Whether the time axis may be split over devices (config.mesh.seq > 1).
     TIME_SPLIT: ClassVar[bool] = True
 
@@ -179,6 +182,7 @@ class TextDataConfig(DataConfig):
 
     KIND: ClassVar[str] = "text"
     TEXT: ClassVar[bool] = True
+    METRIC: ClassVar[tuple[str, bool]] = ("eval/bits_per_byte", False)
 
     kind: str
     seq_len: int
@@ -231,6 +235,7 @@ class TokenDataConfig(DataConfig):
     the file is one stream with no document boundary."""
 
     KIND: ClassVar[str] = "tokens"
+    METRIC: ClassVar[tuple[str, bool]] = ("eval/loss", False)
 
     kind: str
     seq_len: int
