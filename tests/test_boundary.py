@@ -151,3 +151,8 @@ def test_data_kinds_say_whether_they_are_text_and_how_runs_are_judged():
     assert (mqar.has_text, state.has_text, text.has_text) == (False, False, True)
     assert set(METRICS) == set(DATA_KINDS)
     assert METRICS["text"] == ("eval/bits_per_byte", False) and METRICS["mqar"][1] is True
+
+
+def test_a_data_config_holds_its_own_kind():
+    with pytest.raises(ValueError, match="unknown config.data.kind 'text'; allowed: mqar$"):
+        DATA_KINDS["mqar"].config(kind="text", vocab_size=16, seq_len=16, num_kv_pairs=2)

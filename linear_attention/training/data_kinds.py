@@ -66,6 +66,7 @@ class DataConfig:
 
     def __post_init__(self):
         check_fields(self, PREFIX)
+        check_choice(PREFIX + "kind", self.kind, (self.KIND,))
         self.check()
 
     def check(self) -> None:

@@ -216,7 +216,7 @@ def test_paper_size_presets_have_the_documented_sizes(preset):
 
 
 def test_rwkv7_mixing_flops_hand_count():
-    """DPLR per token (module docstring of training/flops.py), H = 2, dk = dv = 8: chunk C = 4
+    """DPLR per token (`RWKV7Mixer.mixing_flops`'s docstring), H = 2, dk = dv = 8: chunk C = 4
     is 2·2·(5·4·8 + 5·4·8 + 16/3 + 5·64) = 1941.33; scan is 8·2·64 = 1024; the model total adds
     3 × 2 × every weight matrix (LoRA factors included)."""
     from linear_attention.layers import get_mixer
