@@ -431,9 +431,13 @@ def eval_main(argv: list[str] | None = None) -> int:
             print(
                 f"la-eval: warning: the checkpoint evaluated as another model or tokenizer: {shown}"
             )
-        metrics = evaluate_run(workdir, config=fv.config, step=fv.step)
+        tokenizer = []
+        metrics = evaluate_run(workdir, config=fv.config, step=fv.step, message=tokenizer.append)
     except (UsageError, ValueError) as e:
         return _error("la-eval", e)
+    if tokenizer:
+        print(f"la-eval: warning: changed since the checkpoint was saved: {'; '.join(tokenizer)}")
+        changed = {**changed, "data": tokenizer}
     step = metrics.pop("step")
     record = {"step": step, "workdir": os.path.abspath(workdir), "overrides": overrides, **metrics}
     if changed:

@@ -16,11 +16,22 @@ import jax
 from flax import nnx
 
 from linear_attention.models import LanguageModel
-from linear_attention.training.checkpoint import Checkpoints, latest_saved_step, saved_steps
+from linear_attention.training.checkpoint import (
+    META_NAME,
+    Checkpoints,
+    latest_saved_step,
+    saved_steps,
+)
 from linear_attention.training.config import ExperimentConfig, experiment_config
 from linear_attention.training.mesh import check_batch_size, make_mesh, state_shardings
 from linear_attention.training.optim import make_optimizer
-from linear_attention.training.trainer import build_data, build_model, evaluate
+from linear_attention.training.trainer import (
+    build_data,
+    build_model,
+    data_changes,
+    data_record,
+    evaluate,
+)
 
 
 class RestoredRun(NamedTuple):
@@ -103,13 +114,32 @@ def load_run(
     return model, run.config
 
 
-def evaluate_run(workdir: str, *, config=None, step: int | None = None) -> dict:
+def evaluate_run(workdir: str, *, config=None, step: int | None = None, message=None) -> dict:
     """Evaluate checkpoint ``step`` (default: the latest) on the evaluation data of ``config``
     (default: the run's own; another ``config.data.path`` is read with the run's tokenizer, and
     its validation split evaluated): the metrics of ``summary.json`` (``eval/loss``,
     ``eval/accuracy``, ``eval/bits_per_byte`` for text), computed as training computes them,
-    with ``step``."""
+    with ``step``. A tokenizer whose file or vocabulary differs from the one the checkpoint
+    recorded (`trainer.data_record`) is said through ``message``, one line per change."""
     run = restore_run(workdir, config=config, step=step)
     data = build_data(run.config, cache_dir=os.path.join(workdir, "token_cache"))
+    if message is not None:
+        for change in tokenizer_changes(workdir, run.step, getattr(data, "provenance", None)):
+            message(change)
     metrics = evaluate(run.state, data, run.config, run.graphdef, run.mesh)
     return {"step": run.step, **metrics}
+
+
+def tokenizer_changes(workdir: str, step: int, provenance: dict | None) -> list[str]:
+    """How the tokenizer of ``provenance`` differs from the one checkpoint ``step`` of
+    ``workdir`` was trained with (its ``meta.json`` record; nothing when it has none)."""
+    try:
+        with open(os.path.join(workdir, "checkpoints", str(step), META_NAME)) as f:
+            saved = json.load(f).get("data")
+    except (OSError, ValueError, AttributeError):
+        return []
+    now = data_record(provenance)
+    if not isinstance(saved, dict) or now is None:
+        return []
+    keys = ("tokenizer", "tokenizer_sha256", "vocab_size")
+    return data_changes({k: saved[k] for k in keys if k in saved}, now)

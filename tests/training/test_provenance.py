@@ -157,3 +157,20 @@ def test_a_changed_token_file_is_named(tmp_path):
     ids[:10000].tofile(path)  # cut to a third
     (change,) = data_changes(before, record())
     assert "60000 bytes" in change and "20000 bytes" in change
+
+
+def test_la_eval_says_when_the_tokenizer_file_changed(trained, copied, capsys):
+    run = copied
+    out = run.parent / "eval.json"
+    argv = ["la-eval", f"--workdir={run}", f"--output={out}"]
+    assert cli.eval_main(argv) == 0
+    assert capsys.readouterr().out.startswith("step 2: ")  # the same tokenizer: nothing said
+    train_bpe([TEXT.upper()], vocab_size=260, output=str(trained / "tok.json"))
+    assert cli.eval_main([*argv, "--overwrite"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith(
+        "la-eval: warning: changed since the checkpoint was saved: the tokenizer file "
+        f"{str(trained / 'tok.json')!r} ("
+    )
+    record = json.load(open(out))
+    assert record["changed"]["data"][0].startswith("the tokenizer file")
