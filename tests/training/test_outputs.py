@@ -34,6 +34,7 @@ def full_disk(limit: int = 1024):
 
 
 def test_check_output_refuses_before_any_work(tmp_path):
+    """(/sys takes no new file, even from root, whose permissions a chmod would not stop.)"""
     (tmp_path / "old.json").write_text("{}")
     for path, kwargs, message in (
         (tmp_path, {}, "is a folder; give a file path inside it"),
@@ -43,7 +44,7 @@ def test_check_output_refuses_before_any_work(tmp_path):
             "the folder '{}' does not exist".format(tmp_path / "nope"),
         ),
         (tmp_path / "old.json", {}, "exists; pass --overwrite to replace it"),
-        ("/sys/la-output-check.json", {}, "cannot write in '/sys' (Permission denied)"),
+        ("/sys/la-output-check.json", {}, "cannot write in '/sys' ("),
     ):
         with pytest.raises(ValueError) as e:
             check_output(str(path), **kwargs)
