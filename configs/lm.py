@@ -70,6 +70,18 @@ Parameter counts are this library's (from the dry run); the published sizes are 
       against Gated DeltaNet's d×d) and its decay's low rank adds 2·d·128: 24·(d² − 4·128·d)
       = 12.6M fewer than ``gated_deltanet_400m`` (12.5M with the smaller per-head parts).
 
+TPU slices (``config.mesh.target``; BENCHMARKS.md "Paper-size presets"): a preset that names a
+slice ships with the remat, accumulation and FSDP with which XLA:TPU compiled its train step
+for that slice and found that it fits (``la-train --config configs/lm.py:<preset> --dry_run``
+compiles it again, on any machine with libtpu). On another slice, add
+``--config.mesh.target=tpu:<gen>:<topology> --dry_run --fit`` to find a setting that fits it.
+  ``gated_deltanet_400m``: ``tpu:v5e:2x2`` with remat=block, grad_accum_steps=4, fsdp=True:
+      13.40 GiB of a chip's 15.75 GiB (4 chips, 8 rows of 4096 per chip per micro-batch).
+      With no remat, no accumulation and replicated state (as first shipped) the step needs
+      313.81 GiB per chip there; on ``tpu:v5e:4x4``, ``--fit`` finds remat=block alone
+      (15.30 GiB, replicated state). A single chip (``1x1``) was not compiled.
+  The other paper presets name no slice yet: their compiles were not run.
+
 Documents are packed (``data.pack``): each file is a document, and states, conv and attention
 reset at each document start (``--config.data.separator='\\n\\n\\n'`` cuts files further).
 
@@ -107,6 +119,7 @@ PAPER_SIZES = {
     "gated_deltanet_400m": dict(
         mixer="gated_deltanet", d_model=1024, num_layers=24, num_heads=4, head_dim=256,
         tokens=15e9, tie=False, **_GDN_OPT,
+        tpu=dict(target="tpu:v5e:2x2", remat="block", grad_accum_steps=4, fsdp=True),
     ),
     "gated_deltanet_1.3b": dict(
         mixer="gated_deltanet", d_model=2048, num_layers=21, num_heads=6, head_dim=256,
@@ -210,7 +223,7 @@ def get_config(arg=None):
 
 
 def _paper_size(config, *, mixer, d_model, num_layers, num_heads, tokens, lr, weight_decay,
-                warmup_tokens, seq, head_dim=None, tie=True):  # fmt: skip
+                warmup_tokens, seq, head_dim=None, tie=True, tpu=None):  # fmt: skip
     """A paper-size run: the model, sequence, batch of 0.5M tokens, token budget and AdamW
     settings of the paper; bfloat16 compute, float32 parameters; vocabulary 32,000 (the
     Llama / Mistral tokenizers' size: the model is sized for it, whatever tokenizer the data
@@ -242,3 +255,6 @@ def _paper_size(config, *, mixer, d_model, num_layers, num_heads, tokens, lr, we
     opt.warmup_steps = round(warmup_tokens / (batch * seq))
     opt.schedule, opt.min_lr_ratio = "cosine", 0.1
     opt.b1, opt.b2, opt.grad_clip = 0.9, 0.95, 1.0
+    if tpu:  # the TPU slice and the setting XLA:TPU found to fit (see the module docstring)
+        config.mesh.target, model.remat = tpu["target"], tpu["remat"]
+        config.train.grad_accum_steps, config.mesh.fsdp = tpu["grad_accum_steps"], tpu["fsdp"]

@@ -39,6 +39,9 @@ PAPER = (
 
 def size(preset: str, remat: str, micro_batch: int | None) -> dict:
     config = load_config_file(f"{ROOT / 'configs' / 'lm.py'}:{preset}")
+    # this machine's backend, one device holding everything (a preset's TPU slice and FSDP are
+    # sized by `la-train --dry_run` for that slice)
+    config.mesh.target, config.mesh.fsdp = "", False
     config.model.remat = remat
     if micro_batch:
         config.train.grad_accum_steps = max(config.train.batch_size // micro_batch, 1)

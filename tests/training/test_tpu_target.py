@@ -15,7 +15,8 @@ import pytest
 
 from linear_attention.training import cli, sizing, tpu_target
 from linear_attention.training.tpu_target import TARGET_FORMS, oom_bytes, parse_target
-from tests.training.conftest import ROOT
+from tests.scripts import load_module
+from tests.training.conftest import ROOT, load_config
 
 GiB = 2**30
 MISSING = tpu_target.libtpu_missing()
@@ -301,3 +302,34 @@ def test_a_run_with_a_target_trains_on_the_visible_devices_and_says_so(
     assert json.loads((tmp_path / "run" / "config.json").read_text())["mesh"]["target"] == (
         "tpu:v5e:2x2"
     )
+
+
+PAPER = tuple(load_module("configs/lm.py", "configs_lm_tpu").PAPER_SIZES)
+
+
+@pytest.mark.parametrize("preset", PAPER)
+def test_a_paper_preset_with_a_target_states_it_and_its_setting(preset):
+    """A preset that names a slice says so in configs/lm.py's docstring, with the setting."""
+    config = load_config("lm", preset)
+    if not config.mesh.target:
+        pytest.skip(f"{preset} names no TPU slice yet (not sized by XLA:TPU)")
+    module = load_module("configs/lm.py", "configs_lm_tpu")
+    setting = (
+        f"``{preset}``: ``{config.mesh.target}`` with remat={config.model.remat}, "
+        f"grad_accum_steps={config.train.grad_accum_steps}, fsdp={config.mesh.fsdp}"
+    )
+    assert setting in " ".join(module.__doc__.split())
+
+
+@pytest.mark.slow  # a paper-size compile: ~4 to 15 minutes each on 2 loaded cores
+@needs_libtpu
+@pytest.mark.parametrize("preset", PAPER)
+def test_every_paper_preset_fits_its_named_target(capsys, monkeypatch, preset):
+    monkeypatch.chdir(ROOT)
+    config = load_config("lm", preset)
+    if not config.mesh.target:
+        pytest.skip(f"{preset} names no TPU slice yet (not sized by XLA:TPU)")
+    status, sizing_, err = _dry_run(capsys, f"--config=configs/lm.py:{preset}")
+    assert status == 0, err
+    assert sizing_["target"]["name"] == config.mesh.target and sizing_["fits"] is True
+    assert sizing_["train_step_bytes_per_device"] <= sizing_["hbm_bytes_per_device"]
