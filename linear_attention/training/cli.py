@@ -10,6 +10,9 @@ overridden with ``--config.<section>.<field>=value``; ``la-eval`` starts from th
 ``config.json`` instead. A missing file, an unknown field or a bad value stops with
 ``<command>: error: ...`` (exit status 2) before anything is built or compiled.
 
+``--dry_run`` sizes the run without running it; with ``--config.mesh.target=tpu:GEN:TOPOLOGY``
+it compiles the train step for that TPU slice (libtpu) and exits 1 when it does not fit a chip.
+
 A resumed run whose corpus, token file or tokenizer changed since its checkpoint stops with
 ``la-train: error:`` naming the change; ``--allow_data_change`` goes on with the new data (said).
 """
@@ -319,7 +322,8 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of ``la-train`` and ``experiments/train.py``; returns the exit status."""
     argv = list(sys.argv if argv is None else argv)
     if any(a in ("-h", "--help", "-help") for a in argv[1:]):
-        text = f"{__doc__}\n{_presets_help()}\n\n{_sections_help()}\n\n{_mixers_help()}"
+        fit = f"--dry_run with --config.mesh.target=tpu:GEN:TOPOLOGY --fit: {FIT_ORDER}"
+        text = f"{__doc__}\n{fit}\n\n{_presets_help()}\n\n{_sections_help()}\n\n{_mixers_help()}"
         print(_help(USAGE, text))
         return 0
     allow_data_change = "--allow_data_change" in argv

@@ -333,3 +333,10 @@ def test_every_paper_preset_fits_its_named_target(capsys, monkeypatch, preset):
     assert status == 0, err
     assert sizing_["target"]["name"] == config.mesh.target and sizing_["fits"] is True
     assert sizing_["train_step_bytes_per_device"] <= sizing_["hbm_bytes_per_device"]
+
+
+def test_help_gives_the_target_forms_and_the_fit_order(capsys):
+    assert cli.main(["la-train", "--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert " ".join(sizing.FIT_ORDER.split()) in out
+    assert "--config.mesh.target=tpu:GEN:TOPOLOGY" in out and "target" in out
