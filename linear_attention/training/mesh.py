@@ -35,10 +35,11 @@ def initialize_distributed(mesh_config) -> None:
 def make_mesh(num_devices: int = 0, seq: int = 1, devices=None) -> Mesh:
     """A ``(data, seq)`` mesh over the first ``num_devices`` of ``devices`` (default: the
     visible ones; 0: all of them), ``seq`` of them along the time axis."""
+    where = "are visible" if devices is None else "are in config.mesh.target"
     devices = list(jax.devices() if devices is None else devices)
     if num_devices > len(devices):
         raise ValueError(
-            f"config.mesh.num_devices = {num_devices} but only {len(devices)} devices are visible"
+            f"config.mesh.num_devices = {num_devices} but only {len(devices)} devices {where}"
         )
     devices = devices[: num_devices or len(devices)]
     if len(devices) % seq:

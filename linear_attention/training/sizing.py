@@ -33,7 +33,6 @@ import numpy as np
 from flax import nnx
 
 from linear_attention.kernels.primitives.pallas import pallas_mosaic
-from linear_attention.models.config import REMAT
 from linear_attention.training.config import ExperimentConfig, experiment_config
 from linear_attention.training.flops import flops_per_token
 from linear_attention.training.mesh import (
@@ -67,8 +66,7 @@ def size(n: int) -> str:
 
 
 # Remat policies from the least memory saved to the most (`ModelConfig.remat`).
-REMAT_ORDER = ("none", "dots", "dots_no_batch", "block")
-assert sorted(REMAT_ORDER) == sorted(REMAT), "every remat policy has a place in the fit order"
+REMAT_ORDER = ("none", "dots", "dots_no_batch", "block")  # every one of `REMAT`
 FIT_ORDER = """\
 The fit search compiles the train step for the target, one setting at a time, and stops at the
 first that fits. First the setting as given. Then, in stages, each on top of the last stage's

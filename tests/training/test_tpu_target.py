@@ -13,6 +13,7 @@ import os
 import jax
 import pytest
 
+from linear_attention.models.config import REMAT
 from linear_attention.training import cli, sizing, tpu_target
 from linear_attention.training.tpu_target import TARGET_FORMS, oom_bytes, parse_target
 from tests.scripts import load_module
@@ -340,3 +341,36 @@ def test_help_gives_the_target_forms_and_the_fit_order(capsys):
     out = " ".join(capsys.readouterr().out.split())
     assert " ".join(sizing.FIT_ORDER.split()) in out
     assert "--config.mesh.target=tpu:GEN:TOPOLOGY" in out and "target" in out
+
+
+def test_every_remat_policy_has_a_place_in_the_fit_order():
+    assert sorted(sizing.REMAT_ORDER) == sorted(REMAT)
+
+
+@needs_libtpu
+def test_a_compiler_error_is_one_line_and_exit_1(capsys, monkeypatch):
+    """XLA:TPU refusing a step for another reason than memory: its message in one line."""
+    monkeypatch.chdir(ROOT)
+
+    def refuse(traced, target, hbm, limit=None):
+        raise tpu_target.TargetCompileError(
+            f"XLA:TPU could not compile for {target.name}: UNIMPLEMENTED: no such op"
+        )
+
+    monkeypatch.setattr(sizing, "compile_for_target", refuse)
+    status, sizing_, err = _dry_run(capsys, "--config=configs/mqar.py:smoke", V5E)
+    assert status == 1 and sizing_ is None
+    assert err == "la-train: XLA:TPU could not compile for tpu:v5e:2x2: UNIMPLEMENTED: no such op\n"
+
+
+@needs_libtpu
+def test_more_devices_than_the_target_has_is_a_usage_error(capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    status, _, err = _dry_run(
+        capsys, "--config=configs/mqar.py:smoke", V5E, "--config.mesh.num_devices=8"
+    )
+    assert status == 2
+    assert err == (
+        "la-train: error: config.mesh.num_devices = 8 but only 4 devices are in "
+        "config.mesh.target\n"
+    )
