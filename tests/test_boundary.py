@@ -149,6 +149,8 @@ def test_data_kinds_say_whether_they_are_text_and_how_runs_are_judged():
                                                 eval_lengths=(8,))  # fmt: skip
     text = DATA_KINDS["text"].config(kind="text", seq_len=16)
     assert (mqar.has_text, state.has_text, text.has_text) == (False, False, True)
+    assert not mqar.packed and not text.packed
+    assert DATA_KINDS["text"].config(kind="text", seq_len=16, pack=True).packed
     assert set(METRICS) == set(DATA_KINDS)
     assert METRICS["text"] == ("eval/bits_per_byte", False) and METRICS["mqar"][1] is True
 

@@ -93,6 +93,11 @@ class DataConfig:
         return self.TEXT
 
     @property
+    def packed(self) -> bool:
+        """Whether batches carry ``segment_ids`` (documents packed into rows)."""
+        return False
+
+    @property
     def train_examples(self) -> int | None:
         """The size of a fixed training set (None: a stream)."""
         return None
@@ -217,6 +222,10 @@ class TextDataConfig(DataConfig):
             broken("data.separator", f"= {self.separator!r} has a bad escape: {e}")
 
     @property
+    def packed(self) -> bool:
+        return self.pack
+
+    @property
     def separator_bytes(self) -> bytes:
         """``separator`` as UTF-8 bytes, backslash escapes (``\\n``, ``\\xNN``, …) decoded."""
         return codecs.escape_decode(self.separator.encode())[0]
@@ -259,6 +268,10 @@ class TokenDataConfig(DataConfig):
     @property
     def has_text(self) -> bool:
         return bool(self.tokenizer)
+
+    @property
+    def packed(self) -> bool:
+        return True  # (segment ids restart after each eos_id; one segment without one)
 
     @property
     def tokens(self) -> int:

@@ -88,7 +88,7 @@ def abstract_batch(cfg, mesh) -> dict[str, jax.ShapeDtypeStruct]:
     text and token files, ``segment_ids``), rows split over the mesh's ``data`` axis."""
     shape, sharding = (cfg.train.batch_size, cfg.data.seq_len), batch_sharding(mesh)
     names = ["inputs", "labels"]
-    if (cfg.data.kind == "text" and cfg.data.pack) or cfg.data.kind == "tokens":
+    if cfg.data.packed:
         names.append("segment_ids")
     return {k: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=sharding) for k in names}
 
