@@ -20,6 +20,7 @@ This module imports nothing of the package (every floor above uses it).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import types
 import typing
@@ -160,10 +161,14 @@ def check_value(name: str, value, hint, spec: Spec = Spec(), owner: str = ""):
     return value
 
 
+# (annotations are strings under `from __future__ import annotations`: evaluated once per class)
+_type_hints = functools.cache(typing.get_type_hints)
+
+
 def check_fields(obj, prefix: str = "", owner: str = "", skip=()) -> None:
     """Check every field of the frozen dataclass ``obj`` against its annotation and `Spec`,
     storing the converted values; a message names the field as ``prefix + name``."""
-    hints = typing.get_type_hints(type(obj))
+    hints = _type_hints(type(obj))
     for field in dataclasses.fields(obj):
         if field.name in skip:
             continue

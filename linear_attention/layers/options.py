@@ -16,6 +16,7 @@ rotary width, grouped value heads) are `Mixer.check_config`. `ModelConfig`, the 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, ClassVar
 
 import numpy as np
@@ -104,8 +105,7 @@ class MixerConfig:
     @classmethod
     def own_options(cls) -> tuple[str, ...]:
         """The options this config adds to the common ones."""
-        common = {f.name for f in dataclasses.fields(MixerConfig)}
-        return tuple(f.name for f in dataclasses.fields(cls) if f.name not in common)
+        return _own_options(cls)
 
     @classmethod
     def defaults(cls) -> dict:
@@ -113,6 +113,11 @@ class MixerConfig:
 
 
 COMMON_OPTIONS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(MixerConfig))
+
+
+@functools.cache
+def _own_options(cls) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls) if f.name not in COMMON_OPTIONS)
 
 
 @dataclasses.dataclass(frozen=True)
