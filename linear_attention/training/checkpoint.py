@@ -24,6 +24,8 @@ import re
 import shutil
 import sys
 import tempfile
+import threading
+import time
 
 import jax
 import orbax.checkpoint as ocp
@@ -86,6 +88,15 @@ def _stderr_held():
         held.close()
 
 
+def _settle(before: set, timeout: float = 5.0) -> None:
+    """Wait (at most ``timeout`` s) for the threads started since ``before`` to end, then a
+    little more for callbacks from threads Python does not list (tensorstore's)."""
+    deadline = time.monotonic() + timeout
+    for thread in set(threading.enumerate()) - before:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    time.sleep(0.5)
+
+
 def _write_error(e: Exception) -> str:
     """What a failed write says, in one line: the OS error's text when there is one (orbax's
     tensorstore messages carry it as ``os_error_code='27'``)."""
@@ -134,7 +145,12 @@ class Checkpoints:
             )
         try:
             with _stderr_held():
-                self._save(step, state, meta, data_state)
+                before = set(threading.enumerate())
+                try:
+                    self._save(step, state, meta, data_state)
+                except Exception:
+                    _settle(before)  # their reports still come in: held back too
+                    raise
         except Exception as e:  # orbax raises ValueError / OSError from its writer threads
             self._remove_partial(step)
             raise RunError(

@@ -58,10 +58,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 class _Documents:
-    """The documents, iterated with progress (the BPE trainer reads them once)."""
+    """The documents, iterated with progress (the BPE trainer reads them once, then merges:
+    said in a line, and on a terminal the library draws its own bar of the merges)."""
 
-    def __init__(self, docs: list[str], progress: Progress):
-        self.docs, self.progress = docs, progress
+    def __init__(self, docs: list[str], progress: Progress, vocab_size: int):
+        self.docs, self.progress, self.vocab_size = docs, progress, vocab_size
         self.total = sum(len(d) for d in docs)
 
     def __iter__(self):
@@ -70,6 +71,8 @@ class _Documents:
             yield doc
             done += len(doc)
             self.progress.update(done, self.total)
+        self.progress.close()
+        print(f"merging pairs up to {self.vocab_size:,} tokens", file=self.progress.stream)
 
     def __len__(self):
         return len(self.docs)
@@ -114,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "train":
             progress = Progress("reading the corpus", unit="characters")
             tokenizer = train_bpe(
-                _Documents(docs, progress),
+                _Documents(docs, progress, args.vocab_size),
                 vocab_size=args.vocab_size,
                 output=args.output,
                 show_progress=progress.tty,

@@ -150,7 +150,7 @@ def test_a_full_disk_stops_the_run_with_one_line_and_no_partial_checkpoint(tmp_p
     assert out.returncode == 2, out.stderr[-3000:]
     errors = [line for line in out.stderr.splitlines() if line.startswith("la-train: error:")]
     assert len(errors) == 1 and "File too large" in errors[0], out.stderr[-3000:]
-    assert "Traceback" not in out.stderr
+    assert "Traceback" not in out.stderr, out.stderr[-3000:]
     if what == "checkpoint":
         assert errors[0].startswith("la-train: error: checkpoint step 2 could not be written")
         assert os.listdir(workdir / "checkpoints") == []

@@ -4,7 +4,7 @@ tenth; quick work says nothing; tokenizing a large corpus for a run shows it."""
 import io
 
 from linear_attention.data.tokenizers import train_bpe
-from linear_attention.training import build_data, data_kinds, experiment_config
+from linear_attention.training import build_data, data_kinds, experiment_config, tokenizer_cli
 from linear_attention.training.metrics import Progress
 from tests.training.conftest import load_config
 
@@ -59,3 +59,13 @@ def test_a_run_tokenizing_its_corpus_shows_progress(tmp_path, monkeypatch, capsy
     monkeypatch.setattr(data_kinds, "_PROGRESS_CHARACTERS", 1 << 26)
     build_data(experiment_config(config), cache_dir=str(tmp_path / "cache2"))
     assert "tokenizing the corpus" not in capsys.readouterr().err
+
+
+def test_la_tokenizer_train_says_each_phase_in_a_log(tmp_path, capsys):
+    text = "def f(x):\n    return x + 1\n" * 50
+    (tmp_path / "c.txt").write_text(text)
+    argv = ["train", f"--input={tmp_path / 'c.txt'}", "--vocab_size=260"]
+    assert tokenizer_cli.main([*argv, f"--output={tmp_path / 't.json'}"]) == 0
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].startswith(f"reading the corpus: {len(text):,}/{len(text):,} characters (100%")
+    assert lines[1:] == ["merging pairs up to 260 tokens"]
