@@ -174,3 +174,27 @@ def test_la_eval_says_when_the_tokenizer_file_changed(trained, copied, capsys):
     )
     record = json.load(open(out))
     assert record["changed"]["data"][0].startswith("the tokenizer file")
+
+
+@pytest.mark.slow  # a token-file run compiles its own step: ~35 s on the 2-core machine
+def test_a_token_file_changed_between_run_and_resume_stops_it(tmp_path):
+    path = tmp_path / "train.bin"
+    ids = np.random.default_rng(0).integers(0, 64, 60000).astype(np.uint16)
+    ids.tofile(path)
+    config = load_config("lm_tokens", "smoke")
+    config.data.path = str(path)
+    config.model.vocab_size = 64
+    config.train.num_steps, config.train.checkpoint_every = 2, 2
+
+    def run(num_steps):
+        config.train.num_steps = num_steps
+        train(config, str(tmp_path / "run"), reporter=Reporter(4, stream=io.StringIO()))
+
+    run(2)
+    ids[:20000].tofile(path)  # cut to a third: the Grain state points past its end
+    with pytest.raises(RunError, match=r"the token file .*\(120000 bytes, .* then, 40000 bytes"):
+        run(4)
+    ids[7] = (ids[7] + 1) % 64  # the same size, one id changed
+    ids.tofile(path)
+    with pytest.raises(RunError, match=r"the data changed since checkpoint step 2 .*token file"):
+        run(4)
