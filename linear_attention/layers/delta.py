@@ -47,7 +47,7 @@ class DeltaConfig(GatedOutputConfig):
     """The delta-rule family: the short conv, the output norm and gate on; β's range."""
 
     conv: bool | int | None = CONV.field(True)
-    method: str = METHOD.field(choices=tuple(K.DELTA_METHODS))
+    method: str = METHOD.field(choices=(*K.DELTA_METHODS, *K.PALLAS_METHODS))
     chunk_size: int = CHUNK_SIZE.field()
     allow_neg_eigval: bool = ALLOW_NEG_EIGVAL.field()
 

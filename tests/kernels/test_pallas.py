@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from linear_attention import kernels as K
-from tests.kernels.reference import causal_linear_attention_loop, rel_err
+from tests.kernels.reference import causal_linear_attention_loop, kda_loop, rel_err
 
 H, M, DV = 2, 4, 4
 EPS = 1e-6
@@ -39,10 +39,14 @@ def _reference_losses(args, normalize, segment_ids):
     return (o * w_o).sum((1, 2, 3)) + (kv * w_s).sum((1, 2, 3)) + (z * w_z).sum((1, 2))
 
 
-def _finite_difference_grads(args, normalize, segment_ids, h=1e-6):
-    """d loss / d each of (q, k, v, log_decay, kv0, k_sum0) in float64, every entry perturbed
-    by ±h at once as rows of one batch (the inputs have batch 1; a `[H]` decay becomes
-    `[rows, 1, H]`)."""
+def _finite_difference_grads(args, normalize, segment_ids, h=1e-6, losses=None):
+    """d loss / d each input (q, k, v, log_decay, kv0, k_sum0 by default) in float64, every
+    entry perturbed by ±h at once as rows of one batch (the inputs have batch 1; a `[H]` decay
+    becomes `[rows, 1, H]`). `losses(batched_args)`: the loss per row (default: linear
+    attention's)."""
+    losses = losses or functools.partial(
+        _reference_losses, normalize=normalize, segment_ids=segment_ids
+    )
     args = [None if x is None else np.asarray(x, np.float64) for x in args]
     grads = []
     for i, x in enumerate(args):
@@ -62,8 +66,8 @@ def _finite_difference_grads(args, normalize, segment_ids, h=1e-6):
             else (y if y.ndim == 1 else np.broadcast_to(y, (2 * n, *y.shape[1:])))
             for j, y in enumerate(args)
         ]
-        losses = _reference_losses(batched, normalize, segment_ids)
-        grads.append(((losses[:n] - losses[n:]) / (2 * h)).reshape(x.shape))
+        row_losses = losses(batched)
+        grads.append(((row_losses[:n] - row_losses[n:]) / (2 * h)).reshape(x.shape))
     return grads
 
 
@@ -197,6 +201,98 @@ def test_without_state_and_non_finite_tokens_match_chunk():
     assert rel_err(np.asarray(o)[finite], np.asarray(o_c)[finite]) < 1e-4
 
 
+# ---- the delta rule: the walk across chunks in Pallas kernels ----
+
+HV = 2 * H  # grouped value heads: value head j reads q/k head j // 2
+
+
+def _delta_weights(T):
+    w_o = np.cos(np.arange(T * HV * DV)).reshape(1, T, HV, DV)
+    w_s = np.sin(np.arange(HV * M * DV)).reshape(1, HV, M, DV)
+    return w_o, w_s
+
+
+def _delta_losses(args, segment_ids):
+    q, k, v, beta, a, s0 = args
+    seg = None if segment_ids is None else np.broadcast_to(segment_ids, (q.shape[0], q.shape[1]))
+    o, s = kda_loop(q, k, v, beta, a, s0, segment_ids=seg)
+    w_o, w_s = _delta_weights(q.shape[1])
+    return (o * w_o).sum((1, 2, 3)) + (s * w_s).sum((1, 2, 3))
+
+
+@functools.partial(jax.jit, static_argnames=("method",))
+def _delta_outputs_and_grads(q, k, v, beta, a, s0, segment_ids, *, method):
+    def loss(q, k, v, beta, a, s0):
+        o, state = K.delta_rule(
+            q,
+            k,
+            v,
+            beta,
+            log_decay=a,
+            method=method,
+            chunk_size=16,
+            initial_state=K.LinearAttentionState(s0, None),
+            return_state=True,
+            segment_ids=segment_ids,
+        )
+        w_o, w_s = (jnp.asarray(w, jnp.float32) for w in _delta_weights(q.shape[1]))
+        return jnp.sum(o * w_o) + jnp.sum(state.kv * w_s), (o, state.kv)
+
+    argnums = (0, 1, 2, 3, 5) if a is None else (0, 1, 2, 3, 4, 5)
+    grads, outputs = jax.grad(loss, argnums=argnums, has_aux=True)(q, k, v, beta, a, s0)
+    if a is None:
+        grads = (*grads[:4], None, grads[4])
+    return outputs, grads
+
+
+def _delta_inputs(T, decay, seed=0):
+    rng = np.random.default_rng(seed)
+    q = rng.normal(size=(1, T, H, M))
+    k = rng.normal(size=(1, T, H, M))
+    k /= np.linalg.norm(k, axis=-1, keepdims=True)
+    v = rng.normal(size=(1, T, HV, DV))
+    beta = rng.uniform(0.1, 1.9, size=(1, T, HV))  # β > 1: negative eigenvalues
+    a = {
+        "none": None,  # DeltaNet
+        "per_token": -rng.uniform(0.0, 0.3, size=(1, T, HV)),  # Gated DeltaNet
+        "per_key": -rng.uniform(0.0, 0.3, size=(1, T, HV, M)),  # KDA
+    }[decay]
+    if decay == "per_key":
+        a[..., 0, 1] = -30.0
+    s0 = rng.normal(size=(1, HV, M, DV))
+    return [None if x is None else jnp.asarray(x, jnp.float32) for x in (q, k, v, beta, a, s0)]
+
+
+DELTA_CASES = [
+    ("none", 37, (5, 16)),  # resets mid-chunk and on a chunk boundary
+    ("per_token", 1, ()),
+    ("per_key", 37, (20, 32)),
+]
+
+
+@pytest.mark.parametrize(("decay", "T", "starts"), DELTA_CASES)
+def test_delta_rule_matches_float64_recurrence_and_chunk(decay, T, starts):
+    args = _delta_inputs(T, decay)
+    seg = _segments(T, starts) if starts else None
+    with K.pallas_interpret():
+        (o, s), grads = _delta_outputs_and_grads(*args, seg, method="pallas")
+    (o_c, s_c), grads_c = _delta_outputs_and_grads(*args, seg, method="chunk")
+    seg_np = None if seg is None else np.asarray(seg)
+    ref = kda_loop(*args, segment_ids=seg_np)
+    for name, x, x_c, r in zip(("o", "S"), (o, s), (o_c, s_c), ref, strict=True):
+        assert rel_err(x, r) < 1e-4, (name, rel_err(x, r))
+        assert rel_err(x, x_c) < 1e-4, (name, rel_err(x, x_c))
+    losses = functools.partial(_delta_losses, segment_ids=seg_np)
+    ref_grads = _finite_difference_grads(args, None, seg_np, losses=losses)
+    names = ("q", "k", "v", "beta", "log_decay", "s0")
+    for name, g, g_c, r in zip(names, grads, grads_c, ref_grads, strict=True):
+        if r is None:
+            assert g is None
+            continue
+        assert rel_err(g, r) < 1e-4, (name, rel_err(g, r))
+        assert rel_err(g, g_c) < 1e-4, (name, rel_err(g, g_c))
+
+
 # ---- dispatch ----
 
 
@@ -204,6 +300,9 @@ def test_pallas_outside_tpu_raises_unless_interpreted():
     q, k, v, *_ = _inputs(5, "none")
     with pytest.raises(ValueError, match="target TPU.*pallas_interpret"):
         K.causal_linear_attention(q, k, v, method="pallas", chunk_size=16)
+    beta = jnp.full(q.shape[:3], 0.5)
+    with pytest.raises(ValueError, match="target TPU.*pallas_interpret"):
+        K.delta_rule(q, k, v, beta, method="pallas", chunk_size=16)
 
 
 def test_pallas_chunk_size_must_tile():
@@ -224,7 +323,6 @@ def test_delta_family_without_a_pallas_form_names_the_methods_it_has():
     beta = jnp.full(q.shape[:3], 0.5)
     k2, v2, beta2 = k[:, :, :, None], v[:, :, :, None], beta[..., None]
     calls = {
-        "delta_rule": lambda: K.delta_rule(q, k, v, beta, method="pallas"),
         "dplr_delta_rule": lambda: K.dplr_delta_rule(q, k, v, -k, k, method="pallas"),
         "delta_product": lambda: K.delta_product(q, k2, v2, beta2, method="pallas"),
     }
@@ -257,17 +355,28 @@ def _tpu_topology(name):
 # kernels, one per generation; `-m slow` compiles every kernel for both.
 _SLOW = pytest.mark.slow
 COMPILE_CASES = [
-    ("v5e:2x2", "per_token"),
-    ("v6e:2x2", "per_key"),
-    pytest.param("v5e:2x2", "none", marks=_SLOW),
-    pytest.param("v5e:2x2", "per_key", marks=_SLOW),
-    pytest.param("v6e:2x2", "none", marks=_SLOW),
-    pytest.param("v6e:2x2", "per_token", marks=_SLOW),
+    ("v5e:2x2", "linear", "per_token"),
+    ("v6e:2x2", "linear", "per_key"),
+    *(
+        pytest.param(topology, "linear", decay, marks=_SLOW)
+        for topology, decay in [
+            ("v5e:2x2", "none"),
+            ("v5e:2x2", "per_key"),
+            ("v6e:2x2", "none"),
+            ("v6e:2x2", "per_token"),
+        ]
+    ),
+    # the delta rule's XLA part (the UT transform of all chunks) takes minutes to compile here
+    *(
+        pytest.param(topology, "delta_rule", decay, marks=_SLOW)
+        for topology in ("v5e:2x2", "v6e:2x2")
+        for decay in ("none", "per_token", "per_key")
+    ),
 ]
 
 
-@pytest.mark.parametrize(("topology", "decay"), COMPILE_CASES)
-def test_compiles_for_tpu(topology, decay):
+@pytest.mark.parametrize(("topology", "kernel", "decay"), COMPILE_CASES)
+def test_compiles_for_tpu(topology, kernel, decay):
     """Forward and gradient in one program at B=1, T=4096, H=4, K=V=128, bfloat16."""
     from linear_attention.kernels.primitives.pallas import pallas_mosaic
 
@@ -280,18 +389,24 @@ def test_compiles_for_tpu(topology, decay):
 
     decay_shape = {"none": None, "per_token": (B, T, Hc), "per_key": (B, T, Hc, Mc)}[decay]
     a = None if decay_shape is None else spec(decay_shape, jnp.float32)
+    delta = kernel == "delta_rule"
 
-    def loss(q, k, v, a):
-        o = K.causal_linear_attention(q, k, v, log_decay=a, method="pallas", chunk_size=64)
+    def loss(q, k, v, beta, a):
+        if delta:
+            o = K.delta_rule(q, k, v, beta, log_decay=a, method="pallas", chunk_size=64)
+        else:
+            o = K.causal_linear_attention(q, k, v, log_decay=a, method="pallas", chunk_size=64)
         return jnp.sum(o.astype(jnp.float32) ** 2), o
 
-    def forward_and_grads(q, k, v, a):
-        argnums = (0, 1, 2) if a is None else (0, 1, 2, 3)
-        return jax.grad(loss, argnums=argnums, has_aux=True)(q, k, v, a)
+    def forward_and_grads(q, k, v, beta, a):
+        argnums = (0, 1, 2) + ((3,) if delta else ()) + (() if a is None else (4,))
+        return jax.grad(loss, argnums=argnums, has_aux=True)(q, k, v, beta, a)
 
     qkv = [spec((B, T, Hc, Mc)) for _ in range(3)]
+    beta = spec((B, T, Hc)) if delta else None
     with pallas_mosaic():
-        lowered = jax.jit(forward_and_grads).trace(*qkv, a).lower(lowering_platforms=("tpu",))
+        traced = jax.jit(forward_and_grads).trace(*qkv, beta, a)
+        lowered = traced.lower(lowering_platforms=("tpu",))
     text = lowered.as_text()
     assert "tpu_custom_call" in text  # the Mosaic kernels, not an XLA fallback
     compiled = lowered.compile()

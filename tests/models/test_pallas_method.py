@@ -4,6 +4,7 @@ on the CPU) give the same outputs and gradients as with `method="chunk"`."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
 from linear_attention import kernels as K
@@ -14,12 +15,18 @@ from tests.kernels.reference import rel_err
 V, B, T, D, H = 32, 2, 21, 16, 2  # T not a multiple of the chunk (16)
 
 
-def test_gla_mixer_pallas_equals_chunk():
-    """A decay per key channel (GLA), outputs and parameter gradients."""
+@pytest.mark.parametrize(
+    ("name", "options"),
+    [("gla", {}), ("gated_deltanet", dict(num_value_heads=4))],
+    ids=["gla", "gated_deltanet_grouped"],
+)
+def test_mixer_pallas_equals_chunk(name, options):
+    """A decay per key channel (GLA) and Gated DeltaNet with grouped value heads: outputs and
+    parameter gradients."""
     x = jax.random.normal(jax.random.key(0), (B, T, D))
 
     def run(method):
-        mixer = get_mixer("gla")(D, H, method=method, chunk_size=16, rngs=nnx.Rngs(0))
+        mixer = get_mixer(name)(D, H, method=method, chunk_size=16, **options, rngs=nnx.Rngs(0))
 
         def loss(m):
             return jnp.sum(jnp.sin(m(x)))

@@ -18,12 +18,15 @@ from linear_attention.kernels.checks import (
 from linear_attention.kernels.state import LinearAttentionState
 
 METHODS = ("chunk", "scan")
+# `delta_rule` also takes "pallas" (its walk across chunks in Pallas TPU kernels; on a TPU, or
+# inside `kernels.pallas_interpret()`): not in METHODS, which run on every backend.
+PALLAS_METHODS = ("pallas",)
 
 
-def check_options(method, chunk_size, return_state) -> None:
-    """The options of every sequence call: `method` in METHODS, a positive `chunk_size`, a static
-    `return_state`."""
-    check_choice("method", method, METHODS)
+def check_options(method, chunk_size, return_state, methods=METHODS) -> None:
+    """The options of every sequence call: `method` in `methods` (the family's), a positive
+    `chunk_size`, a static `return_state`."""
+    check_choice("method", method, methods)
     check_positive_int("chunk_size", chunk_size)
     check_static("return_state", return_state)
 

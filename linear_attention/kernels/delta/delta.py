@@ -53,6 +53,7 @@ import jax.numpy as jnp
 from linear_attention.kernels.checks import check_log_decay
 from linear_attention.kernels.delta.checks import (
     METHODS,
+    PALLAS_METHODS,
     check_beta,
     check_delta_state,
     check_inputs,
@@ -68,6 +69,12 @@ from linear_attention.kernels.primitives.decays import (
 )
 from linear_attention.kernels.primitives.driver import affine_call
 from linear_attention.kernels.primitives.layout import from_chunks, pad_time, to_chunks
+from linear_attention.kernels.primitives.pallas import (
+    CHUNK_MULTIPLE,
+    check_pallas_backend,
+    round_up,
+)
+from linear_attention.kernels.primitives.pallas_chunk_scan import pallas_affine_chunk_scan
 from linear_attention.kernels.primitives.triangular import invert_unit_lower, unit_lower_solve_vjp
 from linear_attention.kernels.segments import (
     cumulative_log_decay,
@@ -125,7 +132,14 @@ def delta_rule(
     gradient is NaN throughout; under `axis_name` a NaN carried into a later shard stops at that
     shard's first reset.
     """
-    check_options(method, chunk_size, return_state)
+    check_options(method, chunk_size, return_state, METHODS + PALLAS_METHODS)
+    if method == "pallas":
+        check_pallas_backend('delta_rule(method="pallas")')
+        if chunk_size % CHUNK_MULTIPLE:
+            raise ValueError(
+                f'chunk_size must be a multiple of {CHUNK_MULTIPLE} for method="pallas", got '
+                f"{chunk_size}"
+            )
     B, T, H, HV, Kd, Dv = check_delta_inputs(q, k, v, beta, time=True)
     s0_BHKD = initial_state_f32(initial_state, B, HV, Kd, Dv)
     a_BTHX = check_log_decay(log_decay, (B, T, HV), "[B, T, HV]", feature_dim=Kd)
@@ -137,8 +151,11 @@ def delta_rule(
             kernel = functools.partial(delta_chunked, chunk_size=chunk_size)
         case "scan":
             kernel = delta_scan
+        case "pallas":
+            kernel = functools.partial(delta_pallas, chunk_size=chunk_size)
         case _:
-            raise ValueError(f"unknown method {method!r}; allowed: {', '.join(METHODS)}")
+            allowed = ", ".join(METHODS + PALLAS_METHODS)
+            raise ValueError(f"unknown method {method!r}; allowed: {allowed}")
 
     def core(v_ext, s_init):
         return kernel(q32, k32, v_ext, beta32, a_BTHX, s_init)
@@ -286,7 +303,25 @@ class _ScalarDecays:
         self.start, self.end, self.total = d.start[..., 0], d.end[..., 0], d.total[..., 0]
 
 
-def delta_chunked_per_key(q_BTHK, k_BTHK, v_BTHD, beta_BTH, a_BTHK, s0_BHKD, *, chunk_size):
+def delta_pallas(q_BTHK, k_BTHK, v_BTHD, beta_BTH, a_BTH, s0_BHKD, *, chunk_size: int):
+    """`method="pallas"`: the chunk form of a decay per key channel (`delta_chunked_per_key`;
+    a per-head decay, or none, is read as the same decay on every key channel) with its walk
+    across chunks in Pallas kernels (`primitives.pallas_chunk_scan`)."""
+    B, T, H, Kd = q_BTHK.shape
+    if a_BTH is None:
+        a_BTHK = jnp.zeros((B, T, H, Kd), jnp.float32)
+    elif a_BTH.ndim == 3:
+        a_BTHK = jnp.broadcast_to(a_BTH[..., None], (B, T, H, Kd))
+    else:
+        a_BTHK = a_BTH
+    return delta_chunked_per_key(
+        q_BTHK, k_BTHK, v_BTHD, beta_BTH, a_BTHK, s0_BHKD, chunk_size=chunk_size, pallas=True
+    )
+
+
+def delta_chunked_per_key(
+    q_BTHK, k_BTHK, v_BTHD, beta_BTH, a_BTHK, s0_BHKD, *, chunk_size, pallas: bool = False
+):
     """The delta rule with a decay per key channel (KDA), chunkwise, on float32 arrays.
 
     Inside a chunk, with b_t the cumulative log decay vector and S the entering state,
@@ -306,18 +341,26 @@ def delta_chunked_per_key(q_BTHK, k_BTHK, v_BTHD, beta_BTH, a_BTHK, s0_BHKD, *, 
     each chunk and a few [C, C]/[C, K] residuals per chunk (the inverse, U, W, the scores), never
     a state per token; the backward pass walks the steps last to first (`_per_key_backward`
     derives each line). The cumulative log decays are summed outside it (autodiff carries their
-    cotangent back to a, stopping at resets).
+    cotangent back to a, stopping at resets). With `pallas`, the state-independent part runs
+    for all chunks at once and the walk in Pallas kernels (`pallas_affine_chunk_scan`).
     """
     T = q_BTHK.shape[1]
     C = min(chunk_size, T)
-    G = chunks_per_step(C, -(-T // C))  # padded to whole steps: padding leaves S alone
+    if pallas:
+        C = min(chunk_size, round_up(T, CHUNK_MULTIPLE))
+        G = 1  # chunks of C tokens, all at once
+    else:
+        G = chunks_per_step(C, -(-T // C))  # padded to whole steps: padding leaves S alone
     xs = [to_chunks(pad_time(x, G * C), C) for x in (q_BTHK, k_BTHK, v_BTHD, beta_BTH, a_BTHK)]
     # The cumulative sums stay outside the hand-written VJP: autodiff carries db to a.
     b, n = cumulative_log_decay(xs.pop(), axis=-2, restart=True)
     c = sub_block_size(C)
     forward = functools.partial(_per_key_forward, c=c)
     backward = functools.partial(_per_key_backward, c=c)
-    o_NBHCD, s_BHKD = affine_chunk_scan(s0_BHKD, [*xs, b, n], forward, G, backward)
+    if pallas:
+        o_NBHCD, s_BHKD = pallas_affine_chunk_scan(s0_BHKD, [*xs, b, n], forward, backward)
+    else:
+        o_NBHCD, s_BHKD = affine_chunk_scan(s0_BHKD, [*xs, b, n], forward, G, backward)
     return from_chunks(o_NBHCD, T), s_BHKD
 
 

@@ -38,6 +38,7 @@ from jax.experimental import pallas as pl
 from linear_attention.kernels.primitives.decays import suffix_sum_to_reset
 from linear_attention.kernels.primitives.layout import pad_time
 from linear_attention.kernels.primitives.pallas import (
+    CHUNK_MULTIPLE,
     check_pallas_backend,
     chunk_spec,
     compiler_params,
@@ -52,8 +53,6 @@ from linear_attention.kernels.primitives.pallas import (
 
 # Queries per sub-block of a decay per key channel (its diagonal blocks cost C·16·M exps).
 SUB_BLOCK = 16
-# Chunk sizes are multiples of this: bfloat16 blocks tile by 16 rows, and "key" sub-blocks by 16.
-CHUNK_MULTIPLE = 16
 DECAY_KINDS = ("none", "head", "key")
 # Decay arrays each kind passes to the kernels (see `_decay_inputs`).
 _NUM_DECAY = {"none": 0, "head": 2, "key": 1}

@@ -44,6 +44,10 @@ from jax.experimental.pallas import tpu as pltpu
 
 from linear_attention.kernels.primitives.combine import varying_axes
 
+# Chunk sizes of the Pallas kernels are multiples of this: bfloat16 blocks tile by 16 rows, and
+# the sub-blocks of a decay per key channel are 16 queries.
+CHUNK_MULTIPLE = 16
+
 _MODE: contextvars.ContextVar[str | None] = contextvars.ContextVar("pallas_mode", default=None)
 
 

@@ -1,0 +1,288 @@
+"""The walk of `chunk_scan.affine_chunk_scan` as Pallas TPU kernels: the delta family's
+sequential part (KDA, the delta rule through it, DPLR) with `method="pallas"`.
+
+`affine_chunk_scan` walks chunks whose state map is affine (see its module docstring for the
+terms W, X₀, Q, P, O₀, E, U₀, g and the lines of the forward and backward walk). Here the
+family's `forward` (the UT transform, decays, scores: everything that does not depend on the
+state) runs in XLA on all N chunks at once, as batched matmuls, and the walk across chunks is one
+Pallas kernel per direction, one grid step per (batch·head row, chunk), the state carried in
+VMEM:
+
+- forward: X = W S (+ X₀), O = Q S + P X (+ O₀), S' = g ⊙ S + Eᵀ X (+ U₀), keeping the state
+  entering each chunk (one [K, Dv] state per chunk) for the backward pass;
+- backward, chunks last to first carrying dS: the terms' cotangents (dW, dX₀, dQ, dP, dO₀, dE,
+  dU₀, dg), which the family's pullback maps to its inputs in XLA (batched over all chunks).
+
+So the Mosaic kernels cover the walk (the part a `lax.scan` serialises); the UT transform and
+its pullback stay batched XLA matmuls outside them.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from linear_attention.kernels.primitives.pallas import (
+    check_pallas_backend,
+    compiler_params,
+    cost_estimate,
+    mxu_dot,
+    result_struct,
+    vary_together,
+    vmem_f32,
+)
+
+_TERMS = ("w", "x0", "q", "p", "o0", "e", "u0", "g")
+
+
+def pallas_affine_chunk_scan(s0_BHKD, xs, forward, backward):
+    """`affine_chunk_scan(s0_BHKD, xs, forward, N, backward)` with the walk in Pallas kernels:
+    `forward` and `backward` are the family's, called once on all N chunks (`xs` chunk-major
+    `[N, B, H, C, ...]`). Returns `(O [N, B, H, C, Dv], S_final)`."""
+    interpret = check_pallas_backend('method="pallas"')
+    return _scan(forward, backward, interpret, s0_BHKD, tuple(xs))
+
+
+def _rows(x):
+    """[N, B, H, ...] -> [N, B·H, ...] (None stays None)."""
+    return None if x is None else x.reshape(x.shape[0], -1, *x.shape[3:])
+
+
+def _spec(block, reverse, N):
+    """A per-chunk block of an [N, R, ...] array for the (rows, chunks) grid."""
+    rest = (0,) * (len(block) - 2)
+    if reverse:
+        return pl.BlockSpec(block, lambda r, j: (N - 1 - j, r, *rest))
+    return pl.BlockSpec(block, lambda r, j: (j, r, *rest))
+
+
+def _state_spec(K, Dv):
+    return pl.BlockSpec((None, K, Dv), lambda r, j: (r, 0, 0))
+
+
+def _flatten(terms):
+    """The present terms by name, rows-major, g as a column [N, R, X, 1] (it scales S's rows)."""
+    named = dict(zip(_TERMS, terms, strict=True))
+    out = {}
+    for name, x in named.items():
+        if x is None:
+            continue
+        x = _rows(x)
+        out[name] = x[..., None] if name == "g" else x
+    return out
+
+
+def _walk_kernel(*refs, names, keep):
+    n = len(names)
+    ins = dict(zip(names, refs[:n], strict=True))
+    s0_ref = refs[n]
+    o_ref, s_ref = refs[n + 1 : n + 3]
+    s_acc = refs[-1]
+    j = pl.program_id(1)
+
+    @pl.when(j == 0)
+    def _():
+        s_acc[...] = s0_ref[...]
+
+    S = s_acc[...]
+    if keep:
+        refs[n + 3][...] = S
+    get = {name: ref[...].astype(jnp.float32) for name, ref in ins.items()}
+    x = mxu_dot(get["w"], S)
+    if "x0" in get:
+        x = x + get["x0"]
+    o = mxu_dot(get["q"], S) + mxu_dot(get["p"], x)
+    if "o0" in get:
+        o = o + get["o0"]
+    o_ref[...] = o
+    if "g" in get:
+        S = get["g"] * S
+    S = S + mxu_dot(get["e"], x, trans_a=True)
+    if "u0" in get:
+        S = S + get["u0"]
+    s_acc[...] = S
+
+    @pl.when(j == pl.num_programs(1) - 1)
+    def _():
+        s_ref[...] = S
+
+
+def _grad_names(names):
+    """The terms whose cotangents the backward kernel writes (dO₀ is dO itself)."""
+    return [n for n in ("w", "x0", "q", "p", "e", "u0", "g") if n in names or n == "x0"]
+
+
+def _walk(s0_BHKD, terms, interpret, keep):
+    flat = _flatten(terms)
+    names = list(flat)
+    w = flat["w"]
+    N, R, C, K = w.shape
+    Dv = s0_BHKD.shape[-1]
+    B, H = s0_BHKD.shape[:2]
+    inputs = vary_together([flat[n] for n in names] + [s0_BHKD.reshape(R, K, Dv)])
+    struct = functools.partial(result_struct, like=inputs[0])
+    in_specs = [_spec((None, None, *flat[n].shape[2:]), False, N) for n in names]
+    in_specs.append(_state_spec(K, Dv))
+    out_shape = [struct((N, R, C, Dv), jnp.float32), struct((R, K, Dv), jnp.float32)]
+    out_specs = [_spec((None, None, C, Dv), False, N), _state_spec(K, Dv)]
+    if keep:
+        out_shape.append(struct((N, R, K, Dv), jnp.float32))
+        out_specs.append(_spec((None, None, K, Dv), False, N))
+    flops = 2 * N * R * (C * K * Dv * 3 + C * C * Dv)
+    outs = pl.pallas_call(
+        functools.partial(_walk_kernel, names=tuple(names), keep=keep),
+        out_shape=out_shape,
+        grid=(R, N),
+        in_specs=in_specs,
+        out_specs=out_specs,
+        scratch_shapes=[vmem_f32((K, Dv))],
+        compiler_params=compiler_params(),
+        cost_estimate=cost_estimate(flops=flops, transcendentals=0, arrays=inputs + out_shape),
+        interpret=interpret,
+        name="affine_chunk_walk_fwd",
+    )(*inputs)
+    o = outs[0].reshape(N, B, H, C, Dv)
+    entering = outs[2] if keep else None
+    return o, outs[1].reshape(B, H, K, Dv), entering
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+def _scan(forward, backward, interpret, s0_BHKD, xs):
+    terms, _ = forward(*xs)
+    o, s, _ = _walk(s0_BHKD, terms, interpret, keep=False)
+    return o, s
+
+
+def _scan_fwd(forward, backward, interpret, s0_BHKD, xs):
+    terms, res = forward(*xs)
+    o, s, entering = _walk(s0_BHKD, terms, interpret, keep=True)
+    # Residuals: the inputs, the family's per-chunk residuals, the state entering each chunk.
+    return (o, s), (xs, res, entering, s0_BHKD.shape)
+
+
+def _scan_bwd(forward, backward, interpret, residuals, cotangents):
+    xs, res, entering, (B, H, K, Dv) = residuals
+    do_NBHCD, ds_BHKD = cotangents
+    (w, x0, q, p, e, g), pullback = backward(xs, res)
+    has_u0 = _has_u0(forward, xs)
+    terms = (w, x0, q, p, None, e, None, g)
+    flat = _flatten(terms)
+    names = list(flat)
+    N, R, C, _ = flat["w"].shape
+    X = None if g is None else g.shape[-1]
+    inputs = [flat[n] for n in names] + [entering, _rows(do_NBHCD), ds_BHKD.reshape(R, K, Dv)]
+    inputs = vary_together(inputs)
+    struct = functools.partial(result_struct, like=inputs[0])
+    in_specs = [_spec((None, None, *flat[n].shape[2:]), True, N) for n in names]
+    in_specs += [_spec((None, None, K, Dv), True, N), _spec((None, None, C, Dv), True, N)]
+    in_specs.append(_state_spec(K, Dv))
+    shapes = {
+        "w": (C, K),
+        "x0": (C, Dv),
+        "q": (C, K),
+        "p": (C, C),
+        "e": (C, K),
+        "u0": (K, Dv),
+        "g": (X, 1),
+    }
+    written = [n for n in _grad_names(names) if n != "u0" or has_u0]
+    out_shape = [struct((N, R, *shapes[n]), jnp.float32) for n in written]
+    out_specs = [_spec((None, None, *shapes[n]), True, N) for n in written]
+    out_shape.append(struct((R, K, Dv), jnp.float32))
+    out_specs.append(_state_spec(K, Dv))
+    kernel = functools.partial(
+        _walk_back_kernel, names=tuple(names), written=tuple(written), scalar_g=X == 1
+    )
+    outs = pl.pallas_call(
+        kernel,
+        out_shape=out_shape,
+        grid=(R, N),
+        in_specs=in_specs,
+        out_specs=out_specs,
+        scratch_shapes=[vmem_f32((K, Dv))],
+        compiler_params=compiler_params(),
+        cost_estimate=cost_estimate(
+            flops=2 * N * R * (C * K * Dv * 6 + C * C * Dv * 2),
+            transcendentals=0,
+            arrays=inputs + out_shape,
+        ),
+        interpret=interpret,
+        name="affine_chunk_walk_bwd",
+    )(*inputs)
+    got = dict(zip(written, outs[:-1], strict=True))
+
+    def back(name, tail):
+        x = got.get(name)
+        return None if x is None else x.reshape(N, B, H, *tail)
+
+    dg = None if g is None else got["g"].reshape(N, B, H, X)
+    d_terms = (
+        back("w", (C, K)),
+        back("x0", (C, Dv)),
+        back("q", (C, K)),
+        back("p", (C, C)),
+        do_NBHCD,
+        back("e", (C, K)),
+        back("u0", (K, Dv)),
+        dg,
+    )
+    dxs = pullback(*d_terms)
+    return outs[-1].reshape(B, H, K, Dv), tuple(dxs)
+
+
+def _walk_back_kernel(*refs, names, written, scalar_g):
+    """The backward walk, chunks last to first; writes the cotangents in `written` (dU₀ only
+    where the family has a U₀) and, after the row's first chunk, dS₀."""
+    n = len(names)
+    ins = dict(zip(names, refs[:n], strict=True))
+    se_ref, do_ref, dsT_ref = refs[n : n + 3]
+    outs = dict(zip(written, refs[n + 3 : n + 3 + len(written)], strict=True))
+    ds0_ref, ds_acc = refs[-2], refs[-1]
+    j = pl.program_id(1)
+
+    @pl.when(j == 0)
+    def _():
+        ds_acc[...] = dsT_ref[...]
+
+    ds_next, S = ds_acc[...], se_ref[...]
+    do = do_ref[...]
+    get = {name: ref[...].astype(jnp.float32) for name, ref in ins.items()}
+    x = mxu_dot(get["w"], S)
+    if "x0" in get:
+        x = x + get["x0"]
+    dx = mxu_dot(get["p"], do, trans_a=True) + mxu_dot(get["e"], ds_next)
+    ds = mxu_dot(get["q"], do, trans_a=True) + mxu_dot(get["w"], dx, trans_a=True)
+    grads = {
+        "w": lambda: mxu_dot(dx, S, trans_b=True),
+        "x0": lambda: dx,
+        "q": lambda: mxu_dot(do, S, trans_b=True),
+        "p": lambda: mxu_dot(do, x, trans_b=True),
+        "e": lambda: mxu_dot(x, ds_next, trans_b=True),
+        "u0": lambda: ds_next,
+    }
+    if "g" in get:
+        dg = jnp.sum(ds_next * S, axis=-1, keepdims=True)  # [K, 1]
+        dg = jnp.sum(dg, axis=0, keepdims=True) if scalar_g else dg
+        grads["g"] = lambda: dg
+        ds = ds + get["g"] * ds_next
+    else:
+        ds = ds + ds_next
+    for name, ref in outs.items():
+        ref[...] = grads[name]()
+    ds_acc[...] = ds
+
+    @pl.when(j == pl.num_programs(1) - 1)
+    def _():
+        ds0_ref[...] = ds
+
+
+def _has_u0(forward, xs):
+    """Whether the family's terms have a U₀ (DPLR's; KDA's has none), from their shapes only."""
+    terms = jax.eval_shape(lambda *x: forward(*x)[0], *xs)
+    return terms[6] is not None
+
+
+_scan.defvjp(_scan_fwd, _scan_bwd)
