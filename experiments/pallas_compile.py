@@ -1,6 +1,7 @@
 """Compiler figures of the Pallas kernels against the XLA chunk form, for a TPU, on any machine.
 
-For each kernel (`method="pallas"` and `method="chunk"`, each decay kind) and each length T, the
+For each kernel (`causal_linear_attention` and, with `--kernels`, `delta_rule`; `method="pallas"`
+and `method="chunk"`, each decay kind) and each length T, the
 program is compiled for a TPU topology through libtpu (no TPU needed) and the compiler's own
 figures are recorded: `memory_analysis()` (temporaries, arguments, outputs and the peak, per
 chip) and `cost_analysis()` (FLOPs, bytes accessed). These are compiler figures, not times. Two
@@ -32,7 +33,7 @@ DECAYS = ("none", "per_token", "per_key")
 METHODS = ("pallas", "chunk")
 
 
-def compile_one(topology, method, decay, T, mode, *, B=1, H=4, M=128, chunk_size=64):
+def compile_one(topology, kernel, method, decay, T, mode, *, B=1, H=4, M=128, chunk_size=64):
     sharding = jax.sharding.SingleDeviceSharding(topology.devices[0])
 
     def spec(shape, dtype=jnp.bfloat16):
@@ -41,25 +42,32 @@ def compile_one(topology, method, decay, T, mode, *, B=1, H=4, M=128, chunk_size
     decay_shape = {"none": None, "per_token": (B, T, H), "per_key": (B, T, H, M)}[decay]
     a = None if decay_shape is None else spec(decay_shape, jnp.float32)
 
-    def forward(q, k, v, a):
-        return K.causal_linear_attention(q, k, v, log_decay=a, method=method, chunk_size=chunk_size)
+    delta = kernel == "delta_rule"
 
-    def train(q, k, v, a):
-        def loss(q, k, v, a):
-            o = forward(q, k, v, a)
+    def forward(q, k, v, beta, a):
+        options = dict(log_decay=a, method=method, chunk_size=chunk_size)
+        if delta:  # β in the arguments: its gradient is part of the program
+            return K.delta_rule(q, k, v, beta, **options)
+        return K.causal_linear_attention(q, k, v, **options)
+
+    def train(q, k, v, beta, a):
+        def loss(q, k, v, beta, a):
+            o = forward(q, k, v, beta, a)
             return jnp.sum(o.astype(jnp.float32) ** 2), o
 
-        argnums = (0, 1, 2) if a is None else (0, 1, 2, 3)
-        return jax.grad(loss, argnums=argnums, has_aux=True)(q, k, v, a)
+        argnums = (0, 1, 2) + ((3,) if delta else ()) + (() if a is None else (4,))
+        return jax.grad(loss, argnums=argnums, has_aux=True)(q, k, v, beta, a)
 
     fn = forward if mode == "forward" else train
     qkv = [spec((B, T, H, M)) for _ in range(3)]
+    beta = spec((B, T, H)) if delta else None
     start = time.perf_counter()
     with pallas_mosaic():
-        lowered = jax.jit(fn).trace(*qkv, a).lower(lowering_platforms=("tpu",))
+        lowered = jax.jit(fn).trace(*qkv, beta, a).lower(lowering_platforms=("tpu",))
     compiled = lowered.compile()
     memory, cost = compiled.memory_analysis(), compiled.cost_analysis()
     return {
+        "kernel": kernel,
         "method": method,
         "decay": decay,
         "T": T,
@@ -79,17 +87,20 @@ def main():
     parser.add_argument("--topology", default="v5e:2x2", help="a libtpu topology, e.g. v6e:2x2")
     parser.add_argument("--lengths", default="4096,16384,65536")
     parser.add_argument("--modes", default="forward,train")
+    parser.add_argument("--kernels", default="causal_linear_attention", help="and/or delta_rule")
+    parser.add_argument("--decays", default=",".join(DECAYS))
     parser.add_argument("--out", required=True, help="JSON file to write")
     args = parser.parse_args()
     topology = topologies.get_topology_desc(topology_name=args.topology, platform="tpu")
     rows = []
-    for T in (int(x) for x in args.lengths.split(",")):
-        for mode in args.modes.split(","):
-            for decay in DECAYS:
-                for method in METHODS:
-                    row = compile_one(topology, method, decay, T, mode)
-                    rows.append(row)
-                    print(json.dumps(row), flush=True)
+    for kernel in args.kernels.split(","):
+        for T in (int(x) for x in args.lengths.split(",")):
+            for mode in args.modes.split(","):
+                for decay in args.decays.split(","):
+                    for method in METHODS:
+                        row = compile_one(topology, kernel, method, decay, T, mode)
+                        rows.append(row)
+                        print(json.dumps(row), flush=True)
     result = {
         "what": "compiler figures (memory_analysis, cost_analysis) per chip, not times",
         "topology": args.topology,

@@ -67,7 +67,7 @@ def lora_rank(d_model: int, factor: float, power: float) -> int:
 @dataclasses.dataclass(frozen=True)
 class RWKV7Config(GatedOutputConfig):
     conv: bool | int | None = CONV.field(False)
-    method: str = METHOD.field(choices=tuple(K.DELTA_METHODS))
+    method: str = METHOD.field(choices=(*K.DELTA_METHODS, *K.PALLAS_METHODS))
     chunk_size: int = CHUNK_SIZE.field()
 
 

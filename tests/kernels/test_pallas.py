@@ -12,7 +12,13 @@ import numpy as np
 import pytest
 
 from linear_attention import kernels as K
-from tests.kernels.reference import causal_linear_attention_loop, kda_loop, rel_err
+from tests.kernels.reference import (
+    causal_linear_attention_loop,
+    delta_product_loop,
+    dplr_loop,
+    kda_loop,
+    rel_err,
+)
 
 H, M, DV = 2, 4, 4
 EPS = 1e-6
@@ -293,6 +299,89 @@ def test_delta_rule_matches_float64_recurrence_and_chunk(decay, T, starts):
         assert rel_err(g, g_c) < 1e-4, (name, rel_err(g, g_c))
 
 
+# ---- DPLR (RWKV-7) and DeltaProduct: the same walk ----
+
+
+def _family_inputs(family, T, seed=0):
+    """Batch-1 inputs of `dplr_delta_rule` or `delta_product` (H heads, n = 2 steps)."""
+    rng = np.random.default_rng(seed)
+    f = lambda *shape: rng.normal(size=shape)  # noqa: E731
+    unit = lambda x: x / np.linalg.norm(x, axis=-1, keepdims=True)  # noqa: E731
+    s0 = f(1, H, M, DV)
+    if family == "dplr":  # RWKV-7: a = −κ̂, b = κ̂ ⊙ rate, a decay per key channel
+        kappa = unit(f(1, T, H, M))
+        w = -rng.uniform(0.0, 0.3, size=(1, T, H, M))
+        w[..., 0, 1] = -30.0
+        rate = 1 / (1 + np.exp(-f(1, T, H, M)))
+        args = (f(1, T, H, M), 0.5 * f(1, T, H, M), f(1, T, H, DV), -kappa, kappa * rate, w, s0)
+    else:  # Gated DeltaProduct, two Householder steps per token
+        k = unit(f(1, T, H, 2, M))
+        beta = rng.uniform(0.1, 1.9, size=(1, T, H, 2))
+        a = -rng.uniform(0.0, 0.3, size=(1, T, H))
+        args = (f(1, T, H, M), k, f(1, T, H, 2, DV), beta, a, s0)
+    return [jnp.asarray(x, jnp.float32) for x in args]
+
+
+def _family_run(family, method, args, segment_ids):
+    *xs, decay, s0 = args
+    fn = K.dplr_delta_rule if family == "dplr" else K.delta_product
+    o, state = fn(
+        *xs,
+        log_decay=decay,
+        method=method,
+        chunk_size=16,
+        initial_state=K.LinearAttentionState(s0, None),
+        return_state=True,
+        segment_ids=segment_ids,
+    )
+    return o, state.kv
+
+
+@functools.partial(jax.jit, static_argnames=("family", "method"))
+def _family_outputs_and_grads(args, segment_ids, *, family, method):
+    def loss(args):
+        o, s = _family_run(family, method, args, segment_ids)
+        w_o = jnp.cos(jnp.arange(o.size, dtype=jnp.float32)).reshape(o.shape)
+        w_s = jnp.sin(jnp.arange(s.size, dtype=jnp.float32)).reshape(s.shape)
+        return jnp.sum(o * w_o) + jnp.sum(s * w_s), (o, s)
+
+    grads, outputs = jax.grad(loss, has_aux=True)(args)
+    return outputs, grads
+
+
+def _family_losses(family, segment_ids, args):
+    loop = dplr_loop if family == "dplr" else delta_product_loop
+    *xs, decay, s0 = args
+    rows, T = xs[0].shape[:2]
+    seg = None if segment_ids is None else np.broadcast_to(segment_ids, (rows, T))
+    o, s = loop(*xs, decay, s0, segment_ids=seg)
+    w_o = np.cos(np.arange(o[0].size)).reshape(o.shape[1:])
+    w_s = np.sin(np.arange(s[0].size)).reshape(s.shape[1:])
+    return (o * w_o).sum((1, 2, 3)) + (s * w_s).sum((1, 2, 3))
+
+
+@pytest.mark.parametrize(("family", "T", "starts"), [("dplr", 37, (20, 32)), ("product", 21, (8,))])
+def test_dplr_and_delta_product_match_float64_recurrence_and_chunk(family, T, starts):
+    """DPLR: resets mid-chunk and on a chunk boundary, −30 on one channel; DeltaProduct: T·n
+    sub-tokens over two chunks, a reset mid-chunk; both from an initial state."""
+    args = _family_inputs(family, T)
+    seg = _segments(T, starts)
+    with K.pallas_interpret():
+        (o, s), grads = _family_outputs_and_grads(args, seg, family=family, method="pallas")
+    (o_c, s_c), grads_c = _family_outputs_and_grads(args, seg, family=family, method="chunk")
+    seg_np = np.asarray(seg)
+    loop = dplr_loop if family == "dplr" else delta_product_loop
+    ref = loop(*args, segment_ids=seg_np)
+    for name, x, x_c, r in zip(("o", "S"), (o, s), (o_c, s_c), ref, strict=True):
+        assert rel_err(x, r) < 1e-4, (name, rel_err(x, r))
+        assert rel_err(x, x_c) < 1e-4, (name, rel_err(x, x_c))
+    losses = functools.partial(_family_losses, family, seg_np)
+    ref_grads = _finite_difference_grads(args, None, seg_np, losses=losses)
+    for i, (g, g_c, r) in enumerate(zip(grads, grads_c, ref_grads, strict=True)):
+        assert rel_err(g, r) < 1e-4, (i, rel_err(g, r))
+        assert rel_err(g, g_c) < 1e-4, (i, rel_err(g, g_c))
+
+
 # ---- dispatch ----
 
 
@@ -301,8 +390,15 @@ def test_pallas_outside_tpu_raises_unless_interpreted():
     with pytest.raises(ValueError, match="target TPU.*pallas_interpret"):
         K.causal_linear_attention(q, k, v, method="pallas", chunk_size=16)
     beta = jnp.full(q.shape[:3], 0.5)
-    with pytest.raises(ValueError, match="target TPU.*pallas_interpret"):
-        K.delta_rule(q, k, v, beta, method="pallas", chunk_size=16)
+    k2, v2, beta2 = k[:, :, :, None], v[:, :, :, None], beta[..., None]
+    calls = [
+        lambda: K.delta_rule(q, k, v, beta, method="pallas", chunk_size=16),
+        lambda: K.dplr_delta_rule(q, k, v, -k, k, method="pallas", chunk_size=16),
+        lambda: K.delta_product(q, k2, v2, beta2, method="pallas", chunk_size=16),
+    ]
+    for call in calls:
+        with pytest.raises(ValueError, match="target TPU.*pallas_interpret"):
+            call()
 
 
 def test_pallas_chunk_size_must_tile():
@@ -316,19 +412,6 @@ def test_pallas_forward_mode_names_the_alternatives():
     f = functools.partial(K.causal_linear_attention, method="pallas", chunk_size=16)
     with K.pallas_interpret(), pytest.raises(ValueError, match="reverse-mode.*chunk_parallel"):
         jax.jvp(lambda q: f(q, k, v), (q,), (q,))
-
-
-def test_delta_family_without_a_pallas_form_names_the_methods_it_has():
-    q, k, v, *_ = _inputs(5, "none")
-    beta = jnp.full(q.shape[:3], 0.5)
-    k2, v2, beta2 = k[:, :, :, None], v[:, :, :, None], beta[..., None]
-    calls = {
-        "dplr_delta_rule": lambda: K.dplr_delta_rule(q, k, v, -k, k, method="pallas"),
-        "delta_product": lambda: K.delta_product(q, k2, v2, beta2, method="pallas"),
-    }
-    for call in calls.values():
-        with K.pallas_interpret(), pytest.raises(ValueError, match="allowed: 'chunk', 'scan'"):
-            call()
 
 
 def test_unknown_method_lists_pallas():

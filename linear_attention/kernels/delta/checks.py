@@ -15,6 +15,7 @@ from linear_attention.kernels.checks import (
     check_static,
     concrete,
 )
+from linear_attention.kernels.primitives.pallas import CHUNK_MULTIPLE, check_pallas_backend
 from linear_attention.kernels.state import LinearAttentionState
 
 METHODS = ("chunk", "scan")
@@ -29,6 +30,16 @@ def check_options(method, chunk_size, return_state, methods=METHODS) -> None:
     check_choice("method", method, methods)
     check_positive_int("chunk_size", chunk_size)
     check_static("return_state", return_state)
+
+
+def check_pallas_chunk(what: str, chunk_size) -> None:
+    """`method="pallas"`: the backend (TPU, or `pallas_interpret()`) and a chunk size that
+    tiles (a multiple of `CHUNK_MULTIPLE`)."""
+    check_pallas_backend(what)
+    if chunk_size % CHUNK_MULTIPLE:
+        raise ValueError(
+            f"chunk_size must be a multiple of {CHUNK_MULTIPLE} for {what}, got {chunk_size}"
+        )
 
 
 def check_inputs(*, time: bool, **arrays) -> None:

@@ -58,6 +58,7 @@ from linear_attention.kernels.delta.checks import (
     check_delta_state,
     check_inputs,
     check_options,
+    check_pallas_chunk,
     initial_state_f32,
 )
 from linear_attention.kernels.primitives.chunk_scan import affine_chunk_scan, chunks_per_step
@@ -69,11 +70,7 @@ from linear_attention.kernels.primitives.decays import (
 )
 from linear_attention.kernels.primitives.driver import affine_call
 from linear_attention.kernels.primitives.layout import from_chunks, pad_time, to_chunks
-from linear_attention.kernels.primitives.pallas import (
-    CHUNK_MULTIPLE,
-    check_pallas_backend,
-    round_up,
-)
+from linear_attention.kernels.primitives.pallas import CHUNK_MULTIPLE, round_up
 from linear_attention.kernels.primitives.pallas_chunk_scan import pallas_affine_chunk_scan
 from linear_attention.kernels.primitives.triangular import invert_unit_lower, unit_lower_solve_vjp
 from linear_attention.kernels.segments import (
@@ -115,7 +112,9 @@ def delta_rule(
       beta: β `[B, T, HV]` in [0, 2] (β > 1 gives the transition a negative eigenvalue).
       log_decay: a ≤ 0, `[HV]`, `[B, T, HV]` or `[B, T, HV, K]` (a decay per key channel: KDA);
         −inf resets S. None: a = 0.
-      method: "chunk" (the training path, WY form) or "scan" (token by token, the reference).
+      method: "chunk" (the training path, WY form), "scan" (token by token, the reference) or
+        "pallas" (the per-key chunk form with its walk across chunks in Pallas TPU kernels; on a
+        TPU, or inside `kernels.pallas_interpret()`; `chunk_size` a multiple of 16).
       chunk_size: tokens per chunk for "chunk"; T need not be a multiple of it.
       initial_state: `LinearAttentionState(kv=[B, HV, K, Dv], k_sum=None)`.
       return_state: also return the state after the last token.
@@ -134,12 +133,7 @@ def delta_rule(
     """
     check_options(method, chunk_size, return_state, METHODS + PALLAS_METHODS)
     if method == "pallas":
-        check_pallas_backend('delta_rule(method="pallas")')
-        if chunk_size % CHUNK_MULTIPLE:
-            raise ValueError(
-                f'chunk_size must be a multiple of {CHUNK_MULTIPLE} for method="pallas", got '
-                f"{chunk_size}"
-            )
+        check_pallas_chunk('delta_rule(method="pallas")', chunk_size)
     B, T, H, HV, Kd, Dv = check_delta_inputs(q, k, v, beta, time=True)
     s0_BHKD = initial_state_f32(initial_state, B, HV, Kd, Dv)
     a_BTHX = check_log_decay(log_decay, (B, T, HV), "[B, T, HV]", feature_dim=Kd)

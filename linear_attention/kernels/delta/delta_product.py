@@ -24,13 +24,15 @@ import jax.numpy as jnp
 from linear_attention.kernels.checks import check_log_decay
 from linear_attention.kernels.delta.checks import (
     METHODS,
+    PALLAS_METHODS,
     check_beta,
     check_delta_state,
     check_inputs,
     check_options,
+    check_pallas_chunk,
     initial_state_f32,
 )
-from linear_attention.kernels.delta.delta import delta_chunked, delta_token
+from linear_attention.kernels.delta.delta import delta_chunked, delta_pallas, delta_token
 from linear_attention.kernels.primitives.driver import affine_call
 from linear_attention.kernels.segments import fold_resets, reset_reach, segment_resets
 from linear_attention.kernels.state import LinearAttentionState
@@ -57,7 +59,9 @@ def delta_product(
       q: `[B, T, H, K]`; k: `[B, T, H, n, K]`; v: `[B, T, H, n, Dv]`.
       beta: `[B, T, H, n]` in [0, 2].
       log_decay: ≤ 0, None, `[H]` or `[B, T, H]`; −inf resets.
-      method: "chunk" (sub-tokens through the delta rule's chunk kernel) or "scan" (the reference).
+      method: "chunk" (sub-tokens through the delta rule's chunk kernel), "scan" (the reference)
+        or "pallas" (sub-tokens through `delta_rule`'s Pallas form; on a TPU, or inside
+        `kernels.pallas_interpret()`; `chunk_size` a multiple of 16).
       chunk_size: sub-tokens (of the T·n) per chunk for "chunk".
       initial_state: `LinearAttentionState(kv=[B, H, K, Dv], k_sum=None)`.
       return_state: also return the state after the last token.
@@ -67,7 +71,9 @@ def delta_product(
     Returns:
       `o: [B, T, H, Dv]` in `result_type(q, k, v)`, and with `return_state` the final state.
     """
-    check_options(method, chunk_size, return_state)
+    check_options(method, chunk_size, return_state, METHODS + PALLAS_METHODS)
+    if method == "pallas":
+        check_pallas_chunk('delta_product(method="pallas")', chunk_size)
     B, T, H, n, Kd, Dv = _check_inputs(q, k, v, beta, time=True)
     s0_BHKD = initial_state_f32(initial_state, B, H, Kd, Dv)
     a_BTH = check_log_decay(log_decay, (B, T, H), "[B, T, H]")
@@ -79,8 +85,11 @@ def delta_product(
             kernel = functools.partial(delta_product_chunked, chunk_size=chunk_size)
         case "scan":
             kernel = delta_product_scan
+        case "pallas":
+            kernel = functools.partial(delta_product_chunked, chunk_size=chunk_size, pallas=True)
         case _:
-            raise ValueError(f"unknown method {method!r}; allowed: {', '.join(METHODS)}")
+            allowed = ", ".join(METHODS + PALLAS_METHODS)
+            raise ValueError(f"unknown method {method!r}; allowed: {allowed}")
 
     def core(v_BTHND, s_init):
         return kernel(q32, k32, v_BTHND, beta32, a_BTH, s_init)
@@ -137,8 +146,11 @@ def delta_product_scan(q_BTHK, k_BTHNK, v_BTHND, beta_BTHN, a_BTH, s0_BHKD):
     return jnp.moveaxis(o_TBHD, 0, 1), s_BHKD
 
 
-def delta_product_chunked(q_BTHK, k_BTHNK, v_BTHND, beta_BTHN, a_BTH, s0_BHKD, *, chunk_size):
-    """Gated DeltaProduct as T·n sub-tokens of the delta rule's chunk kernel (float32)."""
+def delta_product_chunked(
+    q_BTHK, k_BTHNK, v_BTHND, beta_BTHN, a_BTH, s0_BHKD, *, chunk_size, pallas=False
+):
+    """Gated DeltaProduct as T·n sub-tokens of the delta rule's chunk kernel (float32); with
+    `pallas`, of its Pallas form (`delta.delta_pallas`)."""
     B, T, H, n, Kd = k_BTHNK.shape
 
     def interleave(x_BTHN):  # [B, T, H, n, ...] -> [B, T·n, H, ...], token-major
@@ -150,7 +162,7 @@ def delta_product_chunked(q_BTHK, k_BTHNK, v_BTHND, beta_BTHN, a_BTH, s0_BHKD, *
     a_sub = None
     if a_BTH is not None:  # decay on the first sub-token only
         a_sub = interleave(jnp.where(first, a_BTH[..., None], 0.0))
-    o_sub, s_BHKD = delta_chunked(
+    o_sub, s_BHKD = (delta_pallas if pallas else delta_chunked)(
         interleave(q_sub),
         interleave(k_BTHNK),
         interleave(v_BTHND),

@@ -45,15 +45,19 @@ import jax.numpy as jnp
 from linear_attention.kernels.checks import check_log_decay
 from linear_attention.kernels.delta.checks import (
     METHODS,
+    PALLAS_METHODS,
     check_delta_state,
     check_inputs,
     check_options,
+    check_pallas_chunk,
     initial_state_f32,
 )
 from linear_attention.kernels.primitives.chunk_scan import affine_chunk_scan, chunks_per_step
 from linear_attention.kernels.primitives.decays import ChunkDecays, SubBlocks, sub_block_size
 from linear_attention.kernels.primitives.driver import affine_call
 from linear_attention.kernels.primitives.layout import from_chunks, pad_time, to_chunks
+from linear_attention.kernels.primitives.pallas import CHUNK_MULTIPLE, round_up
+from linear_attention.kernels.primitives.pallas_chunk_scan import pallas_affine_chunk_scan
 from linear_attention.kernels.primitives.triangular import invert_unit_lower, unit_lower_solve_vjp
 from linear_attention.kernels.segments import cumulative_log_decay, segment_resets
 from linear_attention.kernels.state import LinearAttentionState
@@ -84,7 +88,9 @@ def dplr_delta_rule(
       q, k, a, b: `[B, T, H, K]`, used as given (no scaling).
       v: `[B, T, H, Dv]`.
       log_decay: w ≤ 0, None, `[H]`, `[B, T, H]` or `[B, T, H, K]`; −inf zeroes the diagonal part.
-      method: "chunk" (generalised UT transform, the training path) or "scan" (the reference).
+      method: "chunk" (generalised UT transform, the training path), "scan" (the reference) or
+        "pallas" (the chunk form with its walk across chunks in Pallas TPU kernels; on a TPU,
+        or inside `kernels.pallas_interpret()`; `chunk_size` a multiple of 16).
       chunk_size: tokens per chunk for "chunk"; T need not be a multiple of it.
       initial_state: `LinearAttentionState(kv=[B, H, K, Dv], k_sum=None)`.
       return_state: also return the state after the last token.
@@ -94,7 +100,9 @@ def dplr_delta_rule(
     Returns:
       `o: [B, T, H, Dv]` in `result_type(q, k, v)`, and with `return_state` the final state.
     """
-    check_options(method, chunk_size, return_state)
+    check_options(method, chunk_size, return_state, METHODS + PALLAS_METHODS)
+    if method == "pallas":
+        check_pallas_chunk('dplr_delta_rule(method="pallas")', chunk_size)
     B, T, H, Kd, Dv = _check_inputs(q, k, v, a, b, time=True)
     s0_BHKD = initial_state_f32(initial_state, B, H, Kd, Dv)
     w = check_log_decay(log_decay, (B, T, H), "[B, T, H]", feature_dim=Kd)
@@ -110,8 +118,11 @@ def dplr_delta_rule(
             kernel = functools.partial(dplr_chunked, chunk_size=chunk_size)
         case "scan":
             kernel = dplr_scan
+        case "pallas":
+            kernel = functools.partial(dplr_chunked, chunk_size=chunk_size, pallas=True)
         case _:
-            raise ValueError(f"unknown method {method!r}; allowed: {', '.join(METHODS)}")
+            allowed = ", ".join(METHODS + PALLAS_METHODS)
+            raise ValueError(f"unknown method {method!r}; allowed: {allowed}")
 
     def core(v_ext, s_init):
         return kernel(q32, k32, v_ext, a32, b32, w_BTHK, s_init)
@@ -166,12 +177,19 @@ def dplr_scan(q_BTHK, k_BTHK, v_BTHD, a_BTHK, b_BTHK, w_BTHK, s0_BHKD):
     return jnp.moveaxis(o_TBHD, 0, 1), s_BHKD
 
 
-def dplr_chunked(q_BTHK, k_BTHK, v_BTHD, a_BTHK, b_BTHK, w_BTHK, s0_BHKD, *, chunk_size: int):
+def dplr_chunked(
+    q_BTHK, k_BTHK, v_BTHD, a_BTHK, b_BTHK, w_BTHK, s0_BHKD, *, chunk_size: int, pallas=False
+):
     """DPLR chunkwise (generalised UT transform, see the module docstring), float32 arrays;
-    padding tokens have zero k, v, a, b and log decay: they leave the state alone."""
+    padding tokens have zero k, v, a, b and log decay: they leave the state alone. With
+    `pallas`, the state-independent part runs for all chunks at once and the walk in Pallas
+    kernels (`pallas_affine_chunk_scan`)."""
     T = q_BTHK.shape[1]
-    C = min(chunk_size, T)
-    G = chunks_per_step(C, -(-T // C))  # padded to whole steps: padding leaves S alone
+    if pallas:
+        C, G = min(chunk_size, round_up(T, CHUNK_MULTIPLE)), 1
+    else:
+        C = min(chunk_size, T)
+        G = chunks_per_step(C, -(-T // C))  # padded to whole steps: padding leaves S alone
     inputs = (q_BTHK, k_BTHK, v_BTHD, a_BTHK, b_BTHK, w_BTHK)
     xs = [to_chunks(pad_time(x, G * C), C) for x in inputs]
     # The cumulative sums stay outside the hand-written VJP: autodiff carries dg to w.
@@ -179,7 +197,10 @@ def dplr_chunked(q_BTHK, k_BTHK, v_BTHD, a_BTHK, b_BTHK, w_BTHK, s0_BHKD, *, chu
     c = sub_block_size(C)
     forward = functools.partial(_forward, c=c)
     backward = functools.partial(_backward, c=c)
-    o_NBHCD, s_BHKD = affine_chunk_scan(s0_BHKD, [*xs, g, n], forward, G, backward)
+    if pallas:
+        o_NBHCD, s_BHKD = pallas_affine_chunk_scan(s0_BHKD, [*xs, g, n], forward, backward)
+    else:
+        o_NBHCD, s_BHKD = affine_chunk_scan(s0_BHKD, [*xs, g, n], forward, G, backward)
     return from_chunks(o_NBHCD, T), s_BHKD
 
 

@@ -19,16 +19,15 @@ Mosaic kernels' operands and results are typed as varying over the mesh (`vary_t
 `check_vma=False` there. Over several devices without `shard_map`, XLA cannot partition a
 Mosaic kernel (the trainer runs such a model in `shard_map`).
 
-What has a Pallas form: `causal_linear_attention` (`linear/pallas.py`: no decay, per head, per
-token, per key channel). The delta family (`delta_rule`, `dplr_delta_rule`, `delta_product`)
-does not yet: its chunk kernel needs, inside the kernel, the unit-lower-triangular inverse of
-the UT transform (`triangular.invert_unit_lower` builds it by doubling the block size, with
-slices and concatenations of [C, C] blocks that Mosaic lowers poorly; inside a kernel it would
-be forward substitution over 16-row blocks, then the 2×2 block merges), and a hand-written
-backward through that inverse, the WY terms and (KDA, DPLR) the sub-block scores — the
-pullbacks of `delta.py` and `dplr.py`, each to be rewritten as one kernel per chunk. DPLR and
-DeltaProduct reuse the same pieces (DeltaProduct is the delta rule on n·T sub-tokens with
-decays at token starts), so they follow once the delta-rule kernel exists.
+What has a Pallas form: `causal_linear_attention` (`linear/pallas.py`: the whole chunk kernel,
+every decay kind, in two kernels, forward and backward), and the delta family (`delta_rule`,
+`dplr_delta_rule`, `delta_product`) through `pallas_chunk_scan.py`: there the walk across chunks
+(the sequential part) is a Pallas kernel pair, while the UT transform, scores and decays of all
+chunks, and their pullback, stay batched XLA matmuls outside it. Moving the UT transform inside
+the kernel needs the unit-lower-triangular inverse there (`triangular.invert_unit_lower` doubles
+the block size with slices and concatenations of [C, C] blocks; inside a Mosaic kernel it would
+be forward substitution over 16-row blocks and the 2×2 block merges) and the families'
+hand-written pullbacks (`delta.py`, `dplr.py`) rewritten per chunk inside the backward kernel.
 """
 
 from __future__ import annotations

@@ -110,11 +110,6 @@ def _walk_kernel(*refs, names, keep):
         s_ref[...] = S
 
 
-def _grad_names(names):
-    """The terms whose cotangents the backward kernel writes (dO₀ is dO itself)."""
-    return [n for n in ("w", "x0", "q", "p", "e", "u0", "g") if n in names or n == "x0"]
-
-
 def _walk(s0_BHKD, terms, interpret, keep):
     flat = _flatten(terms)
     names = list(flat)
@@ -188,7 +183,8 @@ def _scan_bwd(forward, backward, interpret, residuals, cotangents):
         "u0": (K, Dv),
         "g": (X, 1),
     }
-    written = [n for n in _grad_names(names) if n != "u0" or has_u0]
+    # dX₀ whether or not the family has an X₀ (its pullback reads it as U's cotangent, say)
+    written = ["w", "x0", "q", "p", "e"] + ["u0"] * has_u0 + ["g"] * (g is not None)
     out_shape = [struct((N, R, *shapes[n]), jnp.float32) for n in written]
     out_specs = [_spec((None, None, *shapes[n]), True, N) for n in written]
     out_shape.append(struct((R, K, Dv), jnp.float32))
