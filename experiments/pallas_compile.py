@@ -82,6 +82,35 @@ def compile_one(topology, kernel, method, decay, T, mode, *, B=1, H=4, M=128, ch
     }
 
 
+def table(rows) -> str:
+    """Markdown: per kernel, T, program and decay kind, the Pallas and chunk figures side by side
+    (MiB of temporaries / peak; FLOPs in G and bytes accessed in MiB as counted)."""
+    MiB = 2**20
+    by = {
+        (r.get("kernel", "causal_linear_attention"), r["T"], r["mode"], r["decay"], r["method"]): r
+        for r in rows
+    }
+    lines = [
+        "| kernel | T | program | decay | temp MiB pallas / chunk | peak MiB pallas / chunk "
+        "| arguments MiB | FLOPs G pallas / chunk | bytes MiB pallas / chunk |",
+        "|---|---:|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for kernel, T, mode, decay, method in by:
+        if method != "pallas" or (kernel, T, mode, decay, "chunk") not in by:
+            continue
+        p, c = by[kernel, T, mode, decay, "pallas"], by[kernel, T, mode, decay, "chunk"]
+
+        def pair(key, unit, p=p, c=c):
+            return f"{p[key] / unit:.1f} / {c[key] / unit:.1f}"
+
+        lines.append(
+            f"| {kernel} | {T} | {mode} | {decay} | {pair('temp_bytes', MiB)} | "
+            f"{pair('peak_bytes', MiB)} | {p['argument_bytes'] / MiB:.1f} | "
+            f"{pair('flops', 1e9)} | {pair('bytes_accessed', MiB)} |"
+        )
+    return "\n".join(lines)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--topology", default="v5e:2x2", help="a libtpu topology, e.g. v6e:2x2")
@@ -89,8 +118,15 @@ def main():
     parser.add_argument("--modes", default="forward,train")
     parser.add_argument("--kernels", default="causal_linear_attention", help="and/or delta_rule")
     parser.add_argument("--decays", default=",".join(DECAYS))
-    parser.add_argument("--out", required=True, help="JSON file to write")
+    parser.add_argument("--out", help="JSON file to write")
+    parser.add_argument("--table", help="print the markdown table of this JSON file and stop")
     args = parser.parse_args()
+    if args.table:
+        with open(args.table) as f:
+            print(table(json.load(f)["rows"]))
+        return
+    if not args.out:
+        parser.error("--out is required (unless --table)")
     topology = topologies.get_topology_desc(topology_name=args.topology, platform="tpu")
     rows = []
     for kernel in args.kernels.split(","):
@@ -114,6 +150,7 @@ def main():
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
         f.write("\n")
+    print(table(rows))
 
 
 if __name__ == "__main__":
