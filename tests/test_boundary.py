@@ -126,7 +126,7 @@ def test_mixer_config_is_made_once_and_passed_to_the_layer():
 
 def test_mixer_messages_name_the_mixer():
     with pytest.raises(
-        ValueError, match="unknown method 'fft' for mixer 'kda'; allowed: chunk, scan$"
+        ValueError, match="unknown method 'fft' for mixer 'kda'; allowed: chunk, scan, pallas$"
     ):
         MIXERS["kda"].Config(method="fft")
     with pytest.raises(ValueError, match="window is not a field: mixer 'kda' does not use option"):
