@@ -299,6 +299,20 @@ def test_delta_rule_matches_float64_recurrence_and_chunk(decay, T, starts):
         assert rel_err(g, g_c) < 1e-4, (name, rel_err(g, g_c))
 
 
+def test_delta_rule_state_independent_part_by_groups(monkeypatch):
+    """Groups of one chunk (the `lax.map` over groups of the XLA part): the same numbers."""
+    from linear_attention.kernels.primitives import pallas_chunk_scan
+
+    monkeypatch.setattr(pallas_chunk_scan, "TOKENS_PER_GROUP", 16)
+    args = _delta_inputs(33, "per_key", seed=3)  # 3 chunks of 16: 3 groups
+    seg = _segments(33, (20,))
+    with K.pallas_interpret():
+        (o, s), grads = _delta_outputs_and_grads(*args, seg, method="pallas")
+    (o_c, s_c), grads_c = _delta_outputs_and_grads(*args, seg, method="chunk")
+    for x, x_c in zip((o, s, *grads), (o_c, s_c, *grads_c), strict=True):
+        assert rel_err(x, x_c) < 1e-4
+
+
 # ---- DPLR (RWKV-7) and DeltaProduct: the same walk ----
 
 

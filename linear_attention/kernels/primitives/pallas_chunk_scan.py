@@ -14,7 +14,7 @@ VMEM:
   dU₀, dg), which the family's pullback maps to its inputs in XLA (batched over all chunks).
 
 So the Mosaic kernels cover the walk (the part a `lax.scan` serialises); the UT transform and
-its pullback stay batched XLA matmuls outside them.
+its pullback stay batched XLA matmuls outside them, over groups of TOKENS_PER_GROUP tokens.
 """
 
 from __future__ import annotations
@@ -36,6 +36,11 @@ from linear_attention.kernels.primitives.pallas import (
 )
 
 _TERMS = ("w", "x0", "q", "p", "o0", "e", "u0", "g")
+# Tokens per group of chunks whose state-independent part (the family's `forward`, `backward`
+# and pullback) XLA computes at once: a `lax.map` over the groups keeps one group's
+# intermediates alive (all chunks at once held 5× the chunk form's temporaries at T = 4096,
+# v5e compiler figures, BENCHMARKS.md).
+TOKENS_PER_GROUP = 256
 
 
 def pallas_affine_chunk_scan(s0_BHKD, xs, forward, backward):
@@ -44,6 +49,23 @@ def pallas_affine_chunk_scan(s0_BHKD, xs, forward, backward):
     `[N, B, H, C, ...]`). Returns `(O [N, B, H, C, Dv], S_final)`."""
     interpret = check_pallas_backend('method="pallas"')
     return _scan(forward, backward, interpret, s0_BHKD, tuple(xs))
+
+
+def _group_size(N, C):
+    """The largest divisor of N that keeps a group within TOKENS_PER_GROUP tokens."""
+    most = max(1, TOKENS_PER_GROUP // C)
+    return max(g for g in range(1, min(N, most) + 1) if N % g == 0)
+
+
+def _by_groups(fn, *trees):
+    """`fn` on groups of chunks in turn (`lax.map`), each tree's arrays `[N, ...]` split into
+    `[N / G, G, ...]` and the results joined back to `[N, ...]`."""
+    leaves = [x for x in jax.tree.leaves(trees) if x is not None]
+    N, C = leaves[0].shape[0], leaves[0].shape[3]
+    G = _group_size(N, C)
+    split = jax.tree.map(lambda x: x.reshape(N // G, G, *x.shape[1:]), trees)
+    out = jax.lax.map(lambda t: fn(*t), split)
+    return jax.tree.map(lambda x: x.reshape(N, *x.shape[2:]), out)
 
 
 def _rows(x):
@@ -146,13 +168,13 @@ def _walk(s0_BHKD, terms, interpret, keep):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
 def _scan(forward, backward, interpret, s0_BHKD, xs):
-    terms, _ = forward(*xs)
+    terms = _by_groups(lambda xs: forward(*xs)[0], xs)
     o, s, _ = _walk(s0_BHKD, terms, interpret, keep=False)
     return o, s
 
 
 def _scan_fwd(forward, backward, interpret, s0_BHKD, xs):
-    terms, res = forward(*xs)
+    terms, res = _by_groups(lambda xs: forward(*xs), xs)
     o, s, entering = _walk(s0_BHKD, terms, interpret, keep=True)
     # Residuals: the inputs, the family's per-chunk residuals, the state entering each chunk.
     return (o, s), (xs, res, entering, s0_BHKD.shape)
@@ -161,7 +183,7 @@ def _scan_fwd(forward, backward, interpret, s0_BHKD, xs):
 def _scan_bwd(forward, backward, interpret, residuals, cotangents):
     xs, res, entering, (B, H, K, Dv) = residuals
     do_NBHCD, ds_BHKD = cotangents
-    (w, x0, q, p, e, g), pullback = backward(xs, res)
+    w, x0, q, p, e, g = _by_groups(lambda xs, res: backward(xs, res)[0], xs, res)
     has_u0 = _has_u0(forward, xs)
     terms = (w, x0, q, p, None, e, None, g)
     flat = _flatten(terms)
@@ -225,7 +247,11 @@ def _scan_bwd(forward, backward, interpret, residuals, cotangents):
         back("u0", (K, Dv)),
         dg,
     )
-    dxs = pullback(*d_terms)
+
+    def pull(xs, res, d_terms):
+        return tuple(backward(xs, res)[1](*d_terms))
+
+    dxs = _by_groups(pull, xs, res, d_terms)
     return outs[-1].reshape(B, H, K, Dv), tuple(dxs)
 
 
