@@ -195,7 +195,9 @@ def test_experiment_config_checks_types_and_sections():
     config = load_config("mqar", "smoke")
     bad = config.to_dict()
     bad["train"]["num_steps"] = "10"
-    with pytest.raises(ValueError, match="config.train.num_steps must be an integer >= 1, got '10'"):
+    with pytest.raises(
+        ValueError, match="config.train.num_steps must be an integer >= 1, got '10'"
+    ):
         experiment_config(bad)
     bad = config.to_dict()
     bad["extra"] = {}

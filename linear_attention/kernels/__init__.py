@@ -9,6 +9,12 @@ from linear_attention.kernels.delta.checks import METHODS as DELTA_METHODS
 from linear_attention.kernels.delta.delta import delta_rule, delta_rule_step
 from linear_attention.kernels.delta.delta_product import delta_product, delta_product_step
 from linear_attention.kernels.delta.dplr import dplr_delta_rule, dplr_delta_rule_step
+from linear_attention.kernels.forgetting.forgetting import (
+    ForgettingCache,
+    cached_forgetting_attention,
+    forgetting_attention,
+    forgetting_attention_step,
+)
 from linear_attention.kernels.linear.linear import (
     METHODS,
     PALLAS_METHODS,
@@ -27,10 +33,12 @@ from linear_attention.kernels.state import LinearAttentionState
 
 __all__ = [
     "DELTA_METHODS",
+    "ForgettingCache",
     "METHODS",
     "PALLAS_METHODS",
     "LinearAttentionState",
     "blockwise_softmax_attention",
+    "cached_forgetting_attention",
     "cached_softmax_attention",
     "causal_linear_attention",
     "delta_product",
@@ -40,6 +48,8 @@ __all__ = [
     "dplr_delta_rule",
     "dplr_delta_rule_step",
     "feature_maps",
+    "forgetting_attention",
+    "forgetting_attention_step",
     "linear_attention",
     "pallas_interpret",
     "recurrent_step",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from linear_attention.layers.base import Mixer
 from linear_attention.layers.delta import DeltaNetMixer, GatedDeltaNetMixer
 from linear_attention.layers.delta_product import GatedDeltaProductMixer
+from linear_attention.layers.fox import FoxMixer
 from linear_attention.layers.kda import KDAMixer
 from linear_attention.layers.linear import (
     FavorMixer,
@@ -36,6 +37,7 @@ MIXERS: dict[str, type[Mixer]] = {
         KDAMixer,
         GatedDeltaProductMixer,
         RWKV7Mixer,
+        FoxMixer,
     )
 }
 

@@ -24,6 +24,7 @@ from linear_attention.fields import (
     spec_field,
     unknown_field,
 )
+from linear_attention.layers import get_mixer
 from linear_attention.models.config import ModelConfig
 from linear_attention.training.data_kinds import (
     DATA_CONFIGS,
@@ -324,6 +325,13 @@ def _check_sections(model, data, optimizer, train, mesh) -> None:
                 f"= {train.sample_tokens} plus the prompt's {total - train.sample_tokens} bytes "
                 f"exceeds config.model.max_length = {model.max_length}",
             )
+    unsplit = [m for m in dict.fromkeys(model.layer_mixers) if not get_mixer(m).SEQUENCE_PARALLEL]
+    if mesh.seq > 1 and unsplit:
+        fail(
+            "mesh.seq",
+            f"= {mesh.seq} splits the time axis, which mixer(s) {', '.join(unsplit)} cannot take "
+            "(no sequence-parallel form); use mesh.seq = 1",
+        )
     if optimizer.warmup_steps > train.num_steps:
         broken(
             "optimizer.warmup_steps",

@@ -169,3 +169,28 @@ def delta_product_loop(q, k, v, beta, log_decay=None, s0=None, segment_ids=None)
             S = S + kt[..., :, None] * (bt * (v[:, t, :, j] - read))[..., None, :]
         o[:, t] = np.einsum("bhk,bhkd->bhd", q[:, t], S)
     return o, S
+
+
+def forgetting_attention_loop(q, k, v, log_forget=None, scale=None, segment_ids=None):
+    """Forgetting attention (FoX) token by token in float64: query t attends to keys s ≤ t of its
+    document with logit scale·q_t·k_s + Σ_{s<l≤t} log f_l (−inf past a reset)."""
+    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+    B, T, H, D = q.shape
+    scale = 1.0 / np.sqrt(D) if scale is None else scale
+    a = np.zeros((B, T, H)) if log_forget is None else np.asarray(log_forget, np.float64)
+    a = np.broadcast_to(a, (B, T, H))
+    o = np.zeros((B, T, H, v.shape[-1]))
+    for b in range(B):
+        for h in range(H):
+            for t in range(T):
+                logits, bias = [], 0.0
+                for s in range(t, -1, -1):  # walk back from t, adding the gates passed
+                    if s < t:
+                        bias += a[b, s + 1, h]
+                        if segment_ids is not None and _new_doc(segment_ids, s + 1)[b]:
+                            bias = -np.inf
+                    logits.append(scale * q[b, t, h] @ k[b, s, h] + bias)
+                logits = np.asarray(logits[::-1])
+                p = np.exp(logits - np.max(logits))
+                o[b, t, h] = (p / p.sum()) @ v[b, : t + 1, h]
+    return o

@@ -89,12 +89,15 @@ def mixer_reference(
     causal = np.tril(np.ones((t, t), bool))
     log_decay_BTH = np.zeros((b, t, h))
     normalize = True
-    if name in ("softmax", "swa"):  # swa: the last `window` keys only
+    if name in ("softmax", "swa", "fox"):  # swa: the last `window` keys only
         lag = np.arange(t)[:, None] - np.arange(t)[None, :]
-        seen = causal if name == "softmax" else causal & (lag < mixer.window)
+        seen = causal & (lag < mixer.window) if name == "swa" else causal
         logits = np.where(seen, s_BHTS / np.sqrt(dk), -np.inf)
         weights = np.exp(logits - logits.max(-1, keepdims=True))
         eps = 0.0
+        if name == "fox":  # the forget gate multiplies weight s of row t by Π_{s<l≤t} f_l
+            gate = p["forget_gate"]
+            log_decay_BTH = -np.logaddexp(0.0, -(x @ gate["kernel"] + gate["bias"]))
     elif name == "linear":  # elu_plus_one (the default)
         c = feature_scale
         weights = np.einsum("bthm,bshm->bhts", elu_plus_one(c * q), elu_plus_one(c * k))

@@ -55,6 +55,9 @@ CASES = {
     # one step per token keeps the kernels' n axis (the parity grid's n = 1 point crashed)
     "gated_deltaproduct_1": dict(num_householder=1, allow_neg_eigval=True, chunk_size=4),
     "rwkv7": dict(chunk_size=5),  # token shift, GroupNorm, bonus and low-rank gate on
+    # forgetting attention: the blockwise kernel, and the reference form with the Pro parts
+    "fox": dict(conv=True),
+    "fox_quadratic": dict(method="quadratic", rope=True, out_norm=True, out_gate=True),
 }
 DELTA = ("deltanet", "gated_deltanet", "kda", "gated_deltaproduct")
 
@@ -298,6 +301,7 @@ def test_registry_lists_every_family():
         *("softmax", "linear", "favor", "taylor", "hedgehog", "retnet", "gated", "gla", "swa"),
         *DELTA,
         "rwkv7",
+        "fox",
     }
     # every option is declared once, with the same type wherever two mixers share it
     types = {}

@@ -1,0 +1,1 @@
+"""Forgetting attention (FoX): softmax attention with a cumulative log forget gate."""
