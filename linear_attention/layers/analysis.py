@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from linear_attention.layers.delta import DeltaNetMixer
+from linear_attention.layers.fox import FoxMixer
 from linear_attention.layers.linear import LinearMixer
 from linear_attention.layers.softmax import SoftmaxMixer
 
@@ -22,7 +23,8 @@ class AttentionInputs(NamedTuple):
 
         o_t = Σ_{s ≤ t} w(q_t·k_s) · exp(Σ_{r=s+1..t} log_decay_r) v_s   (then normalised)
 
-    with w = exp and a softmax over s for softmax (q already scaled by Dk^-½), w = identity for
+    with w = exp and a softmax over s for softmax and forgetting attention (q already scaled by
+    Dk^-½; fox's log decay is its forget gate), w = identity for
     linear mixers (q, k are the features φ(q), φ(k); normalised by the same sum with w(q·k) = q·k
     when the mixer divides by φ(q)ᵀz). q, k `[B, T, H, M]`, v `[B, T, H, Dv]` in the compute
     dtype; `log_decay` float32 `[B, T, H]`, `[B, T, H, M]` (per key dimension), or None."""
@@ -36,18 +38,20 @@ class AttentionInputs(NamedTuple):
 def attention_inputs(mixer, x_BTD: jax.Array) -> AttentionInputs:
     """The featurised queries and keys, values and log decay `mixer` attends with on
     `x[B, T, D]` (a whole sequence from an empty state; projection, conv and rotary as in its
-    `__call__`). Softmax and the linear-attention family only: the delta rule's output and a
-    sliding window's are not the causal weighted sum of `AttentionInputs` (ValueError)."""
-    if not isinstance(mixer, SoftmaxMixer | LinearMixer):
+    `__call__`). Softmax, forgetting attention and the linear-attention family only: the delta
+    rule's output and a sliding window's are not the causal weighted sum of `AttentionInputs`
+    (ValueError)."""
+    if not isinstance(mixer, SoftmaxMixer | FoxMixer | LinearMixer):
         raise ValueError(
-            f"mixer {mixer.NAME!r} has no attention_inputs: only softmax and the linear-attention "
-            "family are a causal weighted sum of (q·k) v over past tokens"
+            f"mixer {mixer.NAME!r} has no attention_inputs: only softmax, fox and the "
+            "linear-attention family are a causal weighted sum of (q·k) v over past tokens"
         )
     mixer.check_input(x_BTD, 3, "[B, T, D]")
     q_BTHK, k_BTHK, v_BTHD, _ = mixer.inputs(x_BTD, None, 0)
-    if isinstance(mixer, SoftmaxMixer):
+    if isinstance(mixer, SoftmaxMixer | FoxMixer):
         q_BTHK = q_BTHK * jnp.asarray(mixer.qk_dim**-0.5, q_BTHK.dtype)  # logits = q·k
-        return AttentionInputs(q_BTHK, k_BTHK, v_BTHD, None)
+        log_forget = mixer.log_forget(x_BTD) if isinstance(mixer, FoxMixer) else None
+        return AttentionInputs(q_BTHK, k_BTHK, v_BTHD, log_forget)
     phi_q_BTHM, phi_k_BTHM = mixer.featurize(q_BTHK, k_BTHK)
     log_decay = mixer.decay(x_BTD) if mixer.decay is not None else None
     if log_decay is not None:  # [H] (fixed) or [B, T, H] -> [B, T, H]; [B, T, H, M] as is

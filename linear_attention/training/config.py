@@ -327,7 +327,7 @@ def _check_sections(model, data, optimizer, train, mesh) -> None:
             )
     unsplit = [m for m in dict.fromkeys(model.layer_mixers) if not get_mixer(m).SEQUENCE_PARALLEL]
     if mesh.seq > 1 and unsplit:
-        fail(
+        broken(
             "mesh.seq",
             f"= {mesh.seq} splits the time axis, which mixer(s) {', '.join(unsplit)} cannot take "
             "(no sequence-parallel form); use mesh.seq = 1",

@@ -94,3 +94,14 @@ def test_bfloat16_inputs_and_bad_input():
         K.forgetting_attention(q, k, v, jnp.abs(a))
     with pytest.raises(ValueError, match="no sequence-parallel form"):
         K.forgetting_attention(q, k, v, a, axis_name="seq")
+
+
+def test_a_time_split_over_fox_is_refused_by_the_config():
+    from linear_attention.training import experiment_config
+    from tests.training.conftest import load_config
+
+    config = load_config("mqar", "smoke")
+    config.model.mixer = "fox"
+    config.mesh.num_devices, config.mesh.seq = 2, 2
+    with pytest.raises(ValueError, match=r"config.mesh.seq = 2 splits the time axis.*fox"):
+        experiment_config(config)

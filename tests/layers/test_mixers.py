@@ -317,8 +317,11 @@ def _attend64(inputs, *, softmax: bool, normalize: bool, eps: float) -> np.ndarr
     t = q.shape[1]
     causal = np.tril(np.ones((t, t), bool))
     s_BHTS = np.einsum("bthm,bshm->bhts", q, k)
-    if softmax:
+    if softmax:  # (with a decay: forgetting attention, exp(q·k + Σ log decay))
         logits = np.where(causal, s_BHTS, -np.inf)
+        if inputs.log_decay is not None:
+            c = np.cumsum(np.asarray(inputs.log_decay, np.float64), axis=1).transpose(0, 2, 1)
+            logits = logits + np.where(causal, c[..., :, None] - c[..., None, :], 0.0)
         w = np.exp(logits - logits.max(-1, keepdims=True))
         return np.einsum("bhts,bshd->bthd", w / w.sum(-1, keepdims=True), v)
     if inputs.log_decay is not None:
@@ -350,14 +353,15 @@ def test_attention_inputs_reproduce_the_mixer(case):
     a = attention_inputs(mixer, x)
     m = a.q.shape[-1]
     assert a.q.shape == a.k.shape == (B, T, H, m) and a.v.shape == (B, T, H, mixer.head_dim)
-    assert (a.log_decay is not None) == (name in ("retnet", "gated", "gla"))
+    assert (a.log_decay is not None) == (name in ("retnet", "gated", "gla", "fox"))
     if a.log_decay is not None:
         shape = (B, T, H, m) if name == "gla" else (B, T, H)  # gla: a decay per key dimension
         assert a.log_decay.shape == shape and a.log_decay.dtype == jnp.float32
         assert bool(jnp.all(a.log_decay <= 0))
-    normalize = name == "softmax" or mixer.NORMALIZE
-    eps = 0.0 if name == "softmax" else mixer.eps
-    o = _attend64(a, softmax=name == "softmax", normalize=normalize, eps=eps)
+    softmax = name in ("softmax", "fox")
+    normalize = softmax or mixer.NORMALIZE
+    eps = 0.0 if softmax else mixer.eps
+    o = _attend64(a, softmax=softmax, normalize=normalize, eps=eps)
     # linear + taylor2 is the taylor formula on unprojected heads (rope on as well)
     ref = mixer_reference("taylor" if case == "linear_taylor2" else name, mixer, x)
     np.testing.assert_allclose(output_reference(mixer, x, o), ref, rtol=2e-4, atol=2e-5)
