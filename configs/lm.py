@@ -80,6 +80,7 @@ compiles it again, on any machine with libtpu). On another slice, add
       With no remat, no accumulation and replicated state (as first shipped) the step needs
       313.81 GiB per chip there; on ``tpu:v5e:4x4``, ``--fit`` finds remat=block alone
       (15.30 GiB, replicated state). A single chip (``1x1``) was not compiled.
+  ``kda_400m``: ``tpu:v5e:2x2`` with remat=block, grad_accum_steps=4, fsdp=True: 14.14 GiB.
   The other paper presets name no slice yet: their compiles were not run.
 
 Documents are packed (``data.pack``): each file is a document, and states, conv and attention
@@ -128,6 +129,7 @@ PAPER_SIZES = {
     "kda_400m": dict(
         mixer="kda", d_model=1024, num_layers=24, num_heads=8, head_dim=128,
         tokens=15e9, tie=False, **_GDN_OPT,
+        tpu=dict(target="tpu:v5e:2x2", remat="block", grad_accum_steps=4, fsdp=True),
     ),
     "kda_1.3b": dict(
         mixer="kda", d_model=2048, num_layers=24, num_heads=16, head_dim=128,
