@@ -1,0 +1,103 @@
+"""Peer check: this library's kernels against flash-linear-attention's pure-PyTorch references.
+
+    python experiments/peer_check.py --fla /path/to/flash-linear-attention [--out FILE.json]
+
+`--fla` is a local checkout of flash-linear-attention (nothing is downloaded); each family's
+`fla/ops/<family>/naive.py` is loaded by path, so triton is not needed, only `torch` and
+`einops`. For each family it draws random inputs (float32, several shapes), runs FLA's naive
+form and this library's kernel, and reports the largest relative error
+max |ours − theirs| / max |theirs|. It runs outside the default test run (torch is not a
+dependency); BENCHMARKS.md records its figures.
+
+Families checked: forgetting attention (`naive_forgetting_attn` against
+`kernels.forgetting_attention`, both methods).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from linear_attention import kernels as K
+from linear_attention.benchmarks import machine_info
+
+SHAPES = ((1, 64, 2, 16, 16), (2, 100, 4, 32, 32), (1, 300, 2, 64, 64))  # B, T, H, D, Dv
+
+
+def load_naive(fla_root: Path, family: str):
+    """FLA's `fla/ops/<family>/naive.py` as a module, loaded by path."""
+    path = fla_root / "fla" / "ops" / family / "naive.py"
+    if not path.is_file():
+        raise SystemExit(f"peer_check.py: error: {path} not found (is --fla a checkout?)")
+    spec = importlib.util.spec_from_file_location(f"fla_naive_{family}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def rel_err(ours, theirs) -> float:
+    ours, theirs = np.asarray(ours, np.float64), np.asarray(theirs, np.float64)
+    return float(np.max(np.abs(ours - theirs)) / max(np.max(np.abs(theirs)), 1e-12))
+
+
+def forgetting(fla_root: Path) -> dict:
+    import torch
+
+    naive = load_naive(fla_root, "forgetting_attn").naive_forgetting_attn
+    rng = np.random.default_rng(0)
+    errors = {"blockwise": [], "quadratic": []}
+    for b, t, h, d, dv in SHAPES:
+        q, k = (rng.standard_normal((b, t, h, d), np.float32) for _ in range(2))
+        v = rng.standard_normal((b, t, h, dv), np.float32)
+        g = np.log(1.0 / (1.0 + np.exp(-rng.standard_normal((b, t, h)) - 2.0))).astype(np.float32)
+        theirs = naive(*(torch.from_numpy(x) for x in (q, k, v, g))).numpy()
+        for method in errors:
+            ours = K.forgetting_attention(q, k, v, g, method=method, block_size=64)
+            errors[method].append(rel_err(ours, theirs))
+    return {
+        "reference": "fla/ops/forgetting_attn/naive.py: naive_forgetting_attn",
+        "ours": "kernels.forgetting_attention",
+        "shapes_BTHDDv": SHAPES,
+        "max_rel_err": {m: max(e) for m, e in errors.items()},
+        "rel_err_per_shape": errors,
+    }
+
+
+CHECKS = {"forgetting_attn": forgetting}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="peer_check.py", description=__doc__.split("\n")[0])
+    parser.add_argument("--fla", required=True, type=Path, help="local flash-linear-attention")
+    parser.add_argument("--out", type=Path, help="write the figures as JSON here")
+    parser.add_argument("--fla_commit", default="", help="the checkout's commit, for the record")
+    args = parser.parse_args(argv)
+    try:
+        import einops  # noqa: F401
+        import torch  # noqa: F401
+    except ImportError as e:
+        parser.error(f"needs torch and einops ({e}); pip install torch==2.13.0 einops")
+    jax.config.update("jax_default_matmul_precision", "highest")
+    results = {name: check(args.fla) for name, check in CHECKS.items()}
+    record = {
+        "fla_commit": args.fla_commit,
+        "machine": machine_info(),
+        "jax": jax.__version__,
+        "torch": sys.modules["torch"].__version__,
+        "families": results,
+    }
+    if args.out:
+        args.out.write_text(json.dumps(record, indent=1) + "\n")
+    for name, r in results.items():
+        print(f"{name}: max relative error {r['max_rel_err']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
