@@ -30,6 +30,7 @@ from linear_attention.layers.linear import (
     RetNetMixer,
     TaylorMixer,
 )
+from linear_attention.layers.lstm import LSTMMixer, LSTMState
 from linear_attention.layers.mlp import SwiGLU
 from linear_attention.layers.norm import LayerNorm, RMSNorm
 from linear_attention.layers.options import COMMON_OPTIONS, MixerConfig, Option
@@ -90,6 +91,8 @@ __all__ = [
     "KDAMixer",
     "GatedDeltaProductMixer",
     "RWKV7Mixer",
+    "LSTMMixer",
+    "LSTMState",
     "GLAMixer",
     "SlidingWindowMixer",
 ]

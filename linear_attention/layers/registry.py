@@ -16,6 +16,7 @@ from linear_attention.layers.linear import (
     RetNetMixer,
     TaylorMixer,
 )
+from linear_attention.layers.lstm import LSTMMixer
 from linear_attention.layers.rwkv7 import RWKV7Mixer
 from linear_attention.layers.sliding_window import SlidingWindowMixer
 from linear_attention.layers.softmax import SoftmaxMixer
@@ -38,6 +39,7 @@ MIXERS: dict[str, type[Mixer]] = {
         GatedDeltaProductMixer,
         RWKV7Mixer,
         FoxMixer,
+        LSTMMixer,
     )
 }
 

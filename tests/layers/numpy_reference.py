@@ -66,6 +66,8 @@ def mixer_reference(
     the `linear` mixer's c in φ(c·q)·φ(c·k))."""
     if name == "rwkv7":
         return rwkv7_reference(mixer, x_BTD)
+    if name == "lstm":
+        return lstm_reference(mixer, x_BTD)
     p = params64(mixer)
     x = np.asarray(x_BTD, np.float64)
     b, t, _ = x.shape
@@ -265,3 +267,34 @@ def rwkv7_reference(mixer, x_BTD) -> np.ndarray:
     if "gate_proj" in out:
         o = o * (sigmoid(x_g @ out["gate_proj"]["kernel"]) @ out["gate_up"]["kernel"])
     return o @ out["out_proj"]["kernel"]
+
+
+def lstm_loop(mixer, x_BTD, h0=None, c0=None):
+    """The LSTM token by token in float64, one cell per head in PyTorch's gate order (i, f,
+    g, o): z = x W + b + h_{t−1} R_head, c = σ(f) c + σ(i) tanh(g), h = σ(o) tanh(c).
+    `h0`, `c0` `[B, H, Dh]`: the state before the first token (zeros if None). Returns
+    `(h [B, T, H, Dh] per token, final h, final c)`."""
+    p = params64(mixer)
+    x = np.asarray(x_BTD, np.float64)
+    b, t, _ = x.shape
+    h, d = mixer.num_heads, mixer.head_dim
+    sigmoid = lambda z: 1.0 / (1.0 + np.exp(-z))  # noqa: E731
+    proj = p["inputs"]["proj"]
+    z_in = (x @ proj["kernel"] + proj["bias"]).reshape(b, t, h, 4, d)
+    r = p["recurrent"]  # [H, Dh, 4·Dh]
+    hid = np.zeros((b, h, d)) if h0 is None else np.array(h0, np.float64)
+    cell = np.zeros((b, h, d)) if c0 is None else np.array(c0, np.float64)
+    out = np.zeros((b, t, h, d))
+    for i in range(t):
+        for j in range(h):
+            z = z_in[:, i, j] + (hid[:, j] @ r[j]).reshape(b, 4, d)
+            gate_i, gate_f, gate_o = sigmoid(z[:, 0]), sigmoid(z[:, 1]), sigmoid(z[:, 3])
+            cell[:, j] = gate_f * cell[:, j] + gate_i * np.tanh(z[:, 2])
+            hid[:, j] = gate_o * np.tanh(cell[:, j])
+        out[:, i] = hid
+    return out, hid, cell
+
+
+def lstm_reference(mixer, x_BTD, h0=None, c0=None) -> np.ndarray:
+    """The lstm mixer's output in float64: `lstm_loop`, then the output layers."""
+    return output_reference(mixer, x_BTD, lstm_loop(mixer, x_BTD, h0, c0)[0])

@@ -58,6 +58,9 @@ CASES = {
     # forgetting attention: the blockwise kernel, and the reference form with the Pro parts
     "fox": dict(conv=True),
     "fox_quadratic": dict(method="quadratic", rope=True, out_norm=True, out_gate=True),
+    # the sequential positive control: one cell per head; and with the output norm and gate
+    "lstm": dict(),
+    "lstm_gated": dict(out_norm=True, out_gate=True),
 }
 DELTA = ("deltanet", "gated_deltanet", "kda", "gated_deltaproduct")
 
@@ -273,6 +276,9 @@ BAD_OPTIONS = [
     (dict(name="rwkv7", method="quadratic"), "unknown method 'quadratic' for mixer 'rwkv7'"),
     (dict(name="rwkv7", allow_neg_eigval=True), "does not use option allow_neg_eigval"),
     (dict(name="rwkv7", chunk_size=0), "chunk_size must be an integer >= 1, got 0"),
+    (dict(name="lstm", conv=True), "mixer 'lstm' does not use option conv=True"),
+    (dict(name="lstm", rope=True), "mixer 'lstm' does not use option rope=True"),
+    (dict(name="lstm", method="scan"), "mixer 'lstm' does not use option method"),
 ]
 
 
@@ -302,6 +308,7 @@ def test_registry_lists_every_family():
         *DELTA,
         "rwkv7",
         "fox",
+        "lstm",
     }
     # every option is declared once, with the same type wherever two mixers share it
     types = {}
@@ -346,7 +353,7 @@ def test_attention_inputs_reproduce_the_mixer(case):
     and passed through the output layers, give the float64 reference output of the mixer."""
     name = mixer_name(case)
     mixer, x = make(case), inputs()
-    if name in (*DELTA, "swa", "rwkv7"):  # not the causal weighted sum of AttentionInputs
+    if name in (*DELTA, "swa", "rwkv7", "lstm"):  # not the causal weighted sum of AttentionInputs
         with pytest.raises(ValueError, match="has no attention_inputs"):
             attention_inputs(mixer, x)
         return

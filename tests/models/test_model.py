@@ -16,7 +16,7 @@ V, B, T, SPLIT = 32, 2, 12, 5
 ALL_MIXERS = ("linear", "favor", "taylor", "hedgehog", "retnet", "gated", "gla", "softmax")
 # (a layer after gated_deltanet: its chunk gradient must not leak across a reset, even rounding)
 ALL_MIXERS += ("deltanet", "gated_deltanet", "swa", "kda", "gated_deltaproduct")
-ALL_MIXERS += ("rwkv7", "fox")  # (rwkv7's own model: it refuses the conv the others are given)
+ALL_MIXERS += ("rwkv7", "fox", "lstm")  # (their own model: rwkv7 and lstm refuse the conv)
 
 
 def make(seed: int = 0, **fields):

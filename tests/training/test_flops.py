@@ -9,7 +9,7 @@ import jax
 import pytest
 from flax import nnx
 
-from linear_attention.layers.registry import MIXERS
+from linear_attention.layers.registry import MIXERS, get_mixer
 from linear_attention.training import cli, experiment_config
 from linear_attention.training.flops import flops_per_token, mixing_flops
 from linear_attention.training.sizing import abstract_model
@@ -24,7 +24,7 @@ def _config(mixer: str):
     """The smoke preset with one layer of ``mixer``."""
     config = load_config("mqar", "smoke")
     config.model.mixer, config.model.num_layers = mixer, 1
-    if mixer == "rwkv7":  # its local context is the token shift: it refuses the conv
+    if "conv" in get_mixer(mixer).NOT_TAKEN:  # rwkv7 (token shift), lstm: refuse the conv
         config.model.conv = False
     return config
 
