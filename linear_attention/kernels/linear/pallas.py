@@ -23,8 +23,11 @@ The gradient is a `jax.custom_vjp`. The forward kernel keeps the state entering 
 to first carrying the state cotangent (dS, dz), recomputes each chunk's scores and normaliser,
 and writes dq, dk, dv and dL/dB_t = q_t·dq_t − k_t·dk_t (per channel for "key"), from which the
 log decays' cotangent is the suffix sum to the next reset (`decays.suffix_sum_to_reset`), as in
-`chunked.py`. Inputs stay in their dtype in HBM (bfloat16 is read as bfloat16); every product is
-float32 on the MXU, states and sums are float32.
+`chunked.py`. b and n are taken inside the kernels from the log decay itself, by matmuls with a
+triangle. Inputs stay in their dtype in HBM (bfloat16 is read as bfloat16); every product is a
+float32 matmul at `Precision.HIGHEST` (several bfloat16 passes on the MXU: exact to float32, not
+the fastest; bfloat16 operands for the raw q·kᵀ products are not tried), states and sums are
+float32.
 """
 
 from __future__ import annotations
