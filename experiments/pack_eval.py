@@ -36,7 +36,7 @@ from linear_attention.data.protocol import DataSource
 from linear_attention.data.tokenizers import label_bytes
 from linear_attention.training import experiment_config, make_optimizer, trainer
 from linear_attention.training.checkpoint import Checkpoints
-from linear_attention.training.cli import config_from_json
+from linear_attention.training.cli_args import config_from_json
 from linear_attention.training.mesh import make_mesh
 
 

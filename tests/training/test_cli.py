@@ -16,7 +16,16 @@ import pytest
 
 from linear_attention.data import IGNORE_INDEX
 from linear_attention.models import generate
-from linear_attention.training import build_data, cli, experiment_config, load_run, train
+from linear_attention.training import (
+    build_data,
+    cli,
+    cli_args,
+    eval_cli,
+    experiment_config,
+    generate_cli,
+    load_run,
+    train,
+)
 from linear_attention.training import trainer as trainer_module
 from linear_attention.training.metrics import Reporter, read_jsonl
 from tests.scripts import DEADLINE_S, wait_until
@@ -167,7 +176,7 @@ def test_a_second_sigint_stops_at_once_without_a_traceback(tmp_path, monkeypatch
     ],
 )
 def test_config_spec_split(spec, path, preset):
-    assert cli._split_spec(spec) == (path, preset)
+    assert cli_args.split_spec(spec) == (path, preset)
 
 
 @pytest.fixture(scope="module")
@@ -213,7 +222,7 @@ def test_load_run_restores_the_final_parameters(text_run):
 def test_la_eval_reports_summary_metrics_and_accepts_data_overrides(text_run, capsys):
     workdir, _ = text_run
     before = _summary(workdir)
-    assert cli.eval_main(["la-eval", f"--workdir={workdir}"]) == 0
+    assert eval_cli.eval_main(["la-eval", f"--workdir={workdir}"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("step 4: eval/accuracy ")
     with open(os.path.join(workdir, "eval_step4.json")) as f:
@@ -223,7 +232,7 @@ def test_la_eval_reports_summary_metrics_and_accepts_data_overrides(text_run, ca
     assert record["overrides"] == {} and record["step"] == 4
     # Other data: shorter windows, fewer of them; the output file names the overrides.
     argv = ["la-eval", f"--workdir={workdir}", "--config.data.seq_len=16", "--step=2"]
-    assert cli.eval_main([*argv, "--config.data.num_val_windows=5"]) == 0
+    assert eval_cli.eval_main([*argv, "--config.data.num_val_windows=5"]) == 0
     path = capsys.readouterr().out.split("written to ")[1].strip()
     with open(path) as f:
         short = json.load(f)
@@ -257,14 +266,16 @@ def test_la_eval_of_a_state_tracking_run_at_other_lengths(tmp_path, capsys):
     config.train.num_steps = 2
     train(config, workdir, reporter=Reporter(2, stream=io.StringIO()))
     before = _summary(workdir)
-    assert cli.eval_main(["la-eval", f"--workdir={workdir}", f"--output={tmp_path}/a.json"]) == 0
+    assert (
+        eval_cli.eval_main(["la-eval", f"--workdir={workdir}", f"--output={tmp_path}/a.json"]) == 0
+    )
     with open(tmp_path / "a.json") as f:
         same = json.load(f)
     for length in config.data.eval_lengths:
         key = f"eval/length_{length}/accuracy"
         assert same[key] == pytest.approx(before[key], abs=1e-6)
     argv = ["la-eval", f"--workdir={workdir}", "--config.data.eval_lengths=(4,6)"]
-    assert cli.eval_main([*argv, f"--output={tmp_path}/b.json"]) == 0, capsys.readouterr().err
+    assert eval_cli.eval_main([*argv, f"--output={tmp_path}/b.json"]) == 0, capsys.readouterr().err
     with open(tmp_path / "b.json") as f:
         other = json.load(f)
     per_length = sorted(k for k in other if k.startswith("eval/length_"))
@@ -288,7 +299,7 @@ def test_la_eval_errors(text_run, capsys):
         ),
         ([f"--workdir={workdir}/nope"], "holds no run"),
     ):
-        assert cli.eval_main(["la-eval", *argv]) == 2
+        assert eval_cli.eval_main(["la-eval", *argv]) == 2
         err = capsys.readouterr().err
         assert err.startswith("la-eval: error: ") and message in err, err
 
@@ -296,7 +307,7 @@ def test_la_eval_errors(text_run, capsys):
 def test_la_generate_streams_the_sample_of_generate(text_run, capsys):
     workdir, _ = text_run
     argv = ["la-generate", f"--workdir={workdir}", "--prompt=def f(", "--num_tokens=12"]
-    assert cli.generate_main([*argv, "--temperature=0.7", "--top_k=20", "--seed=3"]) == 0
+    assert generate_cli.generate_main([*argv, "--temperature=0.7", "--top_k=20", "--seed=3"]) == 0
     out = capsys.readouterr().out
     model, _ = load_run(workdir)
     prompt = np.frombuffer(b"def f(", np.uint8).astype(np.int32)[None]
@@ -308,7 +319,7 @@ def test_la_generate_streams_the_sample_of_generate(text_run, capsys):
         (["--top_k=-1"], "--top_k must be >= 0"),
         (["--temperature=-1"], "temperature must be a number >= 0"),
     ):
-        assert cli.generate_main([*argv, *extra]) == 2
+        assert generate_cli.generate_main([*argv, *extra]) == 2
         assert message in capsys.readouterr().err
 
 
@@ -325,17 +336,17 @@ def test_la_eval_output_never_replaces_a_run_file_and_is_checked_first(text_run,
         ([f"--output={workdir}/nope/a.json"], "does not exist"),
         ([f"--output={workdir}"], "is a folder"),
     ):
-        assert cli.eval_main([*base, *extra]) == 2
+        assert eval_cli.eval_main([*base, *extra]) == 2
         err = capsys.readouterr().err
         assert err.startswith("la-eval: error: --output ") and message in err, err
     for name, content in own.items():
         assert open(os.path.join(workdir, name), "rb").read() == content
     out = os.path.join(os.path.dirname(workdir), "metrics_a.json")
-    assert cli.eval_main([*base, f"--output={out}"]) == 0
+    assert eval_cli.eval_main([*base, f"--output={out}"]) == 0
     first = capsys.readouterr().out
-    assert cli.eval_main([*base, f"--output={out}"]) == 2
+    assert eval_cli.eval_main([*base, f"--output={out}"]) == 2
     assert "exists; pass --overwrite to replace it" in capsys.readouterr().err
-    assert cli.eval_main([*base, f"--output={out}", "--overwrite"]) == 0
+    assert eval_cli.eval_main([*base, f"--output={out}", "--overwrite"]) == 0
     assert capsys.readouterr().out == first
 
 
@@ -343,7 +354,7 @@ def test_la_eval_says_and_records_an_override_that_changes_the_model(text_run, c
     workdir, _ = text_run
     out = os.path.join(os.path.dirname(workdir), "as_swa.json")
     argv = ["la-eval", f"--workdir={workdir}", "--config.model.mixer=gated,swa", f"--output={out}"]
-    assert cli.eval_main(argv) == 0, capsys.readouterr().err
+    assert eval_cli.eval_main(argv) == 0, capsys.readouterr().err
     first = capsys.readouterr().out.splitlines()[0]
     assert first == (
         "la-eval: warning: the checkpoint evaluated as another model or tokenizer: "
@@ -356,7 +367,7 @@ def test_la_eval_says_and_records_an_override_that_changes_the_model(text_run, c
     }
     # data overrides keep the model's meaning: nothing said, nothing recorded
     argv = ["la-eval", f"--workdir={workdir}", "--config.data.num_val_windows=3"]
-    assert cli.eval_main([*argv, f"--output={out}", "--overwrite"]) == 0
+    assert eval_cli.eval_main([*argv, f"--output={out}", "--overwrite"]) == 0
     assert capsys.readouterr().out.startswith("step 4: ")
     with open(out) as f:
         assert "changed" not in json.load(f)
@@ -365,10 +376,10 @@ def test_la_eval_says_and_records_an_override_that_changes_the_model(text_run, c
 def test_la_generate_refuses_a_negative_seed_and_a_prompt_that_is_not_utf8(text_run, capsys):
     workdir, _ = text_run
     argv = ["la-generate", f"--workdir={workdir}", "--num_tokens=4"]
-    assert cli.generate_main([*argv, "--prompt=x", "--seed=-1"]) == 2
+    assert generate_cli.generate_main([*argv, "--prompt=x", "--seed=-1"]) == 2
     assert capsys.readouterr().err == "la-generate: error: --seed must be >= 0, got -1\n"
     prompt = b"ab\xffc".decode("utf-8", "surrogateescape")  # as Python decodes such an argv
-    assert cli.generate_main([*argv, f"--prompt={prompt}"]) == 2
+    assert generate_cli.generate_main([*argv, f"--prompt={prompt}"]) == 2
     err = capsys.readouterr().err
     assert err == "la-generate: error: --prompt is not UTF-8 text (byte 0xff at offset 2)\n"
 

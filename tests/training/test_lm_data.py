@@ -18,7 +18,7 @@ import pytest
 from linear_attention.data import IGNORE_INDEX
 from linear_attention.data.tokenized import cache_key
 from linear_attention.data.tokenizers import train_bpe
-from linear_attention.training import build_data, cli, experiment_config, load_run, train
+from linear_attention.training import build_data, cli, eval_cli, experiment_config, load_run, train
 from linear_attention.training.metrics import Reporter, read_jsonl
 from tests.scripts import DEADLINE_S
 from tests.training.conftest import ROOT, load_config
@@ -141,7 +141,7 @@ def test_la_eval_on_another_corpus_reports_bits_per_byte(corpus, uninterrupted, 
     folder, tokenizer = corpus
     other = str(folder / "other.jsonl")
     argv = ["la-eval", f"--workdir={uninterrupted}", f"--config.data.path={other}"]
-    assert cli.eval_main(argv) == 0
+    assert eval_cli.eval_main(argv) == 0
     path = capsys.readouterr().out.split("written to ")[1].strip()
     record = json.load(open(path))
     # Independently: the model's float64 cross-entropy on the other corpus's validation

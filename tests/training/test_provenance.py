@@ -14,7 +14,7 @@ import pytest
 
 from linear_attention.data.sources import token_file_source
 from linear_attention.data.tokenizers import train_bpe
-from linear_attention.training import cli, train
+from linear_attention.training import cli, eval_cli, train
 from linear_attention.training.metrics import Reporter
 from linear_attention.training.trainer import ResumeConfigError, data_changes, data_record
 from linear_attention.training.workdir import RunError
@@ -163,10 +163,10 @@ def test_la_eval_says_when_the_tokenizer_file_changed(trained, copied, capsys):
     run = copied
     out = run.parent / "eval.json"
     argv = ["la-eval", f"--workdir={run}", f"--output={out}"]
-    assert cli.eval_main(argv) == 0
+    assert eval_cli.eval_main(argv) == 0
     assert capsys.readouterr().out.startswith("step 2: ")  # the same tokenizer: nothing said
     train_bpe([TEXT.upper()], vocab_size=260, output=str(trained / "tok.json"))
-    assert cli.eval_main([*argv, "--overwrite"]) == 0
+    assert eval_cli.eval_main([*argv, "--overwrite"]) == 0
     first = capsys.readouterr().out.splitlines()[0]
     assert first.startswith(
         "la-eval: warning: changed since the checkpoint was saved: the tokenizer file "

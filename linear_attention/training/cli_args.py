@@ -1,0 +1,192 @@
+"""What the command lines share: config files (``path[:preset]``), a run's ``config.json`` as
+an overridable ConfigDict, ``--config.*`` parsing with clean messages for misspelled fields,
+``--workdir`` / ``--step`` of the programs that read a finished run, and the ``<prog>: error:``
+line with exit status 2 (`UsageError`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import importlib.util
+import os
+import re
+import sys
+import textwrap
+
+import ml_collections
+from absl import flags
+from ml_collections import config_dict, config_flags
+
+from linear_attention.training import config as config_lib
+from linear_attention.training.config import SECTION_CLASSES, SECTIONS, experiment_config
+from linear_attention.training.load import run_config
+
+
+class UsageError(ValueError):
+    """A bad command line or configuration."""
+
+
+# ------------------------------------------------------------------------ config files
+def split_spec(spec: str) -> tuple[str, str | None]:
+    """``"path[:preset]"`` -> ``(path, preset or None)``."""
+    path, sep, preset = spec.rpartition(":")
+    if not sep or "/" in preset or preset.endswith(".py"):
+        return spec, None
+    return path, preset or None
+
+
+def load_config_file(spec: str) -> ml_collections.ConfigDict:
+    """``get_config(preset)`` of the config file ``path[:preset]`` (loaded with
+    ``importlib.util.spec_from_file_location``); a missing file or a failing ``get_config``
+    raises `UsageError`."""
+    path, preset = split_spec(spec)
+    if not os.path.isfile(path):
+        raise UsageError(f"--config: no config file {path!r}")
+    module = load_module(path)
+    if not hasattr(module, "get_config"):
+        raise UsageError(f"--config: {path} has no get_config(arg) function")
+    try:
+        config = module.get_config(preset)
+    except Exception as e:  # the file's own message (e.g. an unknown preset) is the useful part
+        raise UsageError(f"--config {spec}: {e}") from None
+    if not isinstance(config, ml_collections.ConfigDict):
+        raise UsageError(f"--config: {path}: get_config returned {type(config).__name__}")
+    return config
+
+
+def load_module(path: str):
+    name = "la_config_" + re.sub(r"\W", "_", os.path.splitext(os.path.basename(path))[0])
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _none_type(section: str, field: str):
+    """The scalar type of a field whose value is None (from the section's dataclass)."""
+    for cls in SECTION_CLASSES.get(section, ()):
+        if field in {f.name for f in dataclasses.fields(cls)}:
+            return config_lib.field_type(cls, field)
+    return str
+
+
+def config_from_json(values: dict) -> ml_collections.ConfigDict:
+    """A run's ``config.json`` as a ConfigDict whose every field can be overridden: None fields
+    become typed placeholders, a list of mixers the string ``"a,b"``, a list of integers (JSON
+    has no tuples; ``data.eval_lengths``) a tuple again, so that ``--config.data.eval_lengths=
+    (4,8)`` parses as it does for ``la-train``."""
+    config = ml_collections.ConfigDict()
+    for key, value in values.items():
+        if not isinstance(value, dict):
+            config[key] = value
+            continue
+        section = ml_collections.ConfigDict()
+        for field, v in value.items():
+            if v is None:
+                v = config_dict.placeholder(_none_type(key, field))
+            elif isinstance(v, list) and v and all(type(x) is int for x in v):
+                v = tuple(v)
+            elif isinstance(v, list):
+                v = ",".join(map(str, v))
+            section[field] = v
+        config[key] = section
+    return config
+
+
+# ------------------------------------------------------------------------ argv parsing
+def _override_paths(argv: list[str]) -> list[str]:
+    return [a.split("=", 1)[0].lstrip("-") for a in argv if re.match(r"^--?(no)?config\.", a)]
+
+
+def _unknown_field(e: Exception, argv: list[str], config) -> UsageError:
+    """A clean message for a misspelled override: the full dotted path and a suggestion."""
+    inner = e.args[0] if e.args and isinstance(e.args[0], Exception) else e
+    first = str(inner.args[0] if inner.args else inner).splitlines()[0]
+    name = first.strip("\"' ")
+    paths = _override_paths(argv)
+    culprit = next((p for p in paths if name in p.split(".")[1:]), f"config.{name}")
+    parts = culprit.split(".")
+    index = parts.index(name, 1) if name in parts[1:] else len(parts) - 1
+    parent = config
+    for part in parts[1:index]:
+        parent = parent.get(part) if hasattr(parent, "get") else None
+    known = list(parent.keys()) if isinstance(parent, ml_collections.ConfigDict) else []
+    message = f"unknown config field --{culprit}"
+    close = difflib.get_close_matches(name, known, n=1)
+    if close:
+        suggestion = ".".join([*parts[:index], close[0], *parts[index + 1 :]])
+        message += f"; did you mean --{suggestion}?"
+    elif known:
+        where = ".".join(parts[:index])
+        message += f"; {where} has: {', '.join(sorted(known))}"
+    return UsageError(message)
+
+
+def parse_overrides(argv: list[str], config, define_extra) -> flags.FlagValues:
+    """Parse ``argv`` with ``--config.*`` overrides of ``config``; returns the FlagValues
+    (``fv.config`` is the overridden ConfigDict). Raises `UsageError`."""
+    fv = flags.FlagValues()
+    define_extra(fv)
+    try:
+        config_flags.DEFINE_config_dict("config", config, "config", flag_values=fv, sys_argv=argv)
+        fv(argv)
+    except (AttributeError, KeyError) as e:
+        raise _unknown_field(e, argv, config) from None
+    except config_flags.config_flags.UnsupportedOperationError as e:
+        raise UsageError(str(e).split(". ")[0]) from None
+    except flags.Error as e:
+        raise UsageError(str(e).splitlines()[-1]) from None
+    return fv
+
+
+def validate(config):
+    try:
+        return experiment_config(config)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def sections_help() -> str:
+    lines = ["config sections and fields (override any with --config.SECTION.FIELD=VALUE):"]
+    lines.append("  seed")
+    for section in SECTIONS[1:]:
+        names = dict.fromkeys(
+            f.name for cls in SECTION_CLASSES[section] for f in dataclasses.fields(cls)
+        )
+        lines += textwrap.wrap(
+            ", ".join(names), 100, initial_indent=f"  {section}: ", subsequent_indent=" " * 6
+        )
+    return "\n".join(lines)
+
+
+def usage_help(usage: str, text: str) -> str:
+    return f"{usage}\n\n{text.strip()}\n"
+
+
+def error(prog: str, message) -> int:
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    return 2
+
+
+def workdir_config(workdir: str | None, usage: str) -> ml_collections.ConfigDict:
+    if not workdir:
+        raise UsageError(f"--workdir is required\n{usage}")
+    try:
+        return config_from_json(run_config(workdir))
+    except (ValueError, OSError) as e:
+        raise UsageError(e) from None
+
+
+def pop_workdir(argv: list[str]) -> str | None:
+    """The value of ``--workdir`` (needed before parsing: the overrides apply to its config)."""
+    for i, a in enumerate(argv):
+        if re.match(r"^--?workdir=", a):
+            return a.split("=", 1)[1]
+        if a in ("--workdir", "-workdir") and i + 1 < len(argv):
+            return argv[i + 1]
+    return None
+
+
+def workdir_flags(fv) -> None:
+    flags.DEFINE_string("workdir", None, "the run's folder (written by la-train)", flag_values=fv)
+    flags.DEFINE_integer("step", None, "checkpoint step (default: the latest)", flag_values=fv)
