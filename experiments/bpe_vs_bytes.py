@@ -29,7 +29,7 @@ import numpy as np
 from linear_attention.benchmarks import machine_info
 from linear_attention.data import IGNORE_INDEX, TextData, load_tokenizer
 from linear_attention.data.tokenizers import bits_per_byte, label_bytes
-from linear_attention.training import trainer
+from linear_attention.training import evaluation
 from linear_attention.training.load import restore_run
 from linear_attention.training.mesh import shard_batch
 
@@ -75,7 +75,9 @@ def main(argv=None) -> int:
     ]
     batches, covered = window_batches(windows, tokenizer, d.seq_len, cfg.train.eval_batch)
     sums = [
-        trainer.eval_step(run.state, shard_batch(b, run.mesh), graphdef=run.graphdef, mesh=run.mesh)
+        evaluation.eval_step(
+            run.state, shard_batch(b, run.mesh), graphdef=run.graphdef, mesh=run.mesh
+        )
         for b in batches
     ]
     loss_sum, _, count = np.asarray(sums, np.float64).sum(axis=0).tolist()

@@ -120,7 +120,7 @@ def evaluate_run(workdir: str, *, config=None, step: int | None = None, message=
     its validation split evaluated): the metrics of ``summary.json`` (``eval/loss``,
     ``eval/accuracy``, ``eval/bits_per_byte`` for text), computed as training computes them,
     with ``step``. A tokenizer whose file or vocabulary differs from the one the checkpoint
-    recorded (`trainer.data_record`) is said through ``message``, one line per change."""
+    recorded (`run_data.data_record`) is said through ``message``, one line per change."""
     run = restore_run(workdir, config=config, step=step)
     data = build_data(run.config, cache_dir=os.path.join(workdir, "token_cache"))
     if message is not None:

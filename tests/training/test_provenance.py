@@ -16,7 +16,8 @@ from linear_attention.data.sources import token_file_source
 from linear_attention.data.tokenizers import train_bpe
 from linear_attention.training import cli, eval_cli, train
 from linear_attention.training.metrics import Reporter
-from linear_attention.training.trainer import ResumeConfigError, data_changes, data_record
+from linear_attention.training.resume import ResumeConfigError
+from linear_attention.training.run_data import data_changes, data_record
 from linear_attention.training.workdir import RunError
 from tests.training.conftest import load_config
 

@@ -38,7 +38,7 @@ def main(workdir, part="fast"):
 
     from linear_attention.layers.registry import MIXERS as REGISTRY
     from linear_attention.models import LanguageModel, ModelConfig
-    from linear_attention.training import trainer
+    from linear_attention.training import steps, trainer
     from linear_attention.training.mesh import make_mesh
     from tests.training.test_multidevice import summarize
 
@@ -60,7 +60,7 @@ def main(workdir, part="fast"):
         @jax.jit
         def run(state, batch):
             def loss(state):
-                stats = trainer.model_stats(nnx.merge(graphdef, state), batch, mesh)
+                stats = steps.model_stats(nnx.merge(graphdef, state), batch, mesh)
                 return stats[0] / stats[2], stats
 
             return jax.grad(loss, has_aux=True)(state)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from linear_attention.training import experiment_config, make_optimizer, trainer
+from linear_attention.training import evaluation, experiment_config, make_optimizer, trainer
 from linear_attention.training.checkpoint import Checkpoints
 from linear_attention.training.machine import cpu_identity
 from linear_attention.training.metrics import Reporter
@@ -313,7 +313,7 @@ def test_packed_text_run_feeds_segment_ids_to_the_model(tmp_path):
     batch = trainer.build_data(cfg).train_batch(cfg.train.num_steps, cfg.train.batch_size)
     assert (batch["segment_ids"][:, -1] > 0).mean() >= 0.5
     model, _ = nnx.merge(graphdef, state)
-    loss_sum, _, count = trainer.eval_step(state, batch, graphdef=graphdef)
+    loss_sum, _, count = evaluation.eval_step(state, batch, graphdef=graphdef)
     want, _ = np_stats(model(batch["inputs"], batch["segment_ids"]), batch["labels"])
     np.testing.assert_allclose(float(loss_sum / count), want, rtol=1e-5)
     unpacked, _ = np_stats(model(batch["inputs"]), batch["labels"])

@@ -1,0 +1,126 @@
+"""The jitted steps of training: the loss sums of a model on a batch (`token_stats`,
+`model_stats`, sequence-parallel over a ``seq`` mesh axis), the optimizer step (`train_step`,
+with gradient accumulation by `summed_gradients`) and the favor redraw (`redraw_step`)."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from linear_attention.data import IGNORE_INDEX
+from linear_attention.models import redraw_features
+from linear_attention.training.mesh import DATA_AXIS, sequence_parallel_stats, state_shardings
+
+
+def token_stats(logits_BTV: jax.Array, labels_BT: jax.Array):
+    """``(sum of cross-entropy, number correct, number labelled)`` over labelled positions
+    (``labels != IGNORE_INDEX``), in float32."""
+    mask_BT = labels_BT != IGNORE_INDEX
+    safe_BT = jnp.where(mask_BT, labels_BT, 0)
+    ce_BT = optax.softmax_cross_entropy_with_integer_labels(logits_BTV.astype(jnp.float32), safe_BT)
+    correct_BT = (jnp.argmax(logits_BTV, axis=-1) == labels_BT) & mask_BT
+    return (
+        jnp.sum(jnp.where(mask_BT, ce_BT, 0.0)),
+        jnp.sum(correct_BT, dtype=jnp.float32),
+        jnp.sum(mask_BT, dtype=jnp.float32),
+    )
+
+
+@functools.partial(
+    jax.jit, static_argnames=("graphdef", "mesh", "fsdp", "accum"), donate_argnames=("state",)
+)
+def train_step(state, batch, *, graphdef, mesh, fsdp, accum: int = 1):
+    """One optimizer step: ``(state, batch) -> (state, metrics)``; loss = mean cross-entropy
+    over the labelled positions of the whole (global) batch. A batch with ``segment_ids``
+    (packed documents) is run with them. ``accum > 1``: the batch is run as that many
+    micro-batches (`summed_gradients`), the same update to float32 rounding."""
+    model, optimizer = nnx.merge(graphdef, state)
+    loss_sum, correct, count, grads = summed_gradients(model, batch, mesh, accum)
+    count = jnp.maximum(count, 1.0)
+    # (the mean gradient in the parameters' dtype: the optimizer state keeps that dtype)
+    params = nnx.state(model, nnx.Param)
+    grads = jax.tree.map(lambda g, p: (g / count).astype(p.dtype), grads, params)
+    optimizer.update(model, grads)
+    new_state = nnx.state((model, optimizer))
+    new_state = jax.lax.with_sharding_constraint(new_state, state_shardings(new_state, mesh, fsdp))
+    metrics = {
+        "train/loss": loss_sum / count,
+        "train/accuracy": correct / count,
+        "grad_norm": optax.tree.norm(grads),
+    }
+    return new_state, metrics
+
+
+def micro_batches(batch: dict, accum: int, mesh) -> dict:
+    """``batch`` entries ``[B, ...]`` as ``[accum, B / accum, ...]``: micro-batch i holds rows
+    i, i + accum, i + 2·accum, ..., so with rows split over the ``data`` axis every micro-batch
+    keeps that split (each device runs its own rows; nothing moves between devices)."""
+
+    def split(x):
+        b = x.shape[0]
+        x = jnp.swapaxes(x.reshape(b // accum, accum, *x.shape[1:]), 0, 1)
+        spec = P(None, DATA_AXIS) if mesh is not None else None
+        return x if spec is None else jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+
+    return {k: split(v) for k, v in batch.items()}
+
+
+def summed_gradients(model, batch, mesh, accum: int):
+    """``(loss_sum, correct, count, grads)``: the `token_stats` sums of ``model`` on ``batch``
+    and the gradient of ``loss_sum`` with respect to its `nnx.Param`s (float32, whatever the
+    parameter dtype). With ``accum > 1`` the batch is split by `micro_batches` and run by
+    `jax.lax.scan`, one micro-batch's activations alive at a time; the sums (of losses, counts
+    and gradients) are those of the whole batch, since all three are sums over positions."""
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+
+    def loss_sum(params, batch):
+        loss, correct, count = model_stats(nnx.merge(graphdef, params, rest), batch, mesh)
+        return loss, (correct, count)
+
+    grad_fn = jax.value_and_grad(loss_sum, has_aux=True)
+    as_f32 = lambda tree: jax.tree.map(lambda g: g.astype(jnp.float32), tree)  # noqa: E731
+    if accum == 1:
+        (loss, (correct, count)), grads = grad_fn(params, batch)
+        return loss, correct, count, as_f32(grads)
+
+    def add(carry, micro):
+        (loss, (correct, count)), grads = grad_fn(params, micro)
+        total = (loss, correct, count, as_f32(grads))
+        return jax.tree.map(jnp.add, carry, total), None
+
+    zeros = (0.0, 0.0, 0.0, jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params))
+    zeros = jax.tree.map(jnp.float32, zeros)
+    sums, _ = jax.lax.scan(add, zeros, micro_batches(batch, accum, mesh))
+    return sums
+
+
+def model_stats(model, batch, mesh=None):
+    """`token_stats` of the model on ``batch`` (with its ``segment_ids`` if packed); with a
+    ``seq`` mesh axis over more than one device, time split over it (sequence parallelism).
+    A model with ``method="pallas"`` on more than one device runs in `jax.shard_map` too (with
+    ``seq`` 1: rows split over ``data``): XLA cannot partition a Mosaic kernel itself."""
+
+    def stats(model, batch):
+        return token_stats(model(batch["inputs"], batch.get("segment_ids")), batch["labels"])
+
+    pallas = getattr(getattr(model, "config", None), "method", None) == "pallas"
+    if mesh is None or (mesh.shape.get("seq", 1) == 1 and not (pallas and mesh.size > 1)):
+        return stats(model, batch)
+    return sequence_parallel_stats(stats, model, batch, mesh)
+
+
+@functools.partial(
+    jax.jit, static_argnames=("graphdef", "mesh", "fsdp"), donate_argnames=("state",)
+)
+def redraw_step(state, key, *, graphdef, mesh, fsdp):
+    """Redraw the random projections of every favor layer from ``key``."""
+    model, optimizer = nnx.merge(graphdef, state)
+    redraw_features(model, key)
+    new_state = nnx.state((model, optimizer))
+    return jax.lax.with_sharding_constraint(new_state, state_shardings(new_state, mesh, fsdp))
