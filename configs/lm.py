@@ -89,9 +89,10 @@ compiles it again, on any machine with libtpu). On another slice, add
   ``gla_1.3b``: ``tpu:v5e:2x4`` with remat=block, grad_accum_steps=8, fsdp=True: 9.80 GiB.
   ``gated_deltanet_1.3b``: ``tpu:v5e:2x4`` with remat=block, grad_accum_steps=4, fsdp=True:
       14.23 GiB (4 rows of 4096 per chip per micro-batch).
+  ``kda_1.3b``: ``tpu:v5e:2x4`` with remat=block, grad_accum_steps=8, fsdp=True: 11.21 GiB
+      (2 rows of 4096 per chip per micro-batch).
   Each slice is the smallest compiled for the preset, not proven the smallest that fits (a
-  smaller one, and the weaker settings on it, were not all compiled). ``kda_1.3b`` names no
-  slice yet: its compile was not run.
+  smaller one, and the weaker settings on it, were not all compiled).
 
 Documents are packed (``data.pack``): each file is a document, and states, conv and attention
 reset at each document start (``--config.data.separator='\\n\\n\\n'`` cuts files further).
@@ -149,6 +150,7 @@ PAPER_SIZES = {
     "kda_1.3b": dict(
         mixer="kda", d_model=2048, num_layers=24, num_heads=16, head_dim=128,
         tokens=100e9, tie=False, **_GDN_OPT,
+        tpu=dict(target="tpu:v5e:2x4", remat="block", grad_accum_steps=8, fsdp=True),
     ),
 }  # fmt: skip
 PRESETS = ("default", "cpu", "smoke", *PAPER_SIZES)
