@@ -13,6 +13,11 @@ if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (
         os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0"
     ).strip()
+# The test extras bring libtpu (TPU compile tests), and on a machine without a TPU its plugin
+# prints initialisation warnings to stderr whenever a backend starts, which tests reading a
+# subprocess's stderr would see. The suite runs on the CPU: JAX_PLATFORMS=cpu (inherited by
+# subprocesses) keeps the plugin from starting; compiling for a TPU topology does not need it.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402
 import pytest
