@@ -72,17 +72,22 @@ def test_expand_applies_each_choice_and_keeps_base(sweep):
 
 
 def test_presets_expand_and_validate(sweep):
-    sizes = {}
+    sizes, mixers = {}, {}
     for path in (MQAR, LM):
         for preset in ("smoke", "cpu", "default"):
-            _, points = sweep.expand(sweep.load_sweep(f"{path}:{preset}"))
+            axes, points = sweep.expand(sweep.load_sweep(f"{path}:{preset}"))
             for p in points:
                 experiment_config(p.config)
             sizes[Path(path).stem, preset] = len(points)
+            mixers[Path(path).stem, preset] = len(next(a for a in axes if a.name == "mixer").labels)
+    # The MQAR grids' mixer lists grow as families land (swa, Based and scaled elu+1 beside the
+    # registered mixers), so their sizes are per mixer.
+    assert mixers["mqar", "cpu"] == mixers["mqar", "default"] >= 15
+    n = mixers["mqar", "cpu"]
     assert sizes == {
         ("mqar", "smoke"): 8,
-        ("mqar", "cpu"): 168,  # 14 mixers x 2 widths x 3 lrs x 2 seeds
-        ("mqar", "default"): 1792,  # 14 mixers (swa, Based, scaled elu+1) x 4 x 4 x 4 x 2 seeds
+        ("mqar", "cpu"): n * 2 * 3 * 2,  # mixers x 2 widths x 3 lrs x 2 seeds
+        ("mqar", "default"): n * 4 * 4 * 4 * 2,  # mixers x 4 widths x 4 tasks x 4 lrs x 2 seeds
         ("lm", "smoke"): 2,
         ("lm", "cpu"): 13,
         ("lm", "default"): 26,
@@ -90,9 +95,12 @@ def test_presets_expand_and_validate(sweep):
 
 
 def test_mqar_cpu_mixer_labels_set_their_options(sweep):
-    _, points = sweep.expand(sweep.load_sweep(f"{MQAR}:cpu"), ["d_model=64", "lr=0.01", "seed=0"])
+    axes, points = sweep.expand(
+        sweep.load_sweep(f"{MQAR}:cpu"), ["d_model=64", "lr=0.01", "seed=0"]
+    )
     models = {p.labels["mixer"]: experiment_config(p.config).model for p in points}
-    assert len(models) == 14
+    labels = next(a for a in axes if a.name == "mixer").labels
+    assert sorted(models) == sorted(labels) and {"softmax", "based", "fox"} <= set(models)
     # rwkv7 without the base's conv (it refuses one); every other mixer keeps it
     assert models["rwkv7"].conv is False and models["deltanet"].conv == 4
     scaled, linear = models["linear_scale8"], models["linear"]
