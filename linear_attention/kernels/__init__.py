@@ -22,6 +22,7 @@ from linear_attention.kernels.linear.linear import (
     linear_attention,
 )
 from linear_attention.kernels.linear.recurrent import recurrent_step
+from linear_attention.kernels.mesa_net.mesa_net import MesaNetState, mesa_net, mesa_net_step
 from linear_attention.kernels.primitives.pallas import pallas_interpret
 from linear_attention.kernels.softmax.sliding_window import sliding_window_attention
 from linear_attention.kernels.softmax.softmax import (
@@ -35,6 +36,7 @@ __all__ = [
     "DELTA_METHODS",
     "ForgettingCache",
     "METHODS",
+    "MesaNetState",
     "PALLAS_METHODS",
     "LinearAttentionState",
     "blockwise_softmax_attention",
@@ -51,6 +53,8 @@ __all__ = [
     "forgetting_attention",
     "forgetting_attention_step",
     "linear_attention",
+    "mesa_net",
+    "mesa_net_step",
     "pallas_interpret",
     "recurrent_step",
     "sliding_window_attention",

@@ -194,3 +194,31 @@ def forgetting_attention_loop(q, k, v, log_forget=None, scale=None, segment_ids=
                 p = np.exp(logits - np.max(logits))
                 o[b, t, h] = (p / p.sum()) @ v[b, : t + 1, h]
     return o
+
+
+def mesa_net_loop(q, k, v, log_decay, beta, lam, kk0=None, kv0=None, segment_ids=None):
+    """MesaNet token by token in float64 with an exact solve:
+    H_kk,t = γ_t H_kk,t−1 + β_t k_t k_tᵀ, H_kv,t = γ_t H_kv,t−1 + β_t k_t v_tᵀ (γ = exp(a), −inf
+    a reset; zeroed before every document start of `segment_ids`),
+    o_t = H_kv,tᵀ (H_kk,t + diag(λ))⁻¹ q_t. `log_decay` None, `[H]` or `[B, T, H]`; `lam [H, K]`.
+    Returns (o [B,T,H,Dv], kk [B,H,K,K], kv [B,H,K,Dv]) in float64."""
+    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+    B, T, H, K = q.shape
+    Dv = v.shape[-1]
+    a = np.zeros((B, T, H)) if log_decay is None else np.asarray(log_decay, np.float64)
+    a = np.broadcast_to(a, (B, T, H))
+    beta = np.asarray(beta, np.float64)
+    lam_diag = np.asarray(lam, np.float64)[:, :, None] * np.eye(K)  # [H, K, K]
+    kk = np.zeros((B, H, K, K)) if kk0 is None else np.array(kk0, np.float64)
+    kv = np.zeros((B, H, K, Dv)) if kv0 is None else np.array(kv0, np.float64)
+    o = np.zeros((B, T, H, Dv))
+    for t in range(T):
+        gamma = np.exp(a[:, t])[..., None, None]
+        if segment_ids is not None and t > 0:
+            gamma = np.where(_new_doc(segment_ids, t)[:, None, None, None], 0.0, gamma)
+        kb = beta[:, t, :, None] * k[:, t]
+        kk = gamma * kk + kb[..., :, None] * k[:, t, :, None, :]
+        kv = gamma * kv + kb[..., :, None] * v[:, t, :, None, :]
+        x = np.linalg.solve(kk + lam_diag, q[:, t, :, :, None])[..., 0]
+        o[:, t] = np.einsum("bhkd,bhk->bhd", kv, x)
+    return o, kk, kv

@@ -1,0 +1,255 @@
+"""MesaNet (von Oswald et al. 2025, "MesaNet: Sequence Modeling by Locally Optimal Test-Time
+Training"): a layer whose output is the minimiser of a regularised, decayed least-squares fit of
+the values from the keys, evaluated at the query.
+
+Per head, with a log decay a_t ≤ 0 (−inf: a reset), a write weight β_t ≥ 0 and a regulariser
+λ > 0 per key channel (Λ = diag(λ)),
+
+    H_kk,t = γ_t H_kk,t−1 + β_t k_t k_tᵀ           γ_t = exp(a_t)
+    H_kv,t = γ_t H_kv,t−1 + β_t k_t v_tᵀ
+    o_t    = H_kv,tᵀ (H_kk,t + Λ)⁻¹ q_t
+
+(flash-linear-attention's convention: decay first, then the β-weighted write, both statistics
+with the same γ and β; H_kk,t + Λ is symmetric positive definite, so the solve is well posed).
+The solve is conjugate gradient with a fixed count `cg_steps` from x₀ = 0 (`solve.py`); method
+"exact" solves with `jnp.linalg.solve`. Where the paper's W_t minimises
+Σ_{s≤t} β_s ζ_{t,s} |v_s − W k_s|² + Tr(Wᵀ Λ W) (ζ the decay between s and t), o_t = W_t q_t
+is this o_t.
+
+Methods: "chunk" (`chunked.py`: chunk states by an associative scan over chunk summaries, all
+tokens' CG iterations as batched masked matmuls, an implicit custom-VJP gradient keeping one
+state per chunk; the training path), "recurrent" (`recurrent.py`: a `lax.scan` over tokens with
+the same CG per token; autodiff through it) and "exact" (the same scan with an exact solve: the
+reference). `mesa_net_step` is one token of the recurrence, for decoding.
+
+Sequence parallelism (`axis_name`). Both statistics are affine in the state entering a span,
+S_out = exp(Σ a) S_in + U, but the outputs are not (the solve is nonlinear in S_in), so the
+affine combine's "run from zero, add the entering state's read-out" does not carry over.
+Instead each shard computes only its summary U (both statistics from a zero state, kb and
+[k | v] chunk summaries: no solve), the summaries compose over shards
+(`primitives.combine.prefix`: an all-gather and a scan over shards), and each shard then runs
+the local kernel from its true entering state. Gradients are JAX's own through the collectives
+and the local kernel's VJP with respect to its initial state. Work per shard: one extra pass
+of chunk summaries, O(n·K·(K + Dv)) gathered.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from linear_attention.kernels.checks import (
+    check_choice,
+    check_float,
+    check_layouts,
+    check_log_decay,
+    check_positive_int,
+    check_static,
+    concrete,
+    reverse_mode_only,
+)
+from linear_attention.kernels.mesa_net.chunked import chunk_states, mesa_chunked
+from linear_attention.kernels.mesa_net.recurrent import read, recurrent, update
+from linear_attention.kernels.primitives.combine import prefix, vary_like
+from linear_attention.kernels.segments import fold_resets, reset_reach, segment_resets
+
+METHODS = ("chunk", "recurrent", "exact")
+
+
+class MesaNetState(NamedTuple):
+    """MesaNet's recurrent state, float32: `kk` = H_kk `[B, H, K, K]` and `kv` = H_kv
+    `[B, H, K, Dv]`. A pytree."""
+
+    kk: jax.Array
+    kv: jax.Array
+
+    @classmethod
+    def zeros(cls, batch_size: int, num_heads: int, key_dim: int, value_dim: int):
+        """The state before the first token."""
+        return cls(
+            kk=jnp.zeros((batch_size, num_heads, key_dim, key_dim), jnp.float32),
+            kv=jnp.zeros((batch_size, num_heads, key_dim, value_dim), jnp.float32),
+        )
+
+
+def mesa_net(
+    q,
+    k,
+    v,
+    log_decay,
+    beta,
+    lambda_,
+    *,
+    segment_ids=None,
+    initial_state: MesaNetState | None = None,
+    return_final_state: bool = False,
+    method: str = "chunk",
+    chunk_size: int = 64,
+    cg_steps: int = 30,
+    axis_name: str | None = None,
+):
+    """MesaNet's causal mixing (module docstring).
+
+    Args:
+      q, k: `[B, T, H, K]` (MesaNet's layer L2-normalises both); v: `[B, T, H, Dv]`.
+      log_decay: log γ ≤ 0, `[B, T, H]` or `[H]` (fixed); −inf is a reset; None: no decay.
+      beta: the write weight β ≥ 0, `[B, T, H]`.
+      lambda_: the regulariser λ > 0 per head and key channel, `[H, K]`.
+      segment_ids: `[B, T]` integers or a `Segments`: both statistics are zeroed before every
+        document start (the initial state flows into the first document only).
+      initial_state: a `MesaNetState` (None: zeros).
+      return_final_state: also return the `MesaNetState` after the last token.
+      method: "chunk" (the training path), "recurrent" (the same CG, token by token) or
+        "exact" (token by token with an exact solve; ignores `cg_steps`).
+      chunk_size: tokens per chunk of "chunk"; T need not be a multiple.
+      cg_steps: conjugate-gradient iterations per solve (static).
+      axis_name: inside `jax.shard_map` with time split over this mesh axis, the unsplit
+        result (outputs, gradients, the global final state on every shard).
+    Returns:
+      `o: [B, T, H, Dv]` in `result_type(q, k, v)`, and with `return_final_state` the final
+      `MesaNetState` (float32). Statistics and solves are float32 whatever the input dtype.
+    """
+    check_choice("method", method, METHODS)
+    chunk_size = check_positive_int("chunk_size", chunk_size)
+    cg_steps = check_positive_int("cg_steps", cg_steps)
+    check_static("return_final_state", return_final_state)
+    check_float(("q", "k", "v", "beta", "lambda_"), (q, k, v, beta, lambda_))
+    sizes = check_layouts(
+        q=(q, "[B, T, H, K]"),
+        k=(k, "[B, T, H, K]"),
+        v=(v, "[B, T, H, Dv]"),
+        beta=(beta, "[B, T, H]"),
+    )
+    B, T, H, Kd, Dv = sizes["B"], sizes["T"], sizes["H"], sizes["K"], sizes["Dv"]
+    if T == 0:
+        raise ValueError(f"q, k, v must have at least one time step, got shape {q.shape}")
+    lam_HK = check_lambda(lambda_, H, Kd)
+    check_beta(beta)
+    a_BTH = check_log_decay(log_decay, (B, T, H), "[B, T, H]")
+    a_BTH = fold_resets(segment_resets(segment_ids, B, T, axis_name), a_BTH, H)
+    kk0, kv0 = _initial_state(initial_state, B, H, Kd, Dv)
+    dtype = jnp.result_type(q, k, v)
+    q32, k32, v32 = (jnp.asarray(x, jnp.float32) for x in (q, k, v))
+    kb32 = jnp.asarray(beta, jnp.float32)[..., None] * k32
+
+    def local(kk_in, kv_in, a, lam):
+        with reverse_mode_only('method="chunk"', 'method="recurrent" or "exact"'):
+            match method:
+                case "chunk":
+                    return mesa_chunked(
+                        q32, kb32, k32, v32, a, lam, kk_in, kv_in, chunk_size, cg_steps
+                    )
+                case "recurrent":
+                    return recurrent(q32, kb32, k32, v32, a, lam, kk_in, kv_in, cg_steps)
+                case "exact":
+                    return recurrent(q32, kb32, k32, v32, a, lam, kk_in, kv_in, None)
+                case _:
+                    raise ValueError(f"unknown method {method!r}; allowed: {', '.join(METHODS)}")
+
+    if axis_name is None:
+        o_BTHD, kk, kv = local(kk0, kv0, a_BTH, lam_HK)
+    else:
+        o_BTHD, kk, kv = _split(
+            local, (kb32, k32, v32, a_BTH, lam_HK), (kk0, kv0), chunk_size, axis_name
+        )
+    o_BTHD = o_BTHD.astype(dtype)
+    return (o_BTHD, MesaNetState(kk, kv)) if return_final_state else o_BTHD
+
+
+def _split(local, inputs, state0, chunk_size, axis_name):
+    """The time split (module docstring): summaries, `prefix` over shards, the local kernel
+    from the entering state; NaN where a non-finite entering state reaches (up to a reset)."""
+    kb, k, v, a_BTH, lam_HK = inputs
+    kk0, kv0 = state0
+    Kd = k.shape[-1]
+    a_BTH, lam_HK = vary_like(a_BTH, k), vary_like(lam_HK, k)
+    s0 = jnp.concatenate([kk0, kv0], axis=-1)
+    zero = vary_like(jnp.zeros_like(s0), k)
+    C = min(chunk_size, k.shape[1])
+    _, u_BHKF = chunk_states(kb, jnp.concatenate([k, v], axis=-1), a_BTH, zero, C)
+    if a_BTH is None:
+        A_BH11 = vary_like(jnp.ones(u_BHKF.shape[:2] + (1, 1), jnp.float32), k)
+        reset_BH = jnp.zeros(u_BHKF.shape[:2], bool)
+    else:
+        A_BH11 = jnp.exp(jnp.sum(a_BTH, axis=1))[..., None, None]  # 0 after a reset
+        reset_BH = jnp.any(jnp.isneginf(a_BTH), axis=1)
+    s_in, bad_in_BH, s_out = prefix(A_BH11, u_BHKF, s0, reset_BH, axis_name, lambda A, S: A * S)
+    o_BTHD, _, _ = local(s_in[..., :Kd], s_in[..., Kd:], a_BTH, lam_HK)
+    reached_BTH = reset_reach(a_BTH)
+    poisoned_BTH = bad_in_BH[:, None] if reached_BTH is None else bad_in_BH[:, None] & ~reached_BTH
+    o_BTHD = jnp.where(poisoned_BTH[..., None], jnp.nan, o_BTHD)
+    return o_BTHD, s_out[..., :Kd], s_out[..., Kd:]
+
+
+def mesa_net_step(state: MesaNetState, q, k, v, log_decay, beta, lambda_, *, cg_steps=30):
+    """One token of MesaNet (decoding): `q, k: [B, H, K]`, `v: [B, H, Dv]`, `log_decay`
+    `[B, H]` or `[H]` (≤ 0, −inf a reset; None: no decay), `beta: [B, H]`, `lambda_: [H, K]`.
+    `cg_steps`: CG iterations (static; None: an exact solve). Returns `(o [B, H, Dv] in
+    result_type(q, k, v), new MesaNetState)`; O(K² + K·Dv) per token whatever the context."""
+    if cg_steps is not None:
+        cg_steps = check_positive_int("cg_steps", cg_steps)
+    check_float(("q", "k", "v", "beta", "lambda_"), (q, k, v, beta, lambda_))
+    sizes = check_layouts(
+        q=(q, "[B, H, K]"), k=(k, "[B, H, K]"), v=(v, "[B, H, Dv]"), beta=(beta, "[B, H]")
+    )
+    B, H, Kd, Dv = sizes["B"], sizes["H"], sizes["K"], sizes["Dv"]
+    check_mesa_state(state, B, H, Kd, Dv, name="state")
+    lam_HK = check_lambda(lambda_, H, Kd)
+    check_beta(beta)
+    a_BH = check_log_decay(log_decay, (B, H), "[B, H]")
+    q32, k32, v32 = (jnp.asarray(x, jnp.float32) for x in (q, k, v))
+    kb32 = jnp.asarray(beta, jnp.float32)[..., None] * k32
+    kk, kv = update(
+        jnp.asarray(state.kk, jnp.float32), jnp.asarray(state.kv, jnp.float32), k32, kb32, v32, a_BH
+    )
+    o_BHD = read(kk, kv, q32, lam_HK, cg_steps)
+    return o_BHD.astype(jnp.result_type(q, k, v)), MesaNetState(kk, kv)
+
+
+def check_lambda(lambda_, H: int, Kd: int):
+    """λ as float32 `[H, K]`: shape `[H, K]` (size-1 axes broadcast), values > 0 when concrete."""
+    shape = tuple(jnp.shape(lambda_))
+    try:
+        ok = len(shape) == 2 and jnp.broadcast_shapes(shape, (H, Kd)) == (H, Kd)
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(f"lambda_ must have shape [H, K] = {(H, Kd)}, got {shape}")
+    values = concrete(lambda_)
+    if values is not None and not np.all(values.astype(np.float32) > 0):  # also catches NaN
+        raise ValueError(
+            f"lambda_ must be > 0 (H_kk + diag(λ) must be positive definite); got min "
+            f"{float(np.min(values))}"
+        )
+    return jnp.broadcast_to(jnp.asarray(lambda_, jnp.float32), (H, Kd))
+
+
+def check_beta(beta) -> None:
+    """β ≥ 0 when concrete (a negative write could make H_kk + Λ indefinite, and CG diverge)."""
+    values = concrete(beta)
+    if values is not None and not np.all(values.astype(np.float32) >= 0):
+        raise ValueError(f"beta must be >= 0, got min {float(np.min(values))}")
+
+
+def check_mesa_state(state, B: int, H: int, Kd: int, Dv: int, name: str = "initial_state"):
+    """Raise unless `state` is a `MesaNetState` with kk `[B, H, K, K]` and kv `[B, H, K, Dv]`."""
+    if not isinstance(state, MesaNetState):
+        raise ValueError(f"{name} must be a MesaNetState, got {type(state).__name__}")
+    want_kk, want_kv = (B, H, Kd, Kd), (B, H, Kd, Dv)
+    got_kk, got_kv = tuple(jnp.shape(state.kk)), tuple(jnp.shape(state.kv))
+    if got_kk != want_kk or got_kv != want_kv:
+        raise ValueError(
+            f"{name} has kk {got_kk} and kv {got_kv}; expected kk {want_kk} [B, H, K, K] and "
+            f"kv {want_kv} [B, H, K, Dv]"
+        )
+
+
+def _initial_state(initial_state, B, H, Kd, Dv):
+    if initial_state is None:
+        zeros = MesaNetState.zeros(B, H, Kd, Dv)
+        return zeros.kk, zeros.kv
+    check_mesa_state(initial_state, B, H, Kd, Dv)
+    return jnp.asarray(initial_state.kk, jnp.float32), jnp.asarray(initial_state.kv, jnp.float32)
