@@ -146,3 +146,33 @@ def test_mad_and_forgetting_runs_score_their_tasks(tmp_path):
     config.train.num_steps = 2
     summary = train(config, str(tmp_path / "forget"))
     assert summary["step"] == 2 and 0.0 <= summary["eval/accuracy"] <= 1.0
+
+
+# Grazzi et al.'s files (adankow/unlocking_state_tracking, xlstm/experiments/*.yaml), typed here
+# from the files: layers, d_model, heads, batch, steps, warmup, weight decay.
+PAPER = {
+    "parity_paper": (1, 16, 4, 256, 20_000, 2_000, 0.0),
+    "mod_arith_paper": (2, 128, 4, 256, 100_000, 10_000, 0.1),
+}
+
+
+@pytest.mark.parametrize("preset", PAPER)
+def test_paper_presets_are_the_authors_settings_and_train(preset, tmp_path):
+    cfg = experiment_config(load_config("state_tracking", preset))
+    m, o, t = cfg.model, cfg.optimizer, cfg.train
+    got = (m.num_layers, m.d_model, m.num_heads, t.batch_size, t.num_steps, o.warmup_steps)
+    assert (*got, o.weight_decay) == PAPER[preset]
+    assert (o.learning_rate, o.min_lr_ratio, o.grad_clip, o.b2) == (1e-3, 1e-3, 0.0, 0.999)
+    assert (m.mixer, m.allow_neg_eigval, cfg.data.min_len, cfg.data.seq_len) == (
+        "deltanet",
+        True,
+        3,
+        40,
+    )
+    config = load_config("state_tracking", preset)  # two steps at the preset's own model
+    config.train.update(num_steps=2, batch_size=4, eval_every=2, checkpoint_every=2)
+    config.optimizer.warmup_steps = 1
+    config.data.num_eval_examples = 4
+    summary = train(config, str(tmp_path))
+    assert summary["step"] == 2 and math.isfinite(summary["train/loss"])
+    assert all(f"eval/length_{n}/accuracy" in summary for n in (40, 64, 128, 256))
