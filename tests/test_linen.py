@@ -28,6 +28,7 @@ OPTIONS = {
     "kda": dict(num_value_heads=4, chunk_size=4),
     "gated_deltaproduct": dict(num_householder=2, chunk_size=4),
     "rwkv7": dict(chunk_size=4),
+    "mesanet": dict(chunk_size=4, cg_steps=16),
 }
 
 

@@ -17,6 +17,7 @@ from linear_attention.layers.linear import (
     TaylorMixer,
 )
 from linear_attention.layers.lstm import LSTMMixer
+from linear_attention.layers.mesanet import MesaNetMixer
 from linear_attention.layers.rwkv7 import RWKV7Mixer
 from linear_attention.layers.sliding_window import SlidingWindowMixer
 from linear_attention.layers.softmax import SoftmaxMixer
@@ -40,6 +41,7 @@ MIXERS: dict[str, type[Mixer]] = {
         RWKV7Mixer,
         FoxMixer,
         LSTMMixer,
+        MesaNetMixer,
     )
 }
 

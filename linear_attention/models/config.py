@@ -82,7 +82,8 @@ class ModelConfig:
         pattern (see `model._scanned_blocks`): the same numbers, one compiled body.
       tie_embeddings: output head shares the token embedding.
       The mixers' own options (`method`, `chunk_size`, `eps`, `feature_map`, `feature_dim`,
-      `feature_scale`, `allow_neg_eigval`, `num_value_heads`, `window`, `num_householder`: the
+      `feature_scale`, `allow_neg_eigval`, `num_value_heads`, `window`, `num_householder`,
+      `cg_steps`: the
       union of the fields of the mixers' `Config` dataclasses, described there and by
       `la-train --help`): None is each mixer's default; a value must be used by at least one
       layer and is passed to the layers whose mixer uses it. `mixer_config(name)` is the typed
@@ -126,6 +127,7 @@ class ModelConfig:
     num_value_heads: int | None = None
     window: int | None = None
     num_householder: int | None = None
+    cg_steps: int | None = None
 
     def __post_init__(self):
         check_fields(self, skip=MIXER_OPTIONS)

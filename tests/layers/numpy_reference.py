@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 from flax import nnx
 
-from tests.kernels.reference import delta_rule_loop
+from tests.kernels.reference import delta_rule_loop, mesa_net_loop
 
 
 def params64(module) -> dict:
@@ -68,6 +68,8 @@ def mixer_reference(
         return rwkv7_reference(mixer, x_BTD)
     if name == "lstm":
         return lstm_reference(mixer, x_BTD)
+    if name == "mesanet":
+        return mesanet_reference(mixer, x_BTD)
     p = params64(mixer)
     x = np.asarray(x_BTD, np.float64)
     b, t, _ = x.shape
@@ -298,3 +300,31 @@ def lstm_loop(mixer, x_BTD, h0=None, c0=None):
 def lstm_reference(mixer, x_BTD, h0=None, c0=None) -> np.ndarray:
     """The lstm mixer's output in float64: `lstm_loop`, then the output layers."""
     return output_reference(mixer, x_BTD, lstm_loop(mixer, x_BTD, h0, c0)[0])
+
+
+def mesanet_reference(mixer, x_BTD) -> np.ndarray:
+    """MesaNet as FLA's layer writes it, in float64: q, k = silu(conv(x W_q)), silu(conv(x W_k))
+    (silu alone without conv), v = x W_v; q, k L2-normalised; log γ = logsigmoid(x w_a + b_a),
+    β = sigmoid(x w_b + b_b), λ = softplus(p) + 0.25; `mesa_net_loop` (an exact solve); the
+    output layers."""
+    p = params64(mixer)
+    x = np.asarray(x_BTD, np.float64)
+    b, t, _ = x.shape
+    h, dk, dv = mixer.num_heads, mixer.qk_dim, mixer.head_dim
+    qk_in = p["inputs"]["qk"]
+    qk = x @ qk_in["qkv_proj"]["kernel"]
+    qk = (
+        causal_conv(qk, qk_in["conv"]["kernel"], qk_in["conv"]["bias"])
+        if "conv" in qk_in
+        else silu(qk)
+    )
+    q, k = qk[..., : h * dk].reshape(b, t, h, dk), qk[..., h * dk :].reshape(b, t, h, dk)
+    if mixer.rope:
+        q, k = rotate(q, np.arange(t)), rotate(k, np.arange(t))
+    v = (x @ p["inputs"]["v_proj"]["kernel"]).reshape(b, t, h, dv)
+    l2 = lambda z: z / np.sqrt(np.sum(z * z, -1, keepdims=True) + 1e-6)  # noqa: E731
+    log_decay = -np.logaddexp(0.0, -(x @ p["decay_proj"]["kernel"] + p["decay_proj"]["bias"]))
+    beta = 1.0 / (1.0 + np.exp(-(x @ p["beta_proj"]["kernel"] + p["beta_proj"]["bias"])))
+    lam = softplus(p["lambda_param"]) + 0.25
+    o = mesa_net_loop(l2(q), l2(k), v, log_decay, beta, lam)[0]
+    return output_reference(mixer, x, o)

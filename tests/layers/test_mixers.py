@@ -61,6 +61,11 @@ CASES = {
     # the sequential positive control: one cell per head; and with the output norm and gate
     "lstm": dict(),
     "lstm_gated": dict(out_norm=True, out_gate=True),
+    # MesaNet: the chunked CG (conv on q/k and the output norm by default, a partial last
+    # chunk); the token-by-token CG with rope and the output gate; the exact solve, no conv
+    "mesanet": dict(chunk_size=5),
+    "mesanet_recurrent": dict(method="recurrent", rope=True, out_gate=True, cg_steps=20),
+    "mesanet_exact": dict(method="exact", conv=False),
 }
 DELTA = ("deltanet", "gated_deltanet", "kda", "gated_deltaproduct")
 
@@ -201,6 +206,23 @@ def test_bfloat16_compute(name):
     )
 
 
+def test_mesanet_bfloat16_compute():
+    """bfloat16 compute, float32 statistics and solve. Compared before the output norm: the
+    solve's error from bfloat16 q and k scales with |H_kv|, not with |o|, so the RMSNorm of a
+    head whose o is small magnifies it (0.12 absolute at the default out_norm, measured here)."""
+    mixer32, mixer16 = (
+        make("mesanet", out_norm=False),
+        make("mesanet", out_norm=False, dtype=jnp.bfloat16),
+    )
+    x = inputs()
+    y16 = call(mixer16, x.astype(jnp.bfloat16))
+    assert y16.dtype == jnp.bfloat16 and bool(jnp.all(jnp.isfinite(y16)))
+    np.testing.assert_allclose(y16.astype(jnp.float32), call(mixer32, x), rtol=0.1, atol=0.05)
+    y16_step, state = step(mixer16, x[:, 0].astype(jnp.bfloat16), mixer16.init_state(B, T))
+    assert y16_step.dtype == jnp.bfloat16
+    assert {leaf.dtype for leaf in jax.tree.leaves(state.core)} == {jnp.dtype("float32")}
+
+
 def test_favor_redraw_changes_projection_and_stays_finite():
     mixer, x = make("favor"), inputs()
     before = jnp.array(mixer.feature_map.projection[...])
@@ -279,6 +301,9 @@ BAD_OPTIONS = [
     (dict(name="lstm", conv=True), "mixer 'lstm' does not use option conv=True"),
     (dict(name="lstm", rope=True), "mixer 'lstm' does not use option rope=True"),
     (dict(name="lstm", method="scan"), "mixer 'lstm' does not use option method"),
+    (dict(name="mesanet", cg_steps=0), "cg_steps must be an integer >= 1, got 0"),
+    (dict(name="mesanet", method="scan"), "unknown method 'scan' for mixer 'mesanet'"),
+    (dict(name="gated", cg_steps=4), "does not use option cg_steps"),
 ]
 
 
@@ -309,6 +334,7 @@ def test_registry_lists_every_family():
         "rwkv7",
         "fox",
         "lstm",
+        "mesanet",
     }
     # every option is declared once, with the same type wherever two mixers share it
     types = {}
@@ -353,7 +379,7 @@ def test_attention_inputs_reproduce_the_mixer(case):
     and passed through the output layers, give the float64 reference output of the mixer."""
     name = mixer_name(case)
     mixer, x = make(case), inputs()
-    if name in (*DELTA, "swa", "rwkv7", "lstm"):  # not the causal weighted sum of AttentionInputs
+    if name in (*DELTA, "swa", "rwkv7", "lstm", "mesanet"):  # not AttentionInputs' weighted sum
         with pytest.raises(ValueError, match="has no attention_inputs"):
             attention_inputs(mixer, x)
         return

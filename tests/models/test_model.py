@@ -17,6 +17,7 @@ ALL_MIXERS = ("linear", "favor", "taylor", "hedgehog", "retnet", "gated", "gla",
 # (a layer after gated_deltanet: its chunk gradient must not leak across a reset, even rounding)
 ALL_MIXERS += ("deltanet", "gated_deltanet", "swa", "kda", "gated_deltaproduct")
 ALL_MIXERS += ("rwkv7", "fox", "lstm")  # (their own model: rwkv7 and lstm refuse the conv)
+ALL_MIXERS += ("mesanet",)
 
 
 def make(seed: int = 0, **fields):
@@ -62,6 +63,8 @@ CASES = {
     "hybrid_rwkv7": dict(mixer=("rwkv7", "gated_deltanet"), chunk_size=4, position="learned"),
     # Based: taylor + sliding window (window 3 < SPLIT: the ring buffer wraps), rope and conv
     "based": dict(mixer=("taylor", "swa"), feature_dim=4, window=3, position="rope", conv=True),
+    # MesaNet (chunked CG, a partial last chunk) beside a decayed linear layer
+    "hybrid_mesanet": dict(mixer=("mesanet", "gated"), chunk_size=5, cg_steps=16, position="rope"),
 }
 # every mixer once (each path is checked per mixer in tests/layers), in two models: one
 # 11-layer model's gradient was a module large enough to crash XLA's CPU compiler (segfault)

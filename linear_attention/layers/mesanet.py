@@ -1,0 +1,190 @@
+"""MesaNet (von Oswald et al. 2025): each head's output is the regularised least-squares read-out
+of its decayed key statistics, `kernels.mesa_net`.
+
+    q, k = silu(conv(x W_q)), silu(conv(x W_k)),  v = x W_v     (no conv on v, as FLA's layer)
+    q ← l2norm(q),  k ← l2norm(k)                               per head, in float32
+    log γ_t = logsigmoid(x_t·w_a + b_a),  β_t = sigmoid(x_t·w_b + b_b)     per head, float32
+    λ = softplus(p) + 0.25  per head and key channel (p: a parameter; λ = 1 at init)
+    H_kk,t = γ_t H_kk,t−1 + β_t k_t k_tᵀ,   H_kv,t = γ_t H_kv,t−1 + β_t k_t v_tᵀ
+    o_t = H_kv,tᵀ (H_kk,t + diag(λ))⁻¹ q_t                       (`cg_steps` CG iterations)
+    y   = RMSNorm(o) W_o            (with `out_gate`: (RMSNorm(o) ⊙ silu(x W_g)) W_o)
+
+flash-linear-attention's `MesaNet` layer: its short conv on q and k only (kernel 4, SiLU), no
+scaling of q after the L2 norm, the lower bound 0.25 on λ, 30 CG iterations, the output norm on
+and the output gate off by default (`out_gate=True` is its `use_output_gate`). Without `conv`
+the SiLU is applied directly (as the delta mixers do). The sequence paths call
+`kernels.mesa_net` (`method` "chunk", "recurrent" or "exact"; `chunk_size`; `cg_steps`), `step`
+calls `kernels.mesa_net_step` with the same CG; the state is `MesaNetState(kk [B, H, Dk, Dk],
+kv [B, H, Dk, Dv])`, float32, whatever the context length. Both statistics are affine in the
+past, so a time split (`mesh.seq > 1`) is supported (the kernel's `axis_name`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from linear_attention import kernels as K
+from linear_attention.kernels.mesa_net.mesa_net import METHODS
+from linear_attention.layers.base import Mixer
+from linear_attention.layers.delta import l2norm
+from linear_attention.layers.options import (
+    CHUNK_SIZE,
+    CONV,
+    METHOD,
+    OUT_GATE,
+    OUT_NORM,
+    MixerConfig,
+    conv_kernel_size,
+    option,
+)
+from linear_attention.layers.projections import QKVProjection
+from linear_attention.layers.sequence import sequence_axis
+
+CG_STEPS = option(30, "conjugate-gradient iterations per solve (mesanet)")
+LAMBDA_FLOOR = 0.25  # λ = softplus(p) + LAMBDA_FLOOR > 0: H_kk + diag(λ) stays well conditioned
+LAMBDA_INIT = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class MesaNetConfig(MixerConfig):
+    conv: bool | int | None = CONV.field(True)
+    out_norm: bool = OUT_NORM.field(True)
+    out_gate: bool = OUT_GATE.field(False)
+    method: str = METHOD.field(choices=METHODS)
+    chunk_size: int = CHUNK_SIZE.field()
+    cg_steps: int = CG_STEPS.field()
+
+
+class MesaInputs(nnx.Module):
+    """q, k `[B, T, H, Dk]` from a `QKVProjection` without values (its conv and rotary act on
+    q and k only), v `[B, T, H, Dv]` from a projection of its own, unconvolved."""
+
+    def __init__(self, d_model, num_heads, qk_dim, v_dim, *, dtype, param_dtype, rngs, **qk):
+        self.num_heads, self.v_dim = num_heads, v_dim
+        self.qk = QKVProjection(
+            d_model, num_heads, qk_dim, 0, dtype=dtype, param_dtype=param_dtype, rngs=rngs, **qk
+        )
+        self.v_proj = nnx.Linear(
+            d_model,
+            num_heads * v_dim,
+            use_bias=False,
+            dtype=dtype,
+            param_dtype=param_dtype,
+            rngs=rngs,
+        )
+
+    def init_state(self, batch_size: int) -> jax.Array | None:
+        return self.qk.init_state(batch_size)
+
+    def __call__(self, x_BTD, conv_tail, position, segments=None):
+        q_BTHK, k_BTHK, _, conv_tail = self.qk(x_BTD, conv_tail, position, segments)
+        b, t, _ = x_BTD.shape
+        v_BTHD = self.v_proj(x_BTD).reshape(b, t, self.num_heads, self.v_dim)
+        return q_BTHK, k_BTHK, v_BTHD, conv_tail
+
+
+class MesaNetMixer(Mixer):
+    """MesaNet: the output of a locally optimal linear fit of the values, per head (module)."""
+
+    NAME = "mesanet"
+    OPTIONS = MesaNetConfig
+    SEQUENCE_PARALLEL = True
+
+    def _build_inputs(self, rngs: nnx.Rngs) -> nnx.Module:
+        opts = self.options
+        return MesaInputs(
+            self.d_model,
+            self.num_heads,
+            self.qk_dim,
+            self.head_dim,
+            conv=conv_kernel_size(opts["conv"]),
+            rope=opts["rope"],
+            rope_base=opts["rope_base"],
+            reset_positions=opts["reset_positions"],
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            rngs=rngs,
+        )
+
+    def _build(self, rngs) -> None:
+        opts = self.options
+        self.method, self.chunk_size, self.cg_steps = (
+            opts["method"],
+            opts["chunk_size"],
+            opts["cg_steps"],
+        )
+        self.conv_silu = self.inputs.qk.conv is not None  # the conv applies the SiLU itself
+        # the gates are float32 whatever `dtype`
+        lin = dict(use_bias=True, dtype=jnp.float32, param_dtype=self.param_dtype, rngs=rngs)
+        self.decay_proj = nnx.Linear(self.d_model, self.num_heads, **lin)
+        self.beta_proj = nnx.Linear(self.d_model, self.num_heads, **lin)
+        p0 = math.log(math.expm1(LAMBDA_INIT - LAMBDA_FLOOR))  # softplus(p0) + floor = init
+        shape = (self.num_heads, self.qk_dim)
+        self.lambda_param = nnx.Param(jnp.full(shape, p0, jnp.float32).astype(self.param_dtype))
+
+    def mixing_flops(self, seq_len: int, *, method=None, chunk_size=None) -> float:
+        """Per token and head, with n = `cg_steps`, dk = dv = the head width, C the chunk:
+        chunk: 2·dk² (the H_kk chunk summary) + n·(2·dk² + 4·C·dk) (each CG iteration's A x: the
+        entering state, the [C, C] scores and their sum over kb) + 2·(C·(dk + dv) + 2·dk·dv)
+        (the read-out, linear attention with queries x); recurrent: 2·dk·(dk + dv) (both
+        updates) + n·2·dk² + 2·dk·dv (the read-out); exact: 2·dk³/3 (the solve) in place of the
+        CG term. The CG's vector updates (O(dk) each) are left out."""
+        h, dk, dv, n = self.num_heads, self.qk_dim, self.head_dim, self.cg_steps
+        match method or self.method:
+            case "chunk":
+                c = min(chunk_size or self.chunk_size, seq_len)
+                per_head = 2 * dk * dk + n * (2 * dk * dk + 4 * c * dk)
+                return float(h * (per_head + 2 * (c * (dk + dv) + 2 * dk * dv)))
+            case "recurrent":
+                return float(h * (2 * dk * (dk + dv) + n * 2 * dk * dk + 2 * dk * dv))
+            case "exact":
+                return float(h * (2 * dk * (dk + dv) + 2 * dk**3 / 3 + 2 * dk * dv))
+            case other:
+                raise ValueError(f"unknown method {other!r}; allowed: {', '.join(METHODS)}")
+
+    def gates(self, x_BTD):
+        """(log γ, β), float32 `[..., H]`, and λ `[H, Dk]` float32."""
+        log_decay = jax.nn.log_sigmoid(self.decay_proj(x_BTD).astype(jnp.float32))
+        beta = jax.nn.sigmoid(self.beta_proj(x_BTD).astype(jnp.float32))
+        lam = jax.nn.softplus(self.lambda_param[...].astype(jnp.float32)) + LAMBDA_FLOOR
+        return log_decay, beta, lam
+
+    def prepare(self, q, k):
+        """The q and k the kernel receives: SiLU (unless the conv applied it), L2-normalised."""
+        if not self.conv_silu:
+            q, k = jax.nn.silu(q), jax.nn.silu(k)
+        return l2norm(q).astype(q.dtype), l2norm(k).astype(k.dtype)
+
+    def _init_core(self, batch_size: int, max_length: int) -> K.MesaNetState:
+        del max_length  # the state does not grow with the context
+        return K.MesaNetState.zeros(batch_size, self.num_heads, self.qk_dim, self.head_dim)
+
+    def _mix(self, x_BTD, q_BTHK, k_BTHK, v_BTHD, core, position, segments=None):
+        del position
+        q, k = self.prepare(q_BTHK, k_BTHK)
+        log_decay, beta, lam = self.gates(x_BTD)
+        options = dict(
+            segment_ids=segments,
+            method=self.method,
+            chunk_size=self.chunk_size,
+            cg_steps=self.cg_steps,
+            axis_name=sequence_axis(),
+        )
+        if core is None:
+            return K.mesa_net(q, k, v_BTHD, log_decay, beta, lam, **options), None
+        return K.mesa_net(
+            q, k, v_BTHD, log_decay, beta, lam, initial_state=core, return_final_state=True,
+            **options,
+        )  # fmt: skip
+
+    def _mix_step(self, x_BD, q_BHK, k_BHK, v_BHD, core, position):
+        del position
+        q, k = self.prepare(q_BHK, k_BHK)
+        log_decay, beta, lam = self.gates(x_BD)
+        cg_steps = None if self.method == "exact" else self.cg_steps
+        return K.mesa_net_step(core, q, k, v_BHD, log_decay, beta, lam, cg_steps=cg_steps)
