@@ -6,11 +6,14 @@
 `fla/ops/<family>/naive.py` is loaded by path, so triton is not needed, only `torch` and
 `einops`. For each family it draws random inputs (float32, several shapes), runs FLA's naive
 form and this library's kernel, and reports the largest relative error
-max |ours − theirs| / max |theirs|. It runs outside the default test run (torch is not a
+max |ours − theirs| / max |theirs|; `--out` keeps the figures of the families not checked in
+this run (`--family`). It runs outside the default test run (torch is not a
 dependency); BENCHMARKS.md records its figures.
 
-Families checked: forgetting attention (`naive_forgetting_attn` against
-`kernels.forgetting_attention`, both methods).
+Families checked (`--family`, all by default): forgetting attention (`naive_forgetting_attn`
+against `kernels.forgetting_attention`, both methods); log-linear attention
+(`naive_log_linear_attn` against `kernels.log_linear_attention`, every method, with one more
+level weight than the length needs).
 """
 
 from __future__ import annotations
@@ -69,7 +72,32 @@ def forgetting(fla_root: Path) -> dict:
     }
 
 
-CHECKS = {"forgetting_attn": forgetting}
+def log_linear(fla_root: Path) -> dict:
+    import torch
+
+    naive = load_naive(fla_root, "log_linear_attn").naive_log_linear_attn
+    rng = np.random.default_rng(0)
+    errors = {method: [] for method in K.LOG_LINEAR_METHODS}
+    for b, t, h, d, dv in SHAPES:
+        levels = int(t - 1).bit_length() + 2  # one more than positions 0..t−1 need
+        q, k = (rng.standard_normal((b, t, h, d), np.float32) for _ in range(2))
+        v = rng.standard_normal((b, t, h, dv), np.float32)
+        g = np.log(1.0 / (1.0 + np.exp(-rng.standard_normal((b, t, h)) - 2.0))).astype(np.float32)
+        lam = np.log1p(np.exp(rng.standard_normal((b, t, h, levels)))).astype(np.float32)
+        theirs = naive(*(torch.from_numpy(x) for x in (q, k, v, g, lam))).numpy()
+        for method in errors:
+            ours = K.log_linear_attention(q, k, v, g, lam, method=method, chunk_size=16)
+            errors[method].append(rel_err(ours, theirs))
+    return {
+        "reference": "fla/ops/log_linear_attn/naive.py: naive_log_linear_attn",
+        "ours": "kernels.log_linear_attention (chunk_size 16)",
+        "shapes_BTHDDv": SHAPES,
+        "max_rel_err": {m: max(e) for m, e in errors.items()},
+        "rel_err_per_shape": errors,
+    }
+
+
+CHECKS = {"forgetting_attn": forgetting, "log_linear_attn": log_linear}
 
 
 def main(argv=None) -> int:
@@ -77,6 +105,9 @@ def main(argv=None) -> int:
     parser.add_argument("--fla", required=True, type=Path, help="local flash-linear-attention")
     parser.add_argument("--out", type=Path, help="write the figures as JSON here")
     parser.add_argument("--fla_commit", default="", help="the checkout's commit, for the record")
+    parser.add_argument(
+        "--family", choices=sorted(CHECKS), action="append", help="check only these (repeatable)"
+    )
     args = parser.parse_args(argv)
     try:
         import einops  # noqa: F401
@@ -84,7 +115,8 @@ def main(argv=None) -> int:
     except ImportError as e:
         parser.error(f"needs torch and einops ({e}); pip install torch==2.13.0 einops")
     jax.config.update("jax_default_matmul_precision", "highest")
-    results = {name: check(args.fla) for name, check in CHECKS.items()}
+    chosen = args.family or list(CHECKS)
+    results = {name: check(args.fla) for name, check in CHECKS.items() if name in chosen}
     record = {
         "fla_commit": args.fla_commit,
         "machine": machine_info(),
@@ -93,6 +125,9 @@ def main(argv=None) -> int:
         "families": results,
     }
     if args.out:
+        if args.out.is_file():  # a check of some families keeps the others' figures
+            kept = json.loads(args.out.read_text()).get("families", {})
+            record["families"] = {**kept, **results}
         args.out.write_text(json.dumps(record, indent=1) + "\n")
     for name, r in results.items():
         print(f"{name}: max relative error {r['max_rel_err']}")

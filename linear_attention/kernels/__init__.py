@@ -22,6 +22,11 @@ from linear_attention.kernels.linear.linear import (
     linear_attention,
 )
 from linear_attention.kernels.linear.recurrent import recurrent_step
+from linear_attention.kernels.log_linear.log_linear import METHODS as LOG_LINEAR_METHODS
+from linear_attention.kernels.log_linear.log_linear import (
+    log_linear_attention,
+    log_linear_attention_step,
+)
 from linear_attention.kernels.mesa_net.mesa_net import MesaNetState, mesa_net, mesa_net_step
 from linear_attention.kernels.primitives.pallas import pallas_interpret
 from linear_attention.kernels.softmax.sliding_window import sliding_window_attention
@@ -34,6 +39,7 @@ from linear_attention.kernels.state import LinearAttentionState
 
 __all__ = [
     "DELTA_METHODS",
+    "LOG_LINEAR_METHODS",
     "ForgettingCache",
     "METHODS",
     "MesaNetState",
@@ -53,6 +59,8 @@ __all__ = [
     "forgetting_attention",
     "forgetting_attention_step",
     "linear_attention",
+    "log_linear_attention",
+    "log_linear_attention_step",
     "mesa_net",
     "mesa_net_step",
     "pallas_interpret",
