@@ -13,7 +13,9 @@ dependency); BENCHMARKS.md records its figures.
 Families checked (`--family`, all by default): forgetting attention (`naive_forgetting_attn`
 against `kernels.forgetting_attention`, both methods); log-linear attention
 (`naive_log_linear_attn` against `kernels.log_linear_attention`, every method, with one more
-level weight than the length needs).
+level weight than the length needs); MesaNet (`naive_mesa_net_exact` against `kernels.mesa_net`
+with every method, outputs and both final states; `naive_mesa_net_CG` against the chunked CG at
+the same iteration count; `naive_mesa_net_decoding_one_step` against `kernels.mesa_net_step`).
 """
 
 from __future__ import annotations
@@ -97,7 +99,86 @@ def log_linear(fla_root: Path) -> dict:
     }
 
 
-CHECKS = {"forgetting_attn": forgetting, "log_linear_attn": log_linear}
+def mesa_net(fla_root: Path) -> dict:
+    """MesaNet from initial states, unit q and k (as the layer gives them). FLA's naive forms
+    take Dv = D and, for CG, T a multiple of their chunk (C below); ours runs chunks of 64 with
+    T not a multiple. FLA's CG adds 1e-5 to the denominators of its step sizes, ours masks a
+    zero one: both are compared with the exact solve, and with each other at 30 iterations."""
+    import torch
+
+    naive = load_naive(fla_root, "mesa_net")
+    rng = np.random.default_rng(0)
+    steps = 30  # FLA's default (max_CG_iteration), training and decoding
+    errors = {
+        "exact_vs_exact": [],
+        "recurrent_cg_vs_exact": [],
+        "chunk_cg_vs_exact": [],
+        "chunk_cg_vs_fla_cg": [],
+        "final_states_vs_exact": [],
+        "step_vs_fla_decoding": [],
+        "step_cg_vs_exact_solve": [],
+        # FLA against itself: how far its CG forms are from its exact solve (their 1e-5 terms)
+        "fla_cg_vs_fla_exact": [],
+        "fla_decoding_vs_exact_solve": [],
+    }
+
+    def unit(x):
+        return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+    for b, t, h, d, _ in SHAPES:
+        q, k = (unit(rng.standard_normal((b, t, h, d))).astype(np.float32) for _ in range(2))
+        v = rng.standard_normal((b, t, h, d), np.float32)
+        g = np.log(1.0 / (1.0 + np.exp(-rng.standard_normal((b, t, h)) - 2.0))).astype(np.float32)
+        beta = (1.0 / (1.0 + np.exp(-rng.standard_normal((b, t, h))))).astype(np.float32)
+        lam = (np.log1p(np.exp(rng.standard_normal((h, d)))) + 0.25).astype(np.float32)
+        kk0 = unit(rng.standard_normal((b, h, d, d))).astype(np.float32)
+        kk0 = (kk0 @ np.swapaxes(kk0, -1, -2)).astype(np.float32)  # positive semi-definite
+        kv0 = rng.standard_normal((b, h, d, d), np.float32)
+        torch_in = [torch.from_numpy(x) for x in (q, k, v, g, lam, beta)]
+        init = dict(h_kk_init=torch.from_numpy(kk0), h_kv_init=torch.from_numpy(kv0))
+        o_ex, kk_ex, kv_ex = (x.numpy() for x in naive.naive_mesa_net_exact(*torch_in, **init))
+        chunk = max(c for c in range(1, 65) if t % c == 0)
+        o_cg = naive.naive_mesa_net_CG(*torch_in, chunk, steps, **init)[0].numpy()
+        errors["fla_cg_vs_fla_exact"].append(rel_err(o_cg, o_ex))
+        state = K.MesaNetState(kk0, kv0)
+        for method in ("exact", "recurrent", "chunk"):
+            o, s = K.mesa_net(q, k, v, g, beta, lam, initial_state=state, method=method,
+                              chunk_size=64, cg_steps=steps, return_final_state=True)  # fmt: skip
+            name = "exact_vs_exact" if method == "exact" else f"{method}_cg_vs_exact"
+            errors[name].append(rel_err(o, o_ex))
+            errors["final_states_vs_exact"].append(max(rel_err(s.kk, kk_ex), rel_err(s.kv, kv_ex)))
+            if method == "chunk":
+                errors["chunk_cg_vs_fla_cg"].append(rel_err(o, o_cg))
+        # one decoding step from the states after the sequence
+        x = [rng.standard_normal((b, h, d), np.float32) for _ in range(3)]
+        qs, ks = unit(x[0]).astype(np.float32), unit(x[1]).astype(np.float32)
+        gs, bs = g[:, 0], beta[:, 0]
+        theirs = naive.naive_mesa_net_decoding_one_step(
+            *(torch.from_numpy(z) for z in (qs, ks, x[2], gs, lam, bs)),
+            torch.from_numpy(kk_ex), torch.from_numpy(kv_ex), steps,
+        )  # fmt: skip
+        ours = K.mesa_net_step(K.MesaNetState(kk_ex, kv_ex), qs, ks, x[2], gs, bs, lam,
+                               cg_steps=steps)  # fmt: skip
+        exact = K.mesa_net_step(K.MesaNetState(kk_ex, kv_ex), qs, ks, x[2], gs, bs, lam,
+                                cg_steps=None)[0]  # fmt: skip
+        errors["step_cg_vs_exact_solve"].append(rel_err(ours[0], exact))
+        errors["fla_decoding_vs_exact_solve"].append(rel_err(theirs[0], exact))
+        errors["step_vs_fla_decoding"].append(
+            max(rel_err(ours[0], theirs[0]), rel_err(ours[1].kk, theirs[1]),
+                rel_err(ours[1].kv, theirs[2]))
+        )  # fmt: skip
+    return {
+        "reference": "fla/ops/mesa_net/naive.py: naive_mesa_net_exact, naive_mesa_net_CG, "
+        "naive_mesa_net_decoding_one_step",
+        "ours": "kernels.mesa_net (exact, recurrent, chunk; chunk_size 64, cg_steps 30), "
+        "kernels.mesa_net_step",
+        "shapes_BTHDDv": SHAPES,
+        "max_rel_err": {m: max(e) for m, e in errors.items()},
+        "rel_err_per_shape": errors,
+    }
+
+
+CHECKS = {"forgetting_attn": forgetting, "log_linear_attn": log_linear, "mesa_net": mesa_net}
 
 
 def main(argv=None) -> int:
