@@ -159,6 +159,8 @@ def test_bfloat16_inputs_and_bad_input():
         K.mesa_net(q, k, v, jnp.abs(a), beta, lam)
     with pytest.raises(ValueError, match="cg_steps must be an integer >= 1"):
         K.mesa_net(q, k, v, a, beta, lam, cg_steps=0)
+    with pytest.raises(ValueError, match='method="recurrent" or "exact"'):  # forward mode
+        jax.jvp(lambda q: K.mesa_net(q, k, v, a, beta, lam, chunk_size=4), (q,), (q,))
     with pytest.raises(ValueError, match="initial_state must be a MesaNetState"):
         K.mesa_net(q, k, v, a, beta, lam, initial_state=K.LinearAttentionState(None, None))
 

@@ -149,6 +149,11 @@ def test_state_size_bytes_against_formulas():
     )
     # rwkv7: kv H·Dk·Dv, and the token shift's last input (d_model = 16 floats), no conv
     assert state_size_bytes(_config(mixer="rwkv7")) == 2 * (4 * h * 8 * dv + 4 * 16)
+    # mesanet: both statistics, H_kk H·Dk·Dk and H_kv H·Dk·Dv, and the conv tail over q and k
+    # only (v has no conv)
+    mesa = 4 * h * 8 * 8 + 4 * h * 8 * dv + 4 * 3 * 2 * h * 8
+    assert state_size_bytes(_config(mixer="mesanet")) == 2 * mesa
+    assert state_size_bytes(_config(mixer="mesanet", max_length=1 << 20)) == 2 * mesa
     # gla: the same state (a vector decay changes the update, not the size), M = Dk = 8
     assert state_size_bytes(_config(mixer="gla")) == 2 * linear(8)
     # softmax: K and V caches at max_length, in the compute dtype
