@@ -12,7 +12,10 @@ of its decayed key statistics, `kernels.mesa_net`.
 flash-linear-attention's `MesaNet` layer: its short conv on q and k only (kernel 4, SiLU), no
 scaling of q after the L2 norm, the lower bound 0.25 on λ, 30 CG iterations, the output norm on
 and the output gate off by default (`out_gate=True` is its `use_output_gate`). Without `conv`
-the SiLU is applied directly (as the delta mixers do). The sequence paths call
+the SiLU is applied directly (as the delta mixers do). Left as this library's parts have them:
+the conv's bias (FLA's has none; here it starts at 0), the output RMSNorm's eps (1e-6, FLA's
+1e-5) and the projections' initialisers (the gate biases start at 0, so γ ≈ σ(x·w_a) ≈ ½ on
+average, as FLA's small uniform biases give). The sequence paths call
 `kernels.mesa_net` (`method` "chunk", "recurrent" or "exact"; `chunk_size`; `cg_steps`), `step`
 calls `kernels.mesa_net_step` with the same CG; the state is `MesaNetState(kk [B, H, Dk, Dk],
 kv [B, H, Dk, Dv])`, float32, whatever the context length. Both statistics are affine in the
