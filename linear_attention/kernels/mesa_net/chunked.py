@@ -92,28 +92,30 @@ class ChunkSystem:
     `matvec(x [B, H, N, C, K])` is A_t x_t for every token t."""
 
     def __init__(self, kb_BTHK, k_BTHK, a_BTH, entering_BHNKK, lam_HK, C: int):
-        self.kb, self.k, self.s = chunks(kb_BTHK, C), chunks(k_BTHK, C), entering_BHNKK
-        self.lam = lam_HK[None, :, None, None, :]
+        self.kb_BHNCK, self.k_BHNCK = chunks(kb_BTHK, C), chunks(k_BTHK, C)
+        self.s_BHNKK = entering_BHNKK
+        self.lam_1H11K = lam_HK[None, :, None, None, :]
         if a_BTH is None:
-            self.start = None
-            self.pair = jnp.tril(jnp.ones((C, C), jnp.float32))
+            self.start_BHNC1 = None
+            self.pair_BHNCC = jnp.tril(jnp.ones((C, C), jnp.float32))
         else:
             d = ChunkDecays(chunks(a_BTH[..., None], C))
-            self.start = d.start  # [B, H, N, C, 1]: exp(b_t), 0 after a reset in the chunk
-            self.pair = pair_decays(d.b[..., 0], d.n[..., 0])  # [B, H, N, C, C]
+            self.start_BHNC1 = d.start  # exp(b_t), 0 after a reset in the chunk
+            self.pair_BHNCC = pair_decays(d.b[..., 0], d.n[..., 0])  # exp(b_t − b_j), j ≤ t
 
     def matvec(self, x_BHNCK):
-        inter = jnp.einsum("bhnck,bhnik->bhnci", x_BHNCK, self.s)
-        if self.start is not None:
-            inter = inter * self.start
-        scores = jnp.einsum("bhnck,bhnsk->bhncs", x_BHNCK, self.k) * self.pair
-        intra = jnp.einsum("bhncs,bhnsk->bhnck", scores, self.kb)
-        return inter + intra + self.lam * x_BHNCK
+        inter = jnp.einsum("bhnck,bhnik->bhnci", x_BHNCK, self.s_BHNKK)  # S_n x_t
+        if self.start_BHNC1 is not None:
+            inter = inter * self.start_BHNC1
+        scores = jnp.einsum("bhnck,bhnsk->bhncs", x_BHNCK, self.k_BHNCK) * self.pair_BHNCC
+        intra = jnp.einsum("bhncs,bhnsk->bhnck", scores, self.kb_BHNCK)
+        return inter + intra + self.lam_1H11K * x_BHNCK
 
     def solve(self, b_BTHK, steps: int):
         """A_t⁻¹ b_t for every token by `steps` CG iterations, `[B, T, H, K]`."""
-        x = conjugate_gradient(self.matvec, chunks(b_BTHK, self.k.shape[3]), steps)
-        return unchunks(x, b_BTHK.shape[1])
+        C = self.k_BHNCK.shape[3]
+        x_BHNCK = conjugate_gradient(self.matvec, chunks(b_BTHK, C), steps)
+        return unchunks(x_BHNCK, b_BTHK.shape[1])
 
 
 def mesa_chunked(q_BTHK, kb_BTHK, k_BTHK, v_BTHD, a_BTH, lam_HK, kk0_BHKK, kv0_BHKD, C, steps):
