@@ -17,8 +17,9 @@ d_model 128 for 100,000 steps on mod_arith. Measured on this 2-core machine (gat
 400 steps of ``parity_paper``, load 2–12): 35,000 tokens/s, about 0.3 s a step, so one parity
 run at the authors' budget is about 1.7 h of an idle machine and the 3-seed, 7-mixer table
 about 35 h; mod_arith's budget is 5× the steps at a larger model. They are the presets a
-device runs (``--config configs/state_tracking.py:parity_paper --config.model.mixer=...``). Training lengths 3–40, evaluation
-at lengths 40, 64, 128 and 256 (512 sequences each), as Grazzi et al. (train 3–40, test 40–256).
+device runs (``--config configs/state_tracking.py:parity_paper --config.model.mixer=...``).
+Training lengths 3–40, evaluation at lengths 40, 64, 128 and 256 (512 sequences each), as
+Grazzi et al. (train 3–40, test 40–256).
 ``eval/length_{L}/accuracy``: sequence-level for parity and mod_arith (one label per sequence),
 token-level for the group tasks; ``eval/accuracy`` is their mean over the lengths and
 ``eval/scaled_accuracy`` = (accuracy − chance) / (1 − chance), Grazzi et al.'s score.
