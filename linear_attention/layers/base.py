@@ -190,7 +190,16 @@ class Mixer(nnx.Module):
         cls._check_family_options(num_heads, options)
         if config.rope:
             head_dim = config.head_dim or d_model // num_heads
-            check_rotary_dim("q/k head dimension", cls._qk_dim(head_dim, options))
+            qk_dim = cls._qk_dim(head_dim, options)
+            rotary_dim = options.get("rotary_dim")
+            if rotary_dim is None:
+                check_rotary_dim("q/k head dimension", qk_dim)
+            elif rotary_dim > qk_dim:
+                raise ValueError(
+                    f"rotary_dim={rotary_dim} must be <= the q/k head dimension {qk_dim}"
+                )
+            else:
+                check_rotary_dim("rotary_dim", rotary_dim)
 
     @classmethod
     def _check_family_options(cls, num_heads: int, options: Mapping) -> None:
@@ -203,21 +212,30 @@ class Mixer(nnx.Module):
 
     def _build_inputs(self, rngs: nnx.Rngs) -> nnx.Module:
         opts = self.options
-        return QKVProjection(
-            self.d_model,
-            self.num_heads,
-            self.qk_dim,
-            self.head_dim,
+        options = dict(
             num_value_heads=self.num_value_heads,
             num_keys=self._num_keys(),
             conv=conv_kernel_size(opts["conv"]),
             rope=opts["rope"],
             rope_base=opts["rope_base"],
             reset_positions=opts["reset_positions"],
+        )
+        options.update(self._input_options())
+        return QKVProjection(
+            self.d_model,
+            self.num_heads,
+            self.qk_dim,
+            self.head_dim,
+            **options,
             dtype=self.dtype,
             param_dtype=self.param_dtype,
             rngs=rngs,
         )
+
+    def _input_options(self) -> dict:
+        """Subclass hook: options of the q/k/v projection that replace or add to the common
+        ones (key/value heads, q/k norm, partial rotary, conv bias)."""
+        return {}
 
     def _num_keys(self) -> int | None:
         """Keys (and values) per token and head with an n axis (Gated DeltaProduct's n, 1 or

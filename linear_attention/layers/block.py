@@ -15,7 +15,8 @@ from linear_attention.layers.registry import DEFAULT_MIXER, get_mixer
 
 class Block(nnx.Module):
     """One layer: a mixer (by registry name, with keyword `mixer_options` or its checked
-    `mixer_config`) and an optional SwiGLU MLP."""
+    `mixer_config`) and an optional SwiGLU MLP (hidden width `mlp_dim`, None: from
+    `mlp_ratio`)."""
 
     def __init__(
         self,
@@ -27,6 +28,7 @@ class Block(nnx.Module):
         mixer_config: MixerConfig | None = None,
         mlp: bool = True,
         mlp_ratio: float = 4.0,
+        mlp_dim: int | None = None,
         norm_eps: float = 1e-6,
         dtype=None,
         param_dtype=jnp.float32,
@@ -40,7 +42,7 @@ class Block(nnx.Module):
         )
         if mlp:
             self.mlp_norm = RMSNorm(d_model, eps=norm_eps, **common)
-            self.mlp = SwiGLU(d_model, mlp_ratio=mlp_ratio, **common)
+            self.mlp = SwiGLU(d_model, mlp_ratio=mlp_ratio, hidden_dim=mlp_dim, **common)
         else:
             self.mlp_norm = self.mlp = None
 

@@ -18,7 +18,8 @@ ACTIVATIONS = {"silu": jax.nn.silu, "identity": lambda x: x}
 
 
 class ShortConv(nnx.Module):
-    """Causal depthwise conv over time on `[B, T, C]` with kernel `[K, C]` and bias `[C]`."""
+    """Causal depthwise conv over time on `[B, T, C]` with kernel `[K, C]` and bias `[C]`
+    (`use_bias=False`: no bias, as Qwen3-Next's and Qwen3.5's Gated DeltaNet)."""
 
     def __init__(
         self,
@@ -26,6 +27,7 @@ class ShortConv(nnx.Module):
         kernel_size: int = 4,
         *,
         activation: str = "silu",
+        use_bias: bool = True,
         dtype=None,
         param_dtype=jnp.float32,
         rngs: nnx.Rngs,
@@ -44,7 +46,7 @@ class ShortConv(nnx.Module):
         self.kernel = nnx.Param(
             jax.random.uniform(rngs.params(), (kernel_size, channels), param_dtype, -bound, bound)
         )
-        self.bias = nnx.Param(jnp.zeros((channels,), param_dtype))
+        self.bias = nnx.Param(jnp.zeros((channels,), param_dtype)) if use_bias else None
 
     def init_state(self, batch_size: int) -> jax.Array:
         """The empty tail `[B, K−1, C]` float32 (zeros = zero padding)."""
@@ -52,7 +54,8 @@ class ShortConv(nnx.Module):
 
     def _weights(self, x):
         dtype = self.dtype or jnp.result_type(x.dtype, self.kernel.dtype)
-        return self.kernel[...].astype(dtype), self.bias[...].astype(dtype), dtype
+        bias = 0.0 if self.bias is None else self.bias[...].astype(dtype)
+        return self.kernel[...].astype(dtype), bias, dtype
 
     def prefill(self, x_BTC: jax.Array, tail_BKC: jax.Array) -> tuple[jax.Array, jax.Array]:
         """Convolve `x[B, T, C]` after `tail`; returns `(y[B, T, C], new tail)`."""

@@ -33,8 +33,10 @@ from linear_attention.layers.options import (
     ALLOW_NEG_EIGVAL,
     CHUNK_SIZE,
     CONV,
+    CONV_BIAS,
     METHOD,
     NUM_VALUE_HEADS,
+    OUT_NORM_SHARED,
     GatedOutputConfig,
 )
 from linear_attention.layers.sequence import sequence_axis
@@ -50,6 +52,8 @@ class DeltaConfig(GatedOutputConfig):
     method: str = METHOD.field(choices=(*K.DELTA_METHODS, *K.PALLAS_METHODS))
     chunk_size: int = CHUNK_SIZE.field()
     allow_neg_eigval: bool = ALLOW_NEG_EIGVAL.field()
+    conv_bias: bool = CONV_BIAS.field()
+    out_norm_shared: bool = OUT_NORM_SHARED.field()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,12 +88,27 @@ class DeltaNetMixer(Mixer):
 
     @classmethod
     def _check_family_options(cls, num_heads, options) -> None:
+        cls._check_conv_and_norm(options)
         hv = options.get("num_value_heads")
         if hv is not None and hv % num_heads:
             raise ValueError(
                 f"num_value_heads={hv} must be a multiple of num_heads={num_heads} "
                 f"(mixer {cls.NAME!r})"
             )
+
+    @classmethod
+    def _check_conv_and_norm(cls, options) -> None:
+        """conv_bias=False and out_norm_shared=True change parts that must be on."""
+        if not options["conv_bias"] and not options["conv"]:
+            raise ValueError(f"conv_bias=False needs the short conv on (mixer {cls.NAME!r})")
+        if options["out_norm_shared"] and not options["out_norm"]:
+            raise ValueError(f"out_norm_shared=True needs out_norm on (mixer {cls.NAME!r})")
+
+    def _input_options(self) -> dict:
+        return dict(conv_bias=self.options["conv_bias"])
+
+    def _output_options(self) -> dict:
+        return dict(norm_shared=self.options["out_norm_shared"])
 
     def mixing_flops(self, seq_len: int, *, method=None, chunk_size=None) -> float:
         """chunk (WY/UT form): 2·H·(3·C·dk + 2·C·dv + C²/3 + 3·dk·dv) (βKKᵀ, QKᵀ, W = T·βK;

@@ -38,4 +38,4 @@ class KDAMixer(DeltaNetMixer):
         )
 
     def _output_options(self) -> dict:
-        return dict(gate_activation="sigmoid", gate_rank=self.head_dim)
+        return dict(super()._output_options(), gate_activation="sigmoid", gate_rank=self.head_dim)

@@ -8,18 +8,21 @@ from flax import nnx
 
 
 class SwiGLU(nnx.Module):
-    """SwiGLU MLP with hidden width `int(mlp_ratio · d_model)`, no biases."""
+    """SwiGLU MLP with hidden width `hidden_dim` (None: `int(mlp_ratio · d_model)`), no biases."""
 
     def __init__(
         self,
         d_model: int,
         *,
         mlp_ratio: float = 4.0,
+        hidden_dim: int | None = None,
         dtype=None,
         param_dtype=jnp.float32,
         rngs: nnx.Rngs,
     ):
-        hidden = int(mlp_ratio * d_model)
+        hidden = int(mlp_ratio * d_model) if hidden_dim is None else hidden_dim
+        if hidden_dim is not None and (not isinstance(hidden_dim, int) or hidden_dim < 1):
+            raise ValueError(f"hidden_dim must be an int >= 1, got {hidden_dim!r}")
         if hidden < 1:
             raise ValueError(
                 f"mlp_ratio={mlp_ratio!r} gives hidden width {hidden} for d_model={d_model}"

@@ -77,6 +77,18 @@ ALLOW_NEG_EIGVAL = option(False, "β in (0, 2): negative eigenvalues of the tran
 NUM_VALUE_HEADS = option(
     None, "value heads (a multiple of num_heads; None: num_heads): grouped value heads"
 )
+CONV_BIAS = option(True, "the short conv has a bias (False: none, as Qwen3-Next's)")
+OUT_NORM_SHARED = option(
+    False, "the per-head output norm's scale is one [head_dim] shared by the heads (Qwen3-Next)"
+)
+NUM_KV_HEADS = option(
+    None, "key/value heads (a divisor of num_heads; None: num_heads): grouped-query attention"
+)
+QK_NORM = option(False, "RMSNorm on q and k per head, one scale shared by the heads (Qwen3)")
+ROTARY_DIM = option(
+    None, "rotate only the first rotary_dim channels of q and k (None: all; needs rope)"
+)
+GATE_ACTIVATION = option("silu", "output gate activation (with out_gate)")
 NUM_HOUSEHOLDER = option(2, "Householder (delta) steps per token")
 WINDOW = option(64, "tokens each layer sees (itself and window − 1 before)")
 

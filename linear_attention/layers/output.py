@@ -2,9 +2,11 @@
 
     y = ((norm?(o) + bonus?) ⊙ gate(x)?) W_o       o: [B, T, H, Dv] -> y: [B, T, d_model]
 
-`norm` is per head: RMSNorm (`norm_type="rms"`: RetNet, Mamba-2, the delta-rule mixers) or
-LayerNorm (`"layer"`: RWKV's GroupNorm with one group per head). `bonus` `[B, T, H, Dv]` is a
-term the mixer adds after the norm (RWKV-7's current-token bonus). The gate is
+`norm` is per head (`norm_shared`: one scale `[Dv]` shared by the heads, each head still
+normalised on its own, as Qwen3-Next's gated RMSNorm): RMSNorm (`norm_type="rms"`: RetNet,
+Mamba-2, the delta-rule mixers) or LayerNorm (`"layer"`: RWKV's GroupNorm with one group per
+head). `bonus` `[B, T, H, Dv]` is a term the mixer adds after the norm (RWKV-7's current-token
+bonus). The gate is
 `act(x W_g)` with act swish (silu: RetNet / GLA / DeltaNet) or sigmoid (the gated RMSNorm of
 Kimi Linear's KDA); `gate_rank` r > 0 makes it low rank, `act(x W_down W_up + b)` (r = head_dim
 in KDA), or with `gate_inside` `act(x W_down) W_up` (RWKV-7: the activation between the factors,
@@ -38,6 +40,7 @@ class OutputStage(nnx.Module):
         gate_rank: int = 0,
         gate_inside: bool = False,
         norm_type: str = "rms",
+        norm_shared: bool = False,
         norm_eps: float = 1e-6,
         dtype=None,
         param_dtype=jnp.float32,
@@ -56,7 +59,8 @@ class OutputStage(nnx.Module):
         self.gate_inside = gate_inside
         common = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         norm_cls = NORMS[norm_type]
-        self.norm = norm_cls((num_heads, head_dim), eps=norm_eps, **common) if norm else None
+        features = head_dim if norm_shared else (num_heads, head_dim)
+        self.norm = norm_cls(features, eps=norm_eps, **common) if norm else None
         f = num_heads * head_dim
         if not gate:
             self.gate_proj = self.gate_up = None

@@ -2,8 +2,12 @@
 
 `QKVProjection` maps `x[B, T, d_model]` to
 
-    q, k = split(conv?(x W))            [B, T, H, Dk]      (rope? at absolute positions)
+    q, k = split(conv?(x W))            q [B, T, H, Dk], k [B, T, HK, Dk]
+    q, k ← RMSNorm(q), RMSNorm(k)?      (`qk_norm`: one scale [Dk] shared by the heads)
+    q, k ← rope?(q), rope?(k)           (at absolute positions; `rotary_dim`: first channels)
     v                                   [B, T, HV, Dv]     (HV = H, or grouped value heads)
+
+(HK = H, or fewer key heads for grouped-query attention: softmax's `num_kv_heads`)
 
 (with `num_keys` n, Gated DeltaProduct's n keys and values per token: k `[B, T, H, n, Dk]`,
 v `[B, T, HV, n, Dv]`, the n axis kept for n = 1 too; `num_keys=None`, the default: one key
@@ -32,13 +36,15 @@ import numpy as np
 from flax import nnx
 
 from linear_attention.layers.conv import ShortConv
+from linear_attention.layers.norm import RMSNorm
 from linear_attention.layers.rotary import apply_rotary
 from linear_attention.layers.segments import Segments
 from linear_attention.layers.sequence import previous_tail, sequence_axis
 
 
 class QKVProjection(nnx.Module):
-    """q, k `[B, T, H, Dk]` and v `[B, T, HV, Dv]` from one projection, conv and rotary."""
+    """q `[B, T, H, Dk]`, k `[B, T, HK, Dk]` and v `[B, T, HV, Dv]` from one projection, conv,
+    q/k norm and rotary."""
 
     def __init__(
         self,
@@ -48,10 +54,14 @@ class QKVProjection(nnx.Module):
         v_dim: int,
         *,
         num_value_heads: int | None = None,
+        num_key_heads: int | None = None,
         num_keys: int | None = None,
         conv: int = 0,
+        conv_bias: bool = True,
+        qk_norm: bool = False,
         rope: bool = False,
         rope_base: float = 10000.0,
+        rotary_dim: int | None = None,
         reset_positions: bool = True,
         dtype=None,
         param_dtype=jnp.float32,
@@ -59,18 +69,26 @@ class QKVProjection(nnx.Module):
     ):
         self.num_heads, self.qk_dim, self.v_dim = num_heads, qk_dim, v_dim
         self.num_value_heads = num_value_heads or num_heads
+        self.num_key_heads = num_key_heads or num_heads
         self.num_keys = num_keys
         self.rope, self.rope_base, self.reset_positions = rope, rope_base, reset_positions
+        self.rotary_dim = rotary_dim
         n = num_keys or 1
-        width = (1 + n) * num_heads * qk_dim + n * self.num_value_heads * v_dim
+        hk = self.num_key_heads
+        width = (num_heads + n * hk) * qk_dim + n * self.num_value_heads * v_dim
         self.qkv_proj = nnx.Linear(
             d_model, width, use_bias=False, dtype=dtype, param_dtype=param_dtype, rngs=rngs
         )
         self.conv = (
-            ShortConv(width, conv, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+            ShortConv(
+                width, conv, use_bias=conv_bias, dtype=dtype, param_dtype=param_dtype, rngs=rngs
+            )
             if conv
             else None
         )
+        norm = dict(eps=1e-6, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.q_norm = RMSNorm(qk_dim, **norm) if qk_norm else None
+        self.k_norm = RMSNorm(qk_dim, **norm) if qk_norm else None
 
     def init_state(self, batch_size: int) -> jax.Array | None:
         return None if self.conv is None else self.conv.init_state(batch_size)
@@ -79,8 +97,9 @@ class QKVProjection(nnx.Module):
         """`(q, k, v, new conv tail)`. `conv_tail=None` on a whole sequence (zeros, or the
         previous shard's inputs when time is split); `segments` only on a whole sequence."""
         b, t, _ = x_BTD.shape
-        h, hv, dk, dv, n = (
+        h, hk, hv, dk, dv, n = (
             self.num_heads,
+            self.num_key_heads,
             self.num_value_heads,
             self.qk_dim,
             self.v_dim,
@@ -105,16 +124,19 @@ class QKVProjection(nnx.Module):
                 conv_tail = self.conv.init_state(b) if axis is None else previous_tail(qkv, k_1)
             qkv, conv_tail = self.conv.prefill(qkv, conv_tail)
         q_BTHK = qkv[..., : h * dk].reshape(b, t, h, dk)
-        k_BTHK = qkv[..., h * dk : (1 + n) * h * dk].reshape(b, t, h * n, dk)
-        v_BTHD = qkv[..., (1 + n) * h * dk :].reshape(b, t, hv * n, dv)
+        k_BTHK = qkv[..., h * dk : (h + n * hk) * dk].reshape(b, t, hk * n, dk)
+        v_BTHD = qkv[..., (h + n * hk) * dk :].reshape(b, t, hv * n, dv)
+        if self.q_norm is not None:
+            q_BTHK, k_BTHK = self.q_norm(q_BTHK), self.k_norm(k_BTHK)
         if self.rope:
             positions = position + jnp.arange(t, dtype=jnp.int32)
             if segments is not None and self.reset_positions:
                 positions = segments.positions  # [B, T]
-            q_BTHK = apply_rotary(q_BTHK, positions, base=self.rope_base)
-            k_BTHK = apply_rotary(k_BTHK, positions, base=self.rope_base)
+            rotary = dict(base=self.rope_base, rotary_dim=self.rotary_dim)
+            q_BTHK = apply_rotary(q_BTHK, positions, **rotary)
+            k_BTHK = apply_rotary(k_BTHK, positions, **rotary)
         if self.num_keys is not None:  # an n axis, also for n = 1 (DeltaProduct's kernels)
-            k_BTHK = k_BTHK.reshape(b, t, h, n, dk)
+            k_BTHK = k_BTHK.reshape(b, t, hk, n, dk)
             v_BTHD = v_BTHD.reshape(b, t, hv, n, dv)
         return q_BTHK, k_BTHK, v_BTHD, conv_tail
 

@@ -4,7 +4,9 @@ For a head vector x = [x₁, x₂] (halves of width D/2) at position p, with θ_
 
     rope(x, p) = [x₁ cos(pθ) − x₂ sin(pθ),  x₂ cos(pθ) + x₁ sin(pθ)]
 
-so that rope(q, p)·rope(k, s) depends on p − s only. Angles are float32; positions are traced
+so that rope(q, p)·rope(k, s) depends on p − s only. Partial rotary (`rotary_dim` R < D, as
+Qwen3-Next / Qwen3.5's `partial_rotary_factor`): the first R channels rotate with
+θ_i = base^(−i/(R/2)), the other D − R pass through. Angles are float32; positions are traced
 integers, so a decoding step at any position reuses one compiled function.
 """
 
@@ -20,9 +22,24 @@ def check_rotary_dim(name: str, dim: int) -> None:
         raise ValueError(f"rotary embedding needs an even {name}, got {dim}")
 
 
-def apply_rotary(x_BTHD: jax.Array, positions_T: jax.Array, *, base: float = 10000.0) -> jax.Array:
+def apply_rotary(
+    x_BTHD: jax.Array,
+    positions_T: jax.Array,
+    *,
+    base: float = 10000.0,
+    rotary_dim: int | None = None,
+) -> jax.Array:
     """Rotate `x[B, T, H, D]` by the angles of `positions` (token positions): `[T]`, shared by
-    the batch, or `[B, T]` (per row, e.g. positions within packed documents)."""
+    the batch, or `[B, T]` (per row, e.g. positions within packed documents); with
+    `rotary_dim` R only the first R channels (even, ≤ D), the rest unchanged."""
+    if rotary_dim is not None and rotary_dim != x_BTHD.shape[-1]:
+        if not 0 < rotary_dim < x_BTHD.shape[-1]:
+            raise ValueError(
+                f"rotary_dim must be in [1, {x_BTHD.shape[-1]}] (the head dimension), "
+                f"got {rotary_dim}"
+            )
+        rotated = apply_rotary(x_BTHD[..., :rotary_dim], positions_T, base=base)
+        return jnp.concatenate([rotated, x_BTHD[..., rotary_dim:]], axis=-1)
     d = x_BTHD.shape[-1]
     check_rotary_dim("head dimension", d)
     half = d // 2

@@ -15,10 +15,20 @@ from __future__ import annotations
 
 import dataclasses
 import typing
+from collections.abc import Mapping
 
 import jax.numpy as jnp
+import numpy as np
 
-from linear_attention.fields import POSITIVE, check_choice, check_fields, fail, kinds, spec_field
+from linear_attention.fields import (
+    POSITIVE,
+    check_choice,
+    check_fields,
+    check_int,
+    fail,
+    kinds,
+    spec_field,
+)
 from linear_attention.layers import MIXERS, MixerConfig, get_mixer
 from linear_attention.layers.options import CONV
 from linear_attention.layers.registry import DEFAULT_MIXER
@@ -38,6 +48,39 @@ def _dtype_name(name: str, value) -> str:
     except TypeError:
         dtype = value
     return check_choice(name, dtype, DTYPES)
+
+
+def _scalar(name: str, value):
+    if isinstance(value, np.generic):
+        value = value.item()
+    if value is not None and not isinstance(value, bool | int | float | str):
+        fail(name, "a bool, number, string or None", value, show_type=True)
+    return value
+
+
+def _layer_options(name: str, value) -> tuple:
+    """`layer_options` in its stored, hashable form: ``((mixer, ((option, value), ...)), ...)``,
+    sorted; given as a mapping ``{mixer: {option: value}}`` or as pairs (its JSON form)."""
+    if isinstance(value, Mapping):
+        value = list(value.items())
+    if not isinstance(value, list | tuple):
+        fail(name, "a mapping {mixer: {option: value}}", value, show_type=True)
+    table = {}
+    for entry in value:
+        if not (isinstance(entry, list | tuple) and len(entry) == 2 and isinstance(entry[0], str)):
+            fail(name, "a mapping {mixer: {option: value}}", value)
+        mixer, options = entry
+        if isinstance(options, Mapping):
+            options = list(options.items())
+        if not isinstance(options, list | tuple) or not all(
+            isinstance(o, list | tuple) and len(o) == 2 and isinstance(o[0], str) for o in options
+        ):
+            fail(f"{name}[{mixer!r}]", "a mapping {option: value}", options)
+        if mixer in table:
+            raise ValueError(f"{name} names mixer {mixer!r} twice")
+        where = f"{name}[{mixer!r}]"
+        table[mixer] = tuple(sorted((o, _scalar(f"{where}[{o!r}]", v)) for o, v in options))
+    return tuple(sorted(table.items()))
 
 
 def _mixer_names(name: str, value):
@@ -63,6 +106,14 @@ class ModelConfig:
         mixer's default (on for the delta-rule mixers, off for the others).
       out_norm, out_gate: per-head output RMSNorm / output gate (None: each mixer's default).
       mlp, mlp_ratio: SwiGLU MLP in every block (Zoology's MQAR models use none).
+      mlp_dim: the MLP's hidden width (None: int(mlp_ratio · d_model); when set, mlp_ratio is
+        not used), e.g. a released checkpoint's intermediate_size.
+      layer_options: per-layer-type settings, `{mixer: {option: value}}`: the layers of that
+        mixer take `num_heads` and any of the mixer's options (common ones such as `head_dim`,
+        `rope`, `out_gate`, or its own) from here instead of the model-wide fields. A hybrid
+        whose attention layers have other head counts and dims than its linear layers, or
+        rotary positions on the softmax layers only: `{"softmax": {"num_heads": 8, "head_dim":
+        32, "rope": True}}`. A mixer no layer uses, or an option the mixer lacks, raises.
       position: "none", "learned" (absolute embeddings, needs max_length) or "rope" (all mixers).
       reset_positions: with packed rows (`model(tokens, segment_ids)`), positions (learned or
         rope) restart at 0 at each document, as if it were run alone (default True; False:
@@ -106,6 +157,7 @@ class ModelConfig:
     out_gate: bool | None = None
     mlp: bool = True
     mlp_ratio: float = spec_field(4.0, **POSITIVE)
+    mlp_dim: int | None = None
     position: str = spec_field("none", choices=POSITIONS)
     rope_base: float = spec_field(10000.0, **POSITIVE)
     reset_positions: bool = True
@@ -116,6 +168,7 @@ class ModelConfig:
     param_dtype: str = spec_field("float32", convert=_dtype_name)
     tie_embeddings: bool = True
     remat: str = spec_field("none", choices=REMAT)
+    layer_options: tuple = spec_field((), convert=_layer_options)
     # The mixers' own options (None: each mixer's default), checked by the mixers' configs.
     feature_map: str | None = None
     feature_scale: float | None = None
@@ -128,6 +181,12 @@ class ModelConfig:
     window: int | None = None
     num_householder: int | None = None
     cg_steps: int | None = None
+    conv_bias: bool | None = None
+    out_norm_shared: bool | None = None
+    num_kv_heads: int | None = None
+    qk_norm: bool | None = None
+    rotary_dim: int | None = None
+    gate_activation: str | None = None
 
     def __post_init__(self):
         check_fields(self, skip=MIXER_OPTIONS)
@@ -144,20 +203,52 @@ class ModelConfig:
         mixers = dict.fromkeys(self.layer_mixers)
         for name in mixers:
             get_mixer(name)
-        if self.mlp and int(self.mlp_ratio * self.d_model) < 1:
+        if self.mlp_dim is not None and not self.mlp:
+            raise ValueError(f"mlp_dim={self.mlp_dim} needs mlp=True")
+        self._check_layer_options()
+        if self.mlp and self.mlp_dim is None and int(self.mlp_ratio * self.d_model) < 1:
             raise ValueError(f"mlp_ratio={self.mlp_ratio} leaves no hidden units")
         if not self.reset_positions and self.position == "none":
             raise ValueError("reset_positions=False needs position 'learned' or 'rope'")
         self._check_mixer_fields(mixers)
-        configs = {
-            name: MIXERS[name].make_config(self.d_model, self.num_heads, **self.mixer_options(name))
-            for name in mixers
-        }
+        configs = {}
+        for name in mixers:
+            try:
+                configs[name] = MIXERS[name].make_config(
+                    self.d_model, self.layer_num_heads(name), **self.mixer_options(name)
+                )
+            except ValueError as e:
+                if name not in dict(self.layer_options):
+                    raise
+                raise ValueError(f"{e} (with layer_options[{name!r}])") from None
         object.__setattr__(self, "_mixer_configs", configs)
         for field in MIXER_OPTIONS:  # (the value as the mixers' configs converted it)
             users = [c for c in configs.values() if field in c.own_options()]
             if users and getattr(self, field) is not None:
                 object.__setattr__(self, field, getattr(users[0], field))
+
+    def _check_layer_options(self) -> None:
+        """Each `layer_options` entry names a mixer some layer uses, and options it takes."""
+        used = dict.fromkeys(self.layer_mixers)
+        for name, options in self.layer_options:
+            if name not in used:
+                raise ValueError(
+                    f"layer_options names mixer {name!r}, which no layer uses "
+                    f"(mixers: {', '.join(used)})"
+                )
+            allowed = ("num_heads", *(f.name for f in dataclasses.fields(MIXERS[name].Config)))
+            for option, value in options:
+                if option not in allowed:
+                    raise ValueError(
+                        f"layer_options[{name!r}] sets {option}={value!r}, which mixer {name!r} "
+                        f"does not take; allowed: {', '.join(allowed)}"
+                    )
+                if option == "num_heads":
+                    check_int(f"layer_options[{name!r}]['num_heads']", value)
+
+    def layer_num_heads(self, name: str) -> int:
+        """The heads of the layers of mixer `name` (`layer_options`, else `num_heads`)."""
+        return dict(dict(self.layer_options).get(name, ())).get("num_heads", self.num_heads)
 
     def _check_mixer_fields(self, mixers) -> None:
         """Each mixer option and common option set must be used by some layer."""
@@ -214,6 +305,9 @@ class ModelConfig:
                 options[field] = getattr(self, field)
         for option in MIXERS[name].NOT_TAKEN:
             options.pop(option, None)
+        overrides = dict(dict(self.layer_options).get(name, ()))
+        overrides.pop("num_heads", None)
+        options.update(overrides)
         return options
 
     def mixer_config(self, name: str) -> MixerConfig:

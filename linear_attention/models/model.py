@@ -132,11 +132,12 @@ class LanguageModel(nnx.Module):
             [
                 Block(
                     config.d_model,
-                    config.num_heads,
+                    config.layer_num_heads(name),
                     name,
                     mixer_config=config.mixer_config(name),
                     mlp=config.mlp,
                     mlp_ratio=config.mlp_ratio,
+                    mlp_dim=config.mlp_dim,
                     norm_eps=config.norm_eps,
                     **common,
                 )
