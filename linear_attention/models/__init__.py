@@ -1,7 +1,9 @@
-"""Language models over the mixer registry: `ModelConfig`, `LanguageModel`, decoding."""
+"""Language models over the mixer registry: `ModelConfig`, `LanguageModel`, decoding, and
+Hugging Face checkpoints in and out (`from_pretrained`, `save_pretrained`: `models.hf`)."""
 
 from linear_attention.models.config import ModelConfig
 from linear_attention.models.decoding import generate, generate_stream, state_size_bytes, step_fn
+from linear_attention.models.hf import from_pretrained, save_pretrained
 from linear_attention.models.model import Hidden, LanguageModel, ModelState, redraw_features
 
 __all__ = [
@@ -9,9 +11,11 @@ __all__ = [
     "Hidden",
     "LanguageModel",
     "ModelState",
+    "from_pretrained",
     "generate",
     "generate_stream",
     "redraw_features",
+    "save_pretrained",
     "state_size_bytes",
     "step_fn",
 ]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import typing
 from collections.abc import Mapping
 from typing import Any
@@ -105,6 +106,10 @@ class TrainConfig(Section):
     grad_accum_steps: int = 1
     # Peak FLOP/s of one device (e.g. 989e12: H100 bfloat16 dense); > 0 logs MFU.
     peak_flops: float = spec_field(0.0, **NON_NEGATIVE)
+    # A run workdir (e.g. `la-convert --from-hf`'s) whose latest checkpoint's parameters start
+    # this run, with a fresh optimizer: fine-tuning. "": a new model from config.seed. Used
+    # only when this run has no checkpoint yet (a resumed run continues its own).
+    init_from: str = ""
 
     def check(self):
         if self.batch_size % self.grad_accum_steps:
@@ -113,6 +118,8 @@ class TrainConfig(Section):
                 f"= {self.grad_accum_steps} must divide config.train.batch_size = "
                 f"{self.batch_size}",
             )
+        if self.init_from and not os.path.isfile(os.path.join(self.init_from, "config.json")):
+            broken("train.init_from", f"= {self.init_from!r} is not a run workdir (no config.json)")
         if self.sample_tokens and not self.sample_prompt:
             broken("train.sample_prompt", "must be non-empty when sample_tokens > 0")
         high = 1.0 if STOP_METRICS[self.stop_metric] else math.inf

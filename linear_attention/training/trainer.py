@@ -82,6 +82,35 @@ def build_model(config: ExperimentConfig, tx: optax.GradientTransformation):
     return model, nnx.Optimizer(model, tx, wrt=nnx.Param)
 
 
+def initialize_from(model, workdir: str) -> None:
+    """Set ``model``'s parameters to those of the latest checkpoint of the run in ``workdir``
+    (`config.train.init_from`); RunError naming the first parameter whose shape differs."""
+    from linear_attention.training.load import load_run  # (load imports this module)
+
+    try:
+        source, _ = load_run(workdir)
+    except ValueError as e:
+        raise RunError(f"config.train.init_from: {e}") from None
+    want = nnx.state(model, nnx.Param)
+    got = nnx.state(source, nnx.Param)
+    want_leaves = dict(jax.tree_util.tree_leaves_with_path(want))
+    got_leaves = dict(jax.tree_util.tree_leaves_with_path(got))
+    for path, leaf in want_leaves.items():
+        other = got_leaves.get(path)
+        if other is None or other.shape != leaf.shape:
+            found = "absent" if other is None else f"of shape {other.shape}"
+            raise RunError(
+                f"config.train.init_from: parameter {jax.tree_util.keystr(path)} is {found} in "
+                f"{workdir}, this model's is {leaf.shape}: config.model must match that run's"
+            )
+    for path in got_leaves.keys() - want_leaves.keys():
+        raise RunError(
+            f"config.train.init_from: {workdir} has parameter {jax.tree_util.keystr(path)}, "
+            "which this model lacks: config.model must match that run's"
+        )
+    nnx.update(model, jax.tree.map(lambda a, b: b.astype(a.dtype), want, got))
+
+
 def _param_count(abstract_model) -> int:
     return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(abstract_model, nnx.Param)))
 
@@ -243,7 +272,11 @@ class Run:
                     )
                 self.data.restore_iterator(data_state)
         else:
-            self.state = jax.device_put(nnx.state(build_model(self.cfg, tx)), shardings)
+            model, optimizer = build_model(self.cfg, tx)
+            if self.cfg.train.init_from:
+                initialize_from(model, self.cfg.train.init_from)
+                reporter.message(f"parameters from {self.cfg.train.init_from} (init_from)")
+            self.state = jax.device_put(nnx.state((model, optimizer)), shardings)
 
     def _start_session(self, closing) -> None:
         """What the loop carries, ``config.json``, the metrics writers and the profiler."""

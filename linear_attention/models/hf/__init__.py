@@ -1,0 +1,222 @@
+"""Hugging Face checkpoints in and out: `from_pretrained(path) -> (model, config)` reads a local
+transformers folder (`config.json` + safetensors, sharded or not) and `save_pretrained(model,
+out)` writes one that `transformers.AutoModelForCausalLM.from_pretrained(out)` loads with the
+same logits. Nothing is downloaded. Architectures: `ARCHITECTURES` (docs/hf.md).
+
+Everything is checked before any weight is read: the `model_type`, every config field (a field
+the mapping does not know raises, naming it), and the name and shape of every tensor (a missing,
+unexpected or mis-shaped one raises, naming it). Weights are converted to float32.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from types import ModuleType
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from linear_attention.models.config import ModelConfig
+from linear_attention.models.hf import qwen3_5
+from linear_attention.models.model import LanguageModel
+
+ARCHITECTURES: dict[str, ModuleType] = {qwen3_5.MODEL_TYPE: qwen3_5}
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+INDEX_NAME = "model.safetensors.index.json"
+# Tensors a causal-LM checkpoint may carry that the causal LM does not use (transformers skips
+# them too): Qwen3.5's multi-token-prediction head.
+UNUSED_PREFIXES = ("mtp.",)
+# Mixer options that change how a layer computes, not what (kernel algorithm, packed rows).
+NUMERICS_FREE = ("method", "chunk_size", "reset_positions")
+
+
+def read_config(path: str) -> tuple[dict, ModuleType]:
+    """`(config.json as a dict, its architecture's mapping module)`; ValueError when `path` is
+    not a checkpoint folder or its `model_type` is not supported."""
+    if not os.path.isdir(path):
+        raise ValueError(f"path {path!r} is not a folder (a local transformers checkpoint)")
+    file = os.path.join(path, CONFIG_NAME)
+    if not os.path.isfile(file):
+        raise ValueError(f"{path!r} holds no {CONFIG_NAME}: not a transformers checkpoint")
+    with open(file) as f:
+        hf = json.load(f)
+    model_type = hf.get("model_type")
+    if model_type not in ARCHITECTURES:
+        raise ValueError(
+            f"unsupported model_type {model_type!r} in {file}; supported: "
+            f"{', '.join(ARCHITECTURES)}"
+        )
+    return hf, ARCHITECTURES[model_type]
+
+
+def model_config(hf: dict, mapping: ModuleType) -> ModelConfig:
+    """The `ModelConfig` of transformers config `hf`; ValueError naming what does not map."""
+    try:
+        return ModelConfig(**mapping.model_options(hf))
+    except ValueError as e:
+        raise ValueError(f"{hf.get('model_type')}: {e}") from None
+
+
+def _tensor_files(path: str) -> dict[str, str]:
+    """Each tensor's name -> the safetensors file holding it (one file, or an index's shards)."""
+    from safetensors import safe_open
+
+    index = os.path.join(path, INDEX_NAME)
+    if os.path.isfile(index):
+        with open(index) as f:
+            weight_map = json.load(f)["weight_map"]
+        return {name: os.path.join(path, file) for name, file in weight_map.items()}
+    single = os.path.join(path, WEIGHTS_NAME)
+    if not os.path.isfile(single):
+        raise ValueError(f"{path!r} holds neither {WEIGHTS_NAME} nor {INDEX_NAME}")
+    with safe_open(single, framework="numpy") as f:
+        return dict.fromkeys(f.keys(), single)
+
+
+def _shapes(files: dict[str, str]) -> dict[str, tuple[int, ...]]:
+    from safetensors import safe_open
+
+    shapes = {}
+    for file in sorted(set(files.values())):
+        if not os.path.isfile(file):
+            raise ValueError(f"shard {file!r} named by the index is missing")
+        with safe_open(file, framework="numpy") as f:
+            for name in f.keys():
+                shapes[name] = tuple(f.get_slice(name).get_shape())
+    return shapes
+
+
+def check_tensors(expected: dict, found: dict) -> None:
+    """Every expected tensor present with its shape, nothing else (but `UNUSED_PREFIXES`)."""
+    for name, shape in expected.items():
+        if name not in found:
+            raise ValueError(f"tensor {name!r} is missing from the checkpoint (expected {shape})")
+        if tuple(found[name]) != tuple(shape):
+            raise ValueError(
+                f"tensor {name!r} has shape {tuple(found[name])}, expected {tuple(shape)}"
+            )
+    for name in sorted(found):
+        if name not in expected and not name.startswith(UNUSED_PREFIXES):
+            raise ValueError(f"tensor {name!r} is not part of the architecture; not loaded")
+
+
+def _reader(files: dict[str, str]):
+    from safetensors import safe_open
+
+    handles = {}
+
+    def get(name: str) -> np.ndarray:
+        file = files[name]
+        if file not in handles:  # (framework flax: reads bfloat16, which NumPy lacks)
+            handles[file] = safe_open(file, framework="flax")
+        return np.asarray(handles[file].get_tensor(name), np.float32)
+
+    return get
+
+
+def from_pretrained(path: str) -> tuple[LanguageModel, ModelConfig]:
+    """`(model, config)` from the local transformers checkpoint folder `path` (float32)."""
+    hf, mapping = read_config(path)
+    config = model_config(hf, mapping)
+    files = _tensor_files(path)
+    check_tensors(mapping.tensor_shapes(hf), _shapes(files))
+    params = mapping.to_params(hf, _reader(files))
+    abstract = nnx.eval_shape(lambda: LanguageModel(config, rngs=nnx.Rngs(0)))
+    graphdef, state = nnx.split(abstract)
+    want = nnx.to_pure_dict(nnx.state(abstract, nnx.Param))
+    got_paths = {jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(params)}
+    for p, _ in jax.tree_util.tree_leaves_with_path(want):
+        key = jax.tree_util.keystr(p)
+        if key not in got_paths:
+            raise ValueError(f"the {mapping.MODEL_TYPE} mapping gives no parameter {key}")
+    for p, leaf in jax.tree_util.tree_leaves_with_path(params):
+        key = jax.tree_util.keystr(p)
+        target = _at(want, p)
+        if target is None or tuple(target.shape) != leaf.shape:
+            raise ValueError(f"parameter {key} has shape {leaf.shape}, the model's is {target}")
+    nnx.replace_by_pure_dict(state, jax.tree.map(jnp.asarray, params))
+    return nnx.merge(graphdef, state), config
+
+
+def _at(tree, path):
+    for entry in path:
+        key = getattr(entry, "key", getattr(entry, "idx", None))
+        if not isinstance(tree, dict) or key not in tree:
+            return None
+        tree = tree[key]
+    return tree
+
+
+def export_problems(config: ModelConfig, mapping: ModuleType) -> list[str]:
+    """Why `config` has no exact `mapping` checkpoint (empty when it has one): the config that
+    the exported checkpoint would import as, compared with `config`, field by field."""
+    known = set(mapping.MIXERS.values())
+    others = [m for m in dict.fromkeys(config.layer_mixers) if m not in known]
+    if others:
+        return [
+            f"mixer {m!r} has no {mapping.MODEL_TYPE} layer (it has {sorted(known)})"
+            for m in others
+        ]
+    if not config.mlp:
+        return [f"mlp=False: every {mapping.MODEL_TYPE} layer has an MLP"]
+    try:
+        rebuilt = ModelConfig(**mapping.model_options(mapping.hf_config(config)))
+    except ValueError as e:
+        return [str(e)]
+    problems = []
+    for field in ("vocab_size", "d_model", "num_layers", "mixer", "norm_eps"):
+        if getattr(config, field) != getattr(rebuilt, field):
+            problems.append(
+                f"{field}={getattr(config, field)!r} ({mapping.MODEL_TYPE} gives "
+                f"{getattr(rebuilt, field)!r})"
+            )
+    for field, wanted in (("position", "none"), ("tie_embeddings", rebuilt.tie_embeddings)):
+        if getattr(config, field) != wanted:
+            problems.append(f"{field}={getattr(config, field)!r} (only {wanted!r})")
+    if config.layer_mixers != rebuilt.layer_mixers:
+        return problems
+    for name in dict.fromkeys(config.layer_mixers):
+        ours = dataclasses.asdict(config.mixer_config(name))
+        theirs = dataclasses.asdict(rebuilt.mixer_config(name))
+        if config.layer_num_heads(name) != rebuilt.layer_num_heads(name):
+            problems.append(f"{name} layers: num_heads={config.layer_num_heads(name)}")
+        for option, value in ours.items():
+            if option not in NUMERICS_FREE and value != theirs[option]:
+                has = f"{mapping.MODEL_TYPE} has {theirs[option]!r}"
+                problems.append(f"{name} layers: {option}={value!r} ({has})")
+    return problems
+
+
+def save_pretrained(model: LanguageModel, out: str, *, model_type: str = qwen3_5.MODEL_TYPE) -> str:
+    """Write `model` as a transformers checkpoint of `model_type` into the folder `out`
+    (`config.json`, `model.safetensors`, float32); ValueError with the reasons when the
+    model's config has no exact equivalent there. Returns `out`."""
+    from safetensors.numpy import save_file
+
+    if model_type not in ARCHITECTURES:
+        raise ValueError(
+            f"unknown model_type {model_type!r}; supported: {', '.join(ARCHITECTURES)}"
+        )
+    mapping = ARCHITECTURES[model_type]
+    problems = export_problems(model.config, mapping)
+    if problems:
+        raise ValueError(f"this model has no {model_type} equivalent: " + "; ".join(problems))
+    hf = mapping.hf_config(model.config)
+    params = jax.tree.map(
+        lambda x: np.asarray(x, np.float32), nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    )
+    tensors = mapping.from_params(hf, params)
+    check_tensors(mapping.tensor_shapes(hf), {k: v.shape for k, v in tensors.items()})
+    os.makedirs(out, exist_ok=True)
+    save_file(tensors, os.path.join(out, WEIGHTS_NAME), metadata={"format": "pt"})
+    with open(os.path.join(out, CONFIG_NAME), "w") as f:
+        json.dump(hf, f, indent=2)
+    return out
+
+
+__all__ = ["ARCHITECTURES", "from_pretrained", "read_config", "save_pretrained"]

@@ -1,0 +1,381 @@
+"""Qwen3.5 (transformers' `qwen3_5_text`, `Qwen3_5ForCausalLM`, the text model of Qwen3.5):
+its config and tensors as this library's `ModelConfig` and parameters, both ways.
+
+The released Qwen3.5 checkpoints are multimodal (`qwen3_5`, `Qwen3_5ForConditionalGeneration`,
+a vision tower beside the text model); this maps the text-only causal LM, which is what
+transformers saves for `Qwen3_5ForCausalLM`. A layer is Gated DeltaNet (`linear_attention`) or
+gated softmax attention (`full_attention`), each followed by a SwiGLU MLP:
+
+| transformers                                   | here                                        |
+| ---------------------------------------------- | ------------------------------------------- |
+| `linear_attn.in_proj_qkv` [2·Hk·dk + Hv·dv, D] | `mixer.inputs.qkv_proj` (q | k | v, as is)  |
+| `linear_attn.conv1d` [C, 1, K], no bias        | `mixer.inputs.conv.kernel` = w[:, 0, :]ᵀ    |
+| `linear_attn.in_proj_b` / `in_proj_a`          | `mixer.beta_proj` / `mixer.decay.proj`      |
+| `linear_attn.A_log`, `dt_bias`                 | `mixer.decay.a_log`, `dt_bias`              |
+| `linear_attn.norm` [dv], shared by the heads   | `mixer.output.norm.scale` (out_norm_shared) |
+| `linear_attn.in_proj_z`, `out_proj`            | `mixer.output.gate_proj`, `out_proj`        |
+| `self_attn.q_proj` [H·2·hd, D], per head q|gate | q → `qkv_proj`, gate → `output.gate_proj`  |
+| `self_attn.k_proj`, `v_proj` [Hkv·hd, D]       | `mixer.inputs.qkv_proj` (num_kv_heads)      |
+| `self_attn.q_norm`, `k_norm` (1 + w)           | `mixer.inputs.q_norm`, `k_norm` scale       |
+| `self_attn.o_proj`                             | `mixer.output.out_proj` (sigmoid gate)      |
+| `input_layernorm`, `post_attention_layernorm`  | `mixer_norm`, `mlp_norm` (scale = 1 + w)    |
+| `mlp.gate_proj`, `up_proj`, `down_proj`        | `mlp.w_gate`, `w_up`, `w_down`              |
+| `model.embed_tokens`, `model.norm`, `lm_head`  | `embed`, `final_norm` (1 + w), `head`       |
+
+A `nn.Linear` weight `[out, in]` is the transpose of an `nnx.Linear` kernel. transformers'
+zero-centred norms apply `1 + w`; the scale stored here is that `1 + w` (the same float32
+product). Rotary: the attention layers only (`layer_options`), on the first
+`head_dim · partial_rotary_factor` channels, the half-split layout (Qwen3.5's multimodal rotary
+sections coincide for text, where the three position streams are equal).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+MODEL_TYPE = "qwen3_5_text"
+ARCHITECTURE = "Qwen3_5ForCausalLM"
+MIXERS = {"linear_attention": "gated_deltanet", "full_attention": "softmax"}
+# The eps of the norms inside the mixers here (the output and q/k norms), which transformers
+# takes from rms_norm_eps.
+INNER_NORM_EPS = 1e-6
+
+# Config fields with no effect on the numbers of a causal LM's forward pass (generation ids,
+# bookkeeping, the initialiser's scale).
+INERT = (
+    "architectures",
+    "bos_token_id",
+    "eos_token_id",
+    "pad_token_id",
+    "dtype",
+    "torch_dtype",
+    "transformers_version",
+    "use_cache",
+    "initializer_range",
+    "output_attentions",
+    "output_hidden_states",
+    "return_dict",
+    "tie_encoder_decoder",
+    "base_config_key",
+)
+MAPPED = (
+    "model_type",
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "hidden_act",
+    "max_position_embeddings",
+    "rms_norm_eps",
+    "tie_word_embeddings",
+    "rope_parameters",
+    "attention_bias",
+    "attention_dropout",
+    "linear_conv_kernel_dim",
+    "linear_key_head_dim",
+    "linear_value_head_dim",
+    "linear_num_key_heads",
+    "linear_num_value_heads",
+    "layer_types",
+)
+ROPE_FIELDS = (
+    "rope_type",
+    "rope_theta",
+    "partial_rotary_factor",
+    "mrope_section",
+    "mrope_interleaved",
+)
+
+
+class Unsupported(ValueError):
+    """A checkpoint (or a config, on export) that this mapping cannot represent exactly."""
+
+
+def _require(hf: dict, name: str, wanted) -> None:
+    if hf.get(name, wanted) != wanted:
+        raise Unsupported(f"{name}={hf[name]!r} is not supported (only {wanted!r})")
+
+
+def model_options(hf: dict) -> dict:
+    """`ModelConfig` keyword arguments for the transformers config `hf` (a dict, as in
+    config.json); `Unsupported` naming the first field it cannot represent."""
+    unknown = sorted(set(hf) - set(MAPPED) - set(INERT))
+    if unknown:
+        raise Unsupported(f"config field {unknown[0]!r} is not understood by the qwen3_5 importer")
+    missing = [
+        f for f in MAPPED if f not in hf and f not in ("attention_bias", "attention_dropout")
+    ]
+    if missing:
+        raise Unsupported(f"config field {missing[0]!r} is missing")
+    _require(hf, "hidden_act", "silu")
+    _require(hf, "attention_bias", False)
+    _require(hf, "attention_dropout", 0.0)
+    _require(hf, "rms_norm_eps", INNER_NORM_EPS)
+    if hf["linear_key_head_dim"] != hf["linear_value_head_dim"]:
+        raise Unsupported(
+            f"linear_key_head_dim={hf['linear_key_head_dim']} differs from linear_value_head_dim="
+            f"{hf['linear_value_head_dim']}: the gated_deltanet mixer has one head_dim"
+        )
+    rope = dict(hf["rope_parameters"] or {})
+    for name in sorted(set(rope) - set(ROPE_FIELDS)):
+        raise Unsupported(f"config field 'rope_parameters.{name}' is not understood")
+    _require(rope, "rope_type", "default")
+    layer_types = list(hf["layer_types"])
+    if len(layer_types) != hf["num_hidden_layers"]:
+        raise Unsupported(
+            f"layer_types has {len(layer_types)} entries for num_hidden_layers="
+            f"{hf['num_hidden_layers']}"
+        )
+    for kind in layer_types:
+        if kind not in MIXERS:
+            raise Unsupported(f"layer type {kind!r} is not supported (known: {', '.join(MIXERS)})")
+    head_dim = hf["head_dim"]
+    rotary_dim = int(head_dim * rope.get("partial_rotary_factor", 1.0))
+    layer_options = {}
+    if "linear_attention" in layer_types:
+        layer_options["gated_deltanet"] = dict(
+            num_heads=hf["linear_num_key_heads"],
+            head_dim=hf["linear_value_head_dim"],
+            num_value_heads=hf["linear_num_value_heads"],
+            conv=hf["linear_conv_kernel_dim"],
+            conv_bias=False,
+            out_norm_shared=True,
+        )
+    if "full_attention" in layer_types:
+        layer_options["softmax"] = dict(
+            num_heads=hf["num_attention_heads"],
+            head_dim=head_dim,
+            num_kv_heads=hf["num_key_value_heads"],
+            qk_norm=True,
+            rope=True,
+            rope_base=float(rope.get("rope_theta", 10000.0)),
+            rotary_dim=None if rotary_dim == head_dim else rotary_dim,
+            out_gate=True,
+            gate_activation="sigmoid",
+        )
+    return dict(
+        vocab_size=hf["vocab_size"],
+        d_model=hf["hidden_size"],
+        num_layers=hf["num_hidden_layers"],
+        num_heads=hf["linear_num_key_heads"],
+        mixer=tuple(MIXERS[kind] for kind in layer_types),
+        mlp=True,
+        mlp_dim=hf["intermediate_size"],
+        norm_eps=float(hf["rms_norm_eps"]),
+        max_length=hf["max_position_embeddings"],
+        tie_embeddings=bool(hf["tie_word_embeddings"]),
+        position="none",
+        layer_options=layer_options,
+    )
+
+
+def hf_config(config) -> dict:
+    """The transformers config (config.json's dict) of a `ModelConfig` in qwen3_5's shape, the
+    inverse of `model_options` (the caller checks that it is one)."""
+    kinds = {v: k for k, v in MIXERS.items()}
+    layers = dict(config.layer_options)
+    gdn = dict(layers.get("gated_deltanet", ()))
+    attn = dict(layers.get("softmax", ()))
+    head_dim = attn.get("head_dim", 2 * gdn.get("head_dim", 64))
+    rotary_dim = attn.get("rotary_dim") or head_dim
+    # (a model without an attention or a linear layer still names the other's sizes)
+    return dict(
+        architectures=[ARCHITECTURE],
+        model_type=MODEL_TYPE,
+        vocab_size=config.vocab_size,
+        hidden_size=config.d_model,
+        intermediate_size=config.mlp_dim or int(config.mlp_ratio * config.d_model),
+        num_hidden_layers=config.num_layers,
+        num_attention_heads=attn.get("num_heads", config.num_heads),
+        num_key_value_heads=attn.get("num_kv_heads") or attn.get("num_heads", config.num_heads),
+        head_dim=head_dim,
+        hidden_act="silu",
+        max_position_embeddings=config.max_length,
+        rms_norm_eps=config.norm_eps,
+        tie_word_embeddings=config.tie_embeddings,
+        rope_parameters=dict(
+            rope_type="default",
+            rope_theta=attn.get("rope_base", 10000.0),
+            partial_rotary_factor=rotary_dim / head_dim,
+        ),
+        attention_bias=False,
+        attention_dropout=0.0,
+        linear_conv_kernel_dim=gdn.get("conv", 4),
+        linear_key_head_dim=gdn.get("head_dim", config.d_model // config.num_heads),
+        linear_value_head_dim=gdn.get("head_dim", config.d_model // config.num_heads),
+        linear_num_key_heads=gdn.get("num_heads", config.num_heads),
+        linear_num_value_heads=gdn.get("num_value_heads") or gdn.get("num_heads", config.num_heads),
+        layer_types=[kinds[m] for m in config.layer_mixers],
+        dtype="float32",
+    )
+
+
+def tensor_shapes(hf: dict) -> dict[str, tuple[int, ...]]:
+    """Every tensor a `Qwen3_5ForCausalLM` of config `hf` holds, with its shape."""
+    d, inter, v = hf["hidden_size"], hf["intermediate_size"], hf["vocab_size"]
+    hk, hv = hf["linear_num_key_heads"], hf["linear_num_value_heads"]
+    dk, dv, k = hf["linear_key_head_dim"], hf["linear_value_head_dim"], hf["linear_conv_kernel_dim"]
+    h, hkv, hd = hf["num_attention_heads"], hf["num_key_value_heads"], hf["head_dim"]
+    shapes = {"model.embed_tokens.weight": (v, d), "model.norm.weight": (d,)}
+    if not hf["tie_word_embeddings"]:
+        shapes["lm_head.weight"] = (v, d)
+    for i, kind in enumerate(hf["layer_types"]):
+        p = f"model.layers.{i}."
+        shapes.update(
+            {
+                p + "input_layernorm.weight": (d,),
+                p + "post_attention_layernorm.weight": (d,),
+                p + "mlp.gate_proj.weight": (inter, d),
+                p + "mlp.up_proj.weight": (inter, d),
+                p + "mlp.down_proj.weight": (d, inter),
+            }
+        )
+        if kind == "linear_attention":
+            c = 2 * hk * dk + hv * dv
+            a = p + "linear_attn."
+            shapes.update(
+                {
+                    a + "in_proj_qkv.weight": (c, d),
+                    a + "conv1d.weight": (c, 1, k),
+                    a + "in_proj_z.weight": (hv * dv, d),
+                    a + "in_proj_b.weight": (hv, d),
+                    a + "in_proj_a.weight": (hv, d),
+                    a + "A_log": (hv,),
+                    a + "dt_bias": (hv,),
+                    a + "norm.weight": (dv,),
+                    a + "out_proj.weight": (d, hv * dv),
+                }
+            )
+        else:
+            a = p + "self_attn."
+            shapes.update(
+                {
+                    a + "q_proj.weight": (h * 2 * hd, d),
+                    a + "k_proj.weight": (hkv * hd, d),
+                    a + "v_proj.weight": (hkv * hd, d),
+                    a + "q_norm.weight": (hd,),
+                    a + "k_norm.weight": (hd,),
+                    a + "o_proj.weight": (d, h * hd),
+                }
+            )
+    return shapes
+
+
+def to_params(hf: dict, get) -> dict:
+    """This library's parameters (a nested dict as `nnx.to_pure_dict` gives, float32 arrays)
+    from the tensors `get(name) -> np.ndarray float32` of a checkpoint of config `hf`."""
+
+    def linear(name):
+        return {"kernel": get(name).T}
+
+    def norm(name):  # zero-centred: transformers applies 1 + w
+        return {"scale": 1.0 + get(name)}
+
+    blocks = {}
+    for i, kind in enumerate(hf["layer_types"]):
+        p = f"model.layers.{i}."
+        block = {
+            "mixer_norm": norm(p + "input_layernorm.weight"),
+            "mlp_norm": norm(p + "post_attention_layernorm.weight"),
+            "mlp": {
+                "w_gate": linear(p + "mlp.gate_proj.weight"),
+                "w_up": linear(p + "mlp.up_proj.weight"),
+                "w_down": linear(p + "mlp.down_proj.weight"),
+            },
+        }
+        if kind == "linear_attention":
+            a = p + "linear_attn."
+            block["mixer"] = {
+                "inputs": {
+                    "qkv_proj": linear(a + "in_proj_qkv.weight"),
+                    "conv": {"kernel": get(a + "conv1d.weight")[:, 0, :].T},
+                },
+                "beta_proj": linear(a + "in_proj_b.weight"),
+                "decay": {
+                    "proj": linear(a + "in_proj_a.weight"),
+                    "a_log": get(a + "A_log"),
+                    "dt_bias": get(a + "dt_bias"),
+                },
+                "output": {
+                    "norm": {"scale": get(a + "norm.weight")},
+                    "gate_proj": linear(a + "in_proj_z.weight"),
+                    "out_proj": linear(a + "out_proj.weight"),
+                },
+            }
+        else:
+            a = p + "self_attn."
+            h, hd = hf["num_attention_heads"], hf["head_dim"]
+            q_gate = get(a + "q_proj.weight").reshape(h, 2, hd, -1)  # per head: q, then gate
+            q, gate = q_gate[:, 0].reshape(h * hd, -1), q_gate[:, 1].reshape(h * hd, -1)
+            qkv = np.concatenate([q, get(a + "k_proj.weight"), get(a + "v_proj.weight")])
+            block["mixer"] = {
+                "inputs": {
+                    "qkv_proj": {"kernel": qkv.T},
+                    "q_norm": norm(a + "q_norm.weight"),
+                    "k_norm": norm(a + "k_norm.weight"),
+                },
+                "output": {
+                    "gate_proj": {"kernel": gate.T},
+                    "out_proj": linear(a + "o_proj.weight"),
+                },
+            }
+        blocks[i] = block
+    params = {
+        "embed": {"embedding": get("model.embed_tokens.weight")},
+        "final_norm": norm("model.norm.weight"),
+        "blocks": blocks,
+    }
+    if not hf["tie_word_embeddings"]:
+        params["head"] = linear("lm_head.weight")
+    return params
+
+
+def from_params(hf: dict, params: dict) -> dict[str, np.ndarray]:
+    """The checkpoint tensors (float32) of `params` (as `to_params` makes them), the inverse of
+    `to_params`."""
+    out = {}
+
+    def linear(name, p):
+        out[name] = p["kernel"].T
+
+    def norm(name, p):
+        out[name] = p["scale"] - 1.0
+
+    out["model.embed_tokens.weight"] = params["embed"]["embedding"]
+    norm("model.norm.weight", params["final_norm"])
+    if not hf["tie_word_embeddings"]:
+        linear("lm_head.weight", params["head"])
+    for i, kind in enumerate(hf["layer_types"]):
+        p, block = f"model.layers.{i}.", params["blocks"][i]
+        norm(p + "input_layernorm.weight", block["mixer_norm"])
+        norm(p + "post_attention_layernorm.weight", block["mlp_norm"])
+        for ours, theirs in (("w_gate", "gate_proj"), ("w_up", "up_proj"), ("w_down", "down_proj")):
+            linear(p + f"mlp.{theirs}.weight", block["mlp"][ours])
+        mixer = block["mixer"]
+        if kind == "linear_attention":
+            a = p + "linear_attn."
+            linear(a + "in_proj_qkv.weight", mixer["inputs"]["qkv_proj"])
+            out[a + "conv1d.weight"] = mixer["inputs"]["conv"]["kernel"].T[:, None, :]
+            linear(a + "in_proj_b.weight", mixer["beta_proj"])
+            linear(a + "in_proj_a.weight", mixer["decay"]["proj"])
+            out[a + "A_log"] = mixer["decay"]["a_log"]
+            out[a + "dt_bias"] = mixer["decay"]["dt_bias"]
+            out[a + "norm.weight"] = mixer["output"]["norm"]["scale"]
+            linear(a + "in_proj_z.weight", mixer["output"]["gate_proj"])
+            linear(a + "out_proj.weight", mixer["output"]["out_proj"])
+        else:
+            a = p + "self_attn."
+            h, hkv, hd = hf["num_attention_heads"], hf["num_key_value_heads"], hf["head_dim"]
+            qkv = mixer["inputs"]["qkv_proj"]["kernel"].T
+            q, k, v = np.split(qkv, [h * hd, (h + hkv) * hd])
+            gate = mixer["output"]["gate_proj"]["kernel"].T
+            q_gate = np.stack([q.reshape(h, hd, -1), gate.reshape(h, hd, -1)], axis=1)
+            out[a + "q_proj.weight"] = q_gate.reshape(h * 2 * hd, -1)
+            out[a + "k_proj.weight"], out[a + "v_proj.weight"] = k, v
+            norm(a + "q_norm.weight", mixer["inputs"]["q_norm"])
+            norm(a + "k_norm.weight", mixer["inputs"]["k_norm"])
+            linear(a + "o_proj.weight", mixer["output"]["out_proj"])
+    return {k: np.ascontiguousarray(v, np.float32) for k, v in out.items()}

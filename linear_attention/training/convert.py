@@ -1,0 +1,167 @@
+"""The ``la-convert`` command line: Hugging Face checkpoints in and out of run workdirs.
+
+    la-convert --from-hf PATH --workdir W     a local transformers folder -> a run workdir
+    la-convert --to-hf W OUT                  a run workdir's latest checkpoint -> a folder
+
+``--from-hf`` writes W as a run: ``config.json`` (the model's fields from the checkpoint's
+config; text data with the checkpoint's tokenizer, the built-in corpus, a placeholder budget to
+override), a step-0 checkpoint holding the weights (and a fresh optimizer state), and the
+tokenizer files copied in, so that ``la-eval --workdir W``, ``la-generate --workdir W`` and a
+fine-tuning run (``la-train ... --config.train.init_from=W``) work on it. ``--to-hf`` writes a
+folder that ``transformers.AutoModelForCausalLM.from_pretrained(OUT)`` loads with the same
+logits, for a model whose every part maps (docs/hf.md); any other is refused with the reasons.
+Nothing is downloaded. Bad input stops with ``la-convert: error: ...`` (exit status 2) before
+anything is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import shutil
+import sys
+
+import ml_collections
+from flax import nnx
+
+from linear_attention.models import hf
+from linear_attention.training.checkpoint import Checkpoints
+from linear_attention.training.cli_args import UsageError, error
+from linear_attention.training.config import (
+    experiment_config,
+    mesh_section,
+    model_section,
+    optimizer_section,
+    train_section,
+)
+from linear_attention.training.load import load_run
+from linear_attention.training.metrics import write_json
+from linear_attention.training.optim import make_optimizer
+
+USAGE = "usage: la-convert --from-hf PATH --workdir W  |  la-convert --to-hf W OUT"
+# The tokenizer files of a transformers folder, copied as they are (whichever exist).
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "generation_config.json",
+)
+# The tokenizer file `config.data.tokenizer` names, the first present.
+DATA_TOKENIZERS = ("tokenizer.json", "tokenizer.model")
+# The placeholder budget of a converted run (a fine-tuning run overrides it).
+SEQ_LEN = 256
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="la-convert", usage=USAGE, description=__doc__)
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.add_argument("--from-hf", metavar="PATH", help="a local transformers checkpoint folder")
+    parser.add_argument("--workdir", metavar="W", help="the run workdir to write (--from-hf)")
+    parser.add_argument("--to-hf", nargs=2, metavar=("W", "OUT"), help="workdir and folder")
+    return parser
+
+
+def _fresh_folder(flag: str, path: str) -> None:
+    if os.path.exists(path) and (not os.path.isdir(path) or os.listdir(path)):
+        raise UsageError(f"{flag} {path!r} exists and is not an empty folder; give a new one")
+
+
+def run_section(model_config, tokenizer: str) -> ml_collections.ConfigDict:
+    """A run's config for an imported model: its `ModelConfig`, text data on the built-in
+    corpus read with `tokenizer`, AdamW at a fine-tuning rate, a placeholder budget."""
+    config = ml_collections.ConfigDict()
+    config.seed = 0
+    config.model = model_section(**dataclasses.asdict(model_config))
+    config.data = ml_collections.ConfigDict(
+        dict(kind="text", seq_len=min(SEQ_LEN, model_config.max_length), tokenizer=tokenizer)
+    )
+    config.optimizer = optimizer_section(learning_rate=1e-5)
+    config.train = train_section(num_steps=1, batch_size=8)
+    config.mesh = mesh_section()
+    return config
+
+
+def from_hf(path: str, workdir: str) -> dict:
+    """Write the run workdir `workdir` from the transformers folder `path`; returns its config
+    as written."""
+    _fresh_folder("--workdir", workdir)
+    model, model_config = hf.from_pretrained(path)
+    present = [f for f in TOKENIZER_FILES if os.path.isfile(os.path.join(path, f))]
+    named = next((f for f in DATA_TOKENIZERS if f in present), None)
+    workdir = os.path.abspath(workdir)
+    tokenizer = "bytes" if named is None else os.path.join(workdir, named)
+    if named is None and model_config.vocab_size < 256:
+        raise UsageError(
+            f"--from-hf {path!r} has no tokenizer file ({' or '.join(DATA_TOKENIZERS)}) and a "
+            f"vocabulary of {model_config.vocab_size} < 256 bytes: nothing can read text for it"
+        )
+    os.makedirs(workdir, exist_ok=True)
+    for name in present:
+        shutil.copyfile(os.path.join(path, name), os.path.join(workdir, name))
+    config = run_section(model_config, tokenizer)
+    cfg = experiment_config(config)
+    tx, _ = make_optimizer(cfg.optimizer, cfg.train.num_steps)
+    optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
+    checkpoints = Checkpoints(os.path.join(workdir, "checkpoints"), keep=cfg.train.keep_checkpoints)
+    try:
+        meta = {"converted_from": os.path.abspath(path)}
+        checkpoints.save(0, nnx.state((model, optimizer)), meta)
+    finally:
+        checkpoints.close()
+    written = cfg.to_dict()
+    write_json(os.path.join(workdir, "config.json"), written)
+    return written
+
+
+def to_hf(workdir: str, out: str, *, model_type: str = hf.qwen3_5.MODEL_TYPE) -> str:
+    """Write the latest checkpoint of the run in `workdir` as a transformers folder `out`."""
+    _fresh_folder("--to-hf OUT", out)
+    model, config = load_run(workdir)
+    problems = hf.export_problems(config.model, hf.ARCHITECTURES[model_type])
+    if problems:
+        raise UsageError(f"this model has no {model_type} equivalent: " + "; ".join(problems))
+    hf.save_pretrained(model, out, model_type=model_type)
+    for name in TOKENIZER_FILES:
+        if os.path.isfile(os.path.join(workdir, name)):
+            shutil.copyfile(os.path.join(workdir, name), os.path.join(out, name))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``la-convert``; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = _parser()
+    if any(a in ("-h", "--help") for a in argv):
+        parser.print_help()
+        return 0
+    try:
+        args, extra = parser.parse_known_args(argv)
+        if extra:
+            raise UsageError(f"unknown arguments {' '.join(extra)}; {USAGE}")
+        if (args.from_hf is None) == (args.to_hf is None):
+            raise UsageError(f"give one of --from-hf or --to-hf; {USAGE}")
+        if args.from_hf is not None:
+            if args.workdir is None:
+                raise UsageError("--from-hf needs --workdir W")
+            from_hf(args.from_hf, args.workdir)
+            print(f"wrote {args.workdir} (step 0) from {args.from_hf}")
+        else:
+            if args.workdir is not None:
+                raise UsageError("--to-hf takes W OUT, not --workdir")
+            to_hf(*args.to_hf)
+            print(f"wrote {args.to_hf[1]} from {args.to_hf[0]}")
+    except (UsageError, ValueError) as e:
+        return error("la-convert", e)
+    except SystemExit as e:  # argparse's own usage errors (exit 2, message printed)
+        return int(e.code or 0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,295 @@
+"""Hugging Face checkpoints in and out (`models.hf`, `la-convert`), against the committed
+fixtures of `tests/fixtures/make_hf_fixtures.py`: transformers' own logits and greedy tokens.
+
+The default run needs only safetensors (no torch, no transformers). `-m hf` regenerates the
+fixtures with transformers and compares live, both ways."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from linear_attention.models import LanguageModel, ModelConfig, hf, step_fn
+from linear_attention.training import convert
+from linear_attention.training.load import load_run
+from linear_attention.training.trainer import initialize_from, train
+from linear_attention.training.workdir import RunError
+
+FIXTURES = os.path.join(os.path.dirname(__file__), "..", "fixtures", "hf")
+ARCHITECTURES = ("qwen3_5",)
+
+
+def relative_error(got, want) -> float:
+    return float(np.max(np.abs(np.asarray(got) - want)) / np.max(np.abs(want)))
+
+
+def tensors(folder: str) -> dict[str, np.ndarray]:
+    with safe_open(os.path.join(folder, "model.safetensors"), "np") as f:
+        return {name: f.get_tensor(name) for name in f.keys()}
+
+
+# compiled once per model shape (reused by every test of the module)
+full_pass = nnx.jit(lambda model, tokens: model(tokens))
+prefill = nnx.jit(lambda model, tokens, state: model.prefill(tokens, state))
+
+
+def check_against_reference(model, reference, split: int = 5) -> None:
+    """Logits (relative ≤ 1e-4); prefill of `split` tokens then one step per token equal to
+    the full pass; and greedy decoding from there (argmax, step) giving transformers' tokens."""
+    tokens, want = reference["tokens"], reference["logits"]
+    num_new = reference["greedy"].shape[1]
+    logits = full_pass(model, jnp.asarray(tokens))
+    assert relative_error(logits, want) <= 1e-4
+    state = model.init_state(tokens.shape[0], tokens.shape[1] + num_new)
+    decoded, state = prefill(model, jnp.asarray(tokens[:, :split]), state)
+    steps, step = [decoded], step_fn(model)
+    for t in range(split, tokens.shape[1]):
+        last, state = step(jnp.asarray(tokens[:, t]), state)
+        steps.append(last[:, None])
+    assert relative_error(jnp.concatenate(steps, axis=1), np.asarray(logits)) <= 1e-5
+    greedy = []
+    for _ in range(num_new):
+        greedy.append(jnp.argmax(last, axis=-1).astype(jnp.int32))
+        last, state = step(greedy[-1], state)
+    np.testing.assert_array_equal(jnp.stack(greedy, axis=1), reference["greedy"])
+
+
+@pytest.fixture(scope="module", params=ARCHITECTURES)
+def imported(request):
+    folder = os.path.join(FIXTURES, request.param)
+    model, config = hf.from_pretrained(folder)
+    return folder, model, config, dict(np.load(os.path.join(folder, "reference.npz")))
+
+
+def test_import_matches_transformers(imported):
+    _, model, config, reference = imported
+    assert isinstance(model, LanguageModel) and isinstance(config, ModelConfig)
+    assert config.layer_mixers == ("gated_deltanet",) * 3 + ("softmax",)
+    check_against_reference(model, reference)
+
+
+def test_export_gives_back_the_checkpoint(imported, tmp_path):
+    """`save_pretrained` writes the fixture's own tensors (norms through 1 + w, to rounding)
+    and a config.json that imports as the same model."""
+    folder, model, config, _ = imported
+    out = hf.save_pretrained(model, str(tmp_path / "out"))
+    theirs, ours = tensors(folder), tensors(out)
+    assert sorted(theirs) == sorted(ours)
+    for name, want in theirs.items():
+        np.testing.assert_allclose(ours[name], want, rtol=0, atol=1e-7, err_msg=name)
+    with open(os.path.join(out, "config.json")) as f:
+        written = json.load(f)
+    assert written["architectures"] == ["Qwen3_5ForCausalLM"]
+    assert hf.model_config(written, hf.qwen3_5) == config
+
+
+def _copy(tmp_path, name="qwen3_5"):
+    folder = str(tmp_path / name)
+    shutil.copytree(os.path.join(FIXTURES, name), folder)
+    return folder
+
+
+def _edit_config(folder, change):
+    path = os.path.join(folder, "config.json")
+    with open(path) as f:
+        values = json.load(f)
+    change(values)
+    with open(path, "w") as f:
+        json.dump(values, f)
+
+
+def _edit_tensors(folder, change):
+    values = tensors(folder)
+    change(values)
+    save_file(values, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
+
+
+@pytest.mark.parametrize(
+    ("config_change", "tensor_change", "message"),
+    [
+        (lambda c: c.update(model_type="llama"), None, "unsupported model_type 'llama'"),
+        (lambda c: c.update(sliding_window=8), None, "config field 'sliding_window' is not under"),
+        (lambda c: c.update(hidden_act="gelu"), None, "hidden_act='gelu' is not supported"),
+        (lambda c: c.pop("linear_num_value_heads"), None, "'linear_num_value_heads' is missing"),
+        (
+            lambda c: c["rope_parameters"].update(rope_type="yarn"),
+            None,
+            "rope_type='yarn' is not supported",
+        ),
+        (
+            lambda c: c.update(layer_types=["linear_attention"] * 3 + ["sliding_attention"]),
+            None,
+            "layer type 'sliding_attention' is not supported",
+        ),
+        (None, lambda t: t.pop("model.layers.1.linear_attn.A_log"), "'model.layers.1.linear_attn"),
+        (
+            None,
+            lambda t: t.update({"model.norm.weight": np.zeros(31, np.float32)}),
+            r"'model.norm.weight' has shape \(31,\), expected \(32,\)",
+        ),
+        (
+            None,
+            lambda t: t.update({"model.extra.weight": np.zeros(3, np.float32)}),
+            "'model.extra.weight' is not part of the architecture",
+        ),
+    ],
+)
+def test_bad_checkpoints_refused_before_any_weight_is_read(
+    tmp_path, monkeypatch, config_change, tensor_change, message
+):
+    folder = _copy(tmp_path)
+    if config_change is not None:
+        _edit_config(folder, config_change)
+    if tensor_change is not None:
+        _edit_tensors(folder, tensor_change)
+    monkeypatch.setattr(hf, "_reader", lambda files: pytest.fail("a weight was read"))
+    with pytest.raises(ValueError, match=message):
+        hf.from_pretrained(folder)
+
+
+def test_not_a_checkpoint_folder(tmp_path):
+    with pytest.raises(ValueError, match="is not a folder"):
+        hf.from_pretrained(str(tmp_path / "nothing"))
+    with pytest.raises(ValueError, match="holds no config.json"):
+        hf.from_pretrained(str(tmp_path))
+
+
+def test_export_refuses_a_model_without_an_equivalent(tmp_path, imported):
+    _, _, config, _ = imported
+    linear = LanguageModel(
+        ModelConfig(vocab_size=32, d_model=16, num_layers=1, num_heads=2, mixer="linear"),
+        rngs=nnx.Rngs(0),
+    )
+    with pytest.raises(ValueError, match="mixer 'linear' has no qwen3_5_text layer"):
+        hf.save_pretrained(linear, str(tmp_path / "a"))
+    # one option off the checkpoint's shape: the conv bias back on
+    gdn = dict(dict(config.layer_options)["gated_deltanet"])
+    options = dict(config.layer_options)
+    options["gated_deltanet"] = {**gdn, "conv_bias": True}
+    other = dataclasses.replace(config, layer_options=options)
+    problems = hf.export_problems(other, hf.qwen3_5)
+    assert problems == ["gated_deltanet layers: conv_bias=True (qwen3_5_text has False)"]
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    """`la-convert --from-hf` of the qwen3_5 fixture, run in a subprocess where torch and
+    transformers cannot be imported (as in CI): the workdir."""
+    folder = os.path.join(FIXTURES, "qwen3_5")
+    workdir = str(tmp_path_factory.mktemp("converted") / "run")
+    script = (
+        "import sys; sys.modules.update(torch=None, transformers=None); "
+        "from linear_attention.training import convert; "
+        f"sys.exit(convert.main(['--from-hf', {folder!r}, '--workdir', {workdir!r}]))"
+    )
+    env = {**os.environ, "PYTHONPATH": os.getcwd() + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    return workdir
+
+
+def test_convert_workdir_round_trip(converted, tmp_path):
+    """The converted run's checkpoint gives transformers' logits; `--to-hf` gives the
+    checkpoint's tensors and tokenizer back."""
+    folder, out = os.path.join(FIXTURES, "qwen3_5"), str(tmp_path / "out")
+    assert sorted(os.listdir(converted)) == [
+        "checkpoints",
+        "config.json",
+        "generation_config.json",
+        "tokenizer.json",
+    ]
+    model, config = load_run(converted)
+    assert config.data.tokenizer == os.path.join(converted, "tokenizer.json")
+    reference = np.load(os.path.join(folder, "reference.npz"))
+    logits = full_pass(model, jnp.asarray(reference["tokens"]))
+    assert relative_error(logits, reference["logits"]) <= 1e-4
+    assert convert.main(["--to-hf", converted, out]) == 0
+    theirs, ours = tensors(folder), tensors(out)
+    for name, want in theirs.items():
+        np.testing.assert_allclose(ours[name], want, rtol=0, atol=1e-7, err_msg=name)
+    assert os.path.isfile(os.path.join(out, "tokenizer.json"))
+
+
+def test_init_from_takes_the_converted_parameters(converted):
+    """`config.train.init_from`: a model of the same config starts from the run's parameters;
+    one of another shape is refused, naming the parameter."""
+    _, config = load_run(converted)
+    fresh = LanguageModel(config.model, rngs=nnx.Rngs(7))
+    initialize_from(fresh, converted)
+    reference = np.load(os.path.join(FIXTURES, "qwen3_5", "reference.npz"))
+    logits = full_pass(fresh, jnp.asarray(reference["tokens"]))
+    assert relative_error(logits, reference["logits"]) <= 1e-4
+    narrower = dataclasses.replace(config.model, mlp_dim=40)
+    message = r"parameter .*mlp.* is of shape .*48.*this model's is .*40"
+    with pytest.raises(RunError, match=message):
+        initialize_from(LanguageModel(narrower, rngs=nnx.Rngs(0)), converted)
+
+
+@pytest.mark.slow
+def test_fine_tune_a_converted_run(converted, tmp_path):
+    """`la-train` with `config.train.init_from`: two steps of fine-tuning from the converted
+    checkpoint on the built-in corpus, then `la-convert --to-hf` of the result."""
+    values = json.loads(open(os.path.join(converted, "config.json")).read())
+    values["train"].update(init_from=converted, num_steps=2, batch_size=2, eval_every=2)
+    values["train"].update(checkpoint_every=2, log_every=1, eval_batch_size=2)
+    values["data"].update(seq_len=16, max_bytes=20000, num_val_windows=2)
+    summary = train(values, str(tmp_path / "tuned"))
+    assert np.isfinite(summary["eval/loss"])
+    assert convert.main(["--to-hf", str(tmp_path / "tuned"), str(tmp_path / "out")]) == 0
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        ([], "give one of --from-hf or --to-hf"),
+        (["--from-hf", "x"], "--from-hf needs --workdir W"),
+        (["--from-hf", "/nonexistent", "--workdir", "W"], "is not a folder"),
+        (["--to-hf", "/nonexistent", "OUT"], "holds no run"),
+        (["--from-hf", "x", "--workdir", "W", "--bogus"], "unknown arguments --bogus"),
+    ],
+)
+def test_convert_bad_input_exits_2(argv, message, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert convert.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("la-convert: error: ") and message in err
+
+
+def test_convert_refuses_an_existing_run(capsys, tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    folder = os.path.join(FIXTURES, "qwen3_5")
+    assert convert.main(["--from-hf", folder, "--workdir", str(tmp_path)]) == 2
+    assert "exists and is not an empty folder" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ live (-m hf)
+@pytest.mark.hf
+@pytest.mark.parametrize("name", ARCHITECTURES)
+def test_live_against_transformers_both_ways(name, tmp_path):
+    """Fresh fixtures from transformers, imported here; and this library's export loaded by
+    `AutoModelForCausalLM.from_pretrained` with equal logits."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "fixtures"))
+    import make_hf_fixtures
+
+    folder = make_hf_fixtures.build(name, str(tmp_path / "fresh"), seed=3)
+    reference = dict(np.load(os.path.join(folder, "reference.npz")))
+    model, _ = hf.from_pretrained(folder)
+    check_against_reference(model, reference)
+    out = hf.save_pretrained(model, str(tmp_path / "export"))
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = loaded(torch.tensor(reference["tokens"]).long()).logits.numpy()
+    assert relative_error(logits, reference["logits"]) <= 1e-5
