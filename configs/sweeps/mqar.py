@@ -48,6 +48,7 @@ from pathlib import Path
 
 import ml_collections
 
+from linear_attention.layers.fox import OPEN_LABEL as FOX_OPEN
 from linear_attention.training.cli import load_config_file
 from linear_attention.training.sweep.grid import grid_axis
 from linear_attention.training.sweep.mixers import LINEAR_SCALED, mixer_axis
@@ -56,12 +57,14 @@ PRESETS = ("default", "cpu", "smoke")
 MIXERS = ("softmax", "linear", "taylor", "retnet", "gated", "gla", "deltanet", "gated_deltanet")
 MIXERS += ("kda", "gated_deltaproduct", "rwkv7")  # (issue 20; see the docstring)
 MIXERS += ("fox", "mesanet")  # the families of issue 53 (EXPERIMENTS.md section 1)
+MIXERS += (FOX_OPEN,)  # fox with its forget gate starting open (`layers/fox.py`)
 # Both grids add sliding-window softmax, Based (taylor and swa layers alternating, its taylor
 # layers at the preset's projected width) and elu+1 with q and k scaled by 8, the fixed feature
 # map at a scale where it learns (`linear_attention.training.sweep.mixers`).
 DEFAULT_MIXERS = (*MIXERS, "swa", "based", LINEAR_SCALED)
 MIXER_FIELDS = (
     *("model.mixer", "model.feature_dim", "model.window", "model.feature_scale", "model.conv"),
+    "model.forget_bias",
 )
 
 

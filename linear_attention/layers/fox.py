@@ -11,6 +11,11 @@ blockwise kernel (O(T) memory, FlashAttention-style gradient); `prefill` / `step
 `ForgettingCache` (keys, values, and per slot the cumulative log gate and reset count) of
 `max_length` slots and read all of it per token. Packed rows reset the gate sums at each
 document start. The output is not an affine map of a carried state, so there is no time split.
+
+`forget_bias` is the gate's initial bias b_f: 0, the paper's, starts every head at f ≈ 1/2 (a
+key d tokens back is down by e^(−0.69·d)); a large one starts near softmax attention. On MQAR's
+400-step CPU budget the paper's start does not learn recall and b_f = 5 does (EXPERIMENTS.md
+section 1, the ``fox_bias5`` rows).
 """
 
 from __future__ import annotations
@@ -24,12 +29,19 @@ from flax import nnx
 from linear_attention import kernels as K
 from linear_attention.kernels.forgetting.forgetting import METHODS, empty_cache
 from linear_attention.layers.base import Mixer
-from linear_attention.layers.options import METHOD, MixerConfig
+from linear_attention.layers.options import METHOD, MixerConfig, option
+
+# The paper's (and flash-linear-attention's) forget gate starts with a zero bias: f ≈ 1/2 per
+# token, so a key 40 tokens back is down by e^-28 until the bias has grown. A positive bias
+# starts the layer near plain softmax attention (f = sigmoid(b)).
+FORGET_BIAS = option(0.0, "initial bias of the forget gate (fox; 0: the paper's f ≈ 1/2)")
+OPEN_LABEL = "fox_bias5"  # the MQAR grid's fox with the gate starting open (f ≈ 0.993)
 
 
 @dataclasses.dataclass(frozen=True)
 class FoxConfig(MixerConfig):
     method: str = METHOD.field("blockwise", choices=METHODS)
+    forget_bias: float = FORGET_BIAS.field()
 
 
 class FoxMixer(Mixer):
@@ -38,12 +50,14 @@ class FoxMixer(Mixer):
     NAME = "fox"
     OPTIONS = FoxConfig
     BLOCK = 512  # query and key block of the blockwise kernel
+    SWEEP_LABELS = {OPEN_LABEL: {"forget_bias": 5.0}}
 
     def _build(self, rngs: nnx.Rngs) -> None:
         self.forget_gate = nnx.Linear(
             self.d_model,
             self.num_heads,
             use_bias=True,
+            bias_init=nnx.initializers.constant(self.options["forget_bias"]),
             dtype=self.dtype,
             param_dtype=self.param_dtype,
             rngs=rngs,

@@ -134,11 +134,10 @@ class ModelConfig:
       tie_embeddings: output head shares the token embedding.
       The mixers' own options (`method`, `chunk_size`, `eps`, `feature_map`, `feature_dim`,
       `feature_scale`, `allow_neg_eigval`, `num_value_heads`, `window`, `num_householder`,
-      `cg_steps`: the
-      union of the fields of the mixers' `Config` dataclasses, described there and by
-      `la-train --help`): None is each mixer's default; a value must be used by at least one
-      layer and is passed to the layers whose mixer uses it. `mixer_config(name)` is the typed
-      config of a layer's mixer, made and checked once here.
+      `forget_bias`, `cg_steps`: the union of the fields of the mixers' `Config` dataclasses,
+      described there and by `la-train --help`): None is each mixer's default; a value must be
+      used by at least one layer and is passed to the layers whose mixer uses it.
+      `mixer_config(name)` is the typed config of a layer's mixer, made and checked once here.
 
     Every field is checked in `__post_init__` by `fields.check_fields` (ValueError names it), types
     strictly: bools must be bools (not "False" or 0), numbers finite; NumPy scalars are accepted
@@ -180,6 +179,7 @@ class ModelConfig:
     num_value_heads: int | None = None
     window: int | None = None
     num_householder: int | None = None
+    forget_bias: float | None = None
     cg_steps: int | None = None
     conv_bias: bool | None = None
     out_norm_shared: bool | None = None
