@@ -143,7 +143,7 @@ def mesa_net(fla_root: Path) -> dict:
         state = K.MesaNetState(kk0, kv0)
         for method in ("exact", "recurrent", "chunk"):
             o, s = K.mesa_net(q, k, v, g, beta, lam, initial_state=state, method=method,
-                              chunk_size=64, cg_steps=steps, return_final_state=True)  # fmt: skip
+                              chunk_size=64, cg_steps=steps, return_state=True)  # fmt: skip
             name = "exact_vs_exact" if method == "exact" else f"{method}_cg_vs_exact"
             errors[name].append(rel_err(o, o_ex))
             errors["final_states_vs_exact"].append(max(rel_err(s.kk, kk_ex), rel_err(s.kv, kv_ex)))

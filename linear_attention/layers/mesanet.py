@@ -181,7 +181,7 @@ class MesaNetMixer(Mixer):
         if core is None:
             return K.mesa_net(q, k, v_BTHD, log_decay, beta, lam, **options), None
         return K.mesa_net(
-            q, k, v_BTHD, log_decay, beta, lam, initial_state=core, return_final_state=True,
+            q, k, v_BTHD, log_decay, beta, lam, initial_state=core, return_state=True,
             **options,
         )  # fmt: skip
 

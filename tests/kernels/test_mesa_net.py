@@ -23,9 +23,7 @@ B, T, H, D, DV = 2, 11, 2, 4, 3  # T = 11 with chunks of 4: a partial last chunk
 SEGMENTS = np.asarray([[0] * 4 + [1] * 7, [5] * 9 + [2] * 2], np.int32)
 STEPS = 12  # CG iterations: 3·K, converged to float32 rounding here
 
-run = jax.jit(
-    K.mesa_net, static_argnames=("method", "chunk_size", "cg_steps", "return_final_state")
-)
+run = jax.jit(K.mesa_net, static_argnames=("method", "chunk_size", "cg_steps", "return_state"))
 
 
 def unit(x):
@@ -57,7 +55,7 @@ def test_matches_the_float64_loop(method, case):
     if case == "no_decay":
         a = None
     o, state = run(q, k, v, a, beta, lam, segment_ids=seg, initial_state=init, method=method,
-                   chunk_size=4, cg_steps=STEPS, return_final_state=True)  # fmt: skip
+                   chunk_size=4, cg_steps=STEPS, return_state=True)  # fmt: skip
     o_ref, kk_ref, kv_ref = mesa_net_loop(
         q, k, v, a, beta, lam, *(s0 if init is not None else (None, None)), segment_ids=seg
     )
@@ -91,7 +89,7 @@ def test_gradients_against_finite_differences_and_the_exact_solve():
         def f(q, k, v, a, beta, lam, kk0, kv0):
             o, s = K.mesa_net(q, k, v, a, beta, lam, initial_state=K.MesaNetState(kk0, kv0),
                               method=method, chunk_size=3, cg_steps=STEPS,
-                              return_final_state=True)  # fmt: skip
+                              return_state=True)  # fmt: skip
             return jnp.sum(o * w_o) + jnp.sum(s.kk * w_kk) + jnp.sum(s.kv * w_kv)
 
         return jax.jit(jax.grad(f, argnums=tuple(range(8))))
@@ -124,9 +122,9 @@ def test_prefill_then_steps_equal_the_full_pass():
     q, k, v, a, beta, lam, s0 = inputs(seed=4)
     a = a.at[1, 8, 0].set(-jnp.inf)  # a reset among the decoded tokens
     full, final = run(q, k, v, a, beta, lam, initial_state=s0, chunk_size=4, cg_steps=STEPS,
-                      return_final_state=True)  # fmt: skip
+                      return_state=True)  # fmt: skip
     head, state = run(q[:, :5], k[:, :5], v[:, :5], a[:, :5], beta[:, :5], lam, initial_state=s0,
-                      chunk_size=4, cg_steps=STEPS, return_final_state=True)  # fmt: skip
+                      chunk_size=4, cg_steps=STEPS, return_state=True)  # fmt: skip
     step = jax.jit(functools.partial(K.mesa_net_step, cg_steps=STEPS))
     outs = [head]
     for t in range(5, T):
@@ -180,7 +178,7 @@ def main():
         return K.mesa_net(
             xs["q"], xs["k"], xs["v"], xs["a"], xs["beta"], xs["lam"],
             initial_state=K.MesaNetState(xs["s0"], xs["z0"]), segment_ids=seg, method=method,
-            chunk_size=4, cg_steps=STEPS, return_final_state=True, axis_name=axis_name,
+            chunk_size=4, cg_steps=STEPS, return_state=True, axis_name=axis_name,
         )  # fmt: skip
 
     xs = {

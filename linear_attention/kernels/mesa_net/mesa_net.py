@@ -85,7 +85,7 @@ def mesa_net(
     *,
     segment_ids=None,
     initial_state: MesaNetState | None = None,
-    return_final_state: bool = False,
+    return_state: bool = False,
     method: str = "chunk",
     chunk_size: int = 64,
     cg_steps: int = 30,
@@ -101,7 +101,7 @@ def mesa_net(
       segment_ids: `[B, T]` integers or a `Segments`: both statistics are zeroed before every
         document start (the initial state flows into the first document only).
       initial_state: a `MesaNetState` (None: zeros).
-      return_final_state: also return the `MesaNetState` after the last token.
+      return_state: also return the `MesaNetState` after the last token.
       method: "chunk" (the training path), "recurrent" (the same CG, token by token) or
         "exact" (token by token with an exact solve; ignores `cg_steps`).
       chunk_size: tokens per chunk of "chunk"; T need not be a multiple.
@@ -109,13 +109,13 @@ def mesa_net(
       axis_name: inside `jax.shard_map` with time split over this mesh axis, the unsplit
         result (outputs, gradients, the global final state on every shard).
     Returns:
-      `o: [B, T, H, Dv]` in `result_type(q, k, v)`, and with `return_final_state` the final
+      `o: [B, T, H, Dv]` in `result_type(q, k, v)`, and with `return_state` the final
       `MesaNetState` (float32). Statistics and solves are float32 whatever the input dtype.
     """
     check_choice("method", method, METHODS)
     chunk_size = check_positive_int("chunk_size", chunk_size)
     cg_steps = check_positive_int("cg_steps", cg_steps)
-    check_static("return_final_state", return_final_state)
+    check_static("return_state", return_state)
     check_float(("q", "k", "v", "beta", "lambda_"), (q, k, v, beta, lambda_))
     sizes = check_layouts(
         q=(q, "[B, T, H, K]"),
@@ -156,7 +156,7 @@ def mesa_net(
             local, (kb32, k32, v32, a_BTH, lam_HK), (kk0, kv0), chunk_size, axis_name
         )
     o_BTHD = o_BTHD.astype(dtype)
-    return (o_BTHD, MesaNetState(kk, kv)) if return_final_state else o_BTHD
+    return (o_BTHD, MesaNetState(kk, kv)) if return_state else o_BTHD
 
 
 def _split(local, inputs, state0, chunk_size, axis_name):
