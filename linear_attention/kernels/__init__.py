@@ -22,6 +22,7 @@ from linear_attention.kernels.linear.linear import (
     linear_attention,
 )
 from linear_attention.kernels.linear.recurrent import recurrent_step
+from linear_attention.kernels.log_linear.fenwick import LogLinearState
 from linear_attention.kernels.log_linear.log_linear import METHODS as LOG_LINEAR_METHODS
 from linear_attention.kernels.log_linear.log_linear import (
     log_linear_attention,
@@ -45,6 +46,7 @@ __all__ = [
     "MesaNetState",
     "PALLAS_METHODS",
     "LinearAttentionState",
+    "LogLinearState",
     "blockwise_softmax_attention",
     "cached_forgetting_attention",
     "cached_softmax_attention",

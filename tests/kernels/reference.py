@@ -225,38 +225,41 @@ def mesa_net_loop(q, k, v, log_decay, beta, lam, kk0=None, kv0=None, segment_ids
 
 
 def log_linear_attention_loop(
-    q, k, v, log_decay, level_weights, segment_ids=None, s0=None, position=0
+    q, k, v, log_decay, level_weights, segment_ids=None, s0=None, position=None
 ):
     """Log-linear attention token by token in float64, its Fenwick tree as a binary counter.
 
-    The keys before position t are held in blocks whose sizes are the set bits of t (largest
-    first); a block of 2^(ℓ−1) keys is level ℓ and is read with weight λ_t^ℓ, the token itself
-    with λ_t^0. After the token its own block of one joins the tail, and while the last two
-    blocks have the same size they merge (the counter's carry). Every block decays by
-    exp(a_t) per token; a −inf log decay or a new document (`segment_ids`) empties them.
-    `s0 [B, H, L, K, V]`: the state at `position` (slot s: the block of 2^s keys). Returns
-    (o [B, T, H, V], final state [B, H, L, K, V]) in float64.
+    The keys of a sequence before its token t are held in blocks whose sizes are the set bits
+    of t (largest first); a block of 2^(ℓ−1) keys is level ℓ and is read with weight λ_t^ℓ, the
+    token itself with λ_t^0. After the token its own block of one joins the tail, and while the
+    last two blocks have the same size they merge (the counter's carry). Every block decays by
+    exp(a_t) per token; a −inf log decay or a new document (`segment_ids`) drops every block (a
+    new sequence). `s0 [B, H, L, K, V]` and `position [B, H]`: the state of the sequence so far
+    (slot s: the block of 2^s keys). Returns (o [B, T, H, V], final levels [B, H, L, K, V],
+    final position [B, H]) in float64 / int.
     """
     q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
     lam = np.asarray(level_weights, np.float64)
     B, T, H, K = q.shape
     V, L = v.shape[-1], lam.shape[-1]
     a = np.broadcast_to(np.asarray(log_decay, np.float64), (B, T, H))
+    position = np.zeros((B, H), int) if position is None else np.asarray(position)
     o = np.zeros((B, T, H, V))
     final = np.zeros((B, H, L, K, V))
+    count = np.zeros((B, H), int)
     for b in range(B):
         for h in range(H):
-            # blocks as [size, state], largest first: the set bits of `position`
-            blocks = [
+            blocks = [  # [size, state], largest first
                 [1 << s, np.zeros((K, V)) if s0 is None else np.asarray(s0, np.float64)[b, h, s]]
                 for s in reversed(range(L))
-                if position >> s & 1
+                if position[b, h] >> s & 1
             ]
             for t in range(T):
                 new_doc = _new_doc(segment_ids, t)
-                gamma = 0.0 if new_doc is not None and new_doc[b] else np.exp(a[b, t, h])
+                if np.isneginf(a[b, t, h]) or (new_doc is not None and new_doc[b]):
+                    blocks = []
                 for block in blocks:
-                    block[1] = gamma * block[1]
+                    block[1] = np.exp(a[b, t, h]) * block[1]
                 out = lam[b, t, h, 0] * (q[b, t, h] @ k[b, t, h]) * v[b, t, h]
                 for size, state in blocks:
                     out = out + lam[b, t, h, size.bit_length()] * (q[b, t, h] @ state)
@@ -267,4 +270,5 @@ def log_linear_attention_loop(
                     blocks[-1] = [2 * size, blocks[-1][1] + state]
             for size, state in blocks:
                 final[b, h, size.bit_length() - 1] = state
-    return o, final
+            count[b, h] = sum(size for size, _ in blocks)
+    return o, final, count
