@@ -29,6 +29,7 @@ OPTIONS = {
     "gated_deltaproduct": dict(num_householder=2, chunk_size=4),
     "rwkv7": dict(chunk_size=4),
     "mesanet": dict(chunk_size=4, cg_steps=16),
+    "log_linear_mamba2": dict(chunk_size=4, num_levels=5),
 }
 
 

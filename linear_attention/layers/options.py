@@ -91,6 +91,9 @@ ROTARY_DIM = option(
 GATE_ACTIVATION = option("silu", "output gate activation (with out_gate)")
 NUM_HOUSEHOLDER = option(2, "Householder (delta) steps per token")
 WINDOW = option(64, "tokens each layer sees (itself and window − 1 before)")
+NUM_LEVELS = option(
+    15, "log-linear attention's level weights: positions below 2^(num_levels − 1)", minimum=2
+)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,6 +16,7 @@ from linear_attention.layers.linear import (
     RetNetMixer,
     TaylorMixer,
 )
+from linear_attention.layers.log_linear import LogLinearMamba2Mixer
 from linear_attention.layers.lstm import LSTMMixer
 from linear_attention.layers.mesanet import MesaNetMixer
 from linear_attention.layers.rwkv7 import RWKV7Mixer
@@ -42,6 +43,7 @@ MIXERS: dict[str, type[Mixer]] = {
         FoxMixer,
         LSTMMixer,
         MesaNetMixer,
+        LogLinearMamba2Mixer,
     )
 }
 

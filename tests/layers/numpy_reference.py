@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 from flax import nnx
 
-from tests.kernels.reference import delta_rule_loop, mesa_net_loop
+from tests.kernels.reference import delta_rule_loop, log_linear_attention_loop, mesa_net_loop
 
 
 def params64(module) -> dict:
@@ -85,6 +85,8 @@ def mixer_reference(
     v = qkv[..., (1 + n) * h * dk :].reshape(b, t, hv, n, dv)
     if mixer.rope:
         q, k = rotate(q, np.arange(t)), rotate(k, np.arange(t))
+    if name == "log_linear_mamba2":
+        return output_reference(mixer, x, _log_linear_reference(p, x, q, k, v[:, :, :, 0]))
     if name in DELTA_FAMILY:
         k = k.reshape(b, t, h, n, dk)
         return output_reference(mixer, x, _delta_reference(name, mixer, p, x, q, k, v))
@@ -157,6 +159,18 @@ def mixer_reference(
     if normalize:
         o = o / (weights.sum(-1).transpose(0, 2, 1)[..., None] + eps)
     return output_reference(mixer, x, o)
+
+
+def _log_linear_reference(p, x, q, k, v):
+    """The `gated` mixer's decay and k·dk^-½, λ = softplus(s ⊙ (x W_λ + b_λ)) per head and
+    level, and the Fenwick loop of the kernels' reference."""
+    b, t, h, dk = q.shape
+    z = x @ p["decay"]["proj"]["kernel"] + p["decay"]["dt_bias"]
+    log_decay = -softplus(z) * np.exp(p["decay"]["a_log"])
+    levels = p["levels"]
+    z = (x @ levels["proj"]["kernel"] + levels["proj"]["bias"]).reshape(b, t, h, -1)
+    lam = softplus(levels["scale"] * z)
+    return log_linear_attention_loop(q, k / np.sqrt(dk), v, log_decay, lam)[0]
 
 
 DELTA_FAMILY = ("deltanet", "gated_deltanet", "kda", "gated_deltaproduct")

@@ -66,6 +66,12 @@ CASES = {
     "mesanet": dict(chunk_size=5),
     "mesanet_recurrent": dict(method="recurrent", rope=True, out_gate=True, cg_steps=20),
     "mesanet_exact": dict(method="exact", conv=False),
+    # log-linear Mamba-2: chunks of 5 across 12 tokens (the prefill of 5 tokens leaves a state
+    # at position 5), 5 levels (positions below 16); the quadratic form with rope; the scan
+    # without the output gate
+    "log_linear_mamba2": dict(conv=True, chunk_size=5, num_levels=5),
+    "log_linear_mamba2_quadratic": dict(method="quadratic", rope=True),
+    "log_linear_mamba2_scan": dict(method="scan", out_gate=False, num_levels=6),
 }
 DELTA = ("deltanet", "gated_deltanet", "kda", "gated_deltaproduct")
 
@@ -186,7 +192,7 @@ def test_softmax_cache_overflow_gives_nan_not_wrong_numbers():
         mixer.prefill(x[:, :5], mixer.init_state(B, 4))
 
 
-@pytest.mark.parametrize("name", ["gated", "softmax", "gated_deltanet", "swa"])
+@pytest.mark.parametrize("name", ["gated", "softmax", "gated_deltanet", "swa", "log_linear_mamba2"])
 def test_bfloat16_compute(name):
     mixer32 = make(name)
     mixer16 = make(name, dtype=jnp.bfloat16)
@@ -200,7 +206,8 @@ def test_bfloat16_compute(name):
     np.testing.assert_allclose(y16.astype(jnp.float32), call(mixer32, x), rtol=0.1, atol=0.05)
     y16_step, state = step(mixer16, x[:, 0].astype(jnp.bfloat16), mixer16.init_state(B, T))
     assert y16_step.dtype == jnp.bfloat16
-    core_dtypes = {leaf.dtype for leaf in jax.tree.leaves(state.core)}
+    leaves = jax.tree.leaves(state.core)  # (log-linear's state also holds int32 positions)
+    core_dtypes = {x.dtype for x in leaves if jnp.issubdtype(x.dtype, jnp.floating)}
     assert core_dtypes == (
         {jnp.dtype(jnp.bfloat16)} if name in ("softmax", "swa") else {jnp.dtype("float32")}
     )
@@ -304,6 +311,8 @@ BAD_OPTIONS = [
     (dict(name="mesanet", cg_steps=0), "cg_steps must be an integer >= 1, got 0"),
     (dict(name="mesanet", method="scan"), "unknown method 'scan' for mixer 'mesanet'"),
     (dict(name="gated", cg_steps=4), "does not use option cg_steps"),
+    (dict(name="log_linear_mamba2", num_levels=1), "num_levels must be an integer >= 2"),
+    (dict(name="gated", num_levels=4), "does not use option num_levels"),
 ]
 
 
@@ -335,6 +344,7 @@ def test_registry_lists_every_family():
         "fox",
         "lstm",
         "mesanet",
+        "log_linear_mamba2",
     }
     # every option is declared once, with the same type wherever two mixers share it
     types = {}
@@ -379,7 +389,8 @@ def test_attention_inputs_reproduce_the_mixer(case):
     and passed through the output layers, give the float64 reference output of the mixer."""
     name = mixer_name(case)
     mixer, x = make(case), inputs()
-    if name in (*DELTA, "swa", "rwkv7", "lstm", "mesanet"):  # not AttentionInputs' weighted sum
+    # not AttentionInputs' weighted sum
+    if name in (*DELTA, "swa", "rwkv7", "lstm", "mesanet", "log_linear_mamba2"):
         with pytest.raises(ValueError, match="has no attention_inputs"):
             attention_inputs(mixer, x)
         return

@@ -1,0 +1,138 @@
+"""Log-linear attention mixers (Guo et al. 2025): `kernels.log_linear_attention`, a Fenwick tree
+of O(log T) level states per head, each read with a data-dependent weight λ_t^ℓ.
+
+    q, k, v = (conv(x W_qkv)),  k ← k · Dk^-½                  (as the `gated` mixer)
+    log γ_t = −softplus(x_t·w_h + b_h) · exp(A_h)              (`decays.ScalarDecay`, Mamba-2)
+    λ_t^ℓ   = softplus(s_{h,ℓ} · (x_t W_λ + b_λ)_{h,ℓ})        ℓ = 0..L − 1 (`LevelWeights`)
+    o_t     = Σ_{j ≤ t} λ_t^{ℓ(t,j)} exp(Σ_{j<u≤t} log γ_u) (q_t·k_j) v_j,   ℓ(t, j) = |t ⊕ j|₂
+    y       = (RMSNorm(o) ⊙ silu(x W_g)) W_o
+
+(|n|₂: the bit length of n.) `log_linear_mamba2` is Mamba-2's layer as the `gated` mixer has
+it (identity features, the scalar decay per head, per-head norm and output gate) plus the
+projection to the L = `num_levels` level weights of FLA's `LogLinearMamba2` (a linear map of
+x per head and level, scaled by a learned s_{h,ℓ} that starts at 1, through softplus; FLA's
+default L = 15 covers 16,384 positions). With every λ = 1 it is the `gated` mixer.
+
+The whole-sequence paths call the kernel (`method`, `chunk_size`); `step` calls
+`log_linear_attention_step`. The decoding state is a `LogLinearState`: the level states
+`[B, H, L, Dk, Dv]` float32 (L matrices per head, O(log T)) and their position; a prefill from a
+state reads it and returns the next one in parallel. A sequence must stay below position
+2^(L−1): the kernel refuses a longer row, `init_state` a longer `max_length`. Packed rows start
+a new sequence (empty levels, positions from 0) at each document start. No time split: the
+kernel has no sequence-parallel form.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from linear_attention import kernels as K
+from linear_attention.kernels.log_linear.fenwick import capacity
+from linear_attention.layers.base import Mixer
+from linear_attention.layers.decays import ScalarDecay, per_token
+from linear_attention.layers.options import (
+    CHUNK_SIZE,
+    METHOD,
+    NUM_LEVELS,
+    GatedOutputConfig,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class LogLinearConfig(GatedOutputConfig):
+    """The output norm and gate on (as `gated`); the kernel's method, chunk and levels."""
+
+    method: str = METHOD.field(choices=K.LOG_LINEAR_METHODS)
+    chunk_size: int = CHUNK_SIZE.field()
+    num_levels: int = NUM_LEVELS.field()
+
+
+class LevelWeights(nnx.Module):
+    """λ `[B, T, H, L]` float32: softplus(s ⊙ (x W + b)) per head and level, s `[H, L]` from 1
+    (FLA's `L` parameter), W and b in float32 whatever the compute dtype."""
+
+    def __init__(self, d_model: int, num_heads: int, num_levels: int, *, param_dtype, rngs):
+        self.num_heads, self.num_levels = num_heads, num_levels
+        self.proj = nnx.Linear(
+            d_model,
+            num_heads * num_levels,
+            dtype=jnp.float32,
+            param_dtype=param_dtype,
+            rngs=rngs,
+        )
+        self.scale = nnx.Param(jnp.ones((num_heads, num_levels), param_dtype))
+
+    def __call__(self, x_BTD):
+        z = self.proj(x_BTD).astype(jnp.float32)
+        z = z.reshape(*z.shape[:-1], self.num_heads, self.num_levels)
+        return jax.nn.softplus(self.scale[...].astype(jnp.float32) * z)
+
+
+class LogLinearMamba2Mixer(Mixer):
+    """Log-linear Mamba-2: the `gated` mixer's parts with Fenwick level states (see the module)."""
+
+    NAME = "log_linear_mamba2"
+    OPTIONS = LogLinearConfig
+
+    def mixing_flops(self, seq_len: int, *, method=None, chunk_size=None) -> float:
+        """Per token, with L = min(`num_levels`, bit_length(T − 1) + 1) the levels the positions
+        below T reach, dk, dv the head widths and C the chunk: chunk:
+        2·H·(C·(dk + dv) + 2·L·dk·dv) (the intra-chunk scores and their sum; reading the L
+        level states and writing the chunk's keys into their slots); scan: 2·H·(L + 1)·dk·dv
+        (reading every level, writing the token); quadratic: 2·H·T·(dk + dv)."""
+        h, dk, dv = self.num_heads, self.qk_dim, self.head_dim
+        # (the kernel carries only the levels that positions below seq_len reach)
+        L = min(self.num_levels, (seq_len - 1).bit_length() + 1)
+        match method or self.method:
+            case "chunk":
+                c = min(chunk_size or self.chunk_size, seq_len)
+                return 2.0 * h * (c * (dk + dv) + 2 * L * dk * dv)
+            case "scan":
+                return 2.0 * h * (L + 1) * dk * dv
+            case _:
+                return 2.0 * h * seq_len * (dk + dv)
+
+    def _build(self, rngs) -> None:
+        opts = self.options
+        self.method = opts["method"]
+        self.chunk_size = opts["chunk_size"]
+        self.num_levels = opts["num_levels"]
+        h = self.num_heads
+        self.decay = ScalarDecay(
+            self.d_model, h, self.qk_dim, param_dtype=self.param_dtype, rngs=rngs
+        )
+        self.levels = LevelWeights(
+            self.d_model, h, self.num_levels, param_dtype=self.param_dtype, rngs=rngs
+        )
+
+    def _init_core(self, batch_size: int, max_length: int):
+        if max_length > capacity(self.num_levels):
+            raise ValueError(
+                f"max_length={max_length} exceeds what num_levels={self.num_levels} covers "
+                f"(positions below 2^(num_levels-1) = {capacity(self.num_levels)}); raise "
+                "num_levels"
+            )
+        h, L = self.num_heads, self.num_levels
+        return K.LogLinearState.zeros(batch_size, h, L, self.qk_dim, self.head_dim)
+
+    def _scale_keys(self, k):
+        return k * jnp.asarray(self.qk_dim**-0.5, k.dtype)
+
+    def _mix(self, x_BTD, q_BTHK, k_BTHK, v_BTHD, core, position, segments=None):
+        del position  # the state holds its own (per head: a reset restarts a head's levels)
+        args = (q_BTHK, self._scale_keys(k_BTHK), v_BTHD, self.decay(x_BTD), self.levels(x_BTD))
+        options = dict(method=self.method, chunk_size=self.chunk_size, segment_ids=segments)
+        if core is None:
+            return K.log_linear_attention(*args, **options), None
+        return K.log_linear_attention(*args, initial_state=core, return_state=True, **options)
+
+    def _mix_step(self, x_BD, q_BHK, k_BHK, v_BHD, core, position):
+        del position
+        log_decay = per_token(self.decay(x_BD[:, None]))
+        lam_BHL = self.levels(x_BD)
+        k_BHK = self._scale_keys(k_BHK)
+        return K.log_linear_attention_step(core, q_BHK, k_BHK, v_BHD, log_decay, lam_BHL)

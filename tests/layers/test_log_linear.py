@@ -1,0 +1,44 @@
+"""The log_linear_mamba2 mixer beyond the shared suites: its state size, FLOPs count and
+capacity, each against a count by hand."""
+
+import jax.numpy as jnp
+import pytest
+from flax import nnx
+
+from linear_attention.layers import get_mixer
+from linear_attention.models import ModelConfig, state_size_bytes
+
+D, H = 16, 2  # head width 8
+
+
+def make(**options):
+    return get_mixer("log_linear_mamba2")(D, H, **options, rngs=nnx.Rngs(0))
+
+
+def test_state_is_the_level_states_and_their_positions():
+    """Per layer: L level states H·Dk·Dv float32 and a position per head (int32)."""
+    config = ModelConfig(
+        vocab_size=32, d_model=D, num_layers=2, num_heads=H, max_length=16,
+        mixer="log_linear_mamba2", num_levels=5,
+    )  # fmt: skip
+    assert state_size_bytes(config) == 2 * (4 * 5 * H * 8 * 8 + 4 * H)
+    state = make(num_levels=5).init_state(3, 16)
+    assert state.core.levels.shape == (3, H, 5, 8, 8) and state.core.position.shape == (3, H)
+
+
+def test_mixing_flops_hand_count():
+    """chunk: 2·H·(C·(dk + dv) + 2·L·dk·dv); scan: 2·H·(L + 1)·dk·dv; quadratic 2·H·T·(dk + dv),
+    L the levels positions below T reach (at most num_levels)."""
+    mixer = make(num_levels=6, chunk_size=8)
+    assert mixer.mixing_flops(32) == 2 * H * (8 * 16 + 2 * 6 * 64)  # T = 32 reaches level 5
+    assert mixer.mixing_flops(4) == 2 * H * (4 * 16 + 2 * 3 * 64)  # C ≤ T; levels 0..2
+    assert mixer.mixing_flops(1000, method="scan") == 2 * H * 7 * 64  # capped at num_levels
+    assert mixer.mixing_flops(32, method="quadratic") == 2 * H * 32 * 16
+
+
+def test_capacity_is_refused_clearly():
+    mixer = make(num_levels=4)  # positions below 8
+    with pytest.raises(ValueError, match=r"max_length=9 exceeds what num_levels=4 covers"):
+        mixer.init_state(1, 9)
+    with pytest.raises(ValueError, match=r"L=4 levels, which cover positions below 2\^\(L-1\) = 8"):
+        mixer(jnp.zeros((1, 9, D)))
