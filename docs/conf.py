@@ -1,0 +1,51 @@
+"""Sphinx configuration: MyST pages and an API reference generated from the docstrings.
+
+Build (offline, warnings as errors): `sphinx-build -W --keep-going -b html docs docs/_build/html`.
+"""
+
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import apiref  # noqa: E402  (docs/apiref.py, beside this file)
+
+project = "linear_attention"
+author = "linear_attention authors"
+copyright = "the linear_attention authors"
+
+extensions = ["myst_parser", "autodoc2"]
+
+# The reference: one page per package, a section per name of its `__all__` (docs/apiref.py),
+# each rendered by autodoc2 from its defining module. Nothing is excluded.
+apiref.write_pages()
+autodoc2_packages = [{"path": "../linear_attention", "auto_mode": False}]
+# The docstrings are Markdown-ish (single backticks for code, unicode math, Google-style
+# sections): MyST, after docs/docstring_md.py turns the sections into lists.
+autodoc2_docstring_parser_regexes = [(r".*", "docstring_md")]
+autodoc2_render_plugin = "myst"  # the pages are MyST, so autodoc2 writes MyST
+autodoc2_hidden_objects = {"dunder", "private", "inherited"}
+
+myst_enable_extensions = ["colon_fence", "deflist"]
+myst_heading_anchors = 3
+
+# A code block Pygments cannot lex (a shell line with a `<placeholder>` in it) is shown
+# unhighlighted; that is cosmetic, not a broken page, so it does not fail the build.
+suppress_warnings = ["misc.highlighting_failure"]
+
+source_suffix = {".md": "markdown"}
+exclude_patterns = ["_build"]
+html_theme = "furo"
+html_title = "linear_attention"
+
+
+def _title_results_files(app, docname, source):
+    """Give a results table (docs/results/*.md, written by the sweeps without a heading) its
+    file name as a title, so the results index can list it."""
+    if docname.startswith("results/") and not source[0].lstrip().startswith("#"):
+        source[0] = f"# `{docname}.md`\n\n{source[0]}"
+
+
+def setup(app):
+    app.connect("source-read", _title_results_files)
