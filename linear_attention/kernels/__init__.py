@@ -29,6 +29,11 @@ from linear_attention.kernels.log_linear.log_linear import (
     log_linear_attention_step,
 )
 from linear_attention.kernels.mesa_net.mesa_net import MesaNetState, mesa_net, mesa_net_step
+from linear_attention.kernels.path.path import (
+    cached_path_attention,
+    path_attention,
+    path_attention_step,
+)
 from linear_attention.kernels.primitives.pallas import pallas_interpret
 from linear_attention.kernels.softmax.sliding_window import sliding_window_attention
 from linear_attention.kernels.softmax.softmax import (
@@ -49,6 +54,7 @@ __all__ = [
     "LogLinearState",
     "blockwise_softmax_attention",
     "cached_forgetting_attention",
+    "cached_path_attention",
     "cached_softmax_attention",
     "causal_linear_attention",
     "delta_product",
@@ -66,6 +72,8 @@ __all__ = [
     "mesa_net",
     "mesa_net_step",
     "pallas_interpret",
+    "path_attention",
+    "path_attention_step",
     "recurrent_step",
     "sliding_window_attention",
     "softmax_attention",

@@ -111,6 +111,16 @@ def check_eps(eps) -> None:
         raise ValueError(f"eps must be > 0, got {eps!r}")
 
 
+def refuse_axis_name(what: str, axis_name) -> None:
+    """Raise for a time split (`axis_name`) of a softmax family: its output is no affine map of
+    a carried state, so there is no `S_out = A S_in + U` summary to combine over the axis."""
+    if axis_name is not None:
+        raise ValueError(
+            f"{what} has no sequence-parallel form (axis_name): its output is not an affine map "
+            "of a carried state; run it with time unsplit (mesh.seq = 1)"
+        )
+
+
 @contextlib.contextmanager
 def reverse_mode_only(what: str, forward_mode: str):
     """Turn JAX's error for forward-mode autodiff (`jax.jvp`, `jax.jacfwd`) through a custom

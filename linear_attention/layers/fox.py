@@ -27,7 +27,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from linear_attention import kernels as K
-from linear_attention.kernels.forgetting.forgetting import METHODS, empty_cache
+from linear_attention.kernels.forgetting.forgetting import METHODS
+from linear_attention.kernels.softmax.gated_cache import empty_cache
 from linear_attention.layers.base import Mixer
 from linear_attention.layers.options import METHOD, MixerConfig, option
 

@@ -272,3 +272,32 @@ def log_linear_attention_loop(
                 final[b, h, size.bit_length() - 1] = state
             count[b, h] = sum(size for size, _ in blocks)
     return o, final, count
+
+
+def path_attention_loop(q, k, v, w, beta, log_forget=None, scale=None, segment_ids=None):
+    """PaTH attention token by token in float64: query t attends to keys s ≤ t of its document
+    with logit scale·q_tᵀ H_t ⋯ H_{s+1} k_s + Σ_{s<l≤t} log f_l, H_l = I − β_l w_l w_lᵀ (−inf
+    past a reset). Walking back from t, the query is moved through H_{s+1} before meeting k_s."""
+    q, k, v, w = (np.asarray(x, np.float64) for x in (q, k, v, w))
+    beta = np.asarray(beta, np.float64)
+    B, T, H, D = q.shape
+    scale = 1.0 / np.sqrt(D) if scale is None else scale
+    a = np.zeros((B, T, H)) if log_forget is None else np.asarray(log_forget, np.float64)
+    a = np.broadcast_to(a, (B, T, H))
+    o = np.zeros((B, T, H, v.shape[-1]))
+    for b in range(B):
+        for h in range(H):
+            for t in range(T):
+                x, logits, bias = q[b, t, h].copy(), [], 0.0
+                for s in range(t, -1, -1):
+                    if s < t:
+                        u = w[b, s + 1, h]
+                        x = x - beta[b, s + 1, h] * (u @ x) * u
+                        bias += a[b, s + 1, h]
+                        if segment_ids is not None and _new_doc(segment_ids, s + 1)[b]:
+                            bias = -np.inf
+                    logits.append(scale * x @ k[b, s, h] + bias)
+                logits = np.asarray(logits[::-1])
+                p = np.exp(logits - np.max(logits))
+                o[b, t, h] = (p / p.sum()) @ v[b, : t + 1, h]
+    return o

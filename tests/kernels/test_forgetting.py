@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from linear_attention import kernels as K
-from linear_attention.kernels.forgetting.forgetting import METHODS, empty_cache
+from linear_attention.kernels.forgetting.forgetting import METHODS
+from linear_attention.kernels.softmax.gated_cache import empty_cache
 from tests.kernels.reference import forgetting_attention_loop, rel_err
 
 B, T, H, D, DV = 2, 11, 2, 4, 3

@@ -26,14 +26,13 @@ and so, by autodiff of the cumulative sum, to the gate. Heads are folded into th
 that call, since a reset group is per head. `method="quadratic"` builds the masked [T, T]
 logits directly: the reference.
 
-Decoding (`cached_forgetting_attention`, `forgetting_attention_step`) keeps a `ForgettingCache`:
-keys, values, and for every filled slot its cumulative log gate c_j and reset count n_j; a new
-token extends c and n from the last slot and attends to the slots with its reset count.
+Decoding (`cached_forgetting_attention`, `forgetting_attention_step`) keeps a `ForgettingCache`
+(`softmax/gated_cache.py`, shared with PaTH attention): keys, values, and for every filled slot
+its cumulative log gate c_j and reset count n_j; a new token extends c and n from the last slot
+and attends to the slots with its reset count.
 """
 
 from __future__ import annotations
-
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -44,23 +43,18 @@ from linear_attention.kernels.checks import (
     check_layouts,
     check_log_decay,
     check_positive_int,
+    refuse_axis_name,
 )
 from linear_attention.kernels.segments import cumulative_log_decay, fold_resets, segment_resets
+from linear_attention.kernels.softmax.gated_cache import (
+    ForgettingCache,
+    attend_slots,
+    extend_gates,
+    write_slots,
+)
 from linear_attention.kernels.softmax.softmax import blockwise_softmax_attention, resolve_scale
 
 METHODS = ("blockwise", "quadratic")
-
-
-class ForgettingCache(NamedTuple):
-    """The decoding state of forgetting attention, `L` slots: keys `[B, L, H, D]`, values
-    `[B, L, H, Dv]` (the compute dtype), and per slot its cumulative log forget gate `c`
-    `[B, L, H]` (float32, restarting at resets) and reset count `n` `[B, L, H]` (int32). Slots
-    at or after the decoding position are empty."""
-
-    k: jax.Array
-    v: jax.Array
-    c: jax.Array
-    n: jax.Array
 
 
 def forgetting_attention(
@@ -93,11 +87,7 @@ def forgetting_attention(
     """
     check_choice("method", method, METHODS)
     block_size = check_positive_int("block_size", block_size)
-    if axis_name is not None:
-        raise ValueError(
-            "forgetting_attention has no sequence-parallel form (axis_name): its output is not "
-            "an affine map of a carried state; run it with time unsplit (mesh.seq = 1)"
-        )
+    refuse_axis_name("forgetting_attention", axis_name)
     check_float(("q", "k", "v"), (q, k, v))
     sizes = check_layouts(q=(q, "[B, T, H, D]"), k=(k, "[B, T, H, D]"), v=(v, "[B, T, H, Dv]"))
     B, T, H = sizes["B"], sizes["T"], sizes["H"]
@@ -155,16 +145,6 @@ def _blockwise(q_BTHD, k_BTHD, v_BTHE, c_BTH, n_BTH, block_size):
     return jnp.moveaxis(o.reshape(B, H, T, -1), 1, 2)
 
 
-def empty_cache(batch: int, length: int, heads: int, key_dim: int, value_dim: int, dtype):
-    """A `ForgettingCache` of `length` empty slots."""
-    return ForgettingCache(
-        k=jnp.zeros((batch, length, heads, key_dim), dtype),
-        v=jnp.zeros((batch, length, heads, value_dim), dtype),
-        c=jnp.zeros((batch, length, heads), jnp.float32),
-        n=jnp.zeros((batch, length, heads), jnp.int32),
-    )
-
-
 def cached_forgetting_attention(
     cache: ForgettingCache, position, q, k, v, log_forget, *, scale=None
 ):
@@ -185,36 +165,13 @@ def cached_forgetting_attention(
     )
     B, Tq, H, _ = q.shape
     a_BTH = check_log_decay(log_forget, (B, Tq, H), "[B, T, H]")
-    position = jnp.asarray(position, jnp.int32)
-    last = jnp.maximum(position - 1, 0)
-    # the gate sums continue from the last filled slot (zeros before the first token)
-    c_prev = jnp.where(position > 0, jax.lax.dynamic_index_in_dim(cache.c, last, 1), 0.0)
-    n_prev = jnp.where(position > 0, jax.lax.dynamic_index_in_dim(cache.n, last, 1), 0)
     if a_BTH is None:
         a_BTH = jnp.zeros((B, Tq, H), jnp.float32)
-    c_new, n_new = cumulative_log_decay(a_BTH, axis=1, restart=True)
-    reset_seen = n_new > 0
-    c_new = jnp.where(reset_seen, c_new, c_new + c_prev)
-    n_new = n_new + n_prev
-    start = (0, position, 0)
-    cache = ForgettingCache(
-        k=jax.lax.dynamic_update_slice(cache.k, k.astype(cache.k.dtype), (*start, 0)),
-        v=jax.lax.dynamic_update_slice(cache.v, v.astype(cache.v.dtype), (*start, 0)),
-        c=jax.lax.dynamic_update_slice(cache.c, c_new, start),
-        n=jax.lax.dynamic_update_slice(cache.n, n_new, start),
-    )
+    c_new, n_new = extend_gates(cache, position, a_BTH)
+    cache = write_slots(cache, position, k, v, c_new, n_new)
     q32 = jnp.asarray(q, jnp.float32) * resolve_scale(scale, q.shape[-1])
     logits_BHTL = jnp.einsum("bthd,blhd->bhtl", q32, cache.k.astype(jnp.float32))
-    c_q, n_q = jnp.moveaxis(c_new, 1, 2), jnp.moveaxis(n_new, 1, 2)  # [B, H, Tq]
-    c_k, n_k = jnp.moveaxis(cache.c, 1, 2), jnp.moveaxis(cache.n, 1, 2)  # [B, H, L]
-    slots = jnp.arange(cache.k.shape[1])
-    visible = slots[None, :] <= position + jnp.arange(Tq)[:, None]  # [Tq, L]
-    visible = visible & (n_q[..., :, None] == n_k[..., None, :])
-    logits_BHTL = logits_BHTL + c_q[..., :, None] - c_k[..., None, :]
-    p_BHTL = jax.nn.softmax(jnp.where(visible, logits_BHTL, -jnp.inf), axis=-1)
-    o = jnp.einsum("bhtl,blhe->bthe", p_BHTL, cache.v.astype(jnp.float32))
-    overflow = position + Tq > cache.k.shape[1]  # the write above was clamped: refuse loudly
-    o = jnp.where(overflow, jnp.nan, o)
+    o = attend_slots(cache, position, logits_BHTL, c_new, n_new)
     return o.astype(jnp.result_type(q, k, v)), cache
 
 
