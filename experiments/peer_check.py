@@ -15,7 +15,10 @@ against `kernels.forgetting_attention`, both methods); log-linear attention
 (`naive_log_linear_attn` against `kernels.log_linear_attention`, every method, with one more
 level weight than the length needs); MesaNet (`naive_mesa_net_exact` against `kernels.mesa_net`
 with every method, outputs and both final states; `naive_mesa_net_CG` against the chunked CG at
-the same iteration count; `naive_mesa_net_decoding_one_step` against `kernels.mesa_net_step`).
+the same iteration count; `naive_mesa_net_decoding_one_step` against `kernels.mesa_net_step`);
+PaTH attention (`naive_path_attn` against `kernels.path_attention`, both methods, with the
+forget gate; and the blockwise gradients of q, k, v, w, β and the gate against torch's autograd
+of the naive form).
 """
 
 from __future__ import annotations
@@ -178,7 +181,61 @@ def mesa_net(fla_root: Path) -> dict:
     }
 
 
-CHECKS = {"forgetting_attn": forgetting, "log_linear_attn": log_linear, "mesa_net": mesa_net}
+def _projected_path(q, k, v, w, beta, a, proj):
+    return (K.path_attention(q, k, v, w, beta, a, method="blockwise", block_size=32) * proj).sum()
+
+
+def path(fla_root: Path) -> dict:
+    """FLA scales the gate with the logits, softmax(scale·(qᵀPk + G_i − G_j)); this library adds
+    it unscaled (FoX's convention), so FLA is given g = log f / scale. Unit w, β ∈ (0, 2), as
+    FLA's layer makes them."""
+    import torch
+
+    naive = load_naive(fla_root, "path_attn").naive_path_attn
+    rng = np.random.default_rng(0)
+    errors = {"blockwise": [], "quadratic": []}
+    grad_errors = []
+    for b, t, h, d, dv in SHAPES:
+        q, k, w = (rng.standard_normal((b, t, h, d), np.float32) for _ in range(3))
+        w /= np.linalg.norm(w, axis=-1, keepdims=True)
+        v = rng.standard_normal((b, t, h, dv), np.float32)
+        beta = (2.0 / (1.0 + np.exp(-rng.standard_normal((b, t, h))))).astype(np.float32)
+        a = np.log(1.0 / (1.0 + np.exp(-rng.standard_normal((b, t, h)) - 2.0))).astype(np.float32)
+        scale = d**-0.5
+        ours_in = (q, k, v, w, beta, a)
+        theirs_in = [torch.from_numpy(x).requires_grad_(True) for x in ours_in]
+        out = naive(*theirs_in[:5], theirs_in[5] / scale, scale)
+        proj = rng.standard_normal(out.shape).astype(np.float32)
+        (out * torch.from_numpy(proj)).sum().backward()
+        theirs = out.detach().numpy()
+        for method in errors:
+            ours = K.path_attention(*ours_in, method=method, block_size=32)
+            errors[method].append(rel_err(ours, theirs))
+
+        grads = jax.grad(_projected_path, argnums=tuple(range(6)))(*ours_in, proj)
+        grad_errors.append(
+            {
+                n: rel_err(g, x.grad.numpy())
+                for n, g, x in zip("qkvwbg", grads, theirs_in, strict=True)
+            }
+        )
+    return {
+        "reference": "fla/ops/path_attn/naive.py: naive_path_attn (g = log f / scale)",
+        "ours": "kernels.path_attention (block_size 32; FLA's naive chunk 64)",
+        "shapes_BTHDDv": SHAPES,
+        "max_rel_err": {m: max(e) for m, e in errors.items()},
+        "rel_err_per_shape": errors,
+        "grad_max_rel_err_blockwise": max(max(g.values()) for g in grad_errors),
+        "grad_rel_err_per_shape_blockwise": grad_errors,
+    }
+
+
+CHECKS = {
+    "forgetting_attn": forgetting,
+    "log_linear_attn": log_linear,
+    "mesa_net": mesa_net,
+    "path_attn": path,
+}
 
 
 def main(argv=None) -> int:
@@ -211,7 +268,11 @@ def main(argv=None) -> int:
             record["families"] = {**kept, **results}
         args.out.write_text(json.dumps(record, indent=1) + "\n")
     for name, r in results.items():
-        print(f"{name}: max relative error {r['max_rel_err']}")
+        grads = r.get("grad_max_rel_err_blockwise")
+        print(
+            f"{name}: max relative error {r['max_rel_err']}"
+            + (f", gradients {grads}" if grads else "")
+        )
     return 0
 
 

@@ -19,6 +19,7 @@ from linear_attention.layers.linear import (
 from linear_attention.layers.log_linear import LogLinearMamba2Mixer
 from linear_attention.layers.lstm import LSTMMixer
 from linear_attention.layers.mesanet import MesaNetMixer
+from linear_attention.layers.path import PathMixer
 from linear_attention.layers.rwkv7 import RWKV7Mixer
 from linear_attention.layers.sliding_window import SlidingWindowMixer
 from linear_attention.layers.softmax import SoftmaxMixer
@@ -41,6 +42,7 @@ MIXERS: dict[str, type[Mixer]] = {
         GatedDeltaProductMixer,
         RWKV7Mixer,
         FoxMixer,
+        PathMixer,
         LSTMMixer,
         MesaNetMixer,
         LogLinearMamba2Mixer,

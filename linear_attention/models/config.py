@@ -134,10 +134,11 @@ class ModelConfig:
       tie_embeddings: output head shares the token embedding.
       The mixers' own options (`method`, `chunk_size`, `eps`, `feature_map`, `feature_dim`,
       `feature_scale`, `allow_neg_eigval`, `num_value_heads`, `window`, `num_householder`,
-      `forget_bias`, `cg_steps`, `num_levels`: the union of the fields of the mixers' `Config`
-      dataclasses, described there and by `la-train --help`): None is each mixer's default; a
-      value must be used by at least one layer and is passed to the layers whose mixer uses it.
-      `mixer_config(name)` is the typed config of a layer's mixer, made and checked once here.
+      `forget_bias`, `cg_steps`, `num_levels`, `forget_gate`: the union of the fields of the
+      mixers' `Config` dataclasses, described there and by `la-train --help`): None is each
+      mixer's default; a value must be used by at least one layer and is passed to the layers
+      whose mixer uses it. `mixer_config(name)` is the typed config of a layer's mixer, made
+      and checked once here.
 
     Every field is checked in `__post_init__` by `fields.check_fields` (ValueError names it), types
     strictly: bools must be bools (not "False" or 0), numbers finite; NumPy scalars are accepted
@@ -188,6 +189,7 @@ class ModelConfig:
     rotary_dim: int | None = None
     gate_activation: str | None = None
     num_levels: int | None = None
+    forget_gate: bool | None = None
 
     def __post_init__(self):
         check_fields(self, skip=MIXER_OPTIONS)

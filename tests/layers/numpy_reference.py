@@ -10,7 +10,12 @@ from __future__ import annotations
 import numpy as np
 from flax import nnx
 
-from tests.kernels.reference import delta_rule_loop, log_linear_attention_loop, mesa_net_loop
+from tests.kernels.reference import (
+    delta_rule_loop,
+    log_linear_attention_loop,
+    mesa_net_loop,
+    path_attention_loop,
+)
 
 
 def params64(module) -> dict:
@@ -70,6 +75,8 @@ def mixer_reference(
         return lstm_reference(mixer, x_BTD)
     if name == "mesanet":
         return mesanet_reference(mixer, x_BTD)
+    if name == "path":
+        return path_reference(mixer, x_BTD)
     p = params64(mixer)
     x = np.asarray(x_BTD, np.float64)
     b, t, _ = x.shape
@@ -237,6 +244,37 @@ def output_reference(mixer, x_BTD, o_BTHD) -> np.ndarray:
     elif "gate_proj" in p:
         o = o * silu(x @ p["gate_proj"]["kernel"])
     return o @ p["out_proj"]["kernel"]
+
+
+def path_reference(mixer, x_BTD) -> np.ndarray:
+    """PaTH attention's layer from its formulas, in float64: q, k, v from the projection (rotary
+    at 0, 1, …), w = l2norm(silu(conv(x W_w↓ W_w↑))) per head, β = 2·sigmoid(x W_β + b), the
+    optional log sigmoid forget gate, `path_attention_loop` at scale 1/√Dk, the output layers."""
+    p = params64(mixer)
+    x = np.asarray(x_BTD, np.float64)
+    b, t, _ = x.shape
+    h, dk, dv = mixer.num_heads, mixer.qk_dim, mixer.head_dim
+    inputs = p["inputs"]
+    qkv = x @ inputs["qkv"]["qkv_proj"]["kernel"]
+    q, k = (
+        qkv[..., : h * dk].reshape(b, t, h, dk),
+        qkv[..., h * dk : 2 * h * dk].reshape(b, t, h, dk),
+    )
+    v = qkv[..., 2 * h * dk :].reshape(b, t, h, dv)
+    if mixer.rope:
+        q, k = rotate(q, np.arange(t)), rotate(k, np.arange(t))
+    w = x @ inputs["w_down"]["kernel"] @ inputs["w_up"]["kernel"]
+    if "conv" in inputs:
+        w = causal_conv(w, inputs["conv"]["kernel"], inputs["conv"]["bias"])
+    w = w.reshape(b, t, h, dk)
+    w = w / np.sqrt(np.sum(w * w, axis=-1, keepdims=True) + 1e-6)
+    beta = 2.0 / (1.0 + np.exp(-(x @ p["beta_proj"]["kernel"] + p["beta_proj"]["bias"])))
+    log_f = None
+    if "forget_gate" in p:
+        gate = p["forget_gate"]
+        log_f = -np.logaddexp(0.0, -(x @ gate["kernel"] + gate["bias"]))
+    o = path_attention_loop(q, k, v, w, beta, log_f, scale=dk**-0.5)
+    return output_reference(mixer, x, o)
 
 
 def rwkv7_reference(mixer, x_BTD) -> np.ndarray:

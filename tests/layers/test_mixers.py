@@ -58,6 +58,10 @@ CASES = {
     # forgetting attention: the blockwise kernel, and the reference form with the Pro parts
     "fox": dict(conv=True),
     "fox_quadratic": dict(method="quadratic", rope=True, out_norm=True, out_gate=True),
+    # PaTH: the w conv (kernel 3) by default; the forget gate, rope, the Pro parts, kernel 2
+    "path": dict(),
+    "path_fox": dict(forget_gate=True, rope=True, out_norm=True, out_gate=True, conv=2),
+    "path_quadratic": dict(method="quadratic", forget_gate=True, conv=False),
     # the sequential positive control: one cell per head; and with the output norm and gate
     "lstm": dict(),
     "lstm_gated": dict(out_norm=True, out_gate=True),
@@ -342,6 +346,7 @@ def test_registry_lists_every_family():
         *DELTA,
         "rwkv7",
         "fox",
+        "path",
         "lstm",
         "mesanet",
         "log_linear_mamba2",
@@ -390,7 +395,7 @@ def test_attention_inputs_reproduce_the_mixer(case):
     name = mixer_name(case)
     mixer, x = make(case), inputs()
     # not AttentionInputs' weighted sum
-    if name in (*DELTA, "swa", "rwkv7", "lstm", "mesanet", "log_linear_mamba2"):
+    if name in (*DELTA, "swa", "rwkv7", "lstm", "mesanet", "log_linear_mamba2", "path"):
         with pytest.raises(ValueError, match="has no attention_inputs"):
             attention_inputs(mixer, x)
         return

@@ -18,6 +18,7 @@ ALL_MIXERS = ("linear", "favor", "taylor", "hedgehog", "retnet", "gated", "gla",
 ALL_MIXERS += ("deltanet", "gated_deltanet", "swa", "kda", "gated_deltaproduct")
 ALL_MIXERS += ("rwkv7", "fox", "lstm")  # (their own model: rwkv7 and lstm refuse the conv)
 ALL_MIXERS += ("mesanet", "log_linear_mamba2")
+ALL_MIXERS += ("path",)
 
 
 def make(seed: int = 0, **fields):
