@@ -59,28 +59,31 @@ def test_matches_the_float64_loop(method, case):
 def test_beta_zero_is_forgetting_attention():
     q, k, v, w, beta, a = inputs(seed=1)
     out = run(q, k, v, w, jnp.zeros_like(beta), a, SEGMENTS, method="blockwise", block_size=3)
-    fox = K.forgetting_attention(q, k, v, a, method="quadratic", segment_ids=SEGMENTS)
+    fox = jax.jit(K.forgetting_attention, static_argnames="method")(
+        q, k, v, a, method="quadratic", segment_ids=SEGMENTS
+    )
     assert rel_err(out, fox) < 1e-5
 
 
 def test_gradients_match_the_float64_loop():
-    """Both methods' gradients agree (q, k, v, w, β, the gate; blocks of 3 over T = 7), and the
+    """Both methods' gradients agree (q, k, v, w, β, the gate; blocks of 3 and 8 over T = 7), the
     blockwise one matches central differences of the float64 loop in w, β and the gate."""
     t = 7
     q, k, v, w, beta, a = inputs(seed=3, t=t)
     a = a.at[1, 4, 0].set(-jnp.inf)  # a reset: no gradient may cross it
     proj = jax.random.normal(jax.random.key(9), (B, t, H, DV))
 
-    def loss(method):
+    def loss(method, block_size=3):
         def f(*args):
-            return jnp.sum(K.path_attention(*args, method=method, block_size=3) * proj)
+            return jnp.sum(K.path_attention(*args, method=method, block_size=block_size) * proj)
 
         return jax.jit(jax.grad(f, argnums=tuple(range(6))))
 
     grads = loss("blockwise")(q, k, v, w, beta, a)
     ref = loss("quadratic")(q, k, v, w, beta, a)
-    for g, r in zip(grads, ref, strict=True):
-        assert rel_err(g, r) < 1e-5
+    one_block = loss("blockwise", 8)(q, k, v, w, beta, a)  # T ≤ block: the in-block terms only
+    for g, r, g1 in zip(grads, ref, one_block, strict=True):
+        assert rel_err(g, r) < 1e-5 and rel_err(g1, r) < 1e-5
     args64 = [np.asarray(x, np.float64) for x in (q, k, v, w, beta, a)]
     eps = 1e-6
     for arg, idx in [(3, (0, 2, 1, 3)), (3, (1, 6, 0, 0)), (4, (0, 5, 1)), (4, (1, 2, 0)),
@@ -120,18 +123,15 @@ def test_cached_prefill_and_steps_equal_the_full_pass():
     a = a.at[1, 8, 0].set(-jnp.inf)  # a reset among the decoded tokens
     full = path_attention_loop(q, k, v, w, beta, a)
     cache = empty_cache(B, 16, H, D, DV, jnp.float32)
-    head, cache = K.cached_path_attention(
-        cache, 0, q[:, :5], k[:, :5], v[:, :5], w[:, :5], beta[:, :5], a[:, :5]
-    )
+    cached = jax.jit(K.cached_path_attention)
+    head, cache = cached(cache, 0, q[:, :5], k[:, :5], v[:, :5], w[:, :5], beta[:, :5], a[:, :5])
     outs = [head]
     step = jax.jit(K.path_attention_step)
     for t in range(5, 8):
         o, cache = step(cache, t, q[:, t], k[:, t], v[:, t], w[:, t], beta[:, t], a[:, t])
         outs.append(o[:, None])
     # a second prefill from a filled cache (the new queries are carried back to its end)
-    tail, cache = K.cached_path_attention(
-        cache, 8, q[:, 8:], k[:, 8:], v[:, 8:], w[:, 8:], beta[:, 8:], a[:, 8:]
-    )
+    tail, cache = cached(cache, 8, q[:, 8:], k[:, 8:], v[:, 8:], w[:, 8:], beta[:, 8:], a[:, 8:])
     outs.append(tail)
     assert rel_err(jnp.concatenate(outs, axis=1), full) < 1e-5
     # the stored keys are the keys transported to the last token: H_{T−1} ⋯ H_{j+1} k_j
@@ -148,7 +148,7 @@ def test_cached_prefill_and_steps_equal_the_full_pass():
 def test_bfloat16_inputs_and_bad_input():
     q, k, v, w, beta, a = inputs()
     bf = lambda x: x.astype(jnp.bfloat16)  # noqa: E731
-    out = K.path_attention(bf(q), bf(k), bf(v), w, beta, a)
+    out = jax.jit(K.path_attention)(bf(q), bf(k), bf(v), w, beta, a)
     assert out.dtype == jnp.bfloat16
     assert rel_err(out, path_attention_loop(q, k, v, w, beta, a)) < 3e-2
     with pytest.raises(ValueError, match="unknown method 'chunk'"):
@@ -163,3 +163,14 @@ def test_bfloat16_inputs_and_bad_input():
         K.path_attention(q, k, v, w[..., :2], beta, a)
     with pytest.raises(ValueError, match="block_size must be an integer >= 1"):
         K.path_attention(q, k, v, w, beta, a, block_size=0)
+
+
+def test_a_time_split_over_path_is_refused_by_the_config():
+    from linear_attention.training import experiment_config
+    from tests.training.conftest import load_config
+
+    config = load_config("mqar", "smoke")
+    config.model.mixer = "path"
+    config.mesh.num_devices, config.mesh.seq = 2, 2
+    with pytest.raises(ValueError, match=r"config.mesh.seq = 2 splits the time axis.*path"):
+        experiment_config(config)

@@ -118,6 +118,8 @@ def _forward(terms: BlockTerms, v, c, groups):
     max0 = jnp.max(s_loc, axis=-1)  # finite: each row sees its own key
     p = jnp.exp(s_loc - max0[..., None])
     init = (terms.q, max0, jnp.sum(p, -1), jnp.einsum("xnij,xnje->xnie", p, v))
+    if N == 1:  # one block: nothing to carry (and no all-masked step for XLA to fold)
+        return init[3] / init[2][..., None], max0 + jnp.log(init[2])
 
     def key_block(carry, xs):
         u, mx, total, acc = carry
@@ -149,6 +151,17 @@ def _backward(terms: BlockTerms, v, c, groups, o, lse, do):
     ds_loc = p_loc * (jnp.einsum("xnie,xnje->xnij", do, v) - delta[..., None])
     dv = jnp.einsum("xnij,xnie->xnje", p_loc, do)
     dc = jnp.sum(ds_loc, -1) - jnp.sum(ds_loc, -2)
+    if N == 1:
+        return (
+            BlockTerms(
+                q=jnp.zeros_like(terms.q),
+                k=jnp.zeros_like(terms.k),
+                a=jnp.zeros_like(terms.a),
+                s=ds_loc,
+            ),
+            dv,
+            dc,
+        )
     a_seq = jnp.moveaxis(terms.a, 1, 0)
 
     def query_block(carry, xs):
