@@ -30,17 +30,18 @@ Gradient. For a per-head decay (and DeltaNet), autodiff, with the scan's chunk s
 rematerialised (`jax.checkpoint`): the backward pass stores the state entering each chunk (one
 [K, Dv] state per chunk, never one per token) and recomputes U', O and S' of a chunk from it; the
 chunk-parallel part (the UT transform, scores, decays) is plain autodiff of batched matmuls,
-O(T·C) residuals. Measured on CPU at B=1, T=2048, H=4, K=Dv=64 (BENCHMARKS.md): the remat step
-needs 60 MB of gradient temporaries against 76 MB without it and ~400 MB for autodiff through
-the token scan. For a decay per key channel (KDA) the gradient is hand-written
+O(T·C) residuals, so the gradient's temporaries stay several times below autodiff through the
+token scan (BENCHMARKS.md, "The delta rule: chunk against autodiff through the scan"; the remat
+step against plain autodiff of the chunk form: docs/results/delta_rule_bench_cpu.md). For a
+decay per key channel (KDA) the gradient is hand-written
 (`_per_key_backward`, through `primitives.chunk_scan.affine_chunk_scan`): autodiff of the
 sub-block scores was the larger part of its time.
 
 The triangular inverse (I + A)⁻¹ is computed by doubling the block size
 (`primitives.invert_unit_lower`):
-`lax.linalg.triangular_solve` on CPU made the forward several times slower (0.14–0.59 s against
-0.03–0.05 s at T=1024, loaded machine) for these many small systems, and the
-product form (I − N)⁻¹ = Π(I + N^(2^j)) is unstable for β near 2 (its powers of A blow up).
+`lax.linalg.triangular_solve` makes the forward several times slower on CPU for these many
+small systems (docs/results/delta_rule_bench_cpu.md), and the product form
+(I − N)⁻¹ = Π(I + N^(2^j)) is unstable for β near 2 (its powers of A blow up).
 """
 
 from __future__ import annotations

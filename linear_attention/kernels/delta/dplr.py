@@ -32,7 +32,7 @@ backward pass walks the steps last to first carrying the state's cotangent
 (`affine_chunk_scan`), and maps the cotangents of each chunk's affine terms to q, k, v, a, b and
 the cumulative log decay by matmuls, the four scores' by `SubBlocks.vjp` (same sub-blocks, every
 exponent ≤ 0). Autodiff of the rematerialised step, the earlier form, spent most of its time
-differentiating the sub-block scores (BENCHMARKS.md).
+differentiating the sub-block scores (docs/results/delta_family_cpu_passes.md).
 """
 
 from __future__ import annotations

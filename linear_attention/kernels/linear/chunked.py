@@ -55,7 +55,7 @@ from linear_attention.kernels.segments import cumulative_log_decay, masked_exp
 # tokens: a step's matmuls must be large enough for XLA to split them over the CPU's threads
 # (at B·H = 4, 128 tokens per step ran on one core), and small enough to stay in cache. A decay
 # per key dimension keeps 512 rows (its per-step decay tensors are M times larger; larger steps
-# showed no clear gain there). Measured on CPU; see BENCHMARKS.md.
+# showed no clear gain there). Measured on CPU: docs/results/chunk_kernel_cpu_passes.md.
 ROWS_PER_STEP = 2048
 ROWS_PER_STEP_VECTOR_DECAY = 512
 MIN_TOKENS_PER_STEP = 128

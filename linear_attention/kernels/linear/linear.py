@@ -118,10 +118,9 @@ def causal_linear_attention(
         "chunk_parallel" (every chunk at once, shaped for accelerators) or "pallas" (the Pallas
         TPU kernel, `pallas.py`: on a TPU backend, or interpreted on any backend inside
         `kernels.pallas_interpret()`; elsewhere it raises; `chunk_size` a multiple of 16). The
-        default is "chunk" on every backend: on the CPU it is about 2× faster than
-        "chunk_parallel" at T = 16384 and level at T ≤ 4096 (BENCHMARKS.md); on GPU/TPU it is a
-        choice, not yet a measurement
-        (`experiments/accelerator_check.py` measures both there).
+        default is "chunk" on every backend: on the CPU it is the faster of the two at long
+        sequences (BENCHMARKS.md, "`chunk_parallel` against `chunk`"); on GPU/TPU it is a
+        choice, not yet a measurement (`experiments/accelerator_check.py` measures both there).
       chunk_size: tokens per chunk for "chunk" and "chunk_parallel"; T need not be a multiple.
       initial_state: state before the first token; None means zeros. Its `k_sum` may be None
         without `normalize` (then the returned state's is None too).

@@ -120,8 +120,8 @@ class SubBlocks:
         q_sub = self._sub(q)
         k_t = k[..., None, :, :] * self.k_scale  # [.., P, C, M]
         off = jnp.einsum("...icm,...ism->...ics", q_sub * self.q_scale, k_t)
-        # Two operands, the decays multiplied into k first (XLA's three-operand einsum was
-        # ~1.4× slower on CPU here, C = 64, c = 16, M = 64; `grads` reads the same product).
+        # Two operands, the decays multiplied into k first (XLA's three-operand einsum is
+        # slower on CPU: docs/results/delta_family_cpu_passes.md; `grads` reads the same product).
         diag = jnp.einsum(
             "...icm,...icsm->...ics", q_sub, self._sub(k)[..., None, :, :] * self.diag
         )
@@ -143,9 +143,8 @@ class SubBlocks:
         dk_i = jnp.einsum("...ics,...icm->...ism", ds_off, q_sub * self.q_scale)  # [.., P, C, M]
         # The sums over the P sub-blocks and over the c tokens of a diagonal block are unrolled
         # into elementwise multiply-adds (static loops over P and c, not over time), which XLA
-        # fuses into one loop each: as einsums or reductions, XLA's CPU backend lowered them to
-        # reductions that were 1.4× slower (einsums) to 15× slower (`jnp.sum`) here, and the
-        # three-operand einsums before them 2–3.5× slower (C = 64, c = 16, M = 64).
+        # fuses into one loop each: as einsums or reductions, XLA's CPU backend lowers them to
+        # slow reductions (measured: docs/results/delta_family_cpu_passes.md, issue 19 `vjp2`).
         dk = sum(dk_i[..., i, :, :] * self.k_scale[..., i, :, :] for i in range(P))
         ds_diag = ds_diag[..., None]  # [.., P, c, c, 1]
         dq += sum(
