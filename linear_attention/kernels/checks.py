@@ -10,6 +10,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+# The field checker's messages, so a kernel's bad argument reads as a config's does (re-exported).
+from linear_attention.fields import check_choice as check_choice
+from linear_attention.fields import check_int
+
 
 def check_rank(name: str, x, rank: int, layout: str) -> None:
     """Raise unless `x` has `rank` dimensions, laid out as `layout` (e.g. "[B, T, H, D]")."""
@@ -61,17 +65,9 @@ def check_layouts(**arrays) -> dict[str, int]:
     return sizes
 
 
-def check_choice(name: str, value, allowed: Sequence) -> None:
-    """Raise unless `value` is one of `allowed`."""
-    if value not in allowed:
-        raise ValueError(f"unknown {name} {value!r}; allowed: {', '.join(map(repr, allowed))}")
-
-
 def check_positive_int(name: str, value) -> int:
     """Raise unless `value` is an integer >= 1 (Python or NumPy); return it as an int."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-    return int(value)
+    return check_int(name, value)
 
 
 def check_float(names: Sequence[str], arrays: Sequence) -> None:

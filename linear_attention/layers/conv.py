@@ -14,6 +14,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from linear_attention.fields import check_int
+
 ACTIVATIONS = {"silu": jax.nn.silu, "identity": lambda x: x}
 
 
@@ -32,8 +34,7 @@ class ShortConv(nnx.Module):
         param_dtype=jnp.float32,
         rngs: nnx.Rngs,
     ):
-        if not isinstance(kernel_size, int) or isinstance(kernel_size, bool) or kernel_size < 2:
-            raise ValueError(f"conv kernel_size must be an int >= 2, got {kernel_size!r}")
+        check_int("conv kernel_size", kernel_size, minimum=2)
         if activation not in ACTIVATIONS:
             raise ValueError(
                 f"unknown conv activation {activation!r}; allowed: {sorted(ACTIVATIONS)}"

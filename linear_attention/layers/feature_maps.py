@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from linear_attention import kernels as K
+from linear_attention.fields import check_int
 
 FIXED_FEATURE_MAPS = ("elu_plus_one", "relu", "taylor2", "identity")
 
@@ -56,10 +57,7 @@ class FavorFeatures(nnx.Module):
     """
 
     def __init__(self, dim: int, num_features: int, *, orthogonal: bool = True, rngs: nnx.Rngs):
-        if not isinstance(num_features, int) or num_features < 1:
-            raise ValueError(
-                f"feature_dim (random features) must be an int >= 1, got {num_features!r}"
-            )
+        check_int("feature_dim (random features)", num_features)
         self.dim = dim
         self.feature_dim = num_features
         self.orthogonal = orthogonal
@@ -90,8 +88,7 @@ class HedgehogFeatures(nnx.Module):
     def __init__(
         self, num_heads: int, dim: int, feature_dim: int, *, param_dtype=jnp.float32, rngs: nnx.Rngs
     ):
-        if not isinstance(feature_dim, int) or feature_dim < 1:
-            raise ValueError(f"feature_dim must be an int >= 1, got {feature_dim!r}")
+        check_int("feature_dim", feature_dim)
         del rngs  # deterministic identity initialization
         self.feature_dim = 2 * feature_dim
         eye_DF = jnp.eye(dim, feature_dim, dtype=param_dtype)

@@ -6,6 +6,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from linear_attention.fields import check_int
+
 
 class SwiGLU(nnx.Module):
     """SwiGLU MLP with hidden width `hidden_dim` (None: `int(mlp_ratio · d_model)`), no biases."""
@@ -21,8 +23,8 @@ class SwiGLU(nnx.Module):
         rngs: nnx.Rngs,
     ):
         hidden = int(mlp_ratio * d_model) if hidden_dim is None else hidden_dim
-        if hidden_dim is not None and (not isinstance(hidden_dim, int) or hidden_dim < 1):
-            raise ValueError(f"hidden_dim must be an int >= 1, got {hidden_dim!r}")
+        if hidden_dim is not None:
+            check_int("hidden_dim", hidden_dim)
         if hidden < 1:
             raise ValueError(
                 f"mlp_ratio={mlp_ratio!r} gives hidden width {hidden} for d_model={d_model}"
