@@ -22,30 +22,9 @@ softmax by default (``--config.model.mixer=...``); AdamW lr 3e-3 (10 % warmup, c
 100 at 256, 800 at 32; one evaluation at the end). MAD trains far longer: the figures here are
 a CPU budget's, to be compared by ranking.
 
-Measured (each preset once with its default mixer, softmax, seed 0, on the 2-core machine
-shared by 5 engineers; docs/results/presets_cpu/mad_<task>.json holds the command, the wall
-time, the load and every record):
-
-Measured presets:
-- ``in_context_recall``: 5.3 min at load 13–11, 200 steps; eval/accuracy 1.000 (token accuracy
-  1.000), train accuracy 1.000;
-- ``noisy_recall``: 4.7 min at load 10–13, 200 steps; eval/accuracy 1.000 (token accuracy
-  1.000), train accuracy 1.000;
-- ``fuzzy_recall``: 5.2 min at load 13–11, 200 steps; eval/accuracy 0.970 (token accuracy
-  0.970), train accuracy 0.972;
-- ``selective_copying``: 4.9 min at load 11–10, 100 steps; eval/accuracy 0.114 (token accuracy
-  0.114), train accuracy 0.117;
-- ``compression``: 4.2 min at load 11–11, 800 steps; eval/accuracy 0.674 (token accuracy 0.674),
-  train accuracy 0.679;
-- ``memorization``: 3.4 min at load 11–8, 800 steps; eval/accuracy 1.000 (token accuracy 1.000),
-  train accuracy 1.000.
-Softmax solves the three recall tasks and memorization at this budget; selective copying (100
-steps, half an epoch, at length 256) is not learned and compression only partly. With gla and
-deltanet (``configs/sweeps/mad.py:table1``, EXPERIMENTS.md section 9): selective copying stays
-near chance for all three (deltanet 0.15); compression is solved by the recurrent mixers and by
-softmax with rotary positions (``--config.model.position=rope``: 1.000). Without positions
-softmax is fragile here, not incapable: at lr 1e-3 and 1e-2 seed 1 reaches 0.997–0.999 (section
-9.3).
+Each preset run once with its default mixer (softmax, seed 0): the command, wall time, load and
+every record are in docs/results/presets_cpu/mad_<task>.json, the figures in
+docs/results/config_docstring_runs.md; the study over mixers: EXPERIMENTS.md section 9.
 """
 
 from linear_attention.data.mad import MAD_SETTINGS, OPTION_DEFAULTS, TASKS, mad_num_tokens

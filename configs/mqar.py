@@ -1,7 +1,6 @@
 """Multi-query associative recall (Zoology's MQAR) with a 2-layer model and no MLP.
 
-Command (2 CPU cores; ``softmax`` reaches eval/accuracy >= 0.99: measured 0.996 at step 1250
-and 0.999 at step 2000, about 7 minutes on a shared 2-core machine):
+Command (2 CPU cores, minutes):
 
     python experiments/train.py --config configs/mqar.py:cpu --workdir runs/mqar_softmax
 
@@ -10,12 +9,8 @@ The recall gap of a fixed-size state, same setting, another mixer:
     python experiments/train.py --config configs/mqar.py:cpu --workdir runs/mqar_linear \
         --config.model.mixer=linear
 
-Measured eval/accuracy after 2000 steps with 8 pairs: softmax 0.999, deltanet 0.981 (0.971 at
-step 1000; 43 min at load 15-21), taylor (Based) 0.751, linear (elu+1) 0.127, i.e. chance
-among the 8 values in context (0.245 with 4 pairs, 0.073 with 16; ``--config.data.num_kv_pairs=N``).
-elu+1 is stuck by the scale of q, k (≈ 0.3 at init, where φ ≈ 1 + x is nearly constant): with
-``--config.model.feature_scale=8`` it reaches 0.887 (seed 0) and 0.806 (seed 1) after 800
-steps at lr 1e-2 (EXPERIMENTS.md, section 1, "Why elu+1 sits at chance").
+What the ``cpu`` preset reaches with each mixer: docs/results/config_docstring_runs.md; the
+study over mixers, widths and learning rates: EXPERIMENTS.md section 1.
 
 Presets (``configs/mqar.py:<arg>``):
   (none) / ``default``: the Zoology setting for an accelerator: vocab 8192, 2 layers, d_model

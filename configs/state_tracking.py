@@ -13,11 +13,9 @@ transpositions as inputs), ``a5`` (group word problems: the label at every posit
 running product), and ``smoke`` (a tiny parity run for tests). ``parity_paper`` and
 ``mod_arith_paper`` are Grazzi et al.'s own settings (`paper_preset` lists the source files and
 every difference): 1 layer at d_model 16, batch 256 for 20,000 steps on parity; 2 layers at
-d_model 128 for 100,000 steps on mod_arith. Measured on this 2-core machine (gated_deltanet,
-400 steps of ``parity_paper``, load 2–12): 35,000 tokens/s, about 0.3 s a step, so one parity
-run at the authors' budget is about 1.7 h of an idle machine and the 3-seed, 7-mixer table
-about 35 h; mod_arith's budget is 5× the steps at a larger model. They are the presets a
-device runs (``--config configs/state_tracking.py:parity_paper --config.model.mixer=...``).
+d_model 128 for 100,000 steps on mod_arith (their cost on the 2-core machine:
+docs/results/config_docstring_runs.md). They are the presets a device runs
+(``--config configs/state_tracking.py:parity_paper --config.model.mixer=...``).
 Training lengths 3–40, evaluation at lengths 40, 64, 128 and 256 (512 sequences each), as
 Grazzi et al. (train 3–40, test 40–256).
 ``eval/length_{L}/accuracy``: sequence-level for parity and mod_arith (one label per sequence),
@@ -27,49 +25,10 @@ token-level for the group tasks; ``eval/accuracy`` is their mean over the length
 Model and budget (`linear_attention.training.presets.synthetic_preset`): 2 layers, d_model 64,
 2 heads, MLP, the short conv, softmax by default (``--config.model.mixer=...`` compares mixers
 on the same backbone); AdamW at lr 1e-3, 50 warmup steps then cosine, batch 64, 500 steps,
-one evaluation at the end. Sized to minutes on the shared 2-core machine (each preset run once
-with its default mixer, seed 0; docs/results/presets_cpu/<task>.json holds the command, the
-wall time, the load and every record; ``scaled`` is Grazzi et al.'s score, 0 at chance):
-
-Measured presets:
-- ``parity``: 4.1 min at load 13–11, 500 steps; eval/accuracy 0.494 (0.502 / 0.480 / 0.484 /
-  0.510 at 40 / 64 / 128 / 256), scaled -0.012, train accuracy 0.594;
-- ``mod_arith``: 5.5 min at load 14–14, 500 steps; eval/accuracy 0.207 (0.201 / 0.225 / 0.205 /
-  0.197 at 40 / 64 / 128 / 256), scaled 0.009, train accuracy 0.223;
-- ``s3``: 5.3 min at load 12–13, 500 steps; eval/accuracy 0.220 (0.270 / 0.230 / 0.198 / 0.183
-  at 40 / 64 / 128 / 256), scaled 0.064, train accuracy 0.356;
-- ``s5``: 2.7 min at load 8–6, 500 steps; eval/accuracy 0.022 (0.034 / 0.024 / 0.017 / 0.012 at
-  40 / 64 / 128 / 256), scaled 0.013, train accuracy 0.056;
-- ``s5_swaps``: 2.8 min at load 5–9, 500 steps; eval/accuracy 0.045 (0.081 / 0.051 / 0.030 /
-  0.019 at 40 / 64 / 128 / 256), scaled 0.037, train accuracy 0.139. With
-  ``--config.model.mixer=deltanet --config.model.allow_neg_eigval=True
-  --config.optimizer.learning_rate=0.01`` (seed 0): 0.983 (1.000 / 1.000 / 0.993 / 0.938), a
-  reflection (β ≈ 2) per swap; seed 1 and β ∈ (0, 1) stay at 0.062–0.063 (EXPERIMENTS.md
-  section 7.9). That success was at c86fff4 on an earlier machine: rerun at ea83b4f on a
-  family 25 model 1 EPYC it stays at 0.059, and at 0.059 on a family 25 model 17 (where kda's
-  counterpart learns it, 0.973), which cell learns being decided by rounding;
-- ``a5``: 1.9 min at load 6–5, 500 steps; eval/accuracy 0.032 (0.047 / 0.035 / 0.026 / 0.021 at
-  40 / 64 / 128 / 256), scaled 0.016, train accuracy 0.074.
-Softmax, the default, stays near chance on every task at this budget (scaled ≤ 0.064; above
-chance only at the shortest lengths of the group tasks, whose labels are per position).
-
-The issue's parity measure (gated_deltanet with ``allow_neg_eigval=True`` ≥ 0.9 at length
-256; with ``False`` ≤ 0.6) holds on the ``False`` side (0.469 at length 256, lr 1e-3, 7.5 min)
-and is not reached on the ``True`` side at this budget, nor at 4× it: 0.531 / 0.562 at lr
-1e-3 / 3e-3 after 500 steps (0.943 / 0.941 at length 40; about 10 min each at load 9–19;
-0.795 with seed 1 at 3e-3, which fits its training lengths ~100 steps sooner; on a family
-25 model 17 EPYC the 1e-3 command does not fit even length 40: 0.473 there, 0.516 at 256),
-0.746 after 2000 steps (1 h 40 min at load 13–31); one layer instead of two: 0.666 after 500
-steps. The runs, and why the settings tried fall short: EXPERIMENTS.md section 7.1
-(docs/results/state_tracking_parity_sweep_cpu.csv). One layer, lr 3e-3 and 2000 steps
-(``--config.model.num_layers=1 --config.optimizer.learning_rate=0.003
---config.train.num_steps=2000``) meets it for one seed of three: 0.945 at length 256 with seed 2
-(its ``False`` counterpart 0.463; 15.2 and 13.6 min at load 9–12), 0.836 with seed 0, chance
-with seed 1 (EXPERIMENTS.md section 7.3); on a family 25 model 17 EPYC all three seeds learn
-parity and none meets it (0.816 / 0.789 / 0.650 at length 256). At the study's three rates
-(1e-3, 3e-3, 1e-2; two seeds each) gated_deltanet with ``True`` peaks at 0.795 (3e-3) and ends
-at chance at 1e-2; deltanet and kda with ``True`` reach 0.968 and 0.984 at length 256 at 1e-2,
-one seed of two each (EXPERIMENTS.md section 7.8).
+one evaluation at the end. Sized to minutes on 2 CPU cores. Each preset run once with its
+default mixer (softmax, seed 0): the command, wall time, load and every record are in
+docs/results/presets_cpu/<task>.json, the figures and the runs toward the issue's parity
+measure in docs/results/config_docstring_runs.md; the studies: EXPERIMENTS.md section 7.
 """
 
 from linear_attention.data.state_tracking import TASKS, task_vocab_size
