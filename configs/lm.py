@@ -4,17 +4,10 @@ Command (2 CPU cores; validation bits-per-byte well below 8, then a generated sa
 
     python experiments/train.py --config configs/lm.py:cpu --workdir runs/lm
 
-Measured (packed, the default): eval/bits_per_byte 2.47, 2.12, 1.98 at steps 200, 400, 600
-(uniform bytes: 8; unpacked, ``--config.data.pack=False``: 2.46, 2.11, 1.96; EXPERIMENTS.md,
-section 5, commit fe2d949); the unpacked run took 7.5 minutes (5.6k tokens/s) at a light load
-on a shared 2-core machine, the packed one 16 minutes at load ~10 (the load, not the packing).
-Those runs did not record their Python; ``experiments/pack_eval.py`` scored section 5's gated
-runs at step 600 on Python 3.11.7 (1.976 packed, 1.964 unpacked: docs/results/lm_packing_cpu.json).
-A fresh clone rerun on Python 3.11.7 (issue 24) got 2.47, 2.15, 2.02 at steps 200, 400, 600;
-the cause of the difference was not established. The built-in corpus is the running Python's
-standard library, so the figures depend on the Python version and its installation: on
-Python 3.11.7 here the ``cpu`` preset's 8,000,000 bytes come from 485 non-empty files, of
-1,790 ``*.py`` files (31.5 MB) in all.
+What the ``cpu`` preset reaches (validation bits per byte by step, packed and unpacked, and on
+which Python): docs/results/config_docstring_runs.md and EXPERIMENTS.md section 5. The built-in
+corpus is the running Python's standard library, so the figures depend on the Python version
+and its installation.
 
 Any mixer or hybrid (names per layer, repeated): ``--config.model.mixer=softmax``,
 ``--config.model.mixer=gated,softmax``; another corpus: ``--config.data.path=/file/or/folder``.
