@@ -6,7 +6,8 @@ by the data-dependent Householder transforms of the tokens between them,
     q, k, v = x W_q, x W_k, x W_v                       per head, no rotary by default
     w_t = l2norm(SiLU(conv(x W_w↓ W_w↑)))               per head, rank-32 projection, short conv
     β_t = 2·sigmoid(x W_β + b_β)  ∈ (0, 2)              per head
-    log f_t = log sigmoid(x W_f + b_f)                  with `forget_gate` (PaTH-FoX)
+    log f_t = log sigmoid(x W_f + b_f)                  with `forget_gate` (PaTH-FoX), b_f
+                                                        starting at `forget_bias` (FoX's)
     o_i = Σ_{j ≤ i} softmax_j(q_iᵀ H_i ⋯ H_{j+1} k_j / √Dk + Σ_{j<l≤i} log f_l) v_j,
     H_t = I − β_t w_t w_tᵀ,    y = o W_o
 
@@ -42,6 +43,7 @@ from linear_attention.kernels.softmax.gated_cache import empty_cache
 from linear_attention.layers.base import Mixer
 from linear_attention.layers.conv import ShortConv
 from linear_attention.layers.delta import l2norm
+from linear_attention.layers.fox import FORGET_BIAS
 from linear_attention.layers.options import CONV, METHOD, MixerConfig, conv_kernel_size, option
 from linear_attention.layers.projections import QKVProjection
 from linear_attention.layers.segments import Segments
@@ -54,6 +56,7 @@ class PathConfig(MixerConfig):
     conv: bool | int | None = CONV.field(3)  # for path: the short conv on w (FLA's kernel 3)
     method: str = METHOD.field("blockwise", choices=METHODS)
     forget_gate: bool = FORGET_GATE.field()
+    forget_bias: float = FORGET_BIAS.field()  # FoX's initial gate bias, with forget_gate
 
 
 class PathInputs(nnx.Module):
@@ -118,6 +121,14 @@ class PathMixer(Mixer):
     OPTIONS = PathConfig
     BLOCK = 64  # the blockwise kernel's block: its UT transform and its query/key block
 
+    @classmethod
+    def _check_family_options(cls, num_heads: int, options) -> None:
+        if options["forget_bias"] and not options["forget_gate"]:
+            raise ValueError(
+                f"mixer 'path' uses forget_bias={options['forget_bias']!r} only with its forget "
+                "gate: set forget_gate=True, or leave forget_bias at 0"
+            )
+
     def _build_inputs(self, rngs: nnx.Rngs) -> nnx.Module:
         opts = self.options
         return PathInputs(
@@ -137,8 +148,9 @@ class PathMixer(Mixer):
     def _build(self, rngs: nnx.Rngs) -> None:
         gate = dict(use_bias=True, dtype=self.dtype, param_dtype=self.param_dtype, rngs=rngs)
         self.beta_proj = nnx.Linear(self.d_model, self.num_heads, **gate)
+        bias = nnx.initializers.constant(self.options["forget_bias"])
         self.forget_gate = (
-            nnx.Linear(self.d_model, self.num_heads, **gate)
+            nnx.Linear(self.d_model, self.num_heads, bias_init=bias, **gate)
             if self.options["forget_gate"]
             else None
         )

@@ -60,7 +60,9 @@ CASES = {
     "fox_quadratic": dict(method="quadratic", rope=True, out_norm=True, out_gate=True),
     # PaTH: the w conv (kernel 3) by default; the forget gate, rope, the Pro parts, kernel 2
     "path": dict(),
-    "path_fox": dict(forget_gate=True, rope=True, out_norm=True, out_gate=True, conv=2),
+    "path_fox": dict(
+        forget_gate=True, forget_bias=2.0, rope=True, out_norm=True, out_gate=True, conv=2
+    ),
     "path_quadratic": dict(method="quadratic", forget_gate=True, conv=False),
     # the sequential positive control: one cell per head; and with the output norm and gate
     "lstm": dict(),
@@ -310,6 +312,8 @@ BAD_OPTIONS = [
     (dict(name="rwkv7", allow_neg_eigval=True), "does not use option allow_neg_eigval"),
     (dict(name="rwkv7", chunk_size=0), "chunk_size must be an integer >= 1, got 0"),
     (dict(name="lstm", conv=True), "mixer 'lstm' does not use option conv=True"),
+    (dict(name="path", forget_bias=1.0), "forget_bias=1.0 only with its forget gate"),
+    (dict(name="path", method="chunk"), "unknown method 'chunk' for mixer 'path'"),
     (dict(name="lstm", rope=True), "mixer 'lstm' does not use option rope=True"),
     (dict(name="lstm", method="scan"), "mixer 'lstm' does not use option method"),
     (dict(name="mesanet", cg_steps=0), "cg_steps must be an integer >= 1, got 0"),
@@ -612,6 +616,24 @@ def test_rwkv7_with_random_parameters_matches_its_formulas():
     assert log_decay.shape == (B, T, H, D // H) and log_decay.dtype == jnp.float32
     assert bool(jnp.all((log_decay < 0) & (log_decay > -np.exp(-0.5))))
     assert float(jnp.std(log_decay)) > 1e-3
+
+
+def test_path_parts_and_state():
+    """FLA's layer defaults (w conv of kernel 3, no gate), the gate's initial bias, and the KV
+    cache: keys float32 (rewritten by every token's H_t), values in the compute dtype."""
+    mixer = get_mixer("path")(D, H, rngs=nnx.Rngs(0))
+    assert mixer.inputs.conv.kernel_size == 3 and mixer.inputs.qkv.conv is None
+    assert mixer.forget_gate is None and mixer.inputs.w_down.kernel.shape == (D, 32)
+    gated = make("path_fox")
+    np.testing.assert_array_equal(gated.forget_gate.bias[...], 2.0)
+    mixer16 = get_mixer("path")(D, H, dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
+    y16, state = step(mixer16, inputs()[:, 0].astype(jnp.bfloat16), mixer16.init_state(B, 7))
+    assert y16.dtype == jnp.bfloat16 and bool(jnp.all(jnp.isfinite(y16)))
+    core = state.core
+    assert core.k.shape == (B, 7, H, D // H) and core.k.dtype == jnp.float32
+    assert core.v.dtype == jnp.bfloat16 and state.conv.shape == (B, 2, D)
+    y32 = step(mixer, inputs()[:, 0], mixer.init_state(B, 7))[0]
+    np.testing.assert_allclose(y16.astype(jnp.float32), y32, rtol=0.1, atol=0.05)
 
 
 def test_rwkv7_parts_and_state():
