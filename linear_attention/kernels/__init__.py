@@ -22,6 +22,11 @@ from linear_attention.kernels.linear.linear import (
     linear_attention,
 )
 from linear_attention.kernels.linear.recurrent import recurrent_step
+from linear_attention.kernels.log_linear.delta import METHODS as LOG_LINEAR_DELTA_METHODS
+from linear_attention.kernels.log_linear.delta import (
+    log_linear_delta_rule,
+    log_linear_delta_rule_step,
+)
 from linear_attention.kernels.log_linear.fenwick import LogLinearState
 from linear_attention.kernels.log_linear.log_linear import METHODS as LOG_LINEAR_METHODS
 from linear_attention.kernels.log_linear.log_linear import (
@@ -45,6 +50,7 @@ from linear_attention.kernels.state import LinearAttentionState
 
 __all__ = [
     "DELTA_METHODS",
+    "LOG_LINEAR_DELTA_METHODS",
     "LOG_LINEAR_METHODS",
     "ForgettingCache",
     "METHODS",
@@ -69,6 +75,8 @@ __all__ = [
     "linear_attention",
     "log_linear_attention",
     "log_linear_attention_step",
+    "log_linear_delta_rule",
+    "log_linear_delta_rule_step",
     "mesa_net",
     "mesa_net_step",
     "pallas_interpret",

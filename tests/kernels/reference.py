@@ -301,3 +301,43 @@ def path_attention_loop(q, k, v, w, beta, log_forget=None, scale=None, segment_i
                 p = np.exp(logits - np.max(logits))
                 o[b, t, h] = (p / p.sum()) @ v[b, : t + 1, h]
     return o
+
+
+def log_linear_delta_rule_loop(q, k, v, beta, log_decay, level_weights, s0=None, position=None):
+    """Log-linear Gated DeltaNet token by token in float64: the blocks of
+    `log_linear_attention_loop` (a binary counter; dropped at a reset), each a delta-rule state
+    that every token transforms by exp(a_t)(I − β_t k_t k_tᵀ) before it is read; the token's
+    own block is β_t k_t v_tᵀ. Returns (o, final levels, final position)."""
+    q, k, v, beta = (np.asarray(x, np.float64) for x in (q, k, v, beta))
+    lam = np.asarray(level_weights, np.float64)
+    B, T, H, K = q.shape
+    V, L = v.shape[-1], lam.shape[-1]
+    a = np.broadcast_to(np.asarray(log_decay, np.float64), (B, T, H))
+    position = np.zeros((B, H), int) if position is None else np.asarray(position)
+    o, final, count = np.zeros((B, T, H, V)), np.zeros((B, H, L, K, V)), np.zeros((B, H), int)
+    for b in range(B):
+        for h in range(H):
+            blocks = [
+                [1 << s, np.zeros((K, V)) if s0 is None else np.asarray(s0, np.float64)[b, h, s]]
+                for s in reversed(range(L))
+                if position[b, h] >> s & 1
+            ]
+            for t in range(T):
+                if np.isneginf(a[b, t, h]):
+                    blocks = []
+                kt, bt = k[b, t, h], beta[b, t, h]
+                transition = np.exp(a[b, t, h]) * (np.eye(K) - bt * np.outer(kt, kt))
+                for block in blocks:
+                    block[1] = transition @ block[1]
+                out = lam[b, t, h, 0] * bt * (q[b, t, h] @ kt) * v[b, t, h]
+                for size, state in blocks:
+                    out = out + lam[b, t, h, size.bit_length()] * (q[b, t, h] @ state)
+                o[b, t, h] = out
+                blocks.append([1, bt * np.outer(kt, v[b, t, h])])
+                while len(blocks) > 1 and blocks[-1][0] == blocks[-2][0]:
+                    size, state = blocks.pop()
+                    blocks[-1] = [2 * size, blocks[-1][1] + state]
+            for size, state in blocks:
+                final[b, h, size.bit_length() - 1] = state
+            count[b, h] = sum(size for size, _ in blocks)
+    return o, final, count

@@ -59,7 +59,7 @@ from linear_attention.kernels.segments import fold_resets, segment_resets
 METHODS = ("chunk", "quadratic", "scan")
 
 
-def _check_state(state, B, H, L, K, V, name="initial_state") -> LogLinearState:
+def check_state(state, B, H, L, K, V, name="initial_state") -> LogLinearState:
     if not isinstance(state, LogLinearState):
         raise ValueError(f"{name} must be a LogLinearState, got {type(state).__name__}")
     want = (B, H, L, K, V)
@@ -146,7 +146,7 @@ def log_linear_attention(
         lam32 = lam32[..., : min(L, (T - 1).bit_length() + 1)]
         state = LogLinearState.zeros(B, H, lam32.shape[-1], K, V)
     else:
-        state = _check_state(initial_state, B, H, L, K, V)
+        state = check_state(initial_state, B, H, L, K, V)
     p_BTH = positions(a_BTH, state.position)
     match method:
         case "chunk":
@@ -180,7 +180,7 @@ def log_linear_attention_step(state: LogLinearState, q, k, v, log_decay, level_w
         level_weights=(level_weights, "[B, H, L]"),
     )
     B, H, K, V, L = (sizes[x] for x in "BHKVL")
-    state = _check_state(state, B, H, L, K, V, name="state")
+    state = check_state(state, B, H, L, K, V, name="state")
     a_BH = check_log_decay(log_decay, (B, H), "[B, H]")
     if a_BH is None:
         a_BH = jnp.zeros((B, H), jnp.float32)

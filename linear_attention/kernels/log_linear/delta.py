@@ -1,0 +1,207 @@
+"""Log-linear Gated DeltaNet (Guo et al. 2025, section 3): the hierarchical mask applied to Gated
+DeltaNet. Gated DeltaNet's output is o_t = Σ_{j ≤ t} A_tj v_j with the effective weights
+
+    A_tj = q_tᵀ Π_{j<u≤t} [exp(a_u)(I − β_u k_u k_uᵀ)] β_j k_j        (the transitions after j)
+
+(in matrix form A = (Q Kᵀ ⊙ M^S)(I + K Kᵀ ⊙ (M^S − I) diag β)⁻¹ diag β up to the ordering of
+the decay); the log-linear variant weights them by level, O = (A ⊙ M^H) V, M^H_tj =
+λ_t^{ℓ(t, j)} with the Fenwick levels of `fenwick`. As a recurrence: every level state follows the
+same delta-rule transition, and the levels merge as in log-linear Mamba-2,
+
+    S^ℓ ← exp(a_t)(I − β_t k_t k_tᵀ) S^ℓ    for every level ℓ ≥ 1      (a reset: all emptied)
+    o_t = λ_t^0 β_t (q_t·k_t) v_t + Σ_ℓ λ_t^ℓ S^ℓᵀ q_t
+    then the token's β_t k_t v_tᵀ and levels 1..r merge into level r + 1 (`fenwick.merge`).
+
+Methods: "scan" (the recurrence, `lax.scan` over time in chunks of `chunk_size` tokens whose
+scan is rematerialised, `jax.checkpoint`: the backward pass keeps the L level states entering
+each chunk, not per token, and recomputes a chunk's tokens from them) and "quadratic" (the
+reference: A from `delta.delta_rule` run on one-hot values, masked by M^H; no states). The
+state is a `LogLinearState` as for `log_linear_attention`; positions restart at resets.
+Not here yet: a chunkwise-parallel form (the WY/UT transform of `delta/` per chunk, with each
+chunk's transition P applied to all L level states and the chunk's writes split by slot:
+the columns of K̂ᵀ(I + A)⁻¹ diag β), and sequence parallelism (refused, as for Mamba-2's).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from linear_attention.kernels.checks import (
+    check_choice,
+    check_float,
+    check_layouts,
+    check_log_decay,
+    check_positive_int,
+)
+from linear_attention.kernels.delta.checks import check_beta
+from linear_attention.kernels.delta.delta import delta_rule
+from linear_attention.kernels.log_linear.fenwick import (
+    LogLinearState,
+    capacity,
+    merge,
+    padded_weights,
+    positions,
+)
+from linear_attention.kernels.log_linear.log_linear import check_state
+from linear_attention.kernels.log_linear.quadratic import hierarchical_mask
+from linear_attention.kernels.primitives.layout import pad_time
+from linear_attention.kernels.segments import fold_resets, segment_resets
+
+METHODS = ("scan", "quadratic")
+
+
+def delta_step(state: LogLinearState, q_BHK, k_BHK, v_BHV, beta_BH, a_BH, lam_BHL, valid=True):
+    """One token, float32 arrays: `(o [B, H, V], state)` (o NaN past the capacity); with
+    `valid [B]` False (a padding token) the state is returned unchanged."""
+    P_BH = jnp.where(jnp.isneginf(a_BH), 0, state.position)
+    s = jnp.exp(a_BH)[..., None, None, None] * state.levels
+    kS = jnp.einsum("bhk,bhlkv->bhlv", k_BHK, s)
+    s = s - (beta_BH[..., None] * k_BHK)[:, :, None, :, None] * kS[..., None, :]
+    read = jnp.einsum("bhk,bhlkv->bhlv", q_BHK, s)
+    o = jnp.einsum("bhl,bhlv->bhv", padded_weights(lam_BHL)[..., 1:], read)
+    o += (lam_BHL[..., 0] * beta_BH * jnp.sum(q_BHK * k_BHK, -1))[..., None] * v_BHV
+    o = jnp.where((P_BH >= capacity(lam_BHL.shape[-1]))[..., None], jnp.nan, o)
+    u = (beta_BH[..., None] * k_BHK)[..., :, None] * v_BHV[..., None, :]
+    new = LogLinearState(merge(s, u, P_BH), P_BH + 1)
+    if valid is True:
+        return o, new
+    keep = lambda n, old: jnp.where(jnp.reshape(valid, (-1,) + (1,) * (n.ndim - 1)), n, old)  # noqa: E731
+    return o, jax.tree.map(keep, new, state)
+
+
+def delta_scan(q, k, v, beta, a, lam, state: LogLinearState, chunk_size: int):
+    """The recurrence over time, in rematerialised chunks of `chunk_size` tokens."""
+    T = q.shape[1]
+    C = min(chunk_size, T)
+    valid = pad_time(jnp.ones((q.shape[0], T), bool), C)
+    xs = [pad_time(x, C) for x in (q, k, v, beta, a, lam)] + [valid]
+    N = xs[0].shape[1] // C
+    # [B, N·C, ...] -> [N, C, B, ...]: chunks, then tokens, scanned
+    xs = [jnp.moveaxis(x.reshape(x.shape[0], N, C, *x.shape[2:]), (1, 2), (0, 1)) for x in xs]
+
+    @jax.checkpoint
+    def chunk(state, xs_chunk):
+        def token(state, x):
+            *x, ok = x
+            o, state = delta_step(state, *x, valid=ok)
+            return state, o
+
+        return jax.lax.scan(token, state, xs_chunk)
+
+    state, o_NCBHV = jax.lax.scan(chunk, state, xs)
+    o = jnp.moveaxis(o_NCBHV, (0, 1), (1, 2)).reshape(q.shape[0], N * C, *o_NCBHV.shape[3:])
+    return o[:, :T], state
+
+
+def delta_quadratic(q, k, v, beta, a, lam, p):
+    """O = (A ⊙ M^H) V with A read off the delta rule run on one-hot values (value j = e_j)."""
+    B, T, H, _ = q.shape
+    onehot = jnp.broadcast_to(jnp.eye(T, dtype=jnp.float32)[None, :, None, :], (B, T, H, T))
+    A_BTHS = delta_rule(q, k, onehot, beta, log_decay=a, method="scan")  # [B, T, H, T]
+    mask = hierarchical_mask(jnp.moveaxis(lam, 1, 2), jnp.moveaxis(p, 1, 2))  # [B, H, T, T]
+    return jnp.einsum("bths,bhts,bshv->bthv", A_BTHS, mask, v)
+
+
+def log_linear_delta_rule(
+    q,
+    k,
+    v,
+    beta,
+    log_decay,
+    level_weights,
+    *,
+    segment_ids=None,
+    method: str = "scan",
+    chunk_size: int = 64,
+    initial_state: LogLinearState | None = None,
+    return_state: bool = False,
+    axis_name: str | None = None,
+):
+    """Log-linear Gated DeltaNet (see the module docstring).
+
+    Args:
+      q, k: `[B, T, H, K]` (unit keys for a contraction); v: `[B, T, H, V]`; beta: `[B, T, H]`
+        in [0, 2]; log_decay: `[B, T, H]` or `[H]` (≤ 0, −inf a reset; None: DeltaNet);
+        level_weights: λ `[B, T, H, L]`, T ≤ 2^(L−1).
+      segment_ids: `[B, T]` integers or a `Segments`: a new sequence at each document start.
+      method: "scan" (chunk-rematerialised recurrence) or "quadratic" (the reference).
+      chunk_size: the tokens of one rematerialised chunk of "scan".
+      initial_state / return_state: a `LogLinearState` ("scan" only).
+      axis_name: refused.
+    Returns:
+      `o [B, T, H, V]` in `result_type(q, k, v)`, and with `return_state` the final state.
+    """
+    check_choice("method", method, METHODS)
+    chunk_size = check_positive_int("chunk_size", chunk_size)
+    if axis_name is not None:
+        raise ValueError(
+            "log_linear_delta_rule has no sequence-parallel form (axis_name): run it with time "
+            "unsplit (mesh.seq = 1)"
+        )
+    if method == "quadratic" and (initial_state is not None or return_state):
+        raise ValueError(
+            "method 'quadratic' (the reference) has no states: initial_state and return_state "
+            "need method 'scan'"
+        )
+    check_float(("q", "k", "v", "beta", "level_weights"), (q, k, v, beta, level_weights))
+    sizes = check_layouts(
+        q=(q, "[B, T, H, K]"),
+        k=(k, "[B, T, H, K]"),
+        v=(v, "[B, T, H, V]"),
+        beta=(beta, "[B, T, H]"),
+        level_weights=(level_weights, "[B, T, H, L]"),
+    )
+    B, T, H, K, V, L = (sizes[x] for x in "BTHKVL")
+    if T > capacity(L):
+        raise ValueError(
+            f"level_weights has L={L} levels, which cover positions below 2^(L-1) = "
+            f"{capacity(L)}; T={T} needs at least {(T - 1).bit_length() + 1} levels"
+        )
+    check_beta(beta, 0.0, 2.0)
+    a = check_log_decay(log_decay, (B, T, H), "[B, T, H]")
+    a = fold_resets(segment_resets(segment_ids, B, T), a, H)
+    if a is None:
+        a = jnp.zeros((B, T, H), jnp.float32)
+    dtype = jnp.result_type(q, k, v)
+    q32, k32, v32, b32, lam32 = (
+        jnp.asarray(x, jnp.float32) for x in (q, k, v, beta, level_weights)
+    )
+    if initial_state is None:
+        state = LogLinearState.zeros(B, H, L, K, V)
+    else:
+        state = check_state(initial_state, B, H, L, K, V)
+    p = positions(a, state.position)
+    match method:
+        case "scan":
+            o, state = delta_scan(q32, k32, v32, b32, a, lam32, state, chunk_size)
+        case "quadratic":
+            o = delta_quadratic(q32, k32, v32, b32, a, lam32, p)
+        case _:
+            raise ValueError(f"unknown method {method!r}; allowed: {', '.join(METHODS)}")
+    o = jnp.where((p >= capacity(L))[..., None], jnp.nan, o).astype(dtype)
+    if not return_state:
+        return o
+    over = (state.position > capacity(L))[..., None, None, None]
+    return o, LogLinearState(jnp.where(over, jnp.nan, state.levels), state.position)
+
+
+def log_linear_delta_rule_step(state: LogLinearState, q, k, v, beta, log_decay, level_weights):
+    """One token of log-linear Gated DeltaNet from `state`: q, k `[B, H, K]`, v `[B, H, V]`,
+    beta `[B, H]`, log_decay `[B, H]` or `[H]` (None: none), level_weights `[B, H, L]`.
+    Returns `(o [B, H, V], new state)`."""
+    check_float(("q", "k", "v", "beta", "level_weights"), (q, k, v, beta, level_weights))
+    sizes = check_layouts(
+        q=(q, "[B, H, K]"),
+        k=(k, "[B, H, K]"),
+        v=(v, "[B, H, V]"),
+        beta=(beta, "[B, H]"),
+        level_weights=(level_weights, "[B, H, L]"),
+    )
+    B, H, K, V, L = (sizes[x] for x in "BHKVL")
+    state = check_state(state, B, H, L, K, V, name="state")
+    a = check_log_decay(log_decay, (B, H), "[B, H]")
+    a = jnp.zeros((B, H), jnp.float32) if a is None else a
+    args = (jnp.asarray(x, jnp.float32) for x in (q, k, v, beta))
+    o, state = delta_step(state, *args, a, jnp.asarray(level_weights, jnp.float32))
+    return o.astype(jnp.result_type(q, k, v)), state
