@@ -30,6 +30,7 @@ OPTIONS = {
     "rwkv7": dict(chunk_size=4),
     "mesanet": dict(chunk_size=4, cg_steps=16),
     "log_linear_mamba2": dict(chunk_size=4, num_levels=5),
+    "log_linear_gated_deltanet": dict(chunk_size=4, num_levels=5),
     "path": dict(forget_gate=True),
 }
 

@@ -57,7 +57,7 @@ PRESETS = ("default", "cpu", "smoke")
 MIXERS = ("softmax", "linear", "taylor", "retnet", "gated", "gla", "deltanet", "gated_deltanet")
 MIXERS += ("kda", "gated_deltaproduct", "rwkv7")  # (issue 20; see the docstring)
 # the families of issue 53 (EXPERIMENTS.md section 1)
-MIXERS += ("fox", "mesanet", "log_linear_mamba2", "path")
+MIXERS += ("fox", "mesanet", "log_linear_mamba2", "log_linear_gated_deltanet", "path")
 MIXERS += (FOX_OPEN,)  # fox with its forget gate starting open (`layers/fox.py`)
 # Both grids add sliding-window softmax, Based (taylor and swa layers alternating, its taylor
 # layers at the preset's projected width) and elu+1 with q and k scaled by 8, the fixed feature

@@ -1,5 +1,7 @@
 """Log-linear attention mixers (Guo et al. 2025): `kernels.log_linear_attention`, a Fenwick tree
-of O(log T) level states per head, each read with a data-dependent weight λ_t^ℓ.
+of O(log T) level states per head, each read with a data-dependent weight λ_t^ℓ; and
+`log_linear_gated_deltanet` (`LogLinearGatedDeltaNetMixer` below: Gated DeltaNet's parts,
+every level a delta-rule state, `kernels.log_linear_delta_rule`).
 
     q, k, v = (conv(x W_qkv)),  k ← k · Dk^-½                  (as the `gated` mixer)
     log γ_t = −softplus(x_t·w_h + b_h) · exp(A_h)              (`decays.ScalarDecay`, Mamba-2)
@@ -34,6 +36,7 @@ from linear_attention import kernels as K
 from linear_attention.kernels.log_linear.fenwick import capacity
 from linear_attention.layers.base import Mixer
 from linear_attention.layers.decays import ScalarDecay, per_token
+from linear_attention.layers.delta import DeltaConfig, GatedDeltaNetMixer
 from linear_attention.layers.options import (
     CHUNK_SIZE,
     METHOD,
@@ -136,3 +139,71 @@ class LogLinearMamba2Mixer(Mixer):
         lam_BHL = self.levels(x_BD)
         k_BHK = self._scale_keys(k_BHK)
         return K.log_linear_attention_step(core, q_BHK, k_BHK, v_BHD, log_decay, lam_BHL)
+
+
+@dataclasses.dataclass(frozen=True)
+class LogLinearDeltaConfig(DeltaConfig):
+    """Gated DeltaNet's options (conv, norm and gate on; β's range) with the log-linear
+    kernel's methods (the chunk-rematerialised scan by default) and levels."""
+
+    method: str = METHOD.field("scan", choices=K.LOG_LINEAR_DELTA_METHODS)
+    num_levels: int = NUM_LEVELS.field()
+
+
+class LogLinearGatedDeltaNetMixer(GatedDeltaNetMixer):
+    """Log-linear Gated DeltaNet: Gated DeltaNet's parts (`layers.delta`: the short conv, SiLU,
+    L2-normalised q·Dk^-½ and k, β = sigmoid(x W_β) (×2 with `allow_neg_eigval`), the Mamba-2
+    decay, per-head norm and output gate) with `LevelWeights`, on
+    `kernels.log_linear_delta_rule`: every level state follows the delta transition, each level
+    is read with its weight λ_t^ℓ. One value head per q/k head. `method`: "scan" (a
+    `lax.scan` in rematerialised chunks of `chunk_size` tokens) or "quadratic" (the reference,
+    whole-sequence path only: a prefill from a state uses "scan")."""
+
+    NAME = "log_linear_gated_deltanet"
+    SEQUENCE_PARALLEL = False
+    OPTIONS = LogLinearDeltaConfig
+
+    def mixing_flops(self, seq_len: int, *, method=None, chunk_size=None) -> float:
+        """Per token, L = min(`num_levels`, bit_length(T − 1) + 1): scan: 2·H·(3·L + 1)·dk·dv
+        (kᵀS and the rank-one update on each level state, then reading them); quadratic (the
+        delta rule on T one-hot values, then the masked weights): 2·H·T·(3·dk + dv)."""
+        h, dk, dv = self.num_heads, self.qk_dim, self.head_dim
+        L = min(self.num_levels, (seq_len - 1).bit_length() + 1)
+        if (method or self.method) == "scan":
+            return 2.0 * h * (3 * L + 1) * dk * dv
+        return 2.0 * h * seq_len * (3 * dk + dv)
+
+    def _build(self, rngs) -> None:
+        super()._build(rngs)
+        self.num_levels = self.options["num_levels"]
+        self.levels = LevelWeights(
+            self.d_model, self.num_heads, self.num_levels, param_dtype=self.param_dtype, rngs=rngs
+        )
+
+    def _init_core(self, batch_size: int, max_length: int):
+        if max_length > capacity(self.num_levels):
+            raise ValueError(
+                f"max_length={max_length} exceeds what num_levels={self.num_levels} covers "
+                f"(positions below 2^(num_levels-1) = {capacity(self.num_levels)}); raise "
+                "num_levels"
+            )
+        h, L = self.num_heads, self.num_levels
+        return K.LogLinearState.zeros(batch_size, h, L, self.qk_dim, self.head_dim)
+
+    def _mix(self, x_BTD, q_BTHK, k_BTHK, v_BTHD, core, position, segments=None):
+        del position  # the state holds its own
+        q, k, v = self.prepare(q_BTHK, k_BTHK, v_BTHD)
+        args = (q, k, v, self.beta(x_BTD), self._log_decay(x_BTD), self.levels(x_BTD))
+        options = dict(chunk_size=self.chunk_size, segment_ids=segments)
+        if core is None:
+            return K.log_linear_delta_rule(*args, method=self.method, **options), None
+        return K.log_linear_delta_rule(
+            *args, method="scan", initial_state=core, return_state=True, **options
+        )
+
+    def _mix_step(self, x_BD, q_BHK, k_BHK, v_BHD, core, position):
+        del position
+        q, k, v = self.prepare(q_BHK, k_BHK, v_BHD)
+        log_decay = per_token(self._log_decay(x_BD[:, None]))
+        lam_BHL = self.levels(x_BD)
+        return K.log_linear_delta_rule_step(core, q, k, v, self.beta(x_BD), log_decay, lam_BHL)

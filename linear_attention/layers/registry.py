@@ -16,7 +16,7 @@ from linear_attention.layers.linear import (
     RetNetMixer,
     TaylorMixer,
 )
-from linear_attention.layers.log_linear import LogLinearMamba2Mixer
+from linear_attention.layers.log_linear import LogLinearGatedDeltaNetMixer, LogLinearMamba2Mixer
 from linear_attention.layers.lstm import LSTMMixer
 from linear_attention.layers.mesanet import MesaNetMixer
 from linear_attention.layers.path import PathMixer
@@ -46,6 +46,7 @@ MIXERS: dict[str, type[Mixer]] = {
         LSTMMixer,
         MesaNetMixer,
         LogLinearMamba2Mixer,
+        LogLinearGatedDeltaNetMixer,
     )
 }
 

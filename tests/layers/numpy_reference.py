@@ -13,6 +13,7 @@ from flax import nnx
 from tests.kernels.reference import (
     delta_rule_loop,
     log_linear_attention_loop,
+    log_linear_delta_rule_loop,
     mesa_net_loop,
     path_attention_loop,
 )
@@ -181,6 +182,7 @@ def _log_linear_reference(p, x, q, k, v):
 
 
 DELTA_FAMILY = ("deltanet", "gated_deltanet", "kda", "gated_deltaproduct")
+DELTA_FAMILY += ("log_linear_gated_deltanet",)
 
 
 def _delta_reference(name, mixer, p, x, q, k, v):
@@ -199,13 +201,19 @@ def _delta_reference(name, mixer, p, x, q, k, v):
     if mixer.allow_neg_eigval:
         beta = 2.0 * beta
     log_decay = np.zeros((b, t, hv, 1))
-    if name in ("gated_deltanet", "gated_deltaproduct"):
+    if name in ("gated_deltanet", "gated_deltaproduct", "log_linear_gated_deltanet"):
         z = x @ p["decay"]["proj"]["kernel"] + p["decay"]["dt_bias"]
         log_decay = (-softplus(z) * np.exp(p["decay"]["a_log"]))[..., None]
     elif name == "kda":
         d = p["decay"]
         z = (x @ d["down"]["kernel"] @ d["up"]["kernel"] + d["dt_bias"]).reshape(b, t, hv, dk)
         log_decay = -softplus(z) * np.exp(d["a_log"])[:, None]
+    if name == "log_linear_gated_deltanet":  # λ = softplus(s ⊙ (x W_λ + b_λ)), the level loop
+        levels = p["levels"]
+        z = (x @ levels["proj"]["kernel"] + levels["proj"]["bias"]).reshape(b, t, h, -1)
+        lam = softplus(levels["scale"] * z)
+        args = (q, k[..., 0, :], v[..., 0, :], beta[..., 0], log_decay[..., 0], lam)
+        return log_linear_delta_rule_loop(*args)[0]
     if n == 1 and hv == h and name != "kda":
         return delta_rule_loop(q, k[..., 0, :], v[..., 0, :], beta[..., 0], log_decay[..., 0])[0]
     return delta_loop(q, k, v, beta, log_decay)

@@ -1,6 +1,8 @@
 """The log_linear_mamba2 mixer beyond the shared suites: its state size, FLOPs count and
 capacity, each against a count by hand."""
 
+import dataclasses
+
 import jax.numpy as jnp
 import pytest
 from flax import nnx
@@ -24,6 +26,9 @@ def test_state_is_the_level_states_and_their_positions():
     assert state_size_bytes(config) == 2 * (4 * 5 * H * 8 * 8 + 4 * H)
     state = make(num_levels=5).init_state(3, 16)
     assert state.core.levels.shape == (3, H, 5, 8, 8) and state.core.position.shape == (3, H)
+    # the delta variant: the same level states, and the conv tail (3 × q, k, v channels)
+    config = dataclasses.replace(config, mixer="log_linear_gated_deltanet")
+    assert state_size_bytes(config) == 2 * (4 * 5 * H * 8 * 8 + 4 * H + 4 * 3 * 48)
 
 
 def test_mixing_flops_hand_count():
@@ -42,3 +47,13 @@ def test_capacity_is_refused_clearly():
         mixer.init_state(1, 9)
     with pytest.raises(ValueError, match=r"L=4 levels, which cover positions below 2\^\(L-1\) = 8"):
         mixer(jnp.zeros((1, 9, D)))
+    delta = get_mixer("log_linear_gated_deltanet")(D, H, num_levels=4, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match=r"max_length=9 exceeds what num_levels=4 covers"):
+        delta.init_state(1, 9)
+
+
+def test_delta_mixing_flops_hand_count():
+    """scan: 2·H·(3·L + 1)·dk·dv; quadratic: 2·H·T·(3·dk + dv)."""
+    mixer = get_mixer("log_linear_gated_deltanet")(D, H, num_levels=6, rngs=nnx.Rngs(0))
+    assert mixer.mixing_flops(32) == 2 * H * (3 * 6 + 1) * 64
+    assert mixer.mixing_flops(32, method="quadratic") == 2 * H * 32 * (3 * 8 + 8)

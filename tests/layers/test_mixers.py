@@ -78,6 +78,12 @@ CASES = {
     "log_linear_mamba2": dict(conv=True, chunk_size=5, num_levels=5),
     "log_linear_mamba2_quadratic": dict(method="quadratic", rope=True),
     "log_linear_mamba2_scan": dict(method="scan", out_gate=False, num_levels=6),
+    # log-linear Gated DeltaNet: the chunk-rematerialised scan (conv, norm and gate on by
+    # default); the quadratic reference with rope and negative eigenvalues
+    "log_linear_gated_deltanet": dict(chunk_size=5, num_levels=5),
+    "log_linear_gated_deltanet_quadratic": dict(
+        method="quadratic", rope=True, allow_neg_eigval=True
+    ),
 }
 DELTA = ("deltanet", "gated_deltanet", "kda", "gated_deltaproduct")
 
@@ -321,6 +327,10 @@ BAD_OPTIONS = [
     (dict(name="gated", cg_steps=4), "does not use option cg_steps"),
     (dict(name="log_linear_mamba2", num_levels=1), "num_levels must be an integer >= 2"),
     (dict(name="gated", num_levels=4), "does not use option num_levels"),
+    (
+        dict(name="log_linear_gated_deltanet", num_value_heads=4),
+        "does not use option num_value_heads",
+    ),
 ]
 
 
@@ -354,6 +364,7 @@ def test_registry_lists_every_family():
         "lstm",
         "mesanet",
         "log_linear_mamba2",
+        "log_linear_gated_deltanet",
     }
     # every option is declared once, with the same type wherever two mixers share it
     types = {}
@@ -399,7 +410,8 @@ def test_attention_inputs_reproduce_the_mixer(case):
     name = mixer_name(case)
     mixer, x = make(case), inputs()
     # not AttentionInputs' weighted sum
-    if name in (*DELTA, "swa", "rwkv7", "lstm", "mesanet", "log_linear_mamba2", "path"):
+    late = ("mesanet", "log_linear_mamba2", "log_linear_gated_deltanet", "path")
+    if name in (*DELTA, "swa", "rwkv7", "lstm", *late):
         with pytest.raises(ValueError, match="has no attention_inputs"):
             attention_inputs(mixer, x)
         return

@@ -17,7 +17,7 @@ ALL_MIXERS = ("linear", "favor", "taylor", "hedgehog", "retnet", "gated", "gla",
 # (a layer after gated_deltanet: its chunk gradient must not leak across a reset, even rounding)
 ALL_MIXERS += ("deltanet", "gated_deltanet", "swa", "kda", "gated_deltaproduct")
 ALL_MIXERS += ("rwkv7", "fox", "lstm")  # (their own model: rwkv7 and lstm refuse the conv)
-ALL_MIXERS += ("mesanet", "log_linear_mamba2")
+ALL_MIXERS += ("mesanet", "log_linear_mamba2", "log_linear_gated_deltanet")
 ALL_MIXERS += ("path",)
 
 
@@ -67,7 +67,9 @@ CASES = {
     # MesaNet (chunked CG, a partial last chunk) beside a decayed linear layer
     "hybrid_mesanet": dict(mixer=("mesanet", "gated"), chunk_size=5, cg_steps=16, position="rope"),
     # log-linear Mamba-2 (chunks of 4, 5 levels: positions below 16) beside softmax
-    "hybrid_log_linear": dict(mixer=("log_linear_mamba2", "softmax"), chunk_size=4, num_levels=5),
+    "hybrid_log_linear": dict(
+        mixer=("log_linear_mamba2", "log_linear_gated_deltanet"), chunk_size=4, num_levels=5
+    ),
 }
 # every mixer once (each path is checked per mixer in tests/layers), in two models: one
 # 11-layer model's gradient was a module large enough to crash XLA's CPU compiler (segfault)

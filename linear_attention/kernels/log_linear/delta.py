@@ -167,8 +167,9 @@ def log_linear_delta_rule(
     q32, k32, v32, b32, lam32 = (
         jnp.asarray(x, jnp.float32) for x in (q, k, v, beta, level_weights)
     )
-    if initial_state is None:
-        state = LogLinearState.zeros(B, H, L, K, V)
+    if initial_state is None:  # from position 0 only the levels T reaches are carried
+        lam32 = lam32[..., : min(L, (T - 1).bit_length() + 1)]
+        state = LogLinearState.zeros(B, H, lam32.shape[-1], K, V)
     else:
         state = check_state(initial_state, B, H, L, K, V)
     p = positions(a, state.position)
@@ -183,7 +184,8 @@ def log_linear_delta_rule(
     if not return_state:
         return o
     over = (state.position > capacity(L))[..., None, None, None]
-    return o, LogLinearState(jnp.where(over, jnp.nan, state.levels), state.position)
+    levels = jnp.pad(state.levels, ((0, 0), (0, 0), (0, L - state.levels.shape[2]), (0, 0), (0, 0)))
+    return o, LogLinearState(jnp.where(over, jnp.nan, levels), state.position)
 
 
 def log_linear_delta_rule_step(state: LogLinearState, q, k, v, beta, log_decay, level_weights):
