@@ -90,6 +90,7 @@ def test_mixer_labels_set_only_the_fields_their_mixer_uses():
     label; an axis whose fields lack one a label sets raises rather than drop it."""
     unset = dict.fromkeys(
         ("allow_neg_eigval", "feature_dim", "window", "feature_scale", "num_householder")
+        + ("forget_bias",)  # (fox's fox_bias5 label: every label names the fields labels set)
     )
 
     def expect(mixer, conv=4, **fields):
