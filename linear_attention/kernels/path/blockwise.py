@@ -85,10 +85,10 @@ def block_terms(q_XCD, k_XCD, w_XCD, beta_XC) -> BlockTerms:
     )
 
 
-def path_blockwise(q, k, v, w, beta, c, groups, block: int):
+def path_blockwise(q_BTHD, k_BTHD, v_BTHE, w_BTHD, beta_BTH, c_BTH, groups_BTH, block: int):
     """PaTH attention, `[B, T, H, ·]` float32 (q scaled), c the cumulative log gate and `groups`
     the reset count `[B, T, H]`: o `[B, T, H, Dv]` float32 (module docstring)."""
-    B, T, H, _ = q.shape
+    B, T, H, _ = q_BTHD.shape
     C = min(block, T)
     N = -(-T // C)
 
@@ -98,125 +98,145 @@ def path_blockwise(q, k, v, w, beta, c, groups, block: int):
         return x.reshape(B * H, N, C, *x.shape[3:])
 
     # padded tokens come after every real one: causality hides them, H = I (w = 0) on them
-    o = _path(*map(to_blocks, (q, k, v, w, beta, c, groups)))
-    o = o.reshape(B, H, N * C, -1)[:, :, :T]
-    return jnp.moveaxis(o, 1, 2)
+    o_XNCE = _path(*map(to_blocks, (q_BTHD, k_BTHD, v_BTHE, w_BTHD, beta_BTH, c_BTH, groups_BTH)))
+    o_BHTE = o_XNCE.reshape(B, H, N * C, -1)[:, :, :T]
+    return jnp.moveaxis(o_BHTE, 1, 2)
 
 
-def _local(terms: BlockTerms, c, groups):
+def _local(terms: BlockTerms, c_XNC, g_XNC):
     """The in-block logits with the gate, −inf where masked: [X, N, C, C]."""
-    C = c.shape[-1]
-    visible = jnp.tril(jnp.ones((C, C), bool)) & (groups[..., :, None] == groups[..., None, :])
-    return jnp.where(visible, terms.s + c[..., :, None] - c[..., None, :], -jnp.inf), visible
+    C = c_XNC.shape[-1]
+    visible_XNCC = jnp.tril(jnp.ones((C, C), bool)) & (g_XNC[..., :, None] == g_XNC[..., None, :])
+    return jnp.where(
+        visible_XNCC, terms.s + c_XNC[..., :, None] - c_XNC[..., None, :], -jnp.inf
+    ), visible_XNCC
 
 
-def _forward(terms: BlockTerms, v, c, groups):
+def _forward(terms: BlockTerms, v_XNCE, c_XNC, g_XNC):
     """o [X, N, C, Dv] and lse [X, N, C] (module docstring, "Across blocks")."""
-    N = c.shape[1]
+    N = c_XNC.shape[1]
     blocks = jnp.arange(N)
-    s_loc, _ = _local(terms, c, groups)
-    max0 = jnp.max(s_loc, axis=-1)  # finite: each row sees its own key
-    p = jnp.exp(s_loc - max0[..., None])
-    init = (terms.q, max0, jnp.sum(p, -1), jnp.einsum("xnij,xnje->xnie", p, v))
+    sloc_XNCC, _ = _local(terms, c_XNC, g_XNC)
+    max0_XNC = jnp.max(sloc_XNCC, axis=-1)  # finite: each row sees its own key
+    p_XNCC = jnp.exp(sloc_XNCC - max0_XNC[..., None])
+    init = (terms.q, max0_XNC, jnp.sum(p_XNCC, -1), jnp.einsum("xnij,xnje->xnie", p_XNCC, v_XNCE))
     if N == 1:  # one block: nothing to carry (and no all-masked step for XLA to fold)
-        return init[3] / init[2][..., None], max0 + jnp.log(init[2])
+        return init[3] / init[2][..., None], max0_XNC + jnp.log(init[2])
 
     def key_block(carry, xs):
-        u, mx, total, acc = carry
-        k_m, a_m, v_m, c_m, g_m, m = xs
-        later = (blocks > m)[None, :, None, None]
-        s = jnp.einsum("xnid,xjd->xnij", u, k_m) + c[..., :, None] - c_m[:, None, None, :]
-        seen = later & (groups[..., :, None] == g_m[:, None, None, :])
-        s = jnp.where(seen, s, -jnp.inf)
-        new_mx = jnp.maximum(mx, jnp.max(s, axis=-1))
-        p = jnp.exp(s - new_mx[..., None])
-        rescale = jnp.exp(mx - new_mx)
-        total = rescale * total + jnp.sum(p, -1)
-        acc = rescale[..., None] * acc + jnp.einsum("xnij,xje->xnie", p, v_m)
-        u = jnp.where(later, jnp.einsum("xnid,xde->xnie", u, a_m), u)
-        return (u, new_mx, total, acc), None
+        u_XNCD, max_XNC, sum_XNC, acc_XNCE = carry
+        k_XCD, a_XDD, v_XCE, c_XC, g_XC, m = xs
+        later_N = (blocks > m)[None, :, None, None]
+        s_XNCC = (
+            jnp.einsum("xnid,xjd->xnij", u_XNCD, k_XCD)
+            + c_XNC[..., :, None]
+            - c_XC[:, None, None, :]
+        )
+        seen_XNCC = later_N & (g_XNC[..., :, None] == g_XC[:, None, None, :])
+        s_XNCC = jnp.where(seen_XNCC, s_XNCC, -jnp.inf)
+        new_max_XNC = jnp.maximum(max_XNC, jnp.max(s_XNCC, axis=-1))
+        p_XNCC = jnp.exp(s_XNCC - new_max_XNC[..., None])
+        rescale_XNC = jnp.exp(max_XNC - new_max_XNC)
+        sum_XNC = rescale_XNC * sum_XNC + jnp.sum(p_XNCC, -1)
+        acc_XNCE = rescale_XNC[..., None] * acc_XNCE + jnp.einsum("xnij,xje->xnie", p_XNCC, v_XCE)
+        u_XNCD = jnp.where(later_N, jnp.einsum("xnid,xde->xnie", u_XNCD, a_XDD), u_XNCD)
+        return (u_XNCD, new_max_XNC, sum_XNC, acc_XNCE), None
 
-    xs = (*(jnp.moveaxis(x, 1, 0) for x in (terms.k, terms.a, v, c, groups)), blocks)
-    (_, mx, total, acc), _ = jax.lax.scan(key_block, init, xs, reverse=True)
-    return acc / total[..., None], mx + jnp.log(total)
+    xs = (*(jnp.moveaxis(x, 1, 0) for x in (terms.k, terms.a, v_XNCE, c_XNC, g_XNC)), blocks)
+    (_, max_XNC, sum_XNC, acc_XNCE), _ = jax.lax.scan(key_block, init, xs, reverse=True)
+    return acc_XNCE / sum_XNC[..., None], max_XNC + jnp.log(sum_XNC)
 
 
-def _backward(terms: BlockTerms, v, c, groups, o, lse, do):
+def _backward(terms: BlockTerms, v_XNCE, c_XNC, g_XNC, o_XNCE, lse_XNC, do_XNCE):
     """Cotangents of (terms, v, c) from do (module docstring, "Gradient")."""
-    N = c.shape[1]
+    N = c_XNC.shape[1]
     blocks = jnp.arange(N)
-    delta = jnp.sum(do * o, axis=-1)  # Σ_j p_ij (do_i·v_j), one per query
-    s_loc, visible = _local(terms, c, groups)
-    p_loc = masked_exp(visible, s_loc - lse[..., None])
-    ds_loc = p_loc * (jnp.einsum("xnie,xnje->xnij", do, v) - delta[..., None])
-    dv = jnp.einsum("xnij,xnie->xnje", p_loc, do)
-    dc = jnp.sum(ds_loc, -1) - jnp.sum(ds_loc, -2)
+    delta_XNC = jnp.sum(do_XNCE * o_XNCE, axis=-1)  # Σ_j p_ij (do_i·v_j), one per query
+    sloc_XNCC, visible_XNCC = _local(terms, c_XNC, g_XNC)
+    ploc_XNCC = masked_exp(visible_XNCC, sloc_XNCC - lse_XNC[..., None])
+    dsloc_XNCC = ploc_XNCC * (jnp.einsum("xnie,xnje->xnij", do_XNCE, v_XNCE) - delta_XNC[..., None])
+    dv_XNCE = jnp.einsum("xnij,xnie->xnje", ploc_XNCC, do_XNCE)
+    dc_XNC = jnp.sum(dsloc_XNCC, -1) - jnp.sum(dsloc_XNCC, -2)
     if N == 1:
         return (
             BlockTerms(
                 q=jnp.zeros_like(terms.q),
                 k=jnp.zeros_like(terms.k),
                 a=jnp.zeros_like(terms.a),
-                s=ds_loc,
+                s=dsloc_XNCC,
             ),
-            dv,
-            dc,
+            dv_XNCE,
+            dc_XNC,
         )
     a_seq = jnp.moveaxis(terms.a, 1, 0)
 
     def query_block(carry, xs):
-        dk, da, dv, dc = carry
-        q_n, do_n, c_n, g_n, lse_n, delta_n, n = xs
+        dk_XNCD, da_XNDD, dv_XNCE, dc_XNC = carry
+        q_XCD, do_XCE, c_XC, g_XC, lse_XC, delta_XC, n = xs
 
-        def down(u, xs):  # u^(m) for m < n: emitted, then carried past block m
-            a_m, m = xs
-            return jnp.where(n > m, u @ a_m, u), u
+        def down(u_XCD, xs):  # u^(m) for m < n: emitted, then carried past block m
+            a_XDD, m = xs
+            return jnp.where(n > m, u_XCD @ a_XDD, u_XCD), u_XCD
 
-        _, u_seq = jax.lax.scan(down, q_n, (a_seq, blocks), reverse=True)
-        u_all = jnp.moveaxis(u_seq, 0, 1)  # [X, N, C, D]
-        s = jnp.einsum("xmid,xmjd->xmij", u_all, terms.k)
-        s = s + c_n[:, None, :, None] - c[:, :, None, :]
-        seen = (blocks < n)[None, :, None, None] & (g_n[:, None, :, None] == groups[:, :, None, :])
-        p = masked_exp(seen, s - lse_n[:, None, :, None])
-        ds = p * (jnp.einsum("xie,xmje->xmij", do_n, v) - delta_n[:, None, :, None])
-        dv = dv + jnp.einsum("xmij,xie->xmje", p, do_n)
-        dk = dk + jnp.einsum("xmij,xmid->xmjd", ds, u_all)
-        dc = (dc - jnp.sum(ds, axis=2)).at[:, n].add(jnp.sum(ds, axis=(1, 3)))
-        h_seq = jnp.moveaxis(jnp.einsum("xmij,xmjd->xmid", ds, terms.k), 1, 0)
+        _, u_NXCD = jax.lax.scan(down, q_XCD, (a_seq, blocks), reverse=True)
+        u_XNCD = jnp.moveaxis(u_NXCD, 0, 1)  # [X, N, C, D]
+        s_XNCC = jnp.einsum("xmid,xmjd->xmij", u_XNCD, terms.k)
+        s_XNCC = s_XNCC + c_XC[:, None, :, None] - c_XNC[:, :, None, :]
+        seen_XNCC = (blocks < n)[None, :, None, None] & (
+            g_XC[:, None, :, None] == g_XNC[:, :, None, :]
+        )
+        p_XNCC = masked_exp(seen_XNCC, s_XNCC - lse_XC[:, None, :, None])
+        ds_XNCC = p_XNCC * (
+            jnp.einsum("xie,xmje->xmij", do_XCE, v_XNCE) - delta_XC[:, None, :, None]
+        )
+        dv_XNCE = dv_XNCE + jnp.einsum("xmij,xie->xmje", p_XNCC, do_XCE)
+        dk_XNCD = dk_XNCD + jnp.einsum("xmij,xmid->xmjd", ds_XNCC, u_XNCD)
+        dc_XNC = (dc_XNC - jnp.sum(ds_XNCC, axis=2)).at[:, n].add(jnp.sum(ds_XNCC, axis=(1, 3)))
+        h_NXCD = jnp.moveaxis(jnp.einsum("xmij,xmjd->xmid", ds_XNCC, terms.k), 1, 0)
 
-        def up(g, xs):  # g = g^(m−1) on entry
-            a_m, h_m, u_m, m = xs
+        def up(g_XCD, xs):  # g = g^(m−1) on entry
+            a_XDD, h_XCD, um_XCD, m = xs
             live = m < n
-            da_m = jnp.where(live, jnp.einsum("xid,xie->xde", u_m, g), 0.0)
-            g = jnp.where(live, jnp.einsum("xie,xde->xid", g, a_m) + h_m, g)
-            return g, da_m
+            da_XDD = jnp.where(live, jnp.einsum("xid,xie->xde", um_XCD, g_XCD), 0.0)
+            g_XCD = jnp.where(live, jnp.einsum("xie,xde->xid", g_XCD, a_XDD) + h_XCD, g_XCD)
+            return g_XCD, da_XDD
 
-        dq_n, da_seq = jax.lax.scan(up, jnp.zeros_like(q_n), (a_seq, h_seq, u_seq, blocks))
-        return (dk, da + jnp.moveaxis(da_seq, 0, 1), dv, dc), dq_n
+        dq_XCD, da_NXDD = jax.lax.scan(up, jnp.zeros_like(q_XCD), (a_seq, h_NXCD, u_NXCD, blocks))
+        return (dk_XNCD, da_XNDD + jnp.moveaxis(da_NXDD, 0, 1), dv_XNCE, dc_XNC), dq_XCD
 
-    xs = tuple(jnp.moveaxis(x, 1, 0) for x in (terms.q, do, c, groups, lse, delta)) + (blocks,)
-    init = (jnp.zeros_like(terms.k), jnp.zeros_like(terms.a), dv, dc)
-    (dk, da, dv, dc), dq_seq = jax.lax.scan(query_block, init, xs)
-    dterms = BlockTerms(q=jnp.moveaxis(dq_seq, 0, 1), k=dk, a=da, s=ds_loc)
-    return dterms, dv, dc
+    xs = tuple(
+        jnp.moveaxis(x, 1, 0) for x in (terms.q, do_XNCE, c_XNC, g_XNC, lse_XNC, delta_XNC)
+    ) + (blocks,)
+    init = (jnp.zeros_like(terms.k), jnp.zeros_like(terms.a), dv_XNCE, dc_XNC)
+    (dk_XNCD, da_XNDD, dv_XNCE, dc_XNC), dq_NXCD = jax.lax.scan(query_block, init, xs)
+    dterms = BlockTerms(q=jnp.moveaxis(dq_NXCD, 0, 1), k=dk_XNCD, a=da_XNDD, s=dsloc_XNCC)
+    return dterms, dv_XNCE, dc_XNC
 
 
 @jax.custom_vjp
-def _path(q, k, v, w, beta, c, groups):
-    return _forward(block_terms(q, k, w, beta), v, c, groups)[0]
+def _path(q_XNCD, k_XNCD, v_XNCE, w_XNCD, beta_XNC, c_XNC, g_XNC):
+    return _forward(block_terms(q_XNCD, k_XNCD, w_XNCD, beta_XNC), v_XNCE, c_XNC, g_XNC)[0]
 
 
-def _path_fwd(q, k, v, w, beta, c, groups):
-    o, lse = _forward(block_terms(q, k, w, beta), v, c, groups)
-    return o, (q, k, v, w, beta, c, groups, o, lse)
+def _path_fwd(q_XNCD, k_XNCD, v_XNCE, w_XNCD, beta_XNC, c_XNC, g_XNC):
+    o_XNCE, lse_XNC = _forward(block_terms(q_XNCD, k_XNCD, w_XNCD, beta_XNC), v_XNCE, c_XNC, g_XNC)
+    return o_XNCE, (q_XNCD, k_XNCD, v_XNCE, w_XNCD, beta_XNC, c_XNC, g_XNC, o_XNCE, lse_XNC)
 
 
-def _path_bwd(residuals, do):
-    q, k, v, w, beta, c, groups, o, lse = residuals
-    terms, pullback = jax.vjp(block_terms, q, k, w, beta)
-    dterms, dv, dc = _backward(terms, v, c, groups, o, lse, do)
-    dq, dk, dw, dbeta = pullback(dterms)
-    return dq, dk, dv, dw, dbeta, dc, None  # groups: integers, no cotangent
+def _path_bwd(residuals, do_XNCE):
+    q_XNCD, k_XNCD, v_XNCE, w_XNCD, beta_XNC, c_XNC, g_XNC, o_XNCE, lse_XNC = residuals
+    terms, pullback = jax.vjp(block_terms, q_XNCD, k_XNCD, w_XNCD, beta_XNC)
+    dterms, dv_XNCE, dc_XNC = _backward(terms, v_XNCE, c_XNC, g_XNC, o_XNCE, lse_XNC, do_XNCE)
+    dq_XNCD, dk_XNCD, dw_XNCD, dbeta_XNC = pullback(dterms)
+    return (
+        dq_XNCD,
+        dk_XNCD,
+        dv_XNCE,
+        dw_XNCD,
+        dbeta_XNC,
+        dc_XNC,
+        None,
+    )  # groups: integers, no cotangent
 
 
 _path.defvjp(_path_fwd, _path_bwd)
