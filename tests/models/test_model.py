@@ -65,6 +65,9 @@ CASES = {
     # Based: taylor + sliding window (window 3 < SPLIT: the ring buffer wraps), rope and conv
     "based": dict(mixer=("taylor", "swa"), feature_dim=4, window=3, position="rope", conv=True),
     # MesaNet (chunked CG, a partial last chunk) beside a decayed linear layer
+    # PaTH (its KV cache of transported keys, the w conv's tail) with the forget gate, beside
+    # softmax attention's cache, both convs on (PaTH's on w, kernel 4)
+    "hybrid_path": dict(mixer=("path", "softmax"), forget_gate=True, conv=True),
     "hybrid_mesanet": dict(mixer=("mesanet", "gated"), chunk_size=5, cg_steps=16, position="rope"),
     # log-linear Mamba-2 (chunks of 4, 5 levels: positions below 16) beside softmax
     "hybrid_log_linear": dict(
