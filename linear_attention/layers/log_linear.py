@@ -146,7 +146,7 @@ class LogLinearDeltaConfig(DeltaConfig):
     """Gated DeltaNet's options (conv, norm and gate on; β's range) with the log-linear
     kernel's methods (the chunk-rematerialised scan by default) and levels."""
 
-    method: str = METHOD.field("scan", choices=K.LOG_LINEAR_DELTA_METHODS)
+    method: str = METHOD.field(choices=K.LOG_LINEAR_DELTA_METHODS)
     num_levels: int = NUM_LEVELS.field()
 
 
@@ -155,23 +155,33 @@ class LogLinearGatedDeltaNetMixer(GatedDeltaNetMixer):
     L2-normalised q·Dk^-½ and k, β = sigmoid(x W_β) (×2 with `allow_neg_eigval`), the Mamba-2
     decay, per-head norm and output gate) with `LevelWeights`, on
     `kernels.log_linear_delta_rule`: every level state follows the delta transition, each level
-    is read with its weight λ_t^ℓ. One value head per q/k head. `method`: "scan" (a
-    `lax.scan` in rematerialised chunks of `chunk_size` tokens) or "quadratic" (the reference,
-    whole-sequence path only: a prefill from a state uses "scan")."""
+    is read with its weight λ_t^ℓ. One value head per q/k head. `method`: "chunk" (the WY form
+    per chunk), "scan" (a `lax.scan` in rematerialised chunks of `chunk_size` tokens) or
+    "quadratic" (the reference, whole-sequence path only: a prefill from a state uses "chunk")."""
 
     NAME = "log_linear_gated_deltanet"
     SEQUENCE_PARALLEL = False
     OPTIONS = LogLinearDeltaConfig
 
     def mixing_flops(self, seq_len: int, *, method=None, chunk_size=None) -> float:
-        """Per token, L = min(`num_levels`, bit_length(T − 1) + 1): scan: 2·H·(3·L + 1)·dk·dv
-        (kᵀS and the rank-one update on each level state, then reading them); quadratic (the
-        delta rule on T one-hot values, then the masked weights): 2·H·T·(3·dk + dv)."""
+        """Per token, L = min(`num_levels`, bit_length(T − 1) + 1), C the chunk: chunk:
+        2·H·(3·C·dk + 2·C·dv + C²/3 + 2·dk·dv + 2·L·dk·dv + L·dk²·dv/C) (the UT transform, W,
+        Q̃ and the intra weights as the delta rule's chunk form; reading the L level states,
+        writing the chunk's keys, and the level maps P S once per chunk); scan:
+        2·H·(3·L + 1)·dk·dv (kᵀS and the rank-one update on each level state, then reading
+        them); quadratic (the delta rule on T one-hot values, then the masked weights):
+        2·H·T·(3·dk + dv)."""
         h, dk, dv = self.num_heads, self.qk_dim, self.head_dim
         L = min(self.num_levels, (seq_len - 1).bit_length() + 1)
-        if (method or self.method) == "scan":
-            return 2.0 * h * (3 * L + 1) * dk * dv
-        return 2.0 * h * seq_len * (3 * dk + dv)
+        match method or self.method:
+            case "chunk":
+                c = min(chunk_size or self.chunk_size, seq_len)
+                per_head = 3 * c * dk + 2 * c * dv + c * c / 3 + 2 * dk * dv
+                return 2.0 * h * (per_head + 2 * L * dk * dv + L * dk * dk * dv / c)
+            case "scan":
+                return 2.0 * h * (3 * L + 1) * dk * dv
+            case _:
+                return 2.0 * h * seq_len * (3 * dk + dv)
 
     def _build(self, rngs) -> None:
         super()._build(rngs)
@@ -197,8 +207,9 @@ class LogLinearGatedDeltaNetMixer(GatedDeltaNetMixer):
         options = dict(chunk_size=self.chunk_size, segment_ids=segments)
         if core is None:
             return K.log_linear_delta_rule(*args, method=self.method, **options), None
+        method = "chunk" if self.method == "quadratic" else self.method
         return K.log_linear_delta_rule(
-            *args, method="scan", initial_state=core, return_state=True, **options
+            *args, method=method, initial_state=core, return_state=True, **options
         )
 
     def _mix_step(self, x_BD, q_BHK, k_BHK, v_BHD, core, position):

@@ -53,7 +53,10 @@ def test_capacity_is_refused_clearly():
 
 
 def test_delta_mixing_flops_hand_count():
-    """scan: 2·H·(3·L + 1)·dk·dv; quadratic: 2·H·T·(3·dk + dv)."""
+    """chunk: 2·H·(3·C·dk + 2·C·dv + C²/3 + 2·dk·dv + 2·L·dk·dv + L·dk²·dv/C); scan:
+    2·H·(3·L + 1)·dk·dv; quadratic: 2·H·T·(3·dk + dv)."""
     mixer = get_mixer("log_linear_gated_deltanet")(D, H, num_levels=6, rngs=nnx.Rngs(0))
-    assert mixer.mixing_flops(32) == 2 * H * (3 * 6 + 1) * 64
+    chunk = 3 * 32 * 8 + 2 * 32 * 8 + 32 * 32 / 3 + 2 * 64 + 2 * 6 * 64 + 6 * 8 * 64 / 32
+    assert mixer.mixing_flops(32) == pytest.approx(2 * H * chunk)  # C = min(64, T) = 32
+    assert mixer.mixing_flops(32, method="scan") == 2 * H * (3 * 6 + 1) * 64
     assert mixer.mixing_flops(32, method="quadratic") == 2 * H * 32 * (3 * 8 + 8)

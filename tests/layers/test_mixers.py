@@ -78,9 +78,10 @@ CASES = {
     "log_linear_mamba2": dict(conv=True, chunk_size=5, num_levels=5),
     "log_linear_mamba2_quadratic": dict(method="quadratic", rope=True),
     "log_linear_mamba2_scan": dict(method="scan", out_gate=False, num_levels=6),
-    # log-linear Gated DeltaNet: the chunk-rematerialised scan (conv, norm and gate on by
-    # default); the quadratic reference with rope and negative eigenvalues
+    # log-linear Gated DeltaNet: the WY chunk form (conv, norm and gate on by default); the
+    # chunk-rematerialised scan; the quadratic reference with rope and negative eigenvalues
     "log_linear_gated_deltanet": dict(chunk_size=5, num_levels=5),
+    "log_linear_gated_deltanet_scan": dict(method="scan", chunk_size=4),
     "log_linear_gated_deltanet_quadratic": dict(
         method="quadratic", rope=True, allow_neg_eigval=True
     ),

@@ -12,14 +12,14 @@ same delta-rule transition, and the levels merge as in log-linear Mamba-2,
     o_t = λ_t^0 β_t (q_t·k_t) v_t + Σ_ℓ λ_t^ℓ S^ℓᵀ q_t
     then the token's β_t k_t v_tᵀ and levels 1..r merge into level r + 1 (`fenwick.merge`).
 
-Methods: "scan" (the recurrence, `lax.scan` over time in chunks of `chunk_size` tokens whose
-scan is rematerialised, `jax.checkpoint`: the backward pass keeps the L level states entering
-each chunk, not per token, and recomputes a chunk's tokens from them) and "quadratic" (the
-reference: A from `delta.delta_rule` run on one-hot values, masked by M^H; no states). The
-state is a `LogLinearState` as for `log_linear_attention`; positions restart at resets.
-Not here yet: a chunkwise-parallel form (the WY/UT transform of `delta/` per chunk, with each
-chunk's transition P applied to all L level states and the chunk's writes split by slot:
-the columns of K̂ᵀ(I + A)⁻¹ diag β), and sequence parallelism (refused, as for Mamba-2's).
+Methods: "chunk" (the WY form per chunk with the level states carried across chunks,
+`delta_chunked`; the training path), "scan" (the recurrence, `lax.scan` over time in chunks of
+`chunk_size` tokens whose scan is rematerialised, `jax.checkpoint`: the backward pass keeps the
+L level states entering each chunk and recomputes a chunk's tokens from them, holding one
+chunk's per-token states at a time) and "quadratic" (the reference: A from `delta.delta_rule`
+run on one-hot values, masked by M^H; no states). The state is a `LogLinearState` as for
+`log_linear_attention`; positions restart at resets. Sequence parallelism is refused, as for
+log-linear Mamba-2.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from linear_attention.kernels.checks import (
 )
 from linear_attention.kernels.delta.checks import check_beta
 from linear_attention.kernels.delta.delta import delta_rule
+from linear_attention.kernels.log_linear.delta_chunked import delta_chunked
 from linear_attention.kernels.log_linear.fenwick import (
     LogLinearState,
     capacity,
@@ -48,7 +49,7 @@ from linear_attention.kernels.log_linear.quadratic import hierarchical_mask
 from linear_attention.kernels.primitives.layout import pad_time
 from linear_attention.kernels.segments import fold_resets, segment_resets
 
-METHODS = ("scan", "quadratic")
+METHODS = ("chunk", "scan", "quadratic")
 
 
 def delta_step(state: LogLinearState, q_BHK, k_BHK, v_BHV, beta_BH, a_BH, lam_BHL, valid=True):
@@ -112,7 +113,7 @@ def log_linear_delta_rule(
     level_weights,
     *,
     segment_ids=None,
-    method: str = "scan",
+    method: str = "chunk",
     chunk_size: int = 64,
     initial_state: LogLinearState | None = None,
     return_state: bool = False,
@@ -125,9 +126,10 @@ def log_linear_delta_rule(
         in [0, 2]; log_decay: `[B, T, H]` or `[H]` (≤ 0, −inf a reset; None: DeltaNet);
         level_weights: λ `[B, T, H, L]`, T ≤ 2^(L−1).
       segment_ids: `[B, T]` integers or a `Segments`: a new sequence at each document start.
-      method: "scan" (chunk-rematerialised recurrence) or "quadratic" (the reference).
-      chunk_size: the tokens of one rematerialised chunk of "scan".
-      initial_state / return_state: a `LogLinearState` ("scan" only).
+      method: "chunk" (WY form, the training path), "scan" (chunk-rematerialised recurrence) or
+        "quadratic" (the reference).
+      chunk_size: the chunk of "chunk", the rematerialised span of "scan".
+      initial_state / return_state: a `LogLinearState` ("chunk" and "scan").
       axis_name: refused.
     Returns:
       `o [B, T, H, V]` in `result_type(q, k, v)`, and with `return_state` the final state.
@@ -142,7 +144,7 @@ def log_linear_delta_rule(
     if method == "quadratic" and (initial_state is not None or return_state):
         raise ValueError(
             "method 'quadratic' (the reference) has no states: initial_state and return_state "
-            "need method 'scan'"
+            "need method 'chunk' or 'scan'"
         )
     check_float(("q", "k", "v", "beta", "level_weights"), (q, k, v, beta, level_weights))
     sizes = check_layouts(
@@ -174,6 +176,8 @@ def log_linear_delta_rule(
         state = check_state(initial_state, B, H, L, K, V)
     p = positions(a, state.position)
     match method:
+        case "chunk":
+            o, state = delta_chunked(q32, k32, v32, b32, a, lam32, p, state, chunk_size)
         case "scan":
             o, state = delta_scan(q32, k32, v32, b32, a, lam32, state, chunk_size)
         case "quadratic":
