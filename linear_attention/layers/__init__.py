@@ -32,6 +32,7 @@ from linear_attention.layers.linear import (
 )
 from linear_attention.layers.lstm import LSTMMixer, LSTMState
 from linear_attention.layers.mlp import SwiGLU
+from linear_attention.layers.moe import MoE
 from linear_attention.layers.norm import LayerNorm, RMSNorm
 from linear_attention.layers.options import COMMON_OPTIONS, MixerConfig, Option
 from linear_attention.layers.output import OutputStage
@@ -73,6 +74,7 @@ __all__ = [
     "RMSNorm",
     "LayerNorm",
     "SwiGLU",
+    "MoE",
     "apply_rotary",
     "FIXED_FEATURE_MAPS",
     "FeatureProjection",

@@ -1,4 +1,5 @@
-"""Pre-norm residual block: `x + mixer(norm(x))`, then `x + mlp(norm(x))` when the MLP is on."""
+"""Pre-norm residual block: `x + mixer(norm(x))`, then `x + mlp(norm(x))` when the MLP is on (a
+SwiGLU, or a mixture of SwiGLU experts with `moe`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from flax import nnx
 
 from linear_attention.layers.base import MixerState
 from linear_attention.layers.mlp import SwiGLU
+from linear_attention.layers.moe import MoE
 from linear_attention.layers.norm import RMSNorm
 from linear_attention.layers.options import MixerConfig
 from linear_attention.layers.registry import DEFAULT_MIXER, get_mixer
@@ -16,7 +18,7 @@ from linear_attention.layers.registry import DEFAULT_MIXER, get_mixer
 class Block(nnx.Module):
     """One layer: a mixer (by registry name, with keyword `mixer_options` or its checked
     `mixer_config`) and an optional SwiGLU MLP (hidden width `mlp_dim`, None: from
-    `mlp_ratio`)."""
+    `mlp_ratio`), or with `moe` (keyword arguments of `MoE`) a mixture of experts."""
 
     def __init__(
         self,
@@ -29,6 +31,7 @@ class Block(nnx.Module):
         mlp: bool = True,
         mlp_ratio: float = 4.0,
         mlp_dim: int | None = None,
+        moe: dict | None = None,
         norm_eps: float = 1e-6,
         dtype=None,
         param_dtype=jnp.float32,
@@ -42,7 +45,11 @@ class Block(nnx.Module):
         )
         if mlp:
             self.mlp_norm = RMSNorm(d_model, eps=norm_eps, **common)
-            self.mlp = SwiGLU(d_model, mlp_ratio=mlp_ratio, hidden_dim=mlp_dim, **common)
+            self.mlp = (
+                SwiGLU(d_model, mlp_ratio=mlp_ratio, hidden_dim=mlp_dim, **common)
+                if moe is None
+                else MoE(d_model, **moe, **common)
+            )
         else:
             self.mlp_norm = self.mlp = None
 

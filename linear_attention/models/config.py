@@ -108,6 +108,11 @@ class ModelConfig:
       mlp, mlp_ratio: SwiGLU MLP in every block (Zoology's MQAR models use none).
       mlp_dim: the MLP's hidden width (None: int(mlp_ratio · d_model); when set, mlp_ratio is
         not used), e.g. a released checkpoint's intermediate_size.
+      num_experts, experts_per_token, moe_dim, shared_expert_dim, moe_norm_topk: with
+        num_experts > 0 every block's MLP is a mixture of that many SwiGLU experts of width
+        moe_dim (None: the MLP width), experts_per_token chosen per token by a softmax router
+        (renormalised to sum 1 unless moe_norm_topk=False), plus a shared expert of width
+        shared_expert_dim behind a sigmoid gate (None: none) — Qwen3-Next's (`layers.moe`).
       layer_options: per-layer-type settings, `{mixer: {option: value}}`: the layers of that
         mixer take `num_heads` and any of the mixer's options (common ones such as `head_dim`,
         `rope`, `out_gate`, or its own) from here instead of the model-wide fields. A hybrid
@@ -158,6 +163,11 @@ class ModelConfig:
     mlp: bool = True
     mlp_ratio: float = spec_field(4.0, **POSITIVE)
     mlp_dim: int | None = None
+    num_experts: int = spec_field(0, minimum=0)
+    experts_per_token: int | None = None
+    moe_dim: int | None = None
+    shared_expert_dim: int | None = None
+    moe_norm_topk: bool | None = None
     position: str = spec_field("none", choices=POSITIONS)
     rope_base: float = spec_field(10000.0, **POSITIVE)
     reset_positions: bool = True
@@ -208,6 +218,7 @@ class ModelConfig:
             get_mixer(name)
         if self.mlp_dim is not None and not self.mlp:
             raise ValueError(f"mlp_dim={self.mlp_dim} needs mlp=True")
+        self._check_experts()
         self._check_layer_options()
         if self.mlp and self.mlp_dim is None and int(self.mlp_ratio * self.d_model) < 1:
             raise ValueError(f"mlp_ratio={self.mlp_ratio} leaves no hidden units")
@@ -229,6 +240,35 @@ class ModelConfig:
             users = [c for c in configs.values() if field in c.own_options()]
             if users and getattr(self, field) is not None:
                 object.__setattr__(self, field, getattr(users[0], field))
+
+    def _check_experts(self) -> None:
+        moe = ("experts_per_token", "moe_dim", "shared_expert_dim", "moe_norm_topk")
+        if not self.num_experts:
+            for name in moe:
+                if getattr(self, name) is not None:
+                    raise ValueError(f"{name}={getattr(self, name)!r} needs num_experts > 0")
+            return
+        if not self.mlp:
+            raise ValueError(f"num_experts={self.num_experts} needs mlp=True")
+        if self.experts_per_token is None or self.experts_per_token > self.num_experts:
+            raise ValueError(
+                f"experts_per_token must be an int in [1, num_experts={self.num_experts}] with "
+                f"num_experts > 0, got {self.experts_per_token!r}"
+            )
+
+    @property
+    def moe_options(self) -> dict | None:
+        """`layers.moe.MoE` keyword arguments of every block's MLP, or None (a SwiGLU)."""
+        if not self.num_experts:
+            return None
+        width = self.mlp_dim or int(self.mlp_ratio * self.d_model)
+        return dict(
+            num_experts=self.num_experts,
+            top_k=self.experts_per_token,
+            hidden_dim=self.moe_dim or width,
+            shared_dim=self.shared_expert_dim or 0,
+            norm_topk=True if self.moe_norm_topk is None else self.moe_norm_topk,
+        )
 
     def _check_layer_options(self) -> None:
         """Each `layer_options` entry names a mixer some layer uses, and options it takes."""

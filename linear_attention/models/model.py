@@ -138,6 +138,7 @@ class LanguageModel(nnx.Module):
                     mlp=config.mlp,
                     mlp_ratio=config.mlp_ratio,
                     mlp_dim=config.mlp_dim,
+                    moe=config.moe_options,
                     norm_eps=config.norm_eps,
                     **common,
                 )
