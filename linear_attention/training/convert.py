@@ -119,14 +119,12 @@ def from_hf(path: str, workdir: str) -> dict:
     return written
 
 
-def to_hf(workdir: str, out: str, *, model_type: str = hf.qwen3_5.MODEL_TYPE) -> str:
-    """Write the latest checkpoint of the run in `workdir` as a transformers folder `out`."""
+def to_hf(workdir: str, out: str) -> str:
+    """Write the latest checkpoint of the run in `workdir` as a transformers folder `out` (the
+    architecture that holds its config exactly: `models.hf.export_type`)."""
     _fresh_folder("--to-hf OUT", out)
-    model, config = load_run(workdir)
-    problems = hf.export_problems(config.model, hf.ARCHITECTURES[model_type])
-    if problems:
-        raise UsageError(f"this model has no {model_type} equivalent: " + "; ".join(problems))
-    hf.save_pretrained(model, out, model_type=model_type)
+    model, _ = load_run(workdir)
+    hf.save_pretrained(model, out)
     for name in TOKENIZER_FILES:
         if os.path.isfile(os.path.join(workdir, name)):
             shutil.copyfile(os.path.join(workdir, name), os.path.join(out, name))

@@ -21,10 +21,13 @@ import numpy as np
 from flax import nnx
 
 from linear_attention.models.config import ModelConfig
-from linear_attention.models.hf import qwen3_5
+from linear_attention.models.hf import qwen3_5, qwen3_next
 from linear_attention.models.model import LanguageModel
 
-ARCHITECTURES: dict[str, ModuleType] = {qwen3_5.MODEL_TYPE: qwen3_5}
+ARCHITECTURES: dict[str, ModuleType] = {
+    qwen3_5.MODEL_TYPE: qwen3_5,
+    qwen3_next.MODEL_TYPE: qwen3_next,
+}
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
@@ -178,6 +181,10 @@ def export_problems(config: ModelConfig, mapping: ModuleType) -> list[str]:
     for field, wanted in (("position", "none"), ("tie_embeddings", rebuilt.tie_embeddings)):
         if getattr(config, field) != wanted:
             problems.append(f"{field}={getattr(config, field)!r} (only {wanted!r})")
+    if config.moe_options != rebuilt.moe_options:
+        problems.append(
+            f"the experts {config.moe_options} ({mapping.MODEL_TYPE} gives {rebuilt.moe_options})"
+        )
     if config.layer_mixers != rebuilt.layer_mixers:
         return problems
     for name in dict.fromkeys(config.layer_mixers):
@@ -192,20 +199,30 @@ def export_problems(config: ModelConfig, mapping: ModuleType) -> list[str]:
     return problems
 
 
-def save_pretrained(model: LanguageModel, out: str, *, model_type: str = qwen3_5.MODEL_TYPE) -> str:
-    """Write `model` as a transformers checkpoint of `model_type` into the folder `out`
-    (`config.json`, `model.safetensors`, float32); ValueError with the reasons when the
-    model's config has no exact equivalent there. Returns `out`."""
-    from safetensors.numpy import save_file
-
-    if model_type not in ARCHITECTURES:
+def export_type(config: ModelConfig, model_type: str | None = None) -> str:
+    """The architecture `config` exports as: `model_type`, or (None) the first of
+    `ARCHITECTURES` that holds it exactly (a dense hybrid: qwen3_5_text; with experts:
+    qwen3_next); ValueError with every architecture's reasons when none does."""
+    if model_type is not None and model_type not in ARCHITECTURES:
         raise ValueError(
             f"unknown model_type {model_type!r}; supported: {', '.join(ARCHITECTURES)}"
         )
-    mapping = ARCHITECTURES[model_type]
-    problems = export_problems(model.config, mapping)
-    if problems:
-        raise ValueError(f"this model has no {model_type} equivalent: " + "; ".join(problems))
+    reasons = []
+    for name in [model_type] if model_type else ARCHITECTURES:
+        problems = export_problems(config, ARCHITECTURES[name])
+        if not problems:
+            return name
+        reasons.append(f"{name}: " + "; ".join(problems))
+    raise ValueError("this model has no transformers equivalent (" + " | ".join(reasons) + ")")
+
+
+def save_pretrained(model: LanguageModel, out: str, *, model_type: str | None = None) -> str:
+    """Write `model` as a transformers checkpoint into the folder `out` (`config.json`,
+    `model.safetensors`, float32), of `model_type` (None: `export_type`'s choice); ValueError
+    with the reasons when the model's config has no exact equivalent. Returns `out`."""
+    from safetensors.numpy import save_file
+
+    mapping = ARCHITECTURES[export_type(model.config, model_type)]
     hf = mapping.hf_config(model.config)
     params = jax.tree.map(
         lambda x: np.asarray(x, np.float32), nnx.to_pure_dict(nnx.state(model, nnx.Param))
@@ -219,4 +236,11 @@ def save_pretrained(model: LanguageModel, out: str, *, model_type: str = qwen3_5
     return out
 
 
-__all__ = ["ARCHITECTURES", "from_pretrained", "read_config", "save_pretrained"]
+__all__ = [
+    "ARCHITECTURES",
+    "export_problems",
+    "export_type",
+    "from_pretrained",
+    "read_config",
+    "save_pretrained",
+]

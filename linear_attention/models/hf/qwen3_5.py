@@ -213,9 +213,35 @@ def hf_config(config) -> dict:
     )
 
 
-def tensor_shapes(hf: dict) -> dict[str, tuple[int, ...]]:
-    """Every tensor a `Qwen3_5ForCausalLM` of config `hf` holds, with its shape."""
-    d, inter, v = hf["hidden_size"], hf["intermediate_size"], hf["vocab_size"]
+def dense_mlp_shapes(hf: dict, prefix: str) -> dict[str, tuple[int, ...]]:
+    """The SwiGLU MLP's tensors under `prefix` (`model.layers.{i}.mlp.`)."""
+    d, inter = hf["hidden_size"], hf["intermediate_size"]
+    return {
+        prefix + "gate_proj.weight": (inter, d),
+        prefix + "up_proj.weight": (inter, d),
+        prefix + "down_proj.weight": (d, inter),
+    }
+
+
+def dense_mlp_params(get, prefix: str) -> dict:
+    return {
+        "w_gate": {"kernel": get(prefix + "gate_proj.weight").T},
+        "w_up": {"kernel": get(prefix + "up_proj.weight").T},
+        "w_down": {"kernel": get(prefix + "down_proj.weight").T},
+    }
+
+
+def dense_mlp_tensors(mlp: dict, prefix: str) -> dict[str, np.ndarray]:
+    return {
+        prefix + f"{theirs}.weight": mlp[ours]["kernel"].T
+        for ours, theirs in (("w_gate", "gate_proj"), ("w_up", "up_proj"), ("w_down", "down_proj"))
+    }
+
+
+def tensor_shapes(hf: dict, mlp_shapes=dense_mlp_shapes) -> dict[str, tuple[int, ...]]:
+    """Every tensor a `Qwen3_5ForCausalLM` of config `hf` holds, with its shape (each layer's
+    MLP from `mlp_shapes(hf, prefix)`)."""
+    d, v = hf["hidden_size"], hf["vocab_size"]
     hk, hv = hf["linear_num_key_heads"], hf["linear_num_value_heads"]
     dk, dv, k = hf["linear_key_head_dim"], hf["linear_value_head_dim"], hf["linear_conv_kernel_dim"]
     h, hkv, hd = hf["num_attention_heads"], hf["num_key_value_heads"], hf["head_dim"]
@@ -225,14 +251,9 @@ def tensor_shapes(hf: dict) -> dict[str, tuple[int, ...]]:
     for i, kind in enumerate(hf["layer_types"]):
         p = f"model.layers.{i}."
         shapes.update(
-            {
-                p + "input_layernorm.weight": (d,),
-                p + "post_attention_layernorm.weight": (d,),
-                p + "mlp.gate_proj.weight": (inter, d),
-                p + "mlp.up_proj.weight": (inter, d),
-                p + "mlp.down_proj.weight": (d, inter),
-            }
+            {p + "input_layernorm.weight": (d,), p + "post_attention_layernorm.weight": (d,)}
         )
+        shapes.update(mlp_shapes(hf, p + "mlp."))
         if kind == "linear_attention":
             c = 2 * hk * dk + hv * dv
             a = p + "linear_attn."
@@ -264,9 +285,10 @@ def tensor_shapes(hf: dict) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def to_params(hf: dict, get) -> dict:
+def to_params(hf: dict, get, mlp_params=dense_mlp_params) -> dict:
     """This library's parameters (a nested dict as `nnx.to_pure_dict` gives, float32 arrays)
-    from the tensors `get(name) -> np.ndarray float32` of a checkpoint of config `hf`."""
+    from the tensors `get(name) -> np.ndarray float32` of a checkpoint of config `hf` (each
+    layer's MLP by `mlp_params(get, prefix)`)."""
 
     def linear(name):
         return {"kernel": get(name).T}
@@ -280,11 +302,7 @@ def to_params(hf: dict, get) -> dict:
         block = {
             "mixer_norm": norm(p + "input_layernorm.weight"),
             "mlp_norm": norm(p + "post_attention_layernorm.weight"),
-            "mlp": {
-                "w_gate": linear(p + "mlp.gate_proj.weight"),
-                "w_up": linear(p + "mlp.up_proj.weight"),
-                "w_down": linear(p + "mlp.down_proj.weight"),
-            },
+            "mlp": mlp_params(get, p + "mlp."),
         }
         if kind == "linear_attention":
             a = p + "linear_attn."
@@ -333,9 +351,9 @@ def to_params(hf: dict, get) -> dict:
     return params
 
 
-def from_params(hf: dict, params: dict) -> dict[str, np.ndarray]:
+def from_params(hf: dict, params: dict, mlp_tensors=dense_mlp_tensors) -> dict[str, np.ndarray]:
     """The checkpoint tensors (float32) of `params` (as `to_params` makes them), the inverse of
-    `to_params`."""
+    `to_params` (each layer's MLP by `mlp_tensors(mlp, prefix)`)."""
     out = {}
 
     def linear(name, p):
@@ -352,8 +370,7 @@ def from_params(hf: dict, params: dict) -> dict[str, np.ndarray]:
         p, block = f"model.layers.{i}.", params["blocks"][i]
         norm(p + "input_layernorm.weight", block["mixer_norm"])
         norm(p + "post_attention_layernorm.weight", block["mlp_norm"])
-        for ours, theirs in (("w_gate", "gate_proj"), ("w_up", "up_proj"), ("w_down", "down_proj")):
-            linear(p + f"mlp.{theirs}.weight", block["mlp"][ours])
+        out.update(mlp_tensors(block["mlp"], p + "mlp."))
         mixer = block["mixer"]
         if kind == "linear_attention":
             a = p + "linear_attn."
