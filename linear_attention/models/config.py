@@ -58,29 +58,44 @@ def _scalar(name: str, value):
     return value
 
 
-def _layer_options(name: str, value) -> tuple:
-    """`layer_options` in its stored, hashable form: ``((mixer, ((option, value), ...)), ...)``,
-    sorted; given as a mapping ``{mixer: {option: value}}`` or as pairs (its JSON form)."""
-    if isinstance(value, Mapping):
-        value = list(value.items())
-    if not isinstance(value, list | tuple):
+class FrozenMapping(dict):
+    """A dict that cannot change and hashes (a `ModelConfig` field must hash: configs key the
+    caches of state shapes), written to JSON as an object, so that a run's config.json holds
+    `layer_options` as `{mixer: {option: value}}` and `--config.model.layer_options.<mixer>.
+    <option>=...` overrides it."""
+
+    def __hash__(self):
+        return hash(tuple(sorted(self.items())))
+
+    def _frozen(self, *args, **kwargs):
+        raise TypeError("a FrozenMapping cannot change (make a new ModelConfig)")
+
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = _frozen
+    __ior__ = _frozen
+
+
+def _layer_options(name: str, value) -> FrozenMapping:
+    """`layer_options` as a `FrozenMapping` `{mixer: FrozenMapping({option: value})}`, sorted;
+    given as a mapping or as `(mixer, options)` pairs."""
+    if isinstance(value, list | tuple) and all(
+        isinstance(e, list | tuple) and len(e) == 2 and isinstance(e[0], str) for e in value
+    ):
+        value = dict(value)
+    if not isinstance(value, Mapping):
         fail(name, "a mapping {mixer: {option: value}}", value, show_type=True)
     table = {}
-    for entry in value:
-        if not (isinstance(entry, list | tuple) and len(entry) == 2 and isinstance(entry[0], str)):
-            fail(name, "a mapping {mixer: {option: value}}", value)
-        mixer, options = entry
-        if isinstance(options, Mapping):
-            options = list(options.items())
-        if not isinstance(options, list | tuple) or not all(
-            isinstance(o, list | tuple) and len(o) == 2 and isinstance(o[0], str) for o in options
+    for mixer, options in value.items():
+        if isinstance(options, list | tuple) and all(
+            isinstance(o, list | tuple) and len(o) == 2 for o in options
         ):
+            options = dict(options)
+        if not isinstance(mixer, str) or not isinstance(options, Mapping):
             fail(f"{name}[{mixer!r}]", "a mapping {option: value}", options)
-        if mixer in table:
-            raise ValueError(f"{name} names mixer {mixer!r} twice")
         where = f"{name}[{mixer!r}]"
-        table[mixer] = tuple(sorted((o, _scalar(f"{where}[{o!r}]", v)) for o, v in options))
-    return tuple(sorted(table.items()))
+        table[mixer] = FrozenMapping(
+            sorted((o, _scalar(f"{where}[{o!r}]", v)) for o, v in options.items())
+        )
+    return FrozenMapping(sorted(table.items()))
 
 
 def _mixer_names(name: str, value):
@@ -178,7 +193,7 @@ class ModelConfig:
     param_dtype: str = spec_field("float32", convert=_dtype_name)
     tie_embeddings: bool = True
     remat: str = spec_field("none", choices=REMAT)
-    layer_options: tuple = spec_field((), convert=_layer_options)
+    layer_options: FrozenMapping = spec_field(FrozenMapping(), convert=_layer_options)
     # The mixers' own options (None: each mixer's default), checked by the mixers' configs.
     feature_map: str | None = None
     feature_scale: float | None = None
@@ -232,7 +247,7 @@ class ModelConfig:
                     self.d_model, self.layer_num_heads(name), **self.mixer_options(name)
                 )
             except ValueError as e:
-                if name not in dict(self.layer_options):
+                if name not in self.layer_options:
                     raise
                 raise ValueError(f"{e} (with layer_options[{name!r}])") from None
         object.__setattr__(self, "_mixer_configs", configs)
@@ -273,14 +288,14 @@ class ModelConfig:
     def _check_layer_options(self) -> None:
         """Each `layer_options` entry names a mixer some layer uses, and options it takes."""
         used = dict.fromkeys(self.layer_mixers)
-        for name, options in self.layer_options:
+        for name, options in self.layer_options.items():
             if name not in used:
                 raise ValueError(
                     f"layer_options names mixer {name!r}, which no layer uses "
                     f"(mixers: {', '.join(used)})"
                 )
             allowed = ("num_heads", *(f.name for f in dataclasses.fields(MIXERS[name].Config)))
-            for option, value in options:
+            for option, value in options.items():
                 if option not in allowed:
                     raise ValueError(
                         f"layer_options[{name!r}] sets {option}={value!r}, which mixer {name!r} "
@@ -291,7 +306,7 @@ class ModelConfig:
 
     def layer_num_heads(self, name: str) -> int:
         """The heads of the layers of mixer `name` (`layer_options`, else `num_heads`)."""
-        return dict(dict(self.layer_options).get(name, ())).get("num_heads", self.num_heads)
+        return self.layer_options.get(name, {}).get("num_heads", self.num_heads)
 
     def _check_mixer_fields(self, mixers) -> None:
         """Each mixer option and common option set must be used by some layer."""
@@ -348,7 +363,7 @@ class ModelConfig:
                 options[field] = getattr(self, field)
         for option in MIXERS[name].NOT_TAKEN:
             options.pop(option, None)
-        overrides = dict(dict(self.layer_options).get(name, ()))
+        overrides = dict(self.layer_options.get(name, {}))
         overrides.pop("num_heads", None)
         options.update(overrides)
         return options

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib.util
+import json
 import os
 import re
 import sys
@@ -37,11 +38,18 @@ def split_spec(spec: str) -> tuple[str, str | None]:
 
 def load_config_file(spec: str) -> ml_collections.ConfigDict:
     """``get_config(preset)`` of the config file ``path[:preset]`` (loaded with
-    ``importlib.util.spec_from_file_location``); a missing file or a failing ``get_config``
-    raises `UsageError`."""
+    ``importlib.util.spec_from_file_location``), or a run's ``config.json`` as it is (to train
+    from a converted checkpoint: ``--config W/config.json --config.train.init_from=W``); a
+    missing file or a failing ``get_config`` raises `UsageError`."""
     path, preset = split_spec(spec)
     if not os.path.isfile(path):
         raise UsageError(f"--config: no config file {path!r}")
+    if path.endswith(".json") and preset is None:  # a run's config.json (e.g. la-convert's)
+        try:
+            with open(path) as f:
+                return config_from_json(json.load(f))
+        except (OSError, ValueError) as e:
+            raise UsageError(f"--config {path}: not a run's config.json ({e})") from None
     module = load_module(path)
     if not hasattr(module, "get_config"):
         raise UsageError(f"--config: {path} has no get_config(arg) function")

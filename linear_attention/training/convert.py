@@ -121,13 +121,18 @@ def from_hf(path: str, workdir: str) -> dict:
 
 def to_hf(workdir: str, out: str) -> str:
     """Write the latest checkpoint of the run in `workdir` as a transformers folder `out` (the
-    architecture that holds its config exactly: `models.hf.export_type`)."""
+    architecture that holds its config exactly: `models.hf.export_type`), with the tokenizer
+    files of the workdir, or else of the folder of the run's `config.data.tokenizer` file
+    (a fine-tuning run reads the converted run's)."""
     _fresh_folder("--to-hf OUT", out)
-    model, _ = load_run(workdir)
+    model, config = load_run(workdir)
     hf.save_pretrained(model, out)
+    tokenizer = getattr(config.data, "tokenizer", "bytes")
+    folders = [workdir] + ([os.path.dirname(tokenizer)] if os.path.isfile(tokenizer) else [])
     for name in TOKENIZER_FILES:
-        if os.path.isfile(os.path.join(workdir, name)):
-            shutil.copyfile(os.path.join(workdir, name), os.path.join(out, name))
+        found = [f for f in folders if os.path.isfile(os.path.join(f, name))]
+        if found:
+            shutil.copyfile(os.path.join(found[0], name), os.path.join(out, name))
     return out
 
 

@@ -22,6 +22,8 @@ from safetensors.numpy import save_file
 
 from linear_attention.models import LanguageModel, ModelConfig, hf, step_fn
 from linear_attention.training import convert
+from linear_attention.training.cli_args import load_config_file
+from linear_attention.training.config import experiment_config
 from linear_attention.training.load import load_run
 from linear_attention.training.trainer import initialize_from, train
 from linear_attention.training.workdir import RunError
@@ -241,6 +243,17 @@ def test_init_from_takes_the_converted_parameters(converted):
         initialize_from(LanguageModel(narrower, rngs=nnx.Rngs(0)), converted)
 
 
+def test_a_converted_config_json_trains_from_its_checkpoint(converted):
+    """`la-train --config W/config.json --config.train.init_from=W` reads the run's config as
+    a config file; init_from must name a run."""
+    config = load_config_file(os.path.join(converted, "config.json"))
+    config.train.init_from = converted
+    assert experiment_config(config).model == load_run(converted)[1].model
+    config.train.init_from = os.path.dirname(converted)
+    with pytest.raises(ValueError, match="train.init_from.* is not a run workdir"):
+        experiment_config(config)
+
+
 @pytest.mark.slow
 def test_fine_tune_a_converted_run(converted, tmp_path):
     """`la-train` with `config.train.init_from`: two steps of fine-tuning from the converted
@@ -252,6 +265,12 @@ def test_fine_tune_a_converted_run(converted, tmp_path):
     summary = train(values, str(tmp_path / "tuned"))
     assert np.isfinite(summary["eval/loss"])
     assert convert.main(["--to-hf", str(tmp_path / "tuned"), str(tmp_path / "out")]) == 0
+    assert sorted(os.listdir(tmp_path / "out")) == [
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+    ]
 
 
 @pytest.mark.parametrize(

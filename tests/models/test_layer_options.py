@@ -54,12 +54,22 @@ def test_layer_options_round_trip_through_json():
     config = ModelConfig(**HYBRID)
     again = ModelConfig(**json.loads(json.dumps(dataclasses.asdict(config))))
     assert again == config and hash(again) == hash(config)
-    assert dict(config.layer_options)["softmax"] == (
-        ("head_dim", 4),
-        ("num_heads", 4),
-        ("num_kv_heads", 1),
-        ("rope", True),
-    )
+    assert config.layer_options["softmax"] == {
+        "head_dim": 4,
+        "num_heads": 4,
+        "num_kv_heads": 1,
+        "rope": True,
+    }
+    # config.json holds it as an object, which a run's ConfigDict reads back (and overrides)
+    from linear_attention.training.cli_args import config_from_json
+
+    written = json.loads(json.dumps(dataclasses.asdict(config)))
+    assert written["layer_options"]["softmax"]["num_heads"] == 4
+    section = config_from_json({"model": written})["model"].to_dict()
+    assert section["layer_options"] == written["layer_options"]
+    assert ModelConfig(**{**section, "mixer": config.mixer}) == config  # (mixer: "a,b" there)
+    with pytest.raises(TypeError, match="cannot change"):
+        config.layer_options["softmax"] = {}
 
 
 @pytest.mark.parametrize(
@@ -82,6 +92,6 @@ def test_bad_layer_options_are_refused_by_name(change, message):
 def test_defaults_unchanged_without_layer_options():
     config = ModelConfig(vocab_size=40, d_model=32, num_layers=1, num_heads=2, mixer="softmax")
     model = LanguageModel(config, rngs=nnx.Rngs(0))
-    assert config.layer_options == () and config.mlp_dim is None
+    assert config.layer_options == {} and config.mlp_dim is None
     assert model.blocks[0].mlp.w_up.kernel.shape == (32, 128)
     assert model.blocks[0].mixer.inputs.q_norm is None
