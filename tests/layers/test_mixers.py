@@ -205,7 +205,11 @@ def test_softmax_cache_overflow_gives_nan_not_wrong_numbers():
         mixer.prefill(x[:, :5], mixer.init_state(B, 4))
 
 
-@pytest.mark.parametrize("name", ["gated", "softmax", "gated_deltanet", "swa", "log_linear_mamba2"])
+BFLOAT16 = ("gated", "softmax", "gated_deltanet", "swa")
+BFLOAT16 += ("log_linear_mamba2", "log_linear_gated_deltanet")
+
+
+@pytest.mark.parametrize("name", BFLOAT16)
 def test_bfloat16_compute(name):
     mixer32 = make(name)
     mixer16 = make(name, dtype=jnp.bfloat16)
