@@ -20,8 +20,9 @@ The whole-sequence paths call the kernel (`method`, `chunk_size`); `step` calls
 `[B, H, L, Dk, Dv]` float32 (L matrices per head, O(log T)) and their position; a prefill from a
 state reads it and returns the next one in parallel. A sequence must stay below position
 2^(L−1): the kernel refuses a longer row, `init_state` a longer `max_length`. Packed rows start
-a new sequence (empty levels, positions from 0) at each document start. No time split: the
-kernel has no sequence-parallel form.
+a new sequence (empty levels, positions from 0) at each document start. `log_linear_mamba2`
+splits time (`mesh.seq > 1`: the kernel's position prefix and level-state combine); the delta
+variant does not.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from linear_attention.layers.options import (
     NUM_LEVELS,
     GatedOutputConfig,
 )
+from linear_attention.layers.sequence import sequence_axis
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +81,7 @@ class LogLinearMamba2Mixer(Mixer):
     """Log-linear Mamba-2: the `gated` mixer's parts with Fenwick level states (see the module)."""
 
     NAME = "log_linear_mamba2"
+    SEQUENCE_PARALLEL = True
     OPTIONS = LogLinearConfig
 
     def mixing_flops(self, seq_len: int, *, method=None, chunk_size=None) -> float:
@@ -130,7 +133,7 @@ class LogLinearMamba2Mixer(Mixer):
         args = (q_BTHK, self._scale_keys(k_BTHK), v_BTHD, self.decay(x_BTD), self.levels(x_BTD))
         options = dict(method=self.method, chunk_size=self.chunk_size, segment_ids=segments)
         if core is None:
-            return K.log_linear_attention(*args, **options), None
+            return K.log_linear_attention(*args, axis_name=sequence_axis(), **options), None
         return K.log_linear_attention(*args, initial_state=core, return_state=True, **options)
 
     def _mix_step(self, x_BD, q_BHK, k_BHK, v_BHD, core, position):

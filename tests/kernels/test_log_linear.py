@@ -4,6 +4,9 @@ bit arithmetic), with resets, packed rows, T not a multiple of the chunk and T c
 levels."""
 
 import functools
+import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -12,6 +15,7 @@ import pytest
 
 from linear_attention import kernels as K
 from tests.kernels.reference import log_linear_attention_loop, rel_err
+from tests.scripts import DEADLINE_S, ROOT
 
 B, H, D, DV, L = 2, 2, 4, 3, 7  # L = 7 covers positions below 64
 T = 37  # crosses levels 1..6; not a multiple of the chunks below
@@ -191,8 +195,6 @@ def test_bad_inputs_raise():
     q, k, v, a, lam = inputs(seed=1, t=9)
     with pytest.raises(ValueError, match="unknown method 'blockwise'"):
         K.log_linear_attention(q, k, v, a, lam, method="blockwise")
-    with pytest.raises(ValueError, match="no sequence-parallel form"):
-        K.log_linear_attention(q, k, v, a, lam, axis_name="seq")
     with pytest.raises(ValueError, match=r"L=4 levels, which cover positions below 2\^\(L-1\) = 8"):
         K.log_linear_attention(q, k, v, a, lam[..., :4])
     with pytest.raises(ValueError, match=r"level_weights must have rank 4 \[B, T, H, L\]"):
@@ -204,3 +206,53 @@ def test_bad_inputs_raise():
         K.log_linear_attention(q, k, v, a, lam, initial_state=bad)
     with pytest.raises(ValueError, match="log_decay must be <= 0"):
         K.log_linear_attention(q, k, v, -a, lam)
+
+
+def main():
+    """The time split (run in a subprocess with 8 CPU devices): 4 spans of 8 tokens, documents
+    starting at a span edge and inside spans, a reset on one head, an initial state at
+    positions that are not multiples of a span."""
+    from tests.kernels.test_sequence_parallel import check
+
+    assert jax.device_count() == 8, jax.devices()
+    q, k, v, a, lam = inputs(seed=11, t=32)
+    a = a.at[1, 20, 0].set(-jnp.inf)
+    seg = jnp.asarray([[0] * 8 + [1] * 11 + [2] * 13, [4] * 32], jnp.int32)
+    position = jnp.asarray([[5, 0], [3, 12]], jnp.int32)
+    bits = (np.asarray(position)[..., None] >> np.arange(L)) & 1
+    s0 = jax.random.normal(jax.random.key(5), (B, H, L, D, DV)) * bits[..., None, None]
+    xs = {"q": q, "k": k, "v": v, "a": a, "lam": lam, "s0": s0}
+
+    def attend(xs, seg, *, axis_name, method):
+        return K.log_linear_attention(
+            xs["q"], xs["k"], xs["v"], xs["a"], xs["lam"], segment_ids=seg, method=method,
+            chunk_size=4, initial_state=K.LogLinearState(xs["s0"], position), return_state=True,
+            axis_name=axis_name,
+        )  # fmt: skip
+
+    out = check("chunk/segments/state/n=4", functools.partial(attend, method="chunk"), xs, seg, 4)
+    check("scan/n=2", functools.partial(attend, method="scan"), xs, None, 2)
+    starts = np.pad(np.diff(np.asarray(seg), axis=1) != 0, ((0, 0), (1, 0)))
+    a_ref = np.where(starts[..., None], -np.inf, np.asarray(a))
+    o_ref, s_ref, p_ref = log_linear_attention_loop(q, k, v, a_ref, lam, s0=s0, position=position)
+    assert rel_err(out[0], o_ref) < 1e-4 and rel_err(out[1].levels, s_ref) < 1e-4
+    np.testing.assert_array_equal(out[1].position, p_ref)
+    print("CHECKED loop/chunk/segments/state/n=4", flush=True)
+
+
+def test_split_over_devices_equals_unsplit():
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+    env["JAX_PLATFORMS"] = "cpu"
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    proc = subprocess.run(
+        [sys.executable, "-c", "from tests.kernels.test_log_linear import main; main()"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE_S,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    checked = [line.split(" ", 1)[1] for line in proc.stdout.splitlines() if line[:8] == "CHECKED "]
+    assert checked == ["chunk/segments/state/n=4", "scan/n=2", "loop/chunk/segments/state/n=4"]

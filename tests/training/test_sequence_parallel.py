@@ -24,6 +24,7 @@ from tests.training.conftest import ROOT, tiny_mqar
 MIXERS = (
     "softmax", "linear", "favor", "taylor", "hedgehog", "retnet", "gated", "deltanet",
     "gated_deltanet", "gla", "swa", "kda", "gated_deltaproduct", "rwkv7", "mesanet",
+    "log_linear_mamba2",
 )  # fmt: skip
 # (softmax, swa and gated_deltanet alone moved under `-m slow`: the packed hybrid runs their
 # sequence paths; without them the file's default checks took 81 s instead of 110 s)

@@ -39,13 +39,15 @@ which levels the next tokens read and merge), so the position travels in it. Eve
 an initial state in parallel (a key of the state's level ℓ sits at level
 max(ℓ, bit_length(p ⊕ P)) of a query at p) and returns the final one.
 
-Sequence parallelism is refused: a span's positions depend on the tokens before it (the last
-reset), and its summary is a position-dependent map between levels, not the library's affine
-`S_out = A S_in + U` on one [K, V] state (`primitives.combine`).
+Sequence parallelism (`axis_name`): a span's positions continue from those before it and its
+outputs read the levels entering it; both are a prefix over the spans (an integer one for the
+positions, then an affine S_out = M S_in + U with M an [L, L] level map), see
+`sequence_parallel`.
 """
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 from linear_attention.kernels.checks import (
@@ -59,6 +61,7 @@ from linear_attention.kernels.log_linear.chunked import log_linear_chunked
 from linear_attention.kernels.log_linear.fenwick import LogLinearState, capacity, positions
 from linear_attention.kernels.log_linear.quadratic import log_linear_quadratic
 from linear_attention.kernels.log_linear.recurrent import log_linear_scan, step
+from linear_attention.kernels.log_linear.sequence_parallel import split_over
 from linear_attention.kernels.segments import fold_resets, segment_resets
 
 METHODS = ("chunk", "quadratic", "scan")
@@ -113,19 +116,14 @@ def log_linear_attention(
       initial_state: a `LogLinearState` (None: empty, position 0); outputs at positions past
         2^(L−1) are NaN, and so is a final state past it.
       return_state: also return the `LogLinearState` after the last token.
-      axis_name: refused (see the module docstring).
+      axis_name: inside `jax.shard_map` with time split over this mesh axis, the result
+        (outputs, gradients, the global final state on every shard) equals the unsplit call's
+        (`sequence_parallel`).
     Returns:
       `o [B, T, H, V]` in `result_type(q, k, v)`, and with `return_state` the final state.
     """
     check_choice("method", method, METHODS)
     chunk_size = check_positive_int("chunk_size", chunk_size)
-    if axis_name is not None:
-        raise ValueError(
-            "log_linear_attention has no sequence-parallel form (axis_name): a span's Fenwick "
-            "positions depend on the tokens before it and its summary is a map between levels, "
-            "not the affine S_out = A S_in + U on one state; run it with time unsplit "
-            "(mesh.seq = 1)"
-        )
     check_float(("q", "k", "v", "level_weights"), (q, k, v, level_weights))
     sizes = check_layouts(
         q=(q, "[B, T, H, K]"),
@@ -134,13 +132,14 @@ def log_linear_attention(
         level_weights=(level_weights, "[B, T, H, L]"),
     )
     B, T, H, K, V, L = (sizes[x] for x in "BTHKVL")
-    if T > capacity(L):
+    spans = 1 if axis_name is None else jax.lax.axis_size(axis_name)
+    if T * spans > capacity(L):
         raise ValueError(
             f"level_weights has L={L} levels, which cover positions below 2^(L-1) = "
-            f"{capacity(L)}; T={T} needs at least {(T - 1).bit_length() + 1} levels"
+            f"{capacity(L)}; T={T * spans} needs at least {(T * spans - 1).bit_length() + 1} levels"
         )
     a_BTH = check_log_decay(log_decay, (B, T, H), "[B, T, H]")
-    a_BTH = fold_resets(segment_resets(segment_ids, B, T), a_BTH, H)
+    a_BTH = fold_resets(segment_resets(segment_ids, B, T, axis_name), a_BTH, H)
     if a_BTH is None:
         a_BTH = jnp.zeros((B, T, H), jnp.float32)
     dtype = jnp.result_type(q, k, v)
@@ -148,20 +147,28 @@ def log_linear_attention(
     if initial_state is None:
         # from position 0 the levels above bit_length(T − 1) stay empty: carry only the others
         # (their weights get no gradient either way) and pad the final state back to L
-        lam32 = lam32[..., : min(L, (T - 1).bit_length() + 1)]
+        lam32 = lam32[..., : min(L, (T * spans - 1).bit_length() + 1)]
         state = LogLinearState.zeros(B, H, lam32.shape[-1], K, V)
     else:
         state = check_state(initial_state, B, H, L, K, V)
-    p_BTH = positions(a_BTH, state.position)
-    match method:
-        case "chunk":
-            o, state = log_linear_chunked(q32, k32, v32, a_BTH, lam32, p_BTH, state, chunk_size)
-        case "quadratic":
-            o, state = log_linear_quadratic(q32, k32, v32, a_BTH, lam32, p_BTH, state)
-        case "scan":
-            o, state = log_linear_scan(q32, k32, v32, a_BTH, lam32, state)
-        case _:
-            raise ValueError(f"unknown method {method!r}; allowed: {', '.join(METHODS)}")
+
+    def core(state):
+        p_BTH = positions(a_BTH, state.position)
+        match method:
+            case "chunk":
+                args = (q32, k32, v32, a_BTH, lam32, p_BTH, state)
+                return (*log_linear_chunked(*args, chunk_size), p_BTH)
+            case "quadratic":
+                return (*log_linear_quadratic(q32, k32, v32, a_BTH, lam32, p_BTH, state), p_BTH)
+            case "scan":
+                return (*log_linear_scan(q32, k32, v32, a_BTH, lam32, state), p_BTH)
+            case _:
+                raise ValueError(f"unknown method {method!r}; allowed: {', '.join(METHODS)}")
+
+    if axis_name is None:
+        o, state, p_BTH = core(state)
+    else:
+        o, state, p_BTH = split_over(core, q32, lam32, a_BTH, state, axis_name)
     o = jnp.where((p_BTH >= capacity(L))[..., None], jnp.nan, o).astype(dtype)
     if not return_state:
         return o
