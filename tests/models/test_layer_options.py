@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from linear_attention.models import LanguageModel, ModelConfig
+from linear_attention.models import LanguageModel, ModelConfig, step_fn
 
 HYBRID = dict(
     vocab_size=40,
@@ -40,12 +40,12 @@ def test_each_layer_type_takes_its_own_heads_dims_and_rotary():
     assert attention.inputs.rope and attention.output.out_proj.kernel.shape == (16, 32)
     assert model.blocks[0].mlp.w_up.kernel.shape == (32, 24)
     tokens = jax.random.randint(jax.random.key(1), (2, 7), 0, 40)
-    full = model(tokens)
+    full = nnx.jit(lambda m, t: m(t))(model, tokens)
     state = model.init_state(2, 8)
-    logits, state = model.prefill(tokens[:, :3], state)
-    steps = [logits]
+    logits, state = nnx.jit(lambda m, t, s: m.prefill(t, s))(model, tokens[:, :3], state)
+    steps, step_once = [logits], step_fn(model)
     for t in range(3, 7):
-        step, state = model.step(tokens[:, t], state)
+        step, state = step_once(tokens[:, t], state)
         steps.append(step[:, None])
     np.testing.assert_allclose(jnp.concatenate(steps, 1), full, rtol=1e-5, atol=1e-5)
 
