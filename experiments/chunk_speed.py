@@ -75,9 +75,19 @@ TARGETS = {
 
 def load_kernels(rev: str, into: Path):
     """The `linear_attention/kernels` package of git revision `rev`, importable beside the tree's
-    (extracted under `into` as `la_<rev>`, its imports renamed)."""
+    (extracted under `into` as `la_<rev>`, its imports renamed), with the package-level modules
+    the kernels import where `rev` has them (`fields.py`, the field checker)."""
+    paths = ["linear_attention/kernels"]
+    for extra in ("linear_attention/fields.py",):
+        listed = subprocess.run(
+            ["git", "-C", str(ROOT), "ls-tree", "--name-only", rev, extra],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+        paths += [extra] if listed.strip() else []
     tar = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", rev, "linear_attention/kernels"],
+        ["git", "-C", str(ROOT), "archive", rev, *paths],
         check=True,
         capture_output=True,
     ).stdout

@@ -135,7 +135,8 @@ def test_mixer_messages_name_the_mixer():
 
 def test_no_mixer_name_in_the_training_room():
     """flops and the sweep engine ask the mixers; they hold no mixer's name."""
-    names = "|".join(map(re.escape, MIXERS))
+    # ("path", PaTH's mixer, is also a plain word: a corpus record's path in sweep/results.py)
+    names = "|".join(map(re.escape, set(MIXERS) - {"path"}))
     pattern = re.compile(rf"[\"']({names})[\"']")
     for path in [PACKAGE / "training" / "flops.py", *(PACKAGE / "training" / "sweep").glob("*.py")]:
         assert not pattern.findall(path.read_text()), path
