@@ -7,7 +7,7 @@ Command (writes results.csv, best.csv, results.md and two plots; resumable):
     python experiments/sweep.py --config configs/sweeps/mqar.py:cpu --workdir runs/mqar-study \
         --jobs 2
 
-Presets (``configs/sweeps/mqar.py:<arg>``), both with 14 mixers (softmax, linear = elu+1,
+Presets (``configs/sweeps/mqar.py:<arg>``), both with these mixers (softmax, linear = elu+1,
 taylor, retnet, gated, gla, deltanet, gated_deltanet, kda, gated_deltaproduct, rwkv7 (without
 the base's short conv, which it refuses), swa, Based =
 ``("taylor", "swa")``: a Taylor layer then a sliding-window layer, and linear_scale8 = elu+1
@@ -15,14 +15,19 @@ with q and k scaled by 8 before the feature map) and 2 seeds. kda, gated_deltapr
 joined the grids after the runs below (issue 20): the figures are the other 11 mixers' 132
 runs. The new mixers' 36 runs (EXPERIMENTS.md section 1, "The new mixers"), best lr 1e-2 for
 each at both widths, d_model 64 / 128: kda 0.928 / 0.992, gated_deltaproduct 0.669 / 0.536
-(seed-fragile: 0.991 and 0.080 at 128), rwkv7 0.982 / 0.993.
+(seed-fragile: 0.991 and 0.080 at 128), rwkv7 0.982 / 0.993. Issue 53's families (fox,
+mesanet, log_linear_mamba2, log_linear_gated_deltanet, path, and fox_bias5: fox with its
+forget gate starting open) joined after that: 20 mixers in each grid; their runs so far are
+docs/results/mqar_sweep_cpu_families.md (fox's whole grid, the others d_model 64 at 1e-2 and
+3e-2).
   (none) / ``default``: the Zoology grid for an accelerator: vocab 8192, d_model 64…512,
       (seq_len, kv pairs) = (64, 4), (128, 8), (256, 16), (512, 64), learning rates
       logspace(-4, -2, 4), 20k steps of batch 256 per run; Taylor and Based with 16 projected
-      dims, windows of 64 (at seq_len 64 that window is full softmax attention). 1792 runs.
+      dims, windows of 64 (at seq_len 64 that window is full softmax attention). 2560
+      runs (20 mixers).
   ``cpu``: d_model (64, 128) × (seq_len 64, 8 pairs) × learning rates (1e-2, 3e-2, 3e-3) ×
-      seeds (0, 1): 168 runs of at most 400 steps of batch 64 (warmup 40, cosine), stopped
-      at the first evaluation (every 50 steps, 512 held-out examples) with accuracy >= 0.99;
+      seeds (0, 1): 240 runs (20 mixers) of at most 400 steps of batch 64 (warmup 40, cosine),
+      stopped at the first evaluation (every 50 steps, 512 held-out examples) with accuracy >= 0.99;
       Taylor and Based with 8 projected dims (45 features), swa and Based with windows of 16.
       Budget: a run takes ~1 min at d_model 64 and ~1.7 min at 128 (medians, two workers
       with ``--jobs 2``, one XLA thread each, on the 2-core machine at load 3-8), about 1.5 h
