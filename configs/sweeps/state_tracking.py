@@ -7,56 +7,42 @@ the seeds; ``results.csv`` keeps every run's ``eval/length_{L}/accuracy``.
 Command (writes results.csv, best.csv, results.md and accuracy_vs_length.png; resumable, a
 rerun skips finished points):
 
-    python experiments/sweep.py --config configs/sweeps/state_tracking.py:cpu \
+    python experiments/sweep.py --config configs/sweeps/state_tracking.py:parity \
         --workdir runs/state-tracking --jobs 2
 
 Presets (``configs/sweeps/state_tracking.py:<arg>``):
-  ``cpu``: parity and mod_arith × 18 mixers (below; 19 with rwkv7) × learning rates (1e-3,
-      3e-3, 1e-2) × seeds (0, 1): 216 runs of ``configs/state_tracking.py`` (2 layers, d_model
-      64; train lengths 3–40, evaluation 40, 64, 128, 256) at 1000 steps, stopped early at an
-      evaluation (every 250 steps) with mean accuracy >= 0.99. Not yet run in full: a 500-step
-      parity run took 5–11 min at load 9–15 (docs/results/presets_cpu/), so this is days of
-      the shared 2-core machine, hours of an idle one.
-  ``groups``: s3, s5, s5_swaps, a5 with the same mixers, rates, seeds and budget (456 runs).
-  ``parity``, ``mod_arith``, ``s3``, ``s5``, ``s5_swaps``, ``a5``: the slices that fit a
-      session, one task each: the task × every mixer of ``MIXERS`` (19 with rwkv7) × 3 rates
-      × 2 seeds = 114 runs each at the preset's own budget (500 steps, one evaluation at the
-      end), so that each run is a preset run; ``--only`` picks points, a rerun resumes.
-      ``parity`` run in full (1.4–5.9 min a run with ``--jobs 2`` at load ~4, rwkv7 3.5–8.7,
-      so about 2.5 hours of 2 cores): only β ∈ (0, 2) runs learn it, 9 of 30 against 0 of 84
-      others (EXPERIMENTS.md section 7.8). ``mod_arith`` run in full (1.4–12.4 min a run at
-      load 1–8, about 3.5 hours with ``--jobs 2``): every run at chance, at every rate, with
-      either β range (section 7.7). ``s5_swaps`` run in full (0.9–6.9 min a run): deltanet
-      and kda with β ∈ (0, 2) learned it at lr 1e-2 with one seed of two each (0.938 and
-      0.929 at length 256, trained to 40) on earlier machines; rerun on two others,
-      deltanet's on neither (0.059, 0.059), kda's on one (0.526, 0.973): rounding decides it;
-      the other 112 runs stay at the floor, Gated DeltaProduct's included (section 7.9).
-      ``s3`` run in full (1.1–5.6 min a run, Gated DeltaProduct n = 2 the slowest; about
-      2.5 hours with ``--jobs 2`` at load ~4): every run at the floor at every rate,
-      0.197–0.240 against chance 1/6, right only where the short convolution reaches
-      (section 7.10). ``s5`` run in full (1.5–6.2 min a run, about
-      3 hours with ``--jobs 2`` at load ~4.5): every run at the same floor, 0.0207–0.0221
-      against chance 1/120 (section 7.11). ``a5`` run in full (0.8–6.1 min a run, about 2.8
-      hours with ``--jobs 2`` at load ~4.5, on two machines): every run at the floor,
-      0.0289–0.0388 against chance 1/60, 3e-3 the best rate for every mixer (section 7.12).
-  ``s3_one_layer``: DeltaProduct's S3 question, one Householder step per token against two in
-      one layer: s3 × gated_deltaproduct n = 1 and n = 2 with β ∈ (0, 2) × the 3 rates × 2
-      seeds = 12 runs of one layer at 2000 steps (200 warmup, evaluated every 500); 15–34 min
-      a run beside other jobs (load 2.4–10.5; 256 run-minutes in all). Run in full: neither
-      n solves S3; 3 of 12 runs (n = 2 twice, n = 1 once) learn the permutation's sign and no
-      more (EXPERIMENTS.md section 7.5, ``experiments/group_errors.py``).
+  ``parity``, ``mod_arith``, ``s3``, ``s5``, ``s5_swaps``, ``a5``: one task each × every
+      mixer of ``MIXERS`` × learning rates (1e-3, 3e-3, 1e-2) × seeds (0, 1) = 114 runs each of
+      ``configs/state_tracking.py:<task>`` (2 layers, d_model 64, 500 steps, train lengths 3–40,
+      one evaluation at 40, 64, 128 and 256). Each was run in full (EXPERIMENTS.md section 7;
+      ``docs/results/state_tracking_<task>_sweep_cpu.csv`` for parity and mod_arith,
+      ``state_tracking_<task>_cpu.csv`` for the groups): on parity only β ∈ (0, 2) runs learn
+      it (9 of 30 against 0 of 84 others); mod_arith, s3, s5 and a5 stay at chance or the floor
+      for every run; on s5_swaps two β ∈ (0, 2) runs of 30 learned it, which reruns on other
+      machines did not reliably reproduce (section 7.9).
+  ``cpu``: parity and mod_arith at 1000 steps (stopped at mean accuracy >= 0.99, evaluated
+      every 250 steps), 216 runs; ``groups``: s3, s5, s5_swaps, a5 at that budget, 456 runs.
+      Neither was run in full.
+  ``s3_one_layer``: DeltaProduct's S3 question in one layer: gated_deltaproduct with 1 and 2
+      Householder steps, β ∈ (0, 2), × the 3 rates × 2 seeds = 12 runs of 2000 steps (200
+      warmup, evaluated every 500). Run in full: neither solves S3; 3 of 12 runs learn the
+      permutation's sign and no more (EXPERIMENTS.md section 7.5).
   ``smoke``: parity, 2 mixers (gated_deltanet with β ∈ (0, 1) and (0, 2)) × 2 rates × 2
       seeds at the smoke size, for the test; seconds.
 
+Grazzi et al.'s own protocol (1 layer, d_model 16, 20,000 steps of batch 256) is
+``configs/state_tracking.py:parity_paper`` and ``:mod_arith_paper``.
+
 Mixers (``MIXERS``): softmax, linear (elu+1), taylor (8 projected dims), retnet, gated, gla,
-swa (window 16), Based (taylor + swa layers), and the delta family, each with β ∈ (0, 1) and
-with β ∈ (0, 2) (``*_neg``, ``model.allow_neg_eigval``): deltanet, gated_deltanet,
-gated_deltaproduct with 1 and 2 Householder steps (``_n1``, ``_n2``) and kda; rwkv7 (issue 20)
-joins once it is in the registry (the grid builds without it).
+swa (window 16), Based (taylor + swa layers), rwkv7, and the delta family, each with
+β ∈ (0, 1) and with β ∈ (0, 2) (``*_neg``, ``model.allow_neg_eigval``): deltanet,
+gated_deltanet, gated_deltaproduct with 1 and 2 Householder steps (``_n1``, ``_n2``) and kda.
 
 Expected (Grazzi et al. Table 3, scaled accuracy): only β ∈ (0, 2) solves parity (1.000 against
 0.000–0.022 for β ∈ (0, 1) and for a Transformer); mod_arith: DeltaNet [−1, 1] 0.971 against
 0.314 for [0, 1]; softmax attention does not extrapolate past its training lengths.
+
+The run logs this docstring held (times, loads, machines): docs/results/config_docstring_runs.md.
 """
 
 from pathlib import Path
