@@ -1,7 +1,6 @@
 """Byte-level language-model comparison of the mixers at one parameter budget.
 
-Command (2 CPU cores, about 20 minutes at light load; writes results.csv, results.md and
-loss_curves.png):
+Command (writes results.csv, results.md and loss_curves.png):
 
     python experiments/sweep.py --config configs/sweeps/lm.py:cpu --workdir runs/lm-sweep
 
@@ -15,12 +14,11 @@ variant so parameter counts stay within 1% of softmax's (the nearest widths othe
 +1.03%, kda −1.25%, gated_deltaproduct +1.06% at ``:cpu``, gated_deltaproduct +1.26% by default;
 the counts are in results.md; ``--dry-run`` prints them). The table gives validation bits per
 byte, training tokens/s and decoding tokens/s (a fresh model of the same config stepping through
-a whole ``seq_len`` context, batch 1). Measured with ``:cpu`` (EXPERIMENTS.md, section 2; on 2
-cores shared at load 9-25, so the tokens/s there are load figures, the bits per byte are not),
-validation bits per byte: gated_deltanet 2.17, gated 2.17, hybrid 2.20, gla 2.24, deltanet 2.31,
-retnet 2.39, softmax 2.46, favor 2.63, taylor 2.68, linear 2.75. At that load the 10 runs took
-1.7 hours of wall time, 3-4 at a time. The runs did not record their Python; the corpus is the
-running Python's standard library, so the figures depend on its version
+a whole ``seq_len`` context, batch 1). Measured with ``:cpu`` (EXPERIMENTS.md, section 2; its
+tokens/s are figures of a loaded machine, the bits per byte are not), validation bits per byte:
+gated_deltanet 2.17, gated 2.17, hybrid 2.20, gla 2.24, deltanet 2.31, retnet 2.39, softmax
+2.46, favor 2.63, taylor 2.68, linear 2.75. The runs did not record their Python; the corpus is
+the running Python's standard library, so the figures depend on its version
 (docs/results/lm_sweep_cpu.md).
 
 Presets (``configs/sweeps/lm.py:<arg>``):

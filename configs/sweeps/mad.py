@@ -13,25 +13,19 @@ Presets (``configs/sweeps/mad.py:<arg>``):
       (the same 1.6M training tokens for every task: 200 steps of batch 64 at length 128, one
       evaluation at the end), so that each run is a preset run. ``order`` runs lr 3e-3 and
       seed 0 first, so a sweep cut short still covers every (task, mixer), and ``--only
-      task=in_context_recall`` runs one task. Run in full, 504 runs with rwkv7, over several
-      sessions (EXPERIMENTS.md sections 9–9.9): 1.5–12.4 min a run, mostly two at a time at
-      load ~4, 30.5 run-hours in all (about 15 hours of 2 cores); every (task, mixer) cell
-      tuned over the three rates (``docs/results/mad_cpu.{csv,md,png}``). rwkv7 leads
-      selective copying (0.333), softmax fuzzy recall (0.990); most mixers solve the other
-      four at their best rate.
+      task=in_context_recall`` runs one task. Run in full, 504 runs with rwkv7 (EXPERIMENTS.md
+      sections 9–9.9): every (task, mixer) cell tuned over the three rates
+      (``docs/results/mad_cpu.{csv,md,png}``). rwkv7 leads selective copying (0.333), softmax
+      fuzzy recall (0.990); most mixers solve the other four at their best rate.
   ``table1``: the DeltaNet paper's Table 1 comparison on every task: softmax (its Transformer),
-      gla and deltanet × the same rates and seeds (108 runs, ``order`` as ``cpu``; roughly 2
-      hours of 2 idle cores). Run at lr 3e-3 for every cell (36 runs, 90 min beside other
-      jobs; EXPERIMENTS.md section 9), then at the other two rates (72 runs, 1.5–5.0 min a
-      run with ``--jobs 2`` at load ~4): run in full, 108 runs, every cell tuned over three
-      rates (section 9.3).
+      gla and deltanet × the same rates and seeds (108 runs, ``order`` as ``cpu``). Run in
+      full, every cell tuned over three rates (EXPERIMENTS.md section 9.3).
   ``smoke``: in-context recall at the smoke size, softmax and deltanet × 3 rates × 2 seeds,
       for the test; seconds.
 
 Mixers: softmax, linear (elu+1), taylor (8 projected dims), retnet, gated, gla, deltanet,
 gated_deltanet, swa (window 16), Based (taylor + swa layers), kda and gated_deltaproduct with
-1 and 2 Householder steps (``_n1``, ``_n2``), each at its default β range; rwkv7 (issue 20)
-joins once it is in the registry (the grid builds without it).
+1 and 2 Householder steps (``_n1``, ``_n2``), each at its default β range, and rwkv7.
 
 Expected ranking (DeltaNet paper Table 1): DeltaNet 100 on in-context recall, noisy recall and
 selective copying where GLA scores 80.8 / 81.6 / 88.6; fuzzy recall hard for all (DeltaNet 35.7,
