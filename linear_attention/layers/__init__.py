@@ -20,6 +20,7 @@ from linear_attention.layers.feature_maps import (
     FixedFeatureMap,
     HedgehogFeatures,
 )
+from linear_attention.layers.fox import FoxMixer
 from linear_attention.layers.kda import KDAMixer
 from linear_attention.layers.linear import (
     FavorMixer,
@@ -30,12 +31,15 @@ from linear_attention.layers.linear import (
     RetNetMixer,
     TaylorMixer,
 )
+from linear_attention.layers.log_linear import LogLinearGatedDeltaNetMixer, LogLinearMamba2Mixer
 from linear_attention.layers.lstm import LSTMMixer, LSTMState
+from linear_attention.layers.mesanet import MesaNetMixer
 from linear_attention.layers.mlp import SwiGLU
 from linear_attention.layers.moe import MoE
 from linear_attention.layers.norm import LayerNorm, RMSNorm
 from linear_attention.layers.options import COMMON_OPTIONS, MixerConfig, Option
 from linear_attention.layers.output import OutputStage
+from linear_attention.layers.path import PathMixer
 from linear_attention.layers.projections import LowRank, QKVProjection, ShiftedInputs, TokenShift
 from linear_attention.layers.registry import MIXERS, get_mixer
 from linear_attention.layers.rotary import apply_rotary
@@ -94,6 +98,11 @@ __all__ = [
     "GatedDeltaProductMixer",
     "RWKV7Mixer",
     "LSTMMixer",
+    "FoxMixer",
+    "PathMixer",
+    "MesaNetMixer",
+    "LogLinearMamba2Mixer",
+    "LogLinearGatedDeltaNetMixer",
     "LSTMState",
     "GLAMixer",
     "SlidingWindowMixer",
