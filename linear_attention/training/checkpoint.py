@@ -18,7 +18,9 @@ run's timings so far), covered by the integrity record like every other file."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
+import logging
 import os
 import re
 import shutil
@@ -97,6 +99,21 @@ def _settle(before: set, timeout: float = 5.0) -> None:
     time.sleep(0.5)
 
 
+def _drop_unretrieved(record: logging.LogRecord) -> bool:
+    return "exception was never retrieved" not in record.getMessage()
+
+
+def _quiet_failed_writers() -> None:
+    """After a failed save, keep orbax's abandoned asyncio futures from printing their
+    tracebacks when they are collected (at any later time, up to the interpreter's exit): each
+    reports the write error the `RunError` already names. Collect what can be collected now,
+    and filter the rest out of the ``asyncio`` logger."""
+    gc.collect()
+    logger = logging.getLogger("asyncio")
+    if _drop_unretrieved not in logger.filters:
+        logger.addFilter(_drop_unretrieved)
+
+
 def _write_error(e: Exception) -> str:
     """What a failed write says, in one line: the OS error's text when there is one (orbax's
     tensorstore messages carry it as ``os_error_code='27'``)."""
@@ -150,6 +167,7 @@ class Checkpoints:
                     self._save(step, state, meta, data_state)
                 except Exception:
                     _settle(before)  # their reports still come in: held back too
+                    _quiet_failed_writers()
                     raise
         except Exception as e:  # orbax raises ValueError / OSError from its writer threads
             self._remove_partial(step)

@@ -158,3 +158,33 @@ def test_a_full_disk_stops_the_run_with_one_line_and_no_partial_checkpoint(tmp_p
         assert errors[0].startswith(f"la-train: error: cannot write {workdir}/config.json")
         assert not (workdir / "config.json").exists()
     assert not [name for name in os.listdir(workdir) if ".tmp" in name]
+
+
+def test_a_failed_checkpoint_write_keeps_late_writer_reports_quiet(caplog):
+    """The full-disk run's race, made certain: orbax's writer future fails, nobody retrieves its
+    exception, and it is collected only after the `RunError` line was printed. Once a save has
+    failed, the ``asyncio`` logger drops that report (CI saw it print a traceback), and still
+    prints every other record."""
+    import asyncio
+    import gc
+    import logging
+
+    from linear_attention.training import checkpoint
+
+    def abandoned_failure():
+        loop = asyncio.new_event_loop()
+        future = loop.create_future()
+        future.set_exception(ValueError("OUT_OF_RANGE: File too large [os_error_code='27']"))
+        loop.close()
+        del future
+        gc.collect()
+
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        abandoned_failure()
+        assert any("never retrieved" in r.getMessage() for r in caplog.records)  # the race's print
+        caplog.clear()
+        checkpoint._quiet_failed_writers()
+        abandoned_failure()
+        logging.getLogger("asyncio").error("another asyncio error")
+    assert [r.getMessage() for r in caplog.records] == ["another asyncio error"]
+    logging.getLogger("asyncio").removeFilter(checkpoint._drop_unretrieved)
