@@ -4,9 +4,6 @@ bit arithmetic), with resets, packed rows, T not a multiple of the chunk and T c
 levels."""
 
 import functools
-import os
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -15,7 +12,7 @@ import pytest
 
 from linear_attention import kernels as K
 from tests.kernels.reference import log_linear_attention_loop, rel_err
-from tests.scripts import DEADLINE_S, ROOT
+from tests.scripts import checked_names, run_on_cpu_devices
 
 B, H, D, DV, L = 2, 2, 4, 3, 7  # L = 7 covers positions below 64
 T = 37  # crosses levels 1..6; not a multiple of the chunks below
@@ -241,18 +238,9 @@ def main():
 
 
 def test_split_over_devices_equals_unsplit():
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-    env["JAX_PLATFORMS"] = "cpu"
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    proc = subprocess.run(
-        [sys.executable, "-c", "from tests.kernels.test_log_linear import main; main()"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=DEADLINE_S,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    checked = [line.split(" ", 1)[1] for line in proc.stdout.splitlines() if line[:8] == "CHECKED "]
-    assert checked == ["chunk/segments/state/n=4", "scan/n=2", "loop/chunk/segments/state/n=4"]
+    out = run_on_cpu_devices("from tests.kernels.test_log_linear import main; main()", 8)
+    assert checked_names(out) == [
+        "chunk/segments/state/n=4",
+        "scan/n=2",
+        "loop/chunk/segments/state/n=4",
+    ]

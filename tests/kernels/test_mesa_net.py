@@ -5,9 +5,6 @@ that loop and against autodiff of the exact solve, decoding step by step, and th
 over forced CPU devices (a subprocess)."""
 
 import functools
-import os
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -17,7 +14,7 @@ import pytest
 from linear_attention import kernels as K
 from linear_attention.kernels.mesa_net.mesa_net import METHODS
 from tests.kernels.reference import mesa_net_loop, rel_err
-from tests.scripts import DEADLINE_S, ROOT
+from tests.scripts import checked_names, run_on_cpu_devices
 
 B, T, H, D, DV = 2, 11, 2, 4, 3  # T = 11 with chunks of 4: a partial last chunk
 SEGMENTS = np.asarray([[0] * 4 + [1] * 7, [5] * 9 + [2] * 2], np.int32)
@@ -202,18 +199,5 @@ def main():
 
 
 def test_split_over_devices_equals_unsplit():
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-    env["JAX_PLATFORMS"] = "cpu"
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    proc = subprocess.run(
-        [sys.executable, "-c", "from tests.kernels.test_mesa_net import main; main()"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=DEADLINE_S,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    checked = [line.split(" ", 1)[1] for line in proc.stdout.splitlines() if line[:8] == "CHECKED "]
-    assert checked == ["chunk/segments/n=4", "loop/chunk/segments/n=4"]
+    out = run_on_cpu_devices("from tests.kernels.test_mesa_net import main; main()", 8)
+    assert checked_names(out) == ["chunk/segments/n=4", "loop/chunk/segments/n=4"]

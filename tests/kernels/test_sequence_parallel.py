@@ -7,15 +7,12 @@ keeps one check per kernel family and path; the other device counts, decay kinds
 run under `-m slow`."""
 
 import functools
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 from tests.kernels.reference import rel_err  # NumPy only: safe before JAX is configured
-from tests.scripts import DEADLINE_S, ROOT
+from tests.scripts import checked_names, run_on_cpu_devices
 
 B, T, H, M, DV = 2, 24, 2, 3, 4
 SEGMENTS = np.array(  # boundaries at shard edges (6, 12 of 4 shards) and inside shards
@@ -278,26 +275,8 @@ def run_checks(part):
 
     The checks compile ~20 sharded programs: minutes on a loaded 2-core machine (600 s did not
     suffice at load 20). A timeout reports the checks done so far."""
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-    env["JAX_PLATFORMS"] = "cpu"
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     code = f"from tests.kernels.test_sequence_parallel import main; main({part!r})"
-    try:
-        proc = subprocess.run(
-            [sys.executable, "-c", code],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=DEADLINE_S,
-        )
-    except subprocess.TimeoutExpired as e:
-        raise AssertionError(
-            f"{part} checks still running after {e.timeout} s: {e.stdout}"
-        ) from None
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return [line.split(" ", 1)[1] for line in proc.stdout.splitlines() if line[:8] == "CHECKED "]
+    return checked_names(run_on_cpu_devices(code, 8))
 
 
 def test_split_over_devices_equals_unsplit():

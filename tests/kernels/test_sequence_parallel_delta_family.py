@@ -5,14 +5,11 @@ combine, with packed rows whose boundaries fall on shard edges and inside shards
 subprocess runs every check (JAX starts once)."""
 
 import functools
-import os
-import subprocess
-import sys
 
 import numpy as np
 
 from tests.kernels.test_sequence_parallel import SEGMENTS, B, T, check
-from tests.scripts import DEADLINE_S, ROOT
+from tests.scripts import checked_names, run_on_cpu_devices
 
 H, HV, KD, DV, N = 2, 4, 3, 4, 2
 
@@ -93,19 +90,6 @@ EXPECTED = [
 
 
 def test_split_over_devices_equals_unsplit():
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-    env["JAX_PLATFORMS"] = "cpu"
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     module = "tests.kernels.test_sequence_parallel_delta_family"
-    proc = subprocess.run(
-        [sys.executable, "-c", f"from {module} import main; main()"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=DEADLINE_S,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    checked = [line.split(" ", 1)[1] for line in proc.stdout.splitlines() if line[:8] == "CHECKED "]
-    assert checked == EXPECTED
+    out = run_on_cpu_devices(f"from {module} import main; main()", 8)
+    assert checked_names(out) == EXPECTED

@@ -10,16 +10,13 @@ with its token shift: kda, rwkv7); every other mixer alone runs in a second subp
 `-m slow`."""
 
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 from linear_attention.training import experiment_config
-from tests.scripts import DEADLINE_S
-from tests.training.conftest import ROOT, tiny_mqar
+from tests.scripts import run_on_cpu_devices
+from tests.training.conftest import tiny_mqar
 
 MIXERS = (
     "softmax", "linear", "favor", "taylor", "hedgehog", "retnet", "gated", "deltanet",
@@ -144,24 +141,12 @@ def optax_norm(tree):
 
 
 def run_main(workdir, part):
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-    env["JAX_PLATFORMS"] = "cpu"
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     code = (
         "import sys; from tests.training.test_sequence_parallel import main; "
         "main(sys.argv[1], sys.argv[2])"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", code, str(workdir), part],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=DEADLINE_S,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT"))
+    out = run_on_cpu_devices(code, 8, str(workdir), part)
+    line = next(x for x in out.splitlines() if x.startswith("RESULT"))
     return json.loads(line[len("RESULT") :])
 
 
