@@ -3,10 +3,11 @@ trainer asks of a source, the mixers' typed configs and what a mixer reports abo
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import inspect
 import math
 import pathlib
-import re
 
 import jax
 import numpy as np
@@ -133,13 +134,50 @@ def test_mixer_messages_name_the_mixer():
         MIXERS["kda"].make_config(16, 2, window=3)
 
 
-def test_no_mixer_name_in_the_training_room():
-    """flops and the sweep engine ask the mixers; they hold no mixer's name."""
-    # ("path", PaTH's mixer, is also a plain word: a corpus record's path in sweep/results.py)
-    names = "|".join(map(re.escape, set(MIXERS) - {"path"}))
-    pattern = re.compile(rf"[\"']({names})[\"']")
-    for path in [PACKAGE / "training" / "flops.py", *(PACKAGE / "training" / "sweep").glob("*.py")]:
-        assert not pattern.findall(path.read_text()), path
+def _code_strings(path: pathlib.Path):
+    """``(line, text)`` of every string constant of a module that is not a docstring."""
+    tree = ast.parse(path.read_text())
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if id(node) not in docstrings:
+                yield node.lineno, node.value
+
+
+# Strings that are a mixer's name and also a plain word where they appear: a corpus record's
+# "path" (PaTH's mixer is "path"), the "linear" learning-rate schedule. The Qwen3.5 converter
+# maps transformers' layer types onto the registry's names.
+_HOMONYMS = {
+    "data/sources.py": {"path"},
+    "data/text.py": {"path"},
+    "training/run_data.py": {"path"},
+    "training/sweep/results.py": {"path"},
+    "training/config.py": {"linear"},
+    "training/optim.py": {"linear"},
+    "models/hf/qwen3_5.py": {"gated_deltanet", "softmax"},
+}
+
+
+def test_a_mixer_name_is_written_only_in_its_layer_module_and_the_registry():
+    """flops, the presets and the sweep engine ask the mixers; no module outside a mixer's own
+    and the registry holds its name (docstrings aside)."""
+    own = {name: pathlib.Path(inspect.getsourcefile(cls)).resolve() for name, cls in MIXERS.items()}
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path == PACKAGE / "layers" / "registry.py":
+            continue
+        allowed = _HOMONYMS.get(path.relative_to(PACKAGE).as_posix(), set())
+        for line, text in _code_strings(path):
+            if text in MIXERS and own[text] != path and text not in allowed:
+                found.append(f"{path.relative_to(PACKAGE)}:{line}: {text!r}")
+    assert not found
 
 
 def test_data_kinds_say_whether_they_are_text_and_how_runs_are_judged():

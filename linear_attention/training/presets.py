@@ -16,6 +16,7 @@ from collections.abc import Mapping
 
 import ml_collections
 
+from linear_attention.layers import SoftmaxMixer
 from linear_attention.training.config import (
     mesh_section,
     model_section,
@@ -50,7 +51,7 @@ def synthetic_preset(
         d_model=32 if smoke else 64,
         num_layers=2,
         num_heads=2,
-        mixer="softmax",
+        mixer=SoftmaxMixer.NAME,
         conv=4,
         mlp=True,
         max_length=max_length,
