@@ -180,6 +180,43 @@ def test_a_mixer_name_is_written_only_in_its_layer_module_and_the_registry():
     assert not found
 
 
+def _imports(path: pathlib.Path, module: str, modules: set[str]) -> set[str]:
+    """The package's modules that ``module`` (at ``path``) imports, at the top or inside a
+    function (a deferred import that dodges a cycle is still a cycle)."""
+    base = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            parts = base[: len(base) - node.level + 1] if node.level else []
+            source = ".".join(parts + ([node.module] if node.module else []))
+            for alias in node.names:
+                name = f"{source}.{alias.name}"
+                found.add(name if name in modules else source)
+    return {name for name in found if name in modules and name != module}
+
+
+def test_no_import_cycle_in_the_package():
+    paths = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        paths[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph = {m: _imports(p, m, set(paths)) for m, p in paths.items()}
+    # a module is on a cycle when it reaches itself
+    on_cycle = []
+    for start in graph:
+        seen, todo = set(), list(graph[start])
+        while todo:
+            module = todo.pop()
+            if module not in seen:
+                seen.add(module)
+                todo.extend(graph[module])
+        if start in seen:
+            on_cycle.append(start)
+    assert not on_cycle
+
+
 def test_data_kinds_say_whether_they_are_text_and_how_runs_are_judged():
     from linear_attention.training.sweep.results import METRICS
 

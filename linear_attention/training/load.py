@@ -1,4 +1,6 @@
-"""A run, reloaded: `load_run(workdir) -> (model, config)` and `evaluate_run` (behind ``la-eval``).
+"""A run's model: built from its seed (`build_model`), reloaded (`load_run(workdir) -> (model,
+config)`, `evaluate_run` behind ``la-eval``) or started from another run's parameters
+(`initialize_from`, ``config.train.init_from``).
 
 A workdir written by `train` holds ``config.json`` and ``checkpoints/<step>``. Loading rebuilds
 the model (and optimizer) from the config, restores the checkpoint into it, and returns the
@@ -13,6 +15,7 @@ import os
 from typing import NamedTuple
 
 import jax
+import optax
 from flax import nnx
 
 from linear_attention.models import LanguageModel
@@ -23,15 +26,11 @@ from linear_attention.training.checkpoint import (
     saved_steps,
 )
 from linear_attention.training.config import ExperimentConfig, experiment_config
+from linear_attention.training.evaluation import evaluate
 from linear_attention.training.mesh import check_batch_size, make_mesh, state_shardings
 from linear_attention.training.optim import make_optimizer
-from linear_attention.training.trainer import (
-    build_data,
-    build_model,
-    data_changes,
-    data_record,
-    evaluate,
-)
+from linear_attention.training.run_data import build_data, data_changes, data_record
+from linear_attention.training.workdir import RunError
 
 
 class RestoredRun(NamedTuple):
@@ -42,6 +41,12 @@ class RestoredRun(NamedTuple):
     config: ExperimentConfig
     step: int
     mesh: jax.sharding.Mesh
+
+
+def build_model(config: ExperimentConfig, tx: optax.GradientTransformation):
+    """``(model, optimizer)``: the model from ``config.seed``, AdamW over its `nnx.Param`s."""
+    model = LanguageModel(config.model, rngs=nnx.Rngs(config.seed))
+    return model, nnx.Optimizer(model, tx, wrt=nnx.Param)
 
 
 def run_config(workdir: str) -> dict:
@@ -112,6 +117,33 @@ def load_run(
     run = restore_run(workdir, config=config, step=step)
     model, _ = nnx.merge(run.graphdef, run.state)
     return model, run.config
+
+
+def initialize_from(model, workdir: str) -> None:
+    """Set ``model``'s parameters to those of the latest checkpoint of the run in ``workdir``
+    (`config.train.init_from`); RunError naming the first parameter whose shape differs."""
+    try:
+        source, _ = load_run(workdir)
+    except ValueError as e:
+        raise RunError(f"config.train.init_from: {e}") from None
+    want = nnx.state(model, nnx.Param)
+    got = nnx.state(source, nnx.Param)
+    want_leaves = dict(jax.tree_util.tree_leaves_with_path(want))
+    got_leaves = dict(jax.tree_util.tree_leaves_with_path(got))
+    for path, leaf in want_leaves.items():
+        other = got_leaves.get(path)
+        if other is None or other.shape != leaf.shape:
+            found = "absent" if other is None else f"of shape {other.shape}"
+            raise RunError(
+                f"config.train.init_from: parameter {jax.tree_util.keystr(path)} is {found} in "
+                f"{workdir}, this model's is {leaf.shape}: config.model must match that run's"
+            )
+    for path in got_leaves.keys() - want_leaves.keys():
+        raise RunError(
+            f"config.train.init_from: {workdir} has parameter {jax.tree_util.keystr(path)}, "
+            "which this model lacks: config.model must match that run's"
+        )
+    nnx.update(model, jax.tree.map(lambda a, b: b.astype(a.dtype), want, got))
 
 
 def evaluate_run(workdir: str, *, config=None, step: int | None = None, message=None) -> dict:

@@ -23,14 +23,14 @@ import time
 
 import jax
 import numpy as np
-import optax
 from flax import nnx
 
-from linear_attention.models import LanguageModel, generate
+from linear_attention.models import generate
 from linear_attention.training.checkpoint import Checkpoints
 from linear_attention.training.config import ExperimentConfig, experiment_config
 from linear_attention.training.evaluation import evaluate
 from linear_attention.training.flops import flops_per_token
+from linear_attention.training.load import build_model, initialize_from
 from linear_attention.training.machine import machine_info
 from linear_attention.training.mesh import (
     check_train_batches,
@@ -74,41 +74,6 @@ _REDRAW_STREAM, _SAMPLE_STREAM = 1, 2
 
 class NonFiniteLossError(FloatingPointError):
     """Training produced a NaN/Inf loss or gradient norm."""
-
-
-def build_model(config: ExperimentConfig, tx: optax.GradientTransformation):
-    """``(model, optimizer)``: the model from ``config.seed``, AdamW over its `nnx.Param`s."""
-    model = LanguageModel(config.model, rngs=nnx.Rngs(config.seed))
-    return model, nnx.Optimizer(model, tx, wrt=nnx.Param)
-
-
-def initialize_from(model, workdir: str) -> None:
-    """Set ``model``'s parameters to those of the latest checkpoint of the run in ``workdir``
-    (`config.train.init_from`); RunError naming the first parameter whose shape differs."""
-    from linear_attention.training.load import load_run  # (load imports this module)
-
-    try:
-        source, _ = load_run(workdir)
-    except ValueError as e:
-        raise RunError(f"config.train.init_from: {e}") from None
-    want = nnx.state(model, nnx.Param)
-    got = nnx.state(source, nnx.Param)
-    want_leaves = dict(jax.tree_util.tree_leaves_with_path(want))
-    got_leaves = dict(jax.tree_util.tree_leaves_with_path(got))
-    for path, leaf in want_leaves.items():
-        other = got_leaves.get(path)
-        if other is None or other.shape != leaf.shape:
-            found = "absent" if other is None else f"of shape {other.shape}"
-            raise RunError(
-                f"config.train.init_from: parameter {jax.tree_util.keystr(path)} is {found} in "
-                f"{workdir}, this model's is {leaf.shape}: config.model must match that run's"
-            )
-    for path in got_leaves.keys() - want_leaves.keys():
-        raise RunError(
-            f"config.train.init_from: {workdir} has parameter {jax.tree_util.keystr(path)}, "
-            "which this model lacks: config.model must match that run's"
-        )
-    nnx.update(model, jax.tree.map(lambda a, b: b.astype(a.dtype), want, got))
 
 
 def _param_count(abstract_model) -> int:
