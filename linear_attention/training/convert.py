@@ -10,7 +10,9 @@ tokenizer files copied in, so that ``la-eval --workdir W``, ``la-generate --work
 fine-tuning run (``la-train ... --config.train.init_from=W``) work on it. ``--to-hf`` writes a
 folder that ``transformers.AutoModelForCausalLM.from_pretrained(OUT)`` loads with the same
 logits, for a model whose every part maps (docs/hf.md); any other is refused with the reasons.
-Nothing is downloaded. Bad input stops with ``la-convert: error: ...`` (exit status 2) before
+What the checkpoint holds that the causal LM leaves out (a multimodal checkpoint's vision
+tower, a multi-token-prediction head) is printed after ``--from-hf``, one ``not imported:`` line
+each. Nothing is downloaded. Bad input stops with ``la-convert: error: ...`` (exit status 2) before
 anything is written.
 """
 
@@ -154,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
                 raise UsageError("--from-hf needs --workdir W")
             from_hf(args.from_hf, args.workdir)
             print(f"wrote {args.workdir} (step 0) from {args.from_hf}")
+            for line in hf.not_imported(args.from_hf):
+                print(f"not imported: {line}")
         else:
             if args.workdir is not None:
                 raise UsageError("--to-hf takes W OUT, not --workdir")

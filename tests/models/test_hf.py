@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -29,7 +30,9 @@ from linear_attention.training.trainer import initialize_from, train
 from linear_attention.training.workdir import RunError
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "..", "fixtures", "hf")
-ARCHITECTURES = ("qwen3_5", "qwen3_next")
+ARCHITECTURES = ("qwen3_5", "qwen3_next", "qwen3_5_vl", "qwen3_5_moe")
+# The multimodal fixtures export as their text model's type (their own export is refused).
+TEXT_TYPES = {"qwen3_5_vl": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
 
 
 def relative_error(got, want) -> float:
@@ -39,6 +42,18 @@ def relative_error(got, want) -> float:
 def tensors(folder: str) -> dict[str, np.ndarray]:
     with safe_open(os.path.join(folder, "model.safetensors"), "np") as f:
         return {name: f.get_tensor(name) for name in f.keys()}
+
+
+def text_tensors(folder: str) -> dict[str, np.ndarray]:
+    """The causal LM's tensors of a fixture: a multimodal one's text model, renamed as
+    `AutoModelForCausalLM` names it (`model.language_model.` → `model.`, no vision tower)."""
+    out = {}
+    for name, value in tensors(folder).items():
+        if name.startswith("model.language_model."):
+            out["model." + name[len("model.language_model.") :]] = value
+        elif not name.startswith("model.visual."):
+            out[name] = value
+    return out
 
 
 # compiled once per model shape (reused by every test of the module)
@@ -76,28 +91,94 @@ def imported(request):
 
 
 def test_import_matches_transformers(imported):
-    _, model, config, reference = imported
+    folder, model, config, reference = imported
     assert isinstance(model, LanguageModel) and isinstance(config, ModelConfig)
     assert config.layer_mixers == ("gated_deltanet",) * 3 + ("softmax",)
+    has_experts = os.path.basename(folder) in ("qwen3_next", "qwen3_5_moe")
+    assert (config.num_experts > 0) == has_experts
     check_against_reference(model, reference)
 
 
 def test_export_gives_back_the_checkpoint(imported, tmp_path):
     """`save_pretrained` writes the fixture's own tensors (norms through 1 + w, to rounding)
-    and a config.json that imports as the same model."""
+    and a config.json that imports as the same model; a multimodal fixture's text model, as
+    its text model's type."""
     folder, model, config, _ = imported
-    out = hf.save_pretrained(model, str(tmp_path / "out"))
-    theirs, ours = tensors(folder), tensors(out)
+    with open(os.path.join(folder, "config.json")) as f:
+        original = json.load(f)
+    model_type = TEXT_TYPES.get(os.path.basename(folder))
+    out = hf.save_pretrained(model, str(tmp_path / "out"), model_type=model_type)
+    theirs, ours = text_tensors(folder), tensors(out)
     assert sorted(theirs) == sorted(ours)
     for name, want in theirs.items():
         np.testing.assert_allclose(ours[name], want, rtol=0, atol=1e-7, err_msg=name)
     with open(os.path.join(out, "config.json")) as f:
         written = json.load(f)
-    with open(os.path.join(folder, "config.json")) as f:
-        original = json.load(f)
-    assert written["model_type"] == original["model_type"]
-    assert written["architectures"] == original["architectures"]
+    if model_type is None:
+        assert written["model_type"] == original["model_type"]
+        assert written["architectures"] == original["architectures"]
+    else:
+        assert written["model_type"] == original["text_config"]["model_type"] == model_type
     assert hf.model_config(written, hf.ARCHITECTURES[written["model_type"]]) == config
+
+
+@pytest.mark.parametrize("name", ["qwen3_5_vl", "qwen3_5_moe"])
+def test_multimodal_leaves_out_the_vision_tower_by_rule(name, tmp_path):
+    """A multimodal folder imports as its text model: the vision tower's tensors are named by
+    `not_imported`, and export as the multimodal type is refused with the reason."""
+    folder = os.path.join(FIXTURES, name)
+    visual = sum(n.startswith("model.visual.") for n in tensors(folder))
+    assert visual > 0
+    assert hf.not_imported(folder) == [
+        f"model.visual.* ({visual} tensors): the vision tower (this library's model reads "
+        "tokens only)"
+    ]
+    assert hf.not_imported(os.path.join(FIXTURES, "qwen3_5")) == []
+    model_type = json.load(open(os.path.join(folder, "config.json")))["model_type"]
+    config = hf.model_config(*hf.read_config(folder))
+    model = nnx.eval_shape(lambda: LanguageModel(config, rngs=nnx.Rngs(0)))
+    with pytest.raises(ValueError, match=f"{model_type}: {model_type} is the multimodal .*vision"):
+        hf.save_pretrained(model, str(tmp_path / "out"), model_type=model_type)
+
+
+def _fuse_experts(values: dict) -> None:
+    """The released Qwen3.5-MoE layout: each layer's experts as `experts.gate_up_proj`
+    [E, 2·I, D] (gate rows, then up rows) and `experts.down_proj` [E, D, I]."""
+    for name in [n for n in values if n.endswith("mlp.experts.0.gate_proj.weight")]:
+        prefix = name[: -len("0.gate_proj.weight")]
+        count = sum(n.startswith(prefix) and n.endswith(".down_proj.weight") for n in values)
+        parts = {
+            part: np.stack([values.pop(f"{prefix}{e}.{part}.weight") for e in range(count)])
+            for part in ("gate_proj", "up_proj", "down_proj")
+        }
+        values[prefix + "gate_up_proj"] = np.concatenate(
+            [parts["gate_proj"], parts["up_proj"]], axis=1
+        )
+        values[prefix + "down_proj"] = parts["down_proj"]
+
+
+def test_fused_experts_import_as_the_per_expert_ones(tmp_path):
+    folder = _copy(tmp_path, "qwen3_5_moe")
+    _edit_tensors(folder, _fuse_experts)
+    assert "model.language_model.layers.0.mlp.experts.gate_up_proj" in tensors(folder)
+    fused, _ = hf.from_pretrained(folder)
+    unfused, _ = hf.from_pretrained(os.path.join(FIXTURES, "qwen3_5_moe"))
+    ours = nnx.to_pure_dict(nnx.state(fused, nnx.Param))
+    theirs = nnx.to_pure_dict(nnx.state(unfused, nnx.Param))
+    for (path, a), (_, b) in zip(
+        jax.tree_util.tree_leaves_with_path(ours),
+        jax.tree_util.tree_leaves_with_path(theirs),
+        strict=True,
+    ):
+        np.testing.assert_array_equal(a, b, err_msg=jax.tree_util.keystr(path))
+    _edit_tensors(
+        folder,
+        lambda t: t.update(
+            {"model.language_model.layers.0.mlp.experts.gate_up_proj": np.zeros((4, 31, 32))}
+        ),
+    )
+    with pytest.raises(ValueError, match=r"experts.gate_up_proj' has shape \(4, 31, 32\)"):
+        hf.from_pretrained(folder)
 
 
 def _copy(tmp_path, name="qwen3_5"):
@@ -155,6 +236,48 @@ def test_bad_checkpoints_refused_before_any_weight_is_read(
     tmp_path, monkeypatch, config_change, tensor_change, message
 ):
     folder = _copy(tmp_path)
+    _refused_before_reading(folder, monkeypatch, config_change, tensor_change, message)
+
+
+@pytest.mark.parametrize(
+    ("config_change", "tensor_change", "message"),
+    [
+        (
+            lambda c: c["text_config"].update(sliding_window=8),
+            None,
+            "text_config: config field 'sliding_window' is not under",
+        ),
+        (lambda c: c.update(audio_config={}), None, "config field 'audio_config' is not under"),
+        (
+            lambda c: c["text_config"].update(model_type="qwen3_5_text"),
+            None,
+            "text_config.model_type='qwen3_5_text' is not supported",
+        ),
+        (
+            lambda c: c.update(tie_word_embeddings=False),
+            None,
+            "tie_word_embeddings=False differs from text_config.tie_word_embeddings=True",
+        ),
+        (
+            None,
+            lambda t: t.update({"model.norm.weight": np.zeros(32, np.float32)}),
+            "'model.norm.weight' is not part of the architecture",
+        ),
+        (
+            None,
+            lambda t: t.pop("model.language_model.layers.0.mlp.experts.3.up_proj.weight"),
+            r"'model.language_model.layers.0.mlp.experts.3.up_proj.weight' is missing",
+        ),
+    ],
+)
+def test_bad_multimodal_checkpoints_refused(
+    tmp_path, monkeypatch, config_change, tensor_change, message
+):
+    folder = _copy(tmp_path, "qwen3_5_moe")
+    _refused_before_reading(folder, monkeypatch, config_change, tensor_change, message)
+
+
+def _refused_before_reading(folder, monkeypatch, config_change, tensor_change, message):
     if config_change is not None:
         _edit_config(folder, config_change)
     if tensor_change is not None:
@@ -290,6 +413,17 @@ def test_convert_bad_input_exits_2(argv, message, capsys, tmp_path, monkeypatch)
     assert err.startswith("la-convert: error: ") and message in err
 
 
+def test_convert_prints_what_is_not_imported(capsys, tmp_path, monkeypatch):
+    """`--from-hf` of a multimodal folder says that the vision tower is left out (the writing
+    of the workdir, tested above, is skipped here)."""
+    monkeypatch.setattr(convert, "from_hf", lambda path, workdir: None)
+    folder = os.path.join(FIXTURES, "qwen3_5_vl")
+    assert convert.main(["--from-hf", folder, "--workdir", str(tmp_path / "w")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1:] == [f"not imported: {line}" for line in hf.not_imported(folder)]
+    assert lines[1].startswith("not imported: model.visual.* (21 tensors): the vision tower")
+
+
 def test_convert_refuses_an_existing_run(capsys, tmp_path):
     (tmp_path / "config.json").write_text("{}")
     folder = os.path.join(FIXTURES, "qwen3_5")
@@ -301,7 +435,8 @@ def test_convert_refuses_an_existing_run(capsys, tmp_path):
 @pytest.mark.hf
 @pytest.mark.parametrize("name", ARCHITECTURES)
 def test_live_against_transformers_both_ways(name, tmp_path):
-    """Fresh fixtures from transformers, imported here; and this library's export loaded by
+    """Fresh fixtures from transformers, imported here; and this library's export (a
+    multimodal fixture's text model as its text type) loaded by
     `AutoModelForCausalLM.from_pretrained` with equal logits."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
@@ -312,8 +447,13 @@ def test_live_against_transformers_both_ways(name, tmp_path):
     reference = dict(np.load(os.path.join(folder, "reference.npz")))
     model, _ = hf.from_pretrained(folder)
     check_against_reference(model, reference)
-    out = hf.save_pretrained(model, str(tmp_path / "export"))
-    loaded = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
-    with torch.no_grad():
-        logits = loaded(torch.tensor(reference["tokens"]).long()).logits.numpy()
-    assert relative_error(logits, reference["logits"]) <= 1e-5
+    out = hf.save_pretrained(model, str(tmp_path / "export"), model_type=TEXT_TYPES.get(name))
+    folders = [out]
+    if name == "qwen3_5_moe":  # the released layout: transformers reads it as we do
+        _edit_tensors(folder, _fuse_experts)
+        folders.append(folder)
+    for checkpoint in folders:
+        loaded = transformers.AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
+        with torch.no_grad():
+            logits = loaded.eval()(torch.tensor(reference["tokens"]).long()).logits.numpy()
+        assert relative_error(logits, reference["logits"]) <= 1e-5

@@ -21,12 +21,21 @@ import numpy as np
 from flax import nnx
 
 from linear_attention.models.config import ModelConfig
-from linear_attention.models.hf import qwen3_5, qwen3_next
+from linear_attention.models.hf import qwen3_5, qwen3_5_moe, qwen3_next
+from linear_attention.models.hf.multimodal import VISION_PREFIX, Multimodal
 from linear_attention.models.model import LanguageModel
 
-ARCHITECTURES: dict[str, ModuleType] = {
+# A mapping: a module (or a `Multimodal`) with MODEL_TYPE, MIXERS, model_options, hf_config,
+# tensor_shapes, to_params, from_params, and optionally STORED_FORMS and EXPORT_REFUSED.
+Mapping = ModuleType | Multimodal
+# (Export tries them in this order: a dense hybrid is written as qwen3_5_text, one with
+# experts as qwen3_next unless another type is asked for.)
+ARCHITECTURES: dict[str, Mapping] = {
     qwen3_5.MODEL_TYPE: qwen3_5,
     qwen3_next.MODEL_TYPE: qwen3_next,
+    qwen3_5_moe.MODEL_TYPE: qwen3_5_moe,
+    "qwen3_5": Multimodal("qwen3_5", "Qwen3_5ForConditionalGeneration", qwen3_5),
+    "qwen3_5_moe": Multimodal("qwen3_5_moe", "Qwen3_5MoeForConditionalGeneration", qwen3_5_moe),
 }
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -34,11 +43,16 @@ INDEX_NAME = "model.safetensors.index.json"
 # Tensors a causal-LM checkpoint may carry that the causal LM does not use (transformers skips
 # them too): Qwen3.5's multi-token-prediction head.
 UNUSED_PREFIXES = ("mtp.",)
+# What the parts a checkpoint holds but the import leaves out are (`not_imported`).
+NOT_IMPORTED = {
+    "mtp.": "the multi-token-prediction head (not part of the causal LM)",
+    VISION_PREFIX: "the vision tower (this library's model reads tokens only)",
+}
 # Mixer options that change how a layer computes, not what (kernel algorithm, packed rows).
 NUMERICS_FREE = ("method", "chunk_size", "reset_positions")
 
 
-def read_config(path: str) -> tuple[dict, ModuleType]:
+def read_config(path: str) -> tuple[dict, Mapping]:
     """`(config.json as a dict, its architecture's mapping module)`; ValueError when `path` is
     not a checkpoint folder or its `model_type` is not supported."""
     if not os.path.isdir(path):
@@ -57,7 +71,7 @@ def read_config(path: str) -> tuple[dict, ModuleType]:
     return hf, ARCHITECTURES[model_type]
 
 
-def model_config(hf: dict, mapping: ModuleType) -> ModelConfig:
+def model_config(hf: dict, mapping: Mapping) -> ModelConfig:
     """The `ModelConfig` of transformers config `hf`; ValueError naming what does not map."""
     try:
         return ModelConfig(**mapping.model_options(hf))
@@ -127,8 +141,15 @@ def from_pretrained(path: str) -> tuple[LanguageModel, ModelConfig]:
     hf, mapping = read_config(path)
     config = model_config(hf, mapping)
     files = _tensor_files(path)
-    check_tensors(mapping.tensor_shapes(hf), _shapes(files))
-    params = mapping.to_params(hf, _reader(files))
+    shapes, wraps = _shapes(files), []
+    for form in getattr(mapping, "STORED_FORMS", ()):
+        shapes, wrap = form(shapes)
+        wraps.append(wrap)
+    check_tensors(mapping.tensor_shapes(hf), shapes)
+    get = _reader(files)
+    for wrap in wraps:  # (the first form's names are read first: it wraps the reader)
+        get = wrap(get)
+    params = mapping.to_params(hf, get)
     abstract = nnx.eval_shape(lambda: LanguageModel(config, rngs=nnx.Rngs(0)))
     graphdef, state = nnx.split(abstract)
     want = nnx.to_pure_dict(nnx.state(abstract, nnx.Param))
@@ -155,9 +176,25 @@ def _at(tree, path):
     return tree
 
 
-def export_problems(config: ModelConfig, mapping: ModuleType) -> list[str]:
+def not_imported(path: str) -> list[str]:
+    """What the checkpoint folder `path` holds that `from_pretrained` leaves out, one line per
+    part (`NOT_IMPORTED`: the vision tower of a multimodal checkpoint, a multi-token-prediction
+    head), with its tensor count; empty when everything is imported."""
+    read_config(path)
+    names = _tensor_files(path)
+    lines = []
+    for prefix, what in NOT_IMPORTED.items():
+        count = sum(name.startswith(prefix) for name in names)
+        if count:
+            lines.append(f"{prefix}* ({count} tensors): {what}")
+    return lines
+
+
+def export_problems(config: ModelConfig, mapping: Mapping) -> list[str]:
     """Why `config` has no exact `mapping` checkpoint (empty when it has one): the config that
     the exported checkpoint would import as, compared with `config`, field by field."""
+    if getattr(mapping, "EXPORT_REFUSED", None):
+        return [mapping.EXPORT_REFUSED]
     known = set(mapping.MIXERS.values())
     others = [m for m in dict.fromkeys(config.layer_mixers) if m not in known]
     if others:
@@ -202,13 +239,15 @@ def export_problems(config: ModelConfig, mapping: ModuleType) -> list[str]:
 def export_type(config: ModelConfig, model_type: str | None = None) -> str:
     """The architecture `config` exports as: `model_type`, or (None) the first of
     `ARCHITECTURES` that holds it exactly (a dense hybrid: qwen3_5_text; with experts:
-    qwen3_next); ValueError with every architecture's reasons when none does."""
+    qwen3_next; never a multimodal type, whose export is refused); ValueError with every
+    architecture's reasons when none does."""
     if model_type is not None and model_type not in ARCHITECTURES:
         raise ValueError(
             f"unknown model_type {model_type!r}; supported: {', '.join(ARCHITECTURES)}"
         )
     reasons = []
-    for name in [model_type] if model_type else ARCHITECTURES:
+    candidates = [n for n, m in ARCHITECTURES.items() if not getattr(m, "EXPORT_REFUSED", None)]
+    for name in [model_type] if model_type else candidates:
         problems = export_problems(config, ARCHITECTURES[name])
         if not problems:
             return name
@@ -241,6 +280,7 @@ __all__ = [
     "export_problems",
     "export_type",
     "from_pretrained",
+    "not_imported",
     "read_config",
     "save_pretrained",
 ]

@@ -238,6 +238,56 @@ def dense_mlp_tensors(mlp: dict, prefix: str) -> dict[str, np.ndarray]:
     }
 
 
+def moe_mlp_shapes(hf: dict, prefix: str) -> dict[str, tuple[int, ...]]:
+    """The mixture-of-experts MLP's tensors under `prefix` (Qwen3-Next's and Qwen3.5-MoE's):
+    the router `gate`, each expert's SwiGLU, the shared expert and its sigmoid gate."""
+    d, i = hf["hidden_size"], hf["moe_intermediate_size"]
+    shapes = {
+        prefix + "gate.weight": (hf["num_experts"], d),
+        prefix + "shared_expert_gate.weight": (1, d),
+    }
+    for e in range(hf["num_experts"]):
+        shapes.update(dense_mlp_shapes(dict(hf, intermediate_size=i), f"{prefix}experts.{e}."))
+    s = hf["shared_expert_intermediate_size"]
+    shapes.update(dense_mlp_shapes(dict(hf, intermediate_size=s), prefix + "shared_expert."))
+    return shapes
+
+
+def moe_mlp_params(hf: dict):
+    """`mlp_params` for the mixture-of-experts MLP (`layers.moe.MoE`): experts stacked
+    `[E, D, I]` / `[E, I, D]`."""
+
+    def params(get, prefix: str) -> dict:
+        experts = range(hf["num_experts"])
+
+        def stack(name):
+            return np.stack([get(f"{prefix}experts.{e}.{name}.weight").T for e in experts])
+
+        return {
+            "router": {"kernel": get(prefix + "gate.weight").T},
+            "w_gate": stack("gate_proj"),
+            "w_up": stack("up_proj"),
+            "w_down": stack("down_proj"),
+            "shared": dense_mlp_params(get, prefix + "shared_expert."),
+            "shared_gate": {"kernel": get(prefix + "shared_expert_gate.weight").T},
+        }
+
+    return params
+
+
+def moe_mlp_tensors(mlp: dict, prefix: str) -> dict[str, np.ndarray]:
+    """The inverse of `moe_mlp_params`: one tensor per expert and projection."""
+    out = {
+        prefix + "gate.weight": mlp["router"]["kernel"].T,
+        prefix + "shared_expert_gate.weight": mlp["shared_gate"]["kernel"].T,
+    }
+    out.update(dense_mlp_tensors(mlp["shared"], prefix + "shared_expert."))
+    for e in range(mlp["w_gate"].shape[0]):
+        for ours, theirs in (("w_gate", "gate_proj"), ("w_up", "up_proj"), ("w_down", "down_proj")):
+            out[f"{prefix}experts.{e}.{theirs}.weight"] = mlp[ours][e].T
+    return out
+
+
 def tensor_shapes(hf: dict, mlp_shapes=dense_mlp_shapes) -> dict[str, tuple[int, ...]]:
     """Every tensor a `Qwen3_5ForCausalLM` of config `hf` holds, with its shape (each layer's
     MLP from `mlp_shapes(hf, prefix)`)."""

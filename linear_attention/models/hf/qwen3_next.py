@@ -95,61 +95,12 @@ def hf_config(config) -> dict:
     )
 
 
-# ------------------------------------------------------------------ the MLP
-def _moe_shapes(hf: dict, prefix: str) -> dict[str, tuple[int, ...]]:
-    d, i = hf["hidden_size"], hf["moe_intermediate_size"]
-    shapes = {
-        prefix + "gate.weight": (hf["num_experts"], d),
-        prefix + "shared_expert_gate.weight": (1, d),
-    }
-    for e in range(hf["num_experts"]):
-        shapes.update(
-            qwen3_5.dense_mlp_shapes(dict(hf, intermediate_size=i), f"{prefix}experts.{e}.")
-        )
-    s = hf["shared_expert_intermediate_size"]
-    shapes.update(
-        qwen3_5.dense_mlp_shapes(dict(hf, intermediate_size=s), prefix + "shared_expert.")
-    )
-    return shapes
-
-
-def _moe_params(hf: dict):
-    def params(get, prefix: str) -> dict:
-        experts = range(hf["num_experts"])
-
-        def stack(name):
-            return np.stack([get(f"{prefix}experts.{e}.{name}.weight").T for e in experts])
-
-        return {
-            "router": {"kernel": get(prefix + "gate.weight").T},
-            "w_gate": stack("gate_proj"),
-            "w_up": stack("up_proj"),
-            "w_down": stack("down_proj"),
-            "shared": qwen3_5.dense_mlp_params(get, prefix + "shared_expert."),
-            "shared_gate": {"kernel": get(prefix + "shared_expert_gate.weight").T},
-        }
-
-    return params
-
-
-def _moe_tensors(mlp: dict, prefix: str) -> dict[str, np.ndarray]:
-    out = {
-        prefix + "gate.weight": mlp["router"]["kernel"].T,
-        prefix + "shared_expert_gate.weight": mlp["shared_gate"]["kernel"].T,
-    }
-    out.update(qwen3_5.dense_mlp_tensors(mlp["shared"], prefix + "shared_expert."))
-    for e in range(mlp["w_gate"].shape[0]):
-        for ours, theirs in (("w_gate", "gate_proj"), ("w_up", "up_proj"), ("w_down", "down_proj")):
-            out[f"{prefix}experts.{e}.{theirs}.weight"] = mlp[ours][e].T
-    return out
-
-
 def _mlp(hf: dict):
     if _moe(hf):
         return (
-            dict(mlp_shapes=_moe_shapes),
-            dict(mlp_params=_moe_params(hf)),
-            dict(mlp_tensors=_moe_tensors),
+            dict(mlp_shapes=qwen3_5.moe_mlp_shapes),
+            dict(mlp_params=qwen3_5.moe_mlp_params(hf)),
+            dict(mlp_tensors=qwen3_5.moe_mlp_tensors),
         )
     return {}, {}, {}
 
