@@ -281,28 +281,8 @@ class LanguageModel(nnx.Module):
             for (path, got), w, w2 in zip(
                 got_leaves, jax.tree.leaves(want), jax.tree.leaves(want2), strict=True
             ):
-                shape = tuple(jnp.shape(got))
-                dtype = getattr(got, "dtype", None) or np.asarray(got).dtype
-                pairs = enumerate(zip(w.shape, w2.shape, strict=True))
-                free = {ax for ax, (a, b) in pairs if a != b}
-                fits = len(shape) == len(w.shape) and all(
-                    n == m or ax in free
-                    for ax, (n, m) in enumerate(zip(shape, w.shape, strict=False))
-                )
-                if not fits or dtype != w.dtype:
-                    expected = tuple("L" if ax in free else n for ax, n in enumerate(w.shape))
-                    raise ValueError(
-                        f"{name}{jax.tree_util.keystr(path)} has shape {shape} {dtype}, but this "
-                        f"model's is {expected} {w.dtype} for batch {batch}: a state from a model "
-                        "with another config (e.g. conv width, heads or head size)"
-                    )
-                if free and position is not None:
-                    capacity = min(shape[ax] for ax in free)
-                    if position + num_new > capacity:
-                        raise ValueError(
-                            f"{name} holds {capacity} tokens (init_state's max_length); it has "
-                            f"{position} and cannot take {num_new} more"
-                        )
+                where = f"{name}{jax.tree_util.keystr(path)}"
+                _check_state_leaf(where, got, w, w2, batch, position, num_new, name)
         if position is not None and position + num_new > MAX_POSITION:
             raise ValueError(
                 f"state.position {position} + {num_new} token(s) would pass {MAX_POSITION} "
@@ -352,3 +332,30 @@ def redraw_features(model: nnx.Module, rng: jax.Array) -> int:
             module.redraw(jax.random.fold_in(rng, count))
             count += 1
     return count
+
+
+def _check_state_leaf(where, got, want, want2, batch, position, num_new, name) -> None:
+    """One array ``got`` of a layer's state against this model's, ``want`` and ``want2`` (its
+    shapes for cache lengths 1 and 2: the axes where they differ may have any length, and must
+    have room for ``num_new`` more tokens after ``position`` when that is known)."""
+    shape = tuple(jnp.shape(got))
+    dtype = getattr(got, "dtype", None) or np.asarray(got).dtype
+    pairs = enumerate(zip(want.shape, want2.shape, strict=True))
+    free = {ax for ax, (a, b) in pairs if a != b}
+    fits = len(shape) == len(want.shape) and all(
+        n == m or ax in free for ax, (n, m) in enumerate(zip(shape, want.shape, strict=False))
+    )
+    if not fits or dtype != want.dtype:
+        expected = tuple("L" if ax in free else n for ax, n in enumerate(want.shape))
+        raise ValueError(
+            f"{where} has shape {shape} {dtype}, but this model's is {expected} {want.dtype} "
+            f"for batch {batch}: a state from a model with another config (e.g. conv width, "
+            "heads or head size)"
+        )
+    if free and position is not None:
+        capacity = min(shape[ax] for ax in free)
+        if position + num_new > capacity:
+            raise ValueError(
+                f"{name} holds {capacity} tokens (init_state's max_length); it has "
+                f"{position} and cannot take {num_new} more"
+            )

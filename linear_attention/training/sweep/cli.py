@@ -28,7 +28,7 @@ from linear_attention.training.sweep.grid import load_sweep, prepare
 from linear_attention.training.sweep.runner import check_results_csv, run
 
 
-def main(argv=None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", required=True, help="sweep config file, path[:preset]")
     parser.add_argument("--workdir", required=True, help="sweep folder (resumed if it exists)")
@@ -65,6 +65,11 @@ def main(argv=None) -> int:
         "of the grid instead of the workdir's runs (docs/results/mqar_sweep_cpu.csv); given "
         "more than once, each point's first finished row, in the order given",
     )
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     if args.results_csv is not None and not args.report_only:
         parser.error("--results-csv needs --report-only (it redraws finished results)")

@@ -61,18 +61,13 @@ def plot_mqar(best: list[dict], axes: list[Axis], sweep, out: Path) -> None:
         return
     # a colour and a marker each (15 markers before they repeat)
     palette = line_colors(len(line_axis.labels))
-    colors = {line: palette[i] for i, line in enumerate(line_axis.labels)}
-    markers = {line: "os^Dv<>pXP*hd8H"[i % 15] for i, line in enumerate(line_axis.labels)}
     nudge = nudge_factors(line_axis.labels)
+    styles = {
+        line: dict(color=palette[i], marker="os^Dv<>pXP*hd8H"[i % 15], nudge=nudge[line])
+        for i, line in enumerate(line_axis.labels)
+    }
     x_value = dict(zip(x_axis.labels, (c[0] for c in x_axis.choices), strict=True))
-    seeds = sorted({int(r.get("seeds", 1)) for r in best if r.get("seeds")})
-    if seeds and seeds[-1] > 1:
-        n = "/".join(str(s) for s in seeds)
-        what = f"mean over {n} seeds at the best learning rate; bars: min–max over the {n} seeds"
-    else:
-        what = "one run per setting, at the best learning rate"
     shift = f"points nudged sideways by at most ±{100 * (NUDGE - 1):.1f}% of x to stay apart"
-
     for filename, xkey, xlabel in (
         ("accuracy_vs_d_model.png", x_axis.name, x_axis.fields[0].split(".")[-1]),
         (
@@ -81,6 +76,11 @@ def plot_mqar(best: list[dict], axes: list[Axis], sweep, out: Path) -> None:
             "decoding state per sequence (kB, log scale; softmax: its KV cache at seq_len)",
         ),
     ):
+        by_width = xkey == x_axis.name
+        if by_width:
+            x_of = lambda r, k=xkey: float(x_value[r[k]])  # noqa: E731
+        else:
+            x_of = lambda r, k=xkey: float(r[k])  # noqa: E731
         fig, axs = plt.subplots(
             1,
             len(panels),
@@ -88,64 +88,90 @@ def plot_mqar(best: list[dict], axes: list[Axis], sweep, out: Path) -> None:
             squeeze=False,
             sharey=True,
         )
-        all_x = []
+        all_x = []  # (the state axis of a panel spans the points of this and earlier panels)
         for ax, panel in zip(axs[0], panels, strict=True):
             for line in line_axis.labels:
                 rows = [
                     r for r in best if r[panel_axis.name] == panel and r[line_axis.name] == line
                 ]
-                pts = sorted(
-                    (
-                        float(x_value[r[xkey]]) if xkey == x_axis.name else float(r[xkey]),
-                        metric_value(r, "mqar"),
-                        float(r.get("eval/accuracy min", math.nan)),
-                        float(r.get("eval/accuracy max", math.nan)),
-                    )
-                    for r in rows
-                )
-                if pts:
-                    xs, ys, lows, highs = (np.array(v) for v in zip(*pts, strict=True))
-                    all_x.extend(xs)
-                    # error bars: the min–max over seeds (none where a setting has one run)
-                    yerr = np.nan_to_num(np.stack([ys - lows, highs - ys]), nan=0.0)
-                    ax.errorbar(
-                        xs * nudge[line],
-                        ys,
-                        yerr=yerr,
-                        fmt=markers[line] + "-",
-                        color=colors[line],
-                        label=line,
-                        ms=6,
-                        capsize=3,
-                        lw=1.3,
-                        elinewidth=1.0,
-                    )
-            ax.set_xscale("log", base=2 if xkey == x_axis.name else 10)
-            ax.minorticks_off()
-            if xkey == x_axis.name:
-                ticks = sorted({float(v) for v in x_value.values()})
-                ax.set_xticks(ticks, [format_label(int(t) if t.is_integer() else t) for t in ticks])
-                ax.set_xlim(ticks[0] / 1.12, ticks[-1] * 1.12)
-            else:
-                lo, hi = min(all_x) / 1.12, max(all_x) * 1.12
-                ticks = [t for t in _STATE_TICKS if lo <= t <= hi]
-                ax.set_xticks(ticks, [f"{t / 1e3:g}" for t in ticks])
-                ax.set_xlim(lo, hi)
-            ax.tick_params(labelsize=10)
-            if "data.num_kv_pairs" in panel_axis.fields:  # chance: one of the values in context
-                values = panel_axis.choices[panel_axis.labels.index(panel)]
-                pairs = values[panel_axis.fields.index("data.num_kv_pairs")]
-                ax.axhline(1 / pairs, color="0.5", ls=":", lw=1, label="chance (1/pairs)")
+                all_x.extend(_mqar_line(ax, rows, x_of, line, **styles[line]))
+            _mqar_x_axis(ax, by_width, x_value, all_x)
+            _chance_line(ax, panel_axis, panel)
             ax.set_title(panel_title(panel_axis, panel), fontsize=10)
             ax.set_xlabel(f"{xlabel}\n({shift})", fontsize=10)
             ax.set_ylim(-0.03, 1.03)
             ax.grid(alpha=0.3)
         axs[0][0].set_ylabel("MQAR accuracy", fontsize=11)
         axs[0][-1].legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.02, 1.0))
-        fig.suptitle(what, fontsize=11)
+        fig.suptitle(_seeds_caption(best), fontsize=11)
         fig.tight_layout()
         fig.savefig(out / filename, dpi=120)
         plt.close(fig)
+
+
+def _seeds_caption(best: list[dict]) -> str:
+    """What a point of an MQAR figure is: a mean over how many seeds, or one run."""
+    seeds = sorted({int(r.get("seeds", 1)) for r in best if r.get("seeds")})
+    if seeds and seeds[-1] > 1:
+        n = "/".join(str(s) for s in seeds)
+        return f"mean over {n} seeds at the best learning rate; bars: min–max over the {n} seeds"
+    return "one run per setting, at the best learning rate"
+
+
+def _mqar_line(ax, rows: list[dict], x_of, line: str, *, color, marker, nudge) -> list[float]:
+    """Draw ``line``'s points (``rows``, at ``x_of(row)``) with min–max bars; their x values."""
+    pts = sorted(
+        (
+            x_of(r),
+            metric_value(r, "mqar"),
+            float(r.get("eval/accuracy min", math.nan)),
+            float(r.get("eval/accuracy max", math.nan)),
+        )
+        for r in rows
+    )
+    if not pts:
+        return []
+    xs, ys, lows, highs = (np.array(v) for v in zip(*pts, strict=True))
+    # error bars: the min–max over seeds (none where a setting has one run)
+    yerr = np.nan_to_num(np.stack([ys - lows, highs - ys]), nan=0.0)
+    ax.errorbar(
+        xs * nudge,
+        ys,
+        yerr=yerr,
+        fmt=marker + "-",
+        color=color,
+        label=line,
+        ms=6,
+        capsize=3,
+        lw=1.3,
+        elinewidth=1.0,
+    )
+    return list(xs)
+
+
+def _mqar_x_axis(ax, by_width: bool, x_value: dict, all_x: list[float]) -> None:
+    """A log x axis: the grid's widths (base 2), or state bytes in kB (base 10) over
+    ``all_x``."""
+    ax.set_xscale("log", base=2 if by_width else 10)
+    ax.minorticks_off()
+    if by_width:
+        ticks = sorted({float(v) for v in x_value.values()})
+        ax.set_xticks(ticks, [format_label(int(t) if t.is_integer() else t) for t in ticks])
+        ax.set_xlim(ticks[0] / 1.12, ticks[-1] * 1.12)
+    else:
+        lo, hi = min(all_x) / 1.12, max(all_x) * 1.12
+        ticks = [t for t in _STATE_TICKS if lo <= t <= hi]
+        ax.set_xticks(ticks, [f"{t / 1e3:g}" for t in ticks])
+        ax.set_xlim(lo, hi)
+    ax.tick_params(labelsize=10)
+
+
+def _chance_line(ax, panel_axis: Axis, panel) -> None:
+    """Chance, one of the values in context, where the panel fixes the number of pairs."""
+    if "data.num_kv_pairs" in panel_axis.fields:
+        values = panel_axis.choices[panel_axis.labels.index(panel)]
+        pairs = values[panel_axis.fields.index("data.num_kv_pairs")]
+        ax.axhline(1 / pairs, color="0.5", ls=":", lw=1, label="chance (1/pairs)")
 
 
 def plot_loss_curves(best: list[dict], axes: list[Axis], sweep, runs_dir: Path, out: Path):

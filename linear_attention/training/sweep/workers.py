@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import collections
+import contextlib
 import json
 import os
 import pickle
@@ -140,51 +141,97 @@ def run_parallel(
     writes only its points' run directories, this process writes every results file. The
     ``replicate`` runs (seeds) of a setting go to one worker, one after the other: they share
     its compiled step, unless another worker would sit idle (`PointQueue`)."""
-    todo = PointQueue(points, replicate)
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {WORKER_XLA_FLAGS}".strip()
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
-    errors, interrupted = [], []
-    progress = SweepProgress(len(points))
-    lock = threading.Lock()
+    driver = _Driver(points, runs_dir, decode_batch_size, log, replicate)
+    workers = _start_workers(min(jobs, len(points)))
+    threads = [threading.Thread(target=driver.drive, args=(n, w)) for n, w in enumerate(workers)]
+    try:
+        with _forwarded_signals(workers, driver.interrupted) as forward:
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                while thread.is_alive():  # a timed join lets the signal handler run
+                    thread.join(0.1)
+                    forward()
+    finally:
+        for worker in workers:
+            worker.stdin.close()
+            worker.wait()
+    driver.raise_outcome()
 
-    def drive(n, worker):
-        while not errors and not interrupted:
-            job = todo.take(n)
-            if job is None or not run_one(worker, *job):
+
+class _Driver:
+    """The parent's side of one parallel sweep, shared by one thread per worker: the queue of
+    points, the errors and interruptions reported (either stops every thread from taking a
+    new point) and the log."""
+
+    def __init__(self, points, runs_dir: Path, decode_batch_size: int, log, replicate):
+        self.points, self.runs_dir, self.log = points, runs_dir, log
+        self.decode_batch_size = decode_batch_size
+        self.todo = PointQueue(points, replicate)
+        self.errors: list[str] = []
+        self.interrupted: list[str] = []
+        self.progress = SweepProgress(len(points))
+        self.lock = threading.Lock()
+
+    def drive(self, n: int, worker) -> None:
+        """Worker ``n``'s thread: its points, one after another, until none is left or the
+        sweep stops."""
+        while not self.errors and not self.interrupted:
+            job = self.todo.take(n)
+            if job is None or not self.run_one(worker, *job):
                 return
 
-    def run_one(worker, i, point) -> bool:
-        job = (experiment_config(point.config), str(runs_dir / point.name), decode_batch_size)
+    def run_one(self, worker, i: int, point: Point) -> bool:
+        """Send ``point`` to ``worker`` and log its result; False if it failed or was stopped."""
+        result = self.exchange(worker, point)
+        if "interrupted" in result:
+            self.interrupted.append(f"{point.name}: {result['interrupted']}")
+            return False
+        if "error" in result:
+            self.errors.append(f"{point.name}: {result['error']}")
+            return False
+        with self.lock:
+            self.log(
+                f"[{i + 1}/{len(self.points)}] {point.name}: {result['status']} in "
+                f"{result['seconds']:.0f} s"
+            )
+            self.log(self.progress.done())
+        return True
+
+    def exchange(self, worker, point: Point) -> dict:
+        """The worker's answer to ``point`` (its result line, or what its exit means)."""
+        job = (
+            experiment_config(point.config),
+            str(self.runs_dir / point.name),
+            self.decode_batch_size,
+        )
         worker.stdin.write(base64.b64encode(pickle.dumps(job)).decode() + "\n")
         worker.stdin.flush()
         for line in worker.stdout:
             if line.startswith(_RESULT):
-                result = json.loads(line[len(_RESULT) :])
-                break
-        else:
-            code = worker.wait()
-            if interrupted:  # stopped by the forwarded signal before it could report
-                result = {"interrupted": f"worker exited (code {code})"}
-            else:
-                result = {"error": f"worker exited (code {code})", "seconds": 0.0}
-        if "interrupted" in result:
-            interrupted.append(f"{point.name}: {result['interrupted']}")
-            return False
-        if "error" in result:
-            errors.append(f"{point.name}: {result['error']}")
-            return False
-        with lock:
-            log(
-                f"[{i + 1}/{len(points)}] {point.name}: {result['status']} in "
-                f"{result['seconds']:.0f} s"
-            )
-            log(progress.done())
-        return True
+                return json.loads(line[len(_RESULT) :])
+        code = worker.wait()
+        if self.interrupted:  # stopped by the forwarded signal before it could report
+            return {"interrupted": f"worker exited (code {code})"}
+        return {"error": f"worker exited (code {code})", "seconds": 0.0}
 
-    # Workers in their own session: a Ctrl-C at the terminal reaches this process only, which
-    # forwards it once (a second signal to a worker means "stop now, without a checkpoint").
-    workers = [
+    def raise_outcome(self) -> None:
+        """RuntimeError if a worker failed, `SweepInterrupted` if a signal stopped the sweep."""
+        if self.errors:
+            raise RuntimeError("sweep worker failed: " + "; ".join(self.errors))
+        if self.interrupted:
+            runs = [i for i in self.interrupted if ": " in i]
+            raise SweepInterrupted("; ".join(runs) or "before any run reported")
+
+
+def _start_workers(count: int) -> list[subprocess.Popen]:
+    """``count`` worker processes on one XLA thread each, running this process's package.
+    Each in its own session: a Ctrl-C at the terminal reaches this process only, which
+    forwards it once (a second signal to a worker means "stop now, without a checkpoint")."""
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {WORKER_XLA_FLAGS}".strip()
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
+    return [
         subprocess.Popen(
             list(WORKER_COMMAND),
             stdin=subprocess.PIPE,
@@ -193,18 +240,23 @@ def run_parallel(
             env=env,
             start_new_session=True,
         )
-        for _ in range(min(jobs, len(points)))
+        for _ in range(count)
     ]
-    threads = [threading.Thread(target=drive, args=(n, w)) for n, w in enumerate(workers)]
 
+
+@contextlib.contextmanager
+def _forwarded_signals(workers: list[subprocess.Popen], interrupted: list[str]):
+    """SIGINT and SIGTERM caught while inside; yields ``forward()``, which sends each signal
+    caught since its last call to the running workers. The handler only sets flags (no I/O in
+    a handler, issue 23) and stops new points (``interrupted``); the old handlers come back
+    on exit."""
     received = []  # signals caught and not yet forwarded
 
     def on_signal(signum, _frame):
-        # Only set flags (no I/O in a handler, issue 23); the loop below forwards.
         received.append(signum)
         interrupted.append(signal.Signals(signum).name)  # no new points from here on
 
-    def forward_received():
+    def forward():
         while received:
             signum = received.pop(0)
             for worker in workers:
@@ -213,20 +265,7 @@ def run_parallel(
 
     handlers = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            while thread.is_alive():  # a timed join lets the signal handler run
-                thread.join(0.1)
-                forward_received()
+        yield forward
     finally:
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
-        for worker in workers:
-            worker.stdin.close()
-            worker.wait()
-    if errors:
-        raise RuntimeError("sweep worker failed: " + "; ".join(errors))
-    if interrupted:
-        runs = [i for i in interrupted if ": " in i]
-        raise SweepInterrupted("; ".join(runs) or "before any run reported")
