@@ -1,7 +1,7 @@
 """The ``la-convert`` command line: Hugging Face checkpoints in and out of run workdirs.
 
     la-convert --from-hf PATH --workdir W     a local transformers folder -> a run workdir
-    la-convert --to-hf W OUT                  a run workdir's latest checkpoint -> a folder
+    la-convert --to-hf W OUT [--model-type T]  a run workdir's latest checkpoint -> a folder
 
 ``--from-hf`` writes W as a run: ``config.json`` (the model's fields from the checkpoint's
 config; text data with the checkpoint's tokenizer, the built-in corpus, a placeholder budget to
@@ -10,6 +10,9 @@ tokenizer files copied in, so that ``la-eval --workdir W``, ``la-generate --work
 fine-tuning run (``la-train ... --config.train.init_from=W``) work on it. ``--to-hf`` writes a
 folder that ``transformers.AutoModelForCausalLM.from_pretrained(OUT)`` loads with the same
 logits, for a model whose every part maps (docs/hf.md); any other is refused with the reasons.
+``--model-type`` picks the architecture written (default: the first that holds the model
+exactly, `models.hf.export_type`), e.g. ``qwen3_5_moe_text`` for a model that ``qwen3_next``
+holds too.
 What the checkpoint holds that the causal LM leaves out (a multimodal checkpoint's vision
 tower, a multi-token-prediction head) is printed after ``--from-hf``, one ``not imported:`` line
 each. Nothing is downloaded. Bad input stops with ``la-convert: error: ...`` (exit status 2) before
@@ -41,7 +44,7 @@ from linear_attention.training.load import load_run
 from linear_attention.training.metrics import write_json
 from linear_attention.training.optim import make_optimizer
 
-USAGE = "usage: la-convert --from-hf PATH --workdir W  |  la-convert --to-hf W OUT"
+USAGE = "usage: la-convert --from-hf PATH --workdir W  |  la-convert --to-hf W OUT [--model-type T]"
 # The tokenizer files of a transformers folder, copied as they are (whichever exist).
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -66,6 +69,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--from-hf", metavar="PATH", help="a local transformers checkpoint folder")
     parser.add_argument("--workdir", metavar="W", help="the run workdir to write (--from-hf)")
     parser.add_argument("--to-hf", nargs=2, metavar=("W", "OUT"), help="workdir and folder")
+    parser.add_argument(
+        "--model-type",
+        metavar="T",
+        help="the architecture --to-hf writes (default: the first "
+        f"that holds the model; one of {', '.join(hf.ARCHITECTURES)})",
+    )
     return parser
 
 
@@ -121,14 +130,15 @@ def from_hf(path: str, workdir: str) -> dict:
     return written
 
 
-def to_hf(workdir: str, out: str) -> str:
-    """Write the latest checkpoint of the run in `workdir` as a transformers folder `out` (the
-    architecture that holds its config exactly: `models.hf.export_type`), with the tokenizer
+def to_hf(workdir: str, out: str, model_type: str | None = None) -> str:
+    """Write the latest checkpoint of the run in `workdir` as a transformers folder `out` of
+    `model_type` (None: the architecture that holds its config exactly, `models.hf.export_type`),
+    with the tokenizer
     files of the workdir, or else of the folder of the run's `config.data.tokenizer` file
     (a fine-tuning run reads the converted run's)."""
     _fresh_folder("--to-hf OUT", out)
     model, config = load_run(workdir)
-    hf.save_pretrained(model, out)
+    hf.save_pretrained(model, out, model_type=model_type)
     tokenizer = getattr(config.data, "tokenizer", "bytes")
     folders = [workdir] + ([os.path.dirname(tokenizer)] if os.path.isfile(tokenizer) else [])
     for name in TOKENIZER_FILES:
@@ -151,6 +161,13 @@ def main(argv: list[str] | None = None) -> int:
             raise UsageError(f"unknown arguments {' '.join(extra)}; {USAGE}")
         if (args.from_hf is None) == (args.to_hf is None):
             raise UsageError(f"give one of --from-hf or --to-hf; {USAGE}")
+        if args.model_type is not None and (
+            args.to_hf is None or args.model_type not in hf.ARCHITECTURES
+        ):
+            raise UsageError(
+                f"--model-type {args.model_type!r}: it goes with --to-hf and is one of "
+                f"{', '.join(hf.ARCHITECTURES)}"
+            )
         if args.from_hf is not None:
             if args.workdir is None:
                 raise UsageError("--from-hf needs --workdir W")
@@ -161,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             if args.workdir is not None:
                 raise UsageError("--to-hf takes W OUT, not --workdir")
-            to_hf(*args.to_hf)
+            to_hf(*args.to_hf, model_type=args.model_type)
             print(f"wrote {args.to_hf[1]} from {args.to_hf[0]}")
     except (UsageError, ValueError) as e:
         return error("la-convert", e)

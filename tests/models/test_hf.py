@@ -329,9 +329,10 @@ def converted(tmp_path_factory):
     return workdir
 
 
-def test_convert_workdir_round_trip(converted, tmp_path):
+def test_convert_workdir_round_trip(converted, tmp_path, capsys):
     """The converted run's checkpoint gives transformers' logits; `--to-hf` gives the
-    checkpoint's tensors and tokenizer back."""
+    checkpoint's tensors and tokenizer back; `--model-type qwen3_5` (multimodal) is refused
+    with the reason."""
     folder, out = os.path.join(FIXTURES, "qwen3_5"), str(tmp_path / "out")
     assert sorted(os.listdir(converted)) == [
         "checkpoints",
@@ -349,6 +350,9 @@ def test_convert_workdir_round_trip(converted, tmp_path):
     for name, want in theirs.items():
         np.testing.assert_allclose(ours[name], want, rtol=0, atol=1e-7, err_msg=name)
     assert os.path.isfile(os.path.join(out, "tokenizer.json"))
+    refused = ["--to-hf", converted, str(tmp_path / "vl"), "--model-type", "qwen3_5"]
+    assert convert.main(refused) == 2
+    assert "qwen3_5 is the multimodal checkpoint" in capsys.readouterr().err
 
 
 def test_init_from_takes_the_converted_parameters(converted):
@@ -404,6 +408,8 @@ def test_fine_tune_a_converted_run(converted, tmp_path):
         (["--from-hf", "/nonexistent", "--workdir", "W"], "is not a folder"),
         (["--to-hf", "/nonexistent", "OUT"], "holds no run"),
         (["--from-hf", "x", "--workdir", "W", "--bogus"], "unknown arguments --bogus"),
+        (["--to-hf", "W", "OUT", "--model-type", "llama"], "--model-type 'llama': it goes with"),
+        (["--from-hf", "x", "--workdir", "W", "--model-type", "qwen3_5_text"], "goes with --to-hf"),
     ],
 )
 def test_convert_bad_input_exits_2(argv, message, capsys, tmp_path, monkeypatch):
