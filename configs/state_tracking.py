@@ -16,6 +16,12 @@ every difference): 1 layer at d_model 16, batch 256 for 20,000 steps on parity; 
 d_model 128 for 100,000 steps on mod_arith (their cost on the 2-core machine:
 docs/results/config_docstring_runs.md). They are the presets a device runs
 (``--config configs/state_tracking.py:parity_paper --config.model.mixer=...``).
+``s3_paper``, ``s5_paper`` and ``a5_paper`` are DeltaProduct's (Siems et al. 2025;
+`deltaproduct_preset` lists the source files and every difference): one gated_deltaproduct
+layer at d_model 128, trained on sequences of exactly 128 elements and tested at 512, batch
+2048 for 4,900 steps (9.9M sequences). Their size from ``la-train ... --dry_run`` on the 2-core
+CPU: S3 398,480 parameters, 3.79M FLOPs per token, a 32.3 GB train step; S5 560,784, 6.09M,
+57.3 GB; A5 545,424, 6.04M, 57.3 GB (4 Householder steps). For a device; smoke-tested here.
 Training lengths 3–40, evaluation at lengths 40, 64, 128 and 256 (512 sequences each), as
 Grazzi et al. (train 3–40, test 40–256).
 ``eval/length_{L}/accuracy``: sequence-level for parity and mod_arith (one label per sequence),
@@ -36,8 +42,14 @@ from linear_attention.training.presets import synthetic_preset
 
 # Grazzi et al.'s own protocol (`paper_preset`): parity and modular arithmetic.
 PAPER = ("parity_paper", "mod_arith_paper")
-PRESETS = (*TASKS, *PAPER, "smoke")
+# DeltaProduct's protocol (`deltaproduct_preset`): the group word problems.
+GROUP_PAPER = ("s3_paper", "s5_paper", "a5_paper")
+PRESETS = (*TASKS, *PAPER, *GROUP_PAPER, "smoke")
 NUM_STEPS = 500
+# Householder steps per token that one layer needs to carry the group (Siems et al.'s
+# construction: an element that is a product of m transpositions takes m reflections; S3's
+# 3-cycles are 2, the 5-cycles of S5 and A5 are 4).
+HOUSEHOLDER_STEPS = {"s3": 2, "s5": 4, "a5": 4}
 
 
 def get_config(arg=None):
@@ -47,6 +59,8 @@ def get_config(arg=None):
         )
     if arg in PAPER:
         return paper_preset(arg.removesuffix("_paper"))
+    if arg in GROUP_PAPER:
+        return deltaproduct_preset(arg.removesuffix("_paper"))
     smoke = arg == "smoke"
     task = "parity" if smoke else arg
     data = dict(
@@ -90,9 +104,12 @@ def paper_preset(task):
     - mixer: ``deltanet`` with ``allow_neg_eigval=True`` (the file's DeltaNet, β = 2·sigmoid);
       the study overrides ``--config.model.mixer`` and ``allow_neg_eigval``.
     - AdamW's β₂ is torch's default, 0.999 (the synthetic presets use 0.98); ε 1e-8.
-    - the block: this library's (pre-norm RMSNorm, SwiGLU MLP of ratio 4, untied embeddings),
-      where the authors use flash-linear-attention's DeltaNet model (the same parts; its MLP's
-      hidden size is rounded differently).
+    - the block: this library's (pre-norm RMSNorm, SwiGLU MLP of ratio 4, untied embeddings as
+      the files' ``tie_weights: false``), where the authors use flash-linear-attention's DeltaNet
+      model (the same parts; its MLP's hidden size is rounded differently).
+    - weight decay reaches the embedding matrices here (AdamW decays every matrix); the files
+      keep it off them (``weight_decay_on_embedding: false``). It matters on mod_arith only
+      (parity's weight decay is 0).
     - precision: float32 throughout (the authors train in bfloat16 autocast).
     - evaluation: 512 sequences at each of the lengths 40, 64, 128 and 256, where the authors
       draw 8,192 test sequences with lengths uniform in 40–256; the paper's Table 3 reports the
@@ -132,7 +149,82 @@ def paper_preset(task):
         mixer="deltanet",
         allow_neg_eigval=True,
     )
+    config.model.tie_embeddings = False
     config.optimizer.update(weight_decay=0.0 if parity else 0.1, b2=0.999, grad_clip=0.0)
     config.optimizer.min_lr_ratio = 1e-3
     config.train.batch_size = 256
+    return config
+
+
+def deltaproduct_preset(task):
+    """Siems et al.'s (DeltaProduct, 2025) group word problems, as their repository
+    ``automl/DeltaProduct`` (commit 38cd4e4) runs them: ``README.md``'s S3 commands and the
+    defaults of ``state_tracking/src/main.py`` and ``src/generate_data.py``, as read there:
+
+    - data: 100,000 distinct random sequences of exactly 128 group elements, 99 % for training
+      (99,000; ``train_size=0.99``), the label at every position the running product; tested
+      on the 1 % test split (1,000 sequences) of a file of length 512 (``--k_test=512``).
+    - model: flash-linear-attention's GatedDeltaProduct, 1 layer (``--n_layers=1``; the paper
+      also varies it), hidden size 128, 8 heads of head_dim 32, MLP, no short conv, no output
+      gate, no forget gate (``use_forget_gate=False``), untied embeddings, β ∈ (0, 2)
+      (``--allow_neg_eigval=True``), n Householder steps (``--num_householder``; the paper
+      varies it).
+    - training: batch 2048, 100 epochs (49 batches each: 4,900 steps, 9.9M sequences, 1.27B
+      tokens), AdamW lr 1e-3, β (0.9, 0.999), ε 1e-8, weight decay 1e-6, no clipping, cosine
+      from the first step to 0 over the 100 epochs (``--use_scheduler=True``; no warmup),
+      cross-entropy at every position; stop once the validation sequence accuracy reaches
+      0.99 (``max_val_acc``).
+
+    Taken as they are: the lengths, the model's sizes, the budget in steps and sequences, the
+    optimizer and its schedule. ``num_householder`` defaults to what one layer needs in theory
+    (`HOUSEHOLDER_STEPS`: S3 2, S5 and A5 4); the study sets it (and ``num_layers``) per run.
+    The differences:
+
+    - the mixer is ``gated_deltaproduct``, whose scalar decay (Gated DeltaNet's γ) has no
+      switch: the authors' run has no forget gate.
+    - data: fresh draws every step (keyed by seed and step), where the authors cycle a fixed
+      set of 99,000 sequences 100 times; their tokenizer prepends a BOS token (scored against a
+      BOS label), here the first token is the first element.
+    - score: ``eval/length_{L}/accuracy`` is token-level (every prefix's product), where the
+      authors stop on and plot whole-sequence accuracy; evaluated at lengths 128 (in
+      distribution) and 512 on 1,000 sequences each, every 490 steps (10 epochs; the authors
+      validate every epoch), and no early stop: every run spends the full 4,900 steps.
+    - AdamW decays the embedding matrix too (as the authors' torch AdamW does); float32
+      throughout, where the authors cast the model to bfloat16.
+    - the block: this library's (pre-norm RMSNorm, SwiGLU MLP of ratio 4), where the authors use
+      flash-linear-attention's (the same parts; its MLP width is rounded differently).
+    """
+    steps, per_epoch = 4_900, 49
+    config = synthetic_preset(
+        dict(
+            kind="state_tracking",
+            task=task,
+            seq_len=128,
+            min_len=128,  # every training sequence exactly 128 long
+            eval_lengths=(128, 512),
+            num_eval_examples=1_000,
+        ),
+        vocab_size=task_vocab_size(task),
+        max_length=512,
+        learning_rate=1e-3,
+        warmup_steps=0,
+        num_steps=steps,
+        eval_every=10 * per_epoch,
+        log_every=per_epoch,
+        checkpoint_every=10 * per_epoch,
+    )
+    config.model.update(
+        d_model=128,
+        num_layers=1,
+        num_heads=8,
+        head_dim=32,
+        mixer="gated_deltaproduct",
+        num_householder=HOUSEHOLDER_STEPS[task],
+        allow_neg_eigval=True,
+        conv=0,
+        out_gate=False,
+        tie_embeddings=False,
+    )
+    config.optimizer.update(weight_decay=1e-6, b2=0.999, eps=1e-8, grad_clip=0.0)
+    config.train.batch_size = 2_048
     return config

@@ -169,6 +169,7 @@ def test_paper_presets_are_the_authors_settings_and_train(preset, tmp_path):
         3,
         40,
     )
+    assert m.tie_embeddings is False  # the files' tie_weights: false
     config = load_config("state_tracking", preset)  # two steps at the preset's own model
     config.train.update(num_steps=2, batch_size=4, eval_every=2, checkpoint_every=2)
     config.optimizer.warmup_steps = 1
@@ -176,3 +177,76 @@ def test_paper_presets_are_the_authors_settings_and_train(preset, tmp_path):
     summary = train(config, str(tmp_path))
     assert summary["step"] == 2 and math.isfinite(summary["train/loss"])
     assert all(f"eval/length_{n}/accuracy" in summary for n in (40, 64, 128, 256))
+
+
+# Siems et al.'s DeltaProduct runs (automl/DeltaProduct, README.md's S3 commands and
+# state_tracking/src/main.py's defaults), typed here from the files: layers, d_model, heads,
+# head_dim, batch, 100 epochs of ceil(99,000 / 2048) = 49 batches, warmup, weight decay, train
+# length, test length, test sequences (1 % of 100,000).
+GROUP_PAPER = {"s3_paper": 2, "s5_paper": 4, "a5_paper": 4}  # Householder steps, one layer
+
+
+@pytest.mark.parametrize("preset", GROUP_PAPER)
+def test_deltaproduct_presets_are_the_authors_settings_and_train(preset, tmp_path):
+    cfg = experiment_config(load_config("state_tracking", preset))
+    m, o, t, d = cfg.model, cfg.optimizer, cfg.train, cfg.data
+    assert (m.num_layers, m.d_model, m.num_heads, m.head_dim) == (1, 128, 8, 32)
+    assert (t.batch_size, t.num_steps, o.warmup_steps, o.weight_decay) == (2048, 100 * 49, 0, 1e-6)
+    assert (o.learning_rate, o.min_lr_ratio, o.grad_clip, o.b2) == (1e-3, 0.0, 0.0, 0.999)
+    assert (m.mixer, m.num_householder, m.allow_neg_eigval) == (
+        "gated_deltaproduct",
+        GROUP_PAPER[preset],
+        True,
+    )
+    assert (m.conv, m.out_gate, m.tie_embeddings) == (0, False, False)
+    assert (d.task, d.min_len, d.seq_len) == (preset.removesuffix("_paper"), 128, 128)
+    assert (tuple(d.eval_lengths), d.num_eval_examples) == ((128, 512), 1000)
+    config = load_config("state_tracking", preset)  # two steps at the preset's own model
+    config.train.update(num_steps=2, batch_size=4, eval_every=2, checkpoint_every=2)
+    config.data.num_eval_examples = 4
+    summary = train(config, str(tmp_path))
+    assert summary["step"] == 2 and math.isfinite(summary["train/loss"])
+    assert all(f"eval/length_{n}/accuracy" in summary for n in (128, 512))
+
+
+# MAD's baseline per task (mad-lab, configs/tasks/<task>.yml), typed from the files: content
+# vocabulary (noisy recall: 32 less its 16 noise tokens), length, training examples.
+MAD_PAPER = {
+    "in_context_recall": (16, 128, 12_800),
+    "noisy_recall": (16, 128, 12_800),
+    "fuzzy_recall": (16, 128, 12_800),
+    "selective_copying": (16, 256, 12_800),
+    "compression": (16, 32, 12_800),
+    "memorization": (256, 32, 256),
+}
+
+
+@pytest.mark.parametrize("task", MAD_PAPER)
+def test_mad_paper_presets_are_mads_settings(task):
+    cfg = experiment_config(load_config("mad", f"{task}_paper"))
+    d, m, o, t = cfg.data, cfg.model, cfg.optimizer, cfg.train
+    assert (d.vocab_size, d.seq_len, d.num_train_examples) == MAD_PAPER[task]
+    assert d.num_test_examples == 1_280 and cfg.seed == 12345
+    # 200 epochs of batch 128 (steps per epoch rounded up, as a DataLoader's last batch)
+    assert (t.batch_size, t.num_steps) == (128, 200 * -(-MAD_PAPER[task][2] // 128))
+    assert (t.eval_every, t.stop_at) == (-(-MAD_PAPER[task][2] // 128), 0.999)
+    assert (m.d_model, m.num_layers, m.num_heads, m.mlp_dim, m.conv) == (128, 2, 16, 352, 0)
+    assert (m.mixer, m.position, m.tie_embeddings) == ("softmax", "rope", False)
+    assert (o.learning_rate, o.weight_decay, o.warmup_steps, o.grad_clip) == (5e-4, 0.0, 0, 0.0)
+    assert o.learning_rate * o.min_lr_ratio == pytest.approx(1e-6)
+
+
+def test_mad_paper_settings_are_presets_and_one_trains(tmp_path):
+    """A change is a preset of its own (one field from the baseline); unknown ones stop."""
+    cfg = experiment_config(load_config("mad", "noisy_recall_paper.noise_fraction-0.6"))
+    assert (cfg.data.noise_fraction, cfg.data.seq_len, cfg.train.num_steps) == (0.6, 128, 20_000)
+    cfg = experiment_config(load_config("mad", "in_context_recall_paper.num_train_examples-800"))
+    assert (cfg.data.num_train_examples, cfg.train.num_steps) == (800, 200 * 7)
+    with pytest.raises(UsageError, match="unknown preset 'in_context_recall_paper.seq_len-7'"):
+        parse_args(_args("configs/mad.py:in_context_recall_paper.seq_len-7"))
+    config = load_config("mad", "selective_copying_paper")  # two steps at MAD's own model
+    config.train.update(num_steps=2, batch_size=4, eval_every=2, checkpoint_every=2)
+    config.data.update(num_train_examples=8, num_test_examples=8)
+    summary = train(config, str(tmp_path))
+    assert summary["step"] == 2 and math.isfinite(summary["train/loss"])
+    assert 0.0 <= summary["eval/accuracy"] <= 1.0

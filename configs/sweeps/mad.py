@@ -20,6 +20,20 @@ Presets (``configs/sweeps/mad.py:<arg>``):
   ``table1``: the DeltaNet paper's Table 1 comparison on every task: softmax (its Transformer),
       gla and deltanet × the same rates and seeds (108 runs, ``order`` as ``cpu``). Run in
       full, every cell tuned over three rates (EXPERIMENTS.md section 9.3).
+  ``paper``: MAD's protocol (mad-lab's ``benchmark.py``; `configs/mad.py:paper_preset` lists
+      its sources and every difference): each of MAD's 66 task settings (every task's baseline
+      and its changes, one field at a time: ``configs/mad.py:<task>_paper[.<field>-<value>]``)
+      × MAD's lr {1e-4, 5e-4, 1e-3} × weight decay {0, 0.1} (the ``opt`` axis, tuned) × Table
+      1's mixers, each as MAD configures its layer (`PAPER_LAYERS`), one seed (MAD's 12345):
+      396 runs per mixer, 1,188 in all, 200 epochs each (20,000 steps at 12,800 examples; fewer
+      with fewer examples), stopped once test accuracy reaches 0.999. Scored MAD's way
+      (``score = "mad"``): each setting at its best of the six optimizer choices, a task's
+      score the mean over its settings; results.md adds that table. For a device; not run.
+      The one-command launch: ``python experiments/sweep.py --config
+      configs/sweeps/mad.py:paper --workdir runs/mad-paper`` (``--only mixer=deltanet`` for
+      one mixer, ``--dry-run`` for the grid with each run's size).
+  ``paper_smoke``: the ``paper`` grid's shape at the smoke size (two settings of in-context
+      recall, two optimizer choices, softmax and deltanet, 4 steps each), for the test.
   ``smoke``: in-context recall at the smoke size, softmax and deltanet × 3 rates × 2 seeds,
       for the test; seconds.
 
@@ -36,12 +50,18 @@ from pathlib import Path
 
 import ml_collections
 
-from linear_attention.data.mad import TASKS
+from linear_attention.data.mad import TASKS, mad_changes
 from linear_attention.training.cli import load_config_file
 from linear_attention.training.sweep.grid import grid_axis
 from linear_attention.training.sweep.mixers import mixer_axis
 
-PRESETS = ("cpu", "smoke", "table1")
+PRESETS = ("cpu", "paper", "paper_smoke", "smoke", "table1")
+# MAD's settings, each a preset of configs/mad.py: ``<task>_paper[.<field>-<value>]``.
+PAPER_SETTINGS = tuple(
+    f"{task}_paper{suffix}"
+    for task in TASKS
+    for suffix in ("", *(f".{label}" for label, _ in mad_changes(task)))
+)
 # The DeltaNet paper's Table 1 comparison: its Transformer, GLA and DeltaNet.
 TABLE1_MIXERS = ("softmax", "gla", "deltanet")
 MIXERS = (
@@ -61,6 +81,14 @@ MIXERS = (
     "gated_deltaproduct_n2",
     "rwkv7",
 )
+# MAD's optimizer grid (mad-lab's make_benchmark_mad_configs): lr × weight decay, with the
+# cosine ending at 1e-6 whatever the rate, as MAD's does (min_lr_ratio = 1e-6 / lr).
+PAPER_OPT = tuple((lr, wd, 1e-6 / lr) for lr in (1e-4, 5e-4, 1e-3) for wd in (0.0, 0.1))
+PAPER_OPT_FIELDS = ("optimizer.learning_rate", "optimizer.weight_decay", "optimizer.min_lr_ratio")
+# Each mixer's layer as MAD's configs/layers/*.yml set it: (position, heads). Attention
+# (mh-attention.yml): rotary on its 8-dim heads, 16 heads; GLA (mh-gated-linear-attention.yml):
+# 8 heads; DeltaNet has no MAD file: mh-linear-attention.yml's 16 heads, no positions.
+PAPER_LAYERS = {"softmax": ("rope", 16), "gla": ("none", 8), "deltanet": ("none", 16)}
 MIXER_FIELDS = (
     "model.mixer",
     "model.feature_dim",
@@ -81,11 +109,45 @@ TASK_FIELDS = (
 )
 
 
+# The fields a MAD setting of the ``paper`` grid sets (its preset's values).
+PAPER_TASK_FIELDS = (
+    *TASK_FIELDS,
+    "data.num_train_examples",
+    "data.noise_fraction",
+    "data.num_tokens_to_copy",
+    "train.log_every",
+)
+
+
 def task_choice(task):
     """The values of `TASK_FIELDS` in the task's preset (``configs/mad.py:<task>``): MAD's
     baseline sizes and the preset's budget (the same number of tokens for every task)."""
     preset = _base(task)
     return tuple(preset[section][name] for section, name in (f.split(".") for f in TASK_FIELDS))
+
+
+def _paper_axes(grid, settings, mixers):
+    """The ``paper`` grid's task axis (each setting's preset values; labels ``<task>`` and
+    ``<task>.<field>-<value>``, which `mad_scores` groups by task), its optimizer axis and its
+    mixer axis (each mixer's layer as MAD sets it, no short conv)."""
+    choices, labels = [], []
+    for preset in settings:
+        config = _base(preset)
+        choices.append(tuple(_get(config, field) for field in PAPER_TASK_FIELDS))
+        labels.append(preset.replace("_paper", ""))
+    grid.task = grid_axis(PAPER_TASK_FIELDS, choices, tuple(labels))
+    grid.opt = grid_axis(
+        PAPER_OPT_FIELDS, PAPER_OPT, tuple(f"lr{lr:g}_wd{wd:g}" for lr, wd, _ in PAPER_OPT)
+    )
+    axis = mixer_axis(MIXER_FIELDS, mixers, taylor_dim=8, window=16, conv=0)
+    axis.field = (*axis.field, "model.position", "model.num_heads")
+    axis.choices = tuple((*c, *PAPER_LAYERS[m]) for c, m in zip(axis.choices, mixers, strict=True))
+    grid.mixer = axis
+
+
+def _get(config, field):
+    section, name = field.split(".")
+    return config[section][name]
 
 
 def _mixer_axis(config, names):
@@ -110,6 +172,30 @@ def get_config(arg=None):
     grid = config.grid = ml_collections.ConfigDict()
     grid.seed = grid_axis("seed", (0, 1))
     grid.lr = grid_axis("optimizer.learning_rate", (3e-3, 1e-3, 1e-2))
+    if arg in ("paper", "paper_smoke"):
+        config.tune = "opt"
+        del config.replicate  # one seed, MAD's
+        del config.grid.seed, config.grid.lr
+        config.score = "mad"
+        config.order = ("opt", "task", "mixer")
+        config.base = _base("in_context_recall_paper")
+        if arg == "paper":
+            _paper_axes(grid, PAPER_SETTINGS, TABLE1_MIXERS)
+            return config
+        # Two settings of one task (the baseline, fewer examples), two optimizer choices,
+        # softmax and deltanet, at the smoke size: PAPER_TASK_FIELDS' values for each.
+        _paper_axes(grid, PAPER_SETTINGS[:1], ("softmax", "deltanet"))
+        smoke = (("in_context_recall", 16, 16, 16, 16, 4, 0, 2, 2), (0.2, 16, 1))
+        grid.task = grid_axis(
+            PAPER_TASK_FIELDS,
+            ((*smoke[0], 64, *smoke[1]), (*smoke[0], 32, *smoke[1])),
+            ("in_context_recall", "in_context_recall.num_train_examples-32"),
+        )
+        grid.opt = grid_axis(PAPER_OPT_FIELDS, PAPER_OPT[:2], grid.opt.labels[:2])
+        config.base.model.d_model = 32
+        config.base.train.batch_size = 8
+        config.base.data.num_test_examples = 20
+        return config
     if arg == "smoke":
         config.base = _base("smoke")
         smoke = (("in_context_recall", 16, 16, 16, 16, 4, 2, 2, 2),)

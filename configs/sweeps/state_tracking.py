@@ -27,6 +27,15 @@ Presets (``configs/sweeps/state_tracking.py:<arg>``):
       Householder steps, β ∈ (0, 2), × the 3 rates × 2 seeds = 12 runs of 2000 steps (200
       warmup, evaluated every 500). Run in full: neither solves S3; 3 of 12 runs learn the
       permutation's sign and no more (EXPERIMENTS.md section 7.5).
+  ``budget``: the budget curve: S3 and A5 at 1×, 4× and 16× the preset's 500 steps (500,
+      2000, 8000; warmup 10 %, evaluated at the end) for gated_deltaproduct with 2 Householder
+      steps and gated_deltanet, both β ∈ (0, 2), at lr 3e-3 (the A5 slice's best rate for every
+      mixer) × seeds (0, 1): 24 runs of ``configs/state_tracking.py:<task>`` (2 layers,
+      d_model 64). It says whether the slices' floor is the budget. For a device (16× is about
+      80 minutes a run on the 2-core CPU, from the preset's ~5 minutes); not run. The
+      one-command launch: ``python experiments/sweep.py --config
+      configs/sweeps/state_tracking.py:budget --workdir runs/st-budget`` (``--dry-run``: the
+      grid with each run's size).
   ``smoke``: parity, 2 mixers (gated_deltanet with β ∈ (0, 1) and (0, 2)) × 2 rates × 2
       seeds at the smoke size, for the test; seconds.
 
@@ -56,7 +65,10 @@ from linear_attention.training.sweep.grid import grid_axis
 from linear_attention.training.sweep.mixers import mixer_axis
 
 # One slice per task (``parity``, ..., ``a5``), named as configs/state_tracking.py's presets.
-PRESETS = ("cpu", "groups", *TASKS, "s3_one_layer", "smoke")
+PRESETS = ("budget", "cpu", "groups", *TASKS, "s3_one_layer", "smoke")
+# The budget curve: multiples of the preset's steps, and its two mixers.
+BUDGETS = (1, 4, 16)
+BUDGET_MIXERS = ("gated_deltaproduct_n2_neg", "gated_deltanet_neg")
 # The delta family, each with β ∈ (0, 1) and with β ∈ (0, 2) (``*_neg``); gated_deltaproduct
 # with 1 and 2 Householder steps per token (``_n1``, ``_n2``).
 DELTA_FAMILY = tuple(
@@ -97,6 +109,7 @@ def get_config(arg=None):
             f"unknown preset {arg!r} for configs/sweeps/state_tracking.py; presets: {PRESETS}"
         )
     tasks = {
+        "budget": ("s3", "a5"),
         "cpu": ("parity", "mod_arith"),
         "groups": ("s3", "s5", "s5_swaps", "a5"),
         "s3_one_layer": ("s3",),
@@ -116,6 +129,23 @@ def get_config(arg=None):
         names = ("gated_deltanet", "gated_deltanet_neg")
         grid.mixer = _mixer_axis(config, names)
         grid.lr = grid_axis("optimizer.learning_rate", (1e-3, 3e-3))
+        return config
+    if arg == "budget":
+        grid.mixer = _mixer_axis(config, BUDGET_MIXERS)
+        grid.lr = grid_axis("optimizer.learning_rate", (3e-3,))
+        steps = tuple(b * config.base.train.num_steps for b in BUDGETS)  # 1×: the preset's
+        budget_fields = (
+            "train.num_steps",
+            "optimizer.warmup_steps",
+            "train.eval_every",
+            "train.checkpoint_every",
+        )
+        grid.budget = grid_axis(
+            budget_fields,
+            tuple((n, n // 10, n, n // 2) for n in steps),
+            tuple(f"{b}x" for b in BUDGETS),
+        )
+        config.order = ("budget", "seed", "task", "mixer")
         return config
     grid.lr = grid_axis("optimizer.learning_rate", (1e-3, 3e-3, 1e-2))
     # A sweep cut short leaves every mixer at the same settings: the first rate and seed first.

@@ -86,6 +86,45 @@ MAD_SETTINGS = {
     "memorization": (256, 32),
 }
 NUM_TRAIN_EXAMPLES, NUM_TEST_EXAMPLES = 12_800, 1_280
+# MAD's training-set size at each task's baseline (its configs/tasks/<task>.yml): memorization
+# learns one fixed map from 256 examples.
+MAD_TRAIN_EXAMPLES = {**dict.fromkeys(TASKS, NUM_TRAIN_EXAMPLES), "memorization": 256}
+# MAD's harder settings (the same files' "changes"): each varies one field of the baseline,
+# the others kept. Vocabulary sizes count content tokens, as `MAD_SETTINGS` does (MAD's noisy
+# recall sizes 48, 80, 144 hold its 16 noise tokens: 32, 64, 128 here).
+_RECALL_CHANGES = dict(
+    vocab_size=(32, 64, 128),
+    seq_len=(256, 512, 1024),
+    num_train_examples=(6_400, 3_200, 1_600, 800),
+)
+MAD_CHANGES = {
+    "in_context_recall": _RECALL_CHANGES,
+    "noisy_recall": {**_RECALL_CHANGES, "noise_fraction": (0.4, 0.6, 0.8)},
+    "fuzzy_recall": _RECALL_CHANGES,
+    "selective_copying": dict(
+        vocab_size=(32, 64, 128),
+        seq_len=(512, 1024),
+        num_train_examples=(6_400, 3_200, 1_600, 800),
+        num_tokens_to_copy=(32, 64, 96),
+    ),
+    "compression": dict(
+        vocab_size=(32, 64, 128),
+        seq_len=(64, 128, 256),
+        num_train_examples=(6_400, 3_200, 1_600, 800),
+    ),
+    "memorization": dict(vocab_size=(512, 1_024, 2_048, 4_096, 8_192)),
+}
+
+
+def mad_changes(task: str) -> tuple[tuple[str, dict], ...]:
+    """MAD's changes of ``task`` in its file's order: ``("<field>-<value>", {field: value})``."""
+    if task not in TASKS:
+        raise ValueError(f"task must be one of {TASKS}, got {task!r}")
+    return tuple(
+        (f"{name}-{value}", {name: value})
+        for name, values in MAD_CHANGES[task].items()
+        for value in values
+    )
 
 
 def mad_num_tokens(task: str, vocab_size: int, seq_len: int, **options) -> int:

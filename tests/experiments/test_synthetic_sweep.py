@@ -279,3 +279,97 @@ def test_the_cli_redraws_a_table_from_two_results_files(tmp_path):
     assert done == {r["point"] for r in old} and len(done) == len(old) >= 44
     for name in ("results.md", "best.csv"):
         assert (tmp_path / "both" / name).read_text() == (tmp_path / "whole" / name).read_text()
+
+
+# MAD's settings per task, counted from mad-lab's configs/tasks/*.yml (the baseline and one
+# run per value of each change).
+MAD_SETTING_COUNTS = {
+    "in_context_recall": 1 + 3 + 3 + 4,
+    "noisy_recall": 1 + 3 + 3 + 4 + 3,
+    "fuzzy_recall": 1 + 3 + 3 + 4,
+    "selective_copying": 1 + 3 + 2 + 4 + 3,
+    "compression": 1 + 3 + 3 + 4,
+    "memorization": 1 + 5,
+}
+
+
+def test_mad_paper_grid_is_mads_protocol():
+    """Every MAD setting × MAD's 3 rates × 2 weight decays × Table 1's mixers, one seed, each
+    point a valid config at MAD's budget (200 epochs of batch 128)."""
+    config = engine.load_sweep(str(SWEEPS / "mad.py:paper"))
+    axes, points = engine.expand(config)
+    by_name = {a.name: a for a in axes}
+    assert set(by_name) == {"task", "opt", "mixer"} and config.tune == "opt"
+    assert len(points) == 66 * 6 * 3
+    counts = {}
+    for label in by_name["task"].labels:
+        counts[label.partition(".")[0]] = counts.get(label.partition(".")[0], 0) + 1
+    assert counts == MAD_SETTING_COUNTS
+    opts = {(p.config.optimizer.learning_rate, p.config.optimizer.weight_decay) for p in points}
+    assert opts == {(lr, wd) for lr in (1e-4, 5e-4, 1e-3) for wd in (0.0, 0.1)}
+    for point in points[::7]:  # a spread of the grid (every point costs a validation)
+        cfg = experiment_config(point.config)
+        per_epoch = -(-cfg.data.num_train_examples // 128)
+        assert (cfg.train.batch_size, cfg.train.num_steps) == (128, 200 * per_epoch)
+        assert cfg.optimizer.learning_rate * cfg.optimizer.min_lr_ratio == pytest.approx(1e-6)
+        assert (cfg.model.d_model, cfg.model.num_layers, cfg.model.conv) == (128, 2, 0)
+        heads = {"softmax": 16, "gla": 8, "deltanet": 16}[point.labels["mixer"]]
+        assert cfg.model.num_heads == heads
+        assert cfg.model.position == ("rope" if point.labels["mixer"] == "softmax" else "none")
+
+
+def test_mad_score_is_the_mean_over_a_tasks_settings_of_the_best_runs():
+    """Hand-computed: two settings of one task and one of another, each at its best of two
+    optimizer choices (mad-lab's compute_model_mad_scores)."""
+    from linear_attention.training.sweep.grid import Axis
+    from linear_attention.training.sweep.synthetic import mad_score_table, mad_scores
+
+    task = Axis("task", ("data.task",), (), ("a", "a.seq_len-2", "b"))
+    mixer = Axis("mixer", ("model.mixer",), (), ("m",))
+    best = [
+        {"task": "a", "mixer": "m", "eval/accuracy": 0.9},
+        {"task": "a.seq_len-2", "mixer": "m", "eval/accuracy": 0.5},
+        {"task": "b", "mixer": "m", "eval/accuracy": 0.2},
+    ]
+    assert mad_scores(best, task, mixer) == {("m", "a"): (0.7, 2), ("m", "b"): (0.2, 1)}
+    assert "| m | 0.700 (2/2) | 0.200 (1/1) | 0.450 |" in mad_score_table(best, task, mixer)
+    partial = mad_score_table(best[1:], task, mixer)
+    assert "| m | 0.500 (1/2) | 0.200 (1/1) |  |" in partial  # no mean until all finished
+
+
+@pytest.mark.slow  # 8 runs of two models: a minute on a loaded CPU
+def test_mad_paper_smoke_sweep_reports_mads_score(tmp_path):
+    config = engine.load_sweep(str(SWEEPS / "mad.py:paper_smoke"))
+    result = engine.run(config, tmp_path, log=lambda *_: None)
+    rows = result["rows"]
+    assert len(rows) == 8 and all(r["status"] == "ok" for r in rows)
+    for mixer in ("softmax", "deltanet"):
+        best = [
+            max(
+                (r for r in rows if r["mixer"] == mixer and r["task"] == t),
+                key=lambda r: r["eval/accuracy"],
+            )["eval/accuracy"]
+            for t in ("in_context_recall", "in_context_recall.num_train_examples-32")
+        ]
+        assert f"| {mixer} | {np.mean(best):.3f} (2/2) |" in result["markdown"]
+
+
+def test_budget_curve_is_s3_and_a5_at_1_4_16_times_the_preset():
+    """Two tasks × three budgets × two mixers × two seeds at one rate; the dry run sizes it."""
+    config = engine.load_sweep(str(SWEEPS / "state_tracking.py:budget"))
+    axes, points = engine.expand(config)
+    assert len(points) == 2 * 3 * 2 * 2
+    seen = set()
+    for point in points:
+        cfg = experiment_config(point.config)
+        assert cfg.optimizer.warmup_steps == cfg.train.num_steps // 10
+        assert cfg.train.eval_every == cfg.train.num_steps and cfg.model.allow_neg_eigval
+        seen.add((cfg.data.task, cfg.train.num_steps, cfg.model.mixer, cfg.seed))
+    assert {(t, n) for t, n, _, _ in seen} == {
+        (t, n) for t in ("s3", "a5") for n in (500, 2000, 8000)
+    }
+    assert {m for _, _, m, _ in seen} == {"gated_deltaproduct", "gated_deltanet"}
+    lines = []
+    engine.run(config, "/nonexistent", dry=True, log=lines.append)
+    assert lines[0].startswith("24 points") and len(lines) == 25
+    assert any("8000 steps x" in line for line in lines)

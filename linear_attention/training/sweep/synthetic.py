@@ -9,6 +9,8 @@ state tracking: the mean over the evaluation lengths).
   (one panel per task, one line per mixer, bars: min–max over seeds).
 
 The sweep config's ``plot`` names the axes: ``x`` (the task axis) and ``line`` (the mixer).
+With ``score = "mad"`` the task axis holds MAD's settings (labels ``<task>`` and
+``<task>.<change>``) and the report adds MAD's score (`mad_scores`).
 """
 
 from __future__ import annotations
@@ -94,6 +96,8 @@ def synthetic_report(rows: list[dict], best: list[dict], axes: list[Axis], sweep
         f"The best {tune} per cell:\n\n"
         + _table([f"{line_axis.name} \\ {x_axis.name}", *tasks], lrs),
     ]
+    if sweep.get("score") == "mad":
+        parts.append(mad_score_table(best, x_axis, line_axis))
     if sweep.base.data.kind == "state_tracking":
         curves = length_curves(rows, best, axes, sweep)
         lengths = sorted({n for c in curves.values() for n in c})
@@ -106,6 +110,47 @@ def synthetic_report(rows: list[dict], best: list[dict], axes: list[Axis], sweep
             + _table([x_axis.name, line_axis.name, *(f"L={n}" for n in lengths)], body)
         )
     return "\n\n".join(parts) + "\n"
+
+
+def mad_scores(best: list[dict], x_axis: Axis, line_axis: Axis) -> dict:
+    """``{(mixer, task): (score, settings)}``, MAD's score (mad-lab's ``analysis.py``,
+    ``compute_model_mad_scores``): the mean over a task's settings (the x axis's labels
+    ``<task>`` and ``<task>.<change>``) of each setting's ``eval/accuracy`` at its best tuned
+    choice, with how many settings are finished."""
+    by_cell: dict[tuple[str, str], list[float]] = {}
+    for row in best:
+        value = row.get("eval/accuracy")
+        if isinstance(value, (int, float)) and math.isfinite(value):
+            task = row[x_axis.name].partition(".")[0]
+            by_cell.setdefault((row[line_axis.name], task), []).append(float(value))
+    return {cell: (float(np.mean(v)), len(v)) for cell, v in by_cell.items()}
+
+
+def mad_score_table(best: list[dict], x_axis: Axis, line_axis: Axis) -> str:
+    """Markdown: MAD's score per mixer and task (settings finished of those in the grid),
+    and the mean across tasks where every task has a score."""
+    scores = mad_scores(best, x_axis, line_axis)
+    counts: dict[str, int] = {}
+    for label in x_axis.labels:
+        task = label.partition(".")[0]
+        counts[task] = counts.get(task, 0) + 1
+    tasks = list(counts)
+    body = []
+    for m in line_axis.labels:
+        if not any((m, t) in scores for t in tasks):
+            continue
+        cells = [
+            f"{scores[m, t][0]:.3f} ({scores[m, t][1]}/{counts[t]})" if (m, t) in scores else ""
+            for t in tasks
+        ]
+        full = all((m, t) in scores and scores[m, t][1] == counts[t] for t in tasks)
+        mean = f"{np.mean([scores[m, t][0] for t in tasks]):.3f}" if full else ""
+        body.append([m, *cells, mean])
+    return (
+        "MAD score (mean over each task's settings of the best run; settings finished / in "
+        "the grid), and the mean across tasks once every setting is finished:\n\n"
+        + _table([f"{line_axis.name} \\ task", *tasks, "mean"], body)
+    )
 
 
 def heatmap_title(best: list[dict], tune: str | None) -> str:
