@@ -207,6 +207,57 @@ def test_without_state_and_non_finite_tokens_match_chunk():
     assert rel_err(np.asarray(o)[finite], np.asarray(o_c)[finite]) < 1e-4
 
 
+@functools.partial(jax.jit, static_argnames=("method",))
+def _wide_outputs_and_grads(q, k, v, a, kv0, z0, segment_ids, *, method):
+    """Outputs, final state and the gradients of a fixed-weight loss, any head sizes."""
+
+    def loss(q, k, v, a, kv0, z0):
+        o, state = K.causal_linear_attention(
+            q,
+            k,
+            v,
+            log_decay=a,
+            method=method,
+            chunk_size=16,
+            initial_state=K.LinearAttentionState(kv0, z0),
+            return_state=True,
+            segment_ids=segment_ids,
+        )
+        w_o = jnp.cos(jnp.arange(o.size, dtype=jnp.float32)).reshape(o.shape)
+        w_s = jnp.sin(jnp.arange(state.kv.size, dtype=jnp.float32)).reshape(state.kv.shape)
+        total = jnp.sum(o * w_o) + jnp.sum(state.kv * w_s) + jnp.sum(state.k_sum)
+        return total, (o, state.kv, state.k_sum)
+
+    grads, outputs = jax.grad(loss, argnums=(0, 1, 2, 3, 4, 5), has_aux=True)(q, k, v, a, kv0, z0)
+    return outputs, grads
+
+
+@pytest.mark.parametrize(("decay", "Hw", "Mw"), [("per_token", 2, 128), ("per_key", 16, 8)])
+def test_head_blocks_match_float64_and_chunk(decay, Hw, Mw):
+    """The kernels read `[B, T, H, K]` as it lies, a grid step holding all H heads, or groups of
+    8 (`HeadBlocks`): K = V = 128 (a vector register's lanes), and H = 16 (two groups of 8)."""
+    rng = np.random.default_rng(3)
+    T = 37
+    q, k = (np.abs(rng.normal(size=(1, T, Hw, Mw))) / Mw**0.5 for _ in range(2))
+    v = rng.normal(size=(1, T, Hw, Mw))
+    shape = (1, T, Hw) if decay == "per_token" else (1, T, Hw, Mw)
+    a = -rng.uniform(0.0, 0.3, size=shape)
+    kv0 = rng.normal(size=(1, Hw, Mw, Mw))
+    z0 = np.abs(rng.normal(size=(1, Hw, Mw))) + 0.5
+    args = [jnp.asarray(x, jnp.float32) for x in (q, k, v, a, kv0, z0)]
+    seg = _segments(T, (20,))
+    with K.pallas_interpret():
+        outs, grads = _wide_outputs_and_grads(*args, seg, method="pallas")
+    outs_c, grads_c = _wide_outputs_and_grads(*args, seg, method="chunk")
+    ref = causal_linear_attention_loop(*args, segment_ids=np.asarray(seg))
+    for name, x, x_c, r in zip(("o", "kv", "k_sum"), outs, outs_c, ref, strict=True):
+        assert rel_err(x, r) < 1e-4, (name, rel_err(x, r))
+        assert rel_err(x, x_c) < 1e-4, (name, rel_err(x, x_c))
+    names = ("q", "k", "v", "log_decay", "kv0", "k_sum0")
+    for name, g, g_c in zip(names, grads, grads_c, strict=True):
+        assert rel_err(g, g_c) < 1e-4, (name, rel_err(g, g_c))
+
+
 # ---- the delta rule: the walk across chunks in Pallas kernels ----
 
 HV = 2 * H  # grouped value heads: value head j reads q/k head j // 2

@@ -1,5 +1,10 @@
 """Causal linear attention as a Pallas TPU kernel: the chunk form of `chunked.py`, one grid step
-per (batch·head row, chunk), the state carried across chunks in VMEM.
+per (batch row and group of heads, chunk), the heads' states carried across chunks in VMEM.
+
+The kernels read q, k, v and a per-key decay `[B, T, H, ·]` and write the outputs and input
+cotangents in that layout, as they lie in HBM (`primitives.pallas.HeadBlocks`: a step's block
+holds all heads, or 8, and the kernel walks them in turn), so XLA makes no copy of them around
+the `pallas_call`s.
 
 Per chunk of C tokens, with b_t the cumulative log decay inside the chunk, n_t the resets counted
 so far in it (exp(b_t − b_s) is kept only where n_t = n_s, masked before `exp`, so no exponent is
@@ -42,14 +47,14 @@ from linear_attention.kernels.primitives.decays import suffix_sum_to_reset
 from linear_attention.kernels.primitives.layout import pad_time
 from linear_attention.kernels.primitives.pallas import (
     CHUNK_MULTIPLE,
+    HeadBlocks,
     check_pallas_backend,
-    chunk_spec,
     compiler_params,
     cost_estimate,
     mxu_dot,
+    per_head,
     result_struct,
     round_up,
-    row_spec,
     vary_together,
     vmem_f32,
 )
@@ -58,7 +63,7 @@ from linear_attention.kernels.primitives.pallas import (
 SUB_BLOCK = 16
 DECAY_KINDS = ("none", "head", "key")
 # Decay arrays each kind passes to the kernels (see `_decay_inputs`).
-_NUM_DECAY = {"none": 0, "head": 2, "key": 1}
+_NUM_DECAY = {"none": 0, "head": 1, "key": 1}
 
 
 def causal_pallas(q_BTHM, k_BTHM, v_BTHD, a_BTH, kv0_BHMD, z0_BHM, *, chunk_size, normalize, eps):
@@ -85,39 +90,34 @@ def causal_pallas(q_BTHM, k_BTHM, v_BTHD, a_BTH, kv0_BHMD, z0_BHM, *, chunk_size
     return o[:, :T], kv, z
 
 
-# ---- layouts: [B, T, H, ...] <-> rows [B·H, T, ...] ----
-
-
-def _rows(x_BTH):
-    B, T, H = x_BTH.shape[:3]
-    return jnp.moveaxis(x_BTH, 2, 1).reshape(B * H, T, *x_BTH.shape[3:])
-
-
-def _unrows(x_RT, B, H):
-    return jnp.moveaxis(x_RT.reshape(B, H, *x_RT.shape[1:]), 1, 2)
+# ---- layouts: [B, T, H, ...] read in place, G heads per grid step (`HeadBlocks`) ----
 
 
 def _decay_inputs(a_BTHX, C):
-    """The kernels' decay arrays, by rows, from the padded log decay (None for "none"): the log
-    decays themselves (the cumulative sums are taken inside the kernels, no [T, M] array of
-    them is made). "head": `[R, T, 1]` and the same numbers as rows `[R, N, 1, C]` (the C×C
-    decay matrix is b_t − b_s: no transpose inside the kernel). "key": `[R, T, M]`."""
+    """The kernels' decay arrays from the padded log decay (None for "none"): the log decays
+    themselves (the cumulative sums are taken inside the kernels, no [T, M] array of them is
+    made). "head": one row `[1, C]` per head and chunk, `[B, N, H, C]` (a `[C, 1]` column
+    block would fill a vector register's 128 lanes with one number each: 128× the array in
+    HBM; the kernel takes the column from the row). "key": `[B, T, H, M]` as it is."""
     if a_BTHX is None:
         return []
-    B, T, H, X = a_BTHX.shape
-    a_RTX = _rows(a_BTHX)
-    if X == 1:
-        return [a_RTX, a_RTX.reshape(B * H, T // C, 1, C)]
-    return [a_RTX]
+    if a_BTHX.shape[-1] == 1:
+        return [_head_rows(a_BTHX[..., 0], C)]
+    return [a_BTHX]
 
 
-def _decay_specs(kind, C, M, reverse=False, num_chunks=None):
-    spec = functools.partial(chunk_spec, reverse=reverse, num_chunks=num_chunks)
+def _head_rows(x_BTH, C):
+    """`[B, T, H]` -> `[B, N, H, C]`: one lane-dense row per head and chunk."""
+    B, T, H = x_BTH.shape
+    return jnp.swapaxes(x_BTH.reshape(B, T // C, C, H), -1, -2)
+
+
+def _decay_specs(kind, blocks, C, M):
     if kind == "none":
         return []
     if kind == "head":
-        return [spec((None, C, 1)), spec((None, None, 1, C))]
-    return [spec((None, C, M))]
+        return [blocks.per_chunk(C)]
+    return [blocks.time(C, M)]
 
 
 # ---- the chunk algebra inside a kernel ----
@@ -172,8 +172,8 @@ class _Chunk:
         self.kind, self.C = kind, C
         self.start = self.end = None
         if kind == "head":
-            b_col, n_col = _cumulative(decay[0], C)
-            b_row, n_row = _cumulative(decay[1], C, row=True)
+            b_col, n_col = _cumulative(_as_column(decay[0]), C)
+            b_row, n_row = _cumulative(decay[0], C, row=True)
             b_end, n_end = b_row[:, C - 1 :], n_row[:, C - 1 :]  # [1, 1]
             row = jax.lax.broadcasted_iota(jnp.int32, (C, C), 0)
             col = jax.lax.broadcasted_iota(jnp.int32, (C, C), 1)
@@ -330,7 +330,9 @@ def _backward_kernel(*refs, kind, C, normalize, eps):
     q_ref, k_ref, v_ref, do_ref = refs[:4]
     decay_refs = refs[4 : 4 + nd]
     se_ref, ze_ref, dsT_ref, dzT_ref = refs[4 + nd : 8 + nd]
-    dq_ref, dk_ref, dv_ref, db_ref, ds0_ref, dz0_ref = refs[8 + nd : 14 + nd]
+    dq_ref, dk_ref, dv_ref = refs[8 + nd : 11 + nd]
+    db_ref = refs[11 + nd] if kind != "none" else None  # no decay: no decay's cotangent
+    ds0_ref, dz0_ref = refs[-4:-2]
     ds_acc, dz_acc = refs[-2:]
     j = pl.program_id(1)
 
@@ -363,8 +365,11 @@ def _backward_kernel(*refs, kind, C, normalize, eps):
     dq_ref[...] = dq.astype(dq_ref.dtype)
     dk_ref[...] = dk.astype(dk_ref.dtype)
     dv_ref[...] = dv.astype(dv_ref.dtype)
-    db = q * dq - k * dk  # dL/dB_t: every term carries exp(B_query − B_key)
-    db_ref[...] = db if kind == "key" else _sum(db, -1)
+    if kind != "none":
+        db = q * dq - k * dk  # dL/dB_t: every term carries exp(B_query − B_key)
+        if kind == "head":  # summed over channels, as a row [1, C]
+            db = mxu_dot(jnp.ones((1, db.shape[-1]), jnp.float32), db, trans_b=True)
+        db_ref[...] = db
     dS = chunk.decay_rows(dS) + mxu_dot(qs, dnum, trans_a=True)
     if dden is not None:
         dz = chunk.decay_row(dz) + _sum(qs * dden, 0)
@@ -405,35 +410,37 @@ def _forward_call(q, k, v, a, kv0, z0, config, keep):
     Dv = v.shape[-1]
     R, N = B * H, T // C
     dtype = jnp.result_type(q, k, v)
-    inputs = [_rows(q), _rows(k), _rows(v), *_decay_inputs(a, C)]
-    inputs += [kv0.reshape(R, M, Dv), z0.reshape(R, 1, M)]
-    inputs = vary_together(inputs)
+    blocks = HeadBlocks(B, H, N)
+    inputs = vary_together([q, k, v, *_decay_inputs(a, C), kv0, z0])
     struct = functools.partial(result_struct, like=inputs[0])
-    in_specs = [chunk_spec((None, C, M))] * 2 + [chunk_spec((None, C, Dv))]
-    in_specs += _decay_specs(kind, C, M)
-    in_specs += [row_spec((None, M, Dv)), row_spec((None, 1, M))]
+    in_specs = [blocks.time(C, M)] * 2 + [blocks.time(C, Dv)]
+    in_specs += _decay_specs(kind, blocks, C, M)
+    in_specs += [blocks.per_row(M, Dv), blocks.per_row(M)]
     out_shape = [
-        struct((R, T, Dv), dtype),
-        struct((R, M, Dv), jnp.float32),
-        struct((R, 1, M), jnp.float32),
+        struct(v.shape, dtype),
+        struct((B, H, M, Dv), jnp.float32),
+        struct((B, H, M), jnp.float32),
     ]
-    out_specs = [chunk_spec((None, C, Dv)), row_spec((None, M, Dv)), row_spec((None, 1, M))]
+    out_specs = [blocks.time(C, Dv), blocks.per_row(M, Dv), blocks.per_row(M)]
     if keep:
         out_shape += [
-            struct((R, N, M, Dv), jnp.float32),
-            struct((R, N, 1, M), jnp.float32),
+            struct((B, N, H, M, Dv), jnp.float32),
+            struct((B, N, H, M), jnp.float32),
         ]
-        out_specs += [chunk_spec((None, None, M, Dv)), chunk_spec((None, None, 1, M))]
-    kernel = functools.partial(
+        out_specs += [blocks.per_chunk(M, Dv), blocks.per_chunk(M)]
+    body = functools.partial(
         _forward_kernel, kind=kind, C=C, normalize=normalize, eps=eps, keep=keep
     )
+    # head axis: 1 in the time blocks (q, k, v, a per key, o), 0 in the others
+    time_blocks = 3 + (kind == "key")
+    axes = [1] * time_blocks + [0] * (len(inputs) - time_blocks) + [1] + [0] * (len(out_shape) + 1)
     outs = pl.pallas_call(
-        kernel,
+        per_head(body, axes, blocks.G),
         out_shape=out_shape,
-        grid=(R, N),
+        grid=(blocks.rows, N),
         in_specs=in_specs,
         out_specs=out_specs,
-        scratch_shapes=[vmem_f32((M, Dv)), vmem_f32((1, M))],
+        scratch_shapes=[vmem_f32((blocks.G, M, Dv)), vmem_f32((blocks.G, M))],
         compiler_params=compiler_params(),
         cost_estimate=cost_estimate(
             flops=_flops(kind, R, N, C, M, Dv, backward=False),
@@ -443,9 +450,7 @@ def _forward_call(q, k, v, a, kv0, z0, config, keep):
         interpret=interpret,
         name=f"linear_attention_fwd_{kind}",
     )(*inputs)
-    o = _unrows(outs[0], B, H)
-    kv, z = outs[1].reshape(B, H, M, Dv), outs[2].reshape(B, H, M)
-    return o, kv, z, tuple(outs[3:])
+    return outs[0], outs[1], outs[2], tuple(outs[3:])
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
@@ -467,35 +472,36 @@ def _linear_pallas_bwd(config, residuals, cotangents):
     B, T, H, M = q.shape
     Dv = v.shape[-1]
     R, N = B * H, T // C
-    X = 1 if kind != "key" else M
-    inputs = [_rows(q), _rows(k), _rows(v), _rows(do.astype(jnp.result_type(q, k, v)))]
-    inputs += _decay_inputs(a, C)
-    inputs += [s_enter, z_enter, dkv.reshape(R, M, Dv), dz.reshape(R, 1, M)]
-    inputs = vary_together(inputs)
+    blocks = HeadBlocks(B, H, N, reverse=True)
+    inputs = [q, k, v, do.astype(jnp.result_type(q, k, v)), *_decay_inputs(a, C)]
+    inputs = vary_together(inputs + [s_enter, z_enter, dkv, dz])
     struct = functools.partial(result_struct, like=inputs[0])
-    rev = functools.partial(chunk_spec, reverse=True, num_chunks=N)
-    in_specs = [rev((None, C, M))] * 2 + [rev((None, C, Dv))] * 2
-    in_specs += _decay_specs(kind, C, M, reverse=True, num_chunks=N)
-    in_specs += [rev((None, None, M, Dv)), rev((None, None, 1, M))]
-    in_specs += [row_spec((None, M, Dv)), row_spec((None, 1, M))]
-    out_shape = [
-        struct((R, T, M), q.dtype),
-        struct((R, T, M), k.dtype),
-        struct((R, T, Dv), v.dtype),
-        struct((R, T, X), jnp.float32),
-        struct((R, M, Dv), jnp.float32),
-        struct((R, 1, M), jnp.float32),
-    ]
-    out_specs = [rev((None, C, M))] * 2 + [rev((None, C, Dv)), rev((None, C, X))]
-    out_specs += [row_spec((None, M, Dv)), row_spec((None, 1, M))]
-    kernel = functools.partial(_backward_kernel, kind=kind, C=C, normalize=normalize, eps=eps)
-    dq, dk, dv, db, ds0, dz0 = pl.pallas_call(
-        kernel,
+    qk_spec, vo_spec = blocks.time(C, M), blocks.time(C, Dv)
+    in_specs = [qk_spec] * 2 + [vo_spec] * 2 + _decay_specs(kind, blocks, C, M)
+    in_specs += [blocks.per_chunk(M, Dv), blocks.per_chunk(M)]
+    in_specs += [blocks.per_row(M, Dv), blocks.per_row(M)]
+    out_shape = [struct(q.shape, q.dtype), struct(k.shape, k.dtype), struct(v.shape, v.dtype)]
+    out_specs = [qk_spec] * 2 + [vo_spec]
+    if kind == "head":  # dL/dB summed over channels: a row per head and chunk
+        out_shape.append(struct((B, N, H, C), jnp.float32))
+        out_specs.append(blocks.per_chunk(C))
+    elif kind == "key":
+        out_shape.append(struct(q.shape, jnp.float32))
+        out_specs.append(qk_spec)
+    out_shape += [struct((B, H, M, Dv), jnp.float32), struct((B, H, M), jnp.float32)]
+    out_specs += [blocks.per_row(M, Dv), blocks.per_row(M)]
+    body = functools.partial(_backward_kernel, kind=kind, C=C, normalize=normalize, eps=eps)
+    # head axis: 1 in the time blocks (q, k, v, do, a per key; dq, dk, dv, db per key)
+    time_in, time_out = 4 + (kind == "key"), 3 + (kind == "key")
+    axes = [1] * time_in + [0] * (len(inputs) - time_in)
+    axes += [1] * time_out + [0] * (len(out_shape) - time_out) + [0, 0]
+    dq, dk, dv, *db, ds0, dz0 = pl.pallas_call(
+        per_head(body, axes, blocks.G),
         out_shape=out_shape,
-        grid=(R, N),
+        grid=(blocks.rows, N),
         in_specs=in_specs,
         out_specs=out_specs,
-        scratch_shapes=[vmem_f32((M, Dv)), vmem_f32((1, M))],
+        scratch_shapes=[vmem_f32((blocks.G, M, Dv)), vmem_f32((blocks.G, M))],
         compiler_params=compiler_params(),
         cost_estimate=cost_estimate(
             flops=_flops(kind, R, N, C, M, Dv, backward=True),
@@ -505,15 +511,18 @@ def _linear_pallas_bwd(config, residuals, cotangents):
         interpret=interpret,
         name=f"linear_attention_bwd_{kind}",
     )(*inputs)
-    dq, dk, dv = (_unrows(x, B, H) for x in (dq, dk, dv))
     da = None
     if a is not None:
         # the final state carries exp(B_T − B_s): ⟨dS_T, S_T⟩ enters dL/dB at the last token
         end_BHM = jnp.sum(dkv * kv, -1) + dz * z
-        end_BHX = end_BHM if kind == "key" else jnp.sum(end_BHM, -1, keepdims=True)
-        db_BTHX = _unrows(db, B, H).at[:, -1].add(end_BHX)
+        if kind == "key":
+            end_BHX, db_BTHX = end_BHM, db[0]
+        else:
+            end_BHX = jnp.sum(end_BHM, -1, keepdims=True)
+            db_BTHX = jnp.swapaxes(db[0], -1, -2).reshape(B, T, H, 1)
+        db_BTHX = db_BTHX.at[:, -1].add(end_BHX)
         da = suffix_sum_to_reset(db_BTHX, jnp.isneginf(a))
-    return dq, dk, dv, da, ds0.reshape(B, H, M, Dv), dz0.reshape(B, H, M)
+    return dq, dk, dv, da, ds0, dz0
 
 
 _linear_pallas.defvjp(_linear_pallas_fwd, _linear_pallas_bwd)

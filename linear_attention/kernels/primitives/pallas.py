@@ -22,8 +22,8 @@ Mosaic kernel (the trainer runs such a model in `shard_map`).
 What has a Pallas form: `causal_linear_attention` (`linear/pallas.py`: the whole chunk kernel,
 every decay kind, in two kernels, forward and backward), and the delta family (`delta_rule`,
 `dplr_delta_rule`, `delta_product`) through `pallas_chunk_scan.py`: there the walk across chunks
-(the sequential part) is a Pallas kernel pair, while the UT transform, scores and decays of all
-chunks, and their pullback, stay batched XLA matmuls outside it. Moving the UT transform inside
+(the sequential part) is a Pallas kernel pair, while the UT transform, scores and decays, and
+their pullback, stay batched XLA matmuls beside it, a group of chunks at a time. Moving the UT transform inside
 the kernel needs the unit-lower-triangular inverse there (`triangular.invert_unit_lower` doubles
 the block size with slices and concatenations of [C, C] blocks; inside a Mosaic kernel it would
 be forward substitution over 16-row blocks and the 2×2 block merges) and the families'
@@ -108,21 +108,84 @@ def cost_estimate(*, flops: int, transcendentals: int, arrays) -> pl.CostEstimat
     )
 
 
-def chunk_spec(block: tuple[int, ...], reverse: bool = False, num_chunks: int | None = None):
-    """Block spec of a `[rows, time-or-chunks, ...]` array for a `(rows, chunks)` grid: row r,
-    chunk j (chunk N − 1 − j with `reverse`, for a backward walk; then `num_chunks` is N).
-    `block` is the block shape with None for the squeezed row axis, e.g. `(None, C, M)`."""
-    rest = (0,) * (len(block) - 2)
-    if reverse:
-        return pl.BlockSpec(block, lambda r, j: (r, num_chunks - 1 - j, *rest))
-    return pl.BlockSpec(block, lambda r, j: (r, j, *rest))
+def heads_per_step(H: int) -> int:
+    """Heads a grid step holds: all H, or groups of 8 when H is a multiple of 8 (a block's
+    second-to-last axis is whole or a multiple of 8)."""
+    return 8 if H % 8 == 0 else H
 
 
-def row_spec(block: tuple[int, ...]):
-    """Block spec of a per-row array (a state `[rows, M, Dv]`) for a `(rows, chunks)` grid: the
-    same block for every chunk of the row (read once, or written after the row's last chunk)."""
-    rest = (0,) * (len(block) - 1)
-    return pl.BlockSpec(block, lambda r, j: (r, *rest))
+class HeadBlocks:
+    """Block specs for a grid `(B·H/G, chunks)` whose step holds G heads (`heads_per_step`) of
+    one batch row and one chunk, reading `[B, T, H, X]` arrays as they lie in HBM.
+
+    Mosaic takes no block that picks one head out of `[B, T, H, X]` (a block's last two axes
+    are whole or (8, 128)-tiled, so the head axis cannot be squeezed); a block of all the
+    step's heads `[C, G, X]` is legal, and the kernel walks its heads in turn (`per_head`).
+    A row-major copy `[B·H, T, X]` for one head per step would be a transpose around each
+    `pallas_call`: temporaries the size of q, k, v and the outputs, which made the Pallas form's
+    temporaries exceed the chunk form's (BENCHMARKS.md)."""
+
+    def __init__(self, B: int, H: int, N: int, reverse: bool = False):
+        self.G = heads_per_step(H)
+        self.groups = H // self.G
+        self.rows = B * self.groups
+        self.N, self.reverse = N, reverse
+
+    def _index(self, r, j, tail, time=True):
+        # r ≥ 0: lax's truncating division (`//` lowers through `sign`, absent in Mosaic)
+        b, g = jax.lax.div(r, self.groups), jax.lax.rem(r, self.groups)
+        j = self.N - 1 - j if self.reverse else j
+        return (b, j, g, *(0,) * tail) if time else (b, g, *(0,) * tail)
+
+    def time(self, C: int, X: int):
+        """`[B, T, H, X]`: the step's chunk of its heads, a `[C, G, X]` block."""
+        return pl.BlockSpec((None, C, self.G, X), lambda r, j: self._index(r, j, 1))
+
+    def per_chunk(self, *tail: int):
+        """`[B, N, H, *tail]`: the step's chunk's entry for its heads, a `[G, *tail]` block."""
+        block = (None, None, self.G, *tail)
+        return pl.BlockSpec(block, lambda r, j: self._index(r, j, len(tail)))
+
+    def per_row(self, *tail: int):
+        """`[B, H, *tail]` (a state): the step's heads, the same block for every chunk."""
+        block = (None, self.G, *tail)
+        return pl.BlockSpec(block, lambda r, j: self._index(r, j, len(tail), time=False))
+
+
+class _HeadRef:
+    """Head h of a block of G heads, read and written as `ref[...]`: `[C, X]` of a `[C, G, X]`
+    time block (head axis 1), `[M, Dv]` of a `[G, M, Dv]` block, `[1, X]` of a `[G, X]` block
+    (head axis 0)."""
+
+    def __init__(self, ref, h: int, axis: int):
+        index = [slice(None)] * len(ref.shape)
+        index[axis] = h if len(ref.shape) > 2 else slice(h, h + 1)
+        self.ref, self.index, self.dtype = ref, tuple(index), ref.dtype
+
+    def __getitem__(self, key):
+        _whole(key)
+        return self.ref[self.index]
+
+    def __setitem__(self, key, value):
+        _whole(key)
+        self.ref[self.index] = value
+
+
+def _whole(key):
+    if key is not Ellipsis:
+        raise TypeError(f"a head's view is read and written whole (ref[...]), not ref[{key!r}]")
+
+
+def per_head(body, axes, G: int):
+    """A kernel running `body(*refs)` once for each of the step's G heads in turn, ref i seen
+    as its head's slice along `axes[i]` (1 for `HeadBlocks.time` blocks, 0 for the others and
+    for scratch buffers `[G, ...]`). Unrolled: a body per head in the compiled kernel."""
+
+    def kernel(*refs):
+        for h in range(G):
+            body(*(_HeadRef(ref, h, axis) for ref, axis in zip(refs, axes, strict=True)))
+
+    return kernel
 
 
 def mxu_dot(a, b, *, trans_a: bool = False, trans_b: bool = False):
