@@ -2,19 +2,22 @@
 sequential part (KDA, the delta rule through it, DPLR) with `method="pallas"`.
 
 `affine_chunk_scan` walks chunks whose state map is affine (see its module docstring for the
-terms W, X₀, Q, P, O₀, E, U₀, g and the lines of the forward and backward walk). Here the
-family's `forward` (the UT transform, decays, scores: everything that does not depend on the
-state) runs in XLA on all N chunks at once, as batched matmuls, and the walk across chunks is one
-Pallas kernel per direction, one grid step per (batch·head row, chunk), the state carried in
-VMEM:
+terms W, X₀, Q, P, O₀, E, U₀, g and the lines of the forward and backward walk). Here a
+`lax.scan` walks groups of chunks (TOKENS_PER_GROUP tokens); per group, the family's `forward`
+(the UT transform, decays, scores: everything that does not depend on the state) runs in XLA on
+the group's chunks at once, as batched matmuls, and the walk across them is a Pallas kernel, one
+grid step per (batch·head row, chunk), the state carried in VMEM:
 
 - forward: X = W S (+ X₀), O = Q S + P X (+ O₀), S' = g ⊙ S + Eᵀ X (+ U₀), keeping the state
   entering each chunk (one [K, Dv] state per chunk) for the backward pass;
-- backward, chunks last to first carrying dS: the terms' cotangents (dW, dX₀, dQ, dP, dO₀, dE,
-  dU₀, dg), which the family's pullback maps to its inputs in XLA (batched over all chunks).
+- backward, groups and chunks last to first carrying dS: the terms' cotangents (dW, dX₀, dQ,
+  dP, dO₀, dE, dU₀, dg) by the kernel, which the family's pullback maps to its inputs in XLA
+  (batched over the group's chunks).
 
 So the Mosaic kernels cover the walk (the part a `lax.scan` serialises); the UT transform and
-its pullback stay batched XLA matmuls outside them, over groups of TOKENS_PER_GROUP tokens.
+its pullback stay batched XLA matmuls beside them. The terms and their cotangents live one group
+at a time: made for all chunks at once, they held 2.6× the chunk form's temporaries for KDA at
+T = 4096 (v5e compiler figures, BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -36,16 +39,14 @@ from linear_attention.kernels.primitives.pallas import (
 )
 
 _TERMS = ("w", "x0", "q", "p", "o0", "e", "u0", "g")
-# Tokens per group of chunks whose state-independent part (the family's `forward`, `backward`
-# and pullback) XLA computes at once: a `lax.map` over the groups keeps one group's
-# intermediates alive (all chunks at once held 5× the chunk form's temporaries at T = 4096,
-# v5e compiler figures, BENCHMARKS.md).
+# Tokens per group of chunks: the family's state-independent part (`forward`, `backward` and its
+# pullback) runs on one group's chunks at once, beside the Pallas walk over them.
 TOKENS_PER_GROUP = 256
 
 
 def pallas_affine_chunk_scan(s0_BHKD, xs, forward, backward):
     """`affine_chunk_scan(s0_BHKD, xs, forward, N, backward)` with the walk in Pallas kernels:
-    `forward` and `backward` are the family's, called once on all N chunks (`xs` chunk-major
+    `forward` and `backward` are the family's, called on groups of chunks (`xs` chunk-major
     `[N, B, H, C, ...]`). Returns `(O [N, B, H, C, Dv], S_final)`."""
     interpret = check_pallas_backend('method="pallas"')
     return _scan(forward, backward, interpret, s0_BHKD, tuple(xs))
@@ -57,15 +58,26 @@ def _group_size(N, C):
     return max(g for g in range(1, min(N, most) + 1) if N % g == 0)
 
 
-def _by_groups(fn, *trees):
-    """`fn` on groups of chunks in turn (`lax.map`), each tree's arrays `[N, ...]` split into
-    `[N / G, G, ...]` and the results joined back to `[N, ...]`."""
-    leaves = [x for x in jax.tree.leaves(trees) if x is not None]
-    N, C = leaves[0].shape[0], leaves[0].shape[3]
-    G = _group_size(N, C)
-    split = jax.tree.map(lambda x: x.reshape(N // G, G, *x.shape[1:]), trees)
-    out = jax.lax.map(lambda t: fn(*t), split)
-    return jax.tree.map(lambda x: x.reshape(N, *x.shape[2:]), out)
+def _groups(trees, G):
+    """Each array `[N, ...]` of the trees as `[N / G, G, ...]` (a `lax.scan` over groups)."""
+    return jax.tree.map(lambda x: x.reshape(x.shape[0] // G, G, *x.shape[1:]), trees)
+
+
+def _ungroup(trees):
+    return jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), trees)
+
+
+def _carry_like(s_BHKD, xs):
+    """The scan's carried state typed as varying over the mesh axes the inputs vary over
+    (inside `shard_map`): the walk's state comes out so, and a carry keeps its type."""
+    leaves = [x for x in jax.tree.leaves(xs) if x is not None]
+    return vary_together([*leaves, s_BHKD])[-1]
+
+
+def _chunks(xs):
+    """(N, C) of the chunk-major inputs `[N, B, H, C, ...]`."""
+    leaves = [x for x in jax.tree.leaves(xs) if x is not None]
+    return leaves[0].shape[0], leaves[0].shape[3]
 
 
 def _rows(x):
@@ -166,27 +178,60 @@ def _walk(s0_BHKD, terms, interpret, keep):
     return o, outs[1].reshape(B, H, K, Dv), entering
 
 
+def _forward_walk(forward, interpret, s0_BHKD, xs, keep):
+    """Groups of chunks in turn (`lax.scan`): the family's `forward` on a group's chunks, then
+    the Pallas walk over them. Returns O, S_final and, with `keep`, the family's residuals and
+    the state entering each chunk, all `[N, ...]`."""
+    N, C = _chunks(xs)
+
+    def step(s_BHKD, xs_group):
+        terms, res = forward(*xs_group)
+        o, s_BHKD, entering = _walk(s_BHKD, terms, interpret, keep)
+        return s_BHKD, ((o, res, entering) if keep else (o, None, None))
+
+    s0_BHKD = _carry_like(s0_BHKD, xs)
+    s_BHKD, outs = jax.lax.scan(step, s0_BHKD, _groups(xs, _group_size(N, C)))
+    return s_BHKD, _ungroup(outs)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
 def _scan(forward, backward, interpret, s0_BHKD, xs):
-    terms = _by_groups(lambda xs: forward(*xs)[0], xs)
-    o, s, _ = _walk(s0_BHKD, terms, interpret, keep=False)
+    s, (o, _, _) = _forward_walk(forward, interpret, s0_BHKD, xs, keep=False)
     return o, s
 
 
 def _scan_fwd(forward, backward, interpret, s0_BHKD, xs):
-    terms, res = _by_groups(lambda xs: forward(*xs), xs)
-    o, s, entering = _walk(s0_BHKD, terms, interpret, keep=True)
+    s, (o, res, entering) = _forward_walk(forward, interpret, s0_BHKD, xs, keep=True)
     # Residuals: the inputs, the family's per-chunk residuals, the state entering each chunk.
-    return (o, s), (xs, res, entering, s0_BHKD.shape)
+    return (o, s), (xs, res, entering)
 
 
 def _scan_bwd(forward, backward, interpret, residuals, cotangents):
-    xs, res, entering, (B, H, K, Dv) = residuals
+    """Groups last to first (`lax.scan`, carrying dS): per group, the family's terms again,
+    the Pallas walk back over its chunks (the terms' cotangents), and the family's pullback of
+    them to its inputs."""
+    xs, res, entering = residuals
     do_NBHCD, ds_BHKD = cotangents
-    w, x0, q, p, e, g = _by_groups(lambda xs, res: backward(xs, res)[0], xs, res)
+    N, C = _chunks(xs)
     has_u0 = _has_u0(forward, xs)
-    terms = (w, x0, q, p, None, e, None, g)
-    flat = _flatten(terms)
+
+    def step(ds_BHKD, group):
+        xs_g, res_g, entering_g, do_g = group
+        terms, pullback = backward(xs_g, res_g)
+        d_terms, ds_BHKD = _walk_back(ds_BHKD, terms, entering_g, do_g, has_u0, interpret)
+        return ds_BHKD, tuple(pullback(*d_terms))
+
+    groups = _groups((xs, res, entering, do_NBHCD), _group_size(N, C))
+    ds0_BHKD, dxs = jax.lax.scan(step, _carry_like(ds_BHKD, xs), groups, reverse=True)
+    return ds0_BHKD, _ungroup(dxs)
+
+
+def _walk_back(ds_BHKD, terms, entering, do_NBHCD, has_u0, interpret):
+    """The backward walk over a group's chunks, last to first, from dS after its last chunk:
+    the cotangents of the terms `(dW, dX₀, dQ, dP, dO₀, dE, dU₀, dg)` and dS before its first."""
+    B, H, K, Dv = ds_BHKD.shape
+    w, x0, q, p, e, g = terms
+    flat = _flatten((w, x0, q, p, None, e, None, g))
     names = list(flat)
     N, R, C, _ = flat["w"].shape
     X = None if g is None else g.shape[-1]
@@ -247,12 +292,7 @@ def _scan_bwd(forward, backward, interpret, residuals, cotangents):
         back("u0", (K, Dv)),
         dg,
     )
-
-    def pull(xs, res, d_terms):
-        return tuple(backward(xs, res)[1](*d_terms))
-
-    dxs = _by_groups(pull, xs, res, d_terms)
-    return outs[-1].reshape(B, H, K, Dv), tuple(dxs)
+    return d_terms, outs[-1].reshape(B, H, K, Dv)
 
 
 def _walk_back_kernel(*refs, names, written, scalar_g):
