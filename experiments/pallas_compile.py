@@ -10,6 +10,9 @@ with respect to q, k, v and the log decay).
 
     python experiments/pallas_compile.py --topology v5e:2x2 \
         --out docs/results/pallas_compile_v5e.json
+
+`--methods pallas --reuse OLD.json` compiles only the Pallas programs and takes the chunk
+form's rows from an earlier file of the same topology (each reused row names its file and date).
 """
 
 from __future__ import annotations
@@ -111,6 +114,25 @@ def table(rows) -> str:
     return "\n".join(lines)
 
 
+def reused_rows(path, topology, compiled_methods, rows):
+    """The rows of `path` (same topology) of methods not compiled now, at the kernels, lengths,
+    programs and decay kinds compiled now; each names its file and date."""
+    with open(path) as f:
+        old = json.load(f)
+    if old["topology"] != topology:
+        raise ValueError(f"--reuse {path}: topology {old['topology']!r}, not {topology!r}")
+    wanted = {
+        (r.get("kernel", "causal_linear_attention"), r["T"], r["mode"], r["decay"]) for r in rows
+    }
+    kept = []
+    for r in old["rows"]:
+        kernel = r.get("kernel", "causal_linear_attention")
+        if r["method"] in compiled_methods or (kernel, r["T"], r["mode"], r["decay"]) not in wanted:
+            continue
+        kept.append({**r, "kernel": kernel, "reused_from": f"{path} ({old['date_utc']} UTC)"})
+    return kept
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--topology", default="v5e:2x2", help="a libtpu topology, e.g. v6e:2x2")
@@ -118,6 +140,8 @@ def main():
     parser.add_argument("--modes", default="forward,train")
     parser.add_argument("--kernels", default="causal_linear_attention", help="and/or delta_rule")
     parser.add_argument("--decays", default=",".join(DECAYS))
+    parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--reuse", help="earlier JSON whose rows of the other methods to keep")
     parser.add_argument("--out", help="JSON file to write")
     parser.add_argument("--table", help="print the markdown table of this JSON file and stop")
     args = parser.parse_args()
@@ -128,15 +152,18 @@ def main():
     if not args.out:
         parser.error("--out is required (unless --table)")
     topology = topologies.get_topology_desc(topology_name=args.topology, platform="tpu")
+    methods = args.methods.split(",")
     rows = []
     for kernel in args.kernels.split(","):
         for T in (int(x) for x in args.lengths.split(",")):
             for mode in args.modes.split(","):
                 for decay in args.decays.split(","):
-                    for method in METHODS:
+                    for method in methods:
                         row = compile_one(topology, kernel, method, decay, T, mode)
                         rows.append(row)
                         print(json.dumps(row), flush=True)
+    if args.reuse:
+        rows += reused_rows(args.reuse, args.topology, {r["method"] for r in rows}, rows)
     result = {
         "what": "compiler figures (memory_analysis, cost_analysis) per chip, not times",
         "topology": args.topology,

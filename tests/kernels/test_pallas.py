@@ -351,7 +351,8 @@ def test_delta_rule_matches_float64_recurrence_and_chunk(decay, T, starts):
 
 
 def test_delta_rule_state_independent_part_by_groups(monkeypatch):
-    """Groups of one chunk (the `lax.map` over groups of the XLA part): the same numbers."""
+    """Groups of one chunk (the `lax.scan` over groups of the XLA part and walk): the same
+    numbers."""
     from linear_attention.kernels.primitives import pallas_chunk_scan
 
     monkeypatch.setattr(pallas_chunk_scan, "TOKENS_PER_GROUP", 16)
