@@ -2,11 +2,12 @@
 
 Every config section (`training.config`), `ModelConfig` and every mixer's options
 (`layers.options`) are frozen dataclasses whose fields are checked here, so a value is refused
-in one of three messages, whoever owns it:
+in one of three messages, whoever owns it, or a rule between fields in a fourth:
 
     <name> must be <requirement>, got <value>[ (<type>)]      wrong type or out of range
     unknown <name> <value>[ for <owner>]; allowed: a, b, c     a string outside its choices
     <path> is not a field: <owner> does not use option ...      a field the dataclass lacks
+    config.<name> <message>                                     a rule between fields broken
 
 A field's requirement is its annotation (bool, int, float, str, a tuple of ints, each possibly
 ``| None``) and the `Spec` in its metadata (`spec_field`): a minimum, a range, choices, or a
@@ -66,6 +67,12 @@ def fail(name: str, requirement: str, value, *, show_type: bool = False):
     """Raise the checker's ValueError: ``<name> must be <requirement>, got <value>``."""
     kind = f" ({type(value).__name__})" if show_type else ""
     raise ValueError(f"{name} must be {requirement}, got {value!r}{kind}")
+
+
+def broken(name: str, message: str):
+    """Raise the checker's ValueError for a rule between fields: ``config.<name> <message>``
+    (the rule stays with the dataclass that owns it)."""
+    raise ValueError(f"config.{name} {message}")
 
 
 def check_int(name: str, value, minimum: int | None = 1) -> int:

@@ -223,8 +223,6 @@ def test_no_import_cycle_in_the_package():
 # kernels' forward and backward passes keep their steps in one scope, as FLA's do; the
 # Pallas scan and the transformers converter are their owners' to split.
 _LONG_FUNCTIONS = {
-    "data/sources.py:text_source",
-    "data/sources.py:token_file_source",
     "kernels/linear/chunked.py:_chunked_bwd",
     "kernels/linear/linear.py:causal_linear_attention",
     "kernels/log_linear/delta.py:log_linear_delta_rule",

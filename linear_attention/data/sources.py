@@ -26,6 +26,7 @@ import os
 import numpy as np
 
 from linear_attention.data.batches import padded_batches
+from linear_attention.data.configs import TextDataConfig, TokenDataConfig
 from linear_attention.data.corpus import check_token_range, read_documents, read_token_file
 from linear_attention.data.files import file_digest
 from linear_attention.data.pipeline import GrainPipeline, document_spans, eos_spans, window_spans
@@ -35,7 +36,6 @@ from linear_attention.data.token_files import check_token_file
 from linear_attention.data.tokenized import tokenize_documents
 from linear_attention.data.tokenizers import BYTES, load_tokenizer
 
-LOADERS = ("windows", "grain")
 _RECORD_SUFFIXES = (".jsonl", ".parquet")
 
 
@@ -112,60 +112,22 @@ class GrainData(DataSource):
 
 
 def text_source(
+    config: TextDataConfig,
     *,
-    path: str,
-    tokenizer: str,
-    text_field: str,
-    loader: str,
-    seq_len: int,
-    max_bytes: int | None,
-    val_fraction: float,
-    num_val_windows: int,
-    pack: bool,
-    separator: bytes,
     seed: int,
     batch_size: int,
-    cache_dir: str | None = None,
     process_index: int = 0,
     process_count: int = 1,
+    cache_dir: str | None = None,
     message=None,
     progress=None,
 ):
-    """The source of ``config.data.kind = "text"`` (see the module docstring); ``progress(done,
-    total)`` follows the tokenization of a corpus that is not in the cache (in characters)."""
-    if loader not in LOADERS:
-        raise ValueError(f"loader must be one of {LOADERS}, got {loader!r}")
-    if loader == "grain" and not pack:
-        raise ValueError("loader 'grain' packs documents into rows: it needs pack=True")
-    tok = load_tokenizer(tokenizer)
-    common = dict(
-        seq_len=seq_len,
-        val_fraction=val_fraction,
-        num_val_windows=num_val_windows,
-        seed=seed,
-        pack=pack,
-    )
-    if tokenizer == BYTES and not _holds_records(path):
-        text = TextData(path=path or None, max_bytes=max_bytes, separator=separator, **common)
-    else:
-        docs, provenance = read_documents(path or None, text_field=text_field, max_bytes=max_bytes)
-        tokens, starts = tokenize_documents(
-            docs,
-            tok,
-            provenance=provenance,
-            separator=separator.decode(),
-            cache_dir=cache_dir,
-            message=message,
-            progress=progress,
-        )
-        text = TextData(
-            tokens=tokens,
-            starts=starts,
-            vocab_size=tok.vocab_size,
-            token_bytes=tok.token_bytes,
-            provenance=provenance,
-            **common,
-        )
+    """The source of ``config.data.kind = "text"`` (see the module docstring) for a run of
+    ``seed`` and ``batch_size`` rows in this process (``process_index`` of ``process_count``);
+    ``progress(done, total)`` follows the tokenization of a corpus that is not in the cache (in
+    characters)."""
+    tok = load_tokenizer(config.tokenizer)
+    text = _read_text(config, tok, seed, cache_dir, message, progress)
     text.tokenizer = tok
     text.provenance = {
         **text.provenance,
@@ -173,7 +135,7 @@ def text_source(
         "tokenizer_sha256": tok.fingerprint,
         "vocab_size": tok.vocab_size,
     }
-    if loader == "windows":
+    if config.loader == "windows":
         return text
     rows = {"inputs": text.val_inputs, "labels": text.val_labels}
     if text.val_segment_ids is not None:
@@ -182,7 +144,7 @@ def text_source(
         text.train,
         document_spans(text.train_documents),
         rows,
-        seq_len=seq_len,
+        seq_len=config.seq_len,
         batch_size=batch_size,
         seed=seed,
         vocab_size=text.vocab_size,
@@ -194,18 +156,48 @@ def text_source(
     )
 
 
+def _read_text(config: TextDataConfig, tok, seed, cache_dir, message, progress) -> TextData:
+    """The corpus of ``config`` as `TextData`: plain bytes read as they are, or documents
+    tokenized by ``tok`` (cached in ``cache_dir``)."""
+    path, max_bytes = config.path, config.max_bytes or None
+    common = dict(
+        seq_len=config.seq_len,
+        val_fraction=config.val_fraction,
+        num_val_windows=config.num_val_windows,
+        seed=seed,
+        pack=config.pack,
+    )
+    separator = config.separator_bytes
+    if config.tokenizer == BYTES and not _holds_records(path):
+        return TextData(path=path or None, max_bytes=max_bytes, separator=separator, **common)
+    docs, provenance = read_documents(
+        path or None, text_field=config.text_field, max_bytes=max_bytes
+    )
+    tokens, starts = tokenize_documents(
+        docs,
+        tok,
+        provenance=provenance,
+        separator=separator.decode(),
+        cache_dir=cache_dir,
+        message=message,
+        progress=progress,
+    )
+    return TextData(
+        tokens=tokens,
+        starts=starts,
+        vocab_size=tok.vocab_size,
+        token_bytes=tok.token_bytes,
+        provenance=provenance,
+        **common,
+    )
+
+
 def token_file_source(
+    config: TokenDataConfig,
     *,
-    path: str,
-    token_dtype: str,
     vocab_size: int,
-    tokenizer: str,
-    seq_len: int,
-    val_fraction: float,
-    num_val_windows: int,
     seed: int,
     batch_size: int,
-    eos_id: int = -1,
     process_index: int = 0,
     process_count: int = 1,
     message=None,
@@ -226,12 +218,14 @@ def token_file_source(
     (`token_files.check_token_file`); without one, ``message`` gets a warning when the ids look
     like uint32 read as uint16. The provenance holds the file's ``digest`` (`files.file_digest`)
     and the tokenizer's SHA-256, which a resumed run compares."""
-    tokens = read_token_file(path, token_dtype)
+    path, tokenizer, eos_id, seq_len = config.path, config.tokenizer, config.eos_id, config.seq_len
+    val_fraction, num_val_windows = config.val_fraction, config.num_val_windows
+    tokens = read_token_file(path, config.token_dtype)
     tok = load_tokenizer(tokenizer) if tokenizer else None
     sidecar = check_token_file(
         path,
         tokens,
-        token_dtype=token_dtype,
+        token_dtype=config.token_dtype,
         vocab_size=vocab_size,
         eos_id=eos_id,
         tokenizer=tok,
@@ -250,21 +244,7 @@ def token_file_source(
     else:
         train, rows, documents = _windows(tokens, path, seq_len, val_fraction, num_val_windows)
     token_bytes = None if tok is None else np.pad(tok.token_bytes, (0, vocab_size - tok.vocab_size))
-    size = os.path.getsize(path)
-    provenance = {
-        "path": os.path.abspath(path),
-        "files": 1,
-        "bytes": size,
-        "mtime_ns": os.stat(path).st_mtime_ns,
-        "digest": sidecar["digest"] if sidecar else file_digest(path),
-        "tokens": int(tokens.size),
-        "token_dtype": str(tokens.dtype),
-        "tokenizer": tokenizer,
-    }
-    if tok is not None:
-        provenance.update(tokenizer_sha256=tok.fingerprint, vocab_size=tok.vocab_size)
-    if eos_id >= 0:
-        provenance.update(eos_id=eos_id, documents=documents)
+    provenance = _token_file_provenance(config, tokens, tok, sidecar, documents)
     return GrainData(
         tokens,
         train,
@@ -279,6 +259,27 @@ def token_file_source(
         process_index=process_index,
         process_count=process_count,
     )
+
+
+def _token_file_provenance(config: TokenDataConfig, tokens, tok, sidecar, documents) -> dict:
+    """What the token file is: its path, size, digest (the sidecar's, or `files.file_digest`),
+    token count and dtype, and the tokenizer's name, SHA-256 and vocabulary."""
+    path = config.path
+    provenance = {
+        "path": os.path.abspath(path),
+        "files": 1,
+        "bytes": os.path.getsize(path),
+        "mtime_ns": os.stat(path).st_mtime_ns,
+        "digest": sidecar["digest"] if sidecar else file_digest(path),
+        "tokens": int(tokens.size),
+        "token_dtype": str(tokens.dtype),
+        "tokenizer": config.tokenizer,
+    }
+    if tok is not None:
+        provenance.update(tokenizer_sha256=tok.fingerprint, vocab_size=tok.vocab_size)
+    if config.eos_id >= 0:
+        provenance.update(eos_id=config.eos_id, documents=documents)
+    return provenance
 
 
 def _no_split(path: str, size: int, name: str, seq_len: int) -> ValueError:

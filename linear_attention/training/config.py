@@ -18,6 +18,7 @@ import ml_collections
 from ml_collections import config_dict
 
 from linear_attention.fields import (
+    broken,
     build,
     check_fields,
     check_int,
@@ -34,7 +35,6 @@ from linear_attention.training.data_kinds import (
     StateTrackingDataConfig,
     TextDataConfig,
     TokenDataConfig,
-    broken,
     data_kind,
 )
 from linear_attention.training.tpu_target import parse_target

@@ -10,6 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from linear_attention.data import load_corpus
+from linear_attention.data.configs import TokenDataConfig
 from linear_attention.data.corpus import check_token_range, read_documents, read_token_file
 from linear_attention.data.sources import token_file_source
 from linear_attention.data.tokenized import tokenize_documents
@@ -108,17 +109,16 @@ def test_token_files(tmp_path):
 
 def test_token_file_source_splits_windows(tmp_path):
     np.arange(1000, dtype=np.uint16).tofile(tmp_path / "t.bin")
-    data = token_file_source(
+    config = TokenDataConfig(
+        kind="tokens",
         path=str(tmp_path / "t.bin"),
         token_dtype="uint16",
-        vocab_size=1000,
         tokenizer="",
         seq_len=9,
         val_fraction=0.25,
         num_val_windows=3,
-        seed=0,
-        batch_size=2,
     )
+    data = token_file_source(config, vocab_size=1000, seed=0, batch_size=2)
     # Blocks of 10 tokens (1/100 of the file); blocks 3, 7, 11, ... go to validation
     # (floor((i + 1) / 4) > floor(i / 4)). A window [9c, 9c + 10) is validation when its first
     # and last tokens both lie in validation blocks (then in one: they are 4 blocks apart).

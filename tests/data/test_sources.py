@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from linear_attention.data import IGNORE_INDEX
+from linear_attention.data.configs import TokenDataConfig
 from linear_attention.data.pipeline import document_spans, eos_spans, window_spans
 from linear_attention.data.sources import token_file_source
 from linear_attention.data.text import TextData
@@ -39,18 +40,17 @@ def token_file(tmp_path_factory):
 
 
 def _source(path, eos_id):
-    return token_file_source(
+    config = TokenDataConfig(
+        kind="tokens",
         path=path,
         token_dtype="uint16",
-        vocab_size=VOCAB,
         tokenizer="",
         seq_len=SEQ,
         val_fraction=0.1,
         num_val_windows=12,
-        seed=0,
-        batch_size=4,
         eos_id=eos_id,
     )
+    return token_file_source(config, vocab_size=VOCAB, seed=0, batch_size=4)
 
 
 def test_documents_and_validation_windows_equal_the_text_path(token_file):

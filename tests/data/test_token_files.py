@@ -8,6 +8,7 @@ import os
 import numpy as np
 import pytest
 
+from linear_attention.data.configs import TokenDataConfig
 from linear_attention.data.files import FULL_DIGEST_BYTES, file_digest
 from linear_attention.data.sources import token_file_source
 from linear_attention.training import tokenizer_cli
@@ -16,19 +17,17 @@ DOCS = ["def f(x):\n    return x\n" * 20, "print('héllo')\n" * 30]
 
 
 def _source(path, *, dtype="uint16", vocab=300, eos=-1, tokenizer="", message=None):
-    return token_file_source(
+    config = TokenDataConfig(
+        kind="tokens",
         path=str(path),
         token_dtype=dtype,
-        vocab_size=vocab,
         tokenizer=tokenizer,
         seq_len=8,
         val_fraction=0.1,
         num_val_windows=4,
-        seed=0,
-        batch_size=2,
         eos_id=eos,
-        message=message,
     )
+    return token_file_source(config, vocab_size=vocab, seed=0, batch_size=2, message=message)
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ import shutil
 import numpy as np
 import pytest
 
+from linear_attention.data.configs import TokenDataConfig
 from linear_attention.data.sources import token_file_source
 from linear_attention.data.tokenizers import train_bpe
 from linear_attention.training import cli, eval_cli, train
@@ -143,10 +144,9 @@ def test_a_changed_token_file_is_named(tmp_path):
     ids.tofile(path)
 
     def record():
-        source = token_file_source(
-            path=str(path), token_dtype="uint16", vocab_size=256, tokenizer="", seq_len=8,
-            val_fraction=0.1, num_val_windows=4, seed=0, batch_size=2,
-        )  # fmt: skip
+        data = TokenDataConfig(kind="tokens", path=str(path), token_dtype="uint16", tokenizer="",
+                               seq_len=8, val_fraction=0.1, num_val_windows=4)  # fmt: skip
+        source = token_file_source(data, vocab_size=256, seed=0, batch_size=2)
         return data_record(source.provenance)
 
     before = record()
