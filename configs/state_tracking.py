@@ -175,15 +175,16 @@ def deltaproduct_preset(task):
       cross-entropy at every position; stop once the validation sequence accuracy reaches
       0.99 (``max_val_acc``).
 
-    Taken as they are: the lengths, the model's sizes, the budget in steps and sequences, the
-    optimizer and its schedule. ``num_householder`` defaults to what one layer needs in theory
+    Taken as they are: the lengths, the model's sizes, the budget in steps, the optimizer and
+    its schedule. ``num_householder`` defaults to what one layer needs in theory
     (`HOUSEHOLDER_STEPS`: S3 2, S5 and A5 4); the study sets it (and ``num_layers``) per run.
     The differences:
 
     - the mixer is ``gated_deltaproduct``, whose scalar decay (Gated DeltaNet's γ) has no
       switch: the authors' run has no forget gate.
     - data: fresh draws every step (keyed by seed and step), where the authors cycle a fixed
-      set of 99,000 sequences 100 times; their tokenizer prepends a BOS token (scored against a
+      set of 99,000 sequences 100 times (every batch here is full, 10.0M sequences against their
+      9.9M, whose last batch of an epoch holds 704); their tokenizer prepends a BOS token (scored against a
       BOS label), here the first token is the first element.
     - score: ``eval/length_{L}/accuracy`` is token-level (every prefix's product), where the
       authors stop on and plot whole-sequence accuracy; evaluated at lengths 128 (in
