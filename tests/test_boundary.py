@@ -229,7 +229,7 @@ _LONG_FUNCTIONS = {
     "kernels/log_linear/log_linear.py:log_linear_attention",
     "kernels/mesa_net/mesa_net.py:mesa_net",
     "kernels/path/blockwise.py:_backward",
-    "kernels/primitives/pallas_chunk_scan.py:_scan_bwd",
+    "kernels/primitives/pallas_chunk_scan.py:_walk_back",
     "kernels/softmax/sliding_window.py:sliding_window_attention",
     "models/hf/qwen3_5.py:model_options",
     "models/hf/qwen3_5.py:to_params",
