@@ -276,6 +276,31 @@ def test_data_kinds_say_whether_they_are_text_and_how_runs_are_judged():
     assert METRICS["text"] == ("eval/bits_per_byte", False) and METRICS["mqar"][1] is True
 
 
+# A data kind's name that is also a plain word where it appears: a JSONL field ("text"), a
+# sidecar's count ("tokens"), a sweep scored as MAD scores ("mad"); la-convert writes the text
+# section of an imported model's run.
+_KIND_HOMONYMS = {
+    "training/tokenizer_cli.py": {"text", "tokens"},
+    "training/convert.py": {"text"},
+    "training/sweep/synthetic.py": {"mad"},
+}
+
+
+def test_the_training_room_asks_the_data_kind_and_names_none():
+    """The trainer, the evaluation and the sweep reports ask a data config (its class
+    attributes, `DataSource`) and never compare its kind's name."""
+    from linear_attention.training.sweep.runner import SWEEP_REPORTS
+
+    assert {entry.config.SWEEP_REPORT for entry in DATA_KINDS.values()} <= set(SWEEP_REPORTS)
+    found = []
+    for path in sorted((PACKAGE / "training").rglob("*.py")):
+        where = path.relative_to(PACKAGE).as_posix()
+        for line, text in _code_strings(path):
+            if text in DATA_KINDS and text not in _KIND_HOMONYMS.get(where, set()):
+                found.append(f"{where}:{line}: {text!r}")
+    assert not found
+
+
 def test_a_data_config_holds_its_own_kind():
     with pytest.raises(ValueError, match="unknown config.data.kind 'text'; allowed: mqar$"):
         DATA_KINDS["mqar"].config(kind="text", vocab_size=16, seq_len=16, num_kv_pairs=2)

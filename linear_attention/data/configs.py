@@ -45,6 +45,11 @@ class DataConfig:
     METRIC: ClassVar[tuple[str, bool]] = ("eval/accuracy", True)
     # Whether the time axis may be split over devices (config.mesh.seq > 1).
     TIME_SPLIT: ClassVar[bool] = True
+    # What a sweep of this kind reports (`training.sweep.runner.SWEEP_REPORTS`): "recall"
+    # (accuracy against width and state size), "tasks" (a mixer × task table and heat map),
+    # "lengths" (that table and accuracy per evaluation length) or "language" (bits per byte,
+    # throughput, decoding speed and loss curves).
+    SWEEP_REPORT: ClassVar[str] = ""
 
     kind: str
     seq_len: int
@@ -129,6 +134,7 @@ class MQARDataConfig(DataConfig):
 
     KIND: ClassVar[str] = "mqar"
     LABEL: ClassVar[str] = "MQAR"
+    SWEEP_REPORT: ClassVar[str] = "recall"
 
     kind: str
     vocab_size: int = spec_field(minimum=None)
@@ -174,6 +180,7 @@ class TextDataConfig(DataConfig):
     KIND: ClassVar[str] = "text"
     TEXT: ClassVar[bool] = True
     METRIC: ClassVar[tuple[str, bool]] = ("eval/bits_per_byte", False)
+    SWEEP_REPORT: ClassVar[str] = "language"
 
     kind: str
     seq_len: int
@@ -231,6 +238,7 @@ class TokenDataConfig(DataConfig):
 
     KIND: ClassVar[str] = "tokens"
     METRIC: ClassVar[tuple[str, bool]] = ("eval/loss", False)
+    SWEEP_REPORT: ClassVar[str] = "language"
 
     kind: str
     seq_len: int
@@ -286,6 +294,7 @@ class MADDataConfig(DataConfig):
 
     KIND: ClassVar[str] = "mad"
     TIME_SPLIT: ClassVar[bool] = False
+    SWEEP_REPORT: ClassVar[str] = "tasks"
 
     kind: str
     task: str
@@ -331,6 +340,7 @@ class StateTrackingDataConfig(DataConfig):
 
     KIND: ClassVar[str] = "state_tracking"
     TIME_SPLIT: ClassVar[bool] = False
+    SWEEP_REPORT: ClassVar[str] = "lengths"
 
     kind: str
     task: str

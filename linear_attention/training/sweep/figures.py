@@ -15,6 +15,7 @@ import numpy as np
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from linear_attention.data.configs import MQARDataConfig  # noqa: E402
 from linear_attention.training.metrics import read_jsonl  # noqa: E402
 from linear_attention.training.sweep.grid import (  # noqa: E402
     Axis,
@@ -123,7 +124,7 @@ def _mqar_line(ax, rows: list[dict], x_of, line: str, *, color, marker, nudge) -
     pts = sorted(
         (
             x_of(r),
-            metric_value(r, "mqar"),
+            metric_value(r, MQARDataConfig.KIND),
             float(r.get("eval/accuracy min", math.nan)),
             float(r.get("eval/accuracy max", math.nan)),
         )

@@ -102,7 +102,11 @@ def run_point(config, run_dir: Path, *, decode_batch_size: int, log=print) -> st
                 write_json(str(failed_path), {"error": str(e)})
                 status = "diverged"
         log(f"  {status} in {time.perf_counter() - start:.0f} s")
-    if cfg.data.kind == "text" and summary_path.exists() and not (run_dir / "decode.json").exists():
+    if (
+        cfg.data.SWEEP_REPORT == "language"
+        and summary_path.exists()
+        and not (run_dir / "decode.json").exists()
+    ):
         write_json(str(run_dir / "decode.json"), measure_decode(cfg, decode_batch_size))
     return status
 

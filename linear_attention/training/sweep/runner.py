@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
+from linear_attention.training.data_kinds import data_kind
 from linear_attention.training.sweep.figures import plot_loss_curves, plot_mqar
 from linear_attention.training.sweep.grid import Axis, Point, expand, prepare, run_order
 from linear_attention.training.sweep.points import dry_run, is_finished, run_point
@@ -25,6 +26,14 @@ from linear_attention.training.sweep.synthetic import (
 from linear_attention.training.sweep.tables import lm_report, mqar_report
 from linear_attention.training.sweep.workers import SweepProgress, run_parallel
 
+# What a sweep reports, by what its data kind asks for (`DataConfig.SWEEP_REPORT`).
+SWEEP_REPORTS = ("recall", "tasks", "lengths", "language")
+
+
+def report_style(sweep) -> str:
+    """The report a sweep's data kind asks for (one of `SWEEP_REPORTS`)."""
+    return data_kind(sweep.base.data.kind).config.SWEEP_REPORT
+
 
 def report(
     sweep,
@@ -38,6 +47,7 @@ def report(
     """Write results.csv, results.md and the plots from what is finished (``results_csv``:
     from the rows of that file, or of those files, instead of the run directories); returns
     the rows."""
+    style = report_style(sweep)
     kind = sweep.base.data.kind
     runs_dir = workdir / "runs"
     if results_csv is None:
@@ -48,18 +58,24 @@ def report(
     best = best_rows(rows, axes, sweep.get("tune"), kind, sweep.get("replicate"), partial=partial)
     if best:
         write_csv(workdir / "best.csv", best)
-    if kind == "mqar":
-        text = mqar_report(best, axes, sweep)
-        plot_mqar(best, axes, sweep, workdir)
-    elif kind in ("mad", "state_tracking"):
-        text = synthetic_report(rows, best, axes, sweep)
-        if kind == "mad":
+    match style:
+        case "recall":
+            text = mqar_report(best, axes, sweep)
+            plot_mqar(best, axes, sweep, workdir)
+        case "tasks":
+            text = synthetic_report(rows, best, axes, sweep)
             plot_mad_heatmap(best, axes, sweep, workdir)
-        else:
+        case "lengths":
+            text = synthetic_report(rows, best, axes, sweep, by_length=True)
             plot_accuracy_vs_length(rows, best, axes, sweep, workdir)
-    else:
-        text = lm_report(best, axes, sweep)
-        plot_loss_curves(best, axes, sweep, runs_dir, workdir)
+        case "language":
+            text = lm_report(best, axes, sweep)
+            plot_loss_curves(best, axes, sweep, runs_dir, workdir)
+        case _:
+            raise ValueError(
+                f"data kind {kind!r} asks for the sweep report {style!r}; known: "
+                + ", ".join(SWEEP_REPORTS)
+            )
     (workdir / "results.md").write_text(text)
     return {"rows": rows, "best": best, "markdown": text}
 
@@ -71,7 +87,7 @@ def check_results_csv(sweep, results_csv, report_only: bool) -> None:
         return
     if not report_only:
         raise ValueError("results_csv redraws finished results: use it with report_only")
-    if sweep.base.data.kind == "text":
+    if report_style(sweep) == "language":
         raise ValueError(
             "results_csv redraws MQAR, MAD and state-tracking sweeps only (the LM loss curves "
             f"read every run's metrics.jsonl); this sweep's data.kind is {sweep.base.data.kind!r}"

@@ -73,8 +73,11 @@ def length_curves(rows: list[dict], best: list[dict], axes: list[Axis], sweep) -
     return curves
 
 
-def synthetic_report(rows: list[dict], best: list[dict], axes: list[Axis], sweep) -> str:
-    """Markdown: the mixer × task table (and for state tracking, accuracy per length)."""
+def synthetic_report(
+    rows: list[dict], best: list[dict], axes: list[Axis], sweep, *, by_length: bool = False
+) -> str:
+    """Markdown: the mixer × task table (and with ``by_length``, for state tracking, accuracy per
+    evaluation length)."""
     x_axis, line_axis = axis_named(axes, sweep.plot.x), axis_named(axes, sweep.plot.line)
     cells = {(r[line_axis.name], r[x_axis.name]): r for r in best}
     tasks = [t for t in x_axis.labels if any(k[1] == t for k in cells)]
@@ -98,7 +101,7 @@ def synthetic_report(rows: list[dict], best: list[dict], axes: list[Axis], sweep
     ]
     if sweep.get("score") == "mad":
         parts.append(mad_score_table(best, x_axis, line_axis))
-    if sweep.base.data.kind == "state_tracking":
+    if by_length:
         curves = length_curves(rows, best, axes, sweep)
         lengths = sorted({n for c in curves.values() for n in c})
         body = [

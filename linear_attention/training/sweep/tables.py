@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+from linear_attention.data.configs import MQARDataConfig, TextDataConfig
 from linear_attention.training.sweep.grid import Axis, axis_named, panel_title
 from linear_attention.training.sweep.results import METRICS, metric_value
 
@@ -51,7 +52,9 @@ def mqar_report(best: list[dict], axes: list[Axis], sweep) -> str:
                 body.append(
                     [line]
                     + [
-                        _with_spread(cells[line, x], "mqar") if (line, x) in cells else ""
+                        _with_spread(cells[line, x], MQARDataConfig.KIND)
+                        if (line, x) in cells
+                        else ""
                         for x in xs
                     ]
                 )
@@ -72,7 +75,7 @@ def mqar_report(best: list[dict], axes: list[Axis], sweep) -> str:
             str(r["state_bytes"]),
             str(r.get("param_count", "")),
             str(r.get(sweep.get("tune"), "")),
-            _with_spread(r, "mqar"),
+            _with_spread(r, MQARDataConfig.KIND),
             *([r.get("eval/accuracy runs", "")] if replicate else []),
             *([r.get("tuned over", "")] if sweep.get("tune") else []),
             r["status"],
@@ -101,7 +104,7 @@ def lm_report(best: list[dict], axes: list[Axis], sweep) -> str:
             *(r[k] for k in others),
             f"{r.get('param_count', 0):,}",
             str(r.get(tune, "")),
-            _fmt(metric_value(r, "text")),
+            _fmt(metric_value(r, TextDataConfig.KIND)),
             _fmt(r.get("tokens_per_sec"), 0),
             _fmt(r.get("decode_tokens_per_sec"), 0),
             str(r["state_bytes"]),
