@@ -1,12 +1,12 @@
 """Compiler figures of the Pallas kernels against the XLA chunk form, for a TPU, on any machine.
 
-For each kernel (`causal_linear_attention` and, with `--kernels`, `delta_rule`; `method="pallas"`
-and `method="chunk"`, each decay kind) and each length T, the
-program is compiled for a TPU topology through libtpu (no TPU needed) and the compiler's own
-figures are recorded: `memory_analysis()` (temporaries, arguments, outputs and the peak, per
+For each kernel (`causal_linear_attention` and, with `--kernels`, `delta_rule`,
+`dplr_delta_rule`, `delta_product`; `method="pallas"` and `method="chunk"`, each decay kind) and
+each length T, the program is compiled for a TPU topology through libtpu (no TPU needed) and the
+compiler's own figures are recorded: `memory_analysis()` (temporaries, arguments, outputs and the peak, per
 chip) and `cost_analysis()` (FLOPs, bytes accessed). These are compiler figures, not times. Two
 programs: "forward" (the outputs) and "train" (the outputs and the gradients of a loss on them
-with respect to q, k, v and the log decay).
+with respect to q, k, v, the kernel's other inputs (β; DPLR's a, b) and the log decay).
 
     python experiments/pallas_compile.py --topology v5e:2x2 \
         --out docs/results/pallas_compile_v5e.json
@@ -34,6 +34,38 @@ from linear_attention.kernels.primitives.pallas import pallas_mosaic  # noqa: E4
 
 DECAYS = ("none", "per_token", "per_key")
 METHODS = ("pallas", "chunk")
+KERNELS = ("causal_linear_attention", "delta_rule", "dplr_delta_rule", "delta_product")
+
+
+def arrays(kernel, B, T, H, M, spec):
+    """q, k, v and the kernel's other inputs (a tuple; all differentiated in "train"), bfloat16:
+    DeltaProduct with n = 2 steps per token."""
+    match kernel:
+        case "causal_linear_attention":
+            return [spec((B, T, H, M))] * 3, ()
+        case "delta_rule":  # β
+            return [spec((B, T, H, M))] * 3, (spec((B, T, H)),)
+        case "dplr_delta_rule":  # a, b
+            return [spec((B, T, H, M))] * 3, (spec((B, T, H, M)), spec((B, T, H, M)))
+        case "delta_product":  # k, v with n = 2 steps; β
+            qkv = [spec((B, T, H, M)), spec((B, T, H, 2, M)), spec((B, T, H, 2, M))]
+            return qkv, (spec((B, T, H, 2)),)
+        case _:
+            raise ValueError(f"unknown kernel {kernel!r}; allowed: {', '.join(KERNELS)}")
+
+
+def call(kernel, q, k, v, extra, **options):
+    match kernel:
+        case "causal_linear_attention":
+            return K.causal_linear_attention(q, k, v, **options)
+        case "delta_rule":
+            return K.delta_rule(q, k, v, *extra, **options)
+        case "dplr_delta_rule":
+            return K.dplr_delta_rule(q, k, v, *extra, **options)
+        case "delta_product":
+            return K.delta_product(q, k, v, *extra, **options)
+        case _:
+            raise ValueError(f"unknown kernel {kernel!r}; allowed: {', '.join(KERNELS)}")
 
 
 def compile_one(topology, kernel, method, decay, T, mode, *, B=1, H=4, M=128, chunk_size=64):
@@ -45,28 +77,23 @@ def compile_one(topology, kernel, method, decay, T, mode, *, B=1, H=4, M=128, ch
     decay_shape = {"none": None, "per_token": (B, T, H), "per_key": (B, T, H, M)}[decay]
     a = None if decay_shape is None else spec(decay_shape, jnp.float32)
 
-    delta = kernel == "delta_rule"
-
-    def forward(q, k, v, beta, a):
+    def forward(q, k, v, extra, a):
         options = dict(log_decay=a, method=method, chunk_size=chunk_size)
-        if delta:  # β in the arguments: its gradient is part of the program
-            return K.delta_rule(q, k, v, beta, **options)
-        return K.causal_linear_attention(q, k, v, **options)
+        return call(kernel, q, k, v, extra, **options)
 
-    def train(q, k, v, beta, a):
-        def loss(q, k, v, beta, a):
-            o = forward(q, k, v, beta, a)
+    def train(q, k, v, extra, a):
+        def loss(q, k, v, extra, a):
+            o = forward(q, k, v, extra, a)
             return jnp.sum(o.astype(jnp.float32) ** 2), o
 
-        argnums = (0, 1, 2) + ((3,) if delta else ()) + (() if a is None else (4,))
-        return jax.grad(loss, argnums=argnums, has_aux=True)(q, k, v, beta, a)
+        argnums = (0, 1, 2, 3) + (() if a is None else (4,))
+        return jax.grad(loss, argnums=argnums, has_aux=True)(q, k, v, extra, a)
 
     fn = forward if mode == "forward" else train
-    qkv = [spec((B, T, H, M)) for _ in range(3)]
-    beta = spec((B, T, H)) if delta else None
+    qkv, extra = arrays(kernel, B, T, H, M, spec)
     start = time.perf_counter()
     with pallas_mosaic():
-        lowered = jax.jit(fn).trace(*qkv, beta, a).lower(lowering_platforms=("tpu",))
+        lowered = jax.jit(fn).trace(*qkv, extra, a).lower(lowering_platforms=("tpu",))
     compiled = lowered.compile()
     memory, cost = compiled.memory_analysis(), compiled.cost_analysis()
     return {
@@ -138,7 +165,9 @@ def main():
     parser.add_argument("--topology", default="v5e:2x2", help="a libtpu topology, e.g. v6e:2x2")
     parser.add_argument("--lengths", default="4096,16384,65536")
     parser.add_argument("--modes", default="forward,train")
-    parser.add_argument("--kernels", default="causal_linear_attention", help="and/or delta_rule")
+    parser.add_argument(
+        "--kernels", default="causal_linear_attention", help=f"some of {','.join(KERNELS)}"
+    )
     parser.add_argument("--decays", default=",".join(DECAYS))
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--reuse", help="earlier JSON whose rows of the other methods to keep")
