@@ -145,15 +145,7 @@ def causal_linear_attention(
     (`jax.jvp`, `jax.jacfwd`) through all but "chunk" and "pallas", whose gradients are custom
     VJPs: they raise `ValueError` naming the others, which give the same numbers.
     """
-    check_choice("method", method, METHODS + PALLAS_METHODS)
-    chunk_size = check_positive_int("chunk_size", chunk_size)
-    if method == "pallas":
-        check_pallas_backend('causal_linear_attention(method="pallas")')
-        if chunk_size % CHUNK_MULTIPLE:
-            raise ValueError(
-                f'chunk_size must be a multiple of {CHUNK_MULTIPLE} for method="pallas" (its '
-                f"blocks tile by 16 rows), got {chunk_size}"
-            )
+    chunk_size = _check_method(method, chunk_size)
     check_static("normalize", normalize)
     check_static("return_state", return_state)
     check_eps(eps)
@@ -191,6 +183,21 @@ def causal_linear_attention(
         )
     o_BTHD = o_BTHD.astype(dtype)
     return (o_BTHD, state) if return_state else o_BTHD
+
+
+def _check_method(method, chunk_size) -> int:
+    """Raise unless `method` is known and, for "pallas", runs here with `chunk_size` a multiple
+    of its tile; return `chunk_size` as an int."""
+    check_choice("method", method, METHODS + PALLAS_METHODS)
+    chunk_size = check_positive_int("chunk_size", chunk_size)
+    if method == "pallas":
+        check_pallas_backend('causal_linear_attention(method="pallas")')
+        if chunk_size % CHUNK_MULTIPLE:
+            raise ValueError(
+                f'chunk_size must be a multiple of {CHUNK_MULTIPLE} for method="pallas" (its '
+                f"blocks tile by 16 rows), got {chunk_size}"
+            )
+    return chunk_size
 
 
 def _initial_state(initial_state, shape, with_sum):

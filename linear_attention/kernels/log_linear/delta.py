@@ -44,7 +44,12 @@ from linear_attention.kernels.log_linear.fenwick import (
     padded_weights,
     positions,
 )
-from linear_attention.kernels.log_linear.log_linear import check_state
+from linear_attention.kernels.log_linear.log_linear import (
+    check_levels,
+    check_state,
+    entering_state,
+    finish,
+)
 from linear_attention.kernels.log_linear.quadratic import hierarchical_mask
 from linear_attention.kernels.primitives.layout import pad_time
 from linear_attention.kernels.segments import fold_resets, segment_resets
@@ -155,11 +160,7 @@ def log_linear_delta_rule(
         level_weights=(level_weights, "[B, T, H, L]"),
     )
     B, T, H, K, V, L = (sizes[x] for x in "BTHKVL")
-    if T > capacity(L):
-        raise ValueError(
-            f"level_weights has L={L} levels, which cover positions below 2^(L-1) = "
-            f"{capacity(L)}; T={T} needs at least {(T - 1).bit_length() + 1} levels"
-        )
+    check_levels(L, T)
     check_beta(beta, 0.0, 2.0)
     a = check_log_decay(log_decay, (B, T, H), "[B, T, H]")
     a = fold_resets(segment_resets(segment_ids, B, T), a, H)
@@ -169,11 +170,7 @@ def log_linear_delta_rule(
     q32, k32, v32, b32, lam32 = (
         jnp.asarray(x, jnp.float32) for x in (q, k, v, beta, level_weights)
     )
-    if initial_state is None:  # from position 0 only the levels T reaches are carried
-        lam32 = lam32[..., : min(L, (T - 1).bit_length() + 1)]
-        state = LogLinearState.zeros(B, H, lam32.shape[-1], K, V)
-    else:
-        state = check_state(initial_state, B, H, L, K, V)
+    lam32, state = entering_state(initial_state, lam32, (B, H, L, K, V), T)
     p = positions(a, state.position)
     match method:
         case "chunk":
@@ -184,12 +181,7 @@ def log_linear_delta_rule(
             o = delta_quadratic(q32, k32, v32, b32, a, lam32, p)
         case _:
             raise ValueError(f"unknown method {method!r}; allowed: {', '.join(METHODS)}")
-    o = jnp.where((p >= capacity(L))[..., None], jnp.nan, o).astype(dtype)
-    if not return_state:
-        return o
-    over = (state.position > capacity(L))[..., None, None, None]
-    levels = jnp.pad(state.levels, ((0, 0), (0, 0), (0, L - state.levels.shape[2]), (0, 0), (0, 0)))
-    return o, LogLinearState(jnp.where(over, jnp.nan, levels), state.position)
+    return finish(o, state, p, L, dtype, return_state)
 
 
 def log_linear_delta_rule_step(state: LogLinearState, q, k, v, beta, log_decay, level_weights):

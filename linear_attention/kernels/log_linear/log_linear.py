@@ -133,24 +133,14 @@ def log_linear_attention(
     )
     B, T, H, K, V, L = (sizes[x] for x in "BTHKVL")
     spans = 1 if axis_name is None else jax.lax.axis_size(axis_name)
-    if T * spans > capacity(L):
-        raise ValueError(
-            f"level_weights has L={L} levels, which cover positions below 2^(L-1) = "
-            f"{capacity(L)}; T={T * spans} needs at least {(T * spans - 1).bit_length() + 1} levels"
-        )
+    check_levels(L, T * spans)
     a_BTH = check_log_decay(log_decay, (B, T, H), "[B, T, H]")
     a_BTH = fold_resets(segment_resets(segment_ids, B, T, axis_name), a_BTH, H)
     if a_BTH is None:
         a_BTH = jnp.zeros((B, T, H), jnp.float32)
     dtype = jnp.result_type(q, k, v)
     q32, k32, v32, lam32 = (jnp.asarray(x, jnp.float32) for x in (q, k, v, level_weights))
-    if initial_state is None:
-        # from position 0 the levels above bit_length(T − 1) stay empty: carry only the others
-        # (their weights get no gradient either way) and pad the final state back to L
-        lam32 = lam32[..., : min(L, (T * spans - 1).bit_length() + 1)]
-        state = LogLinearState.zeros(B, H, lam32.shape[-1], K, V)
-    else:
-        state = check_state(initial_state, B, H, L, K, V)
+    lam32, state = entering_state(initial_state, lam32, (B, H, L, K, V), T * spans)
 
     def core(state):
         p_BTH = positions(a_BTH, state.position)
@@ -169,6 +159,33 @@ def log_linear_attention(
         o, state, p_BTH = core(state)
     else:
         o, state, p_BTH = split_over(core, q32, lam32, a_BTH, state, axis_name)
+    return finish(o, state, p_BTH, L, dtype, return_state)
+
+
+def check_levels(L: int, T: int) -> None:
+    """Raise unless `L` levels cover `T` positions (those below 2^(L−1))."""
+    if T > capacity(L):
+        raise ValueError(
+            f"level_weights has L={L} levels, which cover positions below 2^(L-1) = "
+            f"{capacity(L)}; T={T} needs at least {(T - 1).bit_length() + 1} levels"
+        )
+
+
+def entering_state(initial_state, lam32, sizes, T: int):
+    """`(level weights, state)` entering the first of `T` tokens; `sizes` is `(B, H, L, K, V)`.
+    From zeros (`initial_state` None) the levels above bit_length(T − 1) stay empty: only the
+    others are carried, with their weights (the rest get no gradient either way), and `finish`
+    pads the final state back to L."""
+    B, H, L, K, V = sizes
+    if initial_state is None:
+        lam32 = lam32[..., : min(L, (T - 1).bit_length() + 1)]
+        return lam32, LogLinearState.zeros(B, H, lam32.shape[-1], K, V)
+    return lam32, check_state(initial_state, B, H, L, K, V)
+
+
+def finish(o, state: LogLinearState, p_BTH, L: int, dtype, return_state: bool):
+    """The outputs in `dtype`, NaN at positions past 2^(L−1) (beyond the levels), and with
+    `return_state` the final state padded back to `L` levels (NaN once its position passed)."""
     o = jnp.where((p_BTH >= capacity(L))[..., None], jnp.nan, o).astype(dtype)
     if not return_state:
         return o

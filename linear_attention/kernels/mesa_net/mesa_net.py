@@ -116,16 +116,7 @@ def mesa_net(
     chunk_size = check_positive_int("chunk_size", chunk_size)
     cg_steps = check_positive_int("cg_steps", cg_steps)
     check_static("return_state", return_state)
-    check_float(("q", "k", "v", "beta", "lambda_"), (q, k, v, beta, lambda_))
-    sizes = check_layouts(
-        q=(q, "[B, T, H, K]"),
-        k=(k, "[B, T, H, K]"),
-        v=(v, "[B, T, H, Dv]"),
-        beta=(beta, "[B, T, H]"),
-    )
-    B, T, H, Kd, Dv = sizes["B"], sizes["T"], sizes["H"], sizes["K"], sizes["Dv"]
-    if T == 0:
-        raise ValueError(f"q, k, v must have at least one time step, got shape {q.shape}")
+    B, T, H, Kd, Dv = _check_inputs(q, k, v, beta, lambda_)
     lam_HK = check_lambda(lambda_, H, Kd)
     check_beta(beta)
     a_BTH = check_log_decay(log_decay, (B, T, H), "[B, T, H]")
@@ -157,6 +148,21 @@ def mesa_net(
         )
     o_BTHD = o_BTHD.astype(dtype)
     return (o_BTHD, MesaNetState(kk, kv)) if return_state else o_BTHD
+
+
+def _check_inputs(q, k, v, beta, lambda_) -> tuple[int, int, int, int, int]:
+    """Raise unless q, k, v, beta (and lambda_) are float arrays, q, k, v and beta of
+    `mesa_net`'s layouts with at least one time step; return `(B, T, H, K, Dv)`."""
+    check_float(("q", "k", "v", "beta", "lambda_"), (q, k, v, beta, lambda_))
+    sizes = check_layouts(
+        q=(q, "[B, T, H, K]"),
+        k=(k, "[B, T, H, K]"),
+        v=(v, "[B, T, H, Dv]"),
+        beta=(beta, "[B, T, H]"),
+    )
+    if sizes["T"] == 0:
+        raise ValueError(f"q, k, v must have at least one time step, got shape {q.shape}")
+    return sizes["B"], sizes["T"], sizes["H"], sizes["K"], sizes["Dv"]
 
 
 def _split(local, inputs, state0, chunk_size, axis_name):

@@ -53,17 +53,10 @@ def sliding_window_attention(
     short input); `position` is the first query's absolute position (keys before position 0
     are masked); `segment_ids [B, T]` restricts each token to its own document (Tq = Tk only).
     """
-    window = check_positive_int("window", window)
-    block_size = check_positive_int("block_size", block_size)
-    segment_ids = check_inputs(q, k, v, scale, segment_ids)
+    window, block_size, segment_ids = _check(
+        q, k, v, window, scale, segment_ids, position, block_size
+    )
     tq, tk = q.shape[1], k.shape[1]
-    if tk < tq:
-        raise ValueError(
-            f"sliding_window_attention needs at least as many keys as queries (the queries are "
-            f"the last Tq keys), got q {tuple(q.shape)}, k {tuple(k.shape)}"
-        )
-    if jnp.ndim(position) != 0:
-        raise ValueError(f"position must be a scalar, got shape {tuple(jnp.shape(position))}")
     out_dtype = jnp.result_type(q, k, v)
     b, _, h, d = q.shape
     dv = v.shape[3]
@@ -100,15 +93,7 @@ def sliding_window_attention(
     # Query row r of block i is query i·c + r; key slot s of its span is key i·c + s − lead of
     # the queries' own (slot `lead` is the key of the block's first query).
     logits_BHNCS = jnp.einsum("bnchd,bnshd->bhncs", q_BNCHD, k_BNSHD)
-    i_N11 = jnp.arange(n)[:, None, None]
-    r_1C1 = jnp.arange(c)[None, :, None]
-    s_11S = jnp.arange(k_BNSHD.shape[2])[None, None, :]
-    lag_NCS = r_1C1 + lead - s_11S  # query position − key position
-    key_index_NCS = i_N11 * c + s_11S - lead + num_prefix  # index into the (trimmed) keys
-    visible_NCS = (lag_NCS >= 0) & (lag_NCS < window)
-    visible_NCS &= (key_index_NCS >= 0) & (key_index_NCS < tq + num_prefix)
-    # absolute key position = position − num_prefix + key index: never before the sequence
-    visible_NCS &= jnp.asarray(position, jnp.int32) - num_prefix + key_index_NCS >= 0
+    visible_NCS = _band(n, c, k_BNSHD.shape[2], lead, num_prefix, tq, window, position)
     visible = visible_NCS[None]  # [1, N, C, S]
     if segment_ids is not None:  # (then num_prefix = 0)
         seg_BNC = jnp.pad(segment_ids, ((0, 0), (0, n * c - tq))).reshape(b, n, c)
@@ -124,3 +109,33 @@ def sliding_window_attention(
     p_BHNCS = p_BHNCS / jnp.where(denom_BHNC1 > 0, denom_BHNC1, 1.0)
     o_BNCHE = jnp.einsum("bhncs,bnshe->bnche", p_BHNCS, v_BNSHE)
     return o_BNCHE.reshape(b, n * c, h, dv)[:, :tq].astype(out_dtype)
+
+
+def _check(q, k, v, window, scale, segment_ids, position, block_size):
+    """`sliding_window_attention`'s checks; `(window, block_size, segment_ids)` checked."""
+    window = check_positive_int("window", window)
+    block_size = check_positive_int("block_size", block_size)
+    segment_ids = check_inputs(q, k, v, scale, segment_ids)
+    if k.shape[1] < q.shape[1]:
+        raise ValueError(
+            f"sliding_window_attention needs at least as many keys as queries (the queries are "
+            f"the last Tq keys), got q {tuple(q.shape)}, k {tuple(k.shape)}"
+        )
+    if jnp.ndim(position) != 0:
+        raise ValueError(f"position must be a scalar, got shape {tuple(jnp.shape(position))}")
+    return window, block_size, segment_ids
+
+
+def _band(n, c, span, lead, num_prefix, tq, window, position):
+    """`[N, C, S]` bool: whether query row r of block i sees key slot s of its span (query
+    i·c + r, key i·c + s − lead): within the last `window` keys, a key of the sequence, and
+    not before absolute position 0."""
+    i_N11 = jnp.arange(n)[:, None, None]
+    r_1C1 = jnp.arange(c)[None, :, None]
+    s_11S = jnp.arange(span)[None, None, :]
+    lag_NCS = r_1C1 + lead - s_11S  # query position − key position
+    key_index_NCS = i_N11 * c + s_11S - lead + num_prefix  # index into the (trimmed) keys
+    visible_NCS = (lag_NCS >= 0) & (lag_NCS < window)
+    visible_NCS &= (key_index_NCS >= 0) & (key_index_NCS < tq + num_prefix)
+    # absolute key position = position − num_prefix + key index: never before the sequence
+    return visible_NCS & (jnp.asarray(position, jnp.int32) - num_prefix + key_index_NCS >= 0)
