@@ -14,7 +14,7 @@ import jax.numpy as jnp
 
 from linear_attention.layers.delta import DeltaNetMixer
 from linear_attention.layers.fox import FoxMixer
-from linear_attention.layers.linear import LinearMixer
+from linear_attention.layers.linear import GatedMixer, LinearMixer
 from linear_attention.layers.softmax import SoftmaxMixer
 
 
@@ -53,6 +53,13 @@ def attention_inputs(mixer, x_BTD: jax.Array) -> AttentionInputs:
         log_forget = mixer.log_forget(x_BTD) if isinstance(mixer, FoxMixer) else None
         return AttentionInputs(q_BTHK, k_BTHK, v_BTHD, log_forget)
     phi_q_BTHM, phi_k_BTHM = mixer.featurize(q_BTHK, k_BTHK)
+    if isinstance(mixer, GatedMixer):  # grouped q/k heads, k scaled by dt (Mamba-2's options)
+        if mixer.skip is not None:
+            raise ValueError(
+                "a gated mixer with d_skip adds D·v to the weighted sum: no attention_inputs"
+            )
+        phi_q_BTHM, phi_k_BTHM, log_decay = mixer.per_value_head(x_BTD, phi_q_BTHM, phi_k_BTHM)
+        return AttentionInputs(phi_q_BTHM, phi_k_BTHM, v_BTHD, log_decay)
     log_decay = mixer.decay(x_BTD) if mixer.decay is not None else None
     if log_decay is not None:  # [H] (fixed) or [B, T, H] -> [B, T, H]; [B, T, H, M] as is
         b, t, h = q_BTHK.shape[:3]

@@ -48,7 +48,9 @@ class FixedDecay(nnx.Module):
 
 
 class ScalarDecay(nnx.Module):
-    """Mamba-2 / simple GLA: a data-dependent scalar decay per head and token."""
+    """Mamba-2 / simple GLA: a data-dependent scalar decay per head and token,
+    log γ = −dt·exp(A) with the step dt = softplus(x·w + b) (`step_size`; Mamba-2 also scales
+    its input by dt: the `gated` mixer's `dt_input`)."""
 
     def __init__(self, d_model: int, num_heads: int, key_dim: int, *, param_dtype, rngs):
         del key_dim
@@ -62,9 +64,17 @@ class ScalarDecay(nnx.Module):
         )
         self.a_log, self.dt_bias = mamba2_init(rngs, num_heads, num_heads, param_dtype)
 
-    def __call__(self, x_BTD):
+    def step_size(self, x_BTD):
+        """dt = softplus(x·w + b) `[B, T, H]` float32 (> 0)."""
         z_BTH = self.proj(x_BTD).astype(jnp.float32) + self.dt_bias[...].astype(jnp.float32)
-        return -jax.nn.softplus(z_BTH) * jnp.exp(self.a_log[...].astype(jnp.float32))
+        return jax.nn.softplus(z_BTH)
+
+    def from_step(self, dt_BTH):
+        """log γ = −dt·exp(A) for the step `dt`."""
+        return -dt_BTH * jnp.exp(self.a_log[...].astype(jnp.float32))
+
+    def __call__(self, x_BTD):
+        return self.from_step(self.step_size(x_BTD))
 
 
 class KeyDecay(nnx.Module):

@@ -45,11 +45,19 @@ from linear_attention.layers.feature_maps import (
 )
 from linear_attention.layers.options import (
     CHUNK_SIZE,
+    CONV_BIAS,
+    D_SKIP,
+    DT_INPUT,
     EPS,
     FEATURE_DIM,
     FEATURE_MAP,
     FEATURE_SCALE,
+    GATE_BEFORE_NORM,
     METHOD,
+    NUM_VALUE_HEADS,
+    OUT_NORM_EPS,
+    OUT_NORM_GROUPS,
+    STATE_DIM,
     GatedOutputConfig,
     MixerConfig,
 )
@@ -102,6 +110,20 @@ class DecayConfig(GatedOutputConfig):
 
 
 @dataclasses.dataclass(frozen=True)
+class GatedConfig(DecayConfig):
+    """gated: DecayConfig with the parts of Mamba-2's layer (all off by default)."""
+
+    num_value_heads: int | None = NUM_VALUE_HEADS.field()
+    state_dim: int | None = STATE_DIM.field()
+    dt_input: bool = DT_INPUT.field()
+    d_skip: bool = D_SKIP.field()
+    conv_bias: bool = CONV_BIAS.field()
+    gate_before_norm: bool = GATE_BEFORE_NORM.field()
+    out_norm_groups: int | None = OUT_NORM_GROUPS.field()
+    out_norm_eps: float = OUT_NORM_EPS.field()
+
+
+@dataclasses.dataclass(frozen=True)
 class GLAConfig(GatedOutputConfig):
     method: str = METHOD.field(choices=LINEAR_METHODS)
     chunk_size: int = CHUNK_SIZE.field()
@@ -129,7 +151,7 @@ class LinearMixer(Mixer):
         """chunk: 2·H·(C·(dk + dv) + 2·dk·dv) (intra-chunk scores and sum; reading and
         updating the dk×dv state), dk the feature width; scan / recurrent: 4·H·dk·dv (read and
         update)."""
-        h, dk, dv = self.num_heads, self.state_feature_dim, self.head_dim
+        h, dk, dv = self.num_value_heads, self.state_feature_dim, self.head_dim
         if (method or self.method) == "chunk":
             c = min(chunk_size or seq_len, seq_len)
             return 2.0 * h * (c * (dk + dv) + 2 * dk * dv)
@@ -147,7 +169,11 @@ class LinearMixer(Mixer):
             None
             if self.DECAY is None
             else self.DECAY(
-                self.d_model, self.num_heads, self.qk_dim, param_dtype=self.param_dtype, rngs=rngs
+                self.d_model,
+                self.num_value_heads,
+                self.qk_dim,
+                param_dtype=self.param_dtype,
+                rngs=rngs,
             )
         )
 
@@ -181,7 +207,7 @@ class LinearMixer(Mixer):
     def _init_core(self, batch_size: int, max_length: int) -> K.LinearAttentionState:
         del max_length  # the state does not grow with the context
         return K.LinearAttentionState.zeros(
-            batch_size, self.num_heads, self.state_feature_dim, self.head_dim
+            batch_size, self.num_value_heads, self.state_feature_dim, self.head_dim
         )
 
     def _mix(self, x_BTD, q_BTHK, k_BTHK, v_BTHD, core, position, segments=None):
@@ -278,13 +304,131 @@ class GatedMixer(LinearMixer):
         log γ_{t,h} = −softplus(x_t · w_h + b_h) · exp(A_h)            (`decays.ScalarDecay`)
 
     with `A_h ~ U[1, 16]` and `softplus(b_h) ~ logU[1e-3, 1e-1]` at init (as Mamba-2); no
-    denominator, per-head RMSNorm and swish output gate."""
+    denominator, per-head RMSNorm and swish output gate.
+
+    Mamba-2's layer (`Mamba2Mixer`, transformers' torch path) is this mixer with its options:
+    with q = C, k = B, v = x, the step dt_{t,h} = softplus(x_t·w_h + b_h) and a_h = −exp(A_h),
+
+        S_{t,h} = exp(dt_{t,h} a_h) S_{t−1,h} + dt_{t,h} B_{t,g} x_{t,h}ᵀ       g = h // (H/G)
+        y_{t,h} = S_{t,h}ᵀ C_{t,g} + D_h x_{t,h}
+        out     = RMSNorm_G(y ⊙ silu(z_t)) W_o     (over G groups of the H·P channels)
+
+    - `num_value_heads` H with `num_heads` G: B and C (q and k) have G heads shared by groups of
+      H/G value heads; the decay, the state and v have H heads (value head h reads group
+      h // (H/G), as Mamba-2's `repeat_interleave`);
+    - `state_dim` N: the width of q and k, the state `[H, N, P]` (None: head_dim P);
+    - `dt_input`: k_{t,h} = dt_{t,h}·k_{t,g} (the discretised input; k is then not scaled by
+      Dk^-½), the same dt as the decay's;
+    - `d_skip`: D `[H]`, o_{t,h} += D_h·v_{t,h} (v after the conv);
+    - `gate_before_norm`, `out_norm_groups`, `out_norm_eps`: the gated RMSNorm above
+      (`layers.output.OutputStage`); `conv_bias` as the delta rules'.
+    """
 
     NAME = "gated"
-    OPTIONS = DecayConfig
+    OPTIONS = GatedConfig
     NORMALIZE = False
     K_SCALE = True
     DECAY = ScalarDecay
+
+    @classmethod
+    def check_config(cls, d_model, num_heads, config) -> None:
+        super().check_config(d_model, num_heads, config)
+        hv = config.num_value_heads or num_heads
+        if hv % num_heads:
+            raise ValueError(
+                f"num_value_heads={hv} must be a multiple of num_heads={num_heads} (mixer "
+                f"{cls.NAME!r}: B and C are shared by groups of value heads)"
+            )
+        channels = hv * (config.head_dim or d_model // num_heads)
+        groups = config.out_norm_groups
+        if groups is not None and (not config.out_norm or channels % groups):
+            raise ValueError(
+                f"out_norm_groups={groups} needs out_norm on and must divide the {channels} "
+                f"output channels (mixer {cls.NAME!r})"
+            )
+        if config.gate_before_norm and not (config.out_norm and config.out_gate):
+            raise ValueError(f"gate_before_norm needs out_norm and out_gate (mixer {cls.NAME!r})")
+        if not config.conv_bias and not config.conv:
+            raise ValueError(f"conv_bias=False needs the short conv on (mixer {cls.NAME!r})")
+
+    @classmethod
+    def _qk_dim(cls, head_dim, options):
+        return options.get("state_dim") or head_dim
+
+    def _input_options(self) -> dict:
+        return dict(conv_bias=self.options["conv_bias"])
+
+    def _output_options(self) -> dict:
+        opts = self.options
+        return dict(
+            norm_groups=opts["out_norm_groups"],
+            gate_before_norm=opts["gate_before_norm"],
+            norm_eps=opts["out_norm_eps"],
+        )
+
+    def _build(self, rngs) -> None:
+        super()._build(rngs)
+        self.dt_input = self.options["dt_input"]
+        if self.options["d_skip"]:  # Mamba-2 starts at D = 1
+            self.skip = nnx.Param(jnp.ones((self.num_value_heads,), self.param_dtype))
+        else:
+            self.skip = None
+
+    def featurize(self, q, k):
+        if not self.dt_input:
+            return super().featurize(q, k)
+        return self.feature_map(q, is_query=True), self.feature_map(k, is_query=False)
+
+    def _mix(self, x_BTD, q_BTHK, k_BTHK, v_BTHD, core, position, segments=None):
+        del position
+        phi_q, phi_k = self.featurize(q_BTHK, k_BTHK)
+        phi_q, phi_k, log_decay = self.per_value_head(x_BTD, phi_q, phi_k)
+        options = dict(
+            log_decay=log_decay,
+            method=self.method,
+            chunk_size=self.chunk_size,
+            axis_name=sequence_axis(),
+            normalize=False,
+        )
+        if segments is not None:
+            options["segment_ids"] = segments
+        if core is None:
+            o = K.causal_linear_attention(phi_q, phi_k, v_BTHD, **options)
+        else:
+            o, core = K.causal_linear_attention(
+                phi_q, phi_k, v_BTHD, initial_state=core, return_state=True, **options
+            )
+        return self._skip(o, v_BTHD), core
+
+    def _mix_step(self, x_BD, q_BHK, k_BHK, v_BHD, core, position):
+        del position
+        phi_q, phi_k = self.featurize(q_BHK, k_BHK)
+        phi_q, phi_k, log_decay = self.per_value_head(x_BD[:, None], phi_q, phi_k, step=True)
+        o, core = K.recurrent_step(core, phi_q, phi_k, v_BHD, log_decay=log_decay, normalize=False)
+        return self._skip(o, v_BHD), core
+
+    def per_value_head(self, x_BTD, phi_q, phi_k, *, step: bool = False):
+        """φ(q), φ(k) repeated from the G q/k heads to the H value heads (each group's to its
+        H/G heads), k scaled by dt with `dt_input`, and log γ (`[B, H]` for a `step`): what the
+        kernel attends with (`layers.analysis.attention_inputs` reads it too)."""
+        repeat = self.num_value_heads // self.num_heads
+        if repeat > 1:
+            phi_q = jnp.repeat(phi_q, repeat, axis=-2)
+            phi_k = jnp.repeat(phi_k, repeat, axis=-2)
+        dt_BTH = self.decay.step_size(x_BTD)
+        log_decay = self.decay.from_step(dt_BTH)
+        if step:
+            dt_BTH, log_decay = dt_BTH[:, 0], log_decay[:, 0]
+        if self.dt_input:
+            phi_k = (phi_k * dt_BTH[..., None]).astype(phi_k.dtype)
+        return phi_q, phi_k, log_decay
+
+    def _skip(self, o, v):
+        """o + D_h·v with `d_skip` (in o's dtype)."""
+        if self.skip is None:
+            return o
+        d_H1 = self.skip[...].astype(jnp.float32)[:, None]
+        return (o.astype(jnp.float32) + d_H1 * v.astype(jnp.float32)).astype(o.dtype)
 
 
 class GLAMixer(LinearMixer):

@@ -81,6 +81,18 @@ CONV_BIAS = option(True, "the short conv has a bias (False: none, as Qwen3-Next'
 OUT_NORM_SHARED = option(
     False, "the per-head output norm's scale is one [head_dim] shared by the heads (Qwen3-Next)"
 )
+STATE_DIM = option(
+    None, "q/k width per head, the state's first axis (None: head_dim): Mamba-2's state size N"
+)
+DT_INPUT = option(False, "k scaled by the step dt of the decay, not by Dk^-½ (Mamba-2's input)")
+D_SKIP = option(False, "o + D_h·v: a learned skip per value head (Mamba-2's D)")
+GATE_BEFORE_NORM = option(
+    False, "the output gate multiplies before the output norm (Mamba-2's gated RMSNorm)"
+)
+OUT_NORM_GROUPS = option(
+    None, "output norm over this many groups of the H·Dv channels (None: one per head)"
+)
+OUT_NORM_EPS = option(1e-6, "epsilon of the output norm", **POSITIVE)
 NUM_KV_HEADS = option(
     None, "key/value heads (a divisor of num_heads; None: num_heads): grouped-query attention"
 )

@@ -154,8 +154,10 @@ class ModelConfig:
       tie_embeddings: output head shares the token embedding.
       The mixers' own options (`method`, `chunk_size`, `eps`, `feature_map`, `feature_dim`,
       `feature_scale`, `allow_neg_eigval`, `num_value_heads`, `window`, `num_householder`,
-      `forget_bias`, `cg_steps`, `num_levels`, `forget_gate`: the union of the fields of the
-      mixers' `Config` dataclasses, described there and by `la-train --help`): None is each
+      `forget_bias`, `cg_steps`, `num_levels`, `forget_gate`, Mamba-2's `state_dim`,
+      `dt_input`, `d_skip`, `gate_before_norm`, `out_norm_groups`, `out_norm_eps` on `gated`,
+      ...: the union of the fields of the mixers' `Config` dataclasses, described there and
+      by `la-train --help`): None is each
       mixer's default; a value must be used by at least one layer and is passed to the layers
       whose mixer uses it. `mixer_config(name)` is the typed config of a layer's mixer, made
       and checked once here.
@@ -203,6 +205,12 @@ class ModelConfig:
     feature_dim: int | None = None
     allow_neg_eigval: bool | None = None
     num_value_heads: int | None = None
+    state_dim: int | None = None
+    dt_input: bool | None = None
+    d_skip: bool | None = None
+    gate_before_norm: bool | None = None
+    out_norm_groups: int | None = None
+    out_norm_eps: float | None = None
     window: int | None = None
     num_householder: int | None = None
     forget_bias: float | None = None

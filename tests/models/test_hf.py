@@ -30,7 +30,12 @@ from linear_attention.training.trainer import initialize_from, train
 from linear_attention.training.workdir import RunError
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "..", "fixtures", "hf")
-ARCHITECTURES = ("qwen3_5", "qwen3_next", "qwen3_5_vl", "qwen3_5_moe")
+ARCHITECTURES = ("qwen3_5", "qwen3_next", "qwen3_5_vl", "qwen3_5_moe", "mamba2")
+# Each fixture's layers.
+HYBRID = ("gated_deltanet",) * 3 + ("softmax",)
+LAYERS = dict.fromkeys(ARCHITECTURES[:4], HYBRID) | {"mamba2": ("gated", "gated")}
+# An option each family's checkpoints fix, and a value they cannot hold.
+OFF_SHAPE = {"gated_deltanet": ("conv_bias", True), "gated": ("d_skip", False)}
 # The multimodal fixtures export as their text model's type (their own export is refused).
 TEXT_TYPES = {"qwen3_5_vl": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
 
@@ -93,7 +98,7 @@ def imported(request):
 def test_import_matches_transformers(imported):
     folder, model, config, reference = imported
     assert isinstance(model, LanguageModel) and isinstance(config, ModelConfig)
-    assert config.layer_mixers == ("gated_deltanet",) * 3 + ("softmax",)
+    assert config.layer_mixers == LAYERS[os.path.basename(folder)]
     has_experts = os.path.basename(folder) in ("qwen3_next", "qwen3_5_moe")
     assert (config.num_experts > 0) == has_experts
     check_against_reference(model, reference)
@@ -242,6 +247,32 @@ def test_bad_checkpoints_refused_before_any_weight_is_read(
 @pytest.mark.parametrize(
     ("config_change", "tensor_change", "message"),
     [
+        (lambda c: c.update(use_bias=True), None, "use_bias=True is not supported"),
+        (
+            lambda c: c.update(time_step_limit=[0.0, 10.0]),
+            None,
+            r"time_step_limit=\[0.0, 10.0\] is not supported",
+        ),
+        (lambda c: c.update(n_groups=3), None, "n_groups=3 must divide num_heads=8"),
+        (lambda c: c.update(expand=3), None, "expand=3 · hidden_size=32 differs from"),
+        (lambda c: c.update(norm_before_gate=True), None, "field 'norm_before_gate' is not"),
+        (
+            None,
+            lambda t: t.pop("backbone.layers.1.mixer.D"),
+            "'backbone.layers.1.mixer.D' is missing",
+        ),
+    ],
+)
+def test_bad_mamba2_checkpoints_refused(
+    tmp_path, monkeypatch, config_change, tensor_change, message
+):
+    folder = _copy(tmp_path, "mamba2")
+    _refused_before_reading(folder, monkeypatch, config_change, tensor_change, message)
+
+
+@pytest.mark.parametrize(
+    ("config_change", "tensor_change", "message"),
+    [
         (
             lambda c: c["text_config"].update(sliding_window=8),
             None,
@@ -302,14 +333,20 @@ def test_export_refuses_a_model_without_an_equivalent(tmp_path, imported):
     )
     with pytest.raises(ValueError, match="qwen3_5_text: mixer 'linear' has no qwen3_5_text layer"):
         hf.save_pretrained(linear, str(tmp_path / "a"))
-    # one option off the checkpoint's shape: the conv bias back on
-    gdn = dict(dict(config.layer_options)["gated_deltanet"])
+    # one option off the checkpoint's shape: the conv bias back on (Qwen), no D skip (Mamba-2)
+    mixer = config.layer_mixers[0]
+    option, value = OFF_SHAPE[mixer]
     options = dict(config.layer_options)
-    options["gated_deltanet"] = {**gdn, "conv_bias": True}
+    options[mixer] = {**dict(options[mixer]), option: value}
     other = dataclasses.replace(config, layer_options=options)
     model_type = hf.export_type(config)
     problems = hf.export_problems(other, hf.ARCHITECTURES[model_type])
-    assert problems == [f"gated_deltanet layers: conv_bias=True ({model_type} has False)"]
+    assert problems == [f"{mixer} layers: {option}={value} ({model_type} has {not value})"]
+    if not config.mlp:
+        with_mlp = dataclasses.replace(config, mlp=True)
+        assert hf.export_problems(with_mlp, hf.ARCHITECTURES[model_type]) == [
+            "mlp=True: every mamba2 layer has no MLP"
+        ]
 
 
 @pytest.fixture(scope="module")

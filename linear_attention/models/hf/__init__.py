@@ -21,12 +21,13 @@ import numpy as np
 from flax import nnx
 
 from linear_attention.models.config import ModelConfig
-from linear_attention.models.hf import qwen3_5, qwen3_5_moe, qwen3_next
+from linear_attention.models.hf import mamba2, qwen3_5, qwen3_5_moe, qwen3_next
 from linear_attention.models.hf.multimodal import VISION_PREFIX, Multimodal
 from linear_attention.models.model import LanguageModel
 
 # A mapping: a module (or a `Multimodal`) with MODEL_TYPE, MIXERS, model_options, hf_config,
-# tensor_shapes, to_params, from_params, and optionally STORED_FORMS and EXPORT_REFUSED.
+# tensor_shapes, to_params, from_params, and optionally STORED_FORMS, EXPORT_REFUSED and MLP
+# (False: blocks without an MLP).
 Mapping = ModuleType | Multimodal
 # (Export tries them in this order: a dense hybrid is written as qwen3_5_text, one with
 # experts as qwen3_next unless another type is asked for.)
@@ -36,6 +37,7 @@ ARCHITECTURES: dict[str, Mapping] = {
     qwen3_5_moe.MODEL_TYPE: qwen3_5_moe,
     "qwen3_5": Multimodal("qwen3_5", "Qwen3_5ForConditionalGeneration", qwen3_5),
     "qwen3_5_moe": Multimodal("qwen3_5_moe", "Qwen3_5MoeForConditionalGeneration", qwen3_5_moe),
+    mamba2.MODEL_TYPE: mamba2,
 }
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -202,8 +204,10 @@ def export_problems(config: ModelConfig, mapping: Mapping) -> list[str]:
             f"mixer {m!r} has no {mapping.MODEL_TYPE} layer (it has {sorted(known)})"
             for m in others
         ]
-    if not config.mlp:
-        return [f"mlp=False: every {mapping.MODEL_TYPE} layer has an MLP"]
+    has_mlp = getattr(mapping, "MLP", True)
+    if config.mlp != has_mlp:
+        has = "has an MLP" if has_mlp else "has no MLP"
+        return [f"mlp={config.mlp}: every {mapping.MODEL_TYPE} layer {has}"]
     try:
         rebuilt = ModelConfig(**mapping.model_options(mapping.hf_config(config)))
     except ValueError as e:
