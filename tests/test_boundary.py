@@ -8,6 +8,7 @@ import dataclasses
 import inspect
 import math
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -22,7 +23,7 @@ from linear_attention.data.mad import MADData
 from linear_attention.data.protocol import DataSource
 from linear_attention.data.sources import GrainData
 from linear_attention.data.state_tracking import StateTrackingData
-from linear_attention.layers import MIXERS, get_mixer
+from linear_attention.layers import MIXERS, MoE, get_mixer
 from linear_attention.models import ModelConfig
 from linear_attention.training import config as config_lib
 from linear_attention.training.data_kinds import DATA_CONFIGS, DATA_KINDS
@@ -56,6 +57,19 @@ def test_checker_converts_numpy_scalars_and_refuses_bools_as_numbers():
     assert type(fields.check_bool("b", np.bool_(True))) is bool
     with pytest.raises(ValueError, match="x must be a finite number > 0, got True"):
         fields.check_float("x", True)
+
+
+def test_the_integer_requirement_is_written_once():
+    """Every "must be an integer >= n" comes from `fields.check_int` (an integer within a range
+    set by another field is a rule of its own)."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for line, text in _code_strings(path):
+            if path.name != "fields.py" and re.search(r"must be an int(eger)?( >=|$)", text):
+                found.append(f"{path.relative_to(PACKAGE)}:{line}: {text!r}")
+    assert not found
+    with pytest.raises(ValueError, match="top_k must be an integer >= 1, got 0$"):
+        MoE(8, num_experts=2, top_k=0, hidden_dim=4, rngs=nnx.Rngs(0))
 
 
 def test_build_names_unknown_and_missing_fields():
@@ -219,13 +233,11 @@ def test_no_import_cycle_in_the_package():
     assert not on_cycle
 
 
-# The functions of the package over 60 lines (docstring aside); the list only shrinks. Two
-# custom-VJP backward passes (the chunked linear kernel's, PaTH's blockwise one) keep the
-# pullback of their forward in one scope; the Pallas walk and the transformers converter are
-# their owners' to split.
+# The functions of the package over 60 lines (docstring aside); the list only shrinks. The
+# chunked linear kernel's backward says why in its docstring; the Pallas walk and the
+# transformers converter are their owners' to split.
 _LONG_FUNCTIONS = {
     "kernels/linear/chunked.py:_chunked_bwd",
-    "kernels/path/blockwise.py:_backward",
     "kernels/primitives/pallas_chunk_scan.py:_walk_back",
     "models/hf/qwen3_5.py:model_options",
     "models/hf/qwen3_5.py:to_params",

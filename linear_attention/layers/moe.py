@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from linear_attention.fields import check_int
 from linear_attention.layers.mlp import SwiGLU
 
 
@@ -38,13 +39,9 @@ class MoE(nnx.Module):
         param_dtype=jnp.float32,
         rngs: nnx.Rngs,
     ):
-        for name, value in (
-            ("num_experts", num_experts),
-            ("top_k", top_k),
-            ("hidden_dim", hidden_dim),
-        ):
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        num_experts = check_int("num_experts", num_experts)
+        top_k = check_int("top_k", top_k)
+        hidden_dim = check_int("hidden_dim", hidden_dim)
         if top_k > num_experts:
             raise ValueError(f"top_k={top_k} must be <= num_experts={num_experts}")
         self.num_experts, self.top_k, self.norm_topk = num_experts, top_k, norm_topk

@@ -303,6 +303,12 @@ def _chunked_fwd(q_BTHM, k_BTHM, v_BTHD, a_BTHX, kv0_BHMD, z0_BHM, guard, GC, no
 
 
 def _chunked_bwd(GC, normalize, eps, residuals, cotangents):
+    """The pullback of `_forward`: a reverse `lax.scan` over groups of chunks carrying the
+    cotangent of the state (and of the normaliser's running sum), one state per chunk read
+    from the residuals; then the decays' cotangent (`_decay_grad`). Its `step` stays one
+    function because its four parts (the recomputed scores and normaliser, the states' cotangents,
+    the intra-chunk and the inter-chunk terms) all read the chunk's recomputed decays and
+    scores: apart, each would take a dozen of the same arrays."""
     q_BTHM, k_BTHM, v_BTHD, a_BTHX, o_BTHD, kv_BHMD, z_BHM, guard, (p_all, pz_all) = residuals
     do_BTHD, dkv_BHMD, dz_BHM = cotangents
     q, k, v, o, do = (_split(x, GC) for x in (q_BTHM, k_BTHM, v_BTHD, o_BTHD, do_BTHD))
@@ -371,16 +377,22 @@ def _chunked_bwd(GC, normalize, eps, residuals, cotangents):
         step, ((dkv_BHMD, dz_BHM), zeros), jnp.arange(q.shape[1]), reverse=True
     )
 
-    # ---- decay: dL/dB_t (+ ⟨dS, S⟩ at the end), summed over t ≥ s ----
     da_BTHX = None
     if a_BTHX is not None:
-        end_BHM = jnp.sum(dkv_BHMD * kv_BHMD, axis=-1)
-        if z_BHM is not None:
-            end_BHM += dz_BHM * z_BHM
-        end_BHX = end_BHM if vector else jnp.sum(end_BHM, -1, keepdims=True)
-        db_BTHX = _merge(db).at[:, -1].add(end_BHX)
-        da_BTHX = suffix_sum_to_reset(db_BTHX, jnp.isneginf(a_BTHX))
+        da_BTHX = _decay_grad(a_BTHX, _merge(db), (kv_BHMD, z_BHM), (dkv_BHMD, dz_BHM), vector)
     return _merge(dq), _merge(dk), _merge(dv), da_BTHX, dkv0_BHMD, dz0_BHM, None
+
+
+def _decay_grad(a_BTHX, db_BTHX, final, dfinal, vector: bool):
+    """dL/da_s: dL/dB_t (+ ⟨dS, S⟩ of the final state at the end) summed over t ≥ s, up to the
+    next reset; per key dimension if `vector`."""
+    kv_BHMD, z_BHM = final
+    dkv_BHMD, dz_BHM = dfinal
+    end_BHM = jnp.sum(dkv_BHMD * kv_BHMD, axis=-1)
+    if z_BHM is not None:
+        end_BHM += dz_BHM * z_BHM
+    end_BHX = end_BHM if vector else jnp.sum(end_BHM, -1, keepdims=True)
+    return suffix_sum_to_reset(db_BTHX.at[:, -1].add(end_BHX), jnp.isneginf(a_BTHX))
 
 
 _chunked.defvjp(_chunked_fwd, _chunked_bwd)

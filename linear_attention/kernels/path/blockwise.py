@@ -147,27 +147,27 @@ def _forward(terms: BlockTerms, v_XNCE, c_XNC, g_XNC):
     return acc_XNCE / sum_XNC[..., None], max_XNC + jnp.log(sum_XNC)
 
 
-def _backward(terms: BlockTerms, v_XNCE, c_XNC, g_XNC, o_XNCE, lse_XNC, do_XNCE):
-    """Cotangents of (terms, v, c) from do (module docstring, "Gradient")."""
-    N = c_XNC.shape[1]
-    blocks = jnp.arange(N)
-    delta_XNC = jnp.sum(do_XNCE * o_XNCE, axis=-1)  # Σ_j p_ij (do_i·v_j), one per query
+def _local_backward(terms: BlockTerms, v_XNCE, c_XNC, g_XNC, lse_XNC, do_XNCE, delta_XNC):
+    """The cotangents from each query block's own keys: `(ds of the local scores, dv, dc)`."""
     sloc_XNCC, visible_XNCC = _local(terms, c_XNC, g_XNC)
     ploc_XNCC = masked_exp(visible_XNCC, sloc_XNCC - lse_XNC[..., None])
     dsloc_XNCC = ploc_XNCC * (jnp.einsum("xnie,xnje->xnij", do_XNCE, v_XNCE) - delta_XNC[..., None])
     dv_XNCE = jnp.einsum("xnij,xnie->xnje", ploc_XNCC, do_XNCE)
     dc_XNC = jnp.sum(dsloc_XNCC, -1) - jnp.sum(dsloc_XNCC, -2)
-    if N == 1:
-        return (
-            BlockTerms(
-                q=jnp.zeros_like(terms.q),
-                k=jnp.zeros_like(terms.k),
-                a=jnp.zeros_like(terms.a),
-                s=dsloc_XNCC,
-            ),
-            dv_XNCE,
-            dc_XNC,
-        )
+    return dsloc_XNCC, dv_XNCE, dc_XNC
+
+
+def _backward(terms: BlockTerms, v_XNCE, c_XNC, g_XNC, o_XNCE, lse_XNC, do_XNCE):
+    """Cotangents of (terms, v, c) from do (module docstring, "Gradient")."""
+    N = c_XNC.shape[1]
+    blocks = jnp.arange(N)
+    delta_XNC = jnp.sum(do_XNCE * o_XNCE, axis=-1)  # Σ_j p_ij (do_i·v_j), one per query
+    dsloc_XNCC, dv_XNCE, dc_XNC = _local_backward(
+        terms, v_XNCE, c_XNC, g_XNC, lse_XNC, do_XNCE, delta_XNC
+    )
+    if N == 1:  # q̃, k̃ and A only link blocks: with one, the local logits carry it all
+        zeros = {name: jnp.zeros_like(getattr(terms, name)) for name in ("q", "k", "a")}
+        return BlockTerms(**zeros, s=dsloc_XNCC), dv_XNCE, dc_XNC
     a_seq = jnp.moveaxis(terms.a, 1, 0)
 
     def query_block(carry, xs):
