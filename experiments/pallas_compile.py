@@ -3,10 +3,11 @@
 For each kernel (`causal_linear_attention` and, with `--kernels`, `delta_rule`,
 `dplr_delta_rule`, `delta_product`; `method="pallas"` and `method="chunk"`, each decay kind) and
 each length T, the program is compiled for a TPU topology through libtpu (no TPU needed) and the
-compiler's own figures are recorded: `memory_analysis()` (temporaries, arguments, outputs and the peak, per
-chip) and `cost_analysis()` (FLOPs, bytes accessed). These are compiler figures, not times. Two
-programs: "forward" (the outputs) and "train" (the outputs and the gradients of a loss on them
-with respect to q, k, v, the kernel's other inputs (β; DPLR's a, b) and the log decay).
+compiler's own figures are recorded: `memory_analysis()` (temporaries, arguments, outputs and
+the peak, per chip) and `cost_analysis()` (FLOPs, bytes accessed). These are compiler figures,
+not times. Two programs: "forward" (the outputs) and "train" (the outputs and the gradients of a
+loss on them with respect to q, k, v, the kernel's other inputs (β; DPLR's a, b) and the log
+decay).
 
     python experiments/pallas_compile.py --topology v5e:2x2 \
         --out docs/results/pallas_compile_v5e.json
@@ -156,7 +157,8 @@ def reused_rows(path, topology, compiled_methods, rows):
         kernel = r.get("kernel", "causal_linear_attention")
         if r["method"] in compiled_methods or (kernel, r["T"], r["mode"], r["decay"]) not in wanted:
             continue
-        kept.append({**r, "kernel": kernel, "reused_from": f"{path} ({old['date_utc']} UTC)"})
+        source = r.get("reused_from", f"{path} ({old['date_utc']} UTC)")  # where it was compiled
+        kept.append({**r, "kernel": kernel, "reused_from": source})
     return kept
 
 

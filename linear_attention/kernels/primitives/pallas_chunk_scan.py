@@ -3,10 +3,10 @@ sequential part (KDA, the delta rule through it, DPLR) with `method="pallas"`.
 
 `affine_chunk_scan` walks chunks whose state map is affine (see its module docstring for the
 terms W, X₀, Q, P, O₀, E, U₀, g and the lines of the forward and backward walk). Here a
-`lax.scan` walks groups of chunks (TOKENS_PER_GROUP tokens); per group, the family's `forward`
-(the UT transform, decays, scores: everything that does not depend on the state) runs in XLA on
-the group's chunks at once, as batched matmuls, and the walk across them is a Pallas kernel, one
-grid step per (batch·head row, chunk), the state carried in VMEM:
+`lax.scan` walks groups of chunks (TOKENS_PER_GROUP tokens: one chunk of 64); per group, the
+family's `forward` (the UT transform, decays, scores: everything that does not depend on the
+state) runs in XLA on the group's chunks at once, and the walk across them is a Pallas kernel,
+one grid step per (batch·head row, chunk), the state carried in VMEM:
 
 - forward: X = W S (+ X₀), O = Q S + P X (+ O₀), S' = g ⊙ S + Eᵀ X (+ U₀), keeping the state
   entering each chunk (one [K, Dv] state per chunk) for the backward pass;
@@ -15,8 +15,8 @@ grid step per (batch·head row, chunk), the state carried in VMEM:
   (batched over the group's chunks).
 
 So the Mosaic kernels cover the walk (the part a `lax.scan` serialises); the UT transform and
-its pullback stay batched XLA matmuls beside them. The terms and their cotangents live one group
-at a time: made for all chunks at once, they held 2.6× the chunk form's temporaries for KDA at
+its pullback stay XLA matmuls beside them. The terms and their cotangents live one group at a
+time: made for all chunks at once, they held 2.6× the chunk form's temporaries for KDA at
 T = 4096 (v5e compiler figures, BENCHMARKS.md).
 """
 
@@ -40,8 +40,11 @@ from linear_attention.kernels.primitives.pallas import (
 
 _TERMS = ("w", "x0", "q", "p", "o0", "e", "u0", "g")
 # Tokens per group of chunks: the family's state-independent part (`forward`, `backward` and its
-# pullback) runs on one group's chunks at once, beside the Pallas walk over them.
-TOKENS_PER_GROUP = 256
+# pullback) runs on one group's chunks at once, beside the Pallas walk over them. One chunk of 64
+# per group keeps the compiled temporaries below the chunk form's (KDA, train, T = 4096, v5e:
+# 24.6 MiB against 34.9; groups of 128 tokens 40.9, of 256 76.9), at a peak 1.5 % above it
+# (158.3 MiB against 155.9; 256 tokens: 154.2). Compiler figures, BENCHMARKS.md.
+TOKENS_PER_GROUP = 64
 
 
 def pallas_affine_chunk_scan(s0_BHKD, xs, forward, backward):
