@@ -156,7 +156,7 @@ def evaluate_run(workdir: str, *, config=None, step: int | None = None, message=
     run = restore_run(workdir, config=config, step=step)
     data = build_data(run.config, cache_dir=os.path.join(workdir, "token_cache"))
     if message is not None:
-        for change in tokenizer_changes(workdir, run.step, getattr(data, "provenance", None)):
+        for change in tokenizer_changes(workdir, run.step, data.provenance):
             message(change)
     metrics = evaluate(run.state, data, run.config, run.graphdef, run.mesh)
     return {"step": run.step, **metrics}
