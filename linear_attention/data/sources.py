@@ -218,8 +218,7 @@ def token_file_source(
     (`token_files.check_token_file`); without one, ``message`` gets a warning when the ids look
     like uint32 read as uint16. The provenance holds the file's ``digest`` (`files.file_digest`)
     and the tokenizer's SHA-256, which a resumed run compares."""
-    path, tokenizer, eos_id, seq_len = config.path, config.tokenizer, config.eos_id, config.seq_len
-    val_fraction, num_val_windows = config.val_fraction, config.num_val_windows
+    path, tokenizer, eos_id = config.path, config.tokenizer, config.eos_id
     tokens = read_token_file(path, config.token_dtype)
     tok = load_tokenizer(tokenizer) if tokenizer else None
     sidecar = check_token_file(
@@ -238,18 +237,16 @@ def token_file_source(
             f"config.model.vocab_size = {vocab_size}"
         )
     if eos_id >= 0:
-        train, rows, documents = _eos_documents(
-            tokens, path, eos_id, seq_len, val_fraction, num_val_windows
-        )
+        train, rows, documents = _eos_documents(tokens, config)
     else:
-        train, rows, documents = _windows(tokens, path, seq_len, val_fraction, num_val_windows)
+        train, rows, documents = _windows(tokens, config)
     token_bytes = None if tok is None else np.pad(tok.token_bytes, (0, vocab_size - tok.vocab_size))
     provenance = _token_file_provenance(config, tokens, tok, sidecar, documents)
     return GrainData(
         tokens,
         train,
         rows,
-        seq_len=seq_len,
+        seq_len=config.seq_len,
         batch_size=batch_size,
         seed=seed,
         vocab_size=vocab_size,
@@ -289,9 +286,10 @@ def _no_split(path: str, size: int, name: str, seq_len: int) -> ValueError:
     )
 
 
-def _windows(tokens, path, seq_len, val_fraction, num_val_windows):
+def _windows(tokens, config: TokenDataConfig):
     """``(train spans, validation rows, None)`` of a file read as one stream (see
     `token_file_source`)."""
+    path, seq_len, val_fraction = config.path, config.seq_len, config.val_fraction
     block, is_val = validation_blocks(tokens.size, val_fraction)
     count = max(0, (tokens.size - 1) // seq_len)
     first = np.arange(count, dtype=np.int64) * seq_len
@@ -301,12 +299,12 @@ def _windows(tokens, path, seq_len, val_fraction, num_val_windows):
     for name, spans in (("train", train), ("validation", val)):
         if len(spans) == 0:
             raise _no_split(path, tokens.size, name, seq_len)
-    pick = np.unique(np.linspace(0, len(val) - 1, num_val_windows).round().astype(np.int64))
+    pick = np.unique(np.linspace(0, len(val) - 1, config.num_val_windows).round().astype(np.int64))
     windows = np.stack([np.asarray(tokens[b:e], np.int32) for b, e in val[pick]])
     return train, {"inputs": windows[:, :-1], "labels": windows[:, 1:]}, None
 
 
-def _eos_documents(tokens, path, eos_id, seq_len, val_fraction, num_val_windows):
+def _eos_documents(tokens, config: TokenDataConfig):
     """``(train spans, validation rows, number of documents)`` of a file whose documents end
     with ``eos_id``, split as text is (`text.split_documents`): the blocks of
     `text.validation_blocks`, a document cut where the blocks change sides becoming two. The
@@ -314,6 +312,7 @@ def _eos_documents(tokens, path, eos_id, seq_len, val_fraction, num_val_windows)
     order, form the validation stream, read in ``num_val_windows`` evenly spaced windows with
     their segment ids (`text.window_rows`; a label whose input lies in the previous document
     is ignored). Only the spans and those windows are held in memory, never the stream."""
+    path, eos_id, seq_len = config.path, config.eos_id, config.seq_len
     docs = eos_spans(tokens, eos_id)
     if len(docs) == 0:
         raise ValueError(
@@ -321,7 +320,7 @@ def _eos_documents(tokens, path, eos_id, seq_len, val_fraction, num_val_windows)
             "so there is no document boundary; is it the right id? (-1 reads the file as one "
             "stream)"
         )
-    block, is_val = validation_blocks(tokens.size, val_fraction)
+    block, is_val = validation_blocks(tokens.size, config.val_fraction)
     sides = (np.flatnonzero(is_val[1:] != is_val[:-1]) + 1) * block  # where a side begins
     begins = np.union1d(docs[:, 0], sides).astype(np.int64)
     ends = np.append(begins[1:], tokens.size)
@@ -337,7 +336,7 @@ def _eos_documents(tokens, path, eos_id, seq_len, val_fraction, num_val_windows)
     if offsets[-1] < seq_len + 1:
         raise _no_split(path, tokens.size, "validation", seq_len)
     last = offsets[-1] - (seq_len + 1)
-    starts = np.unique(np.linspace(0, last, num_val_windows).round().astype(np.int64))
+    starts = np.unique(np.linspace(0, last, config.num_val_windows).round().astype(np.int64))
     position = (starts[:, None] + np.arange(seq_len + 1)).ravel()
     piece = np.searchsorted(offsets, position, side="right") - 1
     stream = np.asarray(tokens[val[piece, 0] + position - offsets[piece]])
