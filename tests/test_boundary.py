@@ -168,8 +168,7 @@ def _code_strings(path: pathlib.Path):
 
 
 # Strings that are a mixer's name and also a plain word where they appear: a corpus record's
-# "path" (PaTH's mixer is "path"), the "linear" learning-rate schedule. The Qwen3.5 converter
-# maps transformers' layer types onto the registry's names.
+# "path" (PaTH's mixer is "path"), the "linear" learning-rate schedule.
 _HOMONYMS = {
     "data/sources.py": {"path"},
     "data/text.py": {"path"},
@@ -177,7 +176,6 @@ _HOMONYMS = {
     "training/sweep/results.py": {"path"},
     "training/config.py": {"linear"},
     "training/optim.py": {"linear"},
-    "models/hf/qwen3_5.py": {"gated_deltanet", "softmax"},
 }
 
 
@@ -239,8 +237,6 @@ def test_no_import_cycle_in_the_package():
 _LONG_FUNCTIONS = {
     "kernels/linear/chunked.py:_chunked_bwd",
     "kernels/primitives/pallas_chunk_scan.py:_walk_back",
-    "models/hf/qwen3_5.py:model_options",
-    "models/hf/qwen3_5.py:to_params",
 }
 
 

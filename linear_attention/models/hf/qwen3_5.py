@@ -33,9 +33,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from linear_attention.layers.delta import GatedDeltaNetMixer
+from linear_attention.layers.softmax import SoftmaxMixer
+
 MODEL_TYPE = "qwen3_5_text"
 ARCHITECTURE = "Qwen3_5ForCausalLM"
-MIXERS = {"linear_attention": "gated_deltanet", "full_attention": "softmax"}
+GDN, ATTENTION = GatedDeltaNetMixer.NAME, SoftmaxMixer.NAME
+MIXERS = {"linear_attention": GDN, "full_attention": ATTENTION}
 # The eps of the norms inside the mixers here (the output and q/k norms), which transformers
 # takes from rms_norm_eps.
 INNER_NORM_EPS = 1e-6
@@ -99,9 +103,9 @@ def _require(hf: dict, name: str, wanted) -> None:
         raise Unsupported(f"{name}={hf[name]!r} is not supported (only {wanted!r})")
 
 
-def model_options(hf: dict) -> dict:
-    """`ModelConfig` keyword arguments for the transformers config `hf` (a dict, as in
-    config.json); `Unsupported` naming the first field it cannot represent."""
+def _checked_layer_types(hf: dict) -> list[str]:
+    """The layer types of the transformers config `hf`, after checking every field it holds;
+    `Unsupported` naming the first field it cannot represent."""
     unknown = sorted(set(hf) - set(MAPPED) - set(INERT))
     if unknown:
         raise Unsupported(f"config field {unknown[0]!r} is not understood by the qwen3_5 importer")
@@ -132,11 +136,17 @@ def model_options(hf: dict) -> dict:
     for kind in layer_types:
         if kind not in MIXERS:
             raise Unsupported(f"layer type {kind!r} is not supported (known: {', '.join(MIXERS)})")
+    return layer_types
+
+
+def _layer_options(hf: dict, layer_types: list[str]) -> dict:
+    """`ModelConfig.layer_options` of each mixer the layers of `hf` use."""
+    rope = dict(hf["rope_parameters"] or {})
     head_dim = hf["head_dim"]
     rotary_dim = int(head_dim * rope.get("partial_rotary_factor", 1.0))
     layer_options = {}
     if "linear_attention" in layer_types:
-        layer_options["gated_deltanet"] = dict(
+        layer_options[GDN] = dict(
             num_heads=hf["linear_num_key_heads"],
             head_dim=hf["linear_value_head_dim"],
             num_value_heads=hf["linear_num_value_heads"],
@@ -145,7 +155,7 @@ def model_options(hf: dict) -> dict:
             out_norm_shared=True,
         )
     if "full_attention" in layer_types:
-        layer_options["softmax"] = dict(
+        layer_options[ATTENTION] = dict(
             num_heads=hf["num_attention_heads"],
             head_dim=head_dim,
             num_kv_heads=hf["num_key_value_heads"],
@@ -156,6 +166,14 @@ def model_options(hf: dict) -> dict:
             out_gate=True,
             gate_activation="sigmoid",
         )
+    return layer_options
+
+
+def model_options(hf: dict) -> dict:
+    """`ModelConfig` keyword arguments for the transformers config `hf` (a dict, as in
+    config.json); `Unsupported` naming the first field it cannot represent."""
+    layer_types = _checked_layer_types(hf)
+    layer_options = _layer_options(hf, layer_types)
     return dict(
         vocab_size=hf["vocab_size"],
         d_model=hf["hidden_size"],
@@ -177,8 +195,8 @@ def hf_config(config) -> dict:
     inverse of `model_options` (the caller checks that it is one)."""
     kinds = {v: k for k, v in MIXERS.items()}
     layers = dict(config.layer_options)
-    gdn = dict(layers.get("gated_deltanet", ()))
-    attn = dict(layers.get("softmax", ()))
+    gdn = dict(layers.get(GDN, ()))
+    attn = dict(layers.get(ATTENTION, ()))
     head_dim = attn.get("head_dim", 2 * gdn.get("head_dim", 64))
     rotary_dim = attn.get("rotary_dim") or head_dim
     # (a model without an attention or a linear layer still names the other's sizes)
@@ -335,69 +353,78 @@ def tensor_shapes(hf: dict, mlp_shapes=dense_mlp_shapes) -> dict[str, tuple[int,
     return shapes
 
 
+def _linear(get, name: str) -> dict:
+    return {"kernel": get(name).T}
+
+
+def _norm(get, name: str) -> dict:  # zero-centred: transformers applies 1 + w
+    return {"scale": 1.0 + get(name)}
+
+
+def _gdn_params(get, a: str) -> dict:
+    """A Gated DeltaNet layer's mixer from its tensors under `a` (`...linear_attn.`)."""
+    return {
+        "inputs": {
+            "qkv_proj": _linear(get, a + "in_proj_qkv.weight"),
+            "conv": {"kernel": get(a + "conv1d.weight")[:, 0, :].T},
+        },
+        "beta_proj": _linear(get, a + "in_proj_b.weight"),
+        "decay": {
+            "proj": _linear(get, a + "in_proj_a.weight"),
+            "a_log": get(a + "A_log"),
+            "dt_bias": get(a + "dt_bias"),
+        },
+        "output": {
+            "norm": {"scale": get(a + "norm.weight")},
+            "gate_proj": _linear(get, a + "in_proj_z.weight"),
+            "out_proj": _linear(get, a + "out_proj.weight"),
+        },
+    }
+
+
+def _attention_params(hf: dict, get, a: str) -> dict:
+    """A gated attention layer's mixer from its tensors under `a` (`...self_attn.`)."""
+    h, hd = hf["num_attention_heads"], hf["head_dim"]
+    q_gate = get(a + "q_proj.weight").reshape(h, 2, hd, -1)  # per head: q, then gate
+    q, gate = q_gate[:, 0].reshape(h * hd, -1), q_gate[:, 1].reshape(h * hd, -1)
+    qkv = np.concatenate([q, get(a + "k_proj.weight"), get(a + "v_proj.weight")])
+    return {
+        "inputs": {
+            "qkv_proj": {"kernel": qkv.T},
+            "q_norm": _norm(get, a + "q_norm.weight"),
+            "k_norm": _norm(get, a + "k_norm.weight"),
+        },
+        "output": {
+            "gate_proj": {"kernel": gate.T},
+            "out_proj": _linear(get, a + "o_proj.weight"),
+        },
+    }
+
+
 def to_params(hf: dict, get, mlp_params=dense_mlp_params) -> dict:
     """This library's parameters (a nested dict as `nnx.to_pure_dict` gives, float32 arrays)
     from the tensors `get(name) -> np.ndarray float32` of a checkpoint of config `hf` (each
     layer's MLP by `mlp_params(get, prefix)`)."""
-
-    def linear(name):
-        return {"kernel": get(name).T}
-
-    def norm(name):  # zero-centred: transformers applies 1 + w
-        return {"scale": 1.0 + get(name)}
-
     blocks = {}
     for i, kind in enumerate(hf["layer_types"]):
         p = f"model.layers.{i}."
-        block = {
-            "mixer_norm": norm(p + "input_layernorm.weight"),
-            "mlp_norm": norm(p + "post_attention_layernorm.weight"),
+        blocks[i] = {
+            "mixer_norm": _norm(get, p + "input_layernorm.weight"),
+            "mlp_norm": _norm(get, p + "post_attention_layernorm.weight"),
             "mlp": mlp_params(get, p + "mlp."),
+            "mixer": (
+                _gdn_params(get, p + "linear_attn.")
+                if kind == "linear_attention"
+                else _attention_params(hf, get, p + "self_attn.")
+            ),
         }
-        if kind == "linear_attention":
-            a = p + "linear_attn."
-            block["mixer"] = {
-                "inputs": {
-                    "qkv_proj": linear(a + "in_proj_qkv.weight"),
-                    "conv": {"kernel": get(a + "conv1d.weight")[:, 0, :].T},
-                },
-                "beta_proj": linear(a + "in_proj_b.weight"),
-                "decay": {
-                    "proj": linear(a + "in_proj_a.weight"),
-                    "a_log": get(a + "A_log"),
-                    "dt_bias": get(a + "dt_bias"),
-                },
-                "output": {
-                    "norm": {"scale": get(a + "norm.weight")},
-                    "gate_proj": linear(a + "in_proj_z.weight"),
-                    "out_proj": linear(a + "out_proj.weight"),
-                },
-            }
-        else:
-            a = p + "self_attn."
-            h, hd = hf["num_attention_heads"], hf["head_dim"]
-            q_gate = get(a + "q_proj.weight").reshape(h, 2, hd, -1)  # per head: q, then gate
-            q, gate = q_gate[:, 0].reshape(h * hd, -1), q_gate[:, 1].reshape(h * hd, -1)
-            qkv = np.concatenate([q, get(a + "k_proj.weight"), get(a + "v_proj.weight")])
-            block["mixer"] = {
-                "inputs": {
-                    "qkv_proj": {"kernel": qkv.T},
-                    "q_norm": norm(a + "q_norm.weight"),
-                    "k_norm": norm(a + "k_norm.weight"),
-                },
-                "output": {
-                    "gate_proj": {"kernel": gate.T},
-                    "out_proj": linear(a + "o_proj.weight"),
-                },
-            }
-        blocks[i] = block
     params = {
         "embed": {"embedding": get("model.embed_tokens.weight")},
-        "final_norm": norm("model.norm.weight"),
+        "final_norm": _norm(get, "model.norm.weight"),
         "blocks": blocks,
     }
     if not hf["tie_word_embeddings"]:
-        params["head"] = linear("lm_head.weight")
+        params["head"] = _linear(get, "lm_head.weight")
     return params
 
 
