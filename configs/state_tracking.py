@@ -184,8 +184,8 @@ def deltaproduct_preset(task):
       switch: the authors' run has no forget gate.
     - data: fresh draws every step (keyed by seed and step), where the authors cycle a fixed
       set of 99,000 sequences 100 times (every batch here is full, 10.0M sequences against their
-      9.9M, whose last batch of an epoch holds 704); their tokenizer prepends a BOS token (scored against a
-      BOS label), here the first token is the first element.
+      9.9M, whose last batch of an epoch holds 704); their tokenizer prepends a BOS token
+      (scored against a BOS label), here the first token is the first element.
     - score: ``eval/length_{L}/accuracy`` is token-level (every prefix's product), where the
       authors stop on and plot whole-sequence accuracy; evaluated at lengths 128 (in
       distribution) and 512 on 1,000 sequences each, every 490 steps (10 epochs; the authors
