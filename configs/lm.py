@@ -81,15 +81,17 @@ compiles it again, on any machine with libtpu). On another slice, add
       13.82 GiB (4 chips, 4 rows of 2048 per chip per micro-batch), ``--fit``'s answer on 2x2
       (with accumulation 8 it needs 17.59 GiB there); on ``tpu:v5e:2x4`` accumulation 8 fits
       (9.93 GiB).
-  ``gla_1.3b``: ``tpu:v5e:2x4`` with remat=block, grad_accum_steps=8, fsdp=True: 9.80 GiB.
+  ``gla_1.3b``: ``tpu:v5e:2x2`` with remat=block, grad_accum_steps=16, fsdp=True: 14.37 GiB
+      (4 rows of 2048 per chip per micro-batch); on ``tpu:v5e:2x4`` accumulation 8 fits
+      (9.80 GiB).
   ``gated_deltanet_1.3b``: ``tpu:v5e:2x4`` with remat=block, grad_accum_steps=4, fsdp=True:
       14.23 GiB (4 rows of 4096 per chip per micro-batch).
   ``kda_1.3b``: ``tpu:v5e:2x4`` with remat=block, grad_accum_steps=8, fsdp=True: 11.21 GiB
       (2 rows of 4096 per chip per micro-batch).
   v5e 2x2 is the smallest slice the dry run can describe (libtpu refuses ``v5e:1x1``: its
-  chips per host are 2x2x1), so the 340m/400m presets and ``transformer_1.3b`` are on the
-  smallest; for the other 1.3b presets 2x2 was not compiled, so 2x4 is the smallest compiled,
-  not proven the smallest that fits.
+  chips per host are 2x2x1), so the 340m/400m presets, ``transformer_1.3b`` and ``gla_1.3b``
+  are on the smallest; for ``gated_deltanet_1.3b`` and ``kda_1.3b`` 2x2 was not compiled, so
+  2x4 is the smallest compiled, not proven the smallest that fits.
 
 Documents are packed (``data.pack``): each file is a document, and states, conv and attention
 reset at each document start (``--config.data.separator='\\n\\n\\n'`` cuts files further).
@@ -127,7 +129,7 @@ PAPER_SIZES = {
     ),
     "gla_1.3b": dict(
         mixer="gla", d_model=2048, num_layers=24, num_heads=4, tokens=100e9, **_GLA_OPT,
-        tpu=dict(target="tpu:v5e:2x4", remat="block", grad_accum_steps=8, fsdp=True),
+        tpu=dict(target="tpu:v5e:2x2", remat="block", grad_accum_steps=16, fsdp=True),
     ),
     "gated_deltanet_400m": dict(
         mixer="gated_deltanet", d_model=1024, num_layers=24, num_heads=4, head_dim=256,
