@@ -18,8 +18,10 @@ each at both widths, d_model 64 / 128: kda 0.928 / 0.992, gated_deltaproduct 0.6
 (seed-fragile: 0.991 and 0.080 at 128), rwkv7 0.982 / 0.993. Issue 53's families (fox,
 mesanet, log_linear_mamba2, log_linear_gated_deltanet, path, and fox_bias5: fox with its
 forget gate starting open) joined after that: 20 mixers in each grid; their runs so far are
-docs/results/mqar_sweep_cpu_families.md (fox's whole grid, the others d_model 64 at 1e-2 and
-3e-2).
+docs/results/mqar_sweep_cpu_families.md (fox's whole grid, the others d_model 64 at all three
+rates and d_model 128 at 1e-2): d_model 64 / 128, fox 0.083 / 0.128, fox_bias5 0.541 / 0.994,
+mesanet 0.203 / 0.997, path 0.182 / 0.621, log_linear_mamba2 0.496 / 0.644,
+log_linear_gated_deltanet 0.899 / 0.991.
   (none) / ``default``: the Zoology grid for an accelerator: vocab 8192, d_model 64…512,
       (seq_len, kv pairs) = (64, 4), (128, 8), (256, 16), (512, 64), learning rates
       logspace(-4, -2, 4), 20k steps of batch 256 per run; Taylor and Based with 16 projected
