@@ -231,9 +231,9 @@ def test_no_import_cycle_in_the_package():
     assert not on_cycle
 
 
-# The functions of the package over 60 lines (docstring aside); the list only shrinks. The
-# chunked linear kernel's backward says why in its docstring; the Pallas walk and the
-# transformers converter are their owners' to split.
+# The functions of the package over 60 lines (docstring aside); the list only shrinks. Each is
+# a kernel whose docstring says why it stays whole (the chunked backward's scan step, one
+# `pallas_call`'s parallel lists).
 _LONG_FUNCTIONS = {
     "kernels/linear/chunked.py:_chunked_bwd",
     "kernels/primitives/pallas_chunk_scan.py:_walk_back",

@@ -231,7 +231,10 @@ def _scan_bwd(forward, backward, interpret, residuals, cotangents):
 
 def _walk_back(ds_BHKD, terms, entering, do_NBHCD, has_u0, interpret):
     """The backward walk over a group's chunks, last to first, from dS after its last chunk:
-    the cotangents of the terms `(dW, dX₀, dQ, dP, dO₀, dE, dU₀, dg)` and dS before its first."""
+    the cotangents of the terms `(dW, dX₀, dQ, dP, dO₀, dE, dU₀, dg)` and dS before its first.
+    It stays one function because it is one `pallas_call`: its inputs, block specs, output
+    shapes and the list of cotangents written are parallel lists over the same named terms, and
+    apart each part would take and return all of them."""
     B, H, K, Dv = ds_BHKD.shape
     w, x0, q, p, e, g = terms
     flat = _flatten((w, x0, q, p, None, e, None, g))
