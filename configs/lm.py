@@ -90,8 +90,9 @@ compiles it again, on any machine with libtpu). On another slice, add
       (2 rows of 4096 per chip per micro-batch).
   v5e 2x2 is the smallest slice the dry run can describe (libtpu refuses ``v5e:1x1``: its
   chips per host are 2x2x1), so the 340m/400m presets, ``transformer_1.3b`` and ``gla_1.3b``
-  are on the smallest; for ``gated_deltanet_1.3b`` and ``kda_1.3b`` 2x2 was not compiled, so
-  2x4 is the smallest compiled, not proven the smallest that fits.
+  are on the smallest; ``kda_1.3b`` on 2x2 with accumulation 16 needs 15.97 GiB (does not
+  fit), and for ``gated_deltanet_1.3b`` 2x2 was not compiled: for both, 2x4 is the smallest
+  that fits of those compiled, not proven the smallest that fits.
 
 Documents are packed (``data.pack``): each file is a document, and states, conv and attention
 reset at each document start (``--config.data.separator='\\n\\n\\n'`` cuts files further).
