@@ -84,15 +84,14 @@ compiles it again, on any machine with libtpu). On another slice, add
   ``gla_1.3b``: ``tpu:v5e:2x2`` with remat=block, grad_accum_steps=16, fsdp=True: 14.37 GiB
       (4 rows of 2048 per chip per micro-batch); on ``tpu:v5e:2x4`` accumulation 8 fits
       (9.80 GiB).
-  ``gated_deltanet_1.3b``: ``tpu:v5e:2x4`` with remat=block, grad_accum_steps=4, fsdp=True:
-      14.23 GiB (4 rows of 4096 per chip per micro-batch).
+  ``gated_deltanet_1.3b``: ``tpu:v5e:2x2`` with remat=block, grad_accum_steps=16, fsdp=True:
+      13.47 GiB (2 rows of 4096 per chip per micro-batch); with accumulation 8 it needs
+      17.80 GiB there; on ``tpu:v5e:2x4`` accumulation 4 fits (14.23 GiB).
   ``kda_1.3b``: ``tpu:v5e:2x2`` with remat=block, grad_accum_steps=32, fsdp=True: 12.71 GiB
       (1 row of 4096 per chip per micro-batch); with accumulation 16 it needs 15.97 GiB there;
       on ``tpu:v5e:2x4`` accumulation 8 fits (11.21 GiB).
   v5e 2x2 is the smallest slice the dry run can describe (libtpu refuses ``v5e:1x1``: its
-  chips per host are 2x2x1), so the 340m/400m presets, ``transformer_1.3b``, ``gla_1.3b`` and
-  ``kda_1.3b`` are on the smallest; for ``gated_deltanet_1.3b`` 2x2 was not compiled, so
-  2x4 is the smallest compiled, not proven the smallest that fits.
+  chips per host are 2x2x1), so every preset here is on the smallest slice it can name.
 
 Documents are packed (``data.pack``): each file is a document, and states, conv and attention
 reset at each document start (``--config.data.separator='\\n\\n\\n'`` cuts files further).
@@ -140,7 +139,7 @@ PAPER_SIZES = {
     "gated_deltanet_1.3b": dict(
         mixer="gated_deltanet", d_model=2048, num_layers=21, num_heads=6, head_dim=256,
         tokens=100e9, tie=False, **_GDN_OPT,
-        tpu=dict(target="tpu:v5e:2x4", remat="block", grad_accum_steps=4, fsdp=True),
+        tpu=dict(target="tpu:v5e:2x2", remat="block", grad_accum_steps=16, fsdp=True),
     ),
     "kda_400m": dict(
         mixer="kda", d_model=1024, num_layers=24, num_heads=8, head_dim=128,
