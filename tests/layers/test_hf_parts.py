@@ -12,6 +12,7 @@ from flax import nnx
 
 from linear_attention.layers import get_mixer
 from linear_attention.layers.rotary import apply_rotary
+from tests.layers.params import perturb_params
 
 B, T, D = 2, 9, 32
 SPLIT = 4
@@ -24,17 +25,6 @@ ATTENTION = dict(
     out_gate=True,
     gate_activation="sigmoid",
 )
-
-
-def _randomize(mixer, seed):
-    """Every parameter random (the norms' scales too, which start at one)."""
-    state = nnx.state(mixer, nnx.Param)
-    leaves, tree = jax.tree.flatten(state)
-    keys = jax.random.split(jax.random.key(seed), len(leaves))
-    new = [
-        x + 0.3 * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys, strict=True)
-    ]
-    nnx.update(mixer, jax.tree.unflatten(tree, new))
 
 
 def _rms64(x, scale):
@@ -89,7 +79,7 @@ def _paths(mixer, x):
 
 def test_grouped_gated_attention_matches_float64_and_decodes():
     mixer = get_mixer("softmax")(D, 4, **ATTENTION, rngs=nnx.Rngs(0))
-    _randomize(mixer, 1)
+    perturb_params(mixer, 1)
     x = jax.random.normal(jax.random.key(2), (B, T, D))
     # the cache holds the 2 KV heads, not the 4 query heads
     assert mixer.init_state(B, T).core.k.shape == (B, T, 2, 8)
@@ -135,7 +125,7 @@ def test_bias_free_conv_and_shared_norm_equal_their_general_forms():
         D, 2, conv_bias=False, out_norm_shared=True, **common, rngs=nnx.Rngs(0)
     )
     general = get_mixer("gated_deltanet")(D, 2, **common, rngs=nnx.Rngs(0))
-    _randomize(lean, 4)
+    perturb_params(lean, 4)
     assert lean.inputs.conv.bias is None and lean.output.norm.scale.shape == (16,)
     params = nnx.to_pure_dict(nnx.state(lean, nnx.Param))
     as_general = nnx.to_pure_dict(nnx.state(general, nnx.Param))

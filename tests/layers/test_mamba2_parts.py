@@ -12,6 +12,7 @@ import pytest
 from flax import nnx
 
 from linear_attention.layers import attention_inputs, get_mixer
+from tests.layers.params import perturb_params
 
 B, T, D = 2, 9, 32
 SPLIT = 4
@@ -29,17 +30,6 @@ MAMBA2 = dict(
     out_norm_eps=EPS,
     chunk_size=4,
 )
-
-
-def _randomize(mixer, seed):
-    """Every parameter random (the scales, D and the conv bias too)."""
-    state = nnx.state(mixer, nnx.Param)
-    leaves, tree = jax.tree.flatten(state)
-    keys = jax.random.split(jax.random.key(seed), len(leaves))
-    new = [
-        x + 0.3 * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys, strict=True)
-    ]
-    nnx.update(mixer, jax.tree.unflatten(tree, new))
 
 
 def _softplus(z):
@@ -104,7 +94,7 @@ _step = nnx.jit(lambda mixer, x, state: mixer.step(x, state))
 
 def test_mamba2_options_match_float64_and_decode():
     mixer = get_mixer("gated")(D, G, **MAMBA2, rngs=nnx.Rngs(0))
-    _randomize(mixer, 1)
+    perturb_params(mixer, 1)
     # B/C have G heads and the state size N; v, dt, D and the state the H value heads
     assert mixer.inputs.qkv_proj.kernel.shape == (D, 2 * G * N + H * P)
     assert mixer.init_state(B, T).core.kv.shape == (B, H, N, P)
@@ -124,7 +114,7 @@ def test_mamba2_options_in_bfloat16():
     """bfloat16 compute: the float32 model's numbers to bfloat16's precision."""
     mixer = get_mixer("gated")(D, G, **MAMBA2, rngs=nnx.Rngs(0))
     half = get_mixer("gated")(D, G, **MAMBA2, dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
-    _randomize(mixer, 1)
+    perturb_params(mixer, 1)
     nnx.update(half, nnx.state(mixer, nnx.Param))
     x = jax.random.normal(jax.random.key(2), (B, T, D))
     y = _full(half, x.astype(jnp.bfloat16))
@@ -139,7 +129,7 @@ def test_attention_inputs_are_what_the_kernel_attends_with():
     the output is no weighted sum (refused)."""
     options = {**MAMBA2, "d_skip": False}
     mixer = get_mixer("gated")(D, G, **options, rngs=nnx.Rngs(0))
-    _randomize(mixer, 3)
+    perturb_params(mixer, 3)
     x = jax.random.normal(jax.random.key(4), (B, T, D))
     inputs = attention_inputs(mixer, x)
     q, k, v, log_decay = (np.asarray(a, np.float64) for a in inputs)
