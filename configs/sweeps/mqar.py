@@ -36,6 +36,10 @@ log_linear_gated_deltanet 0.899 / 0.991.
       gla 0.903 / 0.987, linear 0.104 / 0.301, linear_scale8 0.683 / 0.809).
       ``order`` runs d_model 64 first and lr 1e-2 first, so a sweep cut short leaves every
       mixer at the same settings; ``--report-only --only lr=0.01`` tables what finished.
+  ``forgetting``: the ``cpu`` protocol on Zoology's forgetting MQAR (``configs/mqar.py:forgetting``:
+      after the 8 pairs, 4 keys get a new value and a query asks for the latest) for softmax,
+      retnet, gla, deltanet, gated_deltanet and kda at d_model 128, lr 1e-2, seeds 0 and 1:
+      12 runs (EXPERIMENTS.md section 1, "Forgetting MQAR").
   ``smoke``: 8 tiny runs (softmax, linear × 2 learning rates × 2 seeds) for the test; seconds.
 
 Expected shape (Zoology, Based, DeltaNet): softmax solves every width; elu+1 stays near
@@ -58,7 +62,7 @@ from linear_attention.training.cli import load_config_file
 from linear_attention.training.sweep.grid import grid_axis
 from linear_attention.training.sweep.mixers import LINEAR_SCALED, mixer_axis
 
-PRESETS = ("default", "cpu", "smoke")
+PRESETS = ("default", "cpu", "forgetting", "smoke")
 MIXERS = ("softmax", "linear", "taylor", "retnet", "gated", "gla", "deltanet", "gated_deltanet")
 MIXERS += ("kda", "gated_deltaproduct", "rwkv7")  # (issue 20; see the docstring)
 # the families of issue 53 (EXPERIMENTS.md section 1)
@@ -67,6 +71,9 @@ MIXERS += (FOX_OPEN,)  # fox with its forget gate starting open (`layers/fox.py`
 # Both grids add sliding-window softmax, Based (taylor and swa layers alternating, its taylor
 # layers at the preset's projected width) and elu+1 with q and k scaled by 8, the fixed feature
 # map at a scale where it learns (`linear_attention.training.sweep.mixers`).
+# Forgetting MQAR: softmax, additive states with a decay (retnet: fixed, gla: per channel) and
+# the delta rules, which overwrite a key's value in the state.
+FORGETTING_MIXERS = ("softmax", "retnet", "gla", "deltanet", "gated_deltanet", "kda")
 DEFAULT_MIXERS = (*MIXERS, "swa", "based", LINEAR_SCALED)
 MIXER_FIELDS = (
     *("model.mixer", "model.feature_dim", "model.window", "model.feature_scale", "model.conv"),
@@ -106,7 +113,7 @@ def get_config(arg=None):
         grid.d_model = grid_axis("model.d_model", (64, 128, 256, 512))
         grid.task = grid_axis(task, ((64, 4), (128, 8), (256, 16), (512, 64)))
         grid.lr = grid_axis("optimizer.learning_rate", (1e-4, 4.6e-4, 2.2e-3, 1e-2))
-    elif arg == "cpu":
+    elif arg in ("cpu", "forgetting"):
         base = config.base
         # 400 steps: softmax at d_model 64 solves (64, 8) by step 250 at lr 3e-2 with both seeds,
         # but at lr 1e-2 only seed 0 does (step 250; seed 1 ends at 0.113, still on the plateau).
@@ -135,6 +142,16 @@ def get_config(arg=None):
         # earlier one-rate study; a sweep cut short leaves every mixer at the same rates.
         grid.lr = grid_axis("optimizer.learning_rate", (1e-2, 3e-2, 3e-3))
         config.order = ("d_model", "lr", "mixer", "seed", "task")
+        if arg == "forgetting":
+            # At d_model 128 and lr 1e-2 every one of these mixers recalls plain MQAR (0.961 to
+            # 0.997 over both seeds, docs/results/mqar_sweep_cpu.csv), so what is lost here is
+            # what the reassignments cost.
+            grid.mixer = mixer_axis(
+                MIXER_FIELDS, FORGETTING_MIXERS, taylor_dim=8, window=16, **_conv(base)
+            )
+            grid.d_model = grid_axis("model.d_model", (128,))
+            grid.task = grid_axis(task, ((64, 8),))
+            grid.lr = grid_axis("optimizer.learning_rate", (1e-2,))
     else:  # smoke
         grid.mixer = grid_axis(
             ("model.mixer", "model.feature_dim"),
