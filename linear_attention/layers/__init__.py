@@ -34,6 +34,7 @@ from linear_attention.layers.linear import (
 from linear_attention.layers.log_linear import LogLinearGatedDeltaNetMixer, LogLinearMamba2Mixer
 from linear_attention.layers.lstm import LSTMMixer, LSTMState
 from linear_attention.layers.mesanet import MesaNetMixer
+from linear_attention.layers.mla import LatentProjection, MLAMixer
 from linear_attention.layers.mlp import SwiGLU
 from linear_attention.layers.moe import MoE
 from linear_attention.layers.norm import LayerNorm, RMSNorm
@@ -86,6 +87,8 @@ __all__ = [
     "FavorFeatures",
     "HedgehogFeatures",
     "SoftmaxMixer",
+    "MLAMixer",
+    "LatentProjection",
     "LinearMixer",
     "FavorMixer",
     "TaylorMixer",

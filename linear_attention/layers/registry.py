@@ -19,6 +19,7 @@ from linear_attention.layers.linear import (
 from linear_attention.layers.log_linear import LogLinearGatedDeltaNetMixer, LogLinearMamba2Mixer
 from linear_attention.layers.lstm import LSTMMixer
 from linear_attention.layers.mesanet import MesaNetMixer
+from linear_attention.layers.mla import MLAMixer
 from linear_attention.layers.path import PathMixer
 from linear_attention.layers.rwkv7 import RWKV7Mixer
 from linear_attention.layers.sliding_window import SlidingWindowMixer
@@ -28,6 +29,7 @@ MIXERS: dict[str, type[Mixer]] = {
     cls.NAME: cls
     for cls in (
         SoftmaxMixer,
+        MLAMixer,
         LinearMixer,
         FavorMixer,
         TaylorMixer,

@@ -156,8 +156,8 @@ class ModelConfig:
       `feature_scale`, `allow_neg_eigval`, `num_value_heads`, `window`, `num_householder`,
       `forget_bias`, `cg_steps`, `num_levels`, `forget_gate`, Mamba-2's `state_dim`,
       `dt_input`, `d_skip`, `gate_before_norm`, `out_norm_groups`, `out_norm_eps` on `gated`,
-      ...: the union of the fields of the mixers' `Config` dataclasses, described there and
-      by `la-train --help`): None is each
+      MLA's `kv_rank`, `q_rank`, `rope_dim`, `nope_dim`, ...: the union of the fields of the
+      mixers' `Config` dataclasses, described there and by `la-train --help`): None is each
       mixer's default; a value must be used by at least one layer and is passed to the layers
       whose mixer uses it. `mixer_config(name)` is the typed config of a layer's mixer, made
       and checked once here.
@@ -223,6 +223,10 @@ class ModelConfig:
     gate_activation: str | None = None
     num_levels: int | None = None
     forget_gate: bool | None = None
+    kv_rank: int | None = None
+    q_rank: int | None = None
+    rope_dim: int | None = None
+    nope_dim: int | None = None
 
     def __post_init__(self):
         check_fields(self, skip=MIXER_OPTIONS)

@@ -370,6 +370,7 @@ def test_registry_lists_every_family():
         "mesanet",
         "log_linear_mamba2",
         "log_linear_gated_deltanet",
+        "mla",
     }
     # every option is declared once, with the same type wherever two mixers share it
     types = {}
