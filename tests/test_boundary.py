@@ -168,9 +168,10 @@ def _code_strings(path: pathlib.Path):
 
 
 # Strings that are a mixer's name and also a plain word where they appear: a corpus record's
-# "path" (PaTH's mixer is "path"), the "linear" learning-rate schedule.
+# "path" (PaTH's mixer is "path"), the "linear" learning-rate schedule, a "softmax" router.
 _HOMONYMS = {
     "data/sources.py": {"path"},
+    "layers/moe.py": {"softmax"},
     "data/text.py": {"path"},
     "training/run_data.py": {"path"},
     "training/sweep/results.py": {"path"},

@@ -1,8 +1,16 @@
-"""Mixture-of-experts SwiGLU MLP with a softmax router and an optional shared expert (Qwen3-Next).
+"""Mixture-of-experts SwiGLU MLP: a router, the top k of E experts per token, shared experts.
 
-    p      = softmax(x W_r)                         router probabilities over E experts, float32
-    top    = the k largest p (renormalised to sum 1 with `norm_topk`)
-    y      = Σ_{e ∈ top} p_e · SwiGLU_e(x)  +  σ(x w_s) · SwiGLU_shared(x)
+    s      = softmax(x W_r)  or  sigmoid(x W_r)      router scores over E experts, float32
+    c      = s + b                                   the choice scores (`score_bias` b; else s)
+    top    = the k largest c (among the `topk_groups` best of `num_groups` groups, a group
+             scored by the sum of its two largest c: DeepSeek-V3's grouped routing)
+    w_e    = s_e for e ∈ top (renormalised to sum 1 with `norm_topk`) · `routed_scale`
+    y      = Σ_{e ∈ top} w_e · SwiGLU_e(x)  +  g(x) · SwiGLU_shared(x)
+
+with g(x) = σ(x w_s) (`shared_gate`, Qwen3-Next) or 1 (DeepSeek-V3 / Kimi Linear: several
+shared experts are one SwiGLU of their summed width). The bias b only picks experts (the
+weights are the scores s), so its gradient is zero and training leaves it as loaded
+(DeepSeek-V3 moves it by a load rule outside the gradient, which is not done here).
 
 The experts are computed densely (every expert for every token, weighted by the routing
 weights, zero outside the top k): the same sum as a dispatch to the chosen experts, simple and
@@ -18,13 +26,60 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from linear_attention.fields import check_int
+from linear_attention.fields import check_choice, check_int
 from linear_attention.layers.mlp import SwiGLU
+
+ROUTERS = {"softmax": lambda z: jax.nn.softmax(z, axis=-1), "sigmoid": jax.nn.sigmoid}
+DEFAULT_ROUTER = "softmax"
+
+
+def check_moe_options(
+    *,
+    num_experts,
+    top_k,
+    hidden_dim,
+    router,
+    num_groups,
+    topk_groups,
+    routed_scale,
+    names=None,
+    **_,
+) -> None:
+    """ValueError naming the first of `MoE`'s sizes and routing options that is out of range
+    (called by `MoE` and by `ModelConfig` before any parameter exists); `names` maps an
+    argument to the name the message gives it (`ModelConfig`'s fields)."""
+    args = ("num_experts", "top_k", "hidden_dim", "router", "num_groups", "topk_groups")
+    n = {k: (names or {}).get(k, k) for k in (*args, "routed_scale")}
+    for name, value in (
+        ("num_experts", num_experts),
+        ("top_k", top_k),
+        ("hidden_dim", hidden_dim),
+        ("num_groups", num_groups),
+        ("topk_groups", topk_groups),
+    ):
+        check_int(n[name], value)
+    if top_k > num_experts:
+        raise ValueError(f"{n['top_k']}={top_k} must be <= {n['num_experts']}={num_experts}")
+    check_choice(n["router"], router, tuple(ROUTERS))
+    if num_groups > 1 and (num_experts % num_groups or num_experts // num_groups < 2):
+        raise ValueError(
+            f"{n['num_groups']}={num_groups} must divide {n['num_experts']}={num_experts} into "
+            "groups of at least 2 experts (a group is scored by its two best)"
+        )
+    if topk_groups > num_groups or top_k > topk_groups * (num_experts // num_groups):
+        raise ValueError(
+            f"{n['topk_groups']}={topk_groups} must be <= {n['num_groups']}={num_groups} and "
+            f"hold {n['top_k']}={top_k} experts ({num_experts // num_groups} per group)"
+        )
+    if not routed_scale > 0:
+        raise ValueError(f"{n['routed_scale']} must be > 0, got {routed_scale!r}")
 
 
 class MoE(nnx.Module):
     """`num_experts` SwiGLU experts of width `hidden_dim`, `top_k` per token, and a shared
-    SwiGLU expert of width `shared_dim` behind a sigmoid gate (0: none)."""
+    SwiGLU expert of width `shared_dim` (0: none) behind a sigmoid gate (`shared_gate`);
+    `router`, `score_bias`, `num_groups`, `topk_groups` and `routed_scale` as the module
+    docstring says (the defaults: Qwen3-Next's softmax router)."""
 
     def __init__(
         self,
@@ -35,16 +90,28 @@ class MoE(nnx.Module):
         hidden_dim: int,
         shared_dim: int = 0,
         norm_topk: bool = True,
+        router: str = DEFAULT_ROUTER,
+        score_bias: bool = False,
+        num_groups: int = 1,
+        topk_groups: int = 1,
+        routed_scale: float = 1.0,
+        shared_gate: bool = True,
         dtype=None,
         param_dtype=jnp.float32,
         rngs: nnx.Rngs,
     ):
-        num_experts = check_int("num_experts", num_experts)
-        top_k = check_int("top_k", top_k)
-        hidden_dim = check_int("hidden_dim", hidden_dim)
-        if top_k > num_experts:
-            raise ValueError(f"top_k={top_k} must be <= num_experts={num_experts}")
+        check_moe_options(
+            num_experts=num_experts,
+            top_k=top_k,
+            hidden_dim=hidden_dim,
+            router=router,
+            num_groups=num_groups,
+            topk_groups=topk_groups,
+            routed_scale=routed_scale,
+        )
         self.num_experts, self.top_k, self.norm_topk = num_experts, top_k, norm_topk
+        self.scoring, self.num_groups, self.topk_groups = router, num_groups, topk_groups
+        self.routed_scale = float(routed_scale)
         self.dtype = dtype
         # routing is float32 whatever the compute dtype (the choice of experts must not flip)
         self.router = nnx.Linear(
@@ -55,6 +122,7 @@ class MoE(nnx.Module):
             param_dtype=param_dtype,
             rngs=rngs,
         )
+        self.score_bias = nnx.Param(jnp.zeros((num_experts,), param_dtype)) if score_bias else None
         init = nnx.initializers.lecun_normal(in_axis=1, out_axis=2, batch_axis=0)
         e, d, i = num_experts, d_model, hidden_dim
         self.w_gate = nnx.Param(init(rngs.params(), (e, d, i), jnp.float32).astype(param_dtype))
@@ -63,16 +131,30 @@ class MoE(nnx.Module):
         common = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         if shared_dim:
             self.shared = SwiGLU(d_model, hidden_dim=shared_dim, **common)
-            self.shared_gate = nnx.Linear(d_model, 1, use_bias=False, **common)
+            self.shared_gate = (
+                nnx.Linear(d_model, 1, use_bias=False, **common) if shared_gate else None
+            )
         else:
             self.shared = self.shared_gate = None
 
     def routing(self, x) -> jax.Array:
         """The weight of each expert for each token `[..., E]` float32 (zero outside the top k)."""
-        probs = jax.nn.softmax(self.router(x.astype(jnp.float32)), axis=-1)
-        top, index = jax.lax.top_k(probs, self.top_k)
+        scores = ROUTERS[self.scoring](self.router(x.astype(jnp.float32)))
+        choice = scores
+        if self.score_bias is not None:
+            choice = choice + self.score_bias[...].astype(jnp.float32)
+        if self.num_groups > 1:
+            grouped = choice.reshape(*choice.shape[:-1], self.num_groups, -1)
+            group_score = jnp.sum(jax.lax.top_k(grouped, 2)[0], axis=-1)
+            _, best = jax.lax.top_k(group_score, self.topk_groups)
+            kept = jnp.sum(jax.nn.one_hot(best, self.num_groups, dtype=jnp.bool_), axis=-2)
+            grouped = jnp.where(kept[..., None], grouped, -jnp.inf)
+            choice = grouped.reshape(choice.shape)
+        _, index = jax.lax.top_k(choice, self.top_k)
+        top = jnp.take_along_axis(scores, index, axis=-1)
         if self.norm_topk:
             top = top / jnp.sum(top, axis=-1, keepdims=True)
+        top = top * self.routed_scale
         return jnp.sum(
             jax.nn.one_hot(index, self.num_experts, dtype=jnp.float32) * top[..., None], -2
         )
@@ -85,6 +167,8 @@ class MoE(nnx.Module):
         h = h * jnp.einsum("...d,edi->...ei", xc, w["w_up"])
         y = jnp.einsum("...ei,eid->...ed", h, w["w_down"])
         out = jnp.einsum("...ed,...e->...d", y, self.routing(x).astype(dtype))
-        if self.shared is not None:
+        if self.shared_gate is not None:
             out = out + jax.nn.sigmoid(self.shared_gate(xc)) * self.shared(xc)
+        elif self.shared is not None:
+            out = out + self.shared(xc)
         return out.astype(dtype)

@@ -30,6 +30,7 @@ from linear_attention.fields import (
     spec_field,
 )
 from linear_attention.layers import MIXERS, MixerConfig, get_mixer
+from linear_attention.layers.moe import DEFAULT_ROUTER, ROUTERS, check_moe_options
 from linear_attention.layers.options import CONV
 from linear_attention.layers.registry import DEFAULT_MIXER
 
@@ -128,6 +129,13 @@ class ModelConfig:
         moe_dim (None: the MLP width), experts_per_token chosen per token by a softmax router
         (renormalised to sum 1 unless moe_norm_topk=False), plus a shared expert of width
         shared_expert_dim behind a sigmoid gate (None: none) — Qwen3-Next's (`layers.moe`).
+      moe_router ("softmax" or "sigmoid" scores), moe_score_bias (a learned bias on the scores
+        that only picks the experts), moe_groups / moe_topk_groups (the experts chosen among
+        the moe_topk_groups best of moe_groups groups), moe_routed_scale (the routed experts'
+        weights times this), moe_shared_gate (False: the shared expert is added ungated):
+        DeepSeek-V3's and Kimi Linear's routing (`layers.moe`); None: Qwen3-Next's.
+      moe_dense_layers: the first this many layers have a dense SwiGLU MLP of width mlp_dim
+        instead of the experts (DeepSeek's first_k_dense_replace; default 0).
       layer_options: per-layer-type settings, `{mixer: {option: value}}`: the layers of that
         mixer take `num_heads` and any of the mixer's options (common ones such as `head_dim`,
         `rope`, `out_gate`, or its own) from here instead of the model-wide fields. A hybrid
@@ -185,6 +193,13 @@ class ModelConfig:
     moe_dim: int | None = None
     shared_expert_dim: int | None = None
     moe_norm_topk: bool | None = None
+    moe_router: str | None = spec_field(None, choices=tuple(ROUTERS))
+    moe_score_bias: bool | None = None
+    moe_groups: int | None = None
+    moe_topk_groups: int | None = None
+    moe_routed_scale: float | None = spec_field(None, **POSITIVE)
+    moe_shared_gate: bool | None = None
+    moe_dense_layers: int = spec_field(0, minimum=0)
     position: str = spec_field("none", choices=POSITIONS)
     rope_base: float = spec_field(10000.0, **POSITIVE)
     reset_positions: bool = True
@@ -269,12 +284,20 @@ class ModelConfig:
                 object.__setattr__(self, field, getattr(users[0], field))
 
     def _check_experts(self) -> None:
-        moe = ("experts_per_token", "moe_dim", "shared_expert_dim", "moe_norm_topk")
         if not self.num_experts:
-            for name in moe:
+            for name in MOE_OPTIONS:
                 if getattr(self, name) is not None:
                     raise ValueError(f"{name}={getattr(self, name)!r} needs num_experts > 0")
+            if self.moe_dense_layers:
+                raise ValueError(f"moe_dense_layers={self.moe_dense_layers} needs num_experts > 0")
             return
+        if self.moe_dense_layers >= self.num_layers:
+            raise ValueError(
+                f"moe_dense_layers={self.moe_dense_layers} must be < num_layers={self.num_layers} "
+                "(num_experts=0 makes every MLP dense)"
+            )
+        if self.moe_shared_gate is not None and not self.shared_expert_dim:
+            raise ValueError(f"moe_shared_gate={self.moe_shared_gate} needs shared_expert_dim")
         if not self.mlp:
             raise ValueError(f"num_experts={self.num_experts} needs mlp=True")
         if self.experts_per_token is None or self.experts_per_token > self.num_experts:
@@ -282,6 +305,7 @@ class ModelConfig:
                 f"experts_per_token must be an int in [1, num_experts={self.num_experts}] with "
                 f"num_experts > 0, got {self.experts_per_token!r}"
             )
+        check_moe_options(**self.moe_options, names=MOE_NAMES)
 
     @property
     def moe_options(self) -> dict | None:
@@ -295,7 +319,18 @@ class ModelConfig:
             hidden_dim=self.moe_dim or width,
             shared_dim=self.shared_expert_dim or 0,
             norm_topk=True if self.moe_norm_topk is None else self.moe_norm_topk,
+            router=self.moe_router or DEFAULT_ROUTER,
+            score_bias=bool(self.moe_score_bias),
+            num_groups=self.moe_groups or 1,
+            topk_groups=self.moe_topk_groups or 1,
+            routed_scale=1.0 if self.moe_routed_scale is None else self.moe_routed_scale,
+            shared_gate=True if self.moe_shared_gate is None else self.moe_shared_gate,
         )
+
+    def layer_moe_options(self, index: int) -> dict | None:
+        """`moe_options` for layer `index`, or None where its MLP is dense (`moe_dense_layers`
+        first, or no experts)."""
+        return None if index < self.moe_dense_layers else self.moe_options
 
     def _check_layer_options(self) -> None:
         """Each `layer_options` entry names a mixer some layer uses, and options it takes."""
@@ -393,6 +428,29 @@ class ModelConfig:
         return jnp.dtype(self.param_dtype)
 
 
+# The experts' options (None unless num_experts > 0).
+MOE_OPTIONS = (
+    "experts_per_token",
+    "moe_dim",
+    "shared_expert_dim",
+    "moe_norm_topk",
+    "moe_router",
+    "moe_score_bias",
+    "moe_groups",
+    "moe_topk_groups",
+    "moe_routed_scale",
+    "moe_shared_gate",
+)
+# `layers.moe.MoE`'s arguments by the fields that set them.
+MOE_NAMES = dict(
+    num_experts="num_experts",
+    top_k="experts_per_token",
+    hidden_dim="moe_dim",
+    router="moe_router",
+    num_groups="moe_groups",
+    topk_groups="moe_topk_groups",
+    routed_scale="moe_routed_scale",
+)
 # Every option a mixer adds to the common ones, by name.
 MIXER_OPTIONS: tuple[str, ...] = tuple(
     f.name

@@ -138,11 +138,11 @@ class LanguageModel(nnx.Module):
                     mlp=config.mlp,
                     mlp_ratio=config.mlp_ratio,
                     mlp_dim=config.mlp_dim,
-                    moe=config.moe_options,
+                    moe=config.layer_moe_options(i),
                     norm_eps=config.norm_eps,
                     **common,
                 )
-                for name in config.layer_mixers
+                for i, name in enumerate(config.layer_mixers)
             ]
         )
         self.final_norm = RMSNorm(config.d_model, eps=config.norm_eps, **common)
@@ -198,7 +198,14 @@ class LanguageModel(nnx.Module):
         else:
             pattern = 1 if isinstance(self.config.mixer, str) else len(self.config.mixer)
             policy = _REMAT_POLICIES[self.config.remat]
-            x = _scanned_blocks(self.blocks, pattern, policy, x, segments)
+            # The dense-MLP layers first differ from the rest: one scan step of their own, and
+            # the rest by the pattern when it fits them (any run of layers repeats the pattern)
+            dense, blocks = self.config.moe_dense_layers, list(self.blocks)
+            if dense:
+                x = _scanned_blocks(blocks[:dense], dense, policy, x, segments)
+            rest = len(blocks) - dense
+            pattern = pattern if rest % pattern == 0 else rest
+            x = _scanned_blocks(blocks[dense:], pattern, policy, x, segments)
         return self._logits(x, valid)
 
     def hidden_states(self, tokens: jax.Array, segment_ids: jax.Array | None = None) -> Hidden:
