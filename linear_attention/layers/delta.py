@@ -36,6 +36,7 @@ from linear_attention.layers.options import (
     CONV_BIAS,
     METHOD,
     NUM_VALUE_HEADS,
+    OUT_NORM_EPS,
     OUT_NORM_SHARED,
     GatedOutputConfig,
 )
@@ -54,6 +55,7 @@ class DeltaConfig(GatedOutputConfig):
     allow_neg_eigval: bool = ALLOW_NEG_EIGVAL.field()
     conv_bias: bool = CONV_BIAS.field()
     out_norm_shared: bool = OUT_NORM_SHARED.field()
+    out_norm_eps: float = OUT_NORM_EPS.field()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,7 +110,8 @@ class DeltaNetMixer(Mixer):
         return dict(conv_bias=self.options["conv_bias"])
 
     def _output_options(self) -> dict:
-        return dict(norm_shared=self.options["out_norm_shared"])
+        opts = self.options
+        return dict(norm_shared=opts["out_norm_shared"], norm_eps=opts["out_norm_eps"])
 
     def mixing_flops(self, seq_len: int, *, method=None, chunk_size=None) -> float:
         """chunk (WY/UT form): 2·H·(3·C·dk + 2·C·dv + C²/3 + 3·dk·dv) (βKKᵀ, QKᵀ, W = T·βK;

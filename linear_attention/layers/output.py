@@ -12,7 +12,7 @@ term the mixer adds after the norm (RWKV-7's current-token bonus). The gate is
 `act(x W_g)` with act swish (silu: RetNet / GLA / DeltaNet) or sigmoid (the gated RMSNorm of
 Kimi Linear's KDA); `gate_rank` r > 0 makes it low rank, `act(x W_down W_up + b)` (r = head_dim
 in KDA), or with `gate_inside` `act(x W_down) W_up` (RWKV-7: the activation between the factors,
-no bias, the gate unbounded).
+no bias, the gate unbounded); `gate_bias=False` drops b (transformers' Kimi Linear).
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ class OutputStage(nnx.Module):
         gate_activation: str = "silu",
         gate_rank: int = 0,
         gate_inside: bool = False,
+        gate_bias: bool = True,
         norm_type: str = "rms",
         norm_shared: bool = False,
         norm_groups: int | None = None,
@@ -58,6 +59,8 @@ class OutputStage(nnx.Module):
             raise ValueError(f"unknown norm_type {norm_type!r}; allowed: {sorted(NORMS)}")
         if gate_inside and not gate_rank:
             raise ValueError("gate_inside needs a low-rank gate (gate_rank > 0)")
+        if not gate_bias and not (gate and gate_rank and not gate_inside):
+            raise ValueError("gate_bias=False needs a low-rank output gate with its bias")
         f = num_heads * head_dim
         groups = norm_groups or num_heads
         if f % groups:
@@ -77,7 +80,8 @@ class OutputStage(nnx.Module):
             self.gate_proj = self.gate_up = None
         elif gate_rank:
             self.gate_proj = nnx.Linear(d_model, gate_rank, use_bias=False, **common)
-            self.gate_up = nnx.Linear(gate_rank, f, use_bias=not gate_inside, **common)
+            use_bias = gate_bias and not gate_inside
+            self.gate_up = nnx.Linear(gate_rank, f, use_bias=use_bias, **common)
         else:
             self.gate_proj = nnx.Linear(d_model, f, use_bias=False, **common)
             self.gate_up = None

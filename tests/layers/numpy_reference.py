@@ -85,7 +85,7 @@ def mixer_reference(
     inputs = p["inputs"]
     qkv = x @ inputs["qkv_proj"]["kernel"]
     if "conv" in inputs:
-        qkv = causal_conv(qkv, inputs["conv"]["kernel"], inputs["conv"]["bias"])
+        qkv = causal_conv(qkv, inputs["conv"]["kernel"], inputs["conv"].get("bias", 0.0))
     n = getattr(mixer, "num_householder", 1)  # keys and values per token (DeltaProduct)
     hv = getattr(mixer, "num_value_heads", h)  # grouped value heads
     q = qkv[..., : h * dk].reshape(b, t, h, dk)
@@ -239,15 +239,17 @@ def delta_loop(q, k, v, beta, log_decay):
 
 
 def output_reference(mixer, x_BTD, o_BTHD) -> np.ndarray:
-    """The mixer's output layers (per-head norm, gate, projection) on `o`, in float64."""
+    """The mixer's output layers (per-head norm, or one scale shared by the heads, with the
+    norm's eps; gate, with or without its bias; projection) on `o`, in float64."""
     p = params64(mixer)["output"]
     x, o = np.asarray(x_BTD, np.float64), np.asarray(o_BTHD, np.float64)
     b, t, h, dv = o.shape
     if "norm" in p:
-        o = rms_norm(o, p["norm"]["scale"])
+        o = rms_norm(o, p["norm"]["scale"], eps=mixer.output.norm.eps)
     o = o.reshape(b, t, h * dv)
     if "gate_up" in p:  # the low-rank sigmoid gate of the gated RMSNorm (kda)
-        z = x @ p["gate_proj"]["kernel"] @ p["gate_up"]["kernel"] + p["gate_up"]["bias"]
+        up = p["gate_up"]
+        z = x @ p["gate_proj"]["kernel"] @ up["kernel"] + up.get("bias", 0.0)
         o = o / (1.0 + np.exp(-z))
     elif "gate_proj" in p:
         o = o * silu(x @ p["gate_proj"]["kernel"])

@@ -1,6 +1,7 @@
-"""The parts released hybrids need (Qwen3-Next / Qwen3.5), each against a float64 NumPy form,
-and decoding equal to the full pass: grouped KV heads, q/k RMSNorm, partial rotary and a sigmoid
-output gate in `softmax`; a bias-free conv and a head-shared output norm in `gated_deltanet`."""
+"""The parts released hybrids need (Qwen3-Next / Qwen3.5, Kimi Linear), each against a float64
+NumPy form, and decoding equal to the full pass: grouped KV heads, q/k RMSNorm, partial rotary
+and a sigmoid output gate in `softmax`; a bias-free conv and a head-shared output norm in
+`gated_deltanet`; the output norm's eps and a bias-free low-rank gate in `kda`."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from flax import nnx
 
 from linear_attention.layers import get_mixer
 from linear_attention.layers.rotary import apply_rotary
+from tests.layers.numpy_reference import mixer_reference
 from tests.layers.params import perturb_params
 
 B, T, D = 2, 9, 32
@@ -156,3 +158,22 @@ def test_bias_free_conv_and_shared_norm_equal_their_general_forms():
 def test_delta_options_refused(options, message):
     with pytest.raises(ValueError, match=message):
         get_mixer("gated_deltanet").check_options(D, 2, **options)
+
+
+def test_kimi_linear_kda_matches_float64_and_decodes():
+    """Kimi Linear's KDA layer: a bias-free conv, one output-norm scale shared by the heads with
+    eps 1e-5, a low-rank sigmoid output gate without its bias."""
+    mixer = get_mixer("kda")(
+        D, 2, conv_bias=False, out_norm_shared=True, out_norm_eps=1e-5, gate_bias=False,
+        chunk_size=4, rngs=nnx.Rngs(0),
+    )  # fmt: skip
+    perturb_params(mixer, 6)
+    assert mixer.output.gate_up.bias is None and mixer.output.norm.eps == 1e-5
+    x = jax.random.normal(jax.random.key(7), (B, T, D))
+    full, decoded = _paths(mixer, x)
+    np.testing.assert_allclose(full, mixer_reference("kda", mixer, x), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(decoded, full, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="gate_bias=False needs out_gate on"):
+        get_mixer("kda").check_options(D, 2, gate_bias=False, out_gate=False)
+    with pytest.raises(ValueError, match="out_norm_eps"):
+        get_mixer("kda").check_options(D, 2, out_norm_eps=0.0)
