@@ -36,7 +36,13 @@ from linear_attention.layers.lstm import LSTMMixer, LSTMState
 from linear_attention.layers.mesanet import MesaNetMixer
 from linear_attention.layers.mla import LatentProjection, MLAMixer
 from linear_attention.layers.mlp import SwiGLU
-from linear_attention.layers.moe import MoE
+from linear_attention.layers.moe import (
+    MoE,
+    RouterStats,
+    add_router_stats,
+    load_balancing_loss,
+    router_stats,
+)
 from linear_attention.layers.norm import LayerNorm, RMSNorm
 from linear_attention.layers.options import COMMON_OPTIONS, MixerConfig, Option
 from linear_attention.layers.output import OutputStage
@@ -80,6 +86,10 @@ __all__ = [
     "LayerNorm",
     "SwiGLU",
     "MoE",
+    "RouterStats",
+    "router_stats",
+    "add_router_stats",
+    "load_balancing_loss",
     "apply_rotary",
     "FIXED_FEATURE_MAPS",
     "FeatureProjection",

@@ -9,7 +9,7 @@ from flax import nnx
 
 from linear_attention.layers.base import MixerState
 from linear_attention.layers.mlp import SwiGLU
-from linear_attention.layers.moe import MoE
+from linear_attention.layers.moe import MoE, RouterStats
 from linear_attention.layers.norm import RMSNorm
 from linear_attention.layers.options import MixerConfig
 from linear_attention.layers.registry import DEFAULT_MIXER, get_mixer
@@ -62,7 +62,16 @@ class Block(nnx.Module):
     def __call__(self, x_BTD: jax.Array, segments=None) -> jax.Array:
         """`segments` (a `Segments`, or `segment_ids[B, T]`): packed documents, passed to the
         mixer (the MLP is per token)."""
-        return self._mlp(x_BTD + self.mixer(self.mixer_norm(x_BTD), segments))
+        return self.routed(x_BTD, segments)[0]
+
+    def routed(self, x_BTD: jax.Array, segments=None) -> tuple[jax.Array, RouterStats | None]:
+        """`__call__`'s output and the `RouterStats` of its MoE router over these tokens (None
+        when the MLP is not a mixture of experts)."""
+        x_BTD = x_BTD + self.mixer(self.mixer_norm(x_BTD), segments)
+        if not isinstance(self.mlp, MoE):
+            return self._mlp(x_BTD), None
+        y_BTD, stats = self.mlp.routed(self.mlp_norm(x_BTD))
+        return x_BTD + y_BTD, stats
 
     def prefill(self, x_BTD, state: MixerState):
         y, state = self.mixer.prefill(self.mixer_norm(x_BTD), state)

@@ -17,10 +17,25 @@ weights, zero outside the top k): the same sum as a dispatch to the chosen exper
 exact under jit, at E/k times the FLOPs of the sparse form, so it suits checking and
 fine-tuning small models, not serving large ones. The expert weights are `[E, D, I]` /
 `[E, I, D]` parameters (named `w_*`, not `kernel`: the FLOPs count, which counts `kernel`s as
-dense matmuls, leaves them out). No auxiliary load-balancing loss is computed.
+dense matmuls, leaves them out).
+
+The auxiliary load-balancing loss (Switch Transformer, eqs. 4-6; Mixtral's and Qwen3-Next's as
+transformers' `load_balancing_loss_func` computes it) reads `RouterStats`, sums over the tokens
+of every MoE layer: with R rows (tokens × layers), c_e the rows whose top k hold expert e and
+p_e the sum of the rows' router probabilities of e,
+
+    aux = E · Σ_e (c_e / R) · (p_e / R)
+
+The router logits are never kept: the sums are [E] each, and being sums they add over layers,
+micro-batches and devices before the product is taken. The counts carry no gradient (they are
+top-k choices), so the loss pushes the probabilities of the most chosen experts down. The
+probabilities and choices are the softmax router's (p = s, top k of p), as transformers defines
+the loss; `ModelConfig` takes it with that router only (no score bias, no groups).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -73,6 +88,55 @@ def check_moe_options(
         )
     if not routed_scale > 0:
         raise ValueError(f"{n['routed_scale']} must be > 0, got {routed_scale!r}")
+
+
+class RouterStats(NamedTuple):
+    """What the routers of MoE layers chose, summed over tokens (and layers), float32.
+
+    counts_E  [E] the number of rows whose top k hold each expert (Σ over rows = k · rows)
+    probs_E   [E] the sum of the rows' router probabilities of each expert
+    rows      ()  the number of rows: tokens, once per MoE layer
+    """
+
+    counts_E: jax.Array
+    probs_E: jax.Array
+    rows: jax.Array
+
+
+def router_stats(logits_NE: jax.Array, top_k: int, mask_N: jax.Array | None = None) -> RouterStats:
+    """The `RouterStats` of router logits `[..., E]` routing `top_k` experts per row; with
+    `mask_N` (broadcastable to the rows, 1 or True: counted) only the masked-in rows count,
+    as transformers' `attention_mask` leaves out padding."""
+    probs_NE = jax.nn.softmax(logits_NE.astype(jnp.float32), axis=-1)
+    _, index = jax.lax.top_k(probs_NE, top_k)
+    chosen_NE = jnp.sum(jax.nn.one_hot(index, probs_NE.shape[-1], dtype=jnp.float32), axis=-2)
+    weight_N = jnp.ones(probs_NE.shape[:-1], jnp.float32)
+    if mask_N is not None:
+        weight_N = weight_N * jnp.asarray(mask_N, jnp.float32)
+    rows = tuple(range(probs_NE.ndim - 1))
+    return RouterStats(
+        counts_E=jax.lax.stop_gradient(jnp.sum(chosen_NE * weight_N[..., None], axis=rows)),
+        probs_E=jnp.sum(probs_NE * weight_N[..., None], axis=rows),
+        rows=jnp.sum(weight_N),
+    )
+
+
+def add_router_stats(a: RouterStats | None, b: RouterStats | None) -> RouterStats | None:
+    """The stats of two sets of rows together (None: no MoE layer)."""
+    if a is None or b is None:
+        return b if a is None else a
+    return RouterStats(*(x + y for x, y in zip(a, b, strict=True)))
+
+
+def load_balancing_loss(stats: RouterStats) -> jax.Array:
+    """The auxiliary load-balancing loss `E · Σ_e (c_e / R)(p_e / R)` of `stats` (module
+    docstring), float32 scalar; 0 when no row is counted.
+
+    Its minimum over routers is `top_k`, reached by a uniform router (p_e = R / E, so the sum
+    is Σ_e c_e / R = k whatever the choices) and by any perfectly balanced one."""
+    num_experts = stats.counts_E.shape[-1]
+    rows = jnp.maximum(stats.rows, 1.0)
+    return num_experts * jnp.sum((stats.counts_E / rows) * (stats.probs_E / rows))
 
 
 class MoE(nnx.Module):
@@ -139,7 +203,10 @@ class MoE(nnx.Module):
 
     def routing(self, x) -> jax.Array:
         """The weight of each expert for each token `[..., E]` float32 (zero outside the top k)."""
-        scores = ROUTERS[self.scoring](self.router(x.astype(jnp.float32)))
+        return self._weights(self.router(x.astype(jnp.float32)))
+
+    def _weights(self, logits) -> jax.Array:
+        scores = ROUTERS[self.scoring](logits)
         choice = scores
         if self.score_bias is not None:
             choice = choice + self.score_bias[...].astype(jnp.float32)
@@ -160,15 +227,20 @@ class MoE(nnx.Module):
         )
 
     def __call__(self, x: jax.Array) -> jax.Array:
+        return self.routed(x)[0]
+
+    def routed(self, x: jax.Array) -> tuple[jax.Array, RouterStats]:
+        """`__call__`'s output and the `RouterStats` of the tokens `x` (all of them counted)."""
+        logits = self.router(x.astype(jnp.float32))
         dtype = self.dtype or x.dtype
         xc = x.astype(dtype)
         w = {n: getattr(self, n)[...].astype(dtype) for n in ("w_gate", "w_up", "w_down")}
         h = jax.nn.silu(jnp.einsum("...d,edi->...ei", xc, w["w_gate"]))
         h = h * jnp.einsum("...d,edi->...ei", xc, w["w_up"])
         y = jnp.einsum("...ei,eid->...ed", h, w["w_down"])
-        out = jnp.einsum("...ed,...e->...d", y, self.routing(x).astype(dtype))
+        out = jnp.einsum("...ed,...e->...d", y, self._weights(logits).astype(dtype))
         if self.shared_gate is not None:
             out = out + jax.nn.sigmoid(self.shared_gate(xc)) * self.shared(xc)
         elif self.shared is not None:
             out = out + self.shared(xc)
-        return out.astype(dtype)
+        return out.astype(dtype), router_stats(logits, self.top_k)

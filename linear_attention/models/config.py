@@ -136,6 +136,10 @@ class ModelConfig:
         DeepSeek-V3's and Kimi Linear's routing (`layers.moe`); None: Qwen3-Next's.
       moe_dense_layers: the first this many layers have a dense SwiGLU MLP of width mlp_dim
         instead of the experts (DeepSeek's first_k_dense_replace; default 0).
+      moe_aux_loss_coef: the weight of the auxiliary load-balancing loss that training adds to
+        the cross-entropy (`layers.moe.load_balancing_loss` over every MoE layer's router, as
+        transformers' `router_aux_loss_coef` with `output_router_logits`); 0: none. >= 0,
+        needs num_experts > 0 and the softmax router (no score bias, no groups).
       layer_options: per-layer-type settings, `{mixer: {option: value}}`: the layers of that
         mixer take `num_heads` and any of the mixer's options (common ones such as `head_dim`,
         `rope`, `out_gate`, or its own) from here instead of the model-wide fields. A hybrid
@@ -200,6 +204,7 @@ class ModelConfig:
     moe_routed_scale: float | None = spec_field(None, **POSITIVE)
     moe_shared_gate: bool | None = None
     moe_dense_layers: int = spec_field(0, minimum=0)
+    moe_aux_loss_coef: float = spec_field(0.0, low=0.0)
     position: str = spec_field("none", choices=POSITIONS)
     rope_base: float = spec_field(10000.0, **POSITIVE)
     reset_positions: bool = True
@@ -291,6 +296,11 @@ class ModelConfig:
                     raise ValueError(f"{name}={getattr(self, name)!r} needs num_experts > 0")
             if self.moe_dense_layers:
                 raise ValueError(f"moe_dense_layers={self.moe_dense_layers} needs num_experts > 0")
+            if self.moe_aux_loss_coef:
+                raise ValueError(
+                    f"moe_aux_loss_coef={self.moe_aux_loss_coef!r} needs num_experts > 0 (the "
+                    "load-balancing loss reads the routers of MoE layers)"
+                )
             return
         if self.moe_dense_layers >= self.num_layers:
             raise ValueError(
@@ -307,6 +317,16 @@ class ModelConfig:
                 f"num_experts > 0, got {self.experts_per_token!r}"
             )
         check_moe_options(**self.moe_options, names=MOE_NAMES)
+        moe = self.moe_options  # (DEFAULT_ROUTER: the softmax router)
+        if self.moe_aux_loss_coef and (
+            moe["router"] != DEFAULT_ROUTER or moe["score_bias"] or moe["num_groups"] > 1
+        ):
+            raise ValueError(
+                f"moe_aux_loss_coef={self.moe_aux_loss_coef!r} needs the softmax router without "
+                f"score bias or groups (the loss transformers defines on softmax top-k choices), "
+                f"got moe_router={self.moe_router!r}, moe_score_bias={self.moe_score_bias!r}, "
+                f"moe_groups={self.moe_groups!r}"
+            )
 
     @property
     def moe_options(self) -> dict | None:

@@ -27,7 +27,15 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from linear_attention.layers import Block, FavorMixer, MixerState, RMSNorm, segments_of
+from linear_attention.layers import (
+    Block,
+    FavorMixer,
+    MixerState,
+    RMSNorm,
+    RouterStats,
+    add_router_stats,
+    segments_of,
+)
 from linear_attention.layers.sequence import sequence_offset
 from linear_attention.models.config import MAX_POSITION, ModelConfig
 from linear_attention.models.tokens import check_token_ids, is_concrete
@@ -79,7 +87,8 @@ _REMAT_POLICIES = {
 
 def _scanned_blocks(blocks, pattern_length: int, policy, x_BTD, segments):
     """The blocks applied in order, as a `jax.lax.scan` over the repeats of the mixer pattern
-    (the body: one block of each pattern position, each under `jax.checkpoint` with ``policy``).
+    (the body: one block of each pattern position, each under `jax.checkpoint` with ``policy``);
+    returns the output and the blocks' `RouterStats` summed (None without experts).
 
     Why a scan: a checkpointed block's recomputation must run in the backward pass, next to
     where its result is used. Inside a scan body XLA cannot hoist it out (it can only run in
@@ -99,12 +108,16 @@ def _scanned_blocks(blocks, pattern_length: int, policy, x_BTD, segments):
         stacked.append(jax.tree.map(lambda *xs: jnp.stack(xs), *states))
 
     def body(x_BTD, states):
+        router = None
         for graphdef, state in zip(graphdefs, states, strict=True):
-            run = lambda state, x: nnx.merge(graphdef, state)(x, segments)  # noqa: B023, E731
-            x_BTD = jax.checkpoint(run, policy=policy, prevent_cse=False)(state, x_BTD)
-        return x_BTD, None
+            run = lambda state, x: nnx.merge(graphdef, state).routed(x, segments)  # noqa: B023, E731
+            x_BTD, stats = jax.checkpoint(run, policy=policy, prevent_cse=False)(state, x_BTD)
+            router = add_router_stats(router, stats)
+        return x_BTD, router
 
-    return jax.lax.scan(body, x_BTD, stacked)[0]
+    # (the stats of each repeat come out stacked, [repeats, ...], and are summed here)
+    x_BTD, router = jax.lax.scan(body, x_BTD, stacked)
+    return x_BTD, jax.tree.map(lambda a: jnp.sum(a, axis=0), router)
 
 
 class LanguageModel(nnx.Module):
@@ -191,22 +204,32 @@ class LanguageModel(nnx.Module):
     def __call__(self, tokens: jax.Array, segment_ids: jax.Array | None = None) -> jax.Array:
         """`tokens[B, T]` -> `logits[B, T, vocab]` float32; position t sees tokens ≤ t only, and
         with `segment_ids[B, T]` (int; a document is a run of equal ids) only its document's."""
+        return self.logits_and_router_stats(tokens, segment_ids)[0]
+
+    def logits_and_router_stats(
+        self, tokens: jax.Array, segment_ids: jax.Array | None = None
+    ) -> tuple[jax.Array, RouterStats | None]:
+        """`__call__`'s logits and the `RouterStats` of every MoE layer's router, summed over the
+        layers and the tokens (None when the MLPs are not mixtures of experts): what training's
+        load-balancing loss reads (`layers.moe.load_balancing_loss`)."""
         x, valid, segments = self._inputs(tokens, segment_ids)
         if self.config.remat == "none":
+            router = None
             for block in self.blocks:
-                x = block(x, segments)
+                x, stats = block.routed(x, segments)
+                router = add_router_stats(router, stats)
         else:
             pattern = 1 if isinstance(self.config.mixer, str) else len(self.config.mixer)
             policy = _REMAT_POLICIES[self.config.remat]
             # The dense-MLP layers first differ from the rest: one scan step of their own, and
             # the rest by the pattern when it fits them (any run of layers repeats the pattern)
             dense, blocks = self.config.moe_dense_layers, list(self.blocks)
-            if dense:
-                x = _scanned_blocks(blocks[:dense], dense, policy, x, segments)
+            if dense:  # (their MLPs have no router)
+                x, _ = _scanned_blocks(blocks[:dense], dense, policy, x, segments)
             rest = len(blocks) - dense
             pattern = pattern if rest % pattern == 0 else rest
-            x = _scanned_blocks(blocks[dense:], pattern, policy, x, segments)
-        return self._logits(x, valid)
+            x, router = _scanned_blocks(blocks[dense:], pattern, policy, x, segments)
+        return self._logits(x, valid), router
 
     def hidden_states(self, tokens: jax.Array, segment_ids: jax.Array | None = None) -> Hidden:
         """The full pass of `__call__` with what analysis reads on the way (`Hidden`): the

@@ -1,6 +1,16 @@
 """The jitted steps of training: the loss sums of a model on a batch (`token_stats`,
 `model_stats`, sequence-parallel over a ``seq`` mesh axis), the optimizer step (`train_step`,
-with gradient accumulation by `summed_gradients`) and the favor redraw (`redraw_step`)."""
+with gradient accumulation by `summed_gradients`) and the favor redraw (`redraw_step`).
+
+A model with experts and ``moe_aux_loss_coef`` c > 0 is trained on
+``cross-entropy + c · load-balancing loss`` (`layers.moe.load_balancing_loss` of the routers of
+every MoE layer over the batch); ``train/loss`` stays the cross-entropy (comparable with
+``eval/loss`` and with models without experts) and ``train/moe_aux_loss`` is the auxiliary loss,
+logged for every model with experts. With gradient accumulation the auxiliary loss is each
+micro-batch's, averaged over the micro-batches (as transformers' Trainer, which runs a forward
+pass per micro-batch): its load fractions are products of batch means, so no sum over
+micro-batches gives the whole batch's, and the update differs from the unaccumulated one in
+that term only."""
 
 from __future__ import annotations
 
@@ -14,6 +24,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from linear_attention.data import IGNORE_INDEX
+from linear_attention.layers import load_balancing_loss
 from linear_attention.models import redraw_features
 from linear_attention.training.mesh import DATA_AXIS, sequence_parallel_stats, state_shardings
 
@@ -39,9 +50,17 @@ def train_step(state, batch, *, graphdef, mesh, fsdp, accum: int = 1):
     """One optimizer step: ``(state, batch) -> (state, metrics)``; loss = mean cross-entropy
     over the labelled positions of the whole (global) batch. A batch with ``segment_ids``
     (packed documents) is run with them. ``accum > 1``: the batch is run as that many
-    micro-batches (`summed_gradients`), the same update to float32 rounding."""
+    micro-batches (`summed_gradients`), the same update to float32 rounding (but for the MoE
+    auxiliary loss, taken per micro-batch: module docstring)."""
     model, optimizer = nnx.merge(graphdef, state)
-    loss_sum, correct, count, grads = summed_gradients(model, batch, mesh, accum)
+    coef = model.config.moe_aux_loss_coef
+    # The gradient sum is divided by the labelled count below: the auxiliary loss's gradient
+    # enters it scaled by that count, known from the labels before any micro-batch runs.
+    labelled = jnp.maximum(jnp.sum(batch["labels"] != IGNORE_INDEX, dtype=jnp.float32), 1.0)
+    aux_weight = coef * labelled / accum if coef else None
+    loss_sum, correct, count, aux_sum, grads = summed_gradients(
+        model, batch, mesh, accum, aux_weight
+    )
     count = jnp.maximum(count, 1.0)
     # (the mean gradient in the parameters' dtype: the optimizer state keeps that dtype)
     params = nnx.state(model, nnx.Param)
@@ -54,6 +73,8 @@ def train_step(state, batch, *, graphdef, mesh, fsdp, accum: int = 1):
         "train/accuracy": correct / count,
         "grad_norm": optax.tree.norm(grads),
     }
+    if model.config.num_experts:
+        metrics["train/moe_aux_loss"] = aux_sum / accum
     return new_state, metrics
 
 
@@ -71,43 +92,50 @@ def micro_batches(batch: dict, accum: int, mesh) -> dict:
     return {k: split(v) for k, v in batch.items()}
 
 
-def summed_gradients(model, batch, mesh, accum: int):
-    """``(loss_sum, correct, count, grads)``: the `token_stats` sums of ``model`` on ``batch``
-    and the gradient of ``loss_sum`` with respect to its `nnx.Param`s (float32, whatever the
-    parameter dtype). With ``accum > 1`` the batch is split by `micro_batches` and run by
-    `jax.lax.scan`, one micro-batch's activations alive at a time; the sums (of losses, counts
-    and gradients) are those of the whole batch, since all three are sums over positions."""
+def summed_gradients(model, batch, mesh, accum: int, aux_weight=None):
+    """``(loss_sum, correct, count, aux_sum, grads)``: the `token_stats` sums of ``model`` on
+    ``batch``, the sum over micro-batches of each one's MoE load-balancing loss (0 without
+    experts), and the gradient with respect to its `nnx.Param`s (float32, whatever the
+    parameter dtype) of ``loss_sum``, plus ``aux_weight`` times each micro-batch's
+    load-balancing loss when ``aux_weight`` is given. With ``accum > 1`` the batch is split by
+    `micro_batches` and run by `jax.lax.scan`, one micro-batch's activations alive at a time;
+    the sums (of losses, counts and gradients) are those of the whole batch, since all three
+    are sums over positions."""
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
 
     def loss_sum(params, batch):
-        loss, correct, count = model_stats(nnx.merge(graphdef, params, rest), batch, mesh)
-        return loss, (correct, count)
+        loss, correct, count, router = model_stats(nnx.merge(graphdef, params, rest), batch, mesh)
+        aux = jnp.zeros((), jnp.float32) if router is None else load_balancing_loss(router)
+        objective = loss if aux_weight is None else loss + aux_weight * aux
+        return objective, (loss, correct, count, aux)
 
-    grad_fn = jax.value_and_grad(loss_sum, has_aux=True)
+    grad_fn = jax.grad(loss_sum, has_aux=True)
     as_f32 = lambda tree: jax.tree.map(lambda g: g.astype(jnp.float32), tree)  # noqa: E731
     if accum == 1:
-        (loss, (correct, count)), grads = grad_fn(params, batch)
-        return loss, correct, count, as_f32(grads)
+        grads, sums = grad_fn(params, batch)
+        return (*sums, as_f32(grads))
 
     def add(carry, micro):
-        (loss, (correct, count)), grads = grad_fn(params, micro)
-        total = (loss, correct, count, as_f32(grads))
-        return jax.tree.map(jnp.add, carry, total), None
+        grads, sums = grad_fn(params, micro)
+        return jax.tree.map(jnp.add, carry, (*sums, as_f32(grads))), None
 
-    zeros = (0.0, 0.0, 0.0, jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params))
+    zeros = (0.0,) * 4 + (jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params),)
     zeros = jax.tree.map(jnp.float32, zeros)
     sums, _ = jax.lax.scan(add, zeros, micro_batches(batch, accum, mesh))
     return sums
 
 
 def model_stats(model, batch, mesh=None):
-    """`token_stats` of the model on ``batch`` (with its ``segment_ids`` if packed); with a
+    """``(loss_sum, correct, count, router)``: `token_stats` of the model on ``batch`` (with its
+    ``segment_ids`` if packed) and the `layers.RouterStats` of its MoE layers over the batch
+    (None without experts); with a
     ``seq`` mesh axis over more than one device, time split over it (sequence parallelism).
     A model with ``method="pallas"`` on more than one device runs in `jax.shard_map` too (with
     ``seq`` 1: rows split over ``data``): XLA cannot partition a Mosaic kernel itself."""
 
     def stats(model, batch):
-        return token_stats(model(batch["inputs"], batch.get("segment_ids")), batch["labels"])
+        logits, router = model.logits_and_router_stats(batch["inputs"], batch.get("segment_ids"))
+        return (*token_stats(logits, batch["labels"]), router)
 
     pallas = getattr(getattr(model, "config", None), "method", None) == "pallas"
     if mesh is None or (mesh.shape.get("seq", 1) == 1 and not (pallas and mesh.size > 1)):

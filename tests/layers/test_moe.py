@@ -1,5 +1,8 @@
 """The mixture-of-experts MLP against a float64 NumPy form that dispatches each token to its
-chosen experts, and in a model: decoding equal to the full pass, bad settings refused."""
+chosen experts, and in a model: decoding equal to the full pass, bad settings refused. The
+load-balancing loss against a float64 NumPy form of transformers' definition (and, under
+`-m hf`, transformers' own `load_balancing_loss_func`), a hand-computed case and its minimum,
+and a model's router statistics over every MoE layer."""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from linear_attention.layers import MoE
+from linear_attention.layers import MoE, add_router_stats, load_balancing_loss, router_stats
 from linear_attention.models import LanguageModel, ModelConfig, step_fn
 
 
@@ -155,5 +158,141 @@ def test_moe_model_decodes_as_the_full_pass():
     ],
 )
 def test_bad_expert_settings_refused(fields, message):
+    with pytest.raises(ValueError, match=message):
+        ModelConfig(vocab_size=30, d_model=16, num_layers=1, num_heads=2, **fields)
+
+
+# ------------------------------------------------------------------ the load-balancing loss
+def aux64(logits_layers, top_k, mask=None):
+    """Switch Transformer's loss as transformers' `load_balancing_loss_func` defines it, row by
+    row in float64: over the rows of every layer (masked-out rows left out), the fraction of
+    top-k choices of each expert times its mean router probability, summed, times E."""
+    num_experts = logits_layers[0].shape[-1]
+    counts, probs, rows = np.zeros(num_experts), np.zeros(num_experts), 0.0
+    for logits in logits_layers:
+        logits = np.asarray(logits, np.float64).reshape(-1, num_experts)
+        weights = np.ones(len(logits)) if mask is None else np.asarray(mask, np.float64).ravel()
+        for row, w in zip(logits, weights, strict=True):
+            p = np.exp(row - row.max())
+            p /= p.sum()
+            counts[np.argsort(-p)[:top_k]] += w
+            probs += w * p
+            rows += w
+    return num_experts * np.sum((counts / rows) * (probs / rows))
+
+
+def summed_stats(logits_layers, top_k, mask=None):
+    stats = None
+    for logits in logits_layers:
+        stats = add_router_stats(stats, router_stats(jnp.asarray(logits), top_k, mask))
+    return stats
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_aux_loss_matches_the_float64_form(masked):
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(3, 2, 7, 6)).astype(np.float32)  # 3 layers, [B, T, E]
+    mask = rng.random((2, 7)) < 0.6 if masked else None
+    got = load_balancing_loss(summed_stats(logits, 2, mask))
+    np.testing.assert_allclose(got, aux64(logits, 2, mask), rtol=1e-6)
+
+
+def test_aux_loss_hand_computed_and_its_minimum():
+    # 2 experts, top 1, both tokens p = (0.75, 0.25): expert 0 takes every token,
+    # aux = 2 · (1 · 0.75 + 0 · 0.25) = 1.5
+    logits = jnp.log(jnp.asarray([[0.75, 0.25], [0.75, 0.25]]))
+    np.testing.assert_allclose(load_balancing_loss(router_stats(logits, 1)), 1.5, rtol=1e-6)
+    # a uniform router gives the minimum, top_k, whatever its (tied) choices
+    for top_k in (1, 2, 3):
+        stats = router_stats(jnp.zeros((5, 4, 8)), top_k)
+        np.testing.assert_allclose(load_balancing_loss(stats), top_k, rtol=1e-6)
+    # a masked-out row counts for nothing; no row counted gives 0, not NaN
+    masked = router_stats(jnp.asarray([[2.0, 0.0], [-5.0, 5.0]]), 1, jnp.asarray([1, 0]))
+    np.testing.assert_allclose(masked.counts_E, [1.0, 0.0])
+    assert float(masked.rows) == 1.0
+    assert float(load_balancing_loss(router_stats(logits, 1, jnp.zeros(2)))) == 0.0
+
+
+@pytest.mark.hf
+@pytest.mark.parametrize("model", ["qwen3_next", "mixtral"])
+def test_aux_loss_matches_transformers(model):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    modeling = getattr(transformers.models, model)
+    reference = getattr(modeling, f"modeling_{model}").load_balancing_loss_func
+    rng = np.random.default_rng(1)
+    logits = rng.normal(size=(3, 2, 7, 6)).astype(np.float32)
+    mask = (rng.random((2, 7)) < 0.6).astype(np.int64)
+    for m in (None, mask):
+        want = reference(
+            tuple(torch.from_numpy(x.reshape(-1, 6)) for x in logits),
+            6,
+            2,
+            None if m is None else torch.from_numpy(m),
+        )
+        got = load_balancing_loss(summed_stats(logits, 2, m))
+        np.testing.assert_allclose(got, float(want), rtol=1e-6)
+
+
+def moe_config(**fields):
+    return ModelConfig(
+        vocab_size=30,
+        d_model=16,
+        num_layers=2,
+        num_heads=2,
+        mixer="softmax",
+        num_experts=4,
+        experts_per_token=2,
+        moe_dim=8,
+        **fields,
+    )
+
+
+def router_inputs(model, tokens):
+    """Each block's MoE input, by walking the blocks one part at a time (position none)."""
+    x, inputs = model.embed(tokens), []
+    for block in model.blocks:
+        inputs.append(block.mlp_norm(x + block.mixer(block.mixer_norm(x))))
+        x = block(x)
+    return inputs
+
+
+@pytest.mark.parametrize(("remat", "dense_layers"), [("none", 0), ("block", 0), ("block", 1)])
+def test_model_router_stats_cover_every_moe_layer(remat, dense_layers):
+    """Summed over the MoE layers (not the dense-MLP ones) and every token."""
+    config = moe_config(remat=remat, moe_dense_layers=dense_layers)
+    model = LanguageModel(config, rngs=nnx.Rngs(0))
+    tokens = jax.random.randint(jax.random.key(2), (2, 6), 0, 30)
+    logits, stats = nnx.jit(lambda m, t: m.logits_and_router_stats(t))(model, tokens)
+    np.testing.assert_allclose(logits, model(tokens), rtol=1e-5, atol=1e-6)
+    moe, inputs = model.blocks[dense_layers:], router_inputs(model, tokens)[dense_layers:]
+    router = [b.mlp.router(x) for b, x in zip(moe, inputs, strict=True)]
+    rows = len(router) * 2 * 6
+    assert float(stats.rows) == rows and float(stats.counts_E.sum()) == 2 * rows
+    np.testing.assert_allclose(load_balancing_loss(stats), aux64(router, 2), rtol=1e-5)
+    # a model without experts has none
+    dense = LanguageModel(ModelConfig(vocab_size=30, d_model=16), rngs=nnx.Rngs(0))
+    assert dense.logits_and_router_stats(tokens)[1] is None
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        (dict(moe_aux_loss_coef=0.01), "moe_aux_loss_coef=0.01 needs num_experts > 0"),
+        (
+            dict(num_experts=4, experts_per_token=2, moe_aux_loss_coef=-0.1),
+            "moe_aux_loss_coef must be",
+        ),
+        (
+            dict(num_experts=4, experts_per_token=2, moe_aux_loss_coef=0.1, moe_router="sigmoid"),
+            "moe_aux_loss_coef=0.1 needs the softmax router",
+        ),
+        (
+            dict(num_experts=4, experts_per_token=2, moe_aux_loss_coef=0.1, moe_score_bias=True),
+            "moe_score_bias=True",
+        ),
+    ],
+)
+def test_bad_aux_loss_settings_refused(fields, message):
     with pytest.raises(ValueError, match=message):
         ModelConfig(vocab_size=30, d_model=16, num_layers=1, num_heads=2, **fields)

@@ -127,6 +127,30 @@ def test_export_gives_back_the_checkpoint(imported, tmp_path):
     assert hf.model_config(written, hf.ARCHITECTURES[written["model_type"]]) == config
 
 
+@pytest.mark.parametrize(("name", "model_type"), [("qwen3_next", None), ("qwen3_5_moe", "text")])
+def test_router_aux_loss_maps_both_ways(name, model_type):
+    """`router_aux_loss_coef` is the training loss's weight when `output_router_logits` is true
+    (transformers adds the loss then only), else 0; export writes it back."""
+    with open(os.path.join(FIXTURES, name, "config.json")) as f:
+        fixture = json.load(f)
+    if model_type:  # (the multimodal fixture's text model)
+        fixture = fixture["text_config"]
+    mapping = hf.ARCHITECTURES[fixture["model_type"]]
+    for output, coef, want in ((False, 0.02, 0.0), (True, 0.02, 0.02), (True, 0.0, 0.0)):
+        given = dict(fixture, output_router_logits=output, router_aux_loss_coef=coef)
+        config = hf.model_config(given, mapping)
+        assert config.moe_aux_loss_coef == want
+        written = mapping.hf_config(config)
+        assert written["output_router_logits"] == (want > 0)
+        assert hf.model_config(written, mapping) == config
+        if want:
+            assert written["router_aux_loss_coef"] == coef
+    with pytest.raises(ValueError, match="moe_aux_loss_coef must be"):
+        hf.model_config(
+            dict(fixture, output_router_logits=True, router_aux_loss_coef=-1.0), mapping
+        )
+
+
 @pytest.mark.parametrize("name", ["qwen3_5_vl", "qwen3_5_moe"])
 def test_multimodal_leaves_out_the_vision_tower_by_rule(name, tmp_path):
     """A multimodal folder imports as its text model: the vision tower's tensors are named by

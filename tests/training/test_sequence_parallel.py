@@ -2,7 +2,8 @@
 statistics and gradients of every mixer with time split over ``seq = 4`` (and rows over
 ``data = 2``) equal the unsplit model's — with the short conv (halo across shards), rotary and
 learned positions (global offsets) — packed rows (documents crossing shard boundaries) through
-a hybrid of every kind of sequence path, and a whole training run of a hybrid with ``seq = 4``
+a hybrid of every kind of sequence path, a mixture of experts with its load-balancing loss (the
+routers' sums over the shards), and a whole training run of a hybrid with ``seq = 4``
 equals one device. One subprocess runs the default run's checks: the packed hybrid (gathered
 attention, window halo, linear and per-head delta-rule states: softmax, swa, gla,
 gated_deltanet, linear) and alone the two sequence paths it lacks (the delta rule per key, DPLR
@@ -58,7 +59,7 @@ def main(workdir, part="fast"):
         @jax.jit
         def run(state, batch):
             def loss(state):
-                stats = steps.model_stats(nnx.merge(graphdef, state), batch, mesh)
+                stats = steps.model_stats(nnx.merge(graphdef, state), batch, mesh)[:3]
                 return stats[0] / stats[2], stats
 
             return jax.grad(loss, has_aux=True)(state)
@@ -92,13 +93,9 @@ def main(workdir, part="fast"):
         (g_one, s_one), (g_split, s_split) = (
             grads_and_stats(config, m, data) for m in (None, split)
         )
-        errs = [
-            float(np.max(np.abs(np.asarray(a) - np.asarray(b))) / (np.max(np.abs(b)) + 1e-12))
-            for a, b in zip(jax.tree.leaves(g_split), jax.tree.leaves(g_one), strict=True)
-        ]
         out[name] = {
             "stats": [np.asarray(s_one).tolist(), np.asarray(s_split).tolist()],
-            "max_grad_rel_err": max(errs),
+            "max_grad_rel_err": max_rel_err(g_split, g_one),
             "grad_norm": float(optax_norm(g_one)),
         }
 
@@ -116,12 +113,28 @@ def main(workdir, part="fast"):
     (g_one, s_one), (g_split, s_split) = (grads_and_stats(config, m, packed) for m in (None, split))
     out["packed"] = {
         "stats": [np.asarray(s_one).tolist(), np.asarray(s_split).tolist()],
-        "max_grad_rel_err": max(
-            float(np.max(np.abs(np.asarray(a) - np.asarray(b))) / (np.max(np.abs(b)) + 1e-12))
-            for a, b in zip(jax.tree.leaves(g_split), jax.tree.leaves(g_one), strict=True)
-        ),
+        "max_grad_rel_err": max_rel_err(g_split, g_one),
         "crossing": int(crossing),
         "unpacked_stats": np.asarray(grads_and_stats(config, None, batch)[1]).tolist(),
+    }
+
+    # Experts with their load-balancing loss: the routers' sums gathered over the shards, the
+    # gradient of the cross-entropy plus the aux loss (weight 1).
+    config = ModelConfig(
+        vocab_size=32, d_model=16, num_layers=1, num_heads=2, mixer="softmax", max_length=T,
+        num_experts=4, experts_per_token=2, moe_dim=8, moe_aux_loss_coef=0.1,
+    )  # fmt: skip
+    graphdef, state = nnx.split(LanguageModel(config, rngs=nnx.Rngs(0)))
+    moe = {
+        mesh: jax.jit(
+            lambda s, mesh=mesh: steps.summed_gradients(nnx.merge(graphdef, s), batch, mesh, 1, 1.0)
+        )(state)
+        for mesh in (None, split)
+    }
+    out["moe"] = {
+        "stats": [[float(x) for x in moe[m][:4]] for m in (None, split)],
+        "max_grad_rel_err": max_rel_err(moe[split][4], moe[None][4]),
+        "grad_norm": float(optax_norm(moe[None][4])),
     }
 
     # A whole run: the favor + softmax hybrid (redraws, conv) on data 1 × seq 4 vs one device.
@@ -132,6 +145,16 @@ def main(workdir, part="fast"):
         runs[name] = summarize(trainer.train(config, f"{workdir}/{name}"))
     out["runs"] = runs
     print("RESULT" + json.dumps(out))
+
+
+def max_rel_err(got, want) -> float:
+    """The largest over the leaves of `|got − want|` relative to the leaf's largest `|want|`."""
+    import jax
+
+    return max(
+        float(np.max(np.abs(np.asarray(a) - np.asarray(b))) / (np.max(np.abs(b)) + 1e-12))
+        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True)
+    )
 
 
 def optax_norm(tree):
@@ -176,6 +199,11 @@ def check_split(r):
     np.testing.assert_allclose(split, one, rtol=1e-5)  # loss sum, correct, labelled count
     assert one[2] > 0 and r["grad_norm"] > 0
     assert r["max_grad_rel_err"] <= 1e-4, r["max_grad_rel_err"]
+
+
+def test_experts_and_their_aux_loss_split_over_seq_equal_unsplit(result):
+    check_split(result["moe"])  # loss sum, correct, labelled count, aux loss
+    assert result["moe"]["stats"][0][3] > 0
 
 
 def test_packed_rows_split_over_seq_equal_unsplit(result):

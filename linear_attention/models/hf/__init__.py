@@ -213,7 +213,15 @@ def export_problems(config: ModelConfig, mapping: Mapping) -> list[str]:
     except ValueError as e:
         return [str(e)]
     problems = []
-    for field in ("vocab_size", "d_model", "num_layers", "mixer", "norm_eps", "moe_dense_layers"):
+    for field in (
+        "vocab_size",
+        "d_model",
+        "num_layers",
+        "mixer",
+        "norm_eps",
+        "moe_dense_layers",
+        "moe_aux_loss_coef",
+    ):
         if getattr(config, field) != getattr(rebuilt, field):
             problems.append(
                 f"{field}={getattr(config, field)!r} ({mapping.MODEL_TYPE} gives "

@@ -256,6 +256,25 @@ def dense_mlp_tensors(mlp: dict, prefix: str) -> dict[str, np.ndarray]:
     }
 
 
+# transformers' default router_aux_loss_coef, written on export when the loss is off.
+HF_AUX_LOSS_COEF = 0.001
+
+
+def moe_aux_loss_coef(hf: dict) -> float:
+    """`ModelConfig.moe_aux_loss_coef` of a MoE config `hf`: its `router_aux_loss_coef` when
+    `output_router_logits` is true (transformers adds the load-balancing loss then only), else
+    0."""
+    if not hf.get("output_router_logits", False):
+        return 0.0
+    return float(hf.get("router_aux_loss_coef", HF_AUX_LOSS_COEF))
+
+
+def aux_loss_fields(config) -> dict:
+    """The inverse of `moe_aux_loss_coef`: `output_router_logits` and `router_aux_loss_coef`."""
+    coef = config.moe_aux_loss_coef
+    return dict(output_router_logits=coef > 0, router_aux_loss_coef=coef or HF_AUX_LOSS_COEF)
+
+
 def moe_mlp_shapes(hf: dict, prefix: str) -> dict[str, tuple[int, ...]]:
     """The mixture-of-experts MLP's tensors under `prefix` (Qwen3-Next's and Qwen3.5-MoE's):
     the router `gate`, each expert's SwiGLU, the shared expert and its sigmoid gate."""

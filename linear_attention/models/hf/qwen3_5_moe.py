@@ -9,7 +9,7 @@ layers (the `qwen3_5` mapping) with every MLP a mixture of experts, as Qwen3-Nex
 | `moe_intermediate_size`             | `moe_dim` (and `mlp_dim`)                     |
 | `shared_expert_intermediate_size`   | `shared_expert_dim` (> 0)                     |
 | (always renormalised)               | `moe_norm_topk=True`                          |
-| `output_router_logits`, `router_aux_loss_coef` | training-only (no auxiliary loss here) |
+| `router_aux_loss_coef` if `output_router_logits` (else 0) | `moe_aux_loss_coef` |
 
 The experts are read in either stored layout: one tensor per expert and projection
 (`mlp.experts.{e}.gate_proj.weight`, ..., what transformers' `save_pretrained` writes) or fused
@@ -69,6 +69,7 @@ def model_options(hf: dict) -> dict:
         moe_dim=hf["moe_intermediate_size"],
         shared_expert_dim=hf["shared_expert_intermediate_size"],
         moe_norm_topk=True,
+        moe_aux_loss_coef=qwen3_5.moe_aux_loss_coef(hf),
     )
 
 
@@ -85,8 +86,7 @@ def hf_config(config) -> dict:
         num_experts_per_tok=moe["top_k"],
         moe_intermediate_size=moe["hidden_dim"],
         shared_expert_intermediate_size=moe["shared_dim"],
-        output_router_logits=False,
-        router_aux_loss_coef=0.001,
+        **qwen3_5.aux_loss_fields(config),
     )
 
 

@@ -18,7 +18,7 @@
 | `shared_expert_intermediate_size`   | `shared_expert_dim`                         |
 | `norm_topk_prob`                    | `moe_norm_topk`                             |
 | `decoder_sparse_step`, `mlp_only_layers` | must be 1 and [] (every layer's MLP is MoE) |
-| `output_router_logits`, `router_aux_loss_coef` | training-only (no auxiliary loss here) |
+| `router_aux_loss_coef` if `output_router_logits` (else 0) | `moe_aux_loss_coef` |
 """
 
 from __future__ import annotations
@@ -73,6 +73,7 @@ def model_options(hf: dict) -> dict:
         moe_dim=moe["moe_intermediate_size"],
         shared_expert_dim=moe["shared_expert_intermediate_size"],
         moe_norm_topk=bool(moe.get("norm_topk_prob", True)),
+        moe_aux_loss_coef=qwen3_5.moe_aux_loss_coef(moe),
     )
 
 
@@ -90,8 +91,7 @@ def hf_config(config) -> dict:
         norm_topk_prob=True if moe is None else moe["norm_topk"],
         decoder_sparse_step=1,
         mlp_only_layers=[],
-        output_router_logits=False,
-        router_aux_loss_coef=0.001,
+        **qwen3_5.aux_loss_fields(config),
     )
 
 
