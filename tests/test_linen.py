@@ -32,6 +32,7 @@ OPTIONS = {
     "log_linear_mamba2": dict(chunk_size=4, num_levels=5),
     "log_linear_gated_deltanet": dict(chunk_size=4, num_levels=5),
     "path": dict(forget_gate=True),
+    "mla": dict(q_rank=8, rope=True, rope_dim=4, kv_rank=12),
 }
 
 

@@ -30,12 +30,17 @@ from linear_attention.training.trainer import initialize_from, train
 from linear_attention.training.workdir import RunError
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "..", "fixtures", "hf")
-ARCHITECTURES = ("qwen3_5", "qwen3_next", "qwen3_5_vl", "qwen3_5_moe", "mamba2")
+ARCHITECTURES = ("qwen3_5", "qwen3_next", "qwen3_5_vl", "qwen3_5_moe", "mamba2", "kimi_linear")
 # Each fixture's layers.
 HYBRID = ("gated_deltanet",) * 3 + ("softmax",)
 LAYERS = dict.fromkeys(ARCHITECTURES[:4], HYBRID) | {"mamba2": ("gated", "gated")}
+LAYERS["kimi_linear"] = ("kda", "mla") * 2
 # An option each family's checkpoints fix, and a value they cannot hold.
-OFF_SHAPE = {"gated_deltanet": ("conv_bias", True), "gated": ("d_skip", False)}
+OFF_SHAPE = {
+    "gated_deltanet": ("conv_bias", True),
+    "gated": ("d_skip", False),
+    "kda": ("gate_bias", True),
+}
 # The multimodal fixtures export as their text model's type (their own export is refused).
 TEXT_TYPES = {"qwen3_5_vl": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
 
@@ -99,7 +104,7 @@ def test_import_matches_transformers(imported):
     folder, model, config, reference = imported
     assert isinstance(model, LanguageModel) and isinstance(config, ModelConfig)
     assert config.layer_mixers == LAYERS[os.path.basename(folder)]
-    has_experts = os.path.basename(folder) in ("qwen3_next", "qwen3_5_moe")
+    has_experts = os.path.basename(folder) in ("qwen3_next", "qwen3_5_moe", "kimi_linear")
     assert (config.num_experts > 0) == has_experts
     check_against_reference(model, reference)
 
@@ -329,6 +334,40 @@ def test_bad_multimodal_checkpoints_refused(
     tmp_path, monkeypatch, config_change, tensor_change, message
 ):
     folder = _copy(tmp_path, "qwen3_5_moe")
+    _refused_before_reading(folder, monkeypatch, config_change, tensor_change, message)
+
+
+@pytest.mark.parametrize(
+    ("config_change", "tensor_change", "message"),
+    [
+        (lambda c: c.update(first_k_dense_replace=1), None, "'first_k_dense_replace' is not un"),
+        (lambda c: c.update(num_key_value_heads=1), None, "num_key_value_heads=1 differs from"),
+        (lambda c: c.update(attention_bias=True), None, "attention_bias=True is not supported"),
+        (
+            lambda c: c.update(mlp_layer_types=["sparse", "dense", "sparse", "sparse"]),
+            None,
+            "only dense layers first, then sparse",
+        ),
+        (lambda c: c.update(num_expert_group=4), None, "moe_groups=4 must divide num_experts=6"),
+        (lambda c: c.update(n_group=1), None, "n_group=1 differs from num_expert_group=2"),
+        (lambda c: c.update(qk_head_dim=16), None, "qk_head_dim=16 differs from the 12"),
+        (lambda c: c.pop("kv_lora_rank"), None, "'kv_lora_rank' is missing"),
+        (
+            None,
+            lambda t: t.pop("model.layers.1.block_sparse_moe.gate.e_score_correction_bias"),
+            "'model.layers.1.block_sparse_moe.gate.e_score_correction_bias' is missing",
+        ),
+        (
+            None,
+            lambda t: t.update({"model.layers.1.self_attn.kv_b_proj.weight": np.zeros((32, 15))}),
+            r"kv_b_proj.weight' has shape \(32, 15\), expected \(32, 16\)",
+        ),
+    ],
+)
+def test_bad_kimi_linear_checkpoints_refused(
+    tmp_path, monkeypatch, config_change, tensor_change, message
+):
+    folder = _copy(tmp_path, "kimi_linear")
     _refused_before_reading(folder, monkeypatch, config_change, tensor_change, message)
 
 

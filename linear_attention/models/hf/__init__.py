@@ -21,7 +21,7 @@ import numpy as np
 from flax import nnx
 
 from linear_attention.models.config import ModelConfig
-from linear_attention.models.hf import mamba2, qwen3_5, qwen3_5_moe, qwen3_next
+from linear_attention.models.hf import kimi_linear, mamba2, qwen3_5, qwen3_5_moe, qwen3_next
 from linear_attention.models.hf.multimodal import VISION_PREFIX, Multimodal
 from linear_attention.models.model import LanguageModel
 
@@ -38,6 +38,7 @@ ARCHITECTURES: dict[str, Mapping] = {
     "qwen3_5": Multimodal("qwen3_5", "Qwen3_5ForConditionalGeneration", qwen3_5),
     "qwen3_5_moe": Multimodal("qwen3_5_moe", "Qwen3_5MoeForConditionalGeneration", qwen3_5_moe),
     mamba2.MODEL_TYPE: mamba2,
+    kimi_linear.MODEL_TYPE: kimi_linear,
 }
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
