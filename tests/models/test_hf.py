@@ -340,7 +340,7 @@ def test_bad_multimodal_checkpoints_refused(
 @pytest.mark.parametrize(
     ("config_change", "tensor_change", "message"),
     [
-        (lambda c: c.update(first_k_dense_replace=1), None, "'first_k_dense_replace' is not un"),
+        (lambda c: c.update(sliding_window=8), None, "config field 'sliding_window' is not un"),
         (lambda c: c.update(num_key_value_heads=1), None, "num_key_value_heads=1 differs from"),
         (lambda c: c.update(attention_bias=True), None, "attention_bias=True is not supported"),
         (
@@ -369,6 +369,54 @@ def test_bad_kimi_linear_checkpoints_refused(
 ):
     folder = _copy(tmp_path, "kimi_linear")
     _refused_before_reading(folder, monkeypatch, config_change, tensor_change, message)
+
+
+def _released_form(config: dict) -> None:
+    """A saved Kimi Linear config.json rewritten in the released (remote-code) form: the KDA
+    sizes and the layer lists (1-based) under `linear_attn_config`, `first_k_dense_replace`,
+    the remote code's `head_dim` (hidden / heads) and the fields transformers does not read."""
+    kinds = config.pop("layer_types")
+    config["linear_attn_config"] = {
+        "head_dim": config.pop("linear_head_dim"),
+        "num_heads": config.pop("linear_num_heads"),
+        "short_conv_kernel_size": config.pop("linear_conv_kernel_dim"),
+        "full_attn_layers": [i + 1 for i, k in enumerate(kinds) if k == "full_attention"],
+        "kda_layers": [i + 1 for i, k in enumerate(kinds) if k == "linear_attention"],
+    }
+    config["first_k_dense_replace"] = config.pop("mlp_layer_types").count("dense")
+    del config["qk_head_dim"]
+    config.update(
+        head_dim=config["hidden_size"] // config["num_attention_heads"],
+        mla_use_nope=True,
+        moe_router_activation_func="sigmoid",
+        moe_layer_freq=1,
+        use_grouped_topk=True,
+        num_nextn_predict_layers=0,
+        rope_theta=10000.0,
+        rope_scaling=None,
+    )
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (None, None),
+        (lambda c: c.update(mla_use_nope=False), "mla_use_nope=False is not supported"),
+        (lambda c: c.update(moe_router_activation_func="softmax"), "func='softmax' is not sup"),
+        (lambda c: c["linear_attn_config"].update(chunk=4), "'linear_attn_config.chunk' is not"),
+        (lambda c: c["linear_attn_config"].update(kda_layers=[1]), "gives layer 3 no type"),
+    ],
+)
+def test_released_kimi_linear_config_reads_as_transformers_reads_it(tmp_path, change, message):
+    folder = _copy(tmp_path, "kimi_linear")
+    _edit_config(folder, _released_form)
+    if change is None:
+        saved = hf.model_config(*hf.read_config(os.path.join(FIXTURES, "kimi_linear")))
+        assert hf.model_config(*hf.read_config(folder)) == saved
+        return
+    _edit_config(folder, change)
+    with pytest.raises(ValueError, match=message):
+        hf.model_config(*hf.read_config(folder))
 
 
 def _refused_before_reading(folder, monkeypatch, config_change, tensor_change, message):
@@ -557,6 +605,10 @@ def test_live_against_transformers_both_ways(name, tmp_path):
     folders = [out]
     if name == "qwen3_5_moe":  # the released layout: transformers reads it as we do
         _edit_tensors(folder, _fuse_experts)
+        folders.append(folder)
+    if name == "kimi_linear":  # the released config.json: transformers reads it as we do
+        _edit_config(folder, _released_form)
+        assert hf.model_config(*hf.read_config(folder)) == hf.model_config(*hf.read_config(out))
         folders.append(folder)
     for checkpoint in folders:
         loaded = transformers.AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)

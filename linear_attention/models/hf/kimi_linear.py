@@ -34,10 +34,12 @@ then experts (`moe_dense_layers`); the router is sigmoid with the score bias, gr
 (`n_group`, `topk_group`), renormalised (`norm_topk_prob`) and scaled
 (`routed_scaling_factor`); the `n_shared_experts` shared experts are one ungated SwiGLU of
 `n_shared_experts · moe_intermediate_size`. The config fields transformers aliases are read
-under either name (`num_experts` / `num_local_experts`, ...). The released config.json's
-remote-code fields (`linear_attn_config`, `first_k_dense_replace`, ...) that transformers folds
-into these at load are not read: such a config is refused, naming the field (load it with
-transformers and `save_pretrained` it first).
+under either name (`num_experts` / `num_local_experts`, ...). The released config.json (remote
+code) is read as transformers reads it (`_released`): `linear_attn_config` gives the KDA sizes
+and, by its 1-based layer lists, `layer_types`; `first_k_dense_replace` gives
+`mlp_layer_types`; the fields transformers does not read must hold the value that computes what
+it computes (`mla_use_nope` true, a sigmoid router, `moe_layer_freq` 1, no multi-token
+prediction layers; `rope_theta` / `rope_scaling` are left alone: its MLA has no rotary).
 """
 
 from __future__ import annotations
@@ -114,10 +116,75 @@ DEFAULTS = dict(
 )
 
 
+# The released config.json (remote code): the fields transformers folds into its own, the
+# linear_attn_config entries (layer numbers 1-based), and those it does not read, with the one
+# value that computes what transformers computes (None: any value; rope_theta / rope_scaling:
+# transformers' MLA has no rotary).
+LINEAR_ATTN_CONFIG = {
+    "head_dim": "linear_head_dim",
+    "num_heads": "linear_num_heads",
+    "short_conv_kernel_size": "linear_conv_kernel_dim",
+}
+RELEASED_FIXED = dict(
+    mla_use_nope=True,
+    moe_router_activation_func="sigmoid",
+    moe_layer_freq=1,
+    num_nextn_predict_layers=0,
+    rope_theta=None,
+    rope_scaling=None,
+    auto_map=None,
+)
+
+
+def _released(hf: dict) -> dict:
+    """`hf` with the released config.json's remote-code fields as transformers reads them:
+    `linear_attn_config` (it takes precedence over the top-level linear fields; its layer
+    lists give `layer_types` unless the config has them), `first_k_dense_replace` (gives
+    `mlp_layer_types` unless the config has them), `use_grouped_topk`; the others of
+    `RELEASED_FIXED` must hold their value. `head_dim` is then transformers' own."""
+    hf = dict(hf)
+    linear = hf.pop("linear_attn_config", None)
+    if linear is None and "first_k_dense_replace" not in hf:
+        return hf
+    for name, wanted in RELEASED_FIXED.items():
+        value = hf.pop(name, wanted)
+        if wanted is not None and value != wanted:
+            raise Unsupported(f"{name}={value!r} is not supported (only {wanted!r})")
+    if not hf.pop("use_grouped_topk", True) and hf.get("num_expert_group", 1) != 1:
+        raise Unsupported("use_grouped_topk=False with num_expert_group > 1 is not supported")
+    hf.pop("head_dim", None)  # (the remote code's hidden_size / heads; transformers resets it)
+    n = hf.get("num_hidden_layers", 0)
+    if linear is not None:
+        lists = ("full_attn_layers", "kda_layers")
+        for key in sorted(set(linear) - set(LINEAR_ATTN_CONFIG) - set(lists)):
+            raise Unsupported(f"config field 'linear_attn_config.{key}' is not understood")
+        hf.update(
+            {
+                ours: linear[theirs]
+                for theirs, ours in LINEAR_ATTN_CONFIG.items()
+                if theirs in linear
+            }
+        )
+        if "layer_types" not in hf and all(k in linear for k in lists):
+            types = [None] * n
+            for key, kind in zip(lists, ("full_attention", "linear_attention"), strict=True):
+                for layer in linear[key]:
+                    if not 1 <= layer <= n:
+                        raise Unsupported(f"linear_attn_config.{key} names layer {layer} of {n}")
+                    types[layer - 1] = kind
+            if None in types:
+                raise Unsupported(f"linear_attn_config gives layer {types.index(None) + 1} no type")
+            hf["layer_types"] = types
+    first_dense = hf.pop("first_k_dense_replace", None)
+    if first_dense is not None and "mlp_layer_types" not in hf:
+        hf["mlp_layer_types"] = ["dense" if i < first_dense else "sparse" for i in range(n)]
+    return hf
+
+
 def _fields(hf: dict) -> dict:
     """`hf` with transformers' aliases under config.json's names and the defaults filled in;
     `Unsupported` naming a field it does not know or a missing one."""
-    hf = dict(hf)
+    hf = _released(hf)
     for alias, name in ALIASES.items():
         if alias in hf:
             if name in hf and hf[name] != hf[alias]:
