@@ -615,3 +615,30 @@ def test_live_against_transformers_both_ways(name, tmp_path):
         with torch.no_grad():
             logits = loaded.eval()(torch.tensor(reference["tokens"]).long()).logits.numpy()
         assert relative_error(logits, reference["logits"]) <= 1e-5
+
+
+@pytest.mark.hf
+def test_live_kimi_linear_with_a_low_rank_query(tmp_path, monkeypatch):
+    """Kimi Linear's MLA with `q_lora_rank` (q_a_proj, q_a_layernorm, q_b_proj; the released
+    model has none, so the fixture neither): imported against transformers, and exported."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "fixtures"))
+    import make_hf_fixtures
+
+    def config():
+        released = make_hf_fixtures.kimi_linear_config()
+        return type(released)(**{**released.to_dict(), "q_lora_rank": 12})
+
+    monkeypatch.setitem(make_hf_fixtures.ARCHITECTURES, "kimi_linear_q", config)
+    folder = make_hf_fixtures.build("kimi_linear_q", str(tmp_path / "fresh"), seed=4)
+    assert "model.layers.1.self_attn.q_a_layernorm.weight" in tensors(folder)
+    reference = dict(np.load(os.path.join(folder, "reference.npz")))
+    model, config = hf.from_pretrained(folder)
+    assert config.layer_options["mla"]["q_rank"] == 12
+    check_against_reference(model, reference)
+    out = hf.save_pretrained(model, str(tmp_path / "export"))
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    with torch.no_grad():
+        logits = loaded.eval()(torch.tensor(reference["tokens"]).long()).logits.numpy()
+    assert relative_error(logits, reference["logits"]) <= 1e-5
