@@ -33,6 +33,7 @@ from linear_attention.layers import MIXERS, MixerConfig, get_mixer
 from linear_attention.layers.moe import DEFAULT_ROUTER, ROUTERS, check_moe_options
 from linear_attention.layers.options import CONV
 from linear_attention.layers.registry import DEFAULT_MIXER
+from linear_attention.models.init import INIT_MIXERS
 
 POSITIONS = ("none", "learned", "rope")
 # Rematerialisation: what the backward pass keeps of each block's forward pass (see `remat`).
@@ -164,6 +165,11 @@ class ModelConfig:
         value but "none" runs the blocks as a `jax.lax.scan` over the repeats of the mixer
         pattern (see `model._scanned_blocks`): the same numbers, one compiled body.
       tie_embeddings: output head shares the token embedding.
+      initializer_range: None: this library's initialisers; a value r: transformers'
+        initialisation of the layers' architectures (`models.init`: Linear kernels, embeddings
+        and experts ~ N(0, r²), Qwen3.5's A_log / dt_bias in gated_deltanet layers, Mamba-2's
+        A_log / dt_bias / D and conv in gated layers), as a converted checkpoint's
+        `initializer_range`; every layer's mixer must be one of `models.init.INIT_MIXERS`.
       The mixers' own options (`method`, `chunk_size`, `eps`, `feature_map`, `feature_dim`,
       `feature_scale`, `allow_neg_eigval`, `num_value_heads`, `window`, `num_householder`,
       `forget_bias`, `cg_steps`, `num_levels`, `forget_gate`, Mamba-2's `state_dim`,
@@ -214,6 +220,7 @@ class ModelConfig:
     dtype: str = spec_field("float32", convert=_dtype_name)
     param_dtype: str = spec_field("float32", convert=_dtype_name)
     tie_embeddings: bool = True
+    initializer_range: float | None = spec_field(None, **POSITIVE)
     remat: str = spec_field("none", choices=REMAT)
     layer_options: FrozenMapping = spec_field(FrozenMapping(), convert=_layer_options)
     # The mixers' own options (None: each mixer's default), checked by the mixers' configs.
@@ -267,6 +274,12 @@ class ModelConfig:
         if self.mlp_dim is not None and not self.mlp:
             raise ValueError(f"mlp_dim={self.mlp_dim} needs mlp=True")
         self._check_experts()
+        others = [m for m in mixers if m not in INIT_MIXERS]
+        if self.initializer_range is not None and others:
+            raise ValueError(
+                f"initializer_range={self.initializer_range!r} sets transformers' initialisation, "
+                f"defined here for {', '.join(INIT_MIXERS)} layers only, not {', '.join(others)}"
+            )
         self._check_layer_options()
         if self.mlp and self.mlp_dim is None and int(self.mlp_ratio * self.d_model) < 1:
             raise ValueError(f"mlp_ratio={self.mlp_ratio} leaves no hidden units")

@@ -38,6 +38,7 @@ from linear_attention.layers import (
 )
 from linear_attention.layers.sequence import sequence_offset
 from linear_attention.models.config import MAX_POSITION, ModelConfig
+from linear_attention.models.init import transformers_init
 from linear_attention.models.tokens import check_token_ids, is_concrete
 
 
@@ -164,6 +165,8 @@ class LanguageModel(nnx.Module):
             if config.tie_embeddings
             else nnx.Linear(config.d_model, config.vocab_size, use_bias=False, **common)
         )
+        if config.initializer_range is not None:
+            transformers_init(self, config.initializer_range, rngs.params())
         if param_dtype != jnp.float32:
             params = nnx.state(self, nnx.Param)
             nnx.update(self, jax.tree.map(lambda x: x.astype(param_dtype), params))

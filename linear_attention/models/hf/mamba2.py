@@ -28,7 +28,12 @@ import numpy as np
 
 from linear_attention.layers.linear import GatedMixer
 from linear_attention.layers.options import conv_kernel_size
-from linear_attention.models.hf.qwen3_5 import INERT, Unsupported
+from linear_attention.models.hf.qwen3_5 import (
+    INERT,
+    Unsupported,
+    initializer_field,
+    initializer_range,
+)
 
 MODEL_TYPE = "mamba2"
 ARCHITECTURE = "Mamba2ForCausalLM"
@@ -36,9 +41,10 @@ GATED = GatedMixer.NAME
 MIXERS = {"mamba2": GATED}
 # Blocks without an MLP.
 MLP = False
-# Fields that only set the initialisation (time steps, residual rescaling), or how the torch
-# path computes the same numbers (its chunk length; the residual stream kept in float32, which
-# a float32 import keeps too).
+# Fields that only set the initialisation (time steps, residual rescaling: `models.init` uses
+# transformers' defaults, 1e-3 to 1e-1 and no rescaling), or how the torch path computes the
+# same numbers (its chunk length; the residual stream kept in float32, which a float32 import
+# keeps too).
 INIT_ONLY = (
     "time_step_rank",
     "time_step_min",
@@ -130,6 +136,7 @@ def model_options(hf: dict) -> dict:
                 out_norm_eps=eps,
             )
         },
+        initializer_range=initializer_range(hf),
     )
 
 
@@ -160,6 +167,7 @@ def hf_config(config) -> dict:
         tie_word_embeddings=config.tie_embeddings,
         time_step_limit=[0.0, {"__float__": "Infinity"}],
         dtype="float32",
+        **initializer_field(config),
     )
 
 

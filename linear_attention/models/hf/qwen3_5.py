@@ -45,7 +45,8 @@ MIXERS = {"linear_attention": GDN, "full_attention": ATTENTION}
 INNER_NORM_EPS = 1e-6
 
 # Config fields with no effect on the numbers of a causal LM's forward pass (generation ids,
-# bookkeeping, the initialiser's scale).
+# bookkeeping, the initialiser's scale: `initializer_range` is still read, as
+# `ModelConfig.initializer_range`, by the mappings of the text models).
 INERT = (
     "architectures",
     "bos_token_id",
@@ -187,7 +188,21 @@ def model_options(hf: dict) -> dict:
         tie_embeddings=bool(hf["tie_word_embeddings"]),
         position="none",
         layer_options=layer_options,
+        initializer_range=initializer_range(hf),
     )
+
+
+def initializer_range(hf: dict) -> float | None:
+    """`ModelConfig.initializer_range` of `hf`: its `initializer_range` (None when absent)."""
+    value = hf.get("initializer_range")
+    return None if value is None else float(value)
+
+
+def initializer_field(config) -> dict:
+    """The inverse of `initializer_range`: `{"initializer_range": r}`, or nothing when unset
+    (transformers' default then)."""
+    r = config.initializer_range
+    return {} if r is None else {"initializer_range": r}
 
 
 def hf_config(config) -> dict:
@@ -228,6 +243,7 @@ def hf_config(config) -> dict:
         linear_num_value_heads=gdn.get("num_value_heads") or gdn.get("num_heads", config.num_heads),
         layer_types=[kinds[m] for m in config.layer_mixers],
         dtype="float32",
+        **initializer_field(config),
     )
 
 

@@ -1,0 +1,99 @@
+"""transformers' initialisation (`ModelConfig.initializer_range`, `models.init`): the
+distributions and ranges of every parameter of a Qwen3-Next-shaped model (Gated DeltaNet and
+gated attention layers, experts) and of a Mamba-2 one against `_init_weights`' rules, with fixed
+seeds (torch's draws cannot be compared bit for bit); the importer reads the checkpoint's
+`initializer_range` and export writes it back; bad values are refused."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from linear_attention.models import LanguageModel, ModelConfig, hf
+from linear_attention.models.init import A_MAX, A_MIN, DT_MAX, DT_MIN
+
+FIXTURES = os.path.join(os.path.dirname(__file__), "..", "fixtures", "hf")
+R = 0.05
+
+
+def params_of(config) -> dict[str, np.ndarray]:
+    model = LanguageModel(config, rngs=nnx.Rngs(0))
+    leaves = jax.tree_util.tree_leaves_with_path(nnx.to_pure_dict(nnx.state(model, nnx.Param)))
+    return {jax.tree_util.keystr(p, simple=True, separator="."): np.asarray(v) for p, v in leaves}
+
+
+def fixture_config(name: str, **fields) -> ModelConfig:
+    with open(os.path.join(FIXTURES, name, "config.json")) as f:
+        given = json.load(f)
+    return hf.model_config(dict(given, **fields), hf.ARCHITECTURES[given["model_type"]])
+
+
+def check_normal(name, x, std):
+    """Mean and std of the draws of N(0, std²) within 4.5 standard errors."""
+    n = x.size
+    assert abs(x.mean()) <= 4.5 * std / np.sqrt(n), name
+    assert abs(x.std() / std - 1) <= 4.5 / np.sqrt(2 * n), (name, x.std())
+
+
+def test_a_qwen3_next_shaped_model_initialises_as_transformers():
+    config = fixture_config(
+        "qwen3_next", hidden_size=64, initializer_range=R, moe_intermediate_size=32
+    )
+    assert config.initializer_range == R
+    params = params_of(config)
+    normal = [
+        n for n in params if n.endswith(("kernel", "embedding")) or n.endswith(("w_gate", "w_up"))
+    ]
+    normal.append("blocks.0.mlp.w_down")
+    assert "blocks.0.mixer.inputs.conv.kernel" in normal  # (an nn.Conv1d: N(0, r²) too)
+    for name in normal:
+        check_normal(name, params[name], R)
+    for name, x in params.items():
+        if name.endswith("scale"):  # zero-centred norms hold w = 0, i.e. scale 1
+            np.testing.assert_array_equal(x, 1.0, err_msg=name)
+    for i in (0, 1, 2):  # the Gated DeltaNet layers
+        a = np.exp(params[f"blocks.{i}.mixer.decay.a_log"])
+        assert a.min() >= A_MIN * (1 - 1e-6) and a.max() <= A_MAX * (1 + 1e-6)
+        np.testing.assert_array_equal(params[f"blocks.{i}.mixer.decay.dt_bias"], 1.0)
+
+
+def test_a_mamba2_model_initialises_as_transformers():
+    config = fixture_config("mamba2")  # (its initializer_range: 0.1, transformers' default)
+    assert config.initializer_range == 0.1
+    params = params_of(config)
+    for name in ("embed.embedding", "blocks.0.mixer.inputs.qkv_proj.kernel"):
+        check_normal(name, params[name], 0.1)
+    for i in (0, 1):
+        p = {n[len(f"blocks.{i}.mixer.") :]: x for n, x in params.items() if f"{i}.mixer." in n}
+        heads = p["decay.a_log"].shape[0]
+        np.testing.assert_allclose(np.exp(p["decay.a_log"]), np.arange(1, heads + 1), rtol=1e-6)
+        dt = np.log1p(np.exp(p["decay.dt_bias"].astype(np.float64)))  # softplus
+        assert dt.min() >= DT_MIN * (1 - 1e-5) and dt.max() <= DT_MAX * (1 + 1e-5)
+        np.testing.assert_array_equal(p["skip"], 1.0)
+        np.testing.assert_array_equal(p["inputs.conv.bias"], 0.0)
+        kernel = p["inputs.conv.kernel"]  # kaiming_uniform(a=√5): U(±1/√K)
+        bound = 1 / np.sqrt(kernel.shape[0])
+        assert np.abs(kernel).max() <= bound
+        check_normal("conv", kernel - 0.0, bound / np.sqrt(3))  # (the uniform's std)
+        out = p["output.out_proj.kernel"]
+        assert np.abs(out).max() <= 1 / np.sqrt(out.shape[0])
+        np.testing.assert_array_equal(p["output.norm.scale"], 1.0)
+
+
+def test_initializer_range_maps_both_ways_and_bad_values_are_refused():
+    config = fixture_config("qwen3_next")
+    assert config.initializer_range == 0.02
+    mapping = hf.ARCHITECTURES["qwen3_next"]
+    assert mapping.hf_config(config)["initializer_range"] == 0.02
+    unset = dataclasses.replace(config, initializer_range=None)
+    assert "initializer_range" not in mapping.hf_config(unset)
+    with pytest.raises(ValueError, match="initializer_range must be"):
+        ModelConfig(vocab_size=30, mixer="softmax", initializer_range=0.0)
+    with pytest.raises(ValueError, match="initializer_range=0.02 sets transformers'.*not linear"):
+        ModelConfig(vocab_size=30, mixer="linear", initializer_range=0.02)
