@@ -11,7 +11,9 @@
 | `deltanet`       | 1                                                  | yes  | yes       |
 | `gated_deltanet` | exp(−softplus(x·w_h + b_h) e^A_h), as the `gated` mixer | yes  | yes       |
 
-(defaults; `conv`, `out_norm`, `out_gate` override them.) The sequence paths call
+(defaults; `conv`, `out_norm`, `out_gate` override them; `out_norm_eps` is the RMSNorm's eps.)
+In `gated_deltanet` (and `kda`) the q/k width Dk is `state_dim` (None: head_dim, the value width
+Dv): OLMo Hybrid's Gated DeltaNet has values twice as wide as its keys. The sequence paths call
 `kernels.delta_rule` (`method` "chunk" or "scan", `chunk_size`), `step` calls
 `kernels.delta_rule_step`; the state is `LinearAttentionState(kv [B, H, Dk, Dv], k_sum=None)`,
 float32, whatever the context length.
@@ -38,6 +40,7 @@ from linear_attention.layers.options import (
     NUM_VALUE_HEADS,
     OUT_NORM_EPS,
     OUT_NORM_SHARED,
+    STATE_DIM,
     GatedOutputConfig,
 )
 from linear_attention.layers.sequence import sequence_axis
@@ -60,9 +63,10 @@ class DeltaConfig(GatedOutputConfig):
 
 @dataclasses.dataclass(frozen=True)
 class GroupedDeltaConfig(DeltaConfig):
-    """A delta rule with grouped value heads."""
+    """A delta rule with grouped value heads, and keys narrower or wider than the values."""
 
     num_value_heads: int | None = NUM_VALUE_HEADS.field()
+    state_dim: int | None = STATE_DIM.field()
 
 
 def l2norm(x):
@@ -105,6 +109,10 @@ class DeltaNetMixer(Mixer):
             raise ValueError(f"conv_bias=False needs the short conv on (mixer {cls.NAME!r})")
         if options["out_norm_shared"] and not options["out_norm"]:
             raise ValueError(f"out_norm_shared=True needs out_norm on (mixer {cls.NAME!r})")
+
+    @classmethod
+    def _qk_dim(cls, head_dim, options):
+        return options.get("state_dim") or head_dim
 
     def _input_options(self) -> dict:
         return dict(conv_bias=self.options["conv_bias"])

@@ -82,7 +82,9 @@ OUT_NORM_SHARED = option(
     False, "the per-head output norm's scale is one [head_dim] shared by the heads (Qwen3-Next)"
 )
 STATE_DIM = option(
-    None, "q/k width per head, the state's first axis (None: head_dim): Mamba-2's state size N"
+    None,
+    "q/k width per head, the state's first axis (None: head_dim): Mamba-2's state size N, "
+    "a Gated DeltaNet's key head width",
 )
 DT_INPUT = option(False, "k scaled by the step dt of the decay, not by Dk^-½ (Mamba-2's input)")
 D_SKIP = option(False, "o + D_h·v: a learned skip per value head (Mamba-2's D)")
@@ -97,6 +99,11 @@ NUM_KV_HEADS = option(
     None, "key/value heads (a divisor of num_heads; None: num_heads): grouped-query attention"
 )
 QK_NORM = option(False, "RMSNorm on q and k per head, one scale shared by the heads (Qwen3)")
+QK_NORM_ALL_HEADS = option(
+    False,
+    "with qk_norm: q and k each normalised over all their heads' channels at once, one scale "
+    "per channel (OLMo 2, OLMo Hybrid)",
+)
 ROTARY_DIM = option(
     None, "rotate only the first rotary_dim channels of q and k (None: all; needs rope)"
 )

@@ -3,7 +3,9 @@
 `QKVProjection` maps `x[B, T, d_model]` to
 
     q, k = split(conv?(x W))            q [B, T, H, Dk], k [B, T, HK, Dk]
-    q, k ← RMSNorm(q), RMSNorm(k)?      (`qk_norm`: one scale [Dk] shared by the heads)
+    q, k ← RMSNorm(q), RMSNorm(k)?      (`qk_norm`: one scale [Dk] shared by the heads; with
+                                         `qk_norm_all_heads` over each one's H·Dk / HK·Dk
+                                         channels at once, scales [H·Dk] and [HK·Dk])
     q, k ← rope?(q), rope?(k)           (at absolute positions; `rotary_dim`: first channels)
     v                                   [B, T, HV, Dv]     (HV = H, or grouped value heads)
 
@@ -59,6 +61,7 @@ class QKVProjection(nnx.Module):
         conv: int = 0,
         conv_bias: bool = True,
         qk_norm: bool = False,
+        qk_norm_all_heads: bool = False,
         rope: bool = False,
         rope_base: float = 10000.0,
         rotary_dim: int | None = None,
@@ -87,8 +90,12 @@ class QKVProjection(nnx.Module):
             else None
         )
         norm = dict(eps=1e-6, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-        self.q_norm = RMSNorm(qk_dim, **norm) if qk_norm else None
-        self.k_norm = RMSNorm(qk_dim, **norm) if qk_norm else None
+        self.qk_norm_all_heads = qk_norm_all_heads
+        q_width, k_width = (
+            (num_heads * qk_dim, n * hk * qk_dim) if qk_norm_all_heads else (qk_dim,) * 2
+        )
+        self.q_norm = RMSNorm(q_width, **norm) if qk_norm else None
+        self.k_norm = RMSNorm(k_width, **norm) if qk_norm else None
 
     def init_state(self, batch_size: int) -> jax.Array | None:
         return None if self.conv is None else self.conv.init_state(batch_size)
@@ -123,10 +130,13 @@ class QKVProjection(nnx.Module):
                 k_1 = self.conv.kernel_size - 1
                 conv_tail = self.conv.init_state(b) if axis is None else previous_tail(qkv, k_1)
             qkv, conv_tail = self.conv.prefill(qkv, conv_tail)
-        q_BTHK = qkv[..., : h * dk].reshape(b, t, h, dk)
-        k_BTHK = qkv[..., h * dk : (h + n * hk) * dk].reshape(b, t, hk * n, dk)
+        q_BTF, k_BTF = qkv[..., : h * dk], qkv[..., h * dk : (h + n * hk) * dk]
+        if self.q_norm is not None and self.qk_norm_all_heads:
+            q_BTF, k_BTF = self.q_norm(q_BTF), self.k_norm(k_BTF)
+        q_BTHK = q_BTF.reshape(b, t, h, dk)
+        k_BTHK = k_BTF.reshape(b, t, hk * n, dk)
         v_BTHD = qkv[..., (h + n * hk) * dk :].reshape(b, t, hv * n, dv)
-        if self.q_norm is not None:
+        if self.q_norm is not None and not self.qk_norm_all_heads:
             q_BTHK, k_BTHK = self.q_norm(q_BTHK), self.k_norm(k_BTHK)
         if self.rope:
             positions = position + jnp.arange(t, dtype=jnp.int32)

@@ -10,11 +10,13 @@ costs O(N) whatever L, and a prefill never builds `[B, H, T, L]` logits. Writing
 the cache cannot be caught at trace time (the position is traced), so those outputs are NaN
 rather than wrong.
 
-Options for the attention layers of released hybrids (Qwen3-Next, Qwen3.5), each off by default:
-`num_kv_heads` HK (grouped-query attention: query head j reads key/value head j // (H / HK);
-the cache holds the HK heads), `qk_norm` (RMSNorm of q and k per head, one scale shared by the
-heads, before rotary), `rotary_dim` (partial rotary: the first channels of q and k rotate) and
-`gate_activation` "sigmoid" with `out_gate` (the output gate σ(x W_g) before W_o).
+Options for the attention layers of released hybrids (Qwen3-Next, Qwen3.5, OLMo Hybrid), each
+off by default: `num_kv_heads` HK (grouped-query attention: query head j reads key/value head
+j // (H / HK); the cache holds the HK heads), `qk_norm` (RMSNorm of q and k per head, one scale
+shared by the heads, before rotary; with `qk_norm_all_heads`, as OLMo's, over all of q's H·Dk
+channels and all of k's HK·Dk at once, one scale per channel), `rotary_dim` (partial rotary:
+the first channels of q and k rotate) and `gate_activation` "sigmoid" with `out_gate` (the
+output gate σ(x W_g) before W_o).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from linear_attention.layers.options import (
     GATE_ACTIVATION,
     NUM_KV_HEADS,
     QK_NORM,
+    QK_NORM_ALL_HEADS,
     ROTARY_DIM,
     MixerConfig,
 )
@@ -45,6 +48,7 @@ class SoftmaxConfig(MixerConfig):
 
     num_kv_heads: int | None = NUM_KV_HEADS.field()
     qk_norm: bool = QK_NORM.field()
+    qk_norm_all_heads: bool = QK_NORM_ALL_HEADS.field()
     rotary_dim: int | None = ROTARY_DIM.field()
     gate_activation: str = GATE_ACTIVATION.field(choices=tuple(GATE_ACTIVATIONS))
 
@@ -72,6 +76,8 @@ class SoftmaxMixer(Mixer):
             raise ValueError(
                 f"num_kv_heads={hk} must divide num_heads={num_heads} (mixer {cls.NAME!r})"
             )
+        if options["qk_norm_all_heads"] and not options["qk_norm"]:
+            raise ValueError(f"qk_norm_all_heads=True needs qk_norm=True (mixer {cls.NAME!r})")
         if options["rotary_dim"] is not None and not options["rope"]:
             raise ValueError(
                 f"rotary_dim={options['rotary_dim']} needs rotary positions (rope) on "
@@ -93,6 +99,7 @@ class SoftmaxMixer(Mixer):
             num_key_heads=self.num_kv_heads,
             num_value_heads=self.num_kv_heads,
             qk_norm=opts["qk_norm"],
+            qk_norm_all_heads=opts["qk_norm_all_heads"],
             rotary_dim=opts["rotary_dim"],
         )
 

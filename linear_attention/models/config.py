@@ -30,12 +30,15 @@ from linear_attention.fields import (
     spec_field,
 )
 from linear_attention.layers import MIXERS, MixerConfig, get_mixer
+from linear_attention.layers.block import NORM_POSITIONS
 from linear_attention.layers.moe import DEFAULT_ROUTER, ROUTERS, check_moe_options
 from linear_attention.layers.options import CONV
 from linear_attention.layers.registry import DEFAULT_MIXER
 from linear_attention.models.init import INIT_MIXERS
 
 POSITIONS = ("none", "learned", "rope")
+# The block options `layer_options` may set per layer type, beside the mixer's own.
+BLOCK_OPTIONS = ("num_heads", "norm_position")
 # Rematerialisation: what the backward pass keeps of each block's forward pass (see `remat`).
 REMAT = ("none", "block", "dots", "dots_no_batch")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -110,8 +113,8 @@ def _mixer_names(name: str, value):
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """A decoder-only language model: embeddings, `num_layers` pre-norm blocks,
-    RMSNorm, the output head.
+    """A decoder-only language model: embeddings, `num_layers` residual blocks (pre-norm by
+    default), RMSNorm, the output head.
 
     Fields:
       vocab_size, d_model, num_layers, num_heads: sizes; `head_dim` defaults to d_model/num_heads.
@@ -141,12 +144,16 @@ class ModelConfig:
         the cross-entropy (`layers.moe.load_balancing_loss` over every MoE layer's router, as
         transformers' `router_aux_loss_coef` with `output_router_logits`); 0: none. >= 0,
         needs num_experts > 0 and the softmax router (no score bias, no groups).
+      norm_position: where each block's two RMSNorms sit: "pre" (`x + f(norm(x))`, the default)
+        or "post" (`x + norm(f(x))`: the sublayer's output normalised before the residual add,
+        OLMo 2's reordered norm, as OLMo Hybrid's attention layers), f the mixer, then the MLP.
       layer_options: per-layer-type settings, `{mixer: {option: value}}`: the layers of that
-        mixer take `num_heads` and any of the mixer's options (common ones such as `head_dim`,
-        `rope`, `out_gate`, or its own) from here instead of the model-wide fields. A hybrid
-        whose attention layers have other head counts and dims than its linear layers, or
-        rotary positions on the softmax layers only: `{"softmax": {"num_heads": 8, "head_dim":
-        32, "rope": True}}`. A mixer no layer uses, or an option the mixer lacks, raises.
+        mixer take `num_heads`, `norm_position` and any of the mixer's options (common ones
+        such as `head_dim`, `rope`, `out_gate`, or its own) from here instead of the
+        model-wide fields. A hybrid whose attention layers have other head counts and dims
+        than its linear layers, or rotary positions on the softmax layers only: `{"softmax":
+        {"num_heads": 8, "head_dim": 32, "rope": True}}`. A mixer no layer uses, or an option
+        the mixer lacks, raises.
       position: "none", "learned" (absolute embeddings, needs max_length) or "rope" (all mixers).
       reset_positions: with packed rows (`model(tokens, segment_ids)`), positions (learned or
         rope) restart at 0 at each document, as if it were run alone (default True; False:
@@ -221,6 +228,7 @@ class ModelConfig:
     param_dtype: str = spec_field("float32", convert=_dtype_name)
     tie_embeddings: bool = True
     initializer_range: float | None = spec_field(None, **POSITIVE)
+    norm_position: str = spec_field("pre", choices=NORM_POSITIONS)
     remat: str = spec_field("none", choices=REMAT)
     layer_options: FrozenMapping = spec_field(FrozenMapping(), convert=_layer_options)
     # The mixers' own options (None: each mixer's default), checked by the mixers' configs.
@@ -246,6 +254,7 @@ class ModelConfig:
     out_norm_shared: bool | None = None
     num_kv_heads: int | None = None
     qk_norm: bool | None = None
+    qk_norm_all_heads: bool | None = None
     rotary_dim: int | None = None
     gate_activation: str | None = None
     num_levels: int | None = None
@@ -375,7 +384,7 @@ class ModelConfig:
                     f"layer_options names mixer {name!r}, which no layer uses "
                     f"(mixers: {', '.join(used)})"
                 )
-            allowed = ("num_heads", *(f.name for f in dataclasses.fields(MIXERS[name].Config)))
+            allowed = (*BLOCK_OPTIONS, *(f.name for f in dataclasses.fields(MIXERS[name].Config)))
             for option, value in options.items():
                 if option not in allowed:
                     raise ValueError(
@@ -384,10 +393,17 @@ class ModelConfig:
                     )
                 if option == "num_heads":
                     check_int(f"layer_options[{name!r}]['num_heads']", value)
+                if option == "norm_position":
+                    check_choice(f"layer_options[{name!r}]['norm_position']", value, NORM_POSITIONS)
 
     def layer_num_heads(self, name: str) -> int:
         """The heads of the layers of mixer `name` (`layer_options`, else `num_heads`)."""
         return self.layer_options.get(name, {}).get("num_heads", self.num_heads)
+
+    def layer_norm_position(self, name: str) -> str:
+        """Where the norms of the layers of mixer `name` sit (`layer_options`, else
+        `norm_position`)."""
+        return self.layer_options.get(name, {}).get("norm_position", self.norm_position)
 
     def _check_mixer_fields(self, mixers) -> None:
         """Each mixer option and common option set must be used by some layer."""
@@ -445,7 +461,8 @@ class ModelConfig:
         for option in MIXERS[name].NOT_TAKEN:
             options.pop(option, None)
         overrides = dict(self.layer_options.get(name, {}))
-        overrides.pop("num_heads", None)
+        for option in BLOCK_OPTIONS:
+            overrides.pop(option, None)
         options.update(overrides)
         return options
 

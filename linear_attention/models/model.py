@@ -1,7 +1,8 @@
 """`LanguageModel`: a decoder-only LM over the mixer registry, with O(1)-state decoding paths.
 
     x = embed(tokens) (+ learned position embedding)
-    x = block_l(x) for each layer l            pre-norm mixer (+ SwiGLU MLP) residual blocks
+    x = block_l(x) for each layer l            mixer (+ SwiGLU MLP) residual blocks, pre-norm
+                                               (or post-norm: `config.norm_position`)
     logits = RMSNorm(x) · Eᵀ  (tied) or  RMSNorm(x) W_out          float32
 
 Packed rows: `__call__(tokens, segment_ids[B, T])` runs each document of a row on its own (every
@@ -55,7 +56,7 @@ class Hidden(NamedTuple):
     residuals     num_layers + 1 arrays `[B, T, D]`: the stream entering each block (the
                   embeddings first), then the last block's output (before the final norm)
     mixer_inputs  num_layers arrays `[B, T, D]`: each block's mixer input (its `mixer_norm` of
-                  the entering stream)
+                  the entering stream; the stream itself in a post-norm block)
     segments      the `Segments` of packed rows the mixers saw, or None
     logits        `[B, T, vocab]` float32, equal to the model's `__call__`
     """
@@ -154,6 +155,7 @@ class LanguageModel(nnx.Module):
                     mlp_dim=config.mlp_dim,
                     moe=config.layer_moe_options(i),
                     norm_eps=config.norm_eps,
+                    norm_position=config.layer_norm_position(name),
                     **common,
                 )
                 for i, name in enumerate(config.layer_mixers)
@@ -244,7 +246,7 @@ class LanguageModel(nnx.Module):
         x, valid, segments = self._inputs(tokens, segment_ids)
         residuals, mixer_inputs = [x], []
         for block in self.blocks:
-            mixer_inputs.append(block.mixer_norm(x))
+            mixer_inputs.append(block.mixer_input(x))
             x = block(x, segments)
             residuals.append(x)
         logits = self._logits(x, valid)

@@ -1,7 +1,9 @@
-"""The parts released hybrids need (Qwen3-Next / Qwen3.5, Kimi Linear), each against a float64
-NumPy form, and decoding equal to the full pass: grouped KV heads, q/k RMSNorm, partial rotary
-and a sigmoid output gate in `softmax`; a bias-free conv and a head-shared output norm in
-`gated_deltanet`; the output norm's eps and a bias-free low-rank gate in `kda`."""
+"""The parts released hybrids need (Qwen3-Next / Qwen3.5, Kimi Linear, OLMo Hybrid), each
+against a float64 NumPy form, and decoding equal to the full pass: grouped KV heads, q/k RMSNorm
+(per head, or over all heads at once), partial rotary and a sigmoid output gate in `softmax`; a
+bias-free conv, a head-shared output norm and its eps, and keys narrower than the values in
+`gated_deltanet`; the output norm's eps and a bias-free low-rank gate in `kda`; the post-norm
+block."""
 
 from __future__ import annotations
 
@@ -11,9 +13,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from linear_attention.layers import get_mixer
+from linear_attention.layers import Block, get_mixer
 from linear_attention.layers.rotary import apply_rotary
-from tests.layers.numpy_reference import mixer_reference
+from tests.layers.numpy_reference import mixer_reference, params64, silu
 from tests.layers.params import perturb_params
 
 B, T, D = 2, 9, 32
@@ -29,8 +31,8 @@ ATTENTION = dict(
 )
 
 
-def _rms64(x, scale):
-    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + 1e-6) * scale
+def _rms64(x, scale, eps=1e-6):
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * scale
 
 
 def _rope64(x, positions, r, base=10000.0):
@@ -42,24 +44,30 @@ def _rope64(x, positions, r, base=10000.0):
     return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin, rest], axis=-1)
 
 
-def attention64(mixer, x):
-    """The grouped, q/k-normed, partially rotated, sigmoid-gated attention in float64."""
+def attention64(mixer, x, r=4, all_heads=False):
+    """The grouped, q/k-normed, rotated (the first `r` channels), sigmoid-gated attention in
+    float64; `all_heads`: q and k normalised over all their heads' channels at once."""
     p = jax.tree.map(lambda a: np.asarray(a, np.float64), nnx.to_pure_dict(nnx.state(mixer)))
-    h, hk, hd, r = mixer.num_heads, 2, 8, 4
+    h, hk, hd = mixer.num_heads, 2, 8
     x = np.asarray(x, np.float64)
     qkv = x @ p["inputs"]["qkv_proj"]["kernel"]
-    q = qkv[..., : h * hd].reshape(B, T, h, hd)
-    k = qkv[..., h * hd : (h + hk) * hd].reshape(B, T, hk, hd)
+    q, k = qkv[..., : h * hd], qkv[..., h * hd : (h + hk) * hd]
     v = qkv[..., (h + hk) * hd :].reshape(B, T, hk, hd)
-    q = _rope64(_rms64(q, p["inputs"]["q_norm"]["scale"]), np.arange(T), r)
-    k = _rope64(_rms64(k, p["inputs"]["k_norm"]["scale"]), np.arange(T), r)
+    if all_heads:  # one norm over the h·hd (hk·hd) channels, then the heads
+        q = _rms64(q, p["inputs"]["q_norm"]["scale"]).reshape(B, T, h, hd)
+        k = _rms64(k, p["inputs"]["k_norm"]["scale"]).reshape(B, T, hk, hd)
+    else:
+        q = _rms64(q.reshape(B, T, h, hd), p["inputs"]["q_norm"]["scale"])
+        k = _rms64(k.reshape(B, T, hk, hd), p["inputs"]["k_norm"]["scale"])
+    q, k = _rope64(q, np.arange(T), r), _rope64(k, np.arange(T), r)
     k, v = np.repeat(k, h // hk, axis=2), np.repeat(v, h // hk, axis=2)  # head j reads j // 2
     s = np.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(hd)
     s = np.where(np.tril(np.ones((T, T), bool)), s, -np.inf)
     w = np.exp(s - s.max(-1, keepdims=True))
     o = np.einsum("bhqk,bkhd->bqhd", w / w.sum(-1, keepdims=True), v).reshape(B, T, h * hd)
-    gate = 1 / (1 + np.exp(-(x @ p["output"]["gate_proj"]["kernel"])))
-    return (o * gate) @ p["output"]["out_proj"]["kernel"]
+    if "gate_proj" in p["output"]:
+        o = o / (1 + np.exp(-(x @ p["output"]["gate_proj"]["kernel"])))
+    return o @ p["output"]["out_proj"]["kernel"]
 
 
 # compiled once per mixer shape (eager NNX calls dispatch op by op: several times slower here)
@@ -92,6 +100,21 @@ def test_grouped_gated_attention_matches_float64_and_decodes():
     np.testing.assert_allclose(decoded, full, rtol=1e-5, atol=1e-5)
 
 
+def test_qk_norm_over_all_heads_matches_float64_and_decodes():
+    """OLMo's q/k norm: one RMSNorm over q's 4·8 channels and one over k's 2·8, before rotary;
+    no output gate."""
+    options = dict(head_dim=8, num_kv_heads=2, qk_norm=True, qk_norm_all_heads=True, rope=True)
+    mixer = get_mixer("softmax")(D, 4, **options, rngs=nnx.Rngs(0))
+    perturb_params(mixer, 6)
+    assert mixer.inputs.q_norm.scale.shape == (32,) and mixer.inputs.k_norm.scale.shape == (16,)
+    x = jax.random.normal(jax.random.key(7), (B, T, D))
+    full, decoded = _paths(mixer, x)
+    np.testing.assert_allclose(
+        full, attention64(mixer, x, r=8, all_heads=True), rtol=1e-4, atol=1e-5
+    )
+    np.testing.assert_allclose(decoded, full, rtol=1e-5, atol=1e-5)
+
+
 def test_partial_rotary_leaves_the_other_channels_and_matches_float64():
     x = jax.random.normal(jax.random.key(3), (1, 5, 2, 12))
     positions = jnp.arange(5) + 7
@@ -112,6 +135,7 @@ def test_partial_rotary_leaves_the_other_channels_and_matches_float64():
         (dict(rope=True, rotary_dim=3), "rotary embedding needs an even rotary_dim"),
         (dict(gate_activation="sigmoid"), "needs out_gate=True"),
         (dict(gate_activation="tanh"), "unknown gate_activation 'tanh'"),
+        (dict(qk_norm_all_heads=True), "qk_norm_all_heads=True needs qk_norm=True"),
     ],
 )
 def test_attention_options_refused(options, message):
@@ -177,3 +201,46 @@ def test_kimi_linear_kda_matches_float64_and_decodes():
         get_mixer("kda").check_options(D, 2, gate_bias=False, out_gate=False)
     with pytest.raises(ValueError, match="out_norm_eps"):
         get_mixer("kda").check_options(D, 2, out_norm_eps=0.0)
+
+
+def test_gated_deltanet_keys_narrower_than_values_match_float64_and_decode():
+    """OLMo Hybrid's Gated DeltaNet: 2 key heads of 8 (`state_dim`), 4 value heads of 16, the
+    state [4, 8, 16]; the output norm's eps (`out_norm_eps`, large here so that it shows)."""
+    options = dict(head_dim=16, state_dim=8, num_value_heads=4, conv_bias=False)
+    options.update(out_norm_shared=True, out_norm_eps=0.5, allow_neg_eigval=True, chunk_size=4)
+    mixer = get_mixer("gated_deltanet")(D, 2, **options, rngs=nnx.Rngs(0))
+    perturb_params(mixer, 8)
+    assert mixer.inputs.qkv_proj.kernel.shape == (D, 2 * 2 * 8 + 4 * 16)
+    assert mixer.init_state(B, T).core.kv.shape == (B, 4, 8, 16)
+    x = jax.random.normal(jax.random.key(9), (B, T, D))
+    full, decoded = _paths(mixer, x)
+    want = mixer_reference("gated_deltanet", mixer, np.asarray(x))
+    np.testing.assert_allclose(full, want, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(decoded, full, rtol=1e-4, atol=1e-5)
+
+
+def test_post_norm_block_matches_float64_and_decodes():
+    """norm_position="post": x + RMSNorm(mixer(x)), then h + RMSNorm(mlp(h)) (OLMo 2's order);
+    the mixer reads the residual stream itself."""
+    block = Block(
+        D,
+        4,
+        "softmax",
+        mixer_options=dict(rope=True),
+        mlp_dim=24,
+        norm_position="post",
+        rngs=nnx.Rngs(0),
+    )
+    perturb_params(block, 10)
+    x = jax.random.normal(jax.random.key(11), (B, T, D))
+    p, x64 = params64(block), np.asarray(x, np.float64)
+    h = x64 + _rms64(mixer_reference("softmax", block.mixer, x64), p["mixer_norm"]["scale"])
+    mlp = p["mlp"]
+    up = silu(h @ mlp["w_gate"]["kernel"]) * (h @ mlp["w_up"]["kernel"])
+    want = h + _rms64(up @ mlp["w_down"]["kernel"], p["mlp_norm"]["scale"])
+    full, decoded = _paths(block, x)
+    np.testing.assert_allclose(full, want, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(decoded, full, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(block.mixer_input(x), x)
+    with pytest.raises(ValueError, match="unknown norm_position 'middle'; allowed: pre, post"):
+        Block(D, 4, "softmax", norm_position="middle", rngs=nnx.Rngs(0))

@@ -31,16 +31,21 @@ from linear_attention.training.workdir import RunError
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "..", "fixtures", "hf")
 ARCHITECTURES = ("qwen3_5", "qwen3_next", "qwen3_5_vl", "qwen3_5_moe", "mamba2", "kimi_linear")
+ARCHITECTURES += ("olmo_hybrid", "olmo_hybrid_nope")
 # Each fixture's layers.
 HYBRID = ("gated_deltanet",) * 3 + ("softmax",)
 LAYERS = dict.fromkeys(ARCHITECTURES[:4], HYBRID) | {"mamba2": ("gated", "gated")}
 LAYERS["kimi_linear"] = ("kda", "mla") * 2
+LAYERS["olmo_hybrid"] = ("gated_deltanet", "softmax", "gated_deltanet")
+LAYERS["olmo_hybrid_nope"] = ("softmax", "gated_deltanet")
 # An option each family's checkpoints fix, and a value they cannot hold.
 OFF_SHAPE = {
     "gated_deltanet": ("conv_bias", True),
     "gated": ("d_skip", False),
     "kda": ("gate_bias", True),
+    "softmax": ("qk_norm_all_heads", False),
 }
+OLMO_CONVS = tuple(f"linear_attn.{x}_conv1d.weight" for x in "qkv")
 # The multimodal fixtures export as their text model's type (their own export is refused).
 TEXT_TYPES = {"qwen3_5_vl": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
 
@@ -63,6 +68,19 @@ def text_tensors(folder: str) -> dict[str, np.ndarray]:
             out["model." + name[len("model.language_model.") :]] = value
         elif not name.startswith("model.visual."):
             out[name] = value
+    return out
+
+
+def fused_convs(values: dict) -> dict:
+    """`values` with each OLMo Hybrid layer's q, k, v convs as their concatenation (what
+    transformers' loader reads: its `save_pretrained` splits them into three equal parts, the
+    export here at the q | k | v widths)."""
+    out = dict(values)
+    for name in [n for n in values if n.endswith(OLMO_CONVS[0])]:
+        prefix = name[: -len(OLMO_CONVS[0])]
+        out[prefix + "linear_attn.conv1d"] = np.concatenate(
+            [out.pop(prefix + c) for c in OLMO_CONVS]
+        )
     return out
 
 
@@ -118,7 +136,7 @@ def test_export_gives_back_the_checkpoint(imported, tmp_path):
         original = json.load(f)
     model_type = TEXT_TYPES.get(os.path.basename(folder))
     out = hf.save_pretrained(model, str(tmp_path / "out"), model_type=model_type)
-    theirs, ours = text_tensors(folder), tensors(out)
+    theirs, ours = fused_convs(text_tensors(folder)), fused_convs(tensors(out))
     assert sorted(theirs) == sorted(ours)
     for name, want in theirs.items():
         np.testing.assert_allclose(ours[name], want, rtol=0, atol=1e-7, err_msg=name)
@@ -417,6 +435,82 @@ def test_released_kimi_linear_config_reads_as_transformers_reads_it(tmp_path, ch
     _edit_config(folder, change)
     with pytest.raises(ValueError, match=message):
         hf.model_config(*hf.read_config(folder))
+
+
+@pytest.mark.parametrize(
+    ("config_change", "tensor_change", "message"),
+    [
+        (lambda c: c.update(rope_parameters=None), None, "rope_parameters=None is not supported"),
+        (
+            lambda c: c["rope_parameters"].update(partial_rotary_factor=0.5),
+            None,
+            "field 'rope_parameters.partial_rotary_factor' is not understood",
+        ),
+        (lambda c: c.update(attention_bias=True), None, "attention_bias=True is not supported"),
+        (lambda c: c.update(rms_norm_eps=1e-5), None, "rms_norm_eps=1e-05 is not supported"),
+        (lambda c: c.update(sliding_window=8), None, "field 'sliding_window' is not understood"),
+        (
+            lambda c: c.update(layer_types=["linear_attention"] * 3),
+            None,
+            "layer_types has no 'full_attention' layer",
+        ),
+        (
+            None,
+            lambda t: t.update({"model.layers.0.input_layernorm.weight": np.ones(32, np.float32)}),
+            "'model.layers.0.input_layernorm.weight' and 'model.layers.0.attention_layer_norm",
+        ),
+        (
+            None,
+            lambda t: t.update(
+                {"model.layers.2.linear_attn.v_conv1d.weight": np.ones((31, 1, 4), np.float32)}
+            ),
+            r"convs of model.layers.2.linear_attn.\* hold 95 channels; .* 16 \+ 16 \+ 64 = 96",
+        ),
+        (
+            None,
+            lambda t: t.pop("model.layers.1.post_feedforward_layernorm.weight"),
+            "'model.layers.1.post_feedforward_layernorm.weight' is missing",
+        ),
+    ],
+)
+def test_bad_olmo_hybrid_checkpoints_refused(
+    tmp_path, monkeypatch, config_change, tensor_change, message
+):
+    folder = _copy(tmp_path, "olmo_hybrid")
+    _refused_before_reading(folder, monkeypatch, config_change, tensor_change, message)
+
+
+def _module_names(values: dict) -> None:
+    """OLMo Hybrid's tensors under transformers' module names: `input_layernorm`,
+    `post_attention_layernorm` and one fused `linear_attn.conv1d` per layer."""
+    for name in list(values):
+        for stored, module in (
+            ("attention_layer_norm", "input_layernorm"),
+            ("feedforward_layer_norm", "post_attention_layernorm"),
+        ):
+            if name.endswith(f".{stored}.weight"):
+                values[name.replace(stored, module)] = values.pop(name)
+    values.update(fused_convs({n: values.pop(n) for n in list(values) if "conv1d" in n}))
+    for name in [n for n in values if n.endswith("linear_attn.conv1d")]:
+        values[name + ".weight"] = values.pop(name)
+
+
+def test_olmo_hybrid_module_names_import_as_the_stored_ones(tmp_path):
+    """The modules' own names (and a fused conv) give the same parameters as the stored names
+    (and the three convs, split by transformers' save_pretrained at other channels)."""
+    folder = _copy(tmp_path, "olmo_hybrid")
+    _edit_tensors(folder, _module_names)
+    assert "model.layers.1.post_attention_layernorm.weight" in tensors(folder)
+    renamed, _ = hf.from_pretrained(folder)
+    stored, _ = hf.from_pretrained(os.path.join(FIXTURES, "olmo_hybrid"))
+    ours = nnx.to_pure_dict(nnx.state(renamed, nnx.Param))
+    theirs = nnx.to_pure_dict(nnx.state(stored, nnx.Param))
+    for (path, a), (_, b) in zip(
+        jax.tree_util.tree_leaves_with_path(ours),
+        jax.tree_util.tree_leaves_with_path(theirs),
+        strict=True,
+    ):
+        np.testing.assert_array_equal(a, b, err_msg=jax.tree_util.keystr(path))
 
 
 def _refused_before_reading(folder, monkeypatch, config_change, tensor_change, message):

@@ -82,11 +82,24 @@ def test_layer_options_round_trip_through_json():
         (dict(layer_options={"softmax": {"num_kv_heads": 3}}), "num_kv_heads=3 must divide"),
         (dict(layer_options="softmax"), "layer_options must be a mapping"),
         (dict(mlp=False), "mlp_dim=24 needs mlp=True"),
+        (
+            dict(layer_options={"softmax": {"norm_position": "mid"}}),
+            r"unknown layer_options\['softmax'\]\['norm_position'\] 'mid'; allowed: pre, post",
+        ),
+        (dict(norm_position="mid"), "norm_position"),
     ],
 )
 def test_bad_layer_options_are_refused_by_name(change, message):
     with pytest.raises(ValueError, match=message):
         ModelConfig(**{**HYBRID, **change})
+
+
+def test_norm_position_per_layer_type():
+    config = ModelConfig(**{**HYBRID, "layer_options": {"softmax": {"norm_position": "post"}}})
+    assert config.layer_norm_position("softmax") == "post"
+    assert config.layer_norm_position("gated_deltanet") == "pre"
+    model = LanguageModel(config, rngs=nnx.Rngs(0))
+    assert [block.post_norm for block in model.blocks] == [False, True]
 
 
 def test_defaults_unchanged_without_layer_options():

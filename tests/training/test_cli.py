@@ -46,8 +46,8 @@ def test_help_lists_presets_and_sections(capsys, monkeypatch):
     # each mixer's own options with its defaults, from the mixer's table
     assert "  swa: window=64\n" in out
     assert (
-        "  softmax: num_kv_heads=None, qk_norm=False, rotary_dim=None, gate_activation=silu\n"
-        in out
+        "  softmax: num_kv_heads=None, qk_norm=False, qk_norm_all_heads=False, rotary_dim=None,\n"
+        "      gate_activation=silu\n" in out
     )
     assert "  lstm: conv=False\n" in out
     assert "retnet: feature_map=identity, method=chunk, chunk_size=64, out_norm=True" in out

@@ -21,7 +21,14 @@ import numpy as np
 from flax import nnx
 
 from linear_attention.models.config import ModelConfig
-from linear_attention.models.hf import kimi_linear, mamba2, qwen3_5, qwen3_5_moe, qwen3_next
+from linear_attention.models.hf import (
+    kimi_linear,
+    mamba2,
+    olmo_hybrid,
+    qwen3_5,
+    qwen3_5_moe,
+    qwen3_next,
+)
 from linear_attention.models.hf.multimodal import VISION_PREFIX, Multimodal
 from linear_attention.models.model import LanguageModel
 
@@ -39,6 +46,7 @@ ARCHITECTURES: dict[str, Mapping] = {
     "qwen3_5_moe": Multimodal("qwen3_5_moe", "Qwen3_5MoeForConditionalGeneration", qwen3_5_moe),
     mamba2.MODEL_TYPE: mamba2,
     kimi_linear.MODEL_TYPE: kimi_linear,
+    olmo_hybrid.MODEL_TYPE: olmo_hybrid,
 }
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -242,6 +250,10 @@ def export_problems(config: ModelConfig, mapping: Mapping) -> list[str]:
         theirs = dataclasses.asdict(rebuilt.mixer_config(name))
         if config.layer_num_heads(name) != rebuilt.layer_num_heads(name):
             problems.append(f"{name} layers: num_heads={config.layer_num_heads(name)}")
+        position = config.layer_norm_position(name)
+        if position != rebuilt.layer_norm_position(name):
+            has = f"{mapping.MODEL_TYPE} has {rebuilt.layer_norm_position(name)!r}"
+            problems.append(f"{name} layers: norm_position={position!r} ({has})")
         for option, value in ours.items():
             if option not in NUMERICS_FREE and value != theirs[option]:
                 has = f"{mapping.MODEL_TYPE} has {theirs[option]!r}"
