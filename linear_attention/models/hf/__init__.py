@@ -246,18 +246,28 @@ def export_problems(config: ModelConfig, mapping: Mapping) -> list[str]:
     if config.layer_mixers != rebuilt.layer_mixers:
         return problems
     for name in dict.fromkeys(config.layer_mixers):
-        ours = dataclasses.asdict(config.mixer_config(name))
-        theirs = dataclasses.asdict(rebuilt.mixer_config(name))
-        if config.layer_num_heads(name) != rebuilt.layer_num_heads(name):
-            problems.append(f"{name} layers: num_heads={config.layer_num_heads(name)}")
-        position = config.layer_norm_position(name)
-        if position != rebuilt.layer_norm_position(name):
-            has = f"{mapping.MODEL_TYPE} has {rebuilt.layer_norm_position(name)!r}"
-            problems.append(f"{name} layers: norm_position={position!r} ({has})")
-        for option, value in ours.items():
-            if option not in NUMERICS_FREE and value != theirs[option]:
-                has = f"{mapping.MODEL_TYPE} has {theirs[option]!r}"
-                problems.append(f"{name} layers: {option}={value!r} ({has})")
+        problems += _layer_problems(config, rebuilt, name, mapping.MODEL_TYPE)
+    return problems
+
+
+def _layer_problems(config: ModelConfig, rebuilt: ModelConfig, name: str, model_type: str):
+    """How the layers of mixer `name` differ between `config` and `rebuilt`, the config its
+    `model_type` checkpoint imports as: heads, norm position, each option that changes the
+    numbers."""
+    problems = []
+    if config.layer_num_heads(name) != rebuilt.layer_num_heads(name):
+        problems.append(f"{name} layers: num_heads={config.layer_num_heads(name)}")
+    position = config.layer_norm_position(name)
+    if position != rebuilt.layer_norm_position(name):
+        has = f"{model_type} has {rebuilt.layer_norm_position(name)!r}"
+        problems.append(f"{name} layers: norm_position={position!r} ({has})")
+    ours = dataclasses.asdict(config.mixer_config(name))
+    theirs = dataclasses.asdict(rebuilt.mixer_config(name))
+    for option, value in ours.items():
+        if option not in NUMERICS_FREE and value != theirs[option]:
+            problems.append(
+                f"{name} layers: {option}={value!r} ({model_type} has {theirs[option]!r})"
+            )
     return problems
 
 
