@@ -16,6 +16,7 @@ import pytest
 from flax import nnx
 
 from linear_attention.models import LanguageModel, ModelConfig, hf
+from linear_attention.models.hf.qwen3_5_moe import unfuse_experts
 from linear_attention.models.init import A_MAX, A_MIN, DT_MAX, DT_MIN
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "..", "fixtures", "hf")
@@ -97,3 +98,35 @@ def test_initializer_range_maps_both_ways_and_bad_values_are_refused():
         ModelConfig(vocab_size=30, mixer="softmax", initializer_range=0.0)
     with pytest.raises(ValueError, match="initializer_range=0.02 sets transformers'.*not linear"):
         ModelConfig(vocab_size=30, mixer="linear", initializer_range=0.02)
+
+
+@pytest.mark.hf
+@pytest.mark.parametrize("name", ["qwen3_next", "mamba2"])
+def test_every_parameter_draws_as_transformers_draws_it(name):
+    """transformers' own initialisation of the fixture's architecture (`from_config`), mapped
+    to this library's parameters: each constant one equal, each drawn one (64 values or more)
+    with the same spread and centre (within 4.5 standard errors)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    folder = os.path.join(FIXTURES, name)
+    given, mapping = hf.read_config(folder)
+    torch.manual_seed(0)
+    reference = transformers.AutoModelForCausalLM.from_config(
+        transformers.AutoConfig.from_pretrained(folder)
+    )
+    tensors = {k: v.detach().numpy() for k, v in reference.state_dict().items()}
+    # (transformers holds the experts fused, as the released checkpoints store them)
+    _, unfused = unfuse_experts({k: v.shape for k, v in tensors.items()})
+    theirs = mapping.to_params(given, unfused(lambda n: np.asarray(tensors[n], np.float32)))
+    ours = params_of(hf.model_config(given, mapping))
+    leaves = jax.tree_util.tree_leaves_with_path(theirs)
+    assert len(leaves) == len(ours)
+    for path, want in leaves:
+        key = jax.tree_util.keystr(path, simple=True, separator=".")
+        got, want = ours[key], np.asarray(want, np.float64)
+        if np.ptp(want) == 0:
+            np.testing.assert_allclose(got, want, rtol=1e-6, err_msg=key)
+        elif want.size >= 64:  # (two samples of n: 4.5 standard errors of their difference)
+            spread = 4.5 * np.sqrt(1 / want.size)
+            assert abs(np.log(got.std() / want.std())) <= spread, (key, got.std(), want.std())
+            assert abs(got.mean() - want.mean()) <= spread * np.sqrt(2) * want.std(), key
