@@ -18,7 +18,7 @@ ALL_MIXERS = ("linear", "favor", "taylor", "hedgehog", "retnet", "gated", "gla",
 ALL_MIXERS += ("deltanet", "gated_deltanet", "swa", "kda", "gated_deltaproduct")
 ALL_MIXERS += ("rwkv7", "fox", "lstm")  # (their own model: rwkv7 and lstm refuse the conv)
 ALL_MIXERS += ("mesanet", "log_linear_mamba2", "log_linear_gated_deltanet")
-ALL_MIXERS += ("path",)
+ALL_MIXERS += ("path", "mla")
 
 
 def make(seed: int = 0, **fields):
@@ -198,6 +198,7 @@ PACKED_CASES = {
     "gla_rope": dict(mixer="gla", conv=True, position="rope", chunk_size=4),
     "hybrid_learned": dict(mixer=("gla", "softmax"), position="learned", conv=True),
     "gated_deltanet_rope": dict(mixer="gated_deltanet", position="rope", chunk_size=4),
+    "mla_rope": dict(mixer="mla", position="rope"),
 }
 
 
