@@ -31,13 +31,14 @@ from linear_attention.training.workdir import RunError
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "..", "fixtures", "hf")
 ARCHITECTURES = ("qwen3_5", "qwen3_next", "qwen3_5_vl", "qwen3_5_moe", "mamba2", "kimi_linear")
-ARCHITECTURES += ("olmo_hybrid", "olmo_hybrid_nope")
+ARCHITECTURES += ("olmo_hybrid", "olmo_hybrid_nope", "bamba")
 # Each fixture's layers.
 HYBRID = ("gated_deltanet",) * 3 + ("softmax",)
 LAYERS = dict.fromkeys(ARCHITECTURES[:4], HYBRID) | {"mamba2": ("gated", "gated")}
 LAYERS["kimi_linear"] = ("kda", "mla") * 2
 LAYERS["olmo_hybrid"] = ("gated_deltanet", "softmax", "gated_deltanet")
 LAYERS["olmo_hybrid_nope"] = ("softmax", "gated_deltanet")
+LAYERS["bamba"] = ("gated", "softmax", "gated")
 # An option each family's checkpoints fix, and a value they cannot hold.
 OFF_SHAPE = {
     "gated_deltanet": ("conv_bias", True),
@@ -477,6 +478,43 @@ def test_bad_olmo_hybrid_checkpoints_refused(
     tmp_path, monkeypatch, config_change, tensor_change, message
 ):
     folder = _copy(tmp_path, "olmo_hybrid")
+    _refused_before_reading(folder, monkeypatch, config_change, tensor_change, message)
+
+
+@pytest.mark.parametrize(
+    ("config_change", "tensor_change", "message"),
+    [
+        (lambda c: c.update(mamba_proj_bias=True), None, "mamba_proj_bias=True is not supported"),
+        (lambda c: c.update(mlp_bias=True), None, "mlp_bias=True is not supported"),
+        (
+            lambda c: c["rope_parameters"].update(partial_rotary_factor=0.25),
+            None,
+            "partial_rotary_factor=0.25 is not supported",
+        ),
+        (
+            lambda c: c.update(time_step_limit=[0.0, 10.0]),
+            None,
+            r"time_step_limit=\[0.0, 10.0\] is not supported",
+        ),
+        (lambda c: c.update(mamba_n_groups=3), None, "mamba_n_groups=3 must divide mamba_n_heads"),
+        (lambda c: c.update(attn_layer_indices=[5]), None, "attn_layer_indices has 5, not a"),
+        (lambda c: c.update(sliding_window=8), None, "field 'sliding_window' is not understood"),
+        (
+            None,
+            lambda t: t.pop("model.layers.2.mamba.D"),
+            "'model.layers.2.mamba.D' is missing",
+        ),
+        (
+            None,
+            lambda t: t.update({"model.layers.1.mamba.D": np.ones(8, np.float32)}),
+            "'model.layers.1.mamba.D' is not part of the architecture",
+        ),
+    ],
+)
+def test_bad_bamba_checkpoints_refused(
+    tmp_path, monkeypatch, config_change, tensor_change, message
+):
+    folder = _copy(tmp_path, "bamba")
     _refused_before_reading(folder, monkeypatch, config_change, tensor_change, message)
 
 

@@ -22,6 +22,7 @@ from flax import nnx
 
 from linear_attention.models.config import ModelConfig
 from linear_attention.models.hf import (
+    bamba,
     kimi_linear,
     mamba2,
     olmo_hybrid,
@@ -47,6 +48,7 @@ ARCHITECTURES: dict[str, Mapping] = {
     mamba2.MODEL_TYPE: mamba2,
     kimi_linear.MODEL_TYPE: kimi_linear,
     olmo_hybrid.MODEL_TYPE: olmo_hybrid,
+    bamba.MODEL_TYPE: bamba,
 }
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"

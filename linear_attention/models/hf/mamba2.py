@@ -74,7 +74,7 @@ MAPPED = (
 )
 
 
-def _number(value) -> float:
+def number(value) -> float:
     """A float of config.json, as transformers writes it (`{"__float__": "Infinity"}` for the
     values JSON lacks) or plain."""
     if isinstance(value, dict) and set(value) == {"__float__"}:
@@ -98,7 +98,7 @@ def model_options(hf: dict) -> dict:
         raise Unsupported(f"config field {missing[0]!r} is missing")
     _require(hf, "hidden_act", "silu")
     _require(hf, "use_bias", False)
-    if [_number(v) for v in hf["time_step_limit"]] != [0.0, float("inf")]:
+    if [number(v) for v in hf["time_step_limit"]] != [0.0, float("inf")]:
         raise Unsupported(
             f"time_step_limit={hf['time_step_limit']!r} is not supported (only [0.0, inf]: dt "
             "unclamped)"
@@ -121,22 +121,26 @@ def model_options(hf: dict) -> dict:
         norm_eps=eps,
         tie_embeddings=bool(hf["tie_word_embeddings"]),
         position="none",
-        layer_options={
-            GATED: dict(
-                num_heads=g,
-                head_dim=p,
-                num_value_heads=h,
-                state_dim=hf["state_size"],
-                conv=hf["conv_kernel"],
-                conv_bias=bool(hf["use_conv_bias"]),
-                dt_input=True,
-                d_skip=True,
-                gate_before_norm=True,
-                out_norm_groups=g,
-                out_norm_eps=eps,
-            )
-        },
+        layer_options={GATED: gated_options(hf, eps)},
         initializer_range=initializer_range(hf),
+    )
+
+
+def gated_options(hf: dict, eps: float) -> dict:
+    """`layer_options` of the `gated` layers that make them the Mamba-2 mixer of config `hf`
+    (mamba2's field names), its gated norm's eps `eps`."""
+    return dict(
+        num_heads=hf["n_groups"],
+        head_dim=hf["head_dim"],
+        num_value_heads=hf["num_heads"],
+        state_dim=hf["state_size"],
+        conv=hf["conv_kernel"],
+        conv_bias=bool(hf["use_conv_bias"]),
+        dt_input=True,
+        d_skip=True,
+        gate_before_norm=True,
+        out_norm_groups=hf["n_groups"],
+        out_norm_eps=eps,
     )
 
 
@@ -178,29 +182,35 @@ def _sizes(hf: dict):
 
 def tensor_shapes(hf: dict) -> dict[str, tuple[int, ...]]:
     """Every tensor a `Mamba2ForCausalLM` of config `hf` holds, with its shape."""
-    d, v, k = hf["hidden_size"], hf["vocab_size"], hf["conv_kernel"]
-    h, _, n, g, inner = _sizes(hf)
-    conv = inner + 2 * g * n
+    d, v = hf["hidden_size"], hf["vocab_size"]
     shapes = {"backbone.embeddings.weight": (v, d), "backbone.norm_f.weight": (d,)}
     if not hf["tie_word_embeddings"]:
         shapes["lm_head.weight"] = (v, d)
     for i in range(hf["num_hidden_layers"]):
         p = f"backbone.layers.{i}."
-        m = p + "mixer."
-        shapes.update(
-            {
-                p + "norm.weight": (d,),
-                m + "in_proj.weight": (2 * inner + 2 * g * n + h, d),
-                m + "conv1d.weight": (conv, 1, k),
-                m + "dt_bias": (h,),
-                m + "A_log": (h,),
-                m + "D": (h,),
-                m + "norm.weight": (inner,),
-                m + "out_proj.weight": (d, inner),
-            }
-        )
-        if hf["use_conv_bias"]:
-            shapes[m + "conv1d.bias"] = (conv,)
+        shapes[p + "norm.weight"] = (d,)
+        shapes.update(mixer_shapes(hf, p + "mixer."))
+    return shapes
+
+
+def mixer_shapes(hf: dict, m: str) -> dict[str, tuple[int, ...]]:
+    """The tensors of one Mamba-2 mixer under `m` (`backbone.layers.{i}.mixer.`), of config
+    `hf` (mamba2's field names: hidden_size, num_heads, head_dim, state_size, n_groups,
+    conv_kernel, use_conv_bias), with their shapes."""
+    d, k = hf["hidden_size"], hf["conv_kernel"]
+    h, _, n, g, inner = _sizes(hf)
+    conv = inner + 2 * g * n
+    shapes = {
+        m + "in_proj.weight": (2 * inner + 2 * g * n + h, d),
+        m + "conv1d.weight": (conv, 1, k),
+        m + "dt_bias": (h,),
+        m + "A_log": (h,),
+        m + "D": (h,),
+        m + "norm.weight": (inner,),
+        m + "out_proj.weight": (d, inner),
+    }
+    if hf["use_conv_bias"]:
+        shapes[m + "conv1d.bias"] = (conv,)
     return shapes
 
 
@@ -214,34 +224,12 @@ def _conv_order(hf: dict) -> np.ndarray:
 def to_params(hf: dict, get) -> dict:
     """This library's parameters (a nested dict as `nnx.to_pure_dict` gives, float32 arrays)
     from the tensors `get(name) -> np.ndarray float32` of a checkpoint of config `hf`."""
-    h, _, n, g, inner = _sizes(hf)
-    order = _conv_order(hf)
     blocks = {}
     for i in range(hf["num_hidden_layers"]):
         p = f"backbone.layers.{i}."
-        m = p + "mixer."
-        z, x, b, c, dt = np.split(
-            get(m + "in_proj.weight"), np.cumsum([inner, inner, g * n, g * n])
-        )
-        conv = {"kernel": get(m + "conv1d.weight")[order, 0, :].T}
-        if hf["use_conv_bias"]:
-            conv["bias"] = get(m + "conv1d.bias")[order]
         blocks[i] = {
             "mixer_norm": {"scale": get(p + "norm.weight")},
-            "mixer": {
-                "inputs": {"qkv_proj": {"kernel": np.concatenate([c, b, x]).T}, "conv": conv},
-                "decay": {
-                    "proj": {"kernel": dt.T},
-                    "a_log": get(m + "A_log"),
-                    "dt_bias": get(m + "dt_bias"),
-                },
-                "skip": get(m + "D"),
-                "output": {
-                    "norm": {"scale": get(m + "norm.weight").reshape(g, inner // g)},
-                    "gate_proj": {"kernel": z.T},
-                    "out_proj": {"kernel": get(m + "out_proj.weight").T},
-                },
-            },
+            "mixer": mixer_params(hf, get, p + "mixer."),
         }
     params = {
         "embed": {"embedding": get("backbone.embeddings.weight")},
@@ -253,10 +241,32 @@ def to_params(hf: dict, get) -> dict:
     return params
 
 
+def mixer_params(hf: dict, get, m: str) -> dict:
+    """The `gated` mixer's parameters of the Mamba-2 mixer under `m` (as `mixer_shapes`)."""
+    _, _, n, g, inner = _sizes(hf)
+    order = _conv_order(hf)
+    z, x, b, c, dt = np.split(get(m + "in_proj.weight"), np.cumsum([inner, inner, g * n, g * n]))
+    conv = {"kernel": get(m + "conv1d.weight")[order, 0, :].T}
+    if hf["use_conv_bias"]:
+        conv["bias"] = get(m + "conv1d.bias")[order]
+    return {
+        "inputs": {"qkv_proj": {"kernel": np.concatenate([c, b, x]).T}, "conv": conv},
+        "decay": {
+            "proj": {"kernel": dt.T},
+            "a_log": get(m + "A_log"),
+            "dt_bias": get(m + "dt_bias"),
+        },
+        "skip": get(m + "D"),
+        "output": {
+            "norm": {"scale": get(m + "norm.weight").reshape(g, inner // g)},
+            "gate_proj": {"kernel": z.T},
+            "out_proj": {"kernel": get(m + "out_proj.weight").T},
+        },
+    }
+
+
 def from_params(hf: dict, params: dict) -> dict[str, np.ndarray]:
     """The checkpoint tensors (float32) of `params`, the inverse of `to_params`."""
-    _, _, n, g, inner = _sizes(hf)
-    back = np.argsort(_conv_order(hf))  # transformers' channel j is ours back[j]
     out = {
         "backbone.embeddings.weight": params["embed"]["embedding"],
         "backbone.norm_f.weight": params["final_norm"]["scale"],
@@ -265,19 +275,29 @@ def from_params(hf: dict, params: dict) -> dict[str, np.ndarray]:
         out["lm_head.weight"] = params["head"]["kernel"].T
     for i in range(hf["num_hidden_layers"]):
         p, block = f"backbone.layers.{i}.", params["blocks"][i]
-        m, mixer = p + "mixer.", block["mixer"]
-        c, b, x = np.split(mixer["inputs"]["qkv_proj"]["kernel"].T, [g * n, 2 * g * n])
-        z = mixer["output"]["gate_proj"]["kernel"].T
-        dt = mixer["decay"]["proj"]["kernel"].T
         out[p + "norm.weight"] = block["mixer_norm"]["scale"]
-        out[m + "in_proj.weight"] = np.concatenate([z, x, b, c, dt])
-        conv = mixer["inputs"]["conv"]
-        out[m + "conv1d.weight"] = conv["kernel"].T[back][:, None, :]
-        if hf["use_conv_bias"]:
-            out[m + "conv1d.bias"] = conv["bias"][back]
-        out[m + "A_log"] = mixer["decay"]["a_log"]
-        out[m + "dt_bias"] = mixer["decay"]["dt_bias"]
-        out[m + "D"] = mixer["skip"]
-        out[m + "norm.weight"] = mixer["output"]["norm"]["scale"].reshape(inner)
-        out[m + "out_proj.weight"] = mixer["output"]["out_proj"]["kernel"].T
+        out.update(mixer_tensors(hf, block["mixer"], p + "mixer."))
     return {k: np.ascontiguousarray(v, np.float32) for k, v in out.items()}
+
+
+def mixer_tensors(hf: dict, mixer: dict, m: str) -> dict[str, np.ndarray]:
+    """The Mamba-2 mixer's tensors under `m` of the `gated` mixer's parameters `mixer`, the
+    inverse of `mixer_params`."""
+    _, _, n, g, inner = _sizes(hf)
+    back = np.argsort(_conv_order(hf))  # transformers' channel j is ours back[j]
+    c, b, x = np.split(mixer["inputs"]["qkv_proj"]["kernel"].T, [g * n, 2 * g * n])
+    z = mixer["output"]["gate_proj"]["kernel"].T
+    dt = mixer["decay"]["proj"]["kernel"].T
+    conv = mixer["inputs"]["conv"]
+    out = {
+        m + "in_proj.weight": np.concatenate([z, x, b, c, dt]),
+        m + "conv1d.weight": conv["kernel"].T[back][:, None, :],
+        m + "A_log": mixer["decay"]["a_log"],
+        m + "dt_bias": mixer["decay"]["dt_bias"],
+        m + "D": mixer["skip"],
+        m + "norm.weight": mixer["output"]["norm"]["scale"].reshape(inner),
+        m + "out_proj.weight": mixer["output"]["out_proj"]["kernel"].T,
+    }
+    if hf["use_conv_bias"]:
+        out[m + "conv1d.bias"] = conv["bias"][back]
+    return out
