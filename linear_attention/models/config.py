@@ -179,13 +179,14 @@ class ModelConfig:
         `initializer_range`; every layer's mixer must be one of `models.init.INIT_MIXERS`.
       The mixers' own options (`method`, `chunk_size`, `eps`, `feature_map`, `feature_dim`,
       `feature_scale`, `allow_neg_eigval`, `num_value_heads`, `window`, `num_householder`,
-      `forget_bias`, `cg_steps`, `num_levels`, `forget_gate`, Mamba-2's `state_dim`,
-      `dt_input`, `d_skip`, `gate_before_norm`, `out_norm_groups`, `out_norm_eps` on `gated`
-      and the delta rules, KDA's `gate_bias`, MLA's `kv_rank`, `q_rank`, `rope_dim`,
-      `nope_dim`, ...: the union of the fields of the mixers' `Config` dataclasses, described
-      there and by `la-train --help`): None is each mixer's default; a value must be used by
-      at least one layer and is passed to the layers whose mixer uses it. `mixer_config(name)`
-      is the typed config of a layer's mixer, made and checked once here.
+      `forget_bias`, `cg_steps`, `num_levels`, `forget_gate`, `state_dim` (Mamba-2's N, a
+      Gated DeltaNet's key width), `dt_input`, `d_skip`, `gate_before_norm`, `out_norm_groups`,
+      `out_norm_eps` on `gated` and the delta rules, KDA's `gate_bias`, MLA's `kv_rank`,
+      `q_rank`, `rope_dim`, `nope_dim`, softmax's `qk_norm_all_heads`, ...: the union of the
+      fields of the mixers' `Config` dataclasses, described there and by `la-train --help`):
+      None is each mixer's default; a value must be used by at least one layer and is passed
+      to the layers whose mixer uses it. `mixer_config(name)` is the typed config of a layer's
+      mixer, made and checked once here.
 
     Every field is checked in `__post_init__` by `fields.check_fields` (ValueError names it), types
     strictly: bools must be bools (not "False" or 0), numbers finite; NumPy scalars are accepted
