@@ -34,7 +34,7 @@ from linear_attention.layers.block import NORM_POSITIONS
 from linear_attention.layers.moe import DEFAULT_ROUTER, ROUTERS, check_moe_options
 from linear_attention.layers.options import CONV
 from linear_attention.layers.registry import DEFAULT_MIXER
-from linear_attention.models.init import INIT_MIXERS
+from linear_attention.models.init import INIT_MIXERS, INITIALIZERS
 
 POSITIONS = ("none", "learned", "rope")
 # The block options `layer_options` may set per layer type, beside the mixer's own.
@@ -174,9 +174,13 @@ class ModelConfig:
       tie_embeddings: output head shares the token embedding.
       initializer_range: None: this library's initialisers; a value r: transformers'
         initialisation of the layers' architectures (`models.init`: Linear kernels, embeddings
-        and experts ~ N(0, r²), Qwen3.5's A_log / dt_bias in gated_deltanet layers, Mamba-2's
-        A_log / dt_bias / D and conv in gated layers), as a converted checkpoint's
-        `initializer_range`; every layer's mixer must be one of `models.init.INIT_MIXERS`.
+        and experts ~ N(0, r²), each architecture's A_log / dt_bias / D / conv), as a converted
+        checkpoint's `initializer_range`; every layer's mixer must be one of
+        `models.init.INIT_MIXERS`.
+      initializer: the architecture whose `_init_weights` `initializer_range` follows (a key of
+        `models.init.INITIALIZERS`: qwen3_5, mamba2, kimi_linear, olmo_hybrid, bamba; each has
+        its layers' mixers); None: each layer by its mixer (gated_deltanet as Qwen3.5, gated as
+        Mamba-2, kda and mla as Kimi Linear). Needs initializer_range.
       The mixers' own options (`method`, `chunk_size`, `eps`, `feature_map`, `feature_dim`,
       `feature_scale`, `allow_neg_eigval`, `num_value_heads`, `window`, `num_householder`,
       `forget_bias`, `cg_steps`, `num_levels`, `forget_gate`, `state_dim` (Mamba-2's N, a
@@ -229,6 +233,7 @@ class ModelConfig:
     param_dtype: str = spec_field("float32", convert=_dtype_name)
     tie_embeddings: bool = True
     initializer_range: float | None = spec_field(None, **POSITIVE)
+    initializer: str | None = spec_field(None, choices=tuple(INITIALIZERS))
     norm_position: str = spec_field("pre", choices=NORM_POSITIONS)
     remat: str = spec_field("none", choices=REMAT)
     layer_options: FrozenMapping = spec_field(FrozenMapping(), convert=_layer_options)
@@ -290,6 +295,7 @@ class ModelConfig:
                 f"initializer_range={self.initializer_range!r} sets transformers' initialisation, "
                 f"defined here for {', '.join(INIT_MIXERS)} layers only, not {', '.join(others)}"
             )
+        self._check_initializer(mixers)
         self._check_layer_options()
         if self.mlp and self.mlp_dim is None and int(self.mlp_ratio * self.d_model) < 1:
             raise ValueError(f"mlp_ratio={self.mlp_ratio} leaves no hidden units")
@@ -375,6 +381,20 @@ class ModelConfig:
         """`moe_options` for layer `index`, or None where its MLP is dense (`moe_dense_layers`
         first, or no experts)."""
         return None if index < self.moe_dense_layers else self.moe_options
+
+    def _check_initializer(self, mixers) -> None:
+        if self.initializer is None:
+            return
+        if self.initializer_range is None:
+            raise ValueError(
+                f"initializer={self.initializer!r} needs initializer_range (a positive float)"
+            )
+        others = [m for m in mixers if m not in INITIALIZERS[self.initializer]]
+        if others:
+            raise ValueError(
+                f"initializer={self.initializer!r} initialises "
+                f"{', '.join(INITIALIZERS[self.initializer])} layers, not {', '.join(others)}"
+            )
 
     def _check_layer_options(self) -> None:
         """Each `layer_options` entry names a mixer some layer uses, and options it takes."""

@@ -168,7 +168,7 @@ class LanguageModel(nnx.Module):
             else nnx.Linear(config.d_model, config.vocab_size, use_bias=False, **common)
         )
         if config.initializer_range is not None:
-            transformers_init(self, config.initializer_range, rngs.params())
+            transformers_init(self, config.initializer_range, rngs.params(), config.initializer)
         if param_dtype != jnp.float32:
             params = nnx.state(self, nnx.Param)
             nnx.update(self, jax.tree.map(lambda x: x.astype(param_dtype), params))

@@ -1,8 +1,9 @@
 """transformers' initialisation (`ModelConfig.initializer_range`, `models.init`): the
 distributions and ranges of every parameter of a Qwen3-Next-shaped model (Gated DeltaNet and
-gated attention layers, experts) and of a Mamba-2 one against `_init_weights`' rules, with fixed
-seeds (torch's draws cannot be compared bit for bit); the importer reads the checkpoint's
-`initializer_range` and export writes it back; bad values are refused."""
+gated attention layers, experts), a Mamba-2 one, and Kimi Linear (KDA, MLA, experts), OLMo
+Hybrid (Gated DeltaNet, attention) and Bamba (Mamba-2, attention) ones, against `_init_weights`'
+rules, with fixed seeds (torch's draws cannot be compared bit for bit); the importer reads the
+checkpoint's `initializer_range` and export writes it back; bad values are refused."""
 
 from __future__ import annotations
 
@@ -16,8 +17,16 @@ import pytest
 from flax import nnx
 
 from linear_attention.models import LanguageModel, ModelConfig, hf
-from linear_attention.models.hf.qwen3_5_moe import unfuse_experts
-from linear_attention.models.init import A_MAX, A_MIN, DT_MAX, DT_MIN
+from linear_attention.models.init import (
+    A_MAX,
+    A_MIN,
+    DT_MAX,
+    DT_MIN,
+    KIMI_A_MAX,
+    KIMI_A_MIN,
+    OLMO_A_MAX,
+    OLMO_A_MIN,
+)
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "..", "fixtures", "hf")
 R = 0.05
@@ -87,6 +96,65 @@ def test_a_mamba2_model_initialises_as_transformers():
         np.testing.assert_array_equal(p["output.norm.scale"], 1.0)
 
 
+def softplus(x):
+    return np.log1p(np.exp(np.asarray(x, np.float64)))
+
+
+def check_log_uniform_a(name, a_log, low, high):
+    a = np.exp(a_log.astype(np.float64))
+    assert a.min() >= low * (1 - 1e-6) and a.max() <= high * (1 + 1e-6), (name, a)
+
+
+def check_dt_bias(name, dt_bias):
+    dt = softplus(dt_bias)  # (dt's floor, 1e-4, lies below the range)
+    assert dt.min() >= DT_MIN * (1 - 1e-5) and dt.max() <= DT_MAX * (1 + 1e-5), (name, dt)
+    assert np.ptp(dt) > 0, name
+
+
+# Each architecture's own parameters: (name ending, check of the array).
+LAYER_RULES = {
+    "kimi_linear": {  # KDA: A per head, dt per channel
+        "decay.a_log": lambda n, x: check_log_uniform_a(n, x, KIMI_A_MIN, KIMI_A_MAX),
+        "decay.dt_bias": check_dt_bias,
+    },
+    "olmo_hybrid": {
+        "decay.a_log": lambda n, x: check_log_uniform_a(n, x, OLMO_A_MIN, OLMO_A_MAX),
+        "decay.dt_bias": check_dt_bias,
+    },
+    "bamba": {
+        "decay.a_log": lambda n, x: np.testing.assert_allclose(
+            np.exp(x), np.arange(1, x.size + 1), rtol=1e-6, err_msg=n
+        ),
+        "decay.dt_bias": lambda n, x: np.testing.assert_array_equal(x, 1.0, err_msg=n),
+        "mixer.skip": lambda n, x: np.testing.assert_array_equal(x, 1.0, err_msg=n),
+    },
+}
+
+
+@pytest.mark.parametrize("name", sorted(LAYER_RULES))
+def test_a_kimi_olmo_hybrid_or_bamba_model_initialises_as_transformers(name):
+    """Every parameter: kernels, embeddings, experts and the conv (an nn.Conv1d here, also in
+    Bamba) N(0, r²), biases and the score bias 0, norm scales 1, the layer's own rules."""
+    config = fixture_config(name, initializer_range=R)
+    assert (config.initializer_range, config.initializer) == (R, name)
+    rules = LAYER_RULES[name]
+    seen = set()
+    for key, x in params_of(config).items():
+        own = [end for end in rules if key.endswith(end)]
+        if own:
+            rules[own[0]](key, x)
+            seen.add(own[0])
+        elif key.endswith(("kernel", "embedding", "w_gate", "w_up", "w_down")):
+            check_normal(key, x, R)
+        elif key.endswith(("bias", "score_bias")):
+            np.testing.assert_array_equal(x, 0.0, err_msg=key)
+        elif key.endswith("scale"):
+            np.testing.assert_array_equal(x, 1.0, err_msg=key)
+        else:
+            raise AssertionError(f"{key}: no rule")
+    assert seen == set(rules)
+
+
 def test_initializer_range_maps_both_ways_and_bad_values_are_refused():
     config = fixture_config("qwen3_next")
     assert config.initializer_range == 0.02
@@ -98,27 +166,54 @@ def test_initializer_range_maps_both_ways_and_bad_values_are_refused():
         ModelConfig(vocab_size=30, mixer="softmax", initializer_range=0.0)
     with pytest.raises(ValueError, match="initializer_range=0.02 sets transformers'.*not linear"):
         ModelConfig(vocab_size=30, mixer="linear", initializer_range=0.02)
+    with pytest.raises(ValueError, match="unknown initializer .mamba.; allowed: qwen3_5, mamba2"):
+        ModelConfig(vocab_size=30, mixer="gated", initializer_range=0.02, initializer="mamba")
+    with pytest.raises(ValueError, match="initializer='bamba' needs initializer_range"):
+        ModelConfig(vocab_size=30, mixer="gated", initializer="bamba")
+    with pytest.raises(
+        ValueError, match="initializer='bamba' initialises gated, softmax .*not kda"
+    ):
+        ModelConfig(vocab_size=30, mixer="kda", initializer_range=0.02, initializer="bamba")
+
+
+@pytest.mark.parametrize("name", sorted(LAYER_RULES))
+def test_the_architecture_is_mapped_both_ways_and_another_refused_on_export(name):
+    config = fixture_config(name)
+    assert (config.initializer_range, config.initializer) == (0.02, name)
+    mapping = hf.ARCHITECTURES[name]
+    assert mapping.hf_config(config)["initializer_range"] == 0.02
+    unset = dataclasses.replace(config, initializer=None)  # (the mixers' default: the same)
+    assert mapping.hf_config(unset)["initializer_range"] == 0.02
+    # (another architecture with these layers' mixers: only OLMo Hybrid's are Qwen3.5's too)
+    other = {"olmo_hybrid": "qwen3_5"}.get(name)
+    if other is not None:
+        with pytest.raises(ValueError, match=f"initializer='{other}': a {name} checkpoint"):
+            mapping.hf_config(dataclasses.replace(config, initializer=other))
+
+
+def test_olmo_hybrid_initialisation_ranges_other_than_the_drawn_ones_are_refused():
+    with pytest.raises(ValueError, match="linear_dt_min=0.01 is not supported"):
+        fixture_config("olmo_hybrid", linear_dt_min=0.01)
 
 
 @pytest.mark.hf
-@pytest.mark.parametrize("name", ["qwen3_next", "mamba2"])
-def test_every_parameter_draws_as_transformers_draws_it(name):
-    """transformers' own initialisation of the fixture's architecture (`from_config`), mapped
-    to this library's parameters: each constant one equal, each drawn one (64 values or more)
-    with the same spread and centre (within 4.5 standard errors)."""
+@pytest.mark.parametrize("name", ["qwen3_next", "mamba2", "kimi_linear", "olmo_hybrid", "bamba"])
+def test_every_parameter_draws_as_transformers_draws_it(name, tmp_path):
+    """transformers' own initialisation of the fixture's architecture (`from_config`, saved and
+    read back by `hf.from_pretrained`), against this library's: each constant parameter equal,
+    each drawn one (64 values or more) with the same spread and centre (within 4.5 standard
+    errors)."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     folder = os.path.join(FIXTURES, name)
-    given, mapping = hf.read_config(folder)
     torch.manual_seed(0)
     reference = transformers.AutoModelForCausalLM.from_config(
         transformers.AutoConfig.from_pretrained(folder)
     )
-    tensors = {k: v.detach().numpy() for k, v in reference.state_dict().items()}
-    # (transformers holds the experts fused, as the released checkpoints store them)
-    _, unfused = unfuse_experts({k: v.shape for k, v in tensors.items()})
-    theirs = mapping.to_params(given, unfused(lambda n: np.asarray(tensors[n], np.float32)))
-    ours = params_of(hf.model_config(given, mapping))
+    reference.save_pretrained(tmp_path)
+    loaded, config = hf.from_pretrained(str(tmp_path))
+    theirs = nnx.to_pure_dict(nnx.state(loaded, nnx.Param))
+    ours = params_of(config)
     leaves = jax.tree_util.tree_leaves_with_path(theirs)
     assert len(leaves) == len(ours)
     for path, want in leaves:

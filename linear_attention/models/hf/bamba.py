@@ -31,6 +31,8 @@ from linear_attention.models.hf.qwen3_5 import (
     dense_mlp_params,
     dense_mlp_shapes,
     dense_mlp_tensors,
+    initializer_field,
+    initializer_options,
 )
 
 MODEL_TYPE = "bamba"
@@ -185,6 +187,7 @@ def model_options(hf: dict) -> dict:
         tie_embeddings=bool(hf["tie_word_embeddings"]),
         position="none",
         layer_options=layer_options,
+        **initializer_options(hf, MODEL_TYPE),
     )
 
 
@@ -230,6 +233,7 @@ def hf_config(config) -> dict:
         ),
     )
     out.update(_mamba_sizes(config))
+    out.update(initializer_field(config, MODEL_TYPE))
     return out
 
 

@@ -52,7 +52,12 @@ from linear_attention.layers.kda import KDAMixer
 from linear_attention.layers.mla import MLAMixer, latent_sizes
 from linear_attention.layers.options import conv_kernel_size
 from linear_attention.models.hf import qwen3_5
-from linear_attention.models.hf.qwen3_5 import INERT, Unsupported
+from linear_attention.models.hf.qwen3_5 import (
+    INERT,
+    Unsupported,
+    initializer_field,
+    initializer_options,
+)
 
 MODEL_TYPE = "kimi_linear"
 ARCHITECTURE = "KimiLinearForCausalLM"
@@ -286,6 +291,7 @@ def model_options(hf: dict) -> dict:
         tie_embeddings=bool(hf["tie_word_embeddings"]),
         position="none",
         layer_options=layer_options,
+        **initializer_options(hf, MODEL_TYPE),
     )
     dense = _dense_layers(hf)
     if dense == n:  # (no layer has experts: their fields are read and unused)
@@ -360,6 +366,7 @@ def hf_config(config) -> dict:
         bos_token_id=None,
         eos_token_id=None,
         dtype="float32",
+        **initializer_field(config, MODEL_TYPE),
     )
 
 

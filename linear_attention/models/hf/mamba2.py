@@ -171,7 +171,7 @@ def hf_config(config) -> dict:
         tie_word_embeddings=config.tie_embeddings,
         time_step_limit=[0.0, {"__float__": "Infinity"}],
         dtype="float32",
-        **initializer_field(config),
+        **initializer_field(config, "mamba2"),
     )
 
 

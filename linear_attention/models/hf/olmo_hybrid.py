@@ -59,7 +59,10 @@ from linear_attention.models.hf.qwen3_5 import (
     dense_mlp_params,
     dense_mlp_shapes,
     dense_mlp_tensors,
+    initializer_field,
+    initializer_options,
 )
+from linear_attention.models.init import DT_FLOOR, DT_MAX, DT_MIN, OLMO_A_MAX, OLMO_A_MIN
 
 MODEL_TYPE = "olmo_hybrid"
 ARCHITECTURE = "OlmoHybridForCausalLM"
@@ -69,14 +72,15 @@ MIXERS = {"linear_attention": GDN, "full_attention": ATTENTION}
 QK_NORM_EPS = 1e-6
 # The eps of the Gated DeltaNet's gated output norm (fixed in transformers, as FLA's default).
 GATED_NORM_EPS = 1e-5
-# Fields that only set the initialisation of A_log and dt_bias.
-INIT_ONLY = (
-    "linear_a_log_min",
-    "linear_a_log_max",
-    "linear_dt_min",
-    "linear_dt_max",
-    "linear_dt_init_floor",
-)
+# Fields that only set the initialisation of A_log and dt_bias, with the values (transformers'
+# defaults) that `models.init` draws with.
+INIT_ONLY = {
+    "linear_a_log_min": OLMO_A_MIN,
+    "linear_a_log_max": OLMO_A_MAX,
+    "linear_dt_min": DT_MIN,
+    "linear_dt_max": DT_MAX,
+    "linear_dt_init_floor": DT_FLOOR,
+}
 MAPPED = (
     "model_type",
     "vocab_size",
@@ -148,6 +152,9 @@ def _checked_layer_types(hf: dict) -> list[str]:
     _require(hf, "attention_bias", False)
     _require(hf, "attention_dropout", 0.0)
     _require(hf, "rms_norm_eps", QK_NORM_EPS)
+    for name, wanted in INIT_ONLY.items():
+        if name in hf and hf[name] != wanted:  # (initializer_range's draws use these)
+            raise Unsupported(f"{name}={hf[name]!r} is not supported (only {wanted!r})")
     _rope_theta(hf)
     layer_types = list(hf["layer_types"])
     if len(layer_types) != hf["num_hidden_layers"]:
@@ -192,6 +199,7 @@ def model_options(hf: dict) -> dict:
         max_length=hf["max_position_embeddings"],
         tie_embeddings=bool(hf["tie_word_embeddings"]),
         position="none",
+        **initializer_options(hf, MODEL_TYPE),
         layer_options={
             GDN: dict(
                 num_heads=hf["linear_num_key_heads"],
@@ -251,6 +259,7 @@ def hf_config(config) -> dict:
         bos_token_id=None,
         eos_token_id=None,
         dtype="float32",
+        **initializer_field(config, MODEL_TYPE),
     )
 
 

@@ -198,9 +198,22 @@ def initializer_range(hf: dict) -> float | None:
     return None if value is None else float(value)
 
 
-def initializer_field(config) -> dict:
+def initializer_options(hf: dict, initializer: str) -> dict:
+    """`ModelConfig` keyword arguments for `hf`'s `initializer_range`: it and the architecture
+    `initializer` (a key of `models.init.INITIALIZERS`), or nothing when absent."""
+    r = initializer_range(hf)
+    return {} if r is None else dict(initializer_range=r, initializer=initializer)
+
+
+def initializer_field(config, initializer: str) -> dict:
     """The inverse of `initializer_range`: `{"initializer_range": r}`, or nothing when unset
-    (transformers' default then)."""
+    (transformers' default then); `Unsupported` when `config.initializer` names another
+    architecture than `initializer`, whose initialisation transformers would not give."""
+    if config.initializer not in (None, initializer):
+        raise Unsupported(
+            f"initializer={config.initializer!r}: a {initializer} checkpoint is initialised as "
+            f"{initializer} (initializer None or {initializer!r})"
+        )
     r = config.initializer_range
     return {} if r is None else {"initializer_range": r}
 
@@ -243,7 +256,7 @@ def hf_config(config) -> dict:
         linear_num_value_heads=gdn.get("num_value_heads") or gdn.get("num_heads", config.num_heads),
         layer_types=[kinds[m] for m in config.layer_mixers],
         dtype="float32",
-        **initializer_field(config),
+        **initializer_field(config, "qwen3_5"),
     )
 
 
