@@ -155,6 +155,25 @@ def test_a_kimi_olmo_hybrid_or_bamba_model_initialises_as_transformers(name):
     assert seen == set(rules)
 
 
+def test_a_model_built_inside_a_trace_draws_to_the_same_rules():
+    """Inside a trace (a jit, `nnx.eval_shape`) the draws come from JAX's sampler, not
+    NumPy's: the same distributions, ranges and constants."""
+    config = ModelConfig(vocab_size=64, d_model=32, num_layers=1, num_heads=2, mixer="kda",
+                         mlp=False, tie_embeddings=False, initializer_range=R)  # fmt: skip
+    model = nnx.jit(lambda: LanguageModel(config, rngs=nnx.Rngs(0)))()
+    leaves = jax.tree_util.tree_leaves_with_path(nnx.to_pure_dict(nnx.state(model, nnx.Param)))
+    params = {jax.tree_util.keystr(p, simple=True, separator="."): np.asarray(v) for p, v in leaves}
+    rules = LAYER_RULES["kimi_linear"]
+    for key, x in params.items():
+        own = [end for end in rules if key.endswith(end)]
+        if own:
+            rules[own[0]](key, x)
+        elif key.endswith(("kernel", "embedding")):
+            check_normal(key, x, R)
+        else:
+            np.testing.assert_array_equal(x, 1.0 if key.endswith("scale") else 0.0, err_msg=key)
+
+
 def test_initializer_range_maps_both_ways_and_bad_values_are_refused():
     config = fixture_config("qwen3_next")
     assert config.initializer_range == 0.02
