@@ -25,7 +25,7 @@ from jax.sharding import PartitionSpec as P
 
 from linear_attention.data import IGNORE_INDEX
 from linear_attention.layers import load_balancing_loss
-from linear_attention.models import redraw_features
+from linear_attention.models import LanguageModel, redraw_features
 from linear_attention.training.mesh import DATA_AXIS, sequence_parallel_stats, state_shardings
 
 
@@ -128,13 +128,18 @@ def summed_gradients(model, batch, mesh, accum: int, aux_weight=None):
 def model_stats(model, batch, mesh=None):
     """``(loss_sum, correct, count, router)``: `token_stats` of the model on ``batch`` (with its
     ``segment_ids`` if packed) and the `layers.RouterStats` of its MoE layers over the batch
-    (None without experts); with a
-    ``seq`` mesh axis over more than one device, time split over it (sequence parallelism).
+    (None without experts, and for a model other than a `LanguageModel`: any module called as
+    ``model(tokens, segment_ids) -> logits`` trains and evaluates); with a ``seq`` mesh axis
+    over more than one device, time split over it (sequence parallelism).
     A model with ``method="pallas"`` on more than one device runs in `jax.shard_map` too (with
     ``seq`` 1: rows split over ``data``): XLA cannot partition a Mosaic kernel itself."""
 
     def stats(model, batch):
-        logits, router = model.logits_and_router_stats(batch["inputs"], batch.get("segment_ids"))
+        inputs, segment_ids = batch["inputs"], batch.get("segment_ids")
+        if isinstance(model, LanguageModel):
+            logits, router = model.logits_and_router_stats(inputs, segment_ids)
+        else:  # any model called as a LanguageModel is: it has no routers to balance
+            logits, router = model(inputs, segment_ids), None
         return (*token_stats(logits, batch["labels"]), router)
 
     pallas = getattr(getattr(model, "config", None), "method", None) == "pallas"
