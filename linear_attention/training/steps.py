@@ -53,7 +53,9 @@ def train_step(state, batch, *, graphdef, mesh, fsdp, accum: int = 1):
     micro-batches (`summed_gradients`), the same update to float32 rounding (but for the MoE
     auxiliary loss, taken per micro-batch: module docstring)."""
     model, optimizer = nnx.merge(graphdef, state)
-    coef = model.config.moe_aux_loss_coef
+    # (only a LanguageModel has experts; any other module trains on the cross-entropy alone)
+    experts = isinstance(model, LanguageModel) and model.config.num_experts > 0
+    coef = model.config.moe_aux_loss_coef if experts else 0.0
     # The gradient sum is divided by the labelled count below: the auxiliary loss's gradient
     # enters it scaled by that count, known from the labels before any micro-batch runs.
     labelled = jnp.maximum(jnp.sum(batch["labels"] != IGNORE_INDEX, dtype=jnp.float32), 1.0)
@@ -73,7 +75,7 @@ def train_step(state, batch, *, graphdef, mesh, fsdp, accum: int = 1):
         "train/accuracy": correct / count,
         "grad_norm": optax.tree.norm(grads),
     }
-    if model.config.num_experts:
+    if experts:
         metrics["train/moe_aux_loss"] = aux_sum / accum
     return new_state, metrics
 

@@ -113,3 +113,41 @@ def test_train_step_trains_on_and_logs_the_aux_loss(gradients):
         lambda s: steps.train_step(s, batch, graphdef=graphdef, mesh=mesh, fsdp=False), state
     )
     assert set(shapes[1]) == {"train/loss", "train/accuracy", "grad_norm"}
+
+
+class Bigram(nnx.Module):
+    """A module that is not a `LanguageModel`: logits = a table's row per token."""
+
+    def __init__(self, table):
+        self.table = nnx.Param(jnp.asarray(table, jnp.float32))
+
+    def __call__(self, tokens_BT, segment_ids=None):
+        del segment_ids
+        return self.table[...][tokens_BT]
+
+
+def test_train_step_trains_any_module_called_as_a_language_model():
+    """A module without `config` or experts trains on the cross-entropy alone: its loss and
+    SGD update equal a float64 NumPy softmax cross-entropy and its gradient."""
+    table = np.random.default_rng(1).normal(size=(30, 30))
+    batch = make_batch()
+    model = Bigram(table)
+    lr = 0.5
+    graphdef, state = nnx.split((model, nnx.Optimizer(model, optax.sgd(lr), wrt=nnx.Param)))
+    state, metrics = steps.train_step(
+        state, jax.tree.map(jnp.asarray, batch), graphdef=graphdef, mesh=make_mesh(1), fsdp=False
+    )
+    keep = batch["labels"] != -100
+    logits = table[batch["inputs"][keep]]
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    labels = batch["labels"][keep]
+    loss = -np.mean(np.log(p[np.arange(len(labels)), labels]))
+    grad_logits = p.copy()
+    grad_logits[np.arange(len(labels)), labels] -= 1.0
+    grad = np.zeros_like(table)
+    np.add.at(grad, batch["inputs"][keep], grad_logits / len(labels))
+    assert "train/moe_aux_loss" not in metrics
+    np.testing.assert_allclose(float(metrics["train/loss"]), loss, rtol=1e-5)
+    trained, _ = nnx.merge(graphdef, state)
+    np.testing.assert_allclose(np.asarray(trained.table[...]), table - lr * grad, atol=1e-5)
