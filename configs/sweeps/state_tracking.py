@@ -135,10 +135,7 @@ def _parity_paper():
     grid.lr = grid_axis("optimizer.learning_rate", (1e-3,))
     mixers = _mixer_axis(config, PAPER_MIXERS)
     fields = (*mixers.field, "model.method")
-    choices = [
-        (*values, "scan" if values[0] in SCAN_MIXERS else None)
-        for values in mixers.choices
-    ]
+    choices = [(*values, "scan" if values[0] in SCAN_MIXERS else None) for values in mixers.choices]
     grid.mixer = grid_axis(fields, choices, mixers.labels)
     config.order = ("mixer", "seed", "task", "lr")
     return config

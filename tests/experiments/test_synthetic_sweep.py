@@ -71,6 +71,40 @@ def test_presets_expand_and_validate(spec, per_mixer, mixers):
         assert cfg.model.conv == (0 if cfg.model.mixer == "rwkv7" else 4)
 
 
+def test_parity_paper_sweep_is_grazzis_protocol():
+    """``state_tracking.py:parity_paper``: Grazzi et al.'s parity run (1 layer, d_model 16,
+    batch 256, 20,000 steps, their one rate) for 7 mixers × 3 seeds; the delta rules and gated
+    by their step-by-step scan, lstm without a conv, every β range as labelled."""
+    config = engine.load_sweep(str(SWEEPS / "state_tracking.py:parity_paper"))
+    axes, points = engine.expand(config)
+    assert len(points) == 7 * 3
+    order = [p.labels["mixer"] for p in engine.run_order(config, axes, points)]
+    assert order[:6] == ["gated_deltanet_neg"] * 3 + ["gated_deltanet"] * 3
+    methods = {}
+    for point in points:
+        cfg = experiment_config(point.config)
+        m, o, t = cfg.model, cfg.optimizer, cfg.train
+        assert (m.num_layers, m.d_model, m.num_heads) == (1, 16, 4)
+        assert (t.batch_size, t.num_steps, o.warmup_steps, o.weight_decay) == (
+            256,
+            20_000,
+            2_000,
+            0,
+        )
+        assert o.learning_rate == 1e-3 and cfg.data.task == "parity"
+        assert bool(m.allow_neg_eigval) == point.labels["mixer"].endswith("_neg")
+        methods[point.labels["mixer"]] = (m.mixer, m.method, m.conv)
+    assert methods == {
+        "gated_deltanet_neg": ("gated_deltanet", "scan", 4),
+        "gated_deltanet": ("gated_deltanet", "scan", 4),
+        "deltanet_neg": ("deltanet", "scan", 4),
+        "deltanet": ("deltanet", "scan", 4),
+        "gated": ("gated", "scan", 4),
+        "lstm": ("lstm", None, 0),
+        "softmax": ("softmax", None, 4),
+    }
+
+
 def test_delta_family_labels_set_the_options():
     """``gated_deltaproduct_n<k>[_neg]`` is gated_deltaproduct with k Householder steps (and
     β ∈ (0, 2)); the other mixers leave num_householder unset."""
