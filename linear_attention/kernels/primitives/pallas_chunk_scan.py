@@ -10,9 +10,10 @@ one grid step per (batch·head row, chunk), the state carried in VMEM:
 
 - forward: X = W S (+ X₀), O = Q S + P X (+ O₀), S' = g ⊙ S + Eᵀ X (+ U₀), keeping the state
   entering each chunk (one [K, Dv] state per chunk) for the backward pass;
-- backward, groups and chunks last to first carrying dS: the terms' cotangents (dW, dX₀, dQ,
-  dP, dO₀, dE, dU₀, dg) by the kernel, which the family's pullback maps to its inputs in XLA
-  (batched over the group's chunks).
+- backward, groups and chunks last to first carrying dS: the family's `forward` again on the
+  group (its terms and per-chunk residuals are never stored for the whole sequence), the terms'
+  cotangents (dW, dX₀, dQ, dP, dO₀, dE, dU₀, dg) by the kernel, which the family's pullback maps
+  to its inputs in XLA (batched over the group's chunks).
 
 So the Mosaic kernels cover the walk (the part a `lax.scan` serialises); the UT transform and
 its pullback stay XLA matmuls beside them. The terms and their cotangents live one group at a
@@ -41,9 +42,9 @@ from linear_attention.kernels.primitives.pallas import (
 _TERMS = ("w", "x0", "q", "p", "o0", "e", "u0", "g")
 # Tokens per group of chunks: the family's state-independent part (`forward`, `backward` and its
 # pullback) runs on one group's chunks at once, beside the Pallas walk over them. One chunk of 64
-# per group keeps the compiled temporaries below the chunk form's (KDA, train, T = 4096, v5e:
-# 24.6 MiB against 34.9; groups of 128 tokens 40.9, of 256 76.9), at a peak 1.5 % above it
-# (158.3 MiB against 155.9; 256 tokens: 154.2). Compiler figures, BENCHMARKS.md.
+# per group gave the smallest temporaries (KDA, train, T = 4096, v5e, when the family's
+# residuals were still stored per chunk: 24.6 MiB against the chunk form's 34.9; groups of 128
+# tokens 40.9, of 256 76.9). Compiler figures, BENCHMARKS.md.
 TOKENS_PER_GROUP = 64
 
 
@@ -183,14 +184,14 @@ def _walk(s0_BHKD, terms, interpret, keep):
 
 def _forward_walk(forward, interpret, s0_BHKD, xs, keep):
     """Groups of chunks in turn (`lax.scan`): the family's `forward` on a group's chunks, then
-    the Pallas walk over them. Returns O, S_final and, with `keep`, the family's residuals and
-    the state entering each chunk, all `[N, ...]`."""
+    the Pallas walk over them. Returns O, S_final and, with `keep`, the state entering each
+    chunk `[N, ...]`."""
     N, C = _chunks(xs)
 
     def step(s_BHKD, xs_group):
-        terms, res = forward(*xs_group)
+        terms, _ = forward(*xs_group)
         o, s_BHKD, entering = _walk(s_BHKD, terms, interpret, keep)
-        return s_BHKD, ((o, res, entering) if keep else (o, None, None))
+        return s_BHKD, (o, entering)
 
     s0_BHKD = _carry_like(s0_BHKD, xs)
     s_BHKD, outs = jax.lax.scan(step, s0_BHKD, _groups(xs, _group_size(N, C)))
@@ -199,32 +200,36 @@ def _forward_walk(forward, interpret, s0_BHKD, xs, keep):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
 def _scan(forward, backward, interpret, s0_BHKD, xs):
-    s, (o, _, _) = _forward_walk(forward, interpret, s0_BHKD, xs, keep=False)
+    s, (o, _) = _forward_walk(forward, interpret, s0_BHKD, xs, keep=False)
     return o, s
 
 
 def _scan_fwd(forward, backward, interpret, s0_BHKD, xs):
-    s, (o, res, entering) = _forward_walk(forward, interpret, s0_BHKD, xs, keep=True)
-    # Residuals: the inputs, the family's per-chunk residuals, the state entering each chunk.
-    return (o, s), (xs, res, entering)
+    s, (o, entering) = _forward_walk(forward, interpret, s0_BHKD, xs, keep=True)
+    # Residuals: the inputs and the state entering each chunk. The family's per-chunk residuals
+    # are made again in the backward pass: kept for every chunk (DPLR's four [C, C] and two
+    # [C, K] float32 arrays, a [C, C] one padded from 64 to 128 lanes in HBM), they held more
+    # temporaries than the chunk form (DPLR, v6e, train, T = 4096: 67.0 MiB against 61.5; made
+    # again: 31.1. Compiler figures, BENCHMARKS.md).
+    return (o, s), (xs, entering)
 
 
 def _scan_bwd(forward, backward, interpret, residuals, cotangents):
-    """Groups last to first (`lax.scan`, carrying dS): per group, the family's terms again,
-    the Pallas walk back over its chunks (the terms' cotangents), and the family's pullback of
-    them to its inputs."""
-    xs, res, entering = residuals
+    """Groups last to first (`lax.scan`, carrying dS): per group, the family's `forward` again
+    (its residuals), its terms, the Pallas walk back over its chunks (the terms' cotangents),
+    and the family's pullback of them to its inputs."""
+    xs, entering = residuals
     do_NBHCD, ds_BHKD = cotangents
     N, C = _chunks(xs)
     has_u0 = _has_u0(forward, xs)
 
     def step(ds_BHKD, group):
-        xs_g, res_g, entering_g, do_g = group
-        terms, pullback = backward(xs_g, res_g)
+        xs_g, entering_g, do_g = group
+        terms, pullback = backward(xs_g, forward(*xs_g)[1])
         d_terms, ds_BHKD = _walk_back(ds_BHKD, terms, entering_g, do_g, has_u0, interpret)
         return ds_BHKD, tuple(pullback(*d_terms))
 
-    groups = _groups((xs, res, entering, do_NBHCD), _group_size(N, C))
+    groups = _groups((xs, entering, do_NBHCD), _group_size(N, C))
     ds0_BHKD, dxs = jax.lax.scan(step, _carry_like(ds_BHKD, xs), groups, reverse=True)
     return ds0_BHKD, _ungroup(dxs)
 
