@@ -277,8 +277,8 @@ def _delta_losses(args, segment_ids):
     return (o * w_o).sum((1, 2, 3)) + (s * w_s).sum((1, 2, 3))
 
 
-@functools.partial(jax.jit, static_argnames=("method",))
-def _delta_outputs_and_grads(q, k, v, beta, a, s0, segment_ids, *, method):
+@functools.partial(jax.jit, static_argnames=("method", "chunk_size"))
+def _delta_outputs_and_grads(q, k, v, beta, a, s0, segment_ids, *, method, chunk_size=16):
     def loss(q, k, v, beta, a, s0):
         o, state = K.delta_rule(
             q,
@@ -287,7 +287,7 @@ def _delta_outputs_and_grads(q, k, v, beta, a, s0, segment_ids, *, method):
             beta,
             log_decay=a,
             method=method,
-            chunk_size=16,
+            chunk_size=chunk_size,
             initial_state=K.LinearAttentionState(s0, None),
             return_state=True,
             segment_ids=segment_ids,
@@ -320,20 +320,29 @@ def _delta_inputs(T, decay, seed=0):
     return [None if x is None else jnp.asarray(x, jnp.float32) for x in (q, k, v, beta, a, s0)]
 
 
+# (decay, T, document starts, chunk): T = 1 and T not a multiple of the chunk; resets mid-chunk
+# and on a chunk boundary; a −30 log decay on one key channel (per_key); chunks of 32 and 64 are
+# 2 and 4 sub-blocks of 16 queries, so the kernel's block forward substitution runs (a reset
+# inside a sub-block, one on a sub-block edge).
 DELTA_CASES = [
-    ("none", 37, (5, 16)),  # resets mid-chunk and on a chunk boundary
-    ("per_token", 1, ()),
-    ("per_key", 37, (20, 32)),
+    ("none", 37, (5, 16), 16),
+    ("per_token", 1, (), 16),
+    ("per_key", 37, (20, 32), 16),
+    ("per_key", 45, (20, 32), 32),
+    ("per_token", 70, (7, 48), 64),
 ]
 
 
-@pytest.mark.parametrize(("decay", "T", "starts"), DELTA_CASES)
-def test_delta_rule_matches_float64_recurrence_and_chunk(decay, T, starts):
+@pytest.mark.parametrize(("decay", "T", "starts", "chunk_size"), DELTA_CASES)
+def test_delta_rule_matches_float64_recurrence_and_chunk(decay, T, starts, chunk_size):
+    """The forward kernel (UT transform inside it) and the backward walk, from an initial
+    state, with grouped value heads."""
     args = _delta_inputs(T, decay)
     seg = _segments(T, starts) if starts else None
+    run = functools.partial(_delta_outputs_and_grads, chunk_size=chunk_size)
     with K.pallas_interpret():
-        (o, s), grads = _delta_outputs_and_grads(*args, seg, method="pallas")
-    (o_c, s_c), grads_c = _delta_outputs_and_grads(*args, seg, method="chunk")
+        (o, s), grads = run(*args, seg, method="pallas")
+    (o_c, s_c), grads_c = run(*args, seg, method="chunk")
     seg_np = None if seg is None else np.asarray(seg)
     ref = kda_loop(*args, segment_ids=seg_np)
     for name, x, x_c, r in zip(("o", "S"), (o, s), (o_c, s_c), ref, strict=True):
@@ -350,9 +359,26 @@ def test_delta_rule_matches_float64_recurrence_and_chunk(decay, T, starts):
         assert rel_err(g, g_c) < 1e-4, (name, rel_err(g, g_c))
 
 
+def test_delta_rule_bfloat16_inputs_match_chunk():
+    """bfloat16 q, k, v, β in, bfloat16 out, float32 state, as close to `chunk` as bfloat16
+    rounding (both read the same bfloat16 inputs)."""
+    q, k, v, beta, a, s0 = _delta_inputs(21, "per_key", seed=4)
+    q, k, v, beta = (x.astype(jnp.bfloat16) for x in (q, k, v, beta))
+    seg = _segments(21, (9,))
+    with K.pallas_interpret():
+        (o, s), grads = _delta_outputs_and_grads(q, k, v, beta, a, s0, seg, method="pallas")
+    (o_c, s_c), grads_c = _delta_outputs_and_grads(q, k, v, beta, a, s0, seg, method="chunk")
+    assert o.dtype == jnp.bfloat16 and s.dtype == jnp.float32
+    assert rel_err(o, o_c) < 1e-2
+    assert rel_err(s, s_c) < 1e-4
+    for g, g_c in zip(grads, grads_c, strict=True):
+        assert g.dtype == g_c.dtype
+        assert rel_err(g, g_c) < 2e-2
+
+
 def test_delta_rule_state_independent_part_by_groups(monkeypatch):
-    """Groups of one chunk (the `lax.scan` over groups of the XLA part and walk): the same
-    numbers."""
+    """Groups of one chunk (the backward pass's `lax.scan` over groups of the XLA part and
+    walk): the same numbers."""
     from linear_attention.kernels.primitives import pallas_chunk_scan
 
     monkeypatch.setattr(pallas_chunk_scan, "TOKENS_PER_GROUP", 16)

@@ -154,11 +154,11 @@ def main(part):
         "s0": f(B, H, M, DV),
     }
 
-    def delta(xs, seg, *, axis_name, method):
+    def delta(xs, seg, *, axis_name, method, chunk_size=4):
         return K.delta_rule(
             xs["q"], xs["k"], xs["v"], xs["beta"], log_decay=xs.get("a"),
             initial_state=K.LinearAttentionState(xs["s0"], None), segment_ids=seg,
-            method=method, chunk_size=4, return_state=True, axis_name=axis_name,
+            method=method, chunk_size=chunk_size, return_state=True, axis_name=axis_name,
         )  # fmt: skip
 
     delta_checks = {
@@ -173,6 +173,13 @@ def main(part):
             xs = {**delta_base, "a": decays["BTH"]} if gated else delta_base
             seg = jnp.asarray(SEGMENTS) if segments else None
             check(name, functools.partial(delta, method=method), xs, seg, n)
+    if part == "pallas":  # the delta rule's forward kernel (UT transform inside) per shard
+        kernel = functools.partial(delta, method="pallas", chunk_size=16)
+        xs = {**delta_base, "a": decays["BTH"]}
+        with K.pallas_interpret():
+            check(
+                "pallas/delta/gated/segments", kernel, xs, jnp.asarray(SEGMENTS), 4, check_vma=False
+            )
 
     if part == "nan":
         # A NaN value in one shard reaches its document only, as unsplit: not past the resets at a
@@ -267,7 +274,7 @@ EXPECTED_MORE = [
 
 
 EXPECTED_NAN = ["nan/chunk", "nan/scan", "nan/delta", "nan/delta/loop"]
-EXPECTED_PALLAS = ["pallas/BTHM/segments"]
+EXPECTED_PALLAS = ["pallas/BTHM/segments", "pallas/delta/gated/segments"]
 
 
 def run_checks(part):
@@ -290,8 +297,8 @@ def test_split_over_devices_more_equals_unsplit():
 
 
 def test_split_over_devices_pallas_equals_unsplit():
-    """method="pallas" (interpret mode) composes with `axis_name` as "chunk" does: a decay per
-    key channel, packed rows, 4 shards."""
+    """method="pallas" (interpret mode) composes with `axis_name` as "chunk" does: linear
+    attention with a decay per key channel and Gated DeltaNet, packed rows, 4 shards."""
     assert run_checks("pallas") == EXPECTED_PALLAS
 
 

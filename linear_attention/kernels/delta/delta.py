@@ -62,6 +62,7 @@ from linear_attention.kernels.delta.checks import (
     check_pallas_chunk,
     initial_state_f32,
 )
+from linear_attention.kernels.delta.pallas import ut_walk
 from linear_attention.kernels.primitives.chunk_scan import affine_chunk_scan, chunks_per_step
 from linear_attention.kernels.primitives.decays import (
     ChunkDecays,
@@ -114,8 +115,10 @@ def delta_rule(
       log_decay: a ≤ 0, `[HV]`, `[B, T, HV]` or `[B, T, HV, K]` (a decay per key channel: KDA);
         −inf resets S. None: a = 0.
       method: "chunk" (the training path, WY form), "scan" (token by token, the reference) or
-        "pallas" (the per-key chunk form with its walk across chunks in Pallas TPU kernels; on a
-        TPU, or inside `kernels.pallas_interpret()`; `chunk_size` a multiple of 16).
+        "pallas" (the per-key chunk form in Pallas TPU kernels: the forward pass one kernel, the
+        UT transform inside it; the backward pass the walk across chunks in a kernel beside the
+        XLA pullback; on a TPU, or inside `kernels.pallas_interpret()`; `chunk_size` a multiple
+        of 16).
       chunk_size: tokens per chunk for "chunk"; T need not be a multiple of it.
       initial_state: `LinearAttentionState(kv=[B, HV, K, Dv], k_sum=None)`.
       return_state: also return the state after the last token.
@@ -300,8 +303,9 @@ class _ScalarDecays:
 
 def delta_pallas(q_BTHK, k_BTHK, v_BTHD, beta_BTH, a_BTH, s0_BHKD, *, chunk_size: int):
     """`method="pallas"`: the chunk form of a decay per key channel (`delta_chunked_per_key`;
-    a per-head decay, or none, is read as the same decay on every key channel) with its walk
-    across chunks in Pallas kernels (`primitives.pallas_chunk_scan`)."""
+    a per-head decay, or none, is read as the same decay on every key channel) in Pallas
+    kernels: the forward pass by `delta.pallas.ut_walk` (UT transform inside), the backward by
+    the walk of `primitives.pallas_chunk_scan` beside `_per_key_backward`."""
     B, T, H, Kd = q_BTHK.shape
     if a_BTH is None:
         a_BTHK = jnp.zeros((B, T, H, Kd), jnp.float32)
@@ -336,8 +340,11 @@ def delta_chunked_per_key(
     each chunk and a few [C, C]/[C, K] residuals per chunk (the inverse, U, W, the scores), never
     a state per token; the backward pass walks the steps last to first (`_per_key_backward`
     derives each line). The cumulative log decays are summed outside it (autodiff carries their
-    cotangent back to a, stopping at resets). With `pallas`, the state-independent part runs
-    for all chunks at once and the walk in Pallas kernels (`pallas_affine_chunk_scan`).
+    cotangent back to a, stopping at resets). With `pallas`, the forward pass is one Pallas
+    kernel over the chunks (`pallas.ut_walk`: these lines, the UT transform included, inside
+    it), and the backward pass walks groups of chunks (`pallas_affine_chunk_scan`): this
+    function's state-independent part again in XLA, the walk back in a Pallas kernel, the
+    pullback below in XLA.
     """
     T = q_BTHK.shape[1]
     C = min(chunk_size, T)
@@ -353,7 +360,9 @@ def delta_chunked_per_key(
     forward = functools.partial(_per_key_forward, c=c)
     backward = functools.partial(_per_key_backward, c=c)
     if pallas:
-        o_NBHCD, s_BHKD = pallas_affine_chunk_scan(s0_BHKD, [*xs, b, n], forward, backward)
+        o_NBHCD, s_BHKD = pallas_affine_chunk_scan(
+            s0_BHKD, [*xs, b, n], forward, backward, fused=ut_walk
+        )
     else:
         o_NBHCD, s_BHKD = affine_chunk_scan(s0_BHKD, [*xs, b, n], forward, G, backward)
     return from_chunks(o_NBHCD, T), s_BHKD

@@ -58,9 +58,12 @@ from linear_attention.kernels.primitives.pallas import (
     vary_together,
     vmem_f32,
 )
+from linear_attention.kernels.primitives.pallas_decays import (
+    SUB_BLOCK,
+    as_column,
+    key_sub_blocks,
+)
 
-# Queries per sub-block of a decay per key channel (its diagonal blocks cost C·16·M exps).
-SUB_BLOCK = 16
 DECAY_KINDS = ("none", "head", "key")
 # Decay arrays each kind passes to the kernels (see `_decay_inputs`).
 _NUM_DECAY = {"none": 0, "head": 1, "key": 1}
@@ -147,15 +150,6 @@ def _cumulative(a, C, row=False):
     return mxu_dot(lower, finite), mxu_dot(lower, count)
 
 
-def _as_column(x_1M):
-    """A `[1, M]` row as an `[M, 1]` column (through its diagonal: no transpose in Mosaic)."""
-    M = x_1M.shape[-1]
-    eye = jax.lax.broadcasted_iota(jnp.int32, (M, M), 0) == jax.lax.broadcasted_iota(
-        jnp.int32, (M, M), 1
-    )
-    return jnp.sum(jnp.where(eye, x_1M, 0.0), axis=1, keepdims=True)
-
-
 def _sum(x, axis):
     return jnp.sum(x, axis=axis, keepdims=True)
 
@@ -172,7 +166,7 @@ class _Chunk:
         self.kind, self.C = kind, C
         self.start = self.end = None
         if kind == "head":
-            b_col, n_col = _cumulative(_as_column(decay[0]), C)
+            b_col, n_col = _cumulative(as_column(decay[0]), C)
             b_row, n_row = _cumulative(decay[0], C, row=True)
             b_end, n_end = b_row[:, C - 1 :], n_row[:, C - 1 :]  # [1, 1]
             row = jax.lax.broadcasted_iota(jnp.int32, (C, C), 0)
@@ -187,7 +181,7 @@ class _Chunk:
             self.start = _mexp(self.n == 0, self.b)
             self.end = _mexp(self.n == n_end, b_end - self.b)
             self.total_row = _mexp(n_end == 0, b_end)
-            self.total_col = _as_column(self.total_row)  # scales the state's rows
+            self.total_col = as_column(self.total_row)  # scales the state's rows
         else:
             row = jax.lax.broadcasted_iota(jnp.int32, (C, C), 0)
             col = jax.lax.broadcasted_iota(jnp.int32, (C, C), 1)
@@ -209,24 +203,9 @@ class _Chunk:
 
     def _sub_blocks(self, q, k):
         """Per sub-block i: (rows, q_i, k_i, off-diagonal factors or None, diagonal decays)."""
-        C, c = self.C, SUB_BLOCK
-        b, n = self.b, self.n
-        M = q.shape[-1]
-        # built in 3-D: Mosaic does not reshape a 2-D mask to [c, c, 1]
-        tril = jax.lax.broadcasted_iota(jnp.int32, (c, c, M), 0) >= jax.lax.broadcasted_iota(
-            jnp.int32, (c, c, M), 1
-        )
-        key_row = jax.lax.broadcasted_iota(jnp.int32, (C, M), 0)
-        for i in range(C // c):
-            rows = slice(i * c, (i + 1) * c)
-            b_i, n_i = b[rows], n[rows]
-            keep = tril & (n_i[:, None, :] == n_i[None, :, :])
-            diag = _mexp(keep, b_i[:, None, :] - b_i[None, :, :])  # [c, c, M]
+        for rows, q_scale, k_scale, diag in key_sub_blocks(self.b, self.n):
             off = None
-            if i > 0:  # keys of earlier sub-blocks, factored around r = i·c − 1
-                b_r, n_r = b[i * c - 1 : i * c], n[i * c - 1 : i * c]  # [1, M]
-                q_scale = _mexp(n_i == n_r, b_i - b_r)  # [c, M]
-                k_scale = _mexp((key_row < i * c) & (n == n_r), b_r - b)  # [C, M]
+            if q_scale is not None:  # keys of earlier sub-blocks, factored around r = i·c − 1
                 off = (q[rows] * q_scale, k * k_scale, q_scale, k_scale)
             yield rows, q[rows], k[rows], off, diag
 

@@ -16,9 +16,12 @@ one grid step per (batch·head row, chunk), the state carried in VMEM:
   to its inputs in XLA (batched over the group's chunks).
 
 So the Mosaic kernels cover the walk (the part a `lax.scan` serialises); the UT transform and
-its pullback stay XLA matmuls beside them. The terms and their cotangents live one group at a
-time: made for all chunks at once, they held 2.6× the chunk form's temporaries for KDA at
-T = 4096 (v5e compiler figures, BENCHMARKS.md).
+its pullback stay XLA matmuls beside them, unless the family gives its forward pass as one
+kernel (`fused`: the delta rule's, `delta/pallas.py`, the UT transform inside it), which then
+replaces the forward groups; the backward pass is this walk beside the pullback either way.
+The terms and their cotangents live one group at a time: made for all chunks at once, they
+held 2.6× the chunk form's temporaries for KDA at T = 4096 (v5e compiler figures,
+BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -48,12 +51,17 @@ _TERMS = ("w", "x0", "q", "p", "o0", "e", "u0", "g")
 TOKENS_PER_GROUP = 64
 
 
-def pallas_affine_chunk_scan(s0_BHKD, xs, forward, backward):
+def pallas_affine_chunk_scan(s0_BHKD, xs, forward, backward, fused=None):
     """`affine_chunk_scan(s0_BHKD, xs, forward, N, backward)` with the walk in Pallas kernels:
     `forward` and `backward` are the family's, called on groups of chunks (`xs` chunk-major
-    `[N, B, H, C, ...]`). Returns `(O [N, B, H, C, Dv], S_final)`."""
+    `[N, B, H, C, ...]`). Returns `(O [N, B, H, C, Dv], S_final)`.
+
+    `fused(s0_BHKD, xs, interpret, keep) -> (O, S_final, entering [N, B·H, K, Dv] or None)`:
+    the family's forward pass as one Pallas kernel over every chunk (its terms made inside it
+    from `xs`, the UT transform included), in place of the groups of `forward` and the walk.
+    The backward pass is the same either way."""
     interpret = check_pallas_backend('method="pallas"')
-    return _scan(forward, backward, interpret, s0_BHKD, tuple(xs))
+    return _scan(forward, backward, fused, interpret, s0_BHKD, tuple(xs))
 
 
 def _group_size(N, C):
@@ -84,12 +92,12 @@ def _chunks(xs):
     return leaves[0].shape[0], leaves[0].shape[3]
 
 
-def _rows(x):
+def rows_major(x):
     """[N, B, H, ...] -> [N, B·H, ...] (None stays None)."""
     return None if x is None else x.reshape(x.shape[0], -1, *x.shape[3:])
 
 
-def _spec(block, reverse, N):
+def chunk_spec(block, reverse, N):
     """A per-chunk block of an [N, R, ...] array for the (rows, chunks) grid."""
     rest = (0,) * (len(block) - 2)
     if reverse:
@@ -97,7 +105,8 @@ def _spec(block, reverse, N):
     return pl.BlockSpec(block, lambda r, j: (j, r, *rest))
 
 
-def _state_spec(K, Dv):
+def state_spec(K, Dv):
+    """A state `[B·H, K, Dv]` for the (rows, chunks) grid: the row's, the same every chunk."""
     return pl.BlockSpec((None, K, Dv), lambda r, j: (r, 0, 0))
 
 
@@ -108,7 +117,7 @@ def _flatten(terms):
     for name, x in named.items():
         if x is None:
             continue
-        x = _rows(x)
+        x = rows_major(x)
         out[name] = x[..., None] if name == "g" else x
     return out
 
@@ -157,13 +166,13 @@ def _walk(s0_BHKD, terms, interpret, keep):
     B, H = s0_BHKD.shape[:2]
     inputs = vary_together([flat[n] for n in names] + [s0_BHKD.reshape(R, K, Dv)])
     struct = functools.partial(result_struct, like=inputs[0])
-    in_specs = [_spec((None, None, *flat[n].shape[2:]), False, N) for n in names]
-    in_specs.append(_state_spec(K, Dv))
+    in_specs = [chunk_spec((None, None, *flat[n].shape[2:]), False, N) for n in names]
+    in_specs.append(state_spec(K, Dv))
     out_shape = [struct((N, R, C, Dv), jnp.float32), struct((R, K, Dv), jnp.float32)]
-    out_specs = [_spec((None, None, C, Dv), False, N), _state_spec(K, Dv)]
+    out_specs = [chunk_spec((None, None, C, Dv), False, N), state_spec(K, Dv)]
     if keep:
         out_shape.append(struct((N, R, K, Dv), jnp.float32))
-        out_specs.append(_spec((None, None, K, Dv), False, N))
+        out_specs.append(chunk_spec((None, None, K, Dv), False, N))
     flops = 2 * N * R * (C * K * Dv * 3 + C * C * Dv)
     outs = pl.pallas_call(
         functools.partial(_walk_kernel, names=tuple(names), keep=keep),
@@ -198,14 +207,21 @@ def _forward_walk(forward, interpret, s0_BHKD, xs, keep):
     return s_BHKD, _ungroup(outs)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
-def _scan(forward, backward, interpret, s0_BHKD, xs):
-    s, (o, _) = _forward_walk(forward, interpret, s0_BHKD, xs, keep=False)
+def _forward_pass(forward, fused, interpret, s0_BHKD, xs, keep):
+    if fused is None:
+        return _forward_walk(forward, interpret, s0_BHKD, xs, keep)
+    o, s, entering = fused(_carry_like(s0_BHKD, xs), xs, interpret, keep)
+    return s, (o, entering)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3))
+def _scan(forward, backward, fused, interpret, s0_BHKD, xs):
+    s, (o, _) = _forward_pass(forward, fused, interpret, s0_BHKD, xs, keep=False)
     return o, s
 
 
-def _scan_fwd(forward, backward, interpret, s0_BHKD, xs):
-    s, (o, entering) = _forward_walk(forward, interpret, s0_BHKD, xs, keep=True)
+def _scan_fwd(forward, backward, fused, interpret, s0_BHKD, xs):
+    s, (o, entering) = _forward_pass(forward, fused, interpret, s0_BHKD, xs, keep=True)
     # Residuals: the inputs and the state entering each chunk. The family's per-chunk residuals
     # are made again in the backward pass: kept for every chunk (DPLR's four [C, C] and two
     # [C, K] float32 arrays, a [C, C] one padded from 64 to 128 lanes in HBM), they held more
@@ -214,7 +230,7 @@ def _scan_fwd(forward, backward, interpret, s0_BHKD, xs):
     return (o, s), (xs, entering)
 
 
-def _scan_bwd(forward, backward, interpret, residuals, cotangents):
+def _scan_bwd(forward, backward, fused, interpret, residuals, cotangents):
     """Groups last to first (`lax.scan`, carrying dS): per group, the family's `forward` again
     (its residuals), its terms, the Pallas walk back over its chunks (the terms' cotangents),
     and the family's pullback of them to its inputs."""
@@ -246,12 +262,12 @@ def _walk_back(ds_BHKD, terms, entering, do_NBHCD, has_u0, interpret):
     names = list(flat)
     N, R, C, _ = flat["w"].shape
     X = None if g is None else g.shape[-1]
-    inputs = [flat[n] for n in names] + [entering, _rows(do_NBHCD), ds_BHKD.reshape(R, K, Dv)]
+    inputs = [flat[n] for n in names] + [entering, rows_major(do_NBHCD), ds_BHKD.reshape(R, K, Dv)]
     inputs = vary_together(inputs)
     struct = functools.partial(result_struct, like=inputs[0])
-    in_specs = [_spec((None, None, *flat[n].shape[2:]), True, N) for n in names]
-    in_specs += [_spec((None, None, K, Dv), True, N), _spec((None, None, C, Dv), True, N)]
-    in_specs.append(_state_spec(K, Dv))
+    in_specs = [chunk_spec((None, None, *flat[n].shape[2:]), True, N) for n in names]
+    in_specs += [chunk_spec((None, None, K, Dv), True, N), chunk_spec((None, None, C, Dv), True, N)]
+    in_specs.append(state_spec(K, Dv))
     shapes = {
         "w": (C, K),
         "x0": (C, Dv),
@@ -264,9 +280,9 @@ def _walk_back(ds_BHKD, terms, entering, do_NBHCD, has_u0, interpret):
     # dX₀ whether or not the family has an X₀ (its pullback reads it as U's cotangent, say)
     written = ["w", "x0", "q", "p", "e"] + ["u0"] * has_u0 + ["g"] * (g is not None)
     out_shape = [struct((N, R, *shapes[n]), jnp.float32) for n in written]
-    out_specs = [_spec((None, None, *shapes[n]), True, N) for n in written]
+    out_specs = [chunk_spec((None, None, *shapes[n]), True, N) for n in written]
     out_shape.append(struct((R, K, Dv), jnp.float32))
-    out_specs.append(_state_spec(K, Dv))
+    out_specs.append(state_spec(K, Dv))
     kernel = functools.partial(
         _walk_back_kernel, names=tuple(names), written=tuple(written), scalar_g=X == 1
     )
