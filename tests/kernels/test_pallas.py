@@ -414,14 +414,14 @@ def _family_inputs(family, T, seed=0):
     return [jnp.asarray(x, jnp.float32) for x in args]
 
 
-def _family_run(family, method, args, segment_ids):
+def _family_run(family, method, args, segment_ids, chunk_size):
     *xs, decay, s0 = args
     fn = K.dplr_delta_rule if family == "dplr" else K.delta_product
     o, state = fn(
         *xs,
         log_decay=decay,
         method=method,
-        chunk_size=16,
+        chunk_size=chunk_size,
         initial_state=K.LinearAttentionState(s0, None),
         return_state=True,
         segment_ids=segment_ids,
@@ -429,10 +429,10 @@ def _family_run(family, method, args, segment_ids):
     return o, state.kv
 
 
-@functools.partial(jax.jit, static_argnames=("family", "method"))
-def _family_outputs_and_grads(args, segment_ids, *, family, method):
+@functools.partial(jax.jit, static_argnames=("family", "method", "chunk_size"))
+def _family_outputs_and_grads(args, segment_ids, *, family, method, chunk_size=16):
     def loss(args):
-        o, s = _family_run(family, method, args, segment_ids)
+        o, s = _family_run(family, method, args, segment_ids, chunk_size)
         w_o = jnp.cos(jnp.arange(o.size, dtype=jnp.float32)).reshape(o.shape)
         w_s = jnp.sin(jnp.arange(s.size, dtype=jnp.float32)).reshape(s.shape)
         return jnp.sum(o * w_o) + jnp.sum(s * w_s), (o, s)
@@ -452,15 +452,25 @@ def _family_losses(family, segment_ids, args):
     return (o * w_o).sum((1, 2, 3)) + (s * w_s).sum((1, 2, 3))
 
 
-@pytest.mark.parametrize(("family", "T", "starts"), [("dplr", 37, (20, 32)), ("product", 21, (8,))])
-def test_dplr_and_delta_product_match_float64_recurrence_and_chunk(family, T, starts):
-    """DPLR: resets mid-chunk and on a chunk boundary, −30 on one channel; DeltaProduct: T·n
-    sub-tokens over two chunks, a reset mid-chunk; both from an initial state."""
+FAMILY_CASES = [
+    ("dplr", 37, (20, 32), 16),
+    ("dplr", 1, (), 16),
+    ("dplr", 45, (20, 32), 32),  # two sub-blocks: the forward kernel's block substitution
+    ("product", 21, (8,), 16),
+]
+
+
+@pytest.mark.parametrize(("family", "T", "starts", "chunk_size"), FAMILY_CASES)
+def test_dplr_and_delta_product_match_float64_recurrence_and_chunk(family, T, starts, chunk_size):
+    """DPLR: resets mid-chunk (inside a sub-block) and on a chunk boundary, −30 on one channel,
+    T = 1; DeltaProduct: T·n sub-tokens over two chunks, a reset mid-chunk; all from an initial
+    state."""
     args = _family_inputs(family, T)
     seg = _segments(T, starts)
+    run = functools.partial(_family_outputs_and_grads, family=family, chunk_size=chunk_size)
     with K.pallas_interpret():
-        (o, s), grads = _family_outputs_and_grads(args, seg, family=family, method="pallas")
-    (o_c, s_c), grads_c = _family_outputs_and_grads(args, seg, family=family, method="chunk")
+        (o, s), grads = run(args, seg, method="pallas")
+    (o_c, s_c), grads_c = run(args, seg, method="chunk")
     seg_np = np.asarray(seg)
     loop = dplr_loop if family == "dplr" else delta_product_loop
     ref = loop(*args, segment_ids=seg_np)

@@ -23,12 +23,12 @@ What has a Pallas form: `causal_linear_attention` (`linear/pallas.py`: the whole
 every decay kind, in two kernels, forward and backward), and the delta family (`delta_rule`,
 `dplr_delta_rule`, `delta_product`) through `pallas_chunk_scan.py`: there the walk across chunks
 (the sequential part) is a Pallas kernel pair, while the UT transform, scores and decays, and
-their pullback, stay batched XLA matmuls beside it, a group of chunks at a time. The forward
-pass of `delta_rule` (and `delta_product` through it) is one kernel instead, the UT transform
-inside it (`delta/pallas.py`: block forward substitution over 16-row sub-blocks); its backward
-pass, and DPLR's forward and backward, are the walk beside XLA. Moving the backward inside needs
-the families' hand-written pullbacks (`delta.py`, `dplr.py`) rewritten per chunk inside the
-backward kernel: the transposed solve, the scores' sub-block VJP, dβ.
+their pullback, stay batched XLA matmuls beside it, a group of chunks at a time, in the backward
+pass. The forward pass of `delta_rule`, `delta_product` (through it) and `dplr_delta_rule` is
+one kernel instead, the UT transform inside it (`delta/pallas.py`: block forward substitution
+over 16-row sub-blocks). Moving the backward inside needs the families' hand-written pullbacks
+(`delta.py`, `dplr.py`) rewritten per chunk inside the backward kernel: the transposed solve,
+the scores' sub-block VJP, dβ.
 """
 
 from __future__ import annotations

@@ -17,10 +17,10 @@ one grid step per (batch·head row, chunk), the state carried in VMEM:
 
 So the Mosaic kernels cover the walk (the part a `lax.scan` serialises); the UT transform and
 its pullback stay XLA matmuls beside them, unless the family gives its forward pass as one
-kernel (`fused`: the delta rule's, `delta/pallas.py`, the UT transform inside it), which then
-replaces the forward groups; the backward pass is this walk beside the pullback either way.
-The terms and their cotangents live one group at a time: made for all chunks at once, they
-held 2.6× the chunk form's temporaries for KDA at T = 4096 (v5e compiler figures,
+kernel (`fused`: the delta rule's and DPLR's, `delta/pallas.py`, the UT transform inside it),
+which then replaces the forward groups; the backward pass is this walk beside the pullback
+either way. The terms and their cotangents live one group at a time: made for all chunks at
+once, they held 2.6× the chunk form's temporaries for KDA at T = 4096 (v5e compiler figures,
 BENCHMARKS.md).
 """
 
@@ -226,7 +226,7 @@ def _scan_fwd(forward, backward, fused, interpret, s0_BHKD, xs):
     # are made again in the backward pass: kept for every chunk (DPLR's four [C, C] and two
     # [C, K] float32 arrays, a [C, C] one padded from 64 to 128 lanes in HBM), they held more
     # temporaries than the chunk form (DPLR, v6e, train, T = 4096: 67.0 MiB against 61.5; made
-    # again: 31.1. Compiler figures, BENCHMARKS.md).
+    # again: 31.1, its forward pass then still in XLA groups. Compiler figures, BENCHMARKS.md).
     return (o, s), (xs, entering)
 
 

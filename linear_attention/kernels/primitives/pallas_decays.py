@@ -29,7 +29,7 @@ def as_column(x_1M):
     return jnp.sum(jnp.where(eye, x_1M, 0.0), axis=1, keepdims=True)
 
 
-def key_sub_blocks(b, n, *, strict: bool = False):
+def key_sub_blocks(b, n, *, g_query=None, n_query=None, strict: bool = False):
     """The factors of the decayed scores of a chunk `[C, M]` (b, n as above; n may be float32
     counts or integers), per query sub-block i in order: `(rows, q_scale, k_scale, diag)` with
 
@@ -39,9 +39,13 @@ def key_sub_blocks(b, n, *, strict: bool = False):
       diag     [c, c, M]  exp(b_t − b_s) for s ≤ t in the sub-block (s < t with `strict`), else 0
 
     so that the scores of sub-block i are Σ_m x_t y_s diag (its own keys) and
-    (x_i ⊙ q_scale)(y ⊙ k_scale)ᵀ (the earlier keys; 0 from s ≥ i·c)."""
+    (x_i ⊙ q_scale)(y ⊙ k_scale)ᵀ (the earlier keys; 0 from s ≥ i·c). With `g_query` and
+    `n_query` the query side reads its own cumulative decay in place of b_t (DPLR's decay before
+    the token's own, with `strict`: every exponent stays ≤ 0), as `decays.SubBlocks`."""
     C, M = b.shape
     c = SUB_BLOCK
+    bq = b if g_query is None else g_query
+    nq = n if n_query is None else n_query
     # built in 3-D: Mosaic does not reshape a 2-D mask to [c, c, 1]
     row = jax.lax.broadcasted_iota(jnp.int32, (c, c, M), 0)
     col = jax.lax.broadcasted_iota(jnp.int32, (c, c, M), 1)
@@ -49,12 +53,12 @@ def key_sub_blocks(b, n, *, strict: bool = False):
     key_row = jax.lax.broadcasted_iota(jnp.int32, (C, M), 0)
     for i in range(C // c):
         rows = slice(i * c, (i + 1) * c)
-        b_i, n_i = b[rows], n[rows]
-        keep = tril & (n_i[:, None, :] == n_i[None, :, :])
-        diag = masked_exp(keep, b_i[:, None, :] - b_i[None, :, :])
+        b_i, n_i, bq_i, nq_i = b[rows], n[rows], bq[rows], nq[rows]
+        keep = tril & (nq_i[:, None, :] == n_i[None, :, :])
+        diag = masked_exp(keep, bq_i[:, None, :] - b_i[None, :, :])
         q_scale = k_scale = None
         if i > 0:
             b_r, n_r = b[i * c - 1 : i * c], n[i * c - 1 : i * c]  # [1, M]
-            q_scale = masked_exp(n_i == n_r, b_i - b_r)
+            q_scale = masked_exp(nq_i == n_r, bq_i - b_r)
             k_scale = masked_exp((key_row < i * c) & (n == n_r), b_r - b)
         yield rows, q_scale, k_scale, diag
