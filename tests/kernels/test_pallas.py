@@ -551,11 +551,17 @@ COMPILE_CASES = [
             ("v6e:2x2", "per_token"),
         ]
     ),
-    # the delta rule (its XLA part beside the Pallas walk): about 15 s a compile here
+    # the delta family (forward kernels with the UT transform inside, the backward walk beside
+    # XLA): 15-90 s a compile here
     *(
         pytest.param(topology, "delta_rule", decay, marks=_SLOW)
         for topology in ("v5e:2x2", "v6e:2x2")
         for decay in ("none", "per_token", "per_key")
+    ),
+    *(
+        pytest.param(topology, kernel, decay, marks=_SLOW)
+        for topology in ("v5e:2x2", "v6e:2x2")
+        for kernel, decay in (("dplr_delta_rule", "per_key"), ("delta_product", "per_token"))
     ),
 ]
 
@@ -574,23 +580,31 @@ def test_compiles_for_tpu(topology, kernel, decay):
 
     decay_shape = {"none": None, "per_token": (B, T, Hc), "per_key": (B, T, Hc, Mc)}[decay]
     a = None if decay_shape is None else spec(decay_shape, jnp.float32)
-    delta = kernel == "delta_rule"
+    options = dict(method="pallas", chunk_size=64)
+    qkv = [spec((B, T, Hc, Mc)) for _ in range(3)]
+    match kernel:  # the inputs besides q, k, v (β; DPLR's a, b), all differentiated
+        case "linear":
+            extra, call = (), K.causal_linear_attention
+        case "delta_rule":
+            extra, call = (spec((B, T, Hc)),), K.delta_rule
+        case "dplr_delta_rule":
+            extra, call = (spec((B, T, Hc, Mc)), spec((B, T, Hc, Mc))), K.dplr_delta_rule
+        case "delta_product":  # n = 2 steps per token
+            qkv[1:] = [spec((B, T, Hc, 2, Mc)) for _ in range(2)]
+            extra, call = (spec((B, T, Hc, 2)),), K.delta_product
+        case _:
+            raise ValueError(f"unknown kernel {kernel!r}")
 
-    def loss(q, k, v, beta, a):
-        if delta:
-            o = K.delta_rule(q, k, v, beta, log_decay=a, method="pallas", chunk_size=64)
-        else:
-            o = K.causal_linear_attention(q, k, v, log_decay=a, method="pallas", chunk_size=64)
+    def loss(q, k, v, extra, a):
+        o = call(q, k, v, *extra, log_decay=a, **options)
         return jnp.sum(o.astype(jnp.float32) ** 2), o
 
-    def forward_and_grads(q, k, v, beta, a):
-        argnums = (0, 1, 2) + ((3,) if delta else ()) + (() if a is None else (4,))
-        return jax.grad(loss, argnums=argnums, has_aux=True)(q, k, v, beta, a)
+    def forward_and_grads(q, k, v, extra, a):
+        argnums = (0, 1, 2, 3) + (() if a is None else (4,))
+        return jax.grad(loss, argnums=argnums, has_aux=True)(q, k, v, extra, a)
 
-    qkv = [spec((B, T, Hc, Mc)) for _ in range(3)]
-    beta = spec((B, T, Hc)) if delta else None
     with pallas_mosaic():
-        traced = jax.jit(forward_and_grads).trace(*qkv, beta, a)
+        traced = jax.jit(forward_and_grads).trace(*qkv, extra, a)
         lowered = traced.lower(lowering_platforms=("tpu",))
     text = lowered.as_text()
     assert "tpu_custom_call" in text  # the Mosaic kernels, not an XLA fallback
