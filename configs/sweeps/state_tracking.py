@@ -52,7 +52,9 @@ Grazzi et al.'s own protocol (1 layer, d_model 16, 20,000 steps of batch 256) is
       Run: the gated_deltanet pair, 3 seeds each (EXPERIMENTS.md section 7.14,
       docs/results/state_tracking_parity_paper_cpu.json): β ∈ (0, 2) learns parity with every
       seed, scaled accuracy 0.930, 0.586 and 0.754 at length 256 (0.984, 0.913, 0.897 over
-      lengths 40–256); β ∈ (0, 1) 0.020–0.113 at 256, at chance from length 64. RUNS_LEFT_SWEEP
+      lengths 40–256); β ∈ (0, 1) 0.020–0.113 at 256, at chance from length 64.
+      lstm seed 0 does not learn parity; deltanet β ∈ (0, 2) seed 0 had not by step 15,201
+      (stopped there), lstm seed 1 stopped at 16,162; the other 12 runs are not run.
 
 Mixers (``MIXERS``): softmax, linear (elu+1), taylor (8 projected dims), retnet, gated, gla,
 swa (window 16), Based (taylor + swa layers), rwkv7, and the delta family, each with
