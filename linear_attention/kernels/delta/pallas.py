@@ -43,6 +43,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from linear_attention.kernels.primitives.pallas import (
+    carry_state,
     compiler_params,
     cost_estimate,
     mxu_dot,
@@ -133,23 +134,14 @@ def _chunk_call(body, name, s0_BHKD, chunked, rows, interpret, keep, flops, tran
 
 def _kernel(*refs, body, num_inputs, keep):
     s0_ref, o_ref, s_ref = refs[num_inputs : num_inputs + 3]
-    s_acc = refs[-1]
-    j = pl.program_id(1)
+    keep_ref = refs[num_inputs + 3] if keep else None
 
-    @pl.when(j == 0)
-    def _():
-        s_acc[...] = s0_ref[...]
+    def step(S):
+        o, S = body(S, *(r[...] for r in refs[:num_inputs]))
+        o_ref[...] = o
+        return S
 
-    S = s_acc[...]
-    if keep:  # the state entering this chunk, for the backward pass
-        refs[num_inputs + 3][...] = S
-    o, S = body(S, *(r[...] for r in refs[:num_inputs]))
-    o_ref[...] = o
-    s_acc[...] = S
-
-    @pl.when(j == pl.num_programs(1) - 1)
-    def _():
-        s_ref[...] = S
+    carry_state(s0_ref, s_ref, refs[-1], keep_ref, step)
 
 
 def _delta_chunk(S, q, k, v, b, n, beta_row):

@@ -189,6 +189,28 @@ def per_head(body, axes, G: int):
     return kernel
 
 
+def carry_state(s0_ref, s_ref, s_acc, keep_ref, step):
+    """A walk kernel's state across its sequential chunk axis (grid axis 1): S starts from
+    ``s0_ref`` at the first chunk and lives in the VMEM scratch ``s_acc``; ``keep_ref`` (or None)
+    takes the state entering each chunk, for the backward pass; the last chunk writes the final
+    state to ``s_ref``. ``step(S) -> S'`` is the chunk's own work."""
+    j = pl.program_id(1)
+
+    @pl.when(j == 0)
+    def _():
+        s_acc[...] = s0_ref[...]
+
+    S = s_acc[...]
+    if keep_ref is not None:
+        keep_ref[...] = S
+    S = step(S)
+    s_acc[...] = S
+
+    @pl.when(j == pl.num_programs(1) - 1)
+    def _():
+        s_ref[...] = S
+
+
 def mxu_dot(a, b, *, trans_a: bool = False, trans_b: bool = False):
     """a @ b in float32 on the MXU, with either operand read transposed (no transpose made)."""
     contract = ((0 if trans_a else a.ndim - 1,), (b.ndim - 1 if trans_b else 0,))

@@ -33,6 +33,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from linear_attention.kernels.primitives.pallas import (
+    carry_state,
     check_pallas_backend,
     compiler_params,
     cost_estimate,
@@ -127,34 +128,25 @@ def _walk_kernel(*refs, names, keep):
     ins = dict(zip(names, refs[:n], strict=True))
     s0_ref = refs[n]
     o_ref, s_ref = refs[n + 1 : n + 3]
-    s_acc = refs[-1]
-    j = pl.program_id(1)
+    keep_ref = refs[n + 3] if keep else None
 
-    @pl.when(j == 0)
-    def _():
-        s_acc[...] = s0_ref[...]
+    def step(S):
+        get = {name: ref[...].astype(jnp.float32) for name, ref in ins.items()}
+        x = mxu_dot(get["w"], S)
+        if "x0" in get:
+            x = x + get["x0"]
+        o = mxu_dot(get["q"], S) + mxu_dot(get["p"], x)
+        if "o0" in get:
+            o = o + get["o0"]
+        o_ref[...] = o
+        if "g" in get:
+            S = get["g"] * S
+        S = S + mxu_dot(get["e"], x, trans_a=True)
+        if "u0" in get:
+            S = S + get["u0"]
+        return S
 
-    S = s_acc[...]
-    if keep:
-        refs[n + 3][...] = S
-    get = {name: ref[...].astype(jnp.float32) for name, ref in ins.items()}
-    x = mxu_dot(get["w"], S)
-    if "x0" in get:
-        x = x + get["x0"]
-    o = mxu_dot(get["q"], S) + mxu_dot(get["p"], x)
-    if "o0" in get:
-        o = o + get["o0"]
-    o_ref[...] = o
-    if "g" in get:
-        S = get["g"] * S
-    S = S + mxu_dot(get["e"], x, trans_a=True)
-    if "u0" in get:
-        S = S + get["u0"]
-    s_acc[...] = S
-
-    @pl.when(j == pl.num_programs(1) - 1)
-    def _():
-        s_ref[...] = S
+    carry_state(s0_ref, s_ref, refs[-1], keep_ref, step)
 
 
 def _walk(s0_BHKD, terms, interpret, keep):
