@@ -109,9 +109,17 @@ def paper_preset(task):
     - mixer: ``deltanet`` with ``allow_neg_eigval=True`` (the file's DeltaNet, β = 2·sigmoid);
       the study overrides ``--config.model.mixer`` and ``allow_neg_eigval``.
     - AdamW's β₂ is torch's default, 0.999 (the synthetic presets use 0.98); ε 1e-8.
-    - the block: this library's (pre-norm RMSNorm, SwiGLU MLP of ratio 4, untied embeddings as
-      the files' ``tie_weights: false``), where the authors use flash-linear-attention's DeltaNet
-      model (the same parts; its MLP's hidden size is rounded differently).
+    - the block: this library's (pre-norm RMSNorm, SwiGLU MLP, untied embeddings as the files'
+      ``tie_weights: false``), where the authors use flash-linear-attention's DeltaNet model:
+      the same parts, but its MLP's hidden width is 2/3 · 4 · d_model rounded up to a multiple
+      of 256, so 256 at d_model 16 against 64 here (12,288 MLP weights against 3,072); at
+      mod_arith's d_model 128 both are 512.
+    - the DeltaNet layer: flash-linear-attention's has no output gate (``use_gate=False``, its
+      default: RMSNorm only); this library's ``deltanet`` has the gate on (``out_gate``).
+      flash-linear-attention's Gated DeltaNet has it too.
+    - initialisation: flash-linear-attention's (the mixer's projections Xavier-uniform with gain
+      2^−2.5, the embeddings and MLP N(0, 0.02), the MLP's down projection divided by
+      √(2 · layers)) against this library's defaults.
     - weight decay reaches the embedding matrices here (AdamW decays every matrix); the files
       keep it off them (``weight_decay_on_embedding: false``). It matters on mod_arith only
       (parity's weight decay is 0).
@@ -198,7 +206,8 @@ def deltaproduct_preset(task):
     - AdamW decays the embedding matrix too (as the authors' torch AdamW does); float32
       throughout, where the authors cast the model to bfloat16.
     - the block: this library's (pre-norm RMSNorm, SwiGLU MLP of ratio 4), where the authors use
-      flash-linear-attention's (the same parts; its MLP width is rounded differently).
+      flash-linear-attention's: the same parts and the same MLP width, 512 (its 2/3 · 4 · 128
+      rounded up to a multiple of 256).
     """
     steps, per_epoch = 4_900, 49
     config = synthetic_preset(
