@@ -258,7 +258,7 @@ def test_head_blocks_match_float64_and_chunk(decay, Hw, Mw):
         assert rel_err(g, g_c) < 1e-4, (name, rel_err(g, g_c))
 
 
-# ---- the delta rule: the walk across chunks in Pallas kernels ----
+# ---- the delta rule: the forward and backward passes each one Pallas kernel ----
 
 HV = 2 * H  # grouped value heads: value head j reads q/k head j // 2
 
@@ -322,21 +322,22 @@ def _delta_inputs(T, decay, seed=0):
 
 # (decay, T, document starts, chunk): T = 1 and T not a multiple of the chunk; resets mid-chunk
 # and on a chunk boundary; a −30 log decay on one key channel (per_key); chunks of 32 and 64 are
-# 2 and 4 sub-blocks of 16 queries, so the kernel's block forward substitution runs (a reset
-# inside a sub-block, one on a sub-block edge).
+# 2 and 4 sub-blocks of 16 queries, so the kernels' block forward substitution (and, backwards,
+# the block back substitution and the earlier keys' factors) runs (a reset inside a sub-block,
+# one on a sub-block edge).
 DELTA_CASES = [
     ("none", 37, (5, 16), 16),
     ("per_token", 1, (), 16),
     ("per_key", 37, (20, 32), 16),
     ("per_key", 45, (20, 32), 32),
-    ("per_token", 50, (7, 48), 64),
+    ("per_key", 50, (7, 48), 64),
 ]
 
 
 @pytest.mark.parametrize(("decay", "T", "starts", "chunk_size"), DELTA_CASES)
 def test_delta_rule_matches_float64_recurrence_and_chunk(decay, T, starts, chunk_size):
-    """The forward kernel (UT transform inside it) and the backward walk, from an initial
-    state, with grouped value heads."""
+    """The forward kernel (UT transform inside it) and the backward kernel (the UT transform
+    made again, its pullback inside it), from an initial state, with grouped value heads."""
     args = _delta_inputs(T, decay)
     seg = _segments(T, starts) if starts else None
     run = functools.partial(_delta_outputs_and_grads, chunk_size=chunk_size)
@@ -376,22 +377,7 @@ def test_delta_rule_bfloat16_inputs_match_chunk():
         assert rel_err(g, g_c) < 2e-2
 
 
-def test_delta_rule_state_independent_part_by_groups(monkeypatch):
-    """Groups of one chunk (the backward pass's `lax.scan` over groups of the XLA part and
-    walk): the same numbers."""
-    from linear_attention.kernels.primitives import pallas_chunk_scan
-
-    monkeypatch.setattr(pallas_chunk_scan, "TOKENS_PER_GROUP", 16)
-    args = _delta_inputs(33, "per_key", seed=3)  # 3 chunks of 16: 3 groups
-    seg = _segments(33, (20,))
-    with K.pallas_interpret():
-        (o, s), grads = _delta_outputs_and_grads(*args, seg, method="pallas")
-    (o_c, s_c), grads_c = _delta_outputs_and_grads(*args, seg, method="chunk")
-    for x, x_c in zip((o, s, *grads), (o_c, s_c, *grads_c), strict=True):
-        assert rel_err(x, x_c) < 1e-4
-
-
-# ---- DPLR (RWKV-7) and DeltaProduct: the same walk ----
+# ---- DPLR (RWKV-7) and DeltaProduct ----
 
 
 def _family_inputs(family, T, seed=0):
@@ -484,6 +470,22 @@ def test_dplr_and_delta_product_match_float64_recurrence_and_chunk(family, T, st
         assert rel_err(g, g_c) < 1e-4, (i, rel_err(g, g_c))
 
 
+def test_dplr_state_independent_part_by_groups(monkeypatch):
+    """Groups of one chunk (DPLR's backward pass: a `lax.scan` over groups of the XLA part
+    beside the walk kernel): the same numbers."""
+    from linear_attention.kernels.primitives import pallas_chunk_scan
+
+    monkeypatch.setattr(pallas_chunk_scan, "TOKENS_PER_GROUP", 16)
+    args = _family_inputs("dplr", 33, seed=3)  # 3 chunks of 16: 3 groups
+    seg = _segments(33, (20,))
+    run = functools.partial(_family_outputs_and_grads, family="dplr")
+    with K.pallas_interpret():
+        (o, s), grads = run(args, seg, method="pallas")
+    (o_c, s_c), grads_c = run(args, seg, method="chunk")
+    for x, x_c in zip((o, s, *grads), (o_c, s_c, *grads_c), strict=True):
+        assert rel_err(x, x_c) < 1e-4
+
+
 # ---- dispatch ----
 
 
@@ -551,8 +553,8 @@ COMPILE_CASES = [
             ("v6e:2x2", "per_token"),
         ]
     ),
-    # the delta family (forward kernels with the UT transform inside, the backward walk beside
-    # XLA): 15-90 s a compile here
+    # the delta family (forward kernels with the UT transform inside; delta_rule's backward
+    # kernel with it too, DPLR's backward walk beside XLA): 15-90 s a compile here
     *(
         pytest.param(topology, "delta_rule", decay, marks=_SLOW)
         for topology in ("v5e:2x2", "v6e:2x2")

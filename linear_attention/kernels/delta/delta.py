@@ -62,7 +62,7 @@ from linear_attention.kernels.delta.checks import (
     check_pallas_chunk,
     initial_state_f32,
 )
-from linear_attention.kernels.delta.pallas import ut_walk
+from linear_attention.kernels.delta.pallas import ut_walk, ut_walk_back
 from linear_attention.kernels.primitives.chunk_scan import affine_chunk_scan, chunks_per_step
 from linear_attention.kernels.primitives.decays import (
     ChunkDecays,
@@ -116,9 +116,9 @@ def delta_rule(
         −inf resets S. None: a = 0.
       method: "chunk" (the training path, WY form), "scan" (token by token, the reference) or
         "pallas" (the per-key chunk form in Pallas TPU kernels: the forward pass one kernel, the
-        UT transform inside it; the backward pass the walk across chunks in a kernel beside the
-        XLA pullback; on a TPU, or inside `kernels.pallas_interpret()`; `chunk_size` a multiple
-        of 16).
+        UT transform inside it; the backward pass one kernel, the UT transform made again and
+        its pullback inside it; on a TPU, or inside `kernels.pallas_interpret()`; `chunk_size`
+        a multiple of 16).
       chunk_size: tokens per chunk for "chunk"; T need not be a multiple of it.
       initial_state: `LinearAttentionState(kv=[B, HV, K, Dv], k_sum=None)`.
       return_state: also return the state after the last token.
@@ -305,7 +305,7 @@ def delta_pallas(q_BTHK, k_BTHK, v_BTHD, beta_BTH, a_BTH, s0_BHKD, *, chunk_size
     """`method="pallas"`: the chunk form of a decay per key channel (`delta_chunked_per_key`;
     a per-head decay, or none, is read as the same decay on every key channel) in Pallas
     kernels: the forward pass by `delta.pallas.ut_walk` (UT transform inside), the backward by
-    the walk of `primitives.pallas_chunk_scan` beside `_per_key_backward`."""
+    `delta.pallas.ut_walk_back` (the same terms again and `_per_key_backward`'s lines inside)."""
     B, T, H, Kd = q_BTHK.shape
     if a_BTH is None:
         a_BTHK = jnp.zeros((B, T, H, Kd), jnp.float32)
@@ -342,9 +342,9 @@ def delta_chunked_per_key(
     derives each line). The cumulative log decays are summed outside it (autodiff carries their
     cotangent back to a, stopping at resets). With `pallas`, the forward pass is one Pallas
     kernel over the chunks (`pallas.ut_walk`: these lines, the UT transform included, inside
-    it), and the backward pass walks groups of chunks (`pallas_affine_chunk_scan`): this
-    function's state-independent part again in XLA, the walk back in a Pallas kernel, the
-    pullback below in XLA.
+    it), and so is the backward pass (`pallas.ut_walk_back`: the state-independent part made
+    again from the state entering each chunk, and the pullback below, inside it), both through
+    `pallas_affine_chunk_scan`.
     """
     T = q_BTHK.shape[1]
     C = min(chunk_size, T)
@@ -361,7 +361,7 @@ def delta_chunked_per_key(
     backward = functools.partial(_per_key_backward, c=c)
     if pallas:
         o_NBHCD, s_BHKD = pallas_affine_chunk_scan(
-            s0_BHKD, [*xs, b, n], forward, backward, fused=ut_walk
+            s0_BHKD, [*xs, b, n], forward, backward, fused=ut_walk, fused_backward=ut_walk_back
         )
     else:
         o_NBHCD, s_BHKD = affine_chunk_scan(s0_BHKD, [*xs, b, n], forward, G, backward)

@@ -1,7 +1,8 @@
 """The delta family's chunk forward pass as one Pallas TPU kernel, the UT transform inside it:
 `delta_rule(method="pallas")` (DeltaNet, Gated DeltaNet and KDA, every decay read per key
 channel), `delta_product(method="pallas")` through it (`ut_walk`), and
-`dplr_delta_rule(method="pallas")` with its generalised transform (`dplr_walk`).
+`dplr_delta_rule(method="pallas")` with its generalised transform (`dplr_walk`); and the delta
+rule's backward pass as one kernel too (`ut_walk_back`).
 
 One grid step per (batch·head row, chunk), chunks in order, the state S [K, Dv] carried in
 VMEM. A step reads its chunk's raw q, k, v [C, ·], β [1, C] and the cumulative log decay b and
@@ -27,11 +28,21 @@ system, its right-hand sides [L_ak V, A ⊙ e^{g⁻}], four decayed score matric
 exclusive decays g⁻, n⁻ (the decay before each token's own, which L_ab and L_ak read on the
 query side) taken in the kernel by a matmul with the [C, C] shift.
 
-The backward pass is not in this kernel: `primitives.pallas_chunk_scan` walks the chunks last
-to first with its Pallas walk kernel, remaking each chunk's terms and residuals by the family's
+Backward (`ut_walk_back`, the delta rule): one grid step per (row, chunk), chunks last to
+first, dS carried in VMEM. A step reads the state entering its chunk (the forward kernel keeps
+one [K, Dv] state per chunk, nothing else), dO and the chunk's inputs, makes the chunk's terms
+again as the forward step does (`_DeltaChunk`), and maps dO and dS' to the inputs' cotangents
+and dS (`_delta_chunk_back`, the lines of `delta._per_key_backward`): the transposed system
+(I + A)⁻ᵀ by block back substitution over the same sub-blocks and their 16 × 16 inverses, and
+the decayed scores' pullback by the same sub-block factors (diagonal blocks from their
+[16, 16, K] decays, earlier keys by matmuls), so −30 per token and resets stay exact. Its
+outputs, dq, dk, dv, db [C, ·] and dβ [1, C] per chunk, are the chunk-major cotangents of
+`ut_walk`'s inputs; autodiff outside carries db through the cumulative sums to the log decays.
+
+DPLR's backward pass is not in a kernel: `primitives.pallas_chunk_scan` walks its chunks last
+to first with the Pallas walk kernel, remaking each chunk's terms and residuals by the family's
 XLA `forward` and mapping the terms' cotangents to the inputs by its hand-written XLA pullback
-(`delta._per_key_backward`, `dplr._backward`), from the state entering each chunk this
-kernel keeps.
+(`dplr._backward`), from the state entering each chunk `dplr_walk` keeps.
 """
 
 from __future__ import annotations
@@ -56,7 +67,12 @@ from linear_attention.kernels.primitives.pallas_chunk_scan import (
     rows_major,
     state_spec,
 )
-from linear_attention.kernels.primitives.pallas_decays import SUB_BLOCK, as_column, key_sub_blocks
+from linear_attention.kernels.primitives.pallas_decays import (
+    SUB_BLOCK,
+    as_column,
+    as_row,
+    key_sub_blocks,
+)
 from linear_attention.kernels.segments import masked_exp
 
 
@@ -91,6 +107,75 @@ def dplr_walk(s0_BHKD, xs, interpret: bool, keep: bool):
     exps = 2 * (C * c * Kd + (P + 2) * C * Kd) + 3 * C * Kd
     return _chunk_call(_dplr_chunk, "dplr_walk_fwd", s0_BHKD, (q, k, v, a, b, g, n), (),
                        interpret, keep, flops, exps)  # fmt: skip
+
+
+def ut_walk_back(ds_BHKD, xs, entering, do_NBHCD, interpret: bool):
+    """The backward pass of `ut_walk` as one Pallas kernel, chunks last to first carrying dS:
+    each chunk's terms made again in VMEM from `xs` (as `ut_walk`; nothing per chunk is kept
+    but the state entering it, `entering [N, B·H, K, Dv]` from `ut_walk` with `keep`), and
+    their pullback to the inputs (`_delta_chunk_back`), from dO `[N, B, H, C, Dv]` and dS after
+    the last chunk `ds_BHKD`. Returns `(dS₀ [B, H, K, Dv], (dq, dk, dv, dβ, db, None))` shaped
+    as `xs` (n, the reset counts, is an integer: no cotangent)."""
+    q, k, v, beta, b, n = xs
+    N, B, H, C, Kd = q.shape
+    Dv = v.shape[-1]
+    R = B * H
+    c, P = SUB_BLOCK, C // SUB_BLOCK
+    arrays = [entering, *(rows_major(x) for x in (q, k, v, b, n, do_NBHCD))]
+    arrays.append(beta.reshape(N, R, 1, C))  # lane-dense rows, as `_chunk_call`
+    inputs = vary_together([*arrays, ds_BHKD.reshape(R, Kd, Dv)])
+    struct = functools.partial(result_struct, like=inputs[0])
+    grads = [(C, Kd), (C, Kd), (C, Dv), (C, Kd), (1, C)]  # dq, dk, dv, db, dβ
+    in_specs = [chunk_spec((None, None, *x.shape[2:]), True, N) for x in arrays]
+    in_specs.append(state_spec(Kd, Dv))
+    out_shape = [struct((N, R, *g), jnp.float32) for g in grads]
+    out_shape.append(struct((R, Kd, Dv), jnp.float32))
+    out_specs = [chunk_spec((None, None, *g), True, N) for g in grads]
+    out_specs.append(state_spec(Kd, Dv))
+    # the terms again (scores, inverses, the solve), then the walk's lines back, the transposed
+    # solve, dA, dP, and the two scores' pullbacks
+    flops = 2 * 2 * C * C * Kd + 2 * 3 * C * c * Kd + P * 15 * 2 * c * c * c
+    flops += 2 * C * C * (Kd + Dv) * 3 + 2 * (7 * C * Kd * Dv + 2 * C * C * Dv)
+    flops += 2 * (2 * 2 * C * C * Kd + 3 * C * c * Kd)
+    exps = 2 * C * c * Kd + 4 * C * Kd
+    dq, dk, dv, db, dbeta, ds0 = pl.pallas_call(
+        functools.partial(_back_kernel, num_inputs=len(arrays), num_grads=len(grads)),
+        out_shape=out_shape,
+        grid=(R, N),
+        in_specs=in_specs,
+        out_specs=out_specs,
+        scratch_shapes=[vmem_f32((Kd, Dv))],
+        compiler_params=compiler_params(),
+        cost_estimate=cost_estimate(
+            flops=R * N * flops,
+            transcendentals=R * N * exps,
+            arrays=inputs + out_shape,
+        ),
+        interpret=interpret,
+        name="delta_ut_walk_bwd",
+    )(*inputs)
+
+    def unrows(x):
+        return x.reshape(N, B, H, *x.shape[2:])
+
+    dxs = (unrows(dq), unrows(dk), unrows(dv), dbeta.reshape(N, B, H, C), unrows(db), None)
+    return ds0.reshape(B, H, Kd, Dv), dxs
+
+
+def _back_kernel(*refs, num_inputs, num_grads):
+    """`_delta_chunk_back` on a chunk's blocks (the entering state first), dS carried from the
+    last chunk (`carry_state` over the reversed chunk axis)."""
+    se_ref, *in_refs = refs[:num_inputs]
+    ds_end_ref = refs[num_inputs]
+    grad_refs = refs[num_inputs + 1 : num_inputs + 1 + num_grads]
+
+    def step(dS):
+        dS, grads = _delta_chunk_back(dS, se_ref[...], *(r[...] for r in in_refs))
+        for ref, g in zip(grad_refs, grads, strict=True):
+            ref[...] = g
+        return dS
+
+    carry_state(ds_end_ref, refs[-2], refs[-1], None, step)
 
 
 def _chunk_call(body, name, s0_BHKD, chunked, rows, interpret, keep, flops, transcendentals):
@@ -144,24 +229,82 @@ def _kernel(*refs, body, num_inputs, keep):
     carry_state(s0_ref, s_ref, refs[-1], keep_ref, step)
 
 
+class _DeltaChunk:
+    """The state-independent part of one chunk of the delta rule (module docstring), made in
+    VMEM: the decays (start = e^b, end = e^{b_C − b}, total = e^{b_C} as a row [1, K] and a
+    column [K, 1]), the sub-blocks' factors, the strict scores L and A = diag(β) L by query
+    sub-block with the inverses of A's diagonal blocks, [U, W], Qₛ = Q ⊙ e^b, Kₛ = K ⊙ e^b,
+    E = K ⊙ e^{b_C − b} and the scores P."""
+
+    def __init__(self, q, k, v, b, n, beta_row):
+        self.beta = beta = as_column(beta_row)  # [C, 1]
+        C = q.shape[0]
+        b_end, n_end = b[C - 1 :], n[C - 1 :]  # [1, K]
+        start = masked_exp(n == 0, b)
+        self.total_row = masked_exp(n_end == 0, b_end)
+        self.total = as_column(self.total_row)  # [K, 1]: scales the state's rows
+        self.start, self.end = start, masked_exp(n == n_end, b_end - b)
+        self.qs, self.ks, self.e = q * start, k * start, k * self.end
+        self.blocks = list(key_sub_blocks(b, n))
+        self.l_blocks = _scores(k, k, self.blocks, strict=True)
+        self.a_blocks = [
+            (rows, beta[rows] * l_ii, None if l_off is None else beta[rows] * l_off)
+            for rows, l_ii, l_off in self.l_blocks
+        ]
+        self.invs = _inverses(self.a_blocks)
+        self.u, self.w = _solve(self.a_blocks, self.invs, [v * beta, self.ks * beta])
+        self.p_blocks = _scores(q, k, self.blocks)
+
+
 def _delta_chunk(S, q, k, v, b, n, beta_row):
     """One chunk of the delta rule (module docstring): (O, S')."""
-    beta = as_column(beta_row)  # [C, 1]
-    C = q.shape[0]
-    b_end, n_end = b[C - 1 :], n[C - 1 :]  # [1, K]
-    start = masked_exp(n == 0, b)
-    end = masked_exp(n == n_end, b_end - b)
-    total = as_column(masked_exp(n_end == 0, b_end))  # [K, 1]: scales the state's rows
-    blocks = list(key_sub_blocks(b, n))
-    a_blocks = [
-        (rows, beta[rows] * l_ii, None if l_off is None else beta[rows] * l_off)
-        for rows, l_ii, l_off in _scores(k, k, blocks, strict=True)
-    ]
-    u, w = _solve(a_blocks, [v * beta, k * start * beta])
-    x = u - mxu_dot(w, S)  # U' = U − W S: the state-corrected, β-scaled values
-    o = mxu_dot(q * start, S) + _times(_scores(q, k, blocks), x)
-    S = total * S + mxu_dot(k * end, x, trans_a=True)
+    t = _DeltaChunk(q, k, v, b, n, beta_row)
+    x = t.u - mxu_dot(t.w, S)  # U' = U − W S: the state-corrected, β-scaled values
+    o = mxu_dot(t.qs, S) + _times(t.p_blocks, x)
+    S = t.total * S + mxu_dot(t.e, x, trans_a=True)
     return o, S
+
+
+def _delta_chunk_back(dS, S, q, k, v, b, n, do, beta_row):
+    """One chunk of the delta rule backwards (`ut_walk_back`): from S entering the chunk, dS'
+    after it and dO, the chunk's terms again (`_DeltaChunk`), then
+
+        dX = Pᵀ dO + E dS',   dS = Qₛᵀ dO + e^{b_C} ⊙ dS' − Wᵀ dX
+        dQₛ = dO Sᵀ,   dP = dO Xᵀ,   dE = X dS'ᵀ,   d e^{b_C} = Σ_d S ⊙ dS',   dW = −dX Sᵀ
+        [dR_u dR_w] = (I + A)⁻ᵀ [dX dW],   dA = −strict_lower(dR_u Uᵀ + dR_w Wᵀ)
+        dV = diag(β) dR_u,   dKₛ = diag(β) dR_w,   dL = diag(β) dA
+        dβ_t = Σ_s dA_ts L_ts + ⟨dR_u, V⟩_t + ⟨dR_w, Kₛ⟩_t
+
+    (X = U − W S; `delta._per_key_backward` derives the same lines), and the scores' pullback
+    (`_scores_vjp`) for P and L. Every decay factor is a masked exp, its own derivative (0
+    across a reset): db = dKₛ ⊙ Kₛ + dQₛ ⊙ Qₛ − dE ⊙ E + the scores' terms, and the last row
+    adds Σ_t dE ⊙ E + d e^{b_C} ⊙ e^{b_C}. Returns (dS, (dq, dk, dv, db, dβ [1, C]))."""
+    t = _DeltaChunk(q, k, v, b, n, beta_row)
+    C = q.shape[0]
+    x = t.u - mxu_dot(t.w, S)
+    dx = _times_transposed(t.p_blocks, do) + mxu_dot(t.e, dS)
+    dS_prev = mxu_dot(t.qs, do, trans_a=True) + t.total * dS - mxu_dot(t.w, dx, trans_a=True)
+    dqs = mxu_dot(do, S, trans_b=True)
+    de = mxu_dot(x, dS, trans_b=True)
+    d_total = as_row(jnp.sum(S * dS, axis=-1, keepdims=True))  # [1, K]
+    dr_u, dr_w = _solve_transposed(t.a_blocks, t.invs, [dx, -mxu_dot(dx, S, trans_b=True)])
+    da_blocks = _outer_blocks(t.blocks, [(-dr_u, t.u), (-dr_w, t.w)], strict=True)
+    dbeta = jnp.sum(dr_u * v, axis=-1, keepdims=True) + jnp.sum(dr_w * t.ks, -1, keepdims=True)
+    dbeta = dbeta + _row_sums(da_blocks, t.l_blocks)
+    dl_blocks = [
+        (rows, t.beta[rows] * da_ii, None if da_off is None else t.beta[rows] * da_off)
+        for rows, da_ii, da_off in da_blocks
+    ]
+    dq_p, dk_p = _scores_vjp(q, k, t.blocks, _outer_blocks(t.blocks, [(do, x)]))
+    dk_l1, dk_l2 = _scores_vjp(k, k, t.blocks, dl_blocks)
+    dks = t.beta * dr_w
+    dq = dqs * t.start + dq_p
+    dk = dks * t.start + de * t.end + dk_p + dk_l1 + dk_l2
+    db = dks * t.ks + dqs * t.qs - de * t.e + q * dq_p - k * dk_p + k * (dk_l1 - dk_l2)
+    db_end = jnp.sum(de * t.e, axis=0, keepdims=True) + d_total * t.total_row  # [1, K]
+    last = jax.lax.broadcasted_iota(jnp.int32, db.shape, 0) == C - 1
+    db = db + jnp.where(last, db_end, 0.0)
+    return dS_prev, (dq, dk, t.beta * dr_u, db, as_row(dbeta))
 
 
 def _dplr_chunk(S, q, k, v, a, b, g, n):
@@ -186,7 +329,8 @@ def _dplr_chunk(S, q, k, v, a, b, g, n):
         (rows, -l_ii, None if l_off is None else -l_off)
         for rows, l_ii, l_off in _scores(a, b, exclusive)
     ]
-    w0, x = _solve(a_blocks, [_times(_scores(a, k, exclusive), v), a * start_prev])
+    rhs = [_times(_scores(a, k, exclusive), v), a * start_prev]
+    w0, x = _solve(a_blocks, _inverses(a_blocks), rhs)
     w = mxu_dot(x, S) + w0
     o = mxu_dot(q * start, S) + _times(_scores(q, b, inclusive), w)
     o = o + _times(_scores(q, k, inclusive), v)
@@ -232,13 +376,83 @@ def _times(score_blocks, x):
     return jnp.concatenate(out, 0)
 
 
-def _solve(a_blocks, rhs):
+def _times_transposed(score_blocks, y):
+    """The scores (`_scores`) transposed times y [C, X]: the diagonal blocks' products by
+    sub-block, the earlier keys' [c, C]ᵀ products summed over the sub-blocks."""
+    diagonal, total = [], None
+    for rows, s_ii, s_off in score_blocks:
+        diagonal.append(mxu_dot(s_ii, y[rows], trans_a=True))
+        if s_off is not None:
+            part = mxu_dot(s_off, y[rows], trans_a=True)
+            total = part if total is None else total + part
+    out = jnp.concatenate(diagonal, 0)
+    return out if total is None else out + total
+
+
+def _outer_blocks(blocks, pairs, strict=False):
+    """Σ_(x, y) x yᵀ [C, C] of `pairs` as query sub-blocks `(rows, diagonal [c, c], [c, C] or
+    None)`, the layout of `_scores` (the cotangent of scores); with `strict` the diagonal
+    block is strictly lower-triangular. The [c, C] blocks are whole rows: their columns from
+    the sub-block on meet the zeros of `k_scale` in `_scores_vjp`."""
+    out = []
+    for rows, q_scale, _, _ in blocks:
+        s_ii = sum(mxu_dot(x[rows], y[rows], trans_b=True) for x, y in pairs)
+        if strict:
+            c = s_ii.shape[0]
+            below = jax.lax.broadcasted_iota(jnp.int32, (c, c), 0) > jax.lax.broadcasted_iota(
+                jnp.int32, (c, c), 1
+            )
+            s_ii = jnp.where(below, s_ii, 0.0)
+        s_off = None
+        if q_scale is not None:
+            s_off = sum(mxu_dot(x[rows], y, trans_b=True) for x, y in pairs)
+        out.append((rows, s_ii, s_off))
+    return out
+
+
+def _row_sums(x_blocks, y_blocks):
+    """Σ_s X_ts Y_ts [C, 1] of two sub-block layouts (`_scores`), sub-block by sub-block."""
+    out = []
+    for (_, x_ii, x_off), (_, y_ii, y_off) in zip(x_blocks, y_blocks, strict=True):
+        r = jnp.sum(x_ii * y_ii, axis=-1, keepdims=True)
+        out.append(r if x_off is None else r + jnp.sum(x_off * y_off, axis=-1, keepdims=True))
+    return jnp.concatenate(out, 0)
+
+
+def _scores_vjp(x, y, blocks, d_blocks):
+    """The cotangents (dx, dy) [C, M] of the decayed scores Σ_m x_tm y_sm e^{b_tm − b_sm}
+    (`_scores` on `blocks`) given theirs by sub-block (`d_blocks`): dx_t = Σ_s dS_ts y_s ⊙
+    e^{b_t − b_s}, dy_s = Σ_t dS_ts x_t ⊙ e^{b_t − b_s}, by the forward pass's factors (the
+    diagonal blocks from their [c, c, M] decays, the earlier keys by two matmuls each). The
+    decays' cotangent follows: ∂/∂b_t of a factor is the factor, ∂/∂b_s minus it, so
+    db = x ⊙ dx − y ⊙ dy."""
+    dx, dy_diagonal, dy = [], [], None
+    for (rows, q_scale, k_scale, diag), (_, d_ii, d_off) in zip(blocks, d_blocks, strict=True):
+        x_i, y_i = x[rows], y[rows]
+        weighted = d_ii[:, :, None] * diag  # [c, c, M]
+        dx_i = jnp.sum(weighted * y_i[None, :, :], axis=1)
+        dy_diagonal.append(jnp.sum(weighted * x_i[:, None, :], axis=0))
+        if q_scale is not None:
+            dx_i = dx_i + q_scale * mxu_dot(d_off, y * k_scale)
+            part = k_scale * mxu_dot(d_off, x_i * q_scale, trans_a=True)
+            dy = part if dy is None else dy + part
+        dx.append(dx_i)
+    dy_all = jnp.concatenate(dy_diagonal, 0)
+    return jnp.concatenate(dx, 0), dy_all if dy is None else dy_all + dy
+
+
+def _inverses(a_blocks):
+    """(I + Aᵢᵢ)⁻¹ of each diagonal block of `a_blocks` (`_solve`)."""
+    return [_invert_unit_lower(a_ii) for _, a_ii, _ in a_blocks]
+
+
+def _solve(a_blocks, invs, rhs):
     """(I + A)⁻¹ R for each R [C, X] of `rhs`, A strictly lower-triangular given by query
-    sub-blocks `(rows, A_ii [c, c], A_{i,<i} [c, C] (0 from column i·c) or None)`, by block
-    forward substitution (module docstring)."""
+    sub-blocks `(rows, A_ii [c, c], A_{i,<i} [c, C] (0 from column i·c) or None)` and `invs`
+    their (I + Aᵢᵢ)⁻¹ (`_inverses`), by block forward substitution (module docstring)."""
     C = rhs[0].shape[0]
     done = [[] for _ in rhs]
-    for rows, a_ii, a_off in a_blocks:
+    for (rows, a_ii, a_off), inv in zip(a_blocks, invs, strict=True):
         c = a_ii.shape[0]
         ys = [r[rows] for r in rhs]
         if a_off is not None:  # the rows solved so far, zeros below them
@@ -246,9 +460,24 @@ def _solve(a_blocks, rhs):
             for m, r in enumerate(rhs):
                 solved = jnp.concatenate([*done[m], jnp.zeros((pad, r.shape[1]), jnp.float32)], 0)
                 ys[m] = ys[m] - mxu_dot(a_off, solved)
-        inv = _invert_unit_lower(a_ii)
         for m, y in enumerate(ys):
             done[m].append(mxu_dot(inv, y))
+    return [jnp.concatenate(parts, 0) for parts in done]
+
+
+def _solve_transposed(a_blocks, invs, rhs):
+    """(I + A)⁻ᵀ R for each R [C, X] of `rhs` (A as in `_solve`), by block back substitution,
+    sub-blocks last to first: Yᵢ = (I + Aᵢᵢ)⁻ᵀ (Rᵢ − Σ_{j>i} A_jiᵀ Y_j), the sum kept as
+    Σ_j A_{j,<j}ᵀ Y_j [C, X] over the sub-blocks solved (its rows from j·c on are 0: A_{j,<j}'s
+    columns from j·c are)."""
+    done = [[] for _ in rhs]
+    acc = [jnp.zeros(r.shape, jnp.float32) for r in rhs]
+    for (rows, _, a_off), inv in reversed(list(zip(a_blocks, invs, strict=True))):
+        for m, r in enumerate(rhs):
+            y = mxu_dot(inv, r[rows] - acc[m][rows], trans_a=True)
+            done[m].insert(0, y)
+            if a_off is not None:
+                acc[m] = acc[m] + mxu_dot(a_off, y, trans_a=True)
     return [jnp.concatenate(parts, 0) for parts in done]
 
 

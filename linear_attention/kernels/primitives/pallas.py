@@ -21,14 +21,13 @@ Mosaic kernel (the trainer runs such a model in `shard_map`).
 
 What has a Pallas form: `causal_linear_attention` (`linear/pallas.py`: the whole chunk kernel,
 every decay kind, in two kernels, forward and backward), and the delta family (`delta_rule`,
-`dplr_delta_rule`, `delta_product`) through `pallas_chunk_scan.py`: there the walk across chunks
-(the sequential part) is a Pallas kernel pair, while the UT transform, scores and decays, and
-their pullback, stay batched XLA matmuls beside it, a group of chunks at a time, in the backward
-pass. The forward pass of `delta_rule`, `delta_product` (through it) and `dplr_delta_rule` is
-one kernel instead, the UT transform inside it (`delta/pallas.py`: block forward substitution
-over 16-row sub-blocks). Moving the backward inside needs the families' hand-written pullbacks
-(`delta.py`, `dplr.py`) rewritten per chunk inside the backward kernel: the transposed solve,
-the scores' sub-block VJP, dβ.
+`dplr_delta_rule`, `delta_product`) through `pallas_chunk_scan.py`. The forward pass of
+`delta_rule`, `delta_product` (through it) and `dplr_delta_rule` is one kernel, the UT transform
+inside it (`delta/pallas.py`: block forward substitution over 16-row sub-blocks); so is the
+backward pass of `delta_rule` and `delta_product` (`delta/pallas.py`: the UT transform made
+again and its pullback, the transposed solve by block back substitution, inside it). DPLR's
+backward pass is the walk across chunks in a Pallas kernel (`pallas_chunk_scan.py`) beside its
+XLA pullback, a group of chunks at a time.
 """
 
 from __future__ import annotations

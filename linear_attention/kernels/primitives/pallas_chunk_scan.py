@@ -18,10 +18,10 @@ one grid step per (batch·head row, chunk), the state carried in VMEM:
 So the Mosaic kernels cover the walk (the part a `lax.scan` serialises); the UT transform and
 its pullback stay XLA matmuls beside them, unless the family gives its forward pass as one
 kernel (`fused`: the delta rule's and DPLR's, `delta/pallas.py`, the UT transform inside it),
-which then replaces the forward groups; the backward pass is this walk beside the pullback
-either way. The terms and their cotangents live one group at a time: made for all chunks at
-once, they held 2.6× the chunk form's temporaries for KDA at T = 4096 (v5e compiler figures,
-BENCHMARKS.md).
+which then replaces the forward groups, and its backward pass as one kernel (`fused_backward`:
+the delta rule's), which then replaces the backward groups and this walk. The terms and their
+cotangents live one group at a time: made for all chunks at once, they held 2.6× the chunk
+form's temporaries for KDA at T = 4096 (v5e compiler figures, BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ _TERMS = ("w", "x0", "q", "p", "o0", "e", "u0", "g")
 TOKENS_PER_GROUP = 64
 
 
-def pallas_affine_chunk_scan(s0_BHKD, xs, forward, backward, fused=None):
+def pallas_affine_chunk_scan(s0_BHKD, xs, forward, backward, fused=None, fused_backward=None):
     """`affine_chunk_scan(s0_BHKD, xs, forward, N, backward)` with the walk in Pallas kernels:
     `forward` and `backward` are the family's, called on groups of chunks (`xs` chunk-major
     `[N, B, H, C, ...]`). Returns `(O [N, B, H, C, Dv], S_final)`.
@@ -60,9 +60,13 @@ def pallas_affine_chunk_scan(s0_BHKD, xs, forward, backward, fused=None):
     `fused(s0_BHKD, xs, interpret, keep) -> (O, S_final, entering [N, B·H, K, Dv] or None)`:
     the family's forward pass as one Pallas kernel over every chunk (its terms made inside it
     from `xs`, the UT transform included), in place of the groups of `forward` and the walk.
-    The backward pass is the same either way."""
+    The backward pass is the same either way, unless the family gives it as one kernel too:
+
+    `fused_backward(dS_final, xs, entering, dO, interpret) -> (dS₀, dxs)`: its terms made again
+    and their pullback inside the kernel (`delta/pallas.py`'s `ut_walk_back`), in place of the
+    groups of `backward` beside the walk back; needs `fused` (the states it keeps)."""
     interpret = check_pallas_backend('method="pallas"')
-    return _scan(forward, backward, fused, interpret, s0_BHKD, tuple(xs))
+    return _scan(forward, backward, fused, fused_backward, interpret, s0_BHKD, tuple(xs))
 
 
 def _group_size(N, C):
@@ -206,13 +210,13 @@ def _forward_pass(forward, fused, interpret, s0_BHKD, xs, keep):
     return s, (o, entering)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3))
-def _scan(forward, backward, fused, interpret, s0_BHKD, xs):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3, 4))
+def _scan(forward, backward, fused, fused_backward, interpret, s0_BHKD, xs):
     s, (o, _) = _forward_pass(forward, fused, interpret, s0_BHKD, xs, keep=False)
     return o, s
 
 
-def _scan_fwd(forward, backward, fused, interpret, s0_BHKD, xs):
+def _scan_fwd(forward, backward, fused, fused_backward, interpret, s0_BHKD, xs):
     s, (o, entering) = _forward_pass(forward, fused, interpret, s0_BHKD, xs, keep=True)
     # Residuals: the inputs and the state entering each chunk. The family's per-chunk residuals
     # are made again in the backward pass: kept for every chunk (DPLR's four [C, C] and two
@@ -222,12 +226,14 @@ def _scan_fwd(forward, backward, fused, interpret, s0_BHKD, xs):
     return (o, s), (xs, entering)
 
 
-def _scan_bwd(forward, backward, fused, interpret, residuals, cotangents):
+def _scan_bwd(forward, backward, fused, fused_backward, interpret, residuals, cotangents):
     """Groups last to first (`lax.scan`, carrying dS): per group, the family's `forward` again
     (its residuals), its terms, the Pallas walk back over its chunks (the terms' cotangents),
-    and the family's pullback of them to its inputs."""
+    and the family's pullback of them to its inputs; or the family's `fused_backward`."""
     xs, entering = residuals
     do_NBHCD, ds_BHKD = cotangents
+    if fused_backward is not None:
+        return fused_backward(_carry_like(ds_BHKD, xs), xs, entering, do_NBHCD, interpret)
     N, C = _chunks(xs)
     has_u0 = _has_u0(forward, xs)
 

@@ -29,6 +29,15 @@ def as_column(x_1M):
     return jnp.sum(jnp.where(eye, x_1M, 0.0), axis=1, keepdims=True)
 
 
+def as_row(x_M1):
+    """An `[M, 1]` column as a `[1, M]` row (through its diagonal, as `as_column`)."""
+    M = x_M1.shape[0]
+    eye = jax.lax.broadcasted_iota(jnp.int32, (M, M), 0) == jax.lax.broadcasted_iota(
+        jnp.int32, (M, M), 1
+    )
+    return jnp.sum(jnp.where(eye, x_M1, 0.0), axis=0, keepdims=True)
+
+
 def key_sub_blocks(b, n, *, g_query=None, n_query=None, strict: bool = False):
     """The factors of the decayed scores of a chunk `[C, M]` (b, n as above; n may be float32
     counts or integers), per query sub-block i in order: `(rows, q_scale, k_scale, diag)` with
