@@ -1,4 +1,6 @@
-"""Data-parallel (and FSDP) training on 4 forced CPU devices matches 1 device."""
+"""Data-parallel (and FSDP) training, and training with time split over 4 devices
+(``config.mesh.seq = 4``), on 4 forced CPU devices match 1 device: the three runs in one
+subprocess, the one-device run in the test process meanwhile."""
 
 import json
 import os
@@ -7,6 +9,7 @@ import sys
 import textwrap
 
 import numpy as np
+import pytest
 
 from linear_attention.training import trainer
 from tests.scripts import DEADLINE_S
@@ -25,12 +28,13 @@ SCRIPT = textwrap.dedent(
 
     assert jax.device_count() == 4, jax.devices()
     out = {}
-    for name, fsdp in (("dp", False), ("fsdp", True)):
+    for name, fsdp, seq in (("dp", False, 1), ("fsdp", True, 1), ("seq4", False, 4)):
         config = tiny_mqar()
-        config.mesh.fsdp = fsdp
+        config.mesh.fsdp, config.mesh.seq = fsdp, seq
         out[name] = summarize(trainer.train(config, f"{sys.argv[1]}/{name}"))
 
     # Where one step leaves the state and how it splits a batch, on the FSDP mesh.
+    config.mesh.fsdp, config.mesh.seq = True, 1
     cfg = experiment_config(config)
     mesh = make_mesh(4)
     tx, _ = make_optimizer(cfg.optimizer, cfg.train.num_steps)
@@ -59,7 +63,10 @@ def summarize(summary):
     }
 
 
-def test_four_devices_match_one(tmp_path):
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The subprocess's runs and results, with the one-device run as ``"one"``."""
+    tmp_path = tmp_path_factory.mktemp("multidevice")
     env = dict(os.environ)
     env["XLA_FLAGS"] = env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
     env["JAX_PLATFORMS"] = "cpu"
@@ -77,13 +84,26 @@ def test_four_devices_match_one(tmp_path):
     stdout, stderr = proc.communicate(timeout=DEADLINE_S)
     assert proc.returncode == 0, stderr[-3000:]
     line = next(x for x in stdout.splitlines() if x.startswith("RESULT"))
-    out = json.loads(line[len("RESULT") :])
-    assert [one["num_devices"], out["dp"]["num_devices"], out["fsdp"]["num_devices"]] == [1, 4, 4]
+    return dict(json.loads(line[len("RESULT") :]), one=one)
+
+
+def test_four_devices_match_one(runs):
+    one = runs["one"]
+    assert [one["num_devices"], runs["dp"]["num_devices"], runs["fsdp"]["num_devices"]] == [1, 4, 4]
     for name in ("dp", "fsdp"):
         for key in ("train_loss", "grad_norm", "eval_loss"):
-            np.testing.assert_allclose(out[name][key], one[key], rtol=1e-5, err_msg=key)
+            np.testing.assert_allclose(runs[name][key], one[key], rtol=1e-5, err_msg=key)
     # FSDP splits the [vocab, d_model] embedding's first axis over 4 devices; the batch of 8
     # rows is split into 4 x 2.
-    vocab, d_model = out["embed_shape"]
-    assert out["embed_shard_shape"] == [vocab // 4, d_model]
-    assert out["batch_shard_shape"] == [2, 32]
+    vocab, d_model = runs["embed_shape"]
+    assert runs["embed_shard_shape"] == [vocab // 4, d_model]
+    assert runs["batch_shard_shape"] == [2, 32]
+
+
+def test_training_run_with_seq_4_equals_one_device(runs):
+    """A whole run of the favor + softmax hybrid (feature redraws, the conv's halo) on data 1 ×
+    seq 4: the one-device run's losses and gradient norms."""
+    one, seq4 = runs["one"], runs["seq4"]
+    assert seq4["num_devices"] == 4
+    for key in ("train_loss", "grad_norm", "eval_loss"):
+        np.testing.assert_allclose(seq4[key], one[key], rtol=1e-5, err_msg=key)
