@@ -67,7 +67,9 @@ def test_resets_through_the_dispatcher(normalize):
     assert rel_err(o, ref_o) < 1e-5 and rel_err(final.kv, ref_kv) < 1e-5
     assert rel_err(final.k_sum, ref_sum) < 1e-5
     # Gradients are finite; none crosses a reset: a token before t=4 does not move o after it.
-    grads = jax.grad(lambda *x: jnp.sum(f(*x)[0][:, 4:] ** 2), argnums=(0, 1, 2, 3))(q, k, v, a)
+    grads = jax.jit(jax.grad(lambda *x: jnp.sum(f(*x)[0][:, 4:] ** 2), argnums=(0, 1, 2, 3)))(
+        q, k, v, a
+    )
     for g in grads:
         assert np.all(np.isfinite(g))
     for g in grads[1:3]:
@@ -79,7 +81,7 @@ def test_gradient_numerically_with_decay_per_key_dimension():
     q, k, v, s0, rng = inputs(2, T=7)
     a = jnp.asarray(-rng.uniform(0.1, 1.0, size=(B, 7, H, M)), jnp.float32)
     check_grads(
-        lambda *x: causal_chunk_parallel(*x, chunk_size=3),
+        jax.jit(lambda *x: causal_chunk_parallel(*x, chunk_size=3)),
         (q, k, v, a, s0), order=1, modes=["rev"], atol=2e-2, rtol=2e-2,
     )  # fmt: skip
 
@@ -99,8 +101,8 @@ def test_gradients_match_quadratic_with_per_head_decay_and_state():
 
     for a_in in (a, a[0, 0]):  # [B, T, H] and [H]
         args = (q, k, v, a_in, s0)
-        got = jax.grad(lambda *x: loss("chunk_parallel", *x), argnums=range(5))(*args)
-        ref = jax.grad(lambda *x: loss("quadratic", *x), argnums=range(5))(*args)
+        got = jax.jit(jax.grad(lambda *x: loss("chunk_parallel", *x), argnums=range(5)))(*args)
+        ref = jax.jit(jax.grad(lambda *x: loss("quadratic", *x), argnums=range(5)))(*args)
         for g, r in zip(got, ref, strict=True):
             assert rel_err(g, r) < 1e-4
 
