@@ -343,8 +343,8 @@ def delta_chunked_per_key(
     cotangent back to a, stopping at resets). With `pallas`, the forward pass is one Pallas
     kernel over the chunks (`pallas.ut_walk`: these lines, the UT transform included, inside
     it), and so is the backward pass (`pallas.ut_walk_back`: the state-independent part made
-    again from the state entering each chunk, and the pullback below, inside it), both through
-    `pallas_affine_chunk_scan`.
+    again from the state entering each chunk, and `_per_key_backward`'s lines, inside it), both
+    through `pallas_affine_chunk_scan`.
     """
     T = q_BTHK.shape[1]
     C = min(chunk_size, T)
@@ -356,14 +356,12 @@ def delta_chunked_per_key(
     xs = [to_chunks(pad_time(x, G * C), C) for x in (q_BTHK, k_BTHK, v_BTHD, beta_BTH, a_BTHK)]
     # The cumulative sums stay outside the hand-written VJP: autodiff carries db to a.
     b, n = cumulative_log_decay(xs.pop(), axis=-2, restart=True)
-    c = sub_block_size(C)
-    forward = functools.partial(_per_key_forward, c=c)
-    backward = functools.partial(_per_key_backward, c=c)
     if pallas:
-        o_NBHCD, s_BHKD = pallas_affine_chunk_scan(
-            s0_BHKD, [*xs, b, n], forward, backward, fused=ut_walk, fused_backward=ut_walk_back
-        )
+        o_NBHCD, s_BHKD = pallas_affine_chunk_scan(s0_BHKD, [*xs, b, n], ut_walk, ut_walk_back)
     else:
+        c = sub_block_size(C)
+        forward = functools.partial(_per_key_forward, c=c)
+        backward = functools.partial(_per_key_backward, c=c)
         o_NBHCD, s_BHKD = affine_chunk_scan(s0_BHKD, [*xs, b, n], forward, G, backward)
     return from_chunks(o_NBHCD, T), s_BHKD
 

@@ -52,7 +52,7 @@ from linear_attention.kernels.delta.checks import (
     check_pallas_chunk,
     initial_state_f32,
 )
-from linear_attention.kernels.delta.pallas import dplr_walk
+from linear_attention.kernels.delta.pallas import dplr_walk, dplr_walk_back
 from linear_attention.kernels.primitives.chunk_scan import affine_chunk_scan, chunks_per_step
 from linear_attention.kernels.primitives.decays import ChunkDecays, SubBlocks, sub_block_size
 from linear_attention.kernels.primitives.driver import affine_call
@@ -91,8 +91,8 @@ def dplr_delta_rule(
       log_decay: w ≤ 0, None, `[H]`, `[B, T, H]` or `[B, T, H, K]`; −inf zeroes the diagonal part.
       method: "chunk" (generalised UT transform, the training path), "scan" (the reference) or
         "pallas" (the chunk form in Pallas TPU kernels: the forward pass one kernel, the
-        generalised UT transform inside it; the backward pass the walk across chunks in a
-        kernel beside the XLA pullback; on a TPU, or inside `kernels.pallas_interpret()`;
+        generalised UT transform inside it; the backward pass one kernel, the transform made
+        again and its pullback inside it; on a TPU, or inside `kernels.pallas_interpret()`;
         `chunk_size` a multiple of 16).
       chunk_size: tokens per chunk for "chunk"; T need not be a multiple of it.
       initial_state: `LinearAttentionState(kv=[B, H, K, Dv], k_sum=None)`.
@@ -185,9 +185,9 @@ def dplr_chunked(
 ):
     """DPLR chunkwise (generalised UT transform, see the module docstring), float32 arrays;
     padding tokens have zero k, v, a, b and log decay: they leave the state alone. With
-    `pallas`, the forward pass is one Pallas kernel (`pallas.dplr_walk`), and the backward
-    pass walks groups of chunks (`pallas_affine_chunk_scan`): `_forward` again in XLA, the
-    walk back in a Pallas kernel, `_backward`'s pullback in XLA."""
+    `pallas`, the forward pass is one Pallas kernel (`pallas.dplr_walk`), and so is the
+    backward pass (`pallas.dplr_walk_back`: `_forward`'s terms made again from the state
+    entering each chunk, and `_backward`'s lines, inside it)."""
     T = q_BTHK.shape[1]
     if pallas:
         C, G = min(chunk_size, round_up(T, CHUNK_MULTIPLE)), 1
@@ -198,14 +198,12 @@ def dplr_chunked(
     xs = [to_chunks(pad_time(x, G * C), C) for x in inputs]
     # The cumulative sums stay outside the hand-written VJP: autodiff carries dg to w.
     g, n = cumulative_log_decay(xs.pop(), axis=-2, restart=True)
-    c = sub_block_size(C)
-    forward = functools.partial(_forward, c=c)
-    backward = functools.partial(_backward, c=c)
     if pallas:
-        o_NBHCD, s_BHKD = pallas_affine_chunk_scan(
-            s0_BHKD, [*xs, g, n], forward, backward, fused=dplr_walk
-        )
+        o_NBHCD, s_BHKD = pallas_affine_chunk_scan(s0_BHKD, [*xs, g, n], dplr_walk, dplr_walk_back)
     else:
+        c = sub_block_size(C)
+        forward = functools.partial(_forward, c=c)
+        backward = functools.partial(_backward, c=c)
         o_NBHCD, s_BHKD = affine_chunk_scan(s0_BHKD, [*xs, g, n], forward, G, backward)
     return from_chunks(o_NBHCD, T), s_BHKD
 

@@ -1,8 +1,8 @@
 """The delta family's chunk forward pass as one Pallas TPU kernel, the UT transform inside it:
 `delta_rule(method="pallas")` (DeltaNet, Gated DeltaNet and KDA, every decay read per key
 channel), `delta_product(method="pallas")` through it (`ut_walk`), and
-`dplr_delta_rule(method="pallas")` with its generalised transform (`dplr_walk`); and the delta
-rule's backward pass as one kernel too (`ut_walk_back`).
+`dplr_delta_rule(method="pallas")` with its generalised transform (`dplr_walk`); and their
+backward passes as one kernel each (`ut_walk_back`, `dplr_walk_back`).
 
 One grid step per (batch·head row, chunk), chunks in order, the state S [K, Dv] carried in
 VMEM. A step reads its chunk's raw q, k, v [C, ·], β [1, C] and the cumulative log decay b and
@@ -39,10 +39,11 @@ the decayed scores' pullback by the same sub-block factors (diagonal blocks from
 outputs, dq, dk, dv, db [C, ·] and dβ [1, C] per chunk, are the chunk-major cotangents of
 `ut_walk`'s inputs; autodiff outside carries db through the cumulative sums to the log decays.
 
-DPLR's backward pass is not in a kernel: `primitives.pallas_chunk_scan` walks its chunks last
-to first with the Pallas walk kernel, remaking each chunk's terms and residuals by the family's
-XLA `forward` and mapping the terms' cotangents to the inputs by its hand-written XLA pullback
-(`dplr._backward`), from the state entering each chunk `dplr_walk` keeps.
+DPLR's backward kernel (`dplr_walk_back`) is the same walk with `dplr._backward`'s lines
+(`_dplr_chunk_back`): (I − L_ab)⁻ᵀ by block back substitution, the four scores' pullbacks (the
+exclusive ones' query side reads g⁻), and g⁻'s cotangent moved up a row onto g's by a matmul
+with the transposed shift. `primitives.pallas_chunk_scan` joins each pair of kernels in one
+custom VJP.
 """
 
 from __future__ import annotations
@@ -119,27 +120,63 @@ def ut_walk_back(ds_BHKD, xs, entering, do_NBHCD, interpret: bool):
     q, k, v, beta, b, n = xs
     N, B, H, C, Kd = q.shape
     Dv = v.shape[-1]
-    R = B * H
     c, P = SUB_BLOCK, C // SUB_BLOCK
-    arrays = [entering, *(rows_major(x) for x in (q, k, v, b, n, do_NBHCD))]
-    arrays.append(beta.reshape(N, R, 1, C))  # lane-dense rows, as `_chunk_call`
-    inputs = vary_together([*arrays, ds_BHKD.reshape(R, Kd, Dv)])
-    struct = functools.partial(result_struct, like=inputs[0])
-    grads = [(C, Kd), (C, Kd), (C, Dv), (C, Kd), (1, C)]  # dq, dk, dv, db, dβ
-    in_specs = [chunk_spec((None, None, *x.shape[2:]), True, N) for x in arrays]
-    in_specs.append(state_spec(Kd, Dv))
-    out_shape = [struct((N, R, *g), jnp.float32) for g in grads]
-    out_shape.append(struct((R, Kd, Dv), jnp.float32))
-    out_specs = [chunk_spec((None, None, *g), True, N) for g in grads]
-    out_specs.append(state_spec(Kd, Dv))
     # the terms again (scores, inverses, the solve), then the walk's lines back, the transposed
     # solve, dA, dP, and the two scores' pullbacks
     flops = 2 * 2 * C * C * Kd + 2 * 3 * C * c * Kd + P * 15 * 2 * c * c * c
     flops += 2 * C * C * (Kd + Dv) * 3 + 2 * (7 * C * Kd * Dv + 2 * C * C * Dv)
     flops += 2 * (2 * 2 * C * C * Kd + 3 * C * c * Kd)
     exps = 2 * C * c * Kd + 4 * C * Kd
-    dq, dk, dv, db, dbeta, ds0 = pl.pallas_call(
-        functools.partial(_back_kernel, num_inputs=len(arrays), num_grads=len(grads)),
+    grads = [(C, Kd), (C, Kd), (C, Dv), (C, Kd), (1, C)]  # dq, dk, dv, db, dβ [1, C]
+    ds0, (dq, dk, dv, db, dbeta) = _back_call(_delta_chunk_back, "delta_ut_walk_bwd", ds_BHKD,
+                                              entering, (q, k, v, b, n, do_NBHCD), (beta,),
+                                              grads, interpret, flops, exps)  # fmt: skip
+    return ds0, (dq, dk, dv, dbeta.reshape(N, B, H, C), db, None)
+
+
+def dplr_walk_back(ds_BHKD, xs, entering, do_NBHCD, interpret: bool):
+    """The backward pass of `dplr_walk` as one Pallas kernel, as `ut_walk_back`: each chunk's
+    terms again from `xs` and the state entering it, and their pullback (`_dplr_chunk_back`).
+    Returns `(dS₀, (dq, dk, dv, da, db, dg, None))` shaped as `xs`."""
+    q, k, v, a, b, g, n = xs
+    C, Kd, Dv = q.shape[3], q.shape[4], v.shape[-1]
+    c, P = SUB_BLOCK, C // SUB_BLOCK
+    X = Kd + Dv
+    # the terms again (as `dplr_walk`, without O), the walk's lines back, the transposed solve,
+    # the four score cotangents and their pullbacks, the shift of dg⁻
+    flops = 2 * (C * C * Kd + C * c * Kd) * 4 + 2 * 3 * C * C * Kd
+    flops += P * 14 * 2 * c * c * c + 2 * (C * C * X + 2 * C * c * X) + 2 * C * C * Dv
+    flops += 2 * (8 * C * Kd * Dv + 4 * C * C * Dv) + 2 * C * C * (Kd + 2 * Dv)
+    flops += 4 * 2 * (2 * C * C * Kd + 3 * C * c * Kd)
+    exps = 2 * (C * c * Kd + (P + 2) * C * Kd) + 3 * C * Kd
+    grads = [(C, Kd), (C, Kd), (C, Dv), (C, Kd), (C, Kd), (C, Kd)]  # dq, dk, dv, da, db, dg
+    ds0, dxs = _back_call(_dplr_chunk_back, "dplr_walk_bwd", ds_BHKD, entering,
+                          (q, k, v, a, b, g, n, do_NBHCD), (), grads, interpret, flops,
+                          exps)  # fmt: skip
+    return ds0, (*dxs, None)
+
+
+def _back_call(body, name, ds_BHKD, entering, chunked, rows, grads, interpret, flops, exps):
+    """One `pallas_call` over the grid (B·H rows, N chunks), chunks last to first, dS in VMEM:
+    `body(dS', S, *blocks) -> (dS, cotangents)` on the state entering the chunk and the chunk's
+    blocks of the `chunked` arrays `[N, B, H, C, X]` and `rows` arrays `[N, B, H, C]` (as
+    `_chunk_call`); the cotangents have the block shapes `grads`. `flops` and `exps` per chunk.
+    Returns `(dS₀ [B, H, K, Dv], the cotangents [N, B, H, *shape] of `grads`)`."""
+    N, B, H, C = chunked[0].shape[:4]
+    Kd, Dv = ds_BHKD.shape[-2:]
+    R = B * H
+    arrays = [entering, *(rows_major(x) for x in chunked)]
+    arrays += [x.reshape(N, R, 1, C) for x in rows]  # lane-dense rows, as `_chunk_call`
+    inputs = vary_together([*arrays, ds_BHKD.reshape(R, Kd, Dv)])
+    struct = functools.partial(result_struct, like=inputs[0])
+    in_specs = [chunk_spec((None, None, *x.shape[2:]), True, N) for x in arrays]
+    in_specs.append(state_spec(Kd, Dv))
+    out_shape = [struct((N, R, *g), jnp.float32) for g in grads]
+    out_shape.append(struct((R, Kd, Dv), jnp.float32))
+    out_specs = [chunk_spec((None, None, *g), True, N) for g in grads]
+    out_specs.append(state_spec(Kd, Dv))
+    *outs, ds0 = pl.pallas_call(
+        functools.partial(_back_kernel, body=body, num_inputs=len(arrays), num_grads=len(grads)),
         out_shape=out_shape,
         grid=(R, N),
         in_specs=in_specs,
@@ -152,25 +189,20 @@ def ut_walk_back(ds_BHKD, xs, entering, do_NBHCD, interpret: bool):
             arrays=inputs + out_shape,
         ),
         interpret=interpret,
-        name="delta_ut_walk_bwd",
+        name=name,
     )(*inputs)
-
-    def unrows(x):
-        return x.reshape(N, B, H, *x.shape[2:])
-
-    dxs = (unrows(dq), unrows(dk), unrows(dv), dbeta.reshape(N, B, H, C), unrows(db), None)
-    return ds0.reshape(B, H, Kd, Dv), dxs
+    return ds0.reshape(B, H, Kd, Dv), [x.reshape(N, B, H, *x.shape[2:]) for x in outs]
 
 
-def _back_kernel(*refs, num_inputs, num_grads):
-    """`_delta_chunk_back` on a chunk's blocks (the entering state first), dS carried from the
-    last chunk (`carry_state` over the reversed chunk axis)."""
+def _back_kernel(*refs, body, num_inputs, num_grads):
+    """`body` on a chunk's blocks (the entering state first), dS carried from the last chunk
+    (`carry_state` over the reversed chunk axis)."""
     se_ref, *in_refs = refs[:num_inputs]
     ds_end_ref = refs[num_inputs]
     grad_refs = refs[num_inputs + 1 : num_inputs + 1 + num_grads]
 
     def step(dS):
-        dS, grads = _delta_chunk_back(dS, se_ref[...], *(r[...] for r in in_refs))
+        dS, grads = body(dS, se_ref[...], *(r[...] for r in in_refs))
         for ref, g in zip(grad_refs, grads, strict=True):
             ref[...] = g
         return dS
@@ -307,6 +339,38 @@ def _delta_chunk_back(dS, S, q, k, v, b, n, do, beta_row):
     return dS_prev, (dq, dk, t.beta * dr_u, db, as_row(dbeta))
 
 
+class _DplrChunk:
+    """The state-independent part of one chunk of DPLR (`_dplr_chunk`), made in VMEM: the
+    decays (with g⁻, n⁻ the decay and count before each token's own), the sub-blocks' factors
+    (inclusive, and exclusive: the query side reads g⁻), the scores M_qb, M_qk, L_ak and
+    −L_ab by query sub-block with the inverses of (I − L_ab)'s diagonal blocks, [W₀ X],
+    Qₛ = Q ⊙ e^g, Aₛ = A ⊙ e^{g⁻}, B_e = B ⊙ e^{g_C − g} and K_e = K ⊙ e^{g_C − g}."""
+
+    def __init__(self, q, k, v, a, b, g, n):
+        C = q.shape[0]
+        n = n.astype(jnp.float32)  # exact small integers: the shift below is a matmul
+        g_prev, n_prev = _previous_rows(g), _previous_rows(n)
+        g_end, n_end = g[C - 1 :], n[C - 1 :]
+        self.start = masked_exp(n == 0, g)
+        self.start_prev = masked_exp(n_prev == 0, g_prev)
+        self.end = masked_exp(n == n_end, g_end - g)
+        self.total_row = masked_exp(n_end == 0, g_end)
+        self.total = as_column(self.total_row)
+        self.qs, self.as_ = q * self.start, a * self.start_prev
+        self.be, self.ke = b * self.end, k * self.end
+        self.inclusive = list(key_sub_blocks(g, n))
+        self.exclusive = list(key_sub_blocks(g, n, g_query=g_prev, n_query=n_prev, strict=True))
+        self.a_blocks = [
+            (rows, -l_ii, None if l_off is None else -l_off)
+            for rows, l_ii, l_off in _scores(a, b, self.exclusive)
+        ]
+        self.invs = _inverses(self.a_blocks)
+        self.l_ak = _scores(a, k, self.exclusive)
+        self.w0, self.x = _solve(self.a_blocks, self.invs, [_times(self.l_ak, v), self.as_])
+        self.m_qb = _scores(q, b, self.inclusive)
+        self.m_qk = _scores(q, k, self.inclusive)
+
+
 def _dplr_chunk(S, q, k, v, a, b, g, n):
     """One chunk of DPLR (`dplr` module docstring): with g⁻, n⁻ the decay and count before each
     token's own (rows shifted down by one),
@@ -315,37 +379,79 @@ def _dplr_chunk(S, q, k, v, a, b, g, n):
         S' = e^{g_C} ⊙ S + (B ⊙ e^{g_C − g})ᵀ W + (K ⊙ e^{g_C − g})ᵀ V
 
     as W = X S + W₀ with [W₀ X] = (I − L_ab)⁻¹ [L_ak V, A ⊙ e^{g⁻}]."""
-    C = q.shape[0]
-    n = n.astype(jnp.float32)  # exact small integers: the shift below is a matmul
-    g_prev, n_prev = _previous_rows(g), _previous_rows(n)
-    g_end, n_end = g[C - 1 :], n[C - 1 :]
-    start = masked_exp(n == 0, g)
-    start_prev = masked_exp(n_prev == 0, g_prev)
-    end = masked_exp(n == n_end, g_end - g)
-    total = as_column(masked_exp(n_end == 0, g_end))
-    inclusive = list(key_sub_blocks(g, n))
-    exclusive = list(key_sub_blocks(g, n, g_query=g_prev, n_query=n_prev, strict=True))
-    a_blocks = [
-        (rows, -l_ii, None if l_off is None else -l_off)
-        for rows, l_ii, l_off in _scores(a, b, exclusive)
-    ]
-    rhs = [_times(_scores(a, k, exclusive), v), a * start_prev]
-    w0, x = _solve(a_blocks, _inverses(a_blocks), rhs)
-    w = mxu_dot(x, S) + w0
-    o = mxu_dot(q * start, S) + _times(_scores(q, b, inclusive), w)
-    o = o + _times(_scores(q, k, inclusive), v)
-    S = total * S + mxu_dot(b * end, w, trans_a=True) + mxu_dot(k * end, v, trans_a=True)
+    t = _DplrChunk(q, k, v, a, b, g, n)
+    w = mxu_dot(t.x, S) + t.w0
+    o = mxu_dot(t.qs, S) + _times(t.m_qb, w) + _times(t.m_qk, v)
+    S = t.total * S + mxu_dot(t.be, w, trans_a=True) + mxu_dot(t.ke, v, trans_a=True)
     return o, S
+
+
+def _dplr_chunk_back(dS, S, q, k, v, a, b, g, n, do):
+    """One chunk of DPLR backwards (`dplr_walk_back`): the chunk's terms again (`_DplrChunk`),
+    then, with W = X S + W₀,
+
+        dW = M_qbᵀ dO + B_e dS',   dS = Qₛᵀ dO + e^{g_C} ⊙ dS' + Xᵀ dW,   dX = dW Sᵀ
+        dQₛ = dO Sᵀ,  dM_qb = dO Wᵀ,  dM_qk = dO Vᵀ,  dB_e = W dS'ᵀ,  dK_e = V dS'ᵀ
+        [dR₀ dAₛ] = (I − L_ab)⁻ᵀ [dW dX],   dL_ab = strict_lower(dR₀ W₀ᵀ + dAₛ Xᵀ),   dL_ak = dR₀ Vᵀ
+        dV = M_qkᵀ dO + K_e dS' + L_akᵀ dR₀
+
+    (`dplr._backward` derives the same lines), the four scores' pullbacks (`_scores_vjp`; L_ab
+    and L_ak read g⁻ on the query side), and the decays' cotangent: dg⁻ = dAₛ ⊙ Aₛ + the
+    exclusive scores' query terms, moved up a row onto dg (g⁻_t = g_{t−1}) by a matmul with the
+    shift; dg = dQₛ ⊙ Qₛ − dB_e ⊙ B_e − dK_e ⊙ K_e + the other scores' terms, the last row adding
+    Σ_t (dB_e ⊙ B_e + dK_e ⊙ K_e) + d e^{g_C} ⊙ e^{g_C}. Returns (dS, (dq, dk, dv, da, db, dg))."""
+    t = _DplrChunk(q, k, v, a, b, g, n)
+    C = q.shape[0]
+    w = mxu_dot(t.x, S) + t.w0
+    dw = _times_transposed(t.m_qb, do) + mxu_dot(t.be, dS)
+    dS_prev = mxu_dot(t.qs, do, trans_a=True) + t.total * dS + mxu_dot(t.x, dw, trans_a=True)
+    dqs = mxu_dot(do, S, trans_b=True)
+    dbe = mxu_dot(w, dS, trans_b=True)
+    dke = mxu_dot(v, dS, trans_b=True)
+    d_total = as_row(jnp.sum(S * dS, axis=-1, keepdims=True))  # [1, K]
+    dr0, das = _solve_transposed(t.a_blocks, t.invs, [dw, mxu_dot(dw, S, trans_b=True)])
+    dv = _times_transposed(t.m_qk, do) + mxu_dot(t.ke, dS) + _times_transposed(t.l_ak, dr0)
+    # the exclusive blocks' diagonal factors are strict: no mask on dL's diagonal blocks
+    dl_ab = _outer_blocks(t.exclusive, [(dr0, t.w0), (das, t.x)])
+    dl_ak = _outer_blocks(t.exclusive, [(dr0, v)])
+    dm_qb = _outer_blocks(t.inclusive, [(do, w)])
+    dm_qk = _outer_blocks(t.inclusive, [(do, v)])
+    da_ab, db_ab = _scores_vjp(a, b, t.exclusive, dl_ab)
+    da_ak, dk_ak = _scores_vjp(a, k, t.exclusive, dl_ak)
+    dq_qb, db_qb = _scores_vjp(q, b, t.inclusive, dm_qb)
+    dq_qk, dk_qk = _scores_vjp(q, k, t.inclusive, dm_qk)
+    dq = dqs * t.start + dq_qb + dq_qk
+    dk = dke * t.end + dk_ak + dk_qk
+    da = das * t.start_prev + da_ab + da_ak
+    db = dbe * t.end + db_ab + db_qb
+    dg_prev = das * t.as_ + a * (da_ab + da_ak)
+    dg = dqs * t.qs - dbe * t.be - dke * t.ke + q * (dq_qb + dq_qk)
+    dg = dg - b * (db_ab + db_qb) - k * (dk_ak + dk_qk)
+    dg = dg + _next_rows(dg_prev)
+    dg_end = jnp.sum(dbe * t.be + dke * t.ke, axis=0, keepdims=True) + d_total * t.total_row
+    last = jax.lax.broadcasted_iota(jnp.int32, dg.shape, 0) == C - 1
+    dg = dg + jnp.where(last, dg_end, 0.0)
+    return dS_prev, (dq, dk, dv, da, db, dg)
 
 
 def _previous_rows(x_CK):
     """Row t of the result is row t − 1 of x (row 0 is 0): a matmul with the [C, C] shift,
     exact at `Precision.HIGHEST` (one product of 1 per entry)."""
-    C = x_CK.shape[0]
+    return mxu_dot(_shift(x_CK.shape[0]), x_CK)
+
+
+def _next_rows(x_CK):
+    """Row t of the result is row t + 1 of x (the last row is 0): the transpose of
+    `_previous_rows`, its adjoint."""
+    return mxu_dot(_shift(x_CK.shape[0]), x_CK, trans_a=True)
+
+
+def _shift(C):
+    """The [C, C] shift down by one row: 1 at (t, t − 1)."""
     shift = jax.lax.broadcasted_iota(jnp.int32, (C, C), 0) == (
         jax.lax.broadcasted_iota(jnp.int32, (C, C), 1) + 1
     )
-    return mxu_dot(shift.astype(jnp.float32), x_CK)
+    return shift.astype(jnp.float32)
 
 
 def _scores(x, y, blocks, strict=False):

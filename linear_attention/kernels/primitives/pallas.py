@@ -21,13 +21,11 @@ Mosaic kernel (the trainer runs such a model in `shard_map`).
 
 What has a Pallas form: `causal_linear_attention` (`linear/pallas.py`: the whole chunk kernel,
 every decay kind, in two kernels, forward and backward), and the delta family (`delta_rule`,
-`dplr_delta_rule`, `delta_product`) through `pallas_chunk_scan.py`. The forward pass of
-`delta_rule`, `delta_product` (through it) and `dplr_delta_rule` is one kernel, the UT transform
-inside it (`delta/pallas.py`: block forward substitution over 16-row sub-blocks); so is the
-backward pass of `delta_rule` and `delta_product` (`delta/pallas.py`: the UT transform made
-again and its pullback, the transposed solve by block back substitution, inside it). DPLR's
-backward pass is the walk across chunks in a Pallas kernel (`pallas_chunk_scan.py`) beside its
-XLA pullback, a group of chunks at a time.
+`dplr_delta_rule`, `delta_product`): the forward pass of `delta_rule`, `delta_product`
+(through it) and `dplr_delta_rule` is one kernel, the UT transform inside it
+(`delta/pallas.py`: block forward substitution over 16-row sub-blocks); so is each backward
+pass (the UT transform made again and its pullback, the transposed solve by block back
+substitution, inside it), the pair joined by `pallas_chunk_scan.py`.
 """
 
 from __future__ import annotations
