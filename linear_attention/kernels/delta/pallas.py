@@ -1,8 +1,8 @@
-"""The delta family's chunk forward pass as one Pallas TPU kernel, the UT transform inside it:
-`delta_rule(method="pallas")` (DeltaNet, Gated DeltaNet and KDA, every decay read per key
-channel), `delta_product(method="pallas")` through it (`ut_walk`), and
-`dplr_delta_rule(method="pallas")` with its generalised transform (`dplr_walk`); and their
-backward passes as one kernel each (`ut_walk_back`, `dplr_walk_back`).
+"""The delta family's chunk form as Pallas TPU kernels, the forward pass one kernel and the
+backward pass one kernel, the UT transform inside each: `delta_rule(method="pallas")` (DeltaNet,
+Gated DeltaNet and KDA, every decay read per key channel), `delta_product(method="pallas")`
+through it (`ut_walk`, `ut_walk_back`), and `dplr_delta_rule(method="pallas")` with its
+generalised transform (`dplr_walk`, `dplr_walk_back`).
 
 One grid step per (batch·head row, chunk), chunks in order, the state S [K, Dv] carried in
 VMEM. A step reads its chunk's raw q, k, v [C, ·], β [1, C] and the cumulative log decay b and
@@ -20,8 +20,8 @@ sub-blocks: for sub-block i, Yᵢ = Rᵢ − diag(βᵢ) L_{i,<i} X_{<i} (one [1
 rows already solved, the rest zero), then Xᵢ = (I + Aᵢᵢ)⁻¹ Yᵢ with the 16 × 16 inverse by the
 iteration Z ← I − Aᵢᵢ Z from Z = I: Aᵢᵢ is strictly lower-triangular, so after m rounds rows
 0..m of Z are final, each the same arithmetic as forward substitution on it (15 rounds). Only
-matmuls, elementwise work, row slices at multiples of 16 and row concatenations: what Mosaic
-lowers.
+matmuls, elementwise work (2-D, and 3-D on a diagonal block's [16, 16, K] decays), row slices
+at multiples of 16 and row concatenations: what Mosaic lowers.
 
 DPLR (`dplr_walk`, `dplr` module docstring) is the same kernel with (I − L_ab)⁻¹ for the
 system, its right-hand sides [L_ak V, A ⊙ e^{g⁻}], four decayed score matrices, and the
