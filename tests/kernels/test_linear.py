@@ -90,10 +90,12 @@ def test_worked_example_causal(method):
 def test_worked_example_gradient(method):
     # o_0 = q_0 / (q_0 + q_1) at the second position: do_0/dq = [q_1, -q_0] / (q_0 + q_1)^2.
     q, k, v, _ = worked_example()
-    grad = jax.grad(
-        lambda q: K.causal_linear_attention(q, k, v, method=method, chunk_size=1, eps=1e-12)[
-            0, 1, 0, 0
-        ]
+    grad = jax.jit(
+        jax.grad(
+            lambda q: K.causal_linear_attention(q, k, v, method=method, chunk_size=1, eps=1e-12)[
+                0, 1, 0, 0
+            ]
+        )
     )(q)
     np.testing.assert_allclose(grad[0, 1, 0], [1 / 16, -3 / 16], rtol=1e-5)
     np.testing.assert_allclose(grad[0, 0, 0], [0.0, 0.0], atol=0)
@@ -239,7 +241,12 @@ def test_chunk_custom_vjp_numerically():
         return o, state.kv, state.k_sum
 
     check_grads(
-        f, (q, k, v, decays["per_token"], kv0, k_sum0), order=1, modes=["rev"], atol=2e-2, rtol=2e-2
+        jax.jit(f),
+        (q, k, v, decays["per_token"], kv0, k_sum0),
+        order=1,
+        modes=["rev"],
+        atol=2e-2,
+        rtol=2e-2,
     )
 
 

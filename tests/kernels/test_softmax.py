@@ -132,7 +132,7 @@ def test_large_logits_stay_finite():
     want, _ = np_attention(q, k, v, True)
     want_grads = np_attention_grads(q, k, v, do, True)
     for fn in (softmax_attention, functools.partial(blockwise_softmax_attention, block_size=3)):
-        o, vjp = jax.vjp(functools.partial(fn, causal=True), q, k, v)
+        o, vjp = jax.vjp(jax.jit(functools.partial(fn, causal=True)), q, k, v)
         np.testing.assert_allclose(o, want, rtol=1e-4, atol=1e-4)
         for got, ref in zip(vjp(do), want_grads, strict=True):
             np.testing.assert_allclose(got, ref, rtol=1e-3, atol=1e-3)
@@ -178,7 +178,7 @@ def test_traced_scale_matches_static_and_gets_a_gradient():
         o = jax.jit(lambda s, fn=fn: fn(q, k, v, causal=True, scale=s))(0.3)
         np.testing.assert_allclose(o, want, rtol=1e-5, atol=1e-6)
         grads.append(
-            jax.grad(lambda s, fn=fn: jnp.sum(fn(q, k, v, causal=True, scale=s) ** 2))(0.3)
+            jax.jit(jax.grad(lambda s, fn=fn: jnp.sum(fn(q, k, v, causal=True, scale=s) ** 2)))(0.3)
         )
     # d/dscale against a float64 central difference of the NumPy reference
     h = 1e-5
@@ -201,7 +201,7 @@ def test_segments_equal_each_document_alone(causal, blockwise):
         f = functools.partial(blockwise_softmax_attention, block_size=3)
     else:
         f = softmax_attention
-    o = f(q, k, v, causal=causal, segment_ids=jnp.asarray(SEG))
+    o = jax.jit(functools.partial(f, causal=causal))(q, k, v, segment_ids=jnp.asarray(SEG))
     want = np.zeros(o.shape)
     for b in range(2):
         for doc in np.unique(SEG[b]):
@@ -211,9 +211,13 @@ def test_segments_equal_each_document_alone(causal, blockwise):
             ]
     np.testing.assert_allclose(o, want, atol=2e-6)
     # no gradient crosses a boundary: the second document of row 0 ignores the first
-    g = jax.grad(
-        lambda k, v: jnp.sum(f(q, k, v, causal=causal, segment_ids=jnp.asarray(SEG))[0, 4:] ** 2),
-        argnums=(0, 1),
+    g = jax.jit(
+        jax.grad(
+            lambda k, v: jnp.sum(
+                f(q, k, v, causal=causal, segment_ids=jnp.asarray(SEG))[0, 4:] ** 2
+            ),
+            argnums=(0, 1),
+        )
     )(k, v)
     for x in g:
         assert np.all(np.asarray(x)[0, :4] == 0.0) and np.any(np.asarray(x)[0, 4:] != 0.0)
