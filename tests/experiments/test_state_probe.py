@@ -13,6 +13,12 @@ from linear_attention.training.load import restore_run
 from tests.scripts import load_module
 from tests.training.conftest import load_config
 
+# The references' full pass, prefill and step, each one compiled program (eagerly, every
+# operation compiles alone).
+full_pass = nnx.jit(lambda model, tokens: model(tokens))
+prefill = nnx.jit(lambda model, tokens, state: model.prefill(tokens, state))
+step = nnx.jit(lambda model, token, state: model.step(token, state))
+
 
 @pytest.fixture(scope="module")
 def sp():
@@ -38,7 +44,7 @@ def test_features_are_the_prefill_states_and_the_residual_stream(sp):
     model = then_softmax(seed=0)
     tokens = np.random.default_rng(0).integers(0, 5, (2, 6)).astype(np.int32)
     logits, residuals, states = sp.make_features(model)(tokens)
-    np.testing.assert_allclose(logits, model(tokens), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(logits, full_pass(model, tokens), rtol=1e-5, atol=1e-6)
     assert states[1] is None  # softmax: a KV cache, no recurrent state
     assert [r.shape for r in residuals] == [(2, 6, 16)] * 2
     # the head reads the last block's residual through the final norm (tied embedding)
@@ -47,7 +53,7 @@ def test_features_are_the_prefill_states_and_the_residual_stream(sp):
     # the state after position t is the prefill state of the prefix tokens[:, : t + 1]
     h = states[0].shape[2]
     for t in (2, 5):
-        _, state = model.prefill(tokens[:, : t + 1], model.init_state(2, 8))
+        _, state = prefill(model, tokens[:, : t + 1], model.init_state(2, 8))
         kv = np.asarray(state.layers[0].core.kv)
         assert kv.shape[1] == h
         np.testing.assert_allclose(states[0][:, t], kv.reshape(2, h, -1), rtol=1e-4, atol=1e-5)
@@ -60,7 +66,7 @@ def test_capped_decoding_against_a_step_loop(sp, mixer):
     decoder = sp.make_decoder(model)
     # no cap: the decoding path's logits are the full pass's, the norms the states' norms
     logits, norms = decoder(tokens, (None, None))
-    np.testing.assert_allclose(logits, model(tokens), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(logits, full_pass(model, tokens), rtol=1e-4, atol=1e-5)
     uncapped = logits
     assert norms[1] is None
     _, _, states = sp.make_features(model)(tokens)
@@ -71,7 +77,7 @@ def test_capped_decoding_against_a_step_loop(sp, mixer):
     logits, capped = decoder(tokens, (cap, None))
     state, want_logits, want_norms = model.init_state(2, 8), [], []
     for t in range(tokens.shape[1]):
-        step_logits, state = model.step(tokens[:, t], state)
+        step_logits, state = step(model, tokens[:, t], state)
         kv = np.asarray(state.layers[0].core.kv, np.float64)  # [B, H, M, Dv]
         norm = np.sqrt((kv**2).sum(axis=(2, 3)))
         scale = np.where(norm > cap, cap / norm, 1.0)
