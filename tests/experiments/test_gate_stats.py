@@ -8,6 +8,7 @@ from flax import nnx
 from linear_attention.data.batches import IGNORE_INDEX
 from linear_attention.models import LanguageModel, ModelConfig
 from tests.scripts import load_module
+from tests.training.conftest import full_pass
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +83,7 @@ def test_forward_gives_kda_its_keys_per_value_head(gs):
     np.testing.assert_array_equal(k[:, :, 2], k[:, :, 3])
     assert np.abs(k[:, :, 0] - k[:, :, 2]).max() > 1e-3
     np.testing.assert_allclose(np.linalg.norm(decay_keys[0], axis=-1), 1.0, rtol=1e-4)  # l2norm eps
-    np.testing.assert_allclose(logits, model(tokens), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(logits, full_pass(model, tokens), rtol=1e-5, atol=1e-6)
 
 
 def test_length_figures_accuracy_margin_and_ones(gs, monkeypatch):

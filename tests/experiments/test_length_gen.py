@@ -7,18 +7,14 @@ import math
 
 import numpy as np
 import pytest
-from flax import nnx
 
 from linear_attention.data.tokenizers import train_bpe
 from linear_attention.training import sweep, trainer
 from linear_attention.training.load import load_run, run_config
 from tests.scripts import load_module
-from tests.training.conftest import load_config, np_stats
+from tests.training.conftest import full_pass, load_config, np_stats
 
 FILES, FILE_BYTES, BLOCK = 10, 2000, 200  # 20 kB: blocks of 200 bytes, 10 per file
-
-# the reference's logits from one compiled forward pass (eagerly, every operation compiles alone)
-forward = nnx.jit(lambda model, tokens: model(tokens))
 
 
 def _train(tmp_path, corpus, name, **model):
@@ -112,7 +108,7 @@ def test_bucket_figures_match_per_token_loss(tmp_path, monkeypatch):
     windows = lg.validation_windows(cfg.data, 96, max_tokens=10**6)
 
     def per_token_nll(model, windows):
-        logits = np.asarray(forward(model, windows[:, :-1].astype(np.int32)), np.float64)
+        logits = np.asarray(full_pass(model, windows[:, :-1].astype(np.int32)), np.float64)
         labels = windows[:, 1:].astype(np.int64)
         logz = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
         return logz - np.take_along_axis(logits, labels[..., None], -1)[..., 0]
@@ -126,7 +122,7 @@ def test_bucket_figures_match_per_token_loss(tmp_path, monkeypatch):
         assert bucket["bits_per_byte"] == pytest.approx(want, rel=1e-5)
     # the mean over [0, 32) is an evaluation at length 32 (causal model): the same windows cut
     # to 33 bytes, scored as training scores them
-    logits = forward(model, windows[:, :32].astype(np.int32))
+    logits = full_pass(model, windows[:, :32].astype(np.int32))
     ce = np_stats(logits, windows[:, 1:33].astype(np.int64))[0]
     assert g["bits_per_byte"]["32"] == pytest.approx(ce / math.log(2), rel=1e-5)
     # the learned table (64 rows): the same windows cut to 65 bytes

@@ -11,11 +11,10 @@ from linear_attention.models import LanguageModel, ModelConfig
 from linear_attention.training import build_data, trainer
 from linear_attention.training.load import restore_run
 from tests.scripts import load_module
-from tests.training.conftest import load_config
+from tests.training.conftest import full_pass, load_config
 
-# The references' full pass, prefill and step, each one compiled program (eagerly, every
-# operation compiles alone).
-full_pass = nnx.jit(lambda model, tokens: model(tokens))
+# The references' prefill and step, each one compiled program (eagerly, every operation
+# compiles alone).
 prefill = nnx.jit(lambda model, tokens, state: model.prefill(tokens, state))
 step = nnx.jit(lambda model, token, state: model.step(token, state))
 

@@ -1,5 +1,6 @@
 """Shared helpers of the training tests: configs of the checkout, a tiny MQAR run, the newest
-checkpoint's state of a finished run and a float64 NumPy cross-entropy."""
+checkpoint's state of a finished run, a model's jitted forward pass and a float64 NumPy
+cross-entropy."""
 
 import os
 from pathlib import Path
@@ -14,6 +15,10 @@ from linear_attention.training.checkpoint import Checkpoints
 from tests.scripts import load_module
 
 ROOT = Path(__file__).resolve().parents[2]
+
+# A model's logits as one compiled program, for the references that read them (eagerly, every
+# operation of the forward pass compiles alone).
+full_pass = nnx.jit(lambda model, *args: model(*args))
 
 
 def load_config(name: str, arg: str | None = None):

@@ -29,7 +29,7 @@ from linear_attention.training import (
 from linear_attention.training import trainer as trainer_module
 from linear_attention.training.metrics import Reporter, read_jsonl
 from tests.scripts import DEADLINE_S, wait_until
-from tests.training.conftest import ROOT, load_config
+from tests.training.conftest import ROOT, full_pass, load_config
 
 SMOKE = "--config=configs/mqar.py:smoke"
 
@@ -209,7 +209,7 @@ def test_load_run_restores_the_final_parameters(text_run):
     data = build_data(cfg)
     # The reloaded model's bits per byte on the validation windows, in float64 here.
     inputs, labels = data.val_inputs, data.val_labels
-    logits = np.asarray(model(jnp.asarray(inputs)), np.float64)
+    logits = np.asarray(full_pass(model, jnp.asarray(inputs)), np.float64)
     logz = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
     picked = np.take_along_axis(logits, labels[..., None], -1)[..., 0]
     np.testing.assert_allclose(
@@ -253,7 +253,7 @@ def test_la_eval_reports_summary_metrics_and_accepts_data_overrides(text_run, ca
     assert data.val_inputs.shape == (5, 16)
     # the smoke preset packs documents: the model gets the segment ids, boundary labels are ignored
     segments = None if data.val_segment_ids is None else jnp.asarray(data.val_segment_ids)
-    logits = np.asarray(model(jnp.asarray(data.val_inputs), segments), np.float64)
+    logits = np.asarray(full_pass(model, jnp.asarray(data.val_inputs), segments), np.float64)
     logz = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
     labelled = data.val_labels != IGNORE_INDEX
     picked = np.take_along_axis(logits, np.where(labelled, data.val_labels, 0)[..., None], -1)

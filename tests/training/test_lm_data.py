@@ -21,7 +21,7 @@ from linear_attention.data.tokenizers import train_bpe
 from linear_attention.training import build_data, cli, eval_cli, experiment_config, load_run, train
 from linear_attention.training.metrics import Reporter, read_jsonl
 from tests.scripts import DEADLINE_S
-from tests.training.conftest import ROOT, load_config
+from tests.training.conftest import ROOT, full_pass, load_config
 
 WORDS = "the cat sat on a mat while dogs ran around quickly and slowly near rivers".split()
 KILL_AT = 5  # the subprocess dies asking for the batch of step 6 (checkpoint at step 4)
@@ -151,7 +151,7 @@ def test_la_eval_on_another_corpus_reports_bits_per_byte(corpus, uninterrupted, 
     data = build_data(cfg)
     rows = data.eval_rows
     logits = np.asarray(
-        model(jnp.asarray(rows["inputs"]), jnp.asarray(rows["segment_ids"])), np.float64
+        full_pass(model, jnp.asarray(rows["inputs"]), jnp.asarray(rows["segment_ids"])), np.float64
     )
     logz = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
     labelled = rows["labels"] != IGNORE_INDEX

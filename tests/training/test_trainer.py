@@ -19,7 +19,7 @@ from linear_attention.training import evaluation, experiment_config, make_optimi
 from linear_attention.training.checkpoint import Checkpoints
 from linear_attention.training.machine import cpu_identity
 from linear_attention.training.metrics import Reporter
-from tests.training.conftest import final_state, np_stats
+from tests.training.conftest import final_state, full_pass, np_stats
 
 
 def _read(workdir, name):
@@ -314,9 +314,9 @@ def test_packed_text_run_feeds_segment_ids_to_the_model(tmp_path):
     assert (batch["segment_ids"][:, -1] > 0).mean() >= 0.5
     model, _ = nnx.merge(graphdef, state)
     loss_sum, _, count = evaluation.eval_step(state, batch, graphdef=graphdef)
-    want, _ = np_stats(model(batch["inputs"], batch["segment_ids"]), batch["labels"])
+    want, _ = np_stats(full_pass(model, batch["inputs"], batch["segment_ids"]), batch["labels"])
     np.testing.assert_allclose(float(loss_sum / count), want, rtol=1e-5)
-    unpacked, _ = np_stats(model(batch["inputs"]), batch["labels"])
+    unpacked, _ = np_stats(full_pass(model, batch["inputs"]), batch["labels"])
     assert abs(unpacked - want) > 1e-4  # the segments changed the loss
 
 
