@@ -12,8 +12,10 @@ decay).
     python experiments/pallas_compile.py --topology v5e:2x2 \
         --out docs/results/pallas_compile_v5e.json
 
-`--methods pallas --reuse OLD.json` compiles only the Pallas programs and takes the chunk
-form's rows from an earlier file of the same topology (each reused row names its file and date).
+`--reuse OLD.json` keeps every row of an earlier file of the same topology that this run does
+not compile (a row from another file names that file and its date), so `--methods pallas`
+recompiles only the Pallas programs and `--lengths 16384,65536` adds lengths to a file. Each
+compiled row names the commit it was compiled at.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import argparse
 import json
 import os
 import platform
+import subprocess
 import time
 
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
@@ -67,6 +70,27 @@ def call(kernel, q, k, v, extra, **options):
             return K.delta_product(q, k, v, *extra, **options)
         case _:
             raise ValueError(f"unknown kernel {kernel!r}; allowed: {', '.join(KERNELS)}")
+
+
+def commit() -> str | None:
+    """The commit of the library compiled (short hash; "+dirty" with uncommitted changes under
+    linear_attention/), or None outside git."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True
+        )
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", "../linear_attention"],
+            cwd=here,
+            capture_output=True,
+            text=True,
+        )
+    except OSError:
+        return None
+    if head.returncode != 0:
+        return None
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
 def compile_one(topology, kernel, method, decay, T, mode, *, B=1, H=4, M=128, chunk_size=64):
@@ -117,9 +141,18 @@ def table(rows) -> str:
     """Markdown: per kernel, T, program and decay kind, the Pallas and chunk figures side by side
     (MiB of temporaries / peak; FLOPs in G and bytes accessed in MiB as counted)."""
     MiB = 2**20
+    order = {name: i for i, name in enumerate(KERNELS + ("forward", "train") + DECAYS)}
     by = {
         (r.get("kernel", "causal_linear_attention"), r["T"], r["mode"], r["decay"], r["method"]): r
-        for r in rows
+        for r in sorted(
+            rows,
+            key=lambda r: (
+                order[r.get("kernel", "causal_linear_attention")],
+                r["T"],
+                order[r["mode"]],
+                order[r["decay"]],
+            ),
+        )
     }
     lines = [
         "| kernel | T | program | decay | temp MiB pallas / chunk | peak MiB pallas / chunk "
@@ -142,24 +175,36 @@ def table(rows) -> str:
     return "\n".join(lines)
 
 
-def reused_rows(path, topology, compiled_methods, rows):
-    """The rows of `path` (same topology) of methods not compiled now, at the kernels, lengths,
-    programs and decay kinds compiled now; each names its file and date."""
+def key(row):
+    return (
+        row.get("kernel", "causal_linear_attention"),
+        row["method"],
+        row["decay"],
+        row["T"],
+        row["mode"],
+    )
+
+
+def reused(path, topology, rows, same_file):
+    """The rows of `path` (same topology) that `rows` does not compile again, and the earlier
+    file's runs. Taken from another file, each row names that file and its date; a row of the
+    file being rewritten (`same_file`) stays as it is."""
     with open(path) as f:
         old = json.load(f)
     if old["topology"] != topology:
         raise ValueError(f"--reuse {path}: topology {old['topology']!r}, not {topology!r}")
-    wanted = {
-        (r.get("kernel", "causal_linear_attention"), r["T"], r["mode"], r["decay"]) for r in rows
-    }
+    compiled = {key(r) for r in rows}
     kept = []
     for r in old["rows"]:
-        kernel = r.get("kernel", "causal_linear_attention")
-        if r["method"] in compiled_methods or (kernel, r["T"], r["mode"], r["decay"]) not in wanted:
+        if key(r) in compiled:
+            continue
+        if same_file:
+            kept.append({**r, "kernel": key(r)[0]})
             continue
         source = r.get("reused_from", f"{path} ({old['date_utc']} UTC)")  # where it was compiled
-        kept.append({**r, "kernel": kernel, "reused_from": source})
-    return kept
+        kept.append({**r, "kernel": key(r)[0], "reused_from": source})
+    runs = old.get("runs", [{"date_utc": old["date_utc"], "load_avg": old["load_avg"]}])
+    return kept, runs
 
 
 def main():
@@ -172,18 +217,26 @@ def main():
     )
     parser.add_argument("--decays", default=",".join(DECAYS))
     parser.add_argument("--methods", default=",".join(METHODS))
-    parser.add_argument("--reuse", help="earlier JSON whose rows of the other methods to keep")
+    parser.add_argument("--reuse", help="earlier JSON whose rows not compiled again to keep")
     parser.add_argument("--out", help="JSON file to write")
-    parser.add_argument("--table", help="print the markdown table of this JSON file and stop")
+    parser.add_argument(
+        "--table", nargs="+", help="print the markdown table of these JSON files and stop"
+    )
     args = parser.parse_args()
     if args.table:
-        with open(args.table) as f:
-            print(table(json.load(f)["rows"]))
+        rows = []
+        for path in args.table:
+            with open(path) as f:
+                rows += json.load(f)["rows"]
+        print(table(rows))
         return
     if not args.out:
         parser.error("--out is required (unless --table)")
+    if args.reuse:  # its topology checked before any compile
+        reused(args.reuse, args.topology, [], False)
     topology = topologies.get_topology_desc(topology_name=args.topology, platform="tpu")
     methods = args.methods.split(",")
+    at = commit()
     rows = []
     for kernel in args.kernels.split(","):
         for T in (int(x) for x in args.lengths.split(",")):
@@ -191,10 +244,25 @@ def main():
                 for decay in args.decays.split(","):
                     for method in methods:
                         row = compile_one(topology, kernel, method, decay, T, mode)
+                        row["commit"] = at
                         rows.append(row)
                         print(json.dumps(row), flush=True)
+    runs = []
     if args.reuse:
-        rows += reused_rows(args.reuse, args.topology, {r["method"] for r in rows}, rows)
+        same_file = os.path.abspath(args.reuse) == os.path.abspath(args.out)
+        kept, runs = reused(args.reuse, args.topology, rows, same_file)
+        rows += kept
+    date = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
+    run = {
+        "kernels": args.kernels,
+        "lengths": args.lengths,
+        "modes": args.modes,
+        "decays": args.decays,
+        "methods": args.methods,
+        "commit": at,
+        "date_utc": date,
+        "load_avg": os.getloadavg(),
+    }
     result = {
         "what": "compiler figures (memory_analysis, cost_analysis) per chip, not times",
         "topology": args.topology,
@@ -202,7 +270,8 @@ def main():
         "jax": jax.__version__,
         "machine": platform.node(),
         "load_avg": os.getloadavg(),
-        "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+        "date_utc": date,
+        "runs": runs + [run],
         "rows": rows,
     }
     with open(args.out, "w") as f:
