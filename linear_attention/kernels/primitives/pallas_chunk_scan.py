@@ -10,7 +10,7 @@ chunk's terms again from the state entering it and maps dO and dS to the inputs'
 Nothing else per chunk is stored between the two: the family's [C, C] residuals, kept for
 every chunk, held more temporaries than the chunk form (a [C, C] float32 array per chunk is
 padded from 64 to 128 lanes in HBM; DPLR, v6e, train, T = 4096: 67.0 MiB against 61.5;
-compiler figures, BENCHMARKS.md).
+compiler figures of that design).
 """
 
 from __future__ import annotations
