@@ -90,7 +90,7 @@ def test_gradient_matches_finite_differences_of_the_loop():
     float64 loop."""
     mixer, x = get_mixer("lstm")(D, H, rngs=nnx.Rngs(3)), inputs()
     w = np.cos(np.arange(B * T * D)).reshape(B, T, D)
-    grads = nnx.grad(lambda m: jnp.sum(m(x) * w))(mixer)
+    grads = nnx.jit(nnx.grad(lambda m: jnp.sum(m(x) * w)))(mixer)
     got = float(grads["recurrent"][...][1, 2, 5])
     base = np.asarray(mixer.recurrent[...], np.float64)
     eps, values = 1e-4, []
