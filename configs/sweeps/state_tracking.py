@@ -49,12 +49,14 @@ Grazzi et al.'s own protocol (1 layer, d_model 16, 20,000 steps of batch 256) is
       at this width). About 35 minutes a run per worker with ``--jobs 2`` on the 2-core CPU.
       Command: ``python experiments/sweep.py --config
       configs/sweeps/state_tracking.py:parity_paper --workdir runs/parity-paper --jobs 2``.
-      Run: the gated_deltanet pair, 3 seeds each (EXPERIMENTS.md section 7.14,
-      docs/results/state_tracking_parity_paper_cpu.json): β ∈ (0, 2) learns parity with every
-      seed, scaled accuracy 0.930, 0.586 and 0.754 at length 256 (0.984, 0.913, 0.897 over
-      lengths 40–256); β ∈ (0, 1) 0.020–0.113 at 256, at chance from length 64.
-      lstm seed 0 does not learn parity; deltanet β ∈ (0, 2) seed 0 had not by step 15,201
-      (stopped there), lstm seed 1 stopped at 16,162; the other 12 runs are not run.
+      Run: the gated_deltanet and deltanet pairs, 3 seeds each (EXPERIMENTS.md section 7.14,
+      docs/results/state_tracking_parity_paper_cpu.json): gated_deltanet with β ∈ (0, 2)
+      learns parity with every seed, scaled accuracy 0.930, 0.586 and 0.754 at length 256
+      (0.984, 0.913, 0.897 over lengths 40–256); deltanet with β ∈ (0, 2) learns it with seed 1
+      (exact to length 88, 0.031 at 256), not with seeds 0 and 2; β ∈ (0, 1) at chance from
+      length 64 in every finished run (0.016–0.113 at 256). lstm seed 0 does not learn parity;
+      lstm seed 1 stopped at step 16,162; deltanet β ∈ (0, 1) seed 2 stopped at step 4,401; lstm seed 2,
+      gated and softmax are not run.
 
 Mixers (``MIXERS``): softmax, linear (elu+1), taylor (8 projected dims), retnet, gated, gla,
 swa (window 16), Based (taylor + swa layers), rwkv7, and the delta family, each with
