@@ -19,9 +19,10 @@ every exponent ≤ 0: −30 per token is exact; a factor across a reset is maske
 sub-blocks: for sub-block i, Yᵢ = Rᵢ − diag(βᵢ) L_{i,<i} X_{<i} (one [16, C] matmul with the
 rows already solved, the rest zero), then Xᵢ = (I + Aᵢᵢ)⁻¹ Yᵢ with the 16 × 16 inverse by the
 iteration Z ← I − Aᵢᵢ Z from Z = I: Aᵢᵢ is strictly lower-triangular, so after m rounds rows
-0..m of Z are final, each the same arithmetic as forward substitution on it (15 rounds). Only
-matmuls, elementwise work (2-D, and 3-D on a diagonal block's [16, 16, K] decays), row slices
-at multiples of 16 and row concatenations: what Mosaic lowers.
+0..m of Z are final, each the same arithmetic as forward substitution on it (15 rounds: the
+first is I − Aᵢᵢ, the other 14 a matmul each). Only matmuls, elementwise work (2-D, and 3-D on a
+diagonal block's [16, 16, K] decays), row slices at multiples of 16 and row concatenations: what
+Mosaic lowers.
 
 DPLR (`dplr_walk`, `dplr` module docstring) is the same kernel with (I − L_ab)⁻¹ for the
 system, its right-hand sides [L_ak V, A ⊙ e^{g⁻}], four decayed score matrices, and the
