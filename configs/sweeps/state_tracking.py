@@ -54,9 +54,9 @@ Grazzi et al.'s own protocol (1 layer, d_model 16, 20,000 steps of batch 256) is
       learns parity with every seed, scaled accuracy 0.930, 0.586 and 0.754 at length 256
       (0.984, 0.913, 0.897 over lengths 40–256); deltanet with β ∈ (0, 2) learns it with seed 1
       (exact to length 88, 0.031 at 256), not with seeds 0 and 2; β ∈ (0, 1) at chance from
-      length 64 in every finished run (0.016–0.113 at 256). lstm seed 0 does not learn parity;
-      lstm seed 1 stopped at step 16,162; deltanet β ∈ (0, 1) seed 2 stopped at step 4,401; lstm seed 2,
-      gated and softmax are not run.
+      length 64 in every finished run (0.016–0.113 at 256). lstm (3 seeds) and gated (seed 0)
+      do not learn parity. Stopped: deltanet β ∈ (0, 1) seed 2 at step 4,401, gated seeds 1 and 2
+      at 198 and 3,770; softmax is not run.
 
 Mixers (``MIXERS``): softmax, linear (elu+1), taylor (8 projected dims), retnet, gated, gla,
 swa (window 16), Based (taylor + swa layers), rwkv7, and the delta family, each with
