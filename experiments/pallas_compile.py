@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import time
 
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
@@ -35,6 +34,7 @@ from jax.experimental import topologies  # noqa: E402
 
 from linear_attention import kernels as K  # noqa: E402
 from linear_attention.kernels.primitives.pallas import pallas_mosaic  # noqa: E402
+from linear_attention.training.machine import library_commit  # noqa: E402
 
 DECAYS = ("none", "per_token", "per_key")
 METHODS = ("pallas", "chunk")
@@ -70,27 +70,6 @@ def call(kernel, q, k, v, extra, **options):
             return K.delta_product(q, k, v, *extra, **options)
         case _:
             raise ValueError(f"unknown kernel {kernel!r}; allowed: {', '.join(KERNELS)}")
-
-
-def commit() -> str | None:
-    """The commit of the library compiled (short hash; "+dirty" with uncommitted changes under
-    linear_attention/), or None outside git."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True
-        )
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no", "--", "../linear_attention"],
-            cwd=here,
-            capture_output=True,
-            text=True,
-        )
-    except OSError:
-        return None
-    if head.returncode != 0:
-        return None
-    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
 def compile_one(topology, kernel, method, decay, T, mode, *, B=1, H=4, M=128, chunk_size=64):
@@ -236,7 +215,7 @@ def main():
         reused(args.reuse, args.topology, [], False)
     topology = topologies.get_topology_desc(topology_name=args.topology, platform="tpu")
     methods = args.methods.split(",")
-    at = commit()
+    at = library_commit()
     rows = []
     for kernel in args.kernels.split(","):
         for T in (int(x) for x in args.lengths.split(",")):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import platform
+import subprocess
 from pathlib import Path
 
 import jax
@@ -73,3 +74,24 @@ def machine_info() -> dict:
         python=platform.python_version(),
         load_avg_start=os.getloadavg(),
     )
+
+
+def library_commit() -> str | None:
+    """The commit of this library's checkout (short hash; "+dirty" with uncommitted changes
+    under linear_attention/), or None outside a git checkout."""
+    here = Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True
+        )
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", "."],
+            cwd=here,
+            capture_output=True,
+            text=True,
+        )
+    except OSError:
+        return None
+    if head.returncode != 0:
+        return None
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")

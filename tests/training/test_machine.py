@@ -1,7 +1,10 @@
 """training/machine.py: the processor a run records, read from /proc/cpuinfo text written here."""
 
+import functools
+import subprocess
 from pathlib import Path
 
+from linear_attention.training import machine
 from linear_attention.training.machine import cpu_identity, machine_info
 
 X86 = """processor\t: 0
@@ -58,3 +61,19 @@ def test_machine_info_matches_proc_cpuinfo():
     flags = (fields.get("flags") or fields.get("Features") or "").split()
     assert set(info["cpu_flags"].split()) <= set(flags)
     assert ("avx2" in info["cpu_flags"].split()) == ("avx2" in flags)
+
+
+def test_library_commit_is_the_checkouts_head():
+    """Its hash names HEAD, and "+dirty" is there exactly when `git diff HEAD` finds changes to
+    tracked files under linear_attention/; None outside a git checkout."""
+    root = Path(machine.__file__).resolve().parents[1]
+    git = functools.partial(subprocess.run, cwd=root, capture_output=True, text=True)
+    head = git(["git", "rev-parse", "HEAD"])
+    got = machine.library_commit()
+    if head.returncode != 0:
+        assert got is None
+        return
+    short, _, mark = got.partition("+")
+    assert git(["git", "rev-parse", short]).stdout == head.stdout
+    changed = git(["git", "diff", "--quiet", "HEAD", "--", "."]).returncode != 0
+    assert mark == ("dirty" if changed else "")
