@@ -28,6 +28,12 @@ def tokens(seed=0, shape=(B, T)):
     return jax.random.randint(jax.random.key(seed), shape, 0, V)
 
 
+# Compiled once for the file (a model of the same structure and shapes reuses the program):
+# the references that need no concrete-input check run through these, not eagerly op by op.
+forward = nnx.jit(lambda model, tokens_BT: model(tokens_BT))
+prefill = nnx.jit(lambda model, tokens_BT, state: model.prefill(tokens_BT, state))
+
+
 # ----------------------------------------------------------------------------- token ids
 @pytest.mark.parametrize("bad", [-1, -100, V, V + 7])
 def test_out_of_range_tokens_raise_on_concrete_input(bad):
@@ -66,21 +72,22 @@ def test_under_jit_a_bad_token_is_nan_at_its_own_position_only(bad):
     t = 3
     clean = tokens()
     dirty = clean.at[0, t].set(bad)
-    logits = np.asarray(nnx.jit(lambda m, x: m(x))(model, dirty))
+    logits = np.asarray(forward(model, dirty))
     assert np.isnan(logits[0, t]).all()
     mask = np.ones(logits.shape[:2], bool)
     mask[0, t] = False
     assert np.isfinite(logits[mask]).all()
     # Positions before t: as if the bad token were not there (causality).
-    np.testing.assert_allclose(logits[0, :t], model(clean)[0, :t], rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(logits[1], model(clean)[1], rtol=1e-5, atol=1e-5)
+    want = forward(model, clean)
+    np.testing.assert_allclose(logits[0, :t], want[0, :t], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(logits[1], want[1], rtol=1e-5, atol=1e-5)
     # Positions after t: they saw a zero input vector at t.
-    ref = _zero_row_model(model)(dirty.at[0, t].set(V))[..., :V]
+    ref = forward(_zero_row_model(model), dirty.at[0, t].set(V))[..., :V]
     np.testing.assert_allclose(logits[0, t + 1 :], ref[0, t + 1 :], rtol=1e-5, atol=1e-5)
 
     # The same through the decoding paths, jitted.
     state = model.init_state(B)
-    pre, state = nnx.jit(lambda m, x, s: m.prefill(x, s))(model, dirty[:, :5], state)
+    pre, state = prefill(model, dirty[:, :5], state)
     np.testing.assert_allclose(pre, logits[:, :5], rtol=1e-4, atol=1e-4, equal_nan=True)
     step = step_fn(model)
     for i in range(5, T):
@@ -91,14 +98,14 @@ def test_under_jit_a_bad_token_is_nan_at_its_own_position_only(bad):
 def test_learned_positions_past_max_length():
     model = make(position="learned", mixer="gated")
     n = BASE["max_length"]
-    full = model(tokens(shape=(B, n)))
+    full = forward(model, tokens(shape=(B, n)))
     state = model.init_state(B)
-    _, state = model.prefill(tokens(shape=(B, n))[:, : n - 2], state)
+    _, state = prefill(model, tokens(shape=(B, n))[:, : n - 2], state)
     with pytest.raises(ValueError, match=f"position {n - 2} \\+ 3 token\\(s\\) exceeds max_length"):
         model.prefill(tokens(shape=(B, 3)), state)
     # Under jit: the positions within max_length are right, those past it NaN.
     extra = jnp.concatenate([tokens(shape=(B, n))[:, n - 2 :], tokens(1, (B, 1))], axis=1)
-    out, _ = nnx.jit(lambda m, x, s: m.prefill(x, s))(model, extra, state)
+    out, _ = prefill(model, extra, state)
     np.testing.assert_allclose(out[:, :2], full[:, n - 2 :], rtol=1e-4, atol=1e-4)
     assert np.isnan(np.asarray(out[:, 2])).all()
 
@@ -108,7 +115,7 @@ def test_softmax_cache_overflow_is_refused():
     state = model.init_state(B, 4)
     with pytest.raises(ValueError, match=r"holds 4 tokens .* it has 0 and cannot take 5 more"):
         model.prefill(tokens()[:, :5], state)
-    _, state = model.prefill(tokens()[:, :4], state)
+    _, state = prefill(model, tokens()[:, :4], state)
     with pytest.raises(ValueError, match="it has 4 and cannot take 1 more"):
         model.step(tokens()[:, 4], state)
 
