@@ -142,7 +142,10 @@ def delta_rule(
     s0_BHKD = initial_state_f32(initial_state, B, HV, Kd, Dv)
     a_BTHX = check_log_decay(log_decay, (B, T, HV), "[B, T, HV]", feature_dim=Kd)
     a_BTHX = fold_resets(segment_resets(segment_ids, B, T, axis_name), a_BTHX, HV)
-    q32, k32 = (expand_heads(x.astype(jnp.float32), HV) for x in (q, k))
+    # The Pallas kernels read q, k, v in their own dtype and take them to float32 in VMEM:
+    # a float32 copy made by XLA before the call is a temporary twice a bfloat16 input's size.
+    f32 = method != "pallas"
+    q_in, k_in = (expand_heads(x.astype(jnp.float32) if f32 else x, HV) for x in (q, k))
     beta32 = jnp.asarray(beta, jnp.float32)
     match method:
         case "chunk":
@@ -156,16 +159,16 @@ def delta_rule(
             raise ValueError(f"unknown method {method!r}; allowed: {allowed}")
 
     def core(v_ext, s_init):
-        return kernel(q32, k32, v_ext, beta32, a_BTHX, s_init)
+        return kernel(q_in, k_in, v_ext, beta32, a_BTHX, s_init)
 
     return affine_call(
         core,
-        v.astype(jnp.float32),
+        v.astype(jnp.float32) if f32 else v,
         s0_BHKD,
         dtype=jnp.result_type(q, k, v),
         return_state=return_state,
         axis_name=axis_name,
-        like=q32,
+        like=q_in,
         reached_BTH=reset_reach(a_BTHX),
     )
 
@@ -302,25 +305,25 @@ class _ScalarDecays:
 
 
 def delta_pallas(q_BTHK, k_BTHK, v_BTHD, beta_BTH, a_BTH, s0_BHKD, *, chunk_size: int):
-    """`method="pallas"`: the chunk form of a decay per key channel (`delta_chunked_per_key`;
-    a per-head decay, or none, is read as the same decay on every key channel) in Pallas
-    kernels: the forward pass by `delta.pallas.ut_walk` (UT transform inside), the backward by
-    `delta.pallas.ut_walk_back` (the same terms again and `_per_key_backward`'s lines inside)."""
-    B, T, H, Kd = q_BTHK.shape
+    """`method="pallas"`: the chunk form of a decay per key channel (`delta_chunked_per_key`)
+    in Pallas kernels: the forward pass by `delta.pallas.ut_walk` (UT transform inside), the
+    backward by `delta.pallas.ut_walk_back` (the same terms again and `_per_key_backward`'s
+    lines inside), joined by `pallas_affine_chunk_scan`. q, k, v in any float dtype (float32
+    in the kernels). A per-token decay `[B, T, H]` (or none: zeros) reaches the kernels as its
+    cumulative sums and reset counts `[N, B, H, C]`, read on every key channel in VMEM; a decay
+    per key channel as `[N, B, H, C, K]`. The cumulative sums stay outside the kernels' VJP:
+    autodiff carries db to a."""
+    B, T, H, _ = q_BTHK.shape
     if a_BTH is None:
-        a_BTHK = jnp.zeros((B, T, H, Kd), jnp.float32)
-    elif a_BTH.ndim == 3:
-        a_BTHK = jnp.broadcast_to(a_BTH[..., None], (B, T, H, Kd))
-    else:
-        a_BTHK = a_BTH
-    return delta_chunked_per_key(
-        q_BTHK, k_BTHK, v_BTHD, beta_BTH, a_BTHK, s0_BHKD, chunk_size=chunk_size, pallas=True
-    )
+        a_BTH = jnp.zeros((B, T, H), jnp.float32)
+    C = min(chunk_size, round_up(T, CHUNK_MULTIPLE))
+    xs = [to_chunks(pad_time(x, C), C) for x in (q_BTHK, k_BTHK, v_BTHD, beta_BTH, a_BTH)]
+    b, n = cumulative_log_decay(xs.pop(), axis=3, restart=True)  # [N, B, H, C(, K)]
+    o_NBHCD, s_BHKD = pallas_affine_chunk_scan(s0_BHKD, [*xs, b, n], ut_walk, ut_walk_back)
+    return from_chunks(o_NBHCD, T), s_BHKD
 
 
-def delta_chunked_per_key(
-    q_BTHK, k_BTHK, v_BTHD, beta_BTH, a_BTHK, s0_BHKD, *, chunk_size, pallas: bool = False
-):
+def delta_chunked_per_key(q_BTHK, k_BTHK, v_BTHD, beta_BTH, a_BTHK, s0_BHKD, *, chunk_size):
     """The delta rule with a decay per key channel (KDA), chunkwise, on float32 arrays.
 
     Inside a chunk, with b_t the cumulative log decay vector and S the entering state,
@@ -340,29 +343,18 @@ def delta_chunked_per_key(
     each chunk and a few [C, C]/[C, K] residuals per chunk (the inverse, U, W, the scores), never
     a state per token; the backward pass walks the steps last to first (`_per_key_backward`
     derives each line). The cumulative log decays are summed outside it (autodiff carries their
-    cotangent back to a, stopping at resets). With `pallas`, the forward pass is one Pallas
-    kernel over the chunks (`pallas.ut_walk`: these lines, the UT transform included, inside
-    it), and so is the backward pass (`pallas.ut_walk_back`: the state-independent part made
-    again from the state entering each chunk, and `_per_key_backward`'s lines, inside it), both
-    through `pallas_affine_chunk_scan`.
+    cotangent back to a, stopping at resets). Its Pallas form is `delta_pallas`.
     """
     T = q_BTHK.shape[1]
     C = min(chunk_size, T)
-    if pallas:
-        C = min(chunk_size, round_up(T, CHUNK_MULTIPLE))
-        G = 1  # chunks of C tokens, all at once
-    else:
-        G = chunks_per_step(C, -(-T // C))  # padded to whole steps: padding leaves S alone
+    G = chunks_per_step(C, -(-T // C))  # padded to whole steps: padding leaves S alone
     xs = [to_chunks(pad_time(x, G * C), C) for x in (q_BTHK, k_BTHK, v_BTHD, beta_BTH, a_BTHK)]
     # The cumulative sums stay outside the hand-written VJP: autodiff carries db to a.
     b, n = cumulative_log_decay(xs.pop(), axis=-2, restart=True)
-    if pallas:
-        o_NBHCD, s_BHKD = pallas_affine_chunk_scan(s0_BHKD, [*xs, b, n], ut_walk, ut_walk_back)
-    else:
-        c = sub_block_size(C)
-        forward = functools.partial(_per_key_forward, c=c)
-        backward = functools.partial(_per_key_backward, c=c)
-        o_NBHCD, s_BHKD = affine_chunk_scan(s0_BHKD, [*xs, b, n], forward, G, backward)
+    c = sub_block_size(C)
+    forward = functools.partial(_per_key_forward, c=c)
+    backward = functools.partial(_per_key_backward, c=c)
+    o_NBHCD, s_BHKD = affine_chunk_scan(s0_BHKD, [*xs, b, n], forward, G, backward)
     return from_chunks(o_NBHCD, T), s_BHKD
 
 

@@ -78,7 +78,10 @@ def delta_product(
     s0_BHKD = initial_state_f32(initial_state, B, H, Kd, Dv)
     a_BTH = check_log_decay(log_decay, (B, T, H), "[B, T, H]")
     a_BTH = fold_resets(segment_resets(segment_ids, B, T, axis_name), a_BTH, H)
-    q32, k32 = (x.astype(jnp.float32) for x in (q, k))
+    # The Pallas kernels read q, k, v in their own dtype and take them to float32 in VMEM:
+    # a float32 copy made by XLA before the call is a temporary twice a bfloat16 input's size.
+    f32 = method != "pallas"
+    q_in, k_in = (x.astype(jnp.float32) if f32 else x for x in (q, k))
     beta32 = jnp.asarray(beta, jnp.float32)
     match method:
         case "chunk":
@@ -92,17 +95,17 @@ def delta_product(
             raise ValueError(f"unknown method {method!r}; allowed: {allowed}")
 
     def core(v_BTHND, s_init):
-        return kernel(q32, k32, v_BTHND, beta32, a_BTH, s_init)
+        return kernel(q_in, k_in, v_BTHND, beta32, a_BTH, s_init)
 
     # a −inf decay zeroes the state before the token's steps: a NaN carried in stops there
     return affine_call(
         core,
-        v.astype(jnp.float32),
+        v.astype(jnp.float32) if f32 else v,
         s0_BHKD,
         dtype=jnp.result_type(q, k, v),
         return_state=return_state,
         axis_name=axis_name,
-        like=q32,
+        like=q_in,
         reached_BTH=reset_reach(a_BTH),
     )
 

@@ -110,11 +110,14 @@ def dplr_delta_rule(
     s0_BHKD = initial_state_f32(initial_state, B, H, Kd, Dv)
     w = check_log_decay(log_decay, (B, T, H), "[B, T, H]", feature_dim=Kd)
     w_BTHK = _per_key(w, (B, T, H, Kd))
-    q32, k32, a32, b32 = (x.astype(jnp.float32) for x in (q, k, a, b))
+    # The Pallas kernels read q, k, v, a, b in their own dtype and take them to float32 in VMEM:
+    # a float32 copy made by XLA before the call is a temporary twice a bfloat16 input's size.
+    f32 = method != "pallas"
+    q_in, k_in, a_in, b_in = (x.astype(jnp.float32) if f32 else x for x in (q, k, a, b))
     resets_BT = segment_resets(segment_ids, B, T, axis_name)
     reached_BTH = None  # only a segment start zeroes the state (w = −inf keeps the low rank)
     if resets_BT is not None:
-        w_BTHK, a32 = _fold_resets(resets_BT, w_BTHK, a32)
+        w_BTHK, a_in = _fold_resets(resets_BT, w_BTHK, a_in)
         reached_BTH = jnp.broadcast_to(jnp.cumsum(resets_BT, axis=1)[..., None] > 0, (B, T, H))
     match method:
         case "chunk":
@@ -128,16 +131,16 @@ def dplr_delta_rule(
             raise ValueError(f"unknown method {method!r}; allowed: {allowed}")
 
     def core(v_ext, s_init):
-        return kernel(q32, k32, v_ext, a32, b32, w_BTHK, s_init)
+        return kernel(q_in, k_in, v_ext, a_in, b_in, w_BTHK, s_init)
 
     return affine_call(
         core,
-        v.astype(jnp.float32),
+        v.astype(jnp.float32) if f32 else v,
         s0_BHKD,
         dtype=jnp.result_type(q, k, v),
         return_state=return_state,
         axis_name=axis_name,
-        like=q32,
+        like=q_in,
         reached_BTH=reached_BTH,
     )
 

@@ -5,9 +5,12 @@ through it (`ut_walk`, `ut_walk_back`), and `dplr_delta_rule(method="pallas")` w
 generalised transform (`dplr_walk`, `dplr_walk_back`).
 
 One grid step per (batch·head row, chunk), chunks in order, the state S [K, Dv] carried in
-VMEM. A step reads its chunk's raw q, k, v [C, ·], β [1, C] and the cumulative log decay b and
-reset count n [C, K] (`segments.cumulative_log_decay`, restarting at resets) and makes, in
-VMEM, what `delta._per_key_forward` makes in XLA, then the walk step:
+VMEM. A step reads its chunk's raw q, k, v [C, ·] in their input dtype (bfloat16 stays
+bfloat16 in HBM; float32 in VMEM), β [1, C] and the cumulative log decay b and reset count n
+(`segments.cumulative_log_decay`, restarting at resets): [C, K] for a decay per key channel,
+rows [1, C] for a decay per token (Gated DeltaNet, DeltaProduct, and DeltaNet's zeros),
+broadcast over the K channels in VMEM. It makes, in VMEM, what `delta._per_key_forward` makes
+in XLA, then the walk step, and writes O in the inputs' dtype:
 
     L_ts = Σ_m k_tm k_sm e^{b_tm − b_sm} (s < t),   P_ts = Σ_m q_tm k_sm e^{b_tm − b_sm} (s ≤ t)
     U = (I + diag(β) L)⁻¹ diag(β) V,   W = (I + diag(β) L)⁻¹ diag(β) (K ⊙ e^b)
@@ -80,9 +83,11 @@ from linear_attention.kernels.segments import masked_exp
 
 def ut_walk(s0_BHKD, xs, interpret: bool, keep: bool):
     """The delta rule's forward pass over every chunk: `xs = (q, k, v, β, b, n)` chunk-major
-    float32 `[N, B, H, C, ...]` (β `[N, B, H, C]`; b and n `[N, B, H, C, K]`, n integer), the
-    state entering the first chunk `s0_BHKD`. Returns `(O [N, B, H, C, Dv], S_final
-    [B, H, K, Dv], the state entering each chunk [N, B·H, K, Dv] with `keep`, else None)`."""
+    `[N, B, H, C, ...]` (q, k, v in any float dtype; β `[N, B, H, C]` float32; b float32 and n
+    integer, `[N, B, H, C, K]` for a decay per key channel or `[N, B, H, C]` per token), the
+    state entering the first chunk `s0_BHKD`. Returns `(O [N, B, H, C, Dv] in q, k, v's dtype,
+    S_final [B, H, K, Dv], the state entering each chunk [N, B·H, K, Dv] with `keep`, else
+    None)`."""
     q, k, v, beta, b, n = xs
     C, Kd, Dv = q.shape[3], q.shape[4], v.shape[-1]
     c, P = SUB_BLOCK, C // SUB_BLOCK
@@ -90,14 +95,19 @@ def ut_walk(s0_BHKD, xs, interpret: bool, keep: bool):
     flops += P * 15 * 2 * c * c * c + 2 * C * C * (Kd + Dv)  # the inverses, the solve
     flops += 2 * (3 * C * Kd * Dv + C * C * Dv)  # the walk
     exps = 2 * C * c * Kd + 4 * C * Kd
-    return _chunk_call(_delta_chunk, "delta_ut_walk_fwd", s0_BHKD, (q, k, v, b, n), (beta,),
-                       interpret, keep, flops, exps)  # fmt: skip
+    if b.ndim == 4:  # a decay per token: b, n as rows [1, C], read per key channel in VMEM
+        body, chunked, rows = _delta_chunk_per_token, (q, k, v), (beta, b, _counts(n))
+    else:
+        body, chunked, rows = _delta_chunk, (q, k, v, b, n), (beta,)
+    return _chunk_call(body, "delta_ut_walk_fwd", s0_BHKD, chunked, rows,
+                       jnp.result_type(q, k, v), interpret, keep, flops, exps)  # fmt: skip
 
 
 def dplr_walk(s0_BHKD, xs, interpret: bool, keep: bool):
     """DPLR's forward pass over every chunk (`dplr._forward`'s terms and the walk in one
-    kernel): `xs = (q, k, v, a, b, g, n)` chunk-major float32 `[N, B, H, C, ...]`, g and n the
-    cumulative log decay and reset count `[N, B, H, C, K]`. Returns as `ut_walk`."""
+    kernel): `xs = (q, k, v, a, b, g, n)` chunk-major `[N, B, H, C, ...]` (q, k, v, a, b in any
+    float dtype), g and n the cumulative log decay (float32) and reset count
+    `[N, B, H, C, K]`. Returns as `ut_walk`."""
     q, k, v, a, b, g, n = xs
     C, Kd, Dv = q.shape[3], q.shape[4], v.shape[-1]
     c, P = SUB_BLOCK, C // SUB_BLOCK
@@ -108,7 +118,7 @@ def dplr_walk(s0_BHKD, xs, interpret: bool, keep: bool):
     flops += 2 * (4 * C * Kd * Dv + 2 * C * C * Dv)  # the walk
     exps = 2 * (C * c * Kd + (P + 2) * C * Kd) + 3 * C * Kd
     return _chunk_call(_dplr_chunk, "dplr_walk_fwd", s0_BHKD, (q, k, v, a, b, g, n), (),
-                       interpret, keep, flops, exps)  # fmt: skip
+                       jnp.result_type(q, k, v), interpret, keep, flops, exps)  # fmt: skip
 
 
 def ut_walk_back(ds_BHKD, xs, entering, do_NBHCD, interpret: bool):
@@ -117,7 +127,8 @@ def ut_walk_back(ds_BHKD, xs, entering, do_NBHCD, interpret: bool):
     but the state entering it, `entering [N, B·H, K, Dv]` from `ut_walk` with `keep`), and
     their pullback to the inputs (`_delta_chunk_back`), from dO `[N, B, H, C, Dv]` and dS after
     the last chunk `ds_BHKD`. Returns `(dS₀ [B, H, K, Dv], (dq, dk, dv, dβ, db, None))` shaped
-    as `xs` (n, the reset counts, is an integer: no cotangent)."""
+    and typed as `xs` (n, the reset counts, is an integer: no cotangent; a per-token db is the
+    per-key one summed over the channels)."""
     q, k, v, beta, b, n = xs
     N, B, H, C, Kd = q.shape
     Dv = v.shape[-1]
@@ -128,11 +139,19 @@ def ut_walk_back(ds_BHKD, xs, entering, do_NBHCD, interpret: bool):
     flops += 2 * C * C * (Kd + Dv) * 3 + 2 * (7 * C * Kd * Dv + 2 * C * C * Dv)
     flops += 2 * (2 * 2 * C * C * Kd + 3 * C * c * Kd)
     exps = 2 * C * c * Kd + 4 * C * Kd
-    grads = [(C, Kd), (C, Kd), (C, Dv), (C, Kd), (1, C)]  # dq, dk, dv, db, dβ [1, C]
-    ds0, (dq, dk, dv, db, dbeta) = _back_call(_delta_chunk_back, "delta_ut_walk_bwd", ds_BHKD,
-                                              entering, (q, k, v, b, n, do_NBHCD), (beta,),
-                                              grads, interpret, flops, exps)  # fmt: skip
-    return ds0, (dq, dk, dv, dbeta.reshape(N, B, H, C), db, None)
+    # dq, dk, dv, db, dβ [1, C], each in its input's dtype
+    grads = [((C, Kd), q.dtype), ((C, Kd), k.dtype), ((C, Dv), v.dtype), ((C, Kd), b.dtype),
+             ((1, C), beta.dtype)]  # fmt: skip
+    if b.ndim == 4:  # a decay per token: db a row [1, C] too
+        body, chunked = _delta_chunk_back_per_token, (q, k, v, do_NBHCD)
+        rows = (beta, b, _counts(n))
+        grads[3] = ((1, C), b.dtype)
+    else:
+        body, chunked, rows = _delta_chunk_back, (q, k, v, b, n, do_NBHCD), (beta,)
+    ds0, (dq, dk, dv, db, dbeta) = _back_call(body, "delta_ut_walk_bwd", ds_BHKD, entering,
+                                              chunked, rows, grads, interpret, flops,
+                                              exps)  # fmt: skip
+    return ds0, (dq, dk, dv, dbeta.reshape(N, B, H, C), db.reshape(b.shape), None)
 
 
 def dplr_walk_back(ds_BHKD, xs, entering, do_NBHCD, interpret: bool):
@@ -150,7 +169,9 @@ def dplr_walk_back(ds_BHKD, xs, entering, do_NBHCD, interpret: bool):
     flops += 2 * (8 * C * Kd * Dv + 4 * C * C * Dv) + 2 * C * C * (Kd + 2 * Dv)
     flops += 4 * 2 * (2 * C * C * Kd + 3 * C * c * Kd)
     exps = 2 * (C * c * Kd + (P + 2) * C * Kd) + 3 * C * Kd
-    grads = [(C, Kd), (C, Kd), (C, Dv), (C, Kd), (C, Kd), (C, Kd)]  # dq, dk, dv, da, db, dg
+    # dq, dk, dv, da, db, dg, each in its input's dtype
+    grads = [((C, Kd), x.dtype) for x in (q, k)] + [((C, Dv), v.dtype)]
+    grads += [((C, Kd), x.dtype) for x in (a, b, g)]
     ds0, dxs = _back_call(_dplr_chunk_back, "dplr_walk_bwd", ds_BHKD, entering,
                           (q, k, v, a, b, g, n, do_NBHCD), (), grads, interpret, flops,
                           exps)  # fmt: skip
@@ -161,8 +182,9 @@ def _back_call(body, name, ds_BHKD, entering, chunked, rows, grads, interpret, f
     """One `pallas_call` over the grid (B·H rows, N chunks), chunks last to first, dS in VMEM:
     `body(dS', S, *blocks) -> (dS, cotangents)` on the state entering the chunk and the chunk's
     blocks of the `chunked` arrays `[N, B, H, C, X]` and `rows` arrays `[N, B, H, C]` (as
-    `_chunk_call`); the cotangents have the block shapes `grads`. `flops` and `exps` per chunk.
-    Returns `(dS₀ [B, H, K, Dv], the cotangents [N, B, H, *shape] of `grads`)`."""
+    `_chunk_call`, read as `_chunk_call` reads them); the cotangents have the block shapes and
+    dtypes of `grads` (`(shape, dtype)` each). `flops` and `exps` per chunk. Returns
+    `(dS₀ [B, H, K, Dv], the cotangents [N, B, H, *shape] of `grads`)`."""
     N, B, H, C = chunked[0].shape[:4]
     Kd, Dv = ds_BHKD.shape[-2:]
     R = B * H
@@ -172,9 +194,9 @@ def _back_call(body, name, ds_BHKD, entering, chunked, rows, grads, interpret, f
     struct = functools.partial(result_struct, like=inputs[0])
     in_specs = [chunk_spec((None, None, *x.shape[2:]), True, N) for x in arrays]
     in_specs.append(state_spec(Kd, Dv))
-    out_shape = [struct((N, R, *g), jnp.float32) for g in grads]
+    out_shape = [struct((N, R, *g), dtype) for g, dtype in grads]
     out_shape.append(struct((R, Kd, Dv), jnp.float32))
-    out_specs = [chunk_spec((None, None, *g), True, N) for g in grads]
+    out_specs = [chunk_spec((None, None, *g), True, N) for g, _ in grads]
     out_specs.append(state_spec(Kd, Dv))
     *outs, ds0 = pl.pallas_call(
         functools.partial(_back_kernel, body=body, num_inputs=len(arrays), num_grads=len(grads)),
@@ -203,20 +225,23 @@ def _back_kernel(*refs, body, num_inputs, num_grads):
     grad_refs = refs[num_inputs + 1 : num_inputs + 1 + num_grads]
 
     def step(dS):
-        dS, grads = body(dS, se_ref[...], *(r[...] for r in in_refs))
+        dS, grads = body(dS, se_ref[...], *(_read_f32(r) for r in in_refs))
         for ref, g in zip(grad_refs, grads, strict=True):
-            ref[...] = g
+            ref[...] = g.astype(ref.dtype)
         return dS
 
     carry_state(ds_end_ref, refs[-2], refs[-1], None, step)
 
 
-def _chunk_call(body, name, s0_BHKD, chunked, rows, interpret, keep, flops, transcendentals):
+def _chunk_call(body, name, s0_BHKD, chunked, rows, out_dtype, interpret, keep, flops,
+                transcendentals):  # fmt: skip
     """One `pallas_call` over the grid (B·H rows, N chunks), chunks in order, the state in VMEM:
     `body(S, *blocks) -> (O [C, Dv], S')` on a chunk's blocks of the `chunked` arrays
     `[N, B, H, C, X]` (`[C, X]` each) and of the `rows` arrays `[N, B, H, C]` (a lane-dense
-    `[1, C]` row each: a `[C, 1]` column block would be padded to 128 lanes). `flops` and
-    `transcendentals` per chunk."""
+    `[1, C]` row each: a `[C, 1]` column block would be padded to 128 lanes), O written in
+    `out_dtype`. The inputs are read in their own dtype and taken to float32 in VMEM
+    (`_read_f32`): a float32 chunk-major copy made by XLA before the call is a temporary twice
+    a bfloat16 input's size. `flops` and `transcendentals` per chunk."""
     N, B, H, C = chunked[0].shape[:4]
     Kd, Dv = s0_BHKD.shape[-2:]
     R = B * H
@@ -225,7 +250,7 @@ def _chunk_call(body, name, s0_BHKD, chunked, rows, interpret, keep, flops, tran
     struct = functools.partial(result_struct, like=inputs[0])
     in_specs = [chunk_spec((None, None, *x.shape[2:]), False, N) for x in arrays]
     in_specs.append(state_spec(Kd, Dv))
-    out_shape = [struct((N, R, C, Dv), jnp.float32), struct((R, Kd, Dv), jnp.float32)]
+    out_shape = [struct((N, R, C, Dv), out_dtype), struct((R, Kd, Dv), jnp.float32)]
     out_specs = [chunk_spec((None, None, C, Dv), False, N), state_spec(Kd, Dv)]
     if keep:
         out_shape.append(struct((N, R, Kd, Dv), jnp.float32))
@@ -255,11 +280,45 @@ def _kernel(*refs, body, num_inputs, keep):
     keep_ref = refs[num_inputs + 3] if keep else None
 
     def step(S):
-        o, S = body(S, *(r[...] for r in refs[:num_inputs]))
-        o_ref[...] = o
+        o, S = body(S, *(_read_f32(r) for r in refs[:num_inputs]))
+        o_ref[...] = o.astype(o_ref.dtype)
         return S
 
     carry_state(s0_ref, s_ref, refs[-1], keep_ref, step)
+
+
+def _read_f32(ref):
+    """A block in float32, the kernels' arithmetic; an integer block (reset counts) as it is."""
+    x = ref[...]
+    return x.astype(jnp.float32) if jnp.issubdtype(x.dtype, jnp.floating) else x
+
+
+def _counts(n):
+    """Reset counts handed to a kernel as float32 rows (exact small integers): `as_column`
+    reads a row through its diagonal in float32."""
+    return n.astype(jnp.float32)
+
+
+def _per_key(b_row, n_row, Kd):
+    """A per-token cumulative decay and reset count, rows [1, C], as the [C, K] arrays of a
+    decay per key channel (the same value on every channel), made in VMEM: XLA never holds a
+    [B, T, H, K] copy of a per-token decay."""
+    C = b_row.shape[-1]
+    return tuple(jnp.broadcast_to(as_column(x), (C, Kd)) for x in (b_row, n_row))
+
+
+def _delta_chunk_per_token(S, q, k, v, beta_row, b_row, n_row):
+    """`_delta_chunk` with a decay per token (b, n rows [1, C])."""
+    b, n = _per_key(b_row, n_row, q.shape[1])
+    return _delta_chunk(S, q, k, v, b, n, beta_row)
+
+
+def _delta_chunk_back_per_token(dS, S, q, k, v, do, beta_row, b_row, n_row):
+    """`_delta_chunk_back` with a decay per token: its db [C, K] summed over the key channels
+    (each reads the same b_t), as a row [1, C]."""
+    b, n = _per_key(b_row, n_row, q.shape[1])
+    dS, (dq, dk, dv, db, dbeta) = _delta_chunk_back(dS, S, q, k, v, b, n, do, beta_row)
+    return dS, (dq, dk, dv, as_row(jnp.sum(db, axis=-1, keepdims=True)), dbeta)
 
 
 class _DeltaChunk:
