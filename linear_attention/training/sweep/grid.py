@@ -67,12 +67,13 @@ def _get(config, path: str):
 
 
 def _set(config, path: str, value) -> None:
+    """Set a field of ``config``, which the caller holds in ``ignore_type()`` (a hybrid's mixer
+    tuple replaces a name; None a placeholder)."""
     *parents, leaf = path.split(".")
     node = config
     for part in parents:
         node = node[part]
-    with node.ignore_type():  # a hybrid's mixer tuple replaces a name; None a placeholder
-        node[leaf] = value
+    node[leaf] = value
 
 
 def grid_axis(field, choices, labels=None) -> ml_collections.ConfigDict:
@@ -154,10 +155,13 @@ def expand(sweep, only: list[str] = ()) -> tuple[list[Axis], list[Point]]:
             continue
         config = copy.deepcopy(sweep.base)  # keeps FieldReferences (vocab_size) linked
         values = {}
-        for axis, i in zip(axes, combo, strict=True):
-            for field, value in zip(axis.fields, axis.choices[i], strict=True):
-                _set(config, field, value)
-                values[field] = value
+        # (one ignore_type for the point: it walks the whole tree, every string's characters
+        # included, so one per field made expansion most of a large grid's validation time)
+        with config.ignore_type():
+            for axis, i in zip(axes, combo, strict=True):
+                for field, value in zip(axis.fields, axis.choices[i], strict=True):
+                    _set(config, field, value)
+                    values[field] = value
         name = "_".join(f"{a.name}-{labels[a.name]}" for a in axes)
         points.append(Point(name, labels, values, config))
     return axes, points
