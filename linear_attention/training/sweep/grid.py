@@ -67,13 +67,18 @@ def _get(config, path: str):
 
 
 def _set(config, path: str, value) -> None:
-    """Set a field of ``config``, which the caller holds in ``ignore_type()`` (a hybrid's mixer
-    tuple replaces a name; None a placeholder)."""
     *parents, leaf = path.split(".")
     node = config
     for part in parents:
         node = node[part]
-    node[leaf] = value
+    try:
+        node[leaf] = value
+    except TypeError:  # a hybrid's mixer tuple replaces a name; None a placeholder
+        # (only then: ignore_type walks the whole subtree, every string's characters included,
+        # which made expansion most of a large grid's validation time; a value of the field's
+        # type is stored the same either way)
+        with node.ignore_type():
+            node[leaf] = value
 
 
 def grid_axis(field, choices, labels=None) -> ml_collections.ConfigDict:
@@ -155,13 +160,10 @@ def expand(sweep, only: list[str] = ()) -> tuple[list[Axis], list[Point]]:
             continue
         config = copy.deepcopy(sweep.base)  # keeps FieldReferences (vocab_size) linked
         values = {}
-        # (one ignore_type for the point: it walks the whole tree, every string's characters
-        # included, so one per field made expansion most of a large grid's validation time)
-        with config.ignore_type():
-            for axis, i in zip(axes, combo, strict=True):
-                for field, value in zip(axis.fields, axis.choices[i], strict=True):
-                    _set(config, field, value)
-                    values[field] = value
+        for axis, i in zip(axes, combo, strict=True):
+            for field, value in zip(axis.fields, axis.choices[i], strict=True):
+                _set(config, field, value)
+                values[field] = value
         name = "_".join(f"{a.name}-{labels[a.name]}" for a in axes)
         points.append(Point(name, labels, values, config))
     return axes, points
