@@ -16,13 +16,16 @@ import math
 import time
 
 import jax
-from tensorboardX import SummaryWriter
 
 
 class TensorBoardWriter:
     """Scalars of each record (every numeric field but ``step``) at the record's step."""
 
     def __init__(self, workdir: str, *, resume_step: int):
+        # (imported here: tensorboardX imports torch where it is installed, 1.5 s of CPU that
+        # a process importing the training package without training need not pay)
+        from tensorboardX import SummaryWriter
+
         # The file name holds the time in seconds only: a suffix in ns keeps a quick rerun's
         # file apart from (and sorted after) the last one.
         self.writer = SummaryWriter(
