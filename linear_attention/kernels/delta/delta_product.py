@@ -152,8 +152,9 @@ def delta_product_scan(q_BTHK, k_BTHNK, v_BTHND, beta_BTHN, a_BTH, s0_BHKD):
 def delta_product_chunked(
     q_BTHK, k_BTHNK, v_BTHND, beta_BTHN, a_BTH, s0_BHKD, *, chunk_size, pallas=False
 ):
-    """Gated DeltaProduct as T·n sub-tokens of the delta rule's chunk kernel (float32); with
-    `pallas`, of its Pallas form (`delta.delta_pallas`)."""
+    """Gated DeltaProduct as T·n sub-tokens of the delta rule's chunk kernel (float32 arrays);
+    with `pallas`, of its Pallas form (`delta.delta_pallas`: q, k, v in their input dtype, the
+    per-token decay on the first sub-token of each token kept per token)."""
     B, T, H, n, Kd = k_BTHNK.shape
 
     def interleave(x_BTHN):  # [B, T, H, n, ...] -> [B, T·n, H, ...], token-major

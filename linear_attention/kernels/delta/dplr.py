@@ -186,7 +186,8 @@ def dplr_scan(q_BTHK, k_BTHK, v_BTHD, a_BTHK, b_BTHK, w_BTHK, s0_BHKD):
 def dplr_chunked(
     q_BTHK, k_BTHK, v_BTHD, a_BTHK, b_BTHK, w_BTHK, s0_BHKD, *, chunk_size: int, pallas=False
 ):
-    """DPLR chunkwise (generalised UT transform, see the module docstring), float32 arrays;
+    """DPLR chunkwise (generalised UT transform, see the module docstring), float32 arrays
+    (with `pallas`, q, k, v, a, b in their input dtype: the kernels take them to float32);
     padding tokens have zero k, v, a, b and log decay: they leave the state alone. With
     `pallas`, the forward pass is one Pallas kernel (`pallas.dplr_walk`), and so is the
     backward pass (`pallas.dplr_walk_back`: `_forward`'s terms made again from the state
