@@ -573,19 +573,45 @@ COMPILE_CASES = [
 
 @pytest.mark.parametrize(("topology", "kernel", "decay"), COMPILE_CASES)
 def test_compiles_for_tpu(topology, kernel, decay):
-    """Forward and gradient in one program at B=1, T=4096, H=4, K=V=128, bfloat16."""
+    """Forward and gradient in one program at B=1, T=4096, H=4, K=V=128, bfloat16, chunk 64."""
+    _compile_forward_and_grads(topology, kernel, decay, T=4096, Mc=128, chunk_size=64)
+
+
+# The MXU's other shapes: head dims 64 and 256, chunk 128 (10-100 s a compile here).
+MXU_SHAPE_CASES = [
+    pytest.param(topology, kernel, decay, Mc, chunk_size, marks=_SLOW)
+    for topology in ("v5e:2x2", "v6e:2x2")
+    for kernel, decay in [
+        ("linear", "per_token"),
+        ("linear", "per_key"),
+        ("delta_rule", "per_token"),
+        ("delta_rule", "per_key"),
+        ("dplr_delta_rule", "per_key"),
+        ("delta_product", "per_token"),
+    ]
+    for Mc, chunk_size in [(64, 64), (256, 64), (128, 128), (256, 128)]
+]
+
+
+@pytest.mark.parametrize(("topology", "kernel", "decay", "Mc", "chunk_size"), MXU_SHAPE_CASES)
+def test_compiles_for_tpu_at_mxu_shapes(topology, kernel, decay, Mc, chunk_size):
+    """Forward and gradient at B=1, T=2048, H=4, K=V=Mc, bfloat16, the given chunk."""
+    _compile_forward_and_grads(topology, kernel, decay, T=2048, Mc=Mc, chunk_size=chunk_size)
+
+
+def _compile_forward_and_grads(topology, kernel, decay, *, T, Mc, chunk_size):
     from linear_attention.kernels.primitives.pallas import pallas_mosaic
 
     topo = _tpu_topology(topology)
     sharding = jax.sharding.SingleDeviceSharding(topo.devices[0])
-    B, T, Hc, Mc = 1, 4096, 4, 128
+    B, Hc = 1, 4
 
     def spec(shape, dtype=jnp.bfloat16):
         return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
 
     decay_shape = {"none": None, "per_token": (B, T, Hc), "per_key": (B, T, Hc, Mc)}[decay]
     a = None if decay_shape is None else spec(decay_shape, jnp.float32)
-    options = dict(method="pallas", chunk_size=64)
+    options = dict(method="pallas", chunk_size=chunk_size)
     qkv = [spec((B, T, Hc, Mc)) for _ in range(3)]
     match kernel:  # the inputs besides q, k, v (β; DPLR's a, b), all differentiated
         case "linear":

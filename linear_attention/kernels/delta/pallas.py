@@ -59,6 +59,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from linear_attention.kernels.primitives.pallas import (
+    BACKWARD_VMEM_BYTES,
     carry_state,
     compiler_params,
     cost_estimate,
@@ -205,7 +206,7 @@ def _back_call(body, name, ds_BHKD, entering, chunked, rows, grads, interpret, f
         in_specs=in_specs,
         out_specs=out_specs,
         scratch_shapes=[vmem_f32((Kd, Dv))],
-        compiler_params=compiler_params(),
+        compiler_params=compiler_params(vmem_limit_bytes=BACKWARD_VMEM_BYTES),
         cost_estimate=cost_estimate(
             flops=R * N * flops,
             transcendentals=R * N * exps,

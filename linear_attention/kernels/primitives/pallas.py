@@ -91,10 +91,20 @@ def check_pallas_backend(what: str) -> bool:
     return False
 
 
-def compiler_params(num_sequential: int = 1):
+# Mosaic's default scoped VMEM is 16 MiB on v5e and 32 on v6e; the backward kernels of the
+# delta family at K = V = 256 and chunk 128 need more on v5e (DPLR's: 21.4 MiB). 32 MiB is the
+# v6e default, and within the VMEM of v4 and later chips.
+BACKWARD_VMEM_BYTES = 32 * 2**20
+
+
+def compiler_params(num_sequential: int = 1, vmem_limit_bytes: int | None = None):
     """Mosaic parameters for a grid of independent rows (batch × heads) followed by
-    `num_sequential` axes walked in order (a state carried across chunks)."""
-    return pltpu.CompilerParams(dimension_semantics=("parallel",) + ("arbitrary",) * num_sequential)
+    `num_sequential` axes walked in order (a state carried across chunks); `vmem_limit_bytes`
+    raises the scoped VMEM limit (None: Mosaic's default for the chip)."""
+    return pltpu.CompilerParams(
+        dimension_semantics=("parallel",) + ("arbitrary",) * num_sequential,
+        vmem_limit_bytes=vmem_limit_bytes,
+    )
 
 
 def cost_estimate(*, flops: int, transcendentals: int, arrays) -> pl.CostEstimate:
