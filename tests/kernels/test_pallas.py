@@ -541,33 +541,38 @@ def _tpu_topology(name):
         pytest.skip(f"no TPU compiler (libtpu) for {name}: {e}")
 
 
-# Each compile takes 10-40 s on the 2-core machine: the default run compiles two of the three
-# kernels, one per generation; `-m slow` compiles every kernel for both.
+# Each compile takes 8-40 s on the 2-core machine: the default run compiles every kernel once
+# for v5e or v6e, and each generation at least three times (linear at two decays, the delta
+# rule at two, DPLR on v5e, DeltaProduct on v6e); `-m slow` compiles every kernel for both.
 _SLOW = pytest.mark.slow
-COMPILE_CASES = [
+_DEFAULT_COMPILES = [
     ("v5e:2x2", "linear", "per_token"),
     ("v6e:2x2", "linear", "per_key"),
-    *(
-        pytest.param(topology, "linear", decay, marks=_SLOW)
-        for topology, decay in [
-            ("v5e:2x2", "none"),
-            ("v5e:2x2", "per_key"),
-            ("v6e:2x2", "none"),
-            ("v6e:2x2", "per_token"),
-        ]
-    ),
-    # the delta family (forward and backward kernels, the UT transform inside both): 15-90 s a
-    # compile here
-    *(
-        pytest.param(topology, "delta_rule", decay, marks=_SLOW)
-        for topology in ("v5e:2x2", "v6e:2x2")
-        for decay in ("none", "per_token", "per_key")
-    ),
-    *(
-        pytest.param(topology, kernel, decay, marks=_SLOW)
-        for topology in ("v5e:2x2", "v6e:2x2")
-        for kernel, decay in (("dplr_delta_rule", "per_key"), ("delta_product", "per_token"))
-    ),
+    ("v5e:2x2", "delta_rule", "per_token"),
+    ("v6e:2x2", "delta_rule", "per_key"),
+    ("v5e:2x2", "dplr_delta_rule", "per_key"),
+    ("v6e:2x2", "delta_product", "per_token"),
+]
+COMPILE_CASES = [
+    pytest.param(*case, marks=() if case in _DEFAULT_COMPILES else _SLOW)
+    for case in [
+        *(
+            (t, "linear", d)
+            for t in ("v5e:2x2", "v6e:2x2")
+            for d in ("none", "per_token", "per_key")
+        ),
+        # the delta family: forward and backward kernels, the UT transform inside both
+        *(
+            (t, "delta_rule", d)
+            for t in ("v5e:2x2", "v6e:2x2")
+            for d in ("none", "per_token", "per_key")
+        ),
+        *(
+            (t, kernel, d)
+            for t in ("v5e:2x2", "v6e:2x2")
+            for kernel, d in (("dplr_delta_rule", "per_key"), ("delta_product", "per_token"))
+        ),
+    ]
 ]
 
 
