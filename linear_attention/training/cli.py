@@ -30,6 +30,7 @@ from absl import flags
 from linear_attention.layers import COMMON_OPTIONS, MIXERS, MixerConfig
 from linear_attention.training.cli_args import (
     UsageError,
+    check_backend,
     error,
     load_config_file,
     load_module,
@@ -125,6 +126,8 @@ def _parse_train(argv: list[str]):
     if fv.fit and not fv.dry_run:
         raise UsageError(f"--fit searches with --dry_run; add it\n{USAGE}")
     validate(config)
+    if not fv.dry_run:
+        check_backend(config)
     return config, fv.workdir, (fv.dry_run and ("fit" if fv.fit else "size"))
 
 

@@ -14,10 +14,12 @@ import re
 import sys
 import textwrap
 
+import jax
 import ml_collections
 from absl import flags
 from ml_collections import config_dict, config_flags
 
+from linear_attention.kernels.primitives.pallas import check_pallas_backend
 from linear_attention.training import config as config_lib
 from linear_attention.training.config import SECTION_CLASSES, SECTIONS, experiment_config
 from linear_attention.training.load import run_config
@@ -152,6 +154,23 @@ def validate(config):
         return experiment_config(config)
     except ValueError as e:
         raise UsageError(str(e)) from None
+
+
+def check_backend(config) -> None:
+    """`UsageError` when the config's kernels cannot run on this machine: ``method="pallas"``
+    lowers the Mosaic kernels, which run on a TPU only (a dry run with a TPU target compiles
+    them from any machine, so it does not call this)."""
+    if config.model.method != "pallas":
+        return
+    try:
+        check_pallas_backend("--config.model.method=pallas")
+    except ValueError:
+        raise UsageError(
+            "config.model.method = 'pallas' runs the Pallas (Mosaic) kernels, which need a TPU, "
+            f"and this machine's backend is {jax.default_backend()!r}: run it on a TPU, or pass "
+            "--config.model.method=chunk (the same recurrence in XLA); --dry_run with "
+            "--config.mesh.target=tpu:GEN:TOPOLOGY compiles it for a TPU slice from here"
+        ) from None
 
 
 def sections_help() -> str:

@@ -20,6 +20,7 @@ from absl import flags
 from linear_attention.training import config as config_lib
 from linear_attention.training.cli_args import (
     UsageError,
+    check_backend,
     error,
     parse_overrides,
     pop_workdir,
@@ -73,6 +74,7 @@ def eval_main(argv: list[str] | None = None) -> int:
         if fv.output is not None:
             check_output(fv.output, overwrite=fv.overwrite, workdir=workdir)
         changed = meaning_changes(validate(run_config(workdir)), validate(fv.config))
+        check_backend(fv.config)
         if changed:
             shown = "; ".join(
                 f"{k} = {v['now']!r} (the run has {v['run']!r})" for k, v in changed.items()

@@ -22,6 +22,7 @@ from linear_attention.data.tokenizers import BYTES, load_tokenizer
 from linear_attention.models import generate_stream
 from linear_attention.training.cli_args import (
     UsageError,
+    check_backend,
     error,
     parse_overrides,
     pop_workdir,
@@ -96,6 +97,7 @@ def _parse_generate(argv: list[str], workdir: str | None):
     without text or a bad argument, before the checkpoint is loaded."""
     fv = parse_overrides(argv, workdir_config(workdir, GENERATE_USAGE), _define_flags)
     cfg = validate(fv.config)
+    check_backend(fv.config)
     if not cfg.data.has_text:
         raise UsageError(
             f"la-generate samples text; {workdir} is a {cfg.data.kind!r} run without a "

@@ -191,6 +191,27 @@ def test_bad_only_and_cli_errors(sweep, tmp_path, capsys):
     assert "unknown preset 'nope'" in capsys.readouterr().err
 
 
+def test_pallas_method_off_a_tpu_stops_the_sweep_before_any_run(sweep, tmp_path, capsys):
+    """A grid whose runs take method="pallas" on the CPU: the usage error, exit 2 and no run
+    folder; its dry run still lists the grid."""
+    spec = tmp_path / "pallas_sweep.py"
+    spec.write_text(
+        "from linear_attention.training.sweep import load_sweep\n\n\n"
+        "def get_config(arg=None):\n"
+        f"    config = load_sweep({MQAR + ':smoke'!r})\n"
+        "    config.base.model.method = 'pallas'\n"
+        "    return config\n"
+    )
+    args = ["--config", str(spec), "--workdir", str(tmp_path / "w"), "--only", "mixer=linear"]
+    assert sweep.main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sweep: error: config.model.method = 'pallas' runs the Pallas (Mosaic)")
+    assert "this machine's backend is 'cpu'" in err
+    assert not (tmp_path / "w").exists()
+    assert sweep.main([*args, "--dry-run"]) == 0
+    assert "points" in capsys.readouterr().out
+
+
 def test_dry_run_counts_the_parameters_of_the_model_as_trained(sweep):
     # learned positions: max_length (2048) rows, not the training context's 32
     config = sweep.load_sweep(f"{MQAR}:smoke")

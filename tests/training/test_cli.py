@@ -398,3 +398,40 @@ def test_a_trailing_comma_in_the_mixer_list_is_an_error(capsys, monkeypatch):
             "NAME,NAME,...\n"
         )
     assert not os.path.exists(ROOT / "x")
+
+
+def test_pallas_method_off_a_tpu_is_a_usage_error_before_anything_runs(
+    text_run, capsys, monkeypatch
+):
+    """On the CPU, method="pallas" stops la-train (before the workdir), la-eval and la-generate
+    with the usage error; inside `pallas_interpret()` (how the tests run the kernels) it passes."""
+    from linear_attention.kernels import pallas_interpret
+
+    message = (
+        "config.model.method = 'pallas' runs the Pallas (Mosaic) kernels, which need a TPU, and "
+        "this machine's backend is 'cpu': run it on a TPU, or pass --config.model.method=chunk"
+    )
+    workdir, config = text_run
+    fresh = os.path.join(os.path.dirname(workdir), "pallas")
+    train_argv = ["la-train", "--config=configs/lm.py:smoke", f"--workdir={fresh}"]
+    calls = [
+        ("la-train", lambda a: cli.main([*train_argv, *a])),
+        ("la-eval", lambda a: eval_cli.eval_main(["la-eval", f"--workdir={workdir}", *a])),
+        (
+            "la-generate",
+            lambda a: generate_cli.generate_main(
+                ["la-generate", f"--workdir={workdir}", "--prompt=x", "--num_tokens=2", *a]
+            ),
+        ),
+    ]
+    monkeypatch.chdir(ROOT)
+    for prog, call in calls:
+        assert call(["--config.model.method=pallas"]) == 2, prog
+        err = capsys.readouterr().err
+        assert err.startswith(f"{prog}: error: {message}"), err
+    assert not os.path.exists(fresh)
+    pallas = config.copy_and_resolve_references()
+    pallas.model.method = "pallas"
+    with pallas_interpret():
+        assert cli_args.check_backend(pallas) is None
+    assert config.model.method != "pallas" and cli_args.check_backend(config) is None

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from linear_attention.training.cli_args import check_backend
 from linear_attention.training.sweep.grid import load_sweep, prepare
 from linear_attention.training.sweep.runner import check_results_csv, run
 
@@ -77,8 +78,11 @@ def main(argv=None) -> int:
         parser.error(f"--jobs must be >= 1, got {args.jobs}")
     try:  # a bad config, grid or --only stops here, before anything is trained
         sweep = load_sweep(args.config)
-        prepare(sweep, args.only)
+        _, points = prepare(sweep, args.only)
         check_results_csv(sweep, args.results_csv, args.report_only)
+        if not (args.dry_run or args.report_only):  # the runs' kernels must run here
+            for point in points:
+                check_backend(point.config)
     except ValueError as e:
         print(f"sweep: error: {e}", file=sys.stderr)
         return 2
