@@ -209,7 +209,8 @@ def test_pallas_method_off_a_tpu_stops_the_sweep_before_any_run(sweep, tmp_path,
     assert "this machine's backend is 'cpu'" in err
     assert not (tmp_path / "w").exists()
     assert sweep.main([*args, "--dry-run"]) == 0
-    assert "points" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert out.startswith("4 points") and out.count("mixer-linear_seed-") == 4
 
 
 def test_dry_run_counts_the_parameters_of_the_model_as_trained(sweep):
