@@ -158,17 +158,29 @@ def validate(config):
 
 def check_backend(config) -> None:
     """`UsageError` when the config's kernels cannot run on this machine: ``method="pallas"``
-    lowers the Mosaic kernels, which run on a TPU only (a dry run with a TPU target compiles
-    them from any machine, so it does not call this)."""
-    if config.model.method != "pallas":
+    (for every layer, or for one layer type through ``layer_options``) lowers the Mosaic
+    kernels, which run on a TPU only (a dry run with a TPU target compiles them from any
+    machine, so it does not call this)."""
+    model = config.model
+    fields = ["config.model.method"] if model.method == "pallas" else []
+    fields += [
+        f"config.model.layer_options.{mixer}.method"
+        for mixer, options in (model.get("layer_options") or {}).items()
+        if options.get("method") == "pallas"
+    ]
+    if not fields:
         return
+    if fields == ["config.model.method"]:
+        instead = "pass --config.model.method=chunk"
+    else:
+        instead = "set it to 'chunk'" if len(fields) == 1 else "set them to 'chunk'"
     try:
-        check_pallas_backend("--config.model.method=pallas")
+        check_pallas_backend(fields[0])
     except ValueError:
         raise UsageError(
-            "config.model.method = 'pallas' runs the Pallas (Mosaic) kernels, which need a TPU, "
-            f"and this machine's backend is {jax.default_backend()!r}: run it on a TPU, or pass "
-            "--config.model.method=chunk (the same recurrence in XLA); --dry_run with "
+            f"{' and '.join(fields)} = 'pallas' runs the Pallas (Mosaic) kernels, which need a "
+            f"TPU, and this machine's backend is {jax.default_backend()!r}: run it on a TPU, or "
+            f"{instead} (the same recurrence in XLA); --dry_run with "
             "--config.mesh.target=tpu:GEN:TOPOLOGY compiles it for a TPU slice from here"
         ) from None
 

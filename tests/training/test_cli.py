@@ -430,6 +430,16 @@ def test_pallas_method_off_a_tpu_is_a_usage_error_before_anything_runs(
         err = capsys.readouterr().err
         assert err.startswith(f"{prog}: error: {message}"), err
     assert not os.path.exists(fresh)
+    # one layer type's method, through layer_options
+    hybrid = ["--config.model.mixer=gated,linear", "--config.model.num_layers=2"]
+    hybrid.append("--config.model.layer_options={'gated': {'method': 'pallas'}}")
+    assert cli.main([*train_argv, *hybrid]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(
+        "la-train: error: config.model.layer_options.gated.method = 'pallas' runs the Pallas"
+    ), err
+    assert "or set it to 'chunk' (the same recurrence in XLA)" in err
+    assert not os.path.exists(fresh)
     pallas = config.copy_and_resolve_references()
     pallas.model.method = "pallas"
     with pallas_interpret():
