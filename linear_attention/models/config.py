@@ -492,6 +492,15 @@ class ModelConfig:
         return self._mixer_configs[name]
 
     @property
+    def uses_pallas(self) -> bool:
+        """Whether some layer runs the Pallas (Mosaic) kernels: `method="pallas"` for the model,
+        or for one layer type through `layer_options`."""
+        return any(
+            getattr(self.mixer_config(name), "method", None) == "pallas"
+            for name in set(self.layer_mixers)
+        )
+
+    @property
     def compute_dtype(self):
         return jnp.dtype(self.dtype)
 

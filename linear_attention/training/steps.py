@@ -133,8 +133,9 @@ def model_stats(model, batch, mesh=None):
     (None without experts, and for a model other than a `LanguageModel`: any module called as
     ``model(tokens, segment_ids) -> logits`` trains and evaluates); with a ``seq`` mesh axis
     over more than one device, time split over it (sequence parallelism).
-    A model with ``method="pallas"`` on more than one device runs in `jax.shard_map` too (with
-    ``seq`` 1: rows split over ``data``): XLA cannot partition a Mosaic kernel itself."""
+    A model with a Pallas layer (`ModelConfig.uses_pallas`) on more than one device runs in
+    `jax.shard_map` too (with ``seq`` 1: rows split over ``data``): XLA cannot partition a
+    Mosaic kernel itself."""
 
     def stats(model, batch):
         inputs, segment_ids = batch["inputs"], batch.get("segment_ids")
@@ -144,7 +145,7 @@ def model_stats(model, batch, mesh=None):
             logits, router = model(inputs, segment_ids), None
         return (*token_stats(logits, batch["labels"]), router)
 
-    pallas = getattr(getattr(model, "config", None), "method", None) == "pallas"
+    pallas = getattr(getattr(model, "config", None), "uses_pallas", False)
     if mesh is None or (mesh.shape.get("seq", 1) == 1 and not (pallas and mesh.size > 1)):
         return stats(model, batch)
     return sequence_parallel_stats(stats, model, batch, mesh)

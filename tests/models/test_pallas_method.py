@@ -81,3 +81,17 @@ def test_language_model_pallas_equals_chunk():
     assert rel_err(logits, logits_c) < 1e-4
     for g, g_c in zip(grads, grads_c, strict=True):
         assert rel_err(g, g_c) < 1e-4
+
+
+def test_uses_pallas_reads_the_model_and_each_layer_type():
+    """`ModelConfig.uses_pallas` (what puts a multi-device step in `shard_map`): the model's
+    method, or one layer type's through `layer_options`; not a method on no layer."""
+
+    def uses(**fields):
+        base = dict(vocab_size=V, d_model=D, num_layers=2, num_heads=H, mixer=("gated", "linear"))
+        return ModelConfig(**(base | fields)).uses_pallas
+
+    assert uses(method="pallas") and not uses() and not uses(method="chunk")
+    assert uses(layer_options={"gated": {"method": "pallas"}})
+    assert not uses(layer_options={"gated": {"method": "scan"}})
+    assert not uses(mixer="softmax")  # softmax has no method field

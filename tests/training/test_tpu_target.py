@@ -174,8 +174,8 @@ def test_every_mixer_family_compiles_for_a_v5e_slice(capsys, monkeypatch, preset
 @needs_libtpu
 def test_the_pallas_method_compiles_for_a_v5e_slice(capsys, monkeypatch):
     """method="pallas" on a CPU machine: the Mosaic kernels lowered for the target (a per-token
-    decay and a plain linear layer); without a target the dry run compiles for this machine's
-    CPU, where the Pallas kernels raise."""
+    decay and a plain linear layer), for every layer or for one layer type; without a target
+    the dry run compiles for this machine's CPU, where the Pallas kernels raise."""
     monkeypatch.chdir(ROOT)
     model = ["--config.model.method=pallas", "--config.model.chunk_size=16"]
     model += ["--config.model.mixer=gated,linear", "--config.model.num_layers=2"]
@@ -184,6 +184,12 @@ def test_the_pallas_method_compiles_for_a_v5e_slice(capsys, monkeypatch):
     _check_sizing(sizing, devices=4)
     status, _, err = _dry_run(capsys, "--config=configs/mqar.py:smoke", *model)
     assert status == 2 and "the Pallas kernels target TPU" in err, err
+    # one layer type on Pallas through layer_options: the step is still split by shard_map
+    # (else XLA:TPU refuses: "Mosaic kernels cannot be automatically partitioned")
+    hybrid = [*model[1:], "--config.model.layer_options={'gated': {'method': 'pallas'}}"]
+    status, sizing, err = _dry_run(capsys, "--config=configs/mqar.py:smoke", V5E, *hybrid)
+    assert status == 0, err
+    _check_sizing(sizing, devices=4)
 
 
 @needs_libtpu
