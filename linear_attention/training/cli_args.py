@@ -160,7 +160,10 @@ def check_backend(config) -> None:
     """`UsageError` when the config's kernels cannot run on this machine: ``method="pallas"``
     (for every layer, or for one layer type through ``layer_options``) lowers the Mosaic
     kernels, which run on a TPU only (a dry run with a TPU target compiles them from any
-    machine, so it does not call this)."""
+    machine, so it does not call this). Whether a layer runs them is `ModelConfig.uses_pallas`,
+    the train step's own test; the fields set to 'pallas' name the cause."""
+    if not validate(config).model.uses_pallas:
+        return
     model = config.model
     fields = ["config.model.method"] if model.method == "pallas" else []
     fields += [
@@ -168,8 +171,6 @@ def check_backend(config) -> None:
         for mixer, options in (model.get("layer_options") or {}).items()
         if options.get("method") == "pallas"
     ]
-    if not fields:
-        return
     if fields == ["config.model.method"]:
         instead = "pass --config.model.method=chunk"
     else:

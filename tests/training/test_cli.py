@@ -445,3 +445,10 @@ def test_pallas_method_off_a_tpu_is_a_usage_error_before_anything_runs(
     with pallas_interpret():
         assert cli_args.check_backend(pallas) is None
     assert config.model.method != "pallas" and cli_args.check_backend(config) is None
+    # the model's method is 'pallas' but its one layer type with a method (gated; softmax has
+    # none) is set back to 'chunk': no layer runs a Mosaic kernel, so the CPU runs it
+    overridden = config.copy_and_resolve_references()
+    assert overridden.model.mixer == "gated,softmax"
+    overridden.model.method = "pallas"
+    overridden.model.layer_options = {"gated": {"method": "chunk"}}
+    assert cli_args.check_backend(overridden) is None
