@@ -408,3 +408,34 @@ def test_budget_curve_is_s3_and_a5_at_1_4_16_times_the_preset():
     engine.run(config, "/nonexistent", dry=True, log=lines.append)
     assert lines[0].startswith("24 points") and len(lines) == 25
     assert any("8000 steps x" in line for line in lines)
+
+
+def test_budget_curve_report_keeps_a_row_per_mixer_and_budget(tmp_path):
+    """The budget axis is neither the table's x (task) nor its line (mixer): each (mixer,
+    budget) is its own row of both tables and its own line of the figure, with the mean over
+    the two seeds of that budget's runs (hand-set accuracies), not one budget's value for all."""
+    from linear_attention.training.sweep.results import best_rows
+    from linear_attention.training.sweep.synthetic import (
+        plot_accuracy_vs_length,
+        synthetic_report,
+    )
+
+    config = engine.load_sweep(str(SWEEPS / "state_tracking.py:budget"))
+    axes, points = engine.expand(config)
+    budgets = {"1x": 0.2, "4x": 0.5, "16x": 0.9}
+    rows = []
+    for point in points:
+        labels = point.labels
+        acc = budgets[labels["budget"]] + 0.02 * int(labels["seed"])
+        acc -= 0.1 * (labels["mixer"] == "gated_deltanet_neg") + 0.05 * (labels["task"] == "a5")
+        lengths = {f"eval/length_{n}/accuracy": acc - n / 1e4 for n in (40, 256)}
+        rows.append({**labels, "status": "ok", "eval/accuracy": acc, **lengths})
+    best = best_rows(rows, axes, config.tune, "state_tracking", config.replicate)
+    assert len(best) == 2 * 3 * 2
+    text = synthetic_report(rows, best, axes, config, by_length=True)
+    assert "| gated_deltaproduct_n2_neg, budget 1x | 0.210 (0.200–0.220) | 0.160 " in text
+    assert "| gated_deltanet_neg, budget 16x | 0.810 (0.800–0.820) | 0.760 " in text
+    assert "| s3 | gated_deltaproduct_n2_neg, budget 4x | 0.506 | 0.484 |" in text
+    assert text.count(", budget ") == 3 * (2 + 2 + 2 * 2)  # 2 tables of 6 rows; 12 curves
+    plot_accuracy_vs_length(rows, best, axes, config, tmp_path)
+    assert (tmp_path / "accuracy_vs_length.png").stat().st_size > 0

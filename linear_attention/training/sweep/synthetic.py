@@ -9,6 +9,9 @@ state tracking: the mean over the evaluation lengths).
   (one panel per task, one line per mixer, bars: min–max over seeds).
 
 The sweep config's ``plot`` names the axes: ``x`` (the task axis) and ``line`` (the mixer).
+Any other axis with more than one label (the budget curve's ``budget``) splits the lines: a
+row or line per mixer and label, ``gated_deltanet_neg, budget 4x`` (`line_labels`), so no two
+settings share a cell.
 With ``score = "mad"`` the task axis holds MAD's settings (labels ``<task>`` and
 ``<task>.<change>``) and the report adds MAD's score (`mad_scores`).
 """
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import matplotlib
@@ -46,12 +50,31 @@ def _table(header, body) -> str:
     return "\n".join([*lines, *("| " + " | ".join(r) + " |" for r in body)])
 
 
+def line_labels(axes: list[Axis], sweep) -> tuple[list[str], Callable[[dict], str]]:
+    """The table rows (figure lines) in grid order, and the function giving a row's label:
+    the ``line`` axis's label, followed by the label of each other axis that varies (not
+    ``x``, ``tune`` or ``replicate``, more than one label): ``gated_deltanet_neg, budget 4x``."""
+    line = axis_named(axes, sweep.plot.line)
+    fixed = (sweep.plot.x, sweep.plot.line, sweep.get("tune"), sweep.get("replicate"))
+    extra = [a for a in axes if a.name not in fixed and len(a.labels) > 1]
+
+    def label(row: dict) -> str:
+        return ", ".join([row[line.name], *(f"{a.name} {row[a.name]}" for a in extra)])
+
+    combos = [{}]
+    for axis in (line, *extra):
+        combos = [{**c, axis.name: v} for c in combos for v in axis.labels]
+    return [label(c) for c in combos], label
+
+
 def length_curves(rows: list[dict], best: list[dict], axes: list[Axis], sweep) -> dict:
-    """``{(task, mixer): {L: (mean, min, max)}}``: each evaluation length's accuracy over the
-    seeds of the best learning rate (the rows of `best`'s tuned choice)."""
+    """``{(task, line): {L: (mean, min, max)}}``: each evaluation length's accuracy over the
+    seeds of the best learning rate (the rows of `best`'s tuned choice); ``line`` as
+    `line_labels` names it."""
     tune, replicate = sweep.get("tune"), sweep.get("replicate")
     keys = [a.name for a in axes if a.name not in (tune, replicate)]
-    x, line = sweep.plot.x, sweep.plot.line
+    x = sweep.plot.x
+    _, label = line_labels(axes, sweep)
     curves = {}
     for cell in best:
         runs = [
@@ -67,7 +90,7 @@ def length_curves(rows: list[dict], best: list[dict], axes: list[Axis], sweep) -
                 m = LENGTH_KEY.match(key)
                 if m and value is not None and value == value:
                     by_length.setdefault(int(m.group(1)), []).append(float(value))
-        curves[cell[x], cell[line]] = {
+        curves[cell[x], label(cell)] = {
             n: (float(np.mean(v)), min(v), max(v)) for n, v in sorted(by_length.items())
         }
     return curves
@@ -79,18 +102,19 @@ def synthetic_report(
     """Markdown: the mixer × task table (and with ``by_length``, for state tracking, accuracy per
     evaluation length)."""
     x_axis, line_axis = axis_named(axes, sweep.plot.x), axis_named(axes, sweep.plot.line)
-    cells = {(r[line_axis.name], r[x_axis.name]): r for r in best}
+    lines, label = line_labels(axes, sweep)
+    cells = {(label(r), r[x_axis.name]): r for r in best}
     tasks = [t for t in x_axis.labels if any(k[1] == t for k in cells)]
     spread = " mean (min–max) over seeds," if sweep.get("replicate") else ""
     body = [
         [m, *(_cell(cells[m, t]) if (m, t) in cells else "" for t in tasks)]
-        for m in line_axis.labels
+        for m in lines
         if any(k[0] == m for k in cells)
     ]
     tune = sweep.get("tune")
     lrs = [
         [m, *(str(cells[m, t].get(tune, "")) if (m, t) in cells else "" for t in tasks)]
-        for m in line_axis.labels
+        for m in lines
         if any(k[0] == m for k in cells)
     ]
     parts = [
@@ -100,7 +124,7 @@ def synthetic_report(
         + _table([f"{line_axis.name} \\ {x_axis.name}", *tasks], lrs),
     ]
     if sweep.get("score") == "mad":
-        parts.append(mad_score_table(best, x_axis, line_axis))
+        parts.append(mad_score_table(best, x_axis, line_axis, lines, label))
     if by_length:
         curves = length_curves(rows, best, axes, sweep)
         lengths = sorted({n for c in curves.values() for n in c})
@@ -115,31 +139,34 @@ def synthetic_report(
     return "\n\n".join(parts) + "\n"
 
 
-def mad_scores(best: list[dict], x_axis: Axis, line_axis: Axis) -> dict:
+def mad_scores(best: list[dict], x_axis: Axis, line_axis: Axis, label=None) -> dict:
     """``{(mixer, task): (score, settings)}``, MAD's score (mad-lab's ``analysis.py``,
     ``compute_model_mad_scores``): the mean over a task's settings (the x axis's labels
     ``<task>`` and ``<task>.<change>``) of each setting's ``eval/accuracy`` at its best tuned
-    choice, with how many settings are finished."""
+    choice, with how many settings are finished. ``label``: a row's line (`line_labels`);
+    by default its ``line_axis`` label."""
+    label = label or (lambda row: row[line_axis.name])
     by_cell: dict[tuple[str, str], list[float]] = {}
     for row in best:
         value = row.get("eval/accuracy")
         if isinstance(value, (int, float)) and math.isfinite(value):
             task = row[x_axis.name].partition(".")[0]
-            by_cell.setdefault((row[line_axis.name], task), []).append(float(value))
+            by_cell.setdefault((label(row), task), []).append(float(value))
     return {cell: (float(np.mean(v)), len(v)) for cell, v in by_cell.items()}
 
 
-def mad_score_table(best: list[dict], x_axis: Axis, line_axis: Axis) -> str:
+def mad_score_table(best: list[dict], x_axis: Axis, line_axis: Axis, lines=None, label=None) -> str:
     """Markdown: MAD's score per mixer and task (settings finished of those in the grid),
-    and the mean across tasks where every task has a score."""
-    scores = mad_scores(best, x_axis, line_axis)
+    and the mean across tasks where every task has a score (``lines``, ``label``: as
+    `line_labels` gives them; by default the ``line_axis`` labels)."""
+    scores = mad_scores(best, x_axis, line_axis, label)
     counts: dict[str, int] = {}
     for label in x_axis.labels:
         task = label.partition(".")[0]
         counts[task] = counts.get(task, 0) + 1
     tasks = list(counts)
     body = []
-    for m in line_axis.labels:
+    for m in lines or line_axis.labels:
         if not any((m, t) in scores for t in tasks):
             continue
         cells = [
@@ -171,9 +198,10 @@ def heatmap_title(best: list[dict], tune: str | None) -> str:
 
 
 def plot_mad_heatmap(best: list[dict], axes: list[Axis], sweep, out: Path) -> None:
-    x_axis, line_axis = axis_named(axes, sweep.plot.x), axis_named(axes, sweep.plot.line)
-    cells = {(r[line_axis.name], r[x_axis.name]): r.get("eval/accuracy") for r in best}
-    mixers = [m for m in line_axis.labels if any(k[0] == m for k in cells)]
+    x_axis = axis_named(axes, sweep.plot.x)
+    lines, label = line_labels(axes, sweep)
+    cells = {(label(r), r[x_axis.name]): r.get("eval/accuracy") for r in best}
+    mixers = [m for m in lines if any(k[0] == m for k in cells)]
     tasks = [t for t in x_axis.labels if any(k[1] == t for k in cells)]
     if not cells:
         return
@@ -203,14 +231,15 @@ def plot_accuracy_vs_length(
     rows: list[dict], best: list[dict], axes: list[Axis], sweep, out: Path
 ) -> None:
     curves = length_curves(rows, best, axes, sweep)
-    x_axis, line_axis = axis_named(axes, sweep.plot.x), axis_named(axes, sweep.plot.line)
+    x_axis = axis_named(axes, sweep.plot.x)
+    lines, _ = line_labels(axes, sweep)
     tasks = [t for t in x_axis.labels if any(k[0] == t for k in curves)]
     if not tasks:
         return
-    palette = line_colors(len(line_axis.labels))
+    palette = line_colors(len(lines))
     fig, axs = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks) + 1.6, 3.6), squeeze=False)
     for ax, task in zip(axs[0], tasks, strict=True):
-        for i, mixer in enumerate(line_axis.labels):
+        for i, mixer in enumerate(lines):
             curve = curves.get((task, mixer))
             if not curve:
                 continue
