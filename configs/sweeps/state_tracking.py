@@ -31,11 +31,16 @@ Presets (``configs/sweeps/state_tracking.py:<arg>``):
       2000, 8000; warmup 10 %, evaluated at the end) for gated_deltaproduct with 2 Householder
       steps and gated_deltanet, both β ∈ (0, 2), at lr 3e-3 (the A5 slice's best rate for every
       mixer) × seeds (0, 1): 24 runs of ``configs/state_tracking.py:<task>`` (2 layers,
-      d_model 64). It says whether the slices' floor is the budget. For a device (16× is about
-      80 minutes a run on the 2-core CPU, from the preset's ~5 minutes); not run. The
-      one-command launch: ``python experiments/sweep.py --config
-      configs/sweeps/state_tracking.py:budget --workdir runs/st-budget`` (``--dry-run``: the
-      grid with each run's size).
+      d_model 64). It says whether the slices' floor is the budget. Command: ``python
+      experiments/sweep.py --config configs/sweeps/state_tracking.py:budget --workdir
+      runs/st-budget --jobs 2`` (``--dry-run``: the grid with each run's size). Run with seed
+      0 at every point, seed 1 not run (EXPERIMENTS.md section 7.15,
+      docs/results/state_tracking_budget_cpu.json; on the 2-core CPU, two runs side by side,
+      a 16× run took 35–36 minutes for gated_deltanet and 60–62 for gated_deltaproduct):
+      gated_deltaproduct on S3 is at the floor at 1× (0.211), carries the permutation's sign
+      at 4× (0.365) and solves S3 at 16× (0.983; 1.000 at lengths 40 and 64, 0.932 at 256);
+      gated_deltanet stays at S3's floor (0.209, 0.222, 0.214) and both stay at A5's at every
+      budget (0.030–0.043: the first two positions right, chance after).
   ``smoke``: parity, 2 mixers (gated_deltanet with β ∈ (0, 1) and (0, 2)) × 2 rates × 2
       seeds at the smoke size, for the test; seconds.
 
