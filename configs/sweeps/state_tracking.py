@@ -33,13 +33,14 @@ Presets (``configs/sweeps/state_tracking.py:<arg>``):
       mixer) × seeds (0, 1): 24 runs of ``configs/state_tracking.py:<task>`` (2 layers,
       d_model 64). It says whether the slices' floor is the budget. Command: ``python
       experiments/sweep.py --config configs/sweeps/state_tracking.py:budget --workdir
-      runs/st-budget --jobs 2`` (``--dry-run``: the grid with each run's size). Run with seed
-      0 at every point, seed 1 not run (EXPERIMENTS.md section 7.15,
-      docs/results/state_tracking_budget_cpu.json; on the 2-core CPU, two runs side by side,
-      a 16× run took 35–36 minutes for gated_deltanet and 60–62 for gated_deltaproduct):
-      gated_deltaproduct on S3 is at the floor at 1× (0.211), carries the permutation's sign
-      at 4× (0.365) and solves S3 at 16× (0.983; 1.000 at lengths 40 and 64, 0.932 at 256);
-      gated_deltanet stays at S3's floor (0.209, 0.222, 0.214) and both stay at A5's at every
+      runs/st-budget --jobs 2`` (``--dry-run``: the grid with each run's size). Run with
+      seeds 0 and 1 at 1× and 4×, seed 0 at 16× and seed 1 for gated_deltaproduct on S3
+      (EXPERIMENTS.md section 7.15, docs/results/state_tracking_budget_cpu.json; on the 2-core
+      CPU, two runs side by side, a 16× run took 35–36 minutes for gated_deltanet and 60–62
+      for gated_deltaproduct). gated_deltaproduct on S3 (seed 0 / seed 1): the floor at 1×
+      (0.211 / 0.209); the permutation's sign at 4× with seed 0 (0.365 / 0.213); solved at
+      16× with seed 0 (0.983; 1.000 at lengths 40 and 64, 0.932 at 256), not with seed 1
+      (0.238). gated_deltanet stays at S3's floor (0.207–0.222) and both stay at A5's at every
       budget (0.030–0.043: the first two positions right, chance after).
   ``smoke``: parity, 2 mixers (gated_deltanet with β ∈ (0, 1) and (0, 2)) × 2 rates × 2
       seeds at the smoke size, for the test; seconds.
