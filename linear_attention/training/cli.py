@@ -11,7 +11,8 @@ overridden with ``--config.<section>.<field>=value``; ``la-eval`` starts from th
 ``<command>: error: ...`` (exit status 2) before anything is built or compiled.
 
 ``--dry_run`` sizes the run without running it; with ``--config.mesh.target=tpu:GEN:TOPOLOGY``
-it compiles the train step for that TPU slice (libtpu) and exits 1 when it does not fit a chip.
+(a TPU slice: libtpu) or ``gpu:CHIP:COUNT`` (NVIDIA GPUs: the ``gpu-compile`` extra) it
+compiles the train step for that target and exits 1 when it does not fit a device.
 
 A resumed run whose corpus, token file or tokenizer changed since its checkpoint stops with
 ``la-train: error:`` naming the change; ``--allow_data_change`` goes on with the new data (said).
@@ -42,9 +43,10 @@ from linear_attention.training.cli_args import (
 from linear_attention.training.config import experiment_config
 from linear_attention.training.eval_cli import eval_main
 from linear_attention.training.generate_cli import generate_main
+from linear_attention.training.gpu_target import use_cpu_platform
 from linear_attention.training.sizing import FIT_ORDER, verdict
 from linear_attention.training.sizing import dry_run as dry_run_sizing
-from linear_attention.training.tpu_target import TargetCompileError
+from linear_attention.training.target_base import TargetCompileError
 from linear_attention.training.trainer import Interrupted, NonFiniteLossError, train
 from linear_attention.training.workdir import RunError
 
@@ -107,8 +109,9 @@ def _parse_train(argv: list[str]):
             False,
             "print the resolved config, then one JSON line {parameters, flops_per_token, "
             "train_step_bytes_per_device} (the train step compiled on abstract shapes), and exit; "
-            "with --config.mesh.target=tpu:GEN:TOPOLOGY compiled for that TPU slice, adding "
-            "target, hbm_bytes_per_device, fits and the memory parts (exit 1: it does not fit)",
+            "with --config.mesh.target=tpu:GEN:TOPOLOGY or gpu:CHIP:COUNT compiled for that "
+            "TPU slice or those GPUs, adding target, hbm_bytes_per_device, fits and the memory "
+            "parts (exit 1: it does not fit)",
             flag_values=fv,
         )
         flags.DEFINE_bool(
@@ -179,7 +182,10 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of ``la-train`` and ``experiments/train.py``; returns the exit status."""
     argv = list(sys.argv if argv is None else argv)
     if any(a in ("-h", "--help", "-help") for a in argv[1:]):
-        fit = f"--dry_run with --config.mesh.target=tpu:GEN:TOPOLOGY --fit: {FIT_ORDER}"
+        fit = (
+            "--dry_run with --config.mesh.target=tpu:GEN:TOPOLOGY (or gpu:CHIP:COUNT) --fit: "
+            f"{FIT_ORDER}"
+        )
         text = f"{__doc__}\n{fit}\n\n{_presets_help()}\n\n{sections_help()}\n\n{_mixers_help()}"
         print(usage_help(USAGE, text))
         return 0
@@ -214,8 +220,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def _dry_run(config, *, fit: bool) -> int:
     """Print the resolved config and the sizing's JSON line; exit 1 (one ``la-train:`` line on
-    stderr) where the step does not fit its target or XLA:TPU refuses it."""
+    stderr) where the step does not fit its target or its compiler refuses it. A GPU target
+    sets jax's platforms to the CPU where unset (`gpu_target.use_cpu_platform`)."""
     print(json.dumps(experiment_config(config).to_dict(), indent=2, sort_keys=True))
+    if config.mesh.target.startswith("gpu:"):  # a dry run compiles: the CUDA plugin must load
+        use_cpu_platform()
     log = lambda line: print(f"la-train: {line}", file=sys.stderr, flush=True)  # noqa: E731
     try:
         sizing = dry_run_sizing(config, fit=fit, log=log)

@@ -37,7 +37,7 @@ from linear_attention.training.data_kinds import (
     TokenDataConfig,
     data_kind,
 )
-from linear_attention.training.tpu_target import parse_target
+from linear_attention.training.targets import parse_target
 
 SCHEDULES = ("cosine", "linear", "constant")
 # Metrics an early stop can watch, and whether larger is better.

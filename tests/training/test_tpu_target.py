@@ -14,8 +14,9 @@ import jax
 import pytest
 
 from linear_attention.models.config import REMAT
-from linear_attention.training import cli, sizing, tpu_target
-from linear_attention.training.tpu_target import TARGET_FORMS, oom_bytes, parse_target
+from linear_attention.training import cli, sizing, target_base, tpu_target
+from linear_attention.training.targets import TARGET_FORMS, parse_target
+from linear_attention.training.tpu_target import oom_bytes
 from tests.scripts import load_module
 from tests.training.conftest import ROOT, load_config
 
@@ -41,6 +42,7 @@ def _check_sizing(sizing: dict, devices: int):
     holding at least the replicated float32 parameters and AdamW's two moments."""
     assert sizing["target"] == {
         "name": "tpu:v5e:2x2",
+        "compiler": "XLA:TPU",
         "device_kind": "TPU v5 lite",
         "devices": 4,
         "chips": 4,
@@ -63,7 +65,7 @@ def _check_sizing(sizing: dict, devices: int):
     "target",
     [
         "tpu:v9:1x1",
-        "gpu:h100:8",
+        "gpu:v5e:2x2",
         "garbage",
         "tpu:v5e:",
         "tpu:v5e:0x2",
@@ -359,7 +361,7 @@ def test_a_compiler_error_is_one_line_and_exit_1(capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
 
     def refuse(traced, target, hbm, limit=None):
-        raise tpu_target.TargetCompileError(
+        raise target_base.TargetCompileError(
             f"XLA:TPU could not compile for {target.name}: UNIMPLEMENTED: no such op"
         )
 
