@@ -56,7 +56,7 @@ ARCHITECTURES = {
 class Chip:
     """One GPU product: its compute capability and its datasheet and device-property facts."""
 
-    name: str  # cudaDeviceProp.name: the device kind jax reports
+    name: str  # cudaDeviceProp.name (as nvidia-smi lists it): the device kind jax reports
     capability: str  # a key of ARCHITECTURES
     core_count: int  # SMs
     device_memory_size: int  # cudaDeviceProp.totalGlobalMem, bytes
@@ -70,7 +70,10 @@ class Chip:
         return ARCHITECTURES[self.capability]
 
 
-# The chip's name in a target -> its facts. Bandwidths and clocks: the SXM parts' datasheets.
+# The chip's name in a target -> its facts (the SXM parts). Memory bandwidth: the datasheets
+# round it (2.0, 3.35, 4.8 and 8 TB/s); the figures here are the ones XLA's own configs for the
+# chips hold, with which the compiled step's memory was checked to be the same (H100). Clock:
+# the SMs' boost clock as the driver reports it (cudaDeviceProp.clockRate).
 CHIPS = {
     "a100": Chip(
         "NVIDIA A100-SXM4-80GB", "8.0", 108, 85_100_068_864, 2_039 * 10**9, 40 * 2**20, 1.41
