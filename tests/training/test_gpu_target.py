@@ -199,6 +199,25 @@ def test_every_mixer_family_compiles_for_8_h100s(capsys, monkeypatch, preset, mi
 
 
 @needs_cuda
+def test_the_step_split_over_time_and_fsdp_compiles_for_two_h200_hosts(capsys, monkeypatch):
+    """2 hosts of 4 H200s, time split over 2 of them (shard_map), FSDP over the 4 data devices,
+    2 micro-batches, remat=block: the state on a GPU is between a quarter of the replicated
+    float32 parameters and AdamW moments and all of them."""
+    monkeypatch.chdir(ROOT)
+    argv = ["--config=configs/lm.py:smoke", "--config.mesh.target=gpu:h200:2x4"]
+    argv += ["--config.mesh.seq=2", "--config.mesh.fsdp=True", "--config.model.remat=block"]
+    argv += ["--config.train.grad_accum_steps=2", "--config.model.chunk_size=16"]
+    status, sizing_, err = dry_run_cli(capsys, *argv)
+    assert status == 0, err
+    assert sizing_["target"]["mesh"] == {"data": 4, "seq": 2}
+    assert (sizing_["target"]["hosts"], sizing_["target"]["devices"]) == (2, 8)
+    assert sizing_["hbm_bytes_per_device"] == CHIPS["h200"].device_memory_size
+    state = 3 * 4 * sizing_["parameters"]
+    assert state / 4 <= sizing_["memory"]["arguments"] < state
+    assert sizing_["fits"] is True
+
+
+@needs_cuda
 def test_a_step_that_cannot_fit_a_gpu_exits_1_with_what_it_needs(capsys, monkeypatch):
     """2^22 rows of 32 tokens on one H100: 2^22 · 32 · 256 float32 logits (128 GiB) alone are
     more than its 79.11 GiB. XLA:GPU compiles the step anyway; the dry run holds it to the
