@@ -42,9 +42,11 @@ from linear_attention.training.cli_args import (
 from linear_attention.training.config import experiment_config
 from linear_attention.training.eval_cli import eval_main
 from linear_attention.training.generate_cli import generate_main
+from linear_attention.training.platforms import quiet_platforms
+from linear_attention.training.quit_signals import exit_on_signal
 from linear_attention.training.sizing import FIT_ORDER, verdict
 from linear_attention.training.sizing import dry_run as dry_run_sizing
-from linear_attention.training.tpu_target import TargetCompileError
+from linear_attention.training.tpu_target import TargetCompileError, parse_target, topology_devices
 from linear_attention.training.trainer import Interrupted, NonFiniteLossError, train
 from linear_attention.training.workdir import RunError
 
@@ -177,6 +179,7 @@ def _presets_help() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``la-train`` and ``experiments/train.py``; returns the exit status."""
+    quiet_platforms()
     argv = list(sys.argv if argv is None else argv)
     if any(a in ("-h", "--help", "-help") for a in argv[1:]):
         fit = f"--dry_run with --config.mesh.target=tpu:GEN:TOPOLOGY --fit: {FIT_ORDER}"
@@ -214,10 +217,20 @@ def main(argv: list[str] | None = None) -> int:
 
 def _dry_run(config, *, fit: bool) -> int:
     """Print the resolved config and the sizing's JSON line; exit 1 (one ``la-train:`` line on
-    stderr) where the step does not fit its target or XLA:TPU refuses it."""
+    stderr) where the step does not fit its target or XLA:TPU refuses it. SIGTERM or SIGINT
+    ends it with one line (`quit_signals`)."""
+    with exit_on_signal("la-train") as reinstall:
+        return _sizing(config, fit, reinstall)
+
+
+def _sizing(config, fit: bool, reinstall) -> int:
     print(json.dumps(experiment_config(config).to_dict(), indent=2, sort_keys=True))
     log = lambda line: print(f"la-train: {line}", file=sys.stderr, flush=True)  # noqa: E731
     try:
+        target = parse_target(experiment_config(config).mesh.target)
+        if target is not None:  # libtpu loads here (cached for the sizing) with its handlers,
+            topology_devices(target)
+            reinstall()  # which this module's replace again
         sizing = dry_run_sizing(config, fit=fit, log=log)
     except ValueError as e:
         return error("la-train", e)

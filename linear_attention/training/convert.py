@@ -43,6 +43,7 @@ from linear_attention.training.config import (
 from linear_attention.training.load import load_run
 from linear_attention.training.metrics import write_json
 from linear_attention.training.optim import make_optimizer
+from linear_attention.training.platforms import quiet_platforms
 
 USAGE = "usage: la-convert --from-hf PATH --workdir W  |  la-convert --to-hf W OUT [--model-type T]"
 # The tokenizer files of a transformers folder, copied as they are (whichever exist).
@@ -150,6 +151,7 @@ def to_hf(workdir: str, out: str, model_type: str | None = None) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``la-convert``; returns the exit status."""
+    quiet_platforms()
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = _parser()
     if any(a in ("-h", "--help") for a in argv):

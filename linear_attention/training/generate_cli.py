@@ -32,6 +32,7 @@ from linear_attention.training.cli_args import (
     workdir_flags,
 )
 from linear_attention.training.load import load_run
+from linear_attention.training.platforms import quiet_platforms
 
 GENERATE_USAGE = (
     "usage: la-generate --workdir DIR --prompt TEXT --num_tokens N [--temperature T] [--top_k K]"
@@ -56,6 +57,7 @@ def generate_main(argv: list[str] | None = None) -> int:
     (encoded with the run's tokenizer) and then the text of each token as it is drawn. Token i
     is drawn from ``fold_in(key(seed), i)`` with ``softmax(logits / temperature)`` over the
     ``top_k`` largest logits (0: all); ``--temperature 0`` is greedy."""
+    quiet_platforms()
     argv = list(sys.argv if argv is None else argv)
     if any(a in ("-h", "--help", "-help") for a in argv[1:]):
         print(usage_help(GENERATE_USAGE, generate_main.__doc__))

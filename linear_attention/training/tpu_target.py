@@ -33,6 +33,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from linear_attention.training.platforms import quiet_libtpu
+
 # Accelerator generations: the name in the target -> the device kind libtpu reports.
 GENERATIONS = {"v4": "TPU v4", "v5e": "TPU v5 lite", "v5p": "TPU v5", "v6e": "TPU v6 lite"}
 TARGET_FORMS = (
@@ -108,6 +110,7 @@ def topology_devices(target: Target) -> tuple:
     if missing:
         raise ValueError(f"config.mesh.target = {target.name!r} needs libtpu: {missing}")
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    quiet_libtpu()
     from jax.experimental import topologies
 
     try:
