@@ -103,6 +103,7 @@ the convolution carry order). bits-per-byte = eval/loss / ln 2 (tokens are bytes
 
 import ml_collections
 
+from linear_attention.fields import did_you_mean
 from linear_attention.training.config import (
     mesh_section,
     model_section,
@@ -158,7 +159,10 @@ PRESETS = ("default", "cpu", "smoke", *PAPER_SIZES)
 def get_config(arg=None):
     arg = arg or "default"
     if arg not in PRESETS:
-        raise ValueError(f"unknown preset {arg!r} for configs/lm.py; presets: {PRESETS}")
+        raise ValueError(
+            f"unknown preset {arg!r}{did_you_mean(arg, PRESETS)} for configs/lm.py; "
+            f"presets: {PRESETS}"
+        )
     config = ml_collections.ConfigDict()
     config.seed = 0
 

@@ -43,6 +43,7 @@ measure in docs/results/config_docstring_runs.md; the studies: EXPERIMENTS.md se
 """
 
 from linear_attention.data.state_tracking import TASKS, task_vocab_size
+from linear_attention.fields import did_you_mean
 from linear_attention.training.presets import synthetic_preset
 
 # Grazzi et al.'s own protocol (`paper_preset`): parity and modular arithmetic.
@@ -60,7 +61,8 @@ HOUSEHOLDER_STEPS = {"s3": 2, "s5": 4, "a5": 4}
 def get_config(arg=None):
     if arg not in PRESETS:
         raise ValueError(
-            f"unknown preset {arg!r} for configs/state_tracking.py; presets: {PRESETS}"
+            f"unknown preset {arg!r}{did_you_mean(arg, PRESETS)} for configs/state_tracking.py; "
+            f"presets: {PRESETS}"
         )
     if arg in PAPER:
         return paper_preset(arg.removesuffix("_paper"))
