@@ -169,11 +169,12 @@ def _presets_help() -> str:
         except Exception:  # a broken file is the user's to find with --config
             continue
         presets = getattr(module, "PRESETS", None)
-        doc = (module.__doc__ or "").strip().splitlines()
+        # the docstring's first paragraph, whole (a first line alone can stop mid-sentence)
+        doc = " ".join((module.__doc__ or "").strip().split("\n\n")[0].split())
         shown = os.path.relpath(path) if folder == "configs" else os.path.normpath(path)
-        lines.append(f"  {shown}: {', '.join(presets) if presets else '(no presets)'}")
-        if doc:
-            lines.append(f"      {doc[0]}")
+        names = f"{shown}: {', '.join(presets) if presets else '(no presets)'}"
+        lines += textwrap.wrap(names, 100, initial_indent="  ", subsequent_indent=" " * 6)
+        lines += textwrap.wrap(doc, 100, initial_indent=" " * 6, subsequent_indent=" " * 6)
     return "\n".join(lines)
 
 
@@ -182,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     quiet_platforms()
     argv = list(sys.argv if argv is None else argv)
     if any(a in ("-h", "--help", "-help") for a in argv[1:]):
-        fit = f"--dry_run with --config.mesh.target=tpu:GEN:TOPOLOGY --fit: {FIT_ORDER}"
+        fit = f"--dry_run with --config.mesh.target=tpu:GEN:TOPOLOGY --fit:\n{FIT_ORDER}"
         text = f"{__doc__}\n{fit}\n\n{_presets_help()}\n\n{sections_help()}\n\n{_mixers_help()}"
         print(usage_help(USAGE, text))
         return 0

@@ -199,8 +199,13 @@ def sections_help() -> str:
     return "\n".join(lines)
 
 
+def plain(text: str) -> str:
+    """Docstring text for a terminal: without the reST/Markdown code quotes (``x``, `x`)."""
+    return re.sub(r"`([^`\n]+)`", r"\1", re.sub(r"``([^`\n]+)``", r"\1", text))
+
+
 def usage_help(usage: str, text: str) -> str:
-    return f"{usage}\n\n{text.strip()}\n"
+    return plain(f"{usage}\n\n{text.strip()}\n")
 
 
 def error(prog: str, message) -> int:

@@ -32,7 +32,7 @@ from flax import nnx
 
 from linear_attention.models import hf
 from linear_attention.training.checkpoint import Checkpoints
-from linear_attention.training.cli_args import UsageError, error
+from linear_attention.training.cli_args import UsageError, error, plain
 from linear_attention.training.config import (
     experiment_config,
     mesh_section,
@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = _parser()
     if any(a in ("-h", "--help") for a in argv):
-        parser.print_help()
+        print(plain(parser.format_help()), end="")
         return 0
     try:
         args, extra = parser.parse_known_args(argv)
