@@ -18,10 +18,11 @@ is this o_t.
 
 Convergence. CG's error after i iterations falls like ((√κ − 1)/(√κ + 1))^i, κ the condition
 number of H_kk,t + Λ, which grows as λ shrinks beside H_kk,t's largest eigenvalue (up to
-Σ β over a document's tokens for unit keys without decay, about β/(1 − γ) with decay γ). The
-default 30 iterations converge to float32 rounding for the layer's λ ≥ 0.25 and K ≤ 30; a
-smaller λ, slower decay with long documents, or K > `cg_steps` call for more (`cg_steps` ≥ K is
-exact in exact arithmetic). Called eagerly, `mesa_net` warns when a token's relative residual
+Σ β over a document's tokens for unit keys without decay, about β/(1 − γ) with decay γ). At the
+layer's λ ≥ 0.25 the default 30 iterations reach a relative residual below 1e-6 (measured: 512
+tokens of random unit keys, β = 1, λ = 0.25, no decay or γ = 0.99, K = 16, 32 and 64); a smaller
+λ, keys that fill a few directions over long documents, or a wide K call for more (`cg_steps` ≥
+K is exact in exact arithmetic). Called eagerly, `mesa_net` warns when a token's relative residual
 ‖(H_kk,t + Λ) x_t − q_t‖ / ‖q_t‖ exceeds `residual.CG_TOLERANCE` (1e-3); `mesa_net_residual`
 returns every token's, under `jit` too (`residual.py`).
 
