@@ -54,8 +54,19 @@ def run_config(workdir: str) -> dict:
     path = os.path.join(workdir, "config.json")
     if not os.path.isfile(path):
         raise ValueError(f"workdir {workdir!r} holds no run (no config.json)")
-    with open(path) as f:
-        return json.load(f)
+    try:
+        with open(path) as f:
+            config = json.load(f)
+    except ValueError as e:
+        raise ValueError(f"{path} is damaged ({e}): not a run's config") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{path} is a JSON {type(config).__name__}, not a run's config")
+    if "model_type" in config and "model" not in config:
+        raise ValueError(
+            f"workdir {workdir!r} is a transformers checkpoint (config.json with model_type "
+            f"{config['model_type']!r}), not a run: import it with la-convert --from-hf"
+        )
+    return config
 
 
 def restore_run(workdir: str, *, config=None, step: int | None = None) -> RestoredRun:
