@@ -42,6 +42,7 @@ from linear_attention.training.cli_args import (
 from linear_attention.training.config import experiment_config
 from linear_attention.training.eval_cli import eval_main
 from linear_attention.training.generate_cli import generate_main
+from linear_attention.training.signals import honour_interrupts
 from linear_attention.training.sizing import FIT_ORDER, verdict
 from linear_attention.training.sizing import dry_run as dry_run_sizing
 from linear_attention.training.tpu_target import TargetCompileError
@@ -177,6 +178,7 @@ def _presets_help() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``la-train`` and ``experiments/train.py``; returns the exit status."""
+    honour_interrupts()  # (Ctrl-C before the training loop too)
     argv = list(sys.argv if argv is None else argv)
     if any(a in ("-h", "--help", "-help") for a in argv[1:]):
         fit = f"--dry_run with --config.mesh.target=tpu:GEN:TOPOLOGY --fit: {FIT_ORDER}"

@@ -1,5 +1,6 @@
 """SIGINT and SIGTERM during training: the loop finishes its step and saves a checkpoint
-(`StopSignals`), then stops with `Interrupted`."""
+(`StopSignals`), then stops with `Interrupted`. Before the loop, from the start of ``la-train``
+(`honour_interrupts`), Ctrl-C stops the run at once (nothing has been trained)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,15 @@ import signal
 import threading
 
 from linear_attention.training.metrics import Reporter
+
+
+def honour_interrupts() -> None:
+    """From now on SIGINT (Ctrl-C) raises `KeyboardInterrupt`, also where the process was
+    started with SIGINT ignored (a background job of a shell script inherits that): otherwise
+    a Ctrl-C before the loop's `StopSignals` is lost and the run trains to its end. Only in
+    the main thread (elsewhere signals cannot be caught)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 class Interrupted(KeyboardInterrupt):

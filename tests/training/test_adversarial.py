@@ -86,6 +86,12 @@ DAMAGE = {
         "_CHECKPOINT_METADATA is empty",
     ),
     "save cut short": (lambda d: os.remove(f"{d}/integrity.json"), "integrity.json is missing"),
+    "every file empty": (
+        lambda d: [
+            open(f, "w").close() for f in glob.glob(f"{d}/**", recursive=True) if os.path.isfile(f)
+        ],
+        "integrity.json is damaged (JSONDecodeError",
+    ),
 }
 
 

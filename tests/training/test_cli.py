@@ -171,6 +171,32 @@ def test_a_second_sigint_stops_at_once_without_a_traceback(tmp_path, monkeypatch
     assert signal.getsignal(signal.SIGINT) is previous
 
 
+def test_ctrl_c_before_the_loop_stops_a_run_started_with_sigint_ignored(
+    tmp_path, monkeypatch, capsys
+):
+    """A background job of a shell script starts with SIGINT ignored; la-train honours Ctrl-C
+    from its start anyway (before, one that came before the loop was lost and the run trained
+    to its end, exit 0): here SIGINT while the data are built, exit 130, nothing trained."""
+    real_build = trainer_module.build_data
+
+    def interrupted_build(cfg, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)  # the handler raises out of this call
+        return real_build(cfg, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "build_data", interrupted_build)
+    monkeypatch.chdir(ROOT)
+    workdir = tmp_path / "run"
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        status = cli.main(["la-train", SMOKE, f"--workdir={workdir}"])
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    out, err = capsys.readouterr()
+    assert status == 130, (out, err)
+    assert f"la-train: interrupted; rerun the same command to resume in {workdir}" in out
+    assert not (workdir / "metrics.jsonl").exists() and not (workdir / "summary.json").exists()
+
+
 @pytest.mark.parametrize(
     "spec, path, preset",
     [
