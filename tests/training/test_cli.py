@@ -180,7 +180,7 @@ def test_ctrl_c_before_the_loop_stops_a_run_started_with_sigint_ignored(
     real_build = trainer_module.build_data
 
     def interrupted_build(cfg, **kwargs):
-        os.kill(os.getpid(), signal.SIGINT)  # the handler raises out of this call
+        os.kill(os.getpid(), signal.SIGINT)  # (kept: the run stops once it is built)
         return real_build(cfg, **kwargs)
 
     monkeypatch.setattr(trainer_module, "build_data", interrupted_build)
@@ -194,7 +194,32 @@ def test_ctrl_c_before_the_loop_stops_a_run_started_with_sigint_ignored(
     out, err = capsys.readouterr()
     assert status == 130, (out, err)
     assert f"la-train: interrupted; rerun the same command to resume in {workdir}" in out
-    assert not (workdir / "metrics.jsonl").exists() and not (workdir / "summary.json").exists()
+    metrics = workdir / "metrics.jsonl"  # (opened before the loop)
+    assert metrics.read_text() == "" and not (workdir / "summary.json").exists()
+    assert not [p for p in (workdir / "checkpoints").glob("*") if p.name.isdigit()]
+
+
+def test_ctrl_c_while_la_train_loads_jax_is_honoured():
+    """SIGINT ignored from the start, and sent as JAX starts to load (the first seconds of
+    la-train): kept, and main stops at once, one line, exit 130 (before, it was lost)."""
+    script = (
+        "import os, signal, sys\n"
+        "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+        "class Hook:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'jax':\n"
+        "            os.kill(os.getpid(), signal.SIGINT)\n"
+        "sys.meta_path.insert(0, Hook())\n"
+        "from linear_attention.training.cli import main\n"
+        "sys.exit(main(['la-train', '--help']))\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 130, (done.stdout, done.stderr)
+    assert done.stdout == "la-train: interrupted before it started\n"
+    assert "Traceback" not in done.stderr
 
 
 @pytest.mark.parametrize(
