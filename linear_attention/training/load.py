@@ -30,7 +30,7 @@ from linear_attention.training.evaluation import evaluate
 from linear_attention.training.mesh import check_batch_size, make_mesh, state_shardings
 from linear_attention.training.optim import make_optimizer
 from linear_attention.training.run_data import build_data, data_changes, data_record
-from linear_attention.training.workdir import RunError
+from linear_attention.training.workdir import RunError, check_run_config
 
 
 class RestoredRun(NamedTuple):
@@ -59,13 +59,7 @@ def run_config(workdir: str) -> dict:
             config = json.load(f)
     except ValueError as e:
         raise ValueError(f"{path} is damaged ({e}): not a run's config") from None
-    if not isinstance(config, dict):
-        raise ValueError(f"{path} is a JSON {type(config).__name__}, not a run's config")
-    if "model_type" in config and "model" not in config:
-        raise ValueError(
-            f"workdir {workdir!r} is a transformers checkpoint (config.json with model_type "
-            f"{config['model_type']!r}), not a run: import it with la-convert --from-hf"
-        )
+    check_run_config(path, config)
     return config
 
 

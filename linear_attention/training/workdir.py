@@ -128,6 +128,19 @@ def _remove(path: str) -> None:
             os.remove(path)
 
 
+def check_run_config(path: str, config) -> None:
+    """RunError unless ``config``, read from the ``config.json`` at ``path``, is a run's: a JSON
+    object, not a transformers checkpoint's (``model_type`` and no ``model`` section)."""
+    if not isinstance(config, dict):
+        raise RunError(f"{path} is a JSON {type(config).__name__}, not a run's config")
+    if "model_type" in config and "model" not in config:
+        raise RunError(
+            f"{os.path.dirname(path) or '.'!r} is a transformers checkpoint (config.json with "
+            f"model_type {config['model_type']!r}), not a run: import it with la-convert "
+            "--from-hf into a new workdir"
+        )
+
+
 def prepare_workdir(workdir: str) -> None:
     """Create ``workdir`` (and parents) or check the existing one is a writable folder."""
     if os.path.exists(workdir) and not os.path.isdir(workdir):

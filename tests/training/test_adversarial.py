@@ -130,6 +130,20 @@ def test_damaged_checkpoint_is_named_and_the_run_falls_back(finished_run, tmp_pa
     ]
 
 
+def test_a_transformers_folder_is_not_taken_for_a_workdir(tmp_path):
+    """la-train (and la-eval) given a transformers checkpoint folder as --workdir: named as
+    one, nothing in it written (before: "holds a run with config.data = None")."""
+    folder = tmp_path / "hf"
+    shutil.copytree(os.path.join(ROOT, "tests", "fixtures", "hf", "mamba2"), folder)
+    before = sorted(os.listdir(folder))
+    message = r"is a transformers checkpoint \(config.json with model_type 'mamba2'\), not a run"
+    with pytest.raises(RunError, match=message):
+        trainer.train(smoke(), str(folder), reporter=Log().reporter())
+    with pytest.raises(ValueError, match=message):
+        load_run(str(folder))
+    assert sorted(os.listdir(folder)) == before
+
+
 def test_no_intact_checkpoint_stops_with_the_steps_named(finished_run, tmp_path, capsys):
     workdir = _copy(finished_run, tmp_path)
     for step in (2, 4, 6):
