@@ -69,6 +69,9 @@ def staged_folder(flag: str, path: str, *, message=print):
     error; on an error (or a signal) it is removed, and so are the parents it created, and an
     `OSError` (a full disk, a read-only or non-folder parent) becomes a `RunError`."""
     check_new_folder(flag, path)
+    if os.path.isdir(path) and os.path.samefile(path, os.getcwd()):
+        # (the rename would put a new folder in its place, under a shell that stays in the old)
+        raise RunError(f"{flag} {path!r} is the current folder; give a new folder")
     path = os.path.abspath(path)
     parent, name = os.path.split(path)
     staging = os.path.join(parent, f".{name}.partial")

@@ -272,6 +272,12 @@ def _in_a_busy_folder(folder, tmp_path, monkeypatch):
     return ["--from-hf", folder, "--workdir", "."]
 
 
+def _in_an_empty_folder(folder, tmp_path, monkeypatch):
+    (tmp_path / "empty").mkdir()
+    monkeypatch.chdir(tmp_path / "empty")
+    return ["--from-hf", folder, "--workdir", "."]
+
+
 TARGETS = {
     "--workdir empty": (
         lambda folder, tmp, mp: ["--from-hf", folder, "--workdir", ""],
@@ -290,6 +296,7 @@ TARGETS = {
         "run' exists and is not an empty folder",
     ),
     "--workdir the current folder": (_in_a_busy_folder, "'.' exists and is not an empty folder"),
+    "--workdir the empty current folder": (_in_an_empty_folder, "'.' is the current folder"),
     "--to-hf of a transformers folder": (
         lambda folder, tmp, mp: ["--to-hf", folder, str(tmp / "out")],
         "is a transformers checkpoint (config.json with model_type 'mamba2'), not a run: import "
