@@ -16,6 +16,7 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
+import sys
 import types
 from pathlib import Path
 
@@ -45,6 +46,12 @@ def _source_binding(module_name: str, name: str, seen: tuple[str, ...] = ()) -> 
                     if _is_module(source):
                         return source
                     return _source_binding(node.module, alias.name, (*seen, (module_name, name)))
+    if not defined_in_source(f"{module_name}.{name}"):  # a package's lazy export: the submodule
+        obj = getattr(module, name)  # whose source defines this very object
+        for other in sorted(m for m in sys.modules if m.startswith(f"{module_name}.")):
+            if getattr(sys.modules[other], name, None) is obj:
+                if defined_in_source(f"{other}.{name}"):
+                    return f"{other}.{name}"
     return f"{module_name}.{name}"
 
 

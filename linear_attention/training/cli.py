@@ -19,6 +19,11 @@ A resumed run whose corpus, token file or tokenizer changed since its checkpoint
 
 from __future__ import annotations
 
+from linear_attention.training.signals import honour_interrupts, keep_ignored_interrupts
+
+# Before the imports below (JAX: seconds), so that la-train honours Ctrl-C from its start.
+keep_ignored_interrupts()
+
 import json
 import os
 import re
@@ -182,6 +187,11 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of ``la-train`` and ``experiments/train.py``; returns the exit status."""
     quiet_platforms()
     argv = list(sys.argv if argv is None else argv)
+    try:
+        honour_interrupts()  # (a Ctrl-C while la-train loaded)
+    except KeyboardInterrupt:
+        print("la-train: interrupted before it started")
+        return 130
     if any(a in ("-h", "--help", "-help") for a in argv[1:]):
         fit = f"--dry_run with --config.mesh.target=tpu:GEN:TOPOLOGY --fit:\n{FIT_ORDER}"
         text = f"{__doc__}\n{fit}\n\n{_presets_help()}\n\n{sections_help()}\n\n{_mixers_help()}"
