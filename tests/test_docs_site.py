@@ -98,3 +98,15 @@ def test_constants_come_after_the_functions():
     kinds = [apiref.is_constant("kernels", name) for name in sections]
     assert kinds == sorted(kinds) and any(kinds) and not all(kinds)
     assert sections.index("METHODS") > sections.index("causal_linear_attention")
+
+
+def test_every_page_is_in_a_toctree():
+    """Each page has its one sidebar entry (no hidden glob catches a page left out)."""
+    listed = {doc for page in DOCS.rglob("*.md") for doc in toctree_documents(page)}
+    pages = {
+        str(p.relative_to(DOCS).with_suffix(""))
+        for p in DOCS.rglob("*.md")
+        if p.parts[len(DOCS.parts)] not in ("api", "_build") and p.name != "index.md"
+    }
+    pages |= {f"api/{package}" for package in apiref.PACKAGES}
+    assert pages - listed == set(), f"in no toctree: {sorted(pages - listed)}"
