@@ -17,9 +17,9 @@ Presets (``configs/sweeps/state_tracking.py:<arg>``):
       one evaluation at 40, 64, 128 and 256). Each was run in full (EXPERIMENTS.md section 7;
       ``docs/results/state_tracking_<task>_sweep_cpu.csv`` for parity and mod_arith,
       ``state_tracking_<task>_cpu.csv`` for the groups): on parity only β ∈ (0, 2) runs learn
-      it (9 of 30 against 0 of the same mixers' 30 with β ∈ (0, 1)); mod_arith, s3, s5 and a5 stay at chance or the floor
-      for every run; on s5_swaps two β ∈ (0, 2) runs of 30 learned it, which reruns on other
-      machines did not reliably reproduce (section 7.9).
+      it (9 of 30 against 0 of the same mixers' 30 with β ∈ (0, 1)); mod_arith, s3, s5 and a5
+      stay at chance or the floor for every run; on s5_swaps two β ∈ (0, 2) runs of 30
+      learned it, which reruns on other machines did not reliably reproduce (section 7.9).
   ``cpu``: parity and mod_arith at 1000 steps (stopped at mean accuracy >= 0.99, evaluated
       every 250 steps), 216 runs; ``groups``: s3, s5, s5_swaps, a5 at that budget, 456 runs.
       Neither was run in full.
