@@ -122,6 +122,7 @@ the convolution carry order). bits-per-byte = eval/loss / ln 2 (tokens are bytes
 
 import ml_collections
 
+from linear_attention.fields import did_you_mean
 from linear_attention.training.config import (
     mesh_section,
     model_section,
@@ -187,8 +188,8 @@ def get_config(arg=None):
     preset, at, chip = arg.partition("@")  # <paper preset>@h100: its stated H100 setting
     if preset not in PRESETS or at and (chip != "h100" or preset not in PAPER_SIZES):
         raise ValueError(
-            f"unknown preset {arg!r} for configs/lm.py; presets: {PRESETS}, and a paper-size "
-            "preset's H100 setting: <preset>@h100"
+            f"unknown preset {arg!r}{did_you_mean(preset, PRESETS)} for configs/lm.py; "
+            f"presets: {PRESETS}, and a paper-size preset's H100 setting: <preset>@h100"
         )
     config = ml_collections.ConfigDict()
     config.seed = 0

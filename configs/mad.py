@@ -48,6 +48,7 @@ from linear_attention.data.mad import (
     mad_changes,
     mad_num_tokens,
 )
+from linear_attention.fields import did_you_mean
 from linear_attention.training.presets import synthetic_preset
 
 # MAD's own protocol (`paper_preset`), one preset per task at MAD's baseline setting.
@@ -73,7 +74,9 @@ def get_config(arg=None):
         return paper_preset(task, **dict(mad_changes(task)).get(label.removeprefix("."), {}))
     if arg not in PRESETS:
         raise ValueError(
-            f"unknown preset {arg!r} for configs/mad.py; presets: {PRESETS} (and MAD's "
+            f"unknown preset {arg!r}{did_you_mean(arg, (*PRESETS, *PAPER_SETTINGS))} for "
+            "configs/mad.py; "
+            f"presets: {PRESETS} (and MAD's "
             "settings <task>_paper.<field>-<value>, `mad_changes`)"
         )
     smoke = arg == "smoke"

@@ -33,6 +33,7 @@ mixers on the same backbone. Labels exist only at query positions; eval/accuracy
 import ml_collections
 from ml_collections import config_dict
 
+from linear_attention.fields import did_you_mean
 from linear_attention.training.config import (
     mesh_section,
     model_section,
@@ -46,7 +47,10 @@ PRESETS = ("default", "cpu", "smoke", "forgetting")
 def get_config(arg=None):
     arg = arg or "default"
     if arg not in PRESETS:
-        raise ValueError(f"unknown preset {arg!r} for configs/mqar.py; presets: {PRESETS}")
+        raise ValueError(
+            f"unknown preset {arg!r}{did_you_mean(arg, PRESETS)} for configs/mqar.py; "
+            f"presets: {PRESETS}"
+        )
     # One value for data and model: --config.data.vocab_size=N sets both.
     vocab_size = config_dict.FieldReference(8192)
 

@@ -12,19 +12,16 @@ Presets (``configs/state_tracking.py:<task>``): ``parity``, ``mod_arith`` (mod 5
 transpositions as inputs), ``a5`` (group word problems: the label at every position is the
 running product), and ``smoke`` (a tiny parity run for tests). ``parity_paper`` and
 ``mod_arith_paper`` are Grazzi et al.'s own settings (`paper_preset` lists the source files and
-every difference): 1 layer at d_model 16, batch 256 for 20,000 steps on parity; 2 layers at
-d_model 128 for 100,000 steps on mod_arith (their cost on the 2-core machine:
-docs/results/config_docstring_runs.md). ``parity_paper`` fits the CPU with the delta rules'
-step-by-step scan (``--config.model.method=scan``: about 35 minutes a run on one core), and
-ran there for gated_deltanet (``configs/sweeps/state_tracking.py:parity_paper``, 3 seeds per
-β range; EXPERIMENTS.md section 7.14): β ∈ (0, 2) learns parity with every seed (0.930, 0.586
-and 0.754 scaled accuracy at length 256), β ∈ (0, 1) at chance from length 64.
-``mod_arith_paper`` is a device run
-(``--config configs/state_tracking.py:mod_arith_paper --config.model.mixer=...``).
+every difference): 2 layers at d_model 128, batch 256 for 20,000 steps on parity; 3 layers at
+d_model 128, batch 1,024 for 100,000 steps on mod_arith. ``parity_fork_1layer`` is a
+single-layer variant (1 layer, d_model 16, otherwise parity_paper's), from a file a third party
+added to a fork of the authors' repository after the paper; it is not the authors' protocol.
+Launch: ``python experiments/sweep.py --config configs/sweeps/state_tracking.py:parity_paper``
+(or ``:parity_fork_1layer``); results: EXPERIMENTS.md section 7.14.
 ``s3_paper``, ``s5_paper`` and ``a5_paper`` are DeltaProduct's (Siems et al. 2025;
 `deltaproduct_preset` lists the source files and every difference): one gated_deltaproduct
 layer at d_model 128, trained on sequences of exactly 128 elements and tested at 512, batch
-2048 for 4,900 steps (9.9M sequences). Their size from ``la-train ... --dry_run`` on the 2-core
+2048 for 4,900 steps (10.0M sequences). Their size from ``la-train ... --dry_run`` on the 2-core
 CPU: S3 398,480 parameters, 3.79M FLOPs per token, a 32.3 GB train step; S5 560,784, 6.09M,
 57.3 GB; A5 545,424, 6.04M, 57.3 GB (4 Householder steps). For a device; smoke-tested here.
 Training lengths 3–40, evaluation at lengths 40, 64, 128 and 256 (512 sequences each), as
@@ -43,13 +40,16 @@ measure in docs/results/config_docstring_runs.md; the studies: EXPERIMENTS.md se
 """
 
 from linear_attention.data.state_tracking import TASKS, task_vocab_size
+from linear_attention.fields import did_you_mean
 from linear_attention.training.presets import synthetic_preset
 
 # Grazzi et al.'s own protocol (`paper_preset`): parity and modular arithmetic.
 PAPER = ("parity_paper", "mod_arith_paper")
+# The single-layer parity variant of a fork of the authors' repository (`paper_preset`).
+FORK = ("parity_fork_1layer",)
 # DeltaProduct's protocol (`deltaproduct_preset`): the group word problems.
 GROUP_PAPER = ("s3_paper", "s5_paper", "a5_paper")
-PRESETS = (*TASKS, *PAPER, *GROUP_PAPER, "smoke")
+PRESETS = (*TASKS, *PAPER, *FORK, *GROUP_PAPER, "smoke")
 NUM_STEPS = 500
 # Householder steps per token that one layer needs to carry the group (Siems et al.'s
 # construction: an element that is a product of m transpositions takes m reflections; S3's
@@ -60,10 +60,13 @@ HOUSEHOLDER_STEPS = {"s3": 2, "s5": 4, "a5": 4}
 def get_config(arg=None):
     if arg not in PRESETS:
         raise ValueError(
-            f"unknown preset {arg!r} for configs/state_tracking.py; presets: {PRESETS}"
+            f"unknown preset {arg!r}{did_you_mean(arg, PRESETS)} for configs/state_tracking.py; "
+            f"presets: {PRESETS}"
         )
     if arg in PAPER:
         return paper_preset(arg.removesuffix("_paper"))
+    if arg in FORK:
+        return paper_preset("parity", single_layer=True)
     if arg in GROUP_PAPER:
         return deltaproduct_preset(arg.removesuffix("_paper"))
     smoke = arg == "smoke"
@@ -90,18 +93,27 @@ def get_config(arg=None):
     )
 
 
-def paper_preset(task):
-    """Grazzi et al.'s configuration files in ``adankow/unlocking_state_tracking`` (commit
-    dd420c5), ``xlstm/experiments/parity_delta_net_2_single_layer.yaml`` (parity) and
+def paper_preset(task, single_layer=False):
+    """Grazzi et al.'s configuration files in their repository ``automl/unlocking_state_tracking``
+    (commit df8f840), ``xlstm/experiments/parity_delta_net_2.yaml`` (parity) and
     ``mod_arithmetic_delta_net_2.yaml`` (modular arithmetic without brackets), as read there:
 
-    - parity: 1 layer, d_model 16, 4 heads, short conv, DeltaNet with β ∈ (0, 2)
-      (``sigmoid_scale: 2.0``); batch 256, 20,000 steps (5.12M sequences), lr 1e-3 with 2,000
-      linear warmup steps then cosine to 1e-3 × lr at the last step, weight decay 0, no gradient
-      clipping; train lengths 3–40, test lengths 40–256.
-    - mod_arith: 2 layers, d_model 128, 4 heads, short conv; batch 256, 100,000 steps (25.6M
-      sequences), lr 1e-3 with 10,000 warmup steps then cosine to 1e-3 × lr, weight decay 0.1;
-      the same lengths; numbers mod 5.
+    - parity: 2 layers, d_model 128, 4 heads, short conv, DeltaNet with β ∈ (0, 2)
+      (``sigmoid_scale: 2.0``); batch 256, 20,000 steps (5.12M sequences, the file's training
+      count), lr 1e-3 with 2,000 linear warmup steps then cosine to 1e-3 × lr at the last step,
+      weight decay 0, no gradient clipping; train lengths 3–40, test lengths 40–256.
+    - mod_arith: the file has 2 layers, d_model 128, 4 heads, short conv, batch 256 and 100,000
+      steps, lr 1e-3 with 10,000 warmup steps then cosine to 1e-3 × lr, weight decay 0.1, the
+      same lengths, numbers mod 5; but its training count is 102,400,000 sequences
+      (= 100,000 × 1,024), and the paper's appendix, as an issue on that repository (#3) reports
+      it, gives 3 layers and batch 1,024. This preset takes the appendix's 3 layers and batch
+      1,024 (102.4M sequences) and the file's other settings. The appendix itself was not read
+      here.
+
+    ``single_layer=True`` (``parity_fork_1layer``) is parity at 1 layer and d_model 16, from
+    ``xlstm/experiments/parity_delta_net_2_single_layer.yaml`` in the fork
+    ``adankow/unlocking_state_tracking`` (commit dd420c5), a file a third party added on
+    2025-05-09, after the paper; the rest is parity_paper's.
 
     Taken as they are: the sizes, the budget, the schedule, the weight decay, AdamW, no
     clipping, the training lengths. The differences:
@@ -111,9 +123,9 @@ def paper_preset(task):
     - AdamW's β₂ is torch's default, 0.999 (the synthetic presets use 0.98); ε 1e-8.
     - the block: this library's (pre-norm RMSNorm, SwiGLU MLP, untied embeddings as the files'
       ``tie_weights: false``), where the authors use flash-linear-attention's DeltaNet model:
-      the same parts, but its MLP's hidden width is 2/3 · 4 · d_model rounded up to a multiple
-      of 256, so 256 at d_model 16 against 64 here (12,288 MLP weights against 3,072); at
-      mod_arith's d_model 128 both are 512.
+      the same parts, and at d_model 128 the same MLP width (512); its width is 2/3 · 4 ·
+      d_model rounded up to a multiple of 256, so at the fork's d_model 16 it is 256 against
+      64 here.
     - the DeltaNet layer: flash-linear-attention's has no output gate (``use_gate=False``, its
       default: RMSNorm only); this library's ``deltanet`` has the gate on (``out_gate``).
       flash-linear-attention's Gated DeltaNet has it too.
@@ -133,7 +145,8 @@ def paper_preset(task):
       differ, the tasks do not.
 
     The authors' lr is the file's (1e-3; ``main.py`` takes ``--lr`` and ``--seed``); their
-    repository has no lr grid.
+    repository has no lr grid. The paper reports one run per cell (its evaluation script names
+    one saved run per model), not a mean or a best over a stated number of seeds.
     """
     parity = task == "parity"
     steps, warmup = (20_000, 2_000) if parity else (100_000, 10_000)
@@ -156,8 +169,8 @@ def paper_preset(task):
         checkpoint_every=2_000 if parity else 10_000,
     )
     config.model.update(
-        d_model=16 if parity else 128,
-        num_layers=1 if parity else 2,
+        d_model=16 if single_layer else 128,
+        num_layers=(1 if single_layer else 2) if parity else 3,
         num_heads=4,
         mixer="deltanet",
         allow_neg_eigval=True,
@@ -165,7 +178,7 @@ def paper_preset(task):
     config.model.tie_embeddings = False
     config.optimizer.update(weight_decay=0.0 if parity else 0.1, b2=0.999, grad_clip=0.0)
     config.optimizer.min_lr_ratio = 1e-3
-    config.train.batch_size = 256
+    config.train.batch_size = 256 if parity else 1_024
     return config
 
 
@@ -197,7 +210,7 @@ def deltaproduct_preset(task):
       switch: the authors' run has no forget gate.
     - data: fresh draws every step (keyed by seed and step), where the authors cycle a fixed
       set of 99,000 sequences 100 times (every batch here is full, 10.0M sequences against their
-      9.9M, whose last batch of an epoch holds 704); their tokenizer prepends a BOS token
+      9.9M, whose last batch of an epoch holds 696); their tokenizer prepends a BOS token
       (scored against a BOS label), here the first token is the first element.
     - score: ``eval/length_{L}/accuracy`` is token-level (every prefix's product), where the
       authors stop on and plot whole-sequence accuracy; evaluated at lengths 128 (in

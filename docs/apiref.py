@@ -1,7 +1,8 @@
 """The API reference's pages, generated from the packages' exports.
 
 Every name in `__all__` of `linear_attention.kernels`, `.layers`, `.models`, `.training` and
-`.data` gets a section on its package's page, in `__all__` order, rendered by sphinx-autodoc2
+`.data` gets a section on its package's page, in `__all__` order with the constants after the
+functions and classes, rendered by sphinx-autodoc2
 from the module that defines it. The pages are written at build time (`docs/conf.py`), so a
 name added to an `__all__` is in the next build with nothing else to edit, and a docstring that
 does not parse fails the build (`-W`).
@@ -15,6 +16,7 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
+import sys
 import types
 from pathlib import Path
 
@@ -44,6 +46,12 @@ def _source_binding(module_name: str, name: str, seen: tuple[str, ...] = ()) -> 
                     if _is_module(source):
                         return source
                     return _source_binding(node.module, alias.name, (*seen, (module_name, name)))
+    if not defined_in_source(f"{module_name}.{name}"):  # a package's lazy export: the submodule
+        obj = getattr(module, name)  # whose source defines this very object
+        for other in sorted(m for m in sys.modules if m.startswith(f"{module_name}.")):
+            if getattr(sys.modules[other], name, None) is obj:
+                if defined_in_source(f"{other}.{name}"):
+                    return f"{other}.{name}"
     return f"{module_name}.{name}"
 
 
@@ -113,6 +121,9 @@ def page(package: str) -> str:
         "|---|---|",
     ]
     defs = definitions(package)
+    # functions, classes and modules in `__all__` order, then the constants (tuples of names,
+    # defaults): a reader looks for what to call first
+    defs = {name: defs[name] for name in sorted(defs, key=lambda n: is_constant(package, n))}
     for name, path in defs.items():
         lines.append(f"| [`{name}`](#{_anchor(package, name)}) | `{path}` |")
     lines.append("")
@@ -122,6 +133,12 @@ def page(package: str) -> str:
             lines += [f"`linear_attention.{package}.{name}` is `{path}`.", ""]
         lines += ["```{autodoc2-object} " + path, "```", ""]
     return "\n".join(lines)
+
+
+def is_constant(package: str, name: str) -> bool:
+    """Whether `linear_attention.<package>.<name>` is data (not a function, class or module)."""
+    obj = getattr(importlib.import_module(f"linear_attention.{package}"), name)
+    return not (callable(obj) or isinstance(obj, types.ModuleType))
 
 
 def _anchor(package: str, name: str) -> str:

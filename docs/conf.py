@@ -24,10 +24,14 @@ autodoc2_packages = [{"path": "../linear_attention", "auto_mode": False}]
 # The docstrings are Markdown-ish (single backticks for code, unicode math, Google-style
 # sections): MyST, after docs/docstring_md.py turns the sections into lists.
 autodoc2_docstring_parser_regexes = [(r".*", "docstring_md")]
-autodoc2_render_plugin = "myst"  # the pages are MyST, so autodoc2 writes MyST
+# The pages are MyST, so autodoc2 writes MyST; docs/render_md.py shows dataclass fields'
+# defaults (autodoc2 alone shows the helper call that declares them, e.g. `spec_field(...)`).
+autodoc2_render_plugin = "render_md.Renderer"
 autodoc2_hidden_objects = {"dunder", "private", "inherited"}
 
-myst_enable_extensions = ["colon_fence", "deflist"]
+# dollarmath: $...$ and $$...$$ in the pages, rendered by MathJax (Sphinx's default HTML maths:
+# the page loads it in the reader's browser; the build fetches nothing).
+myst_enable_extensions = ["colon_fence", "deflist", "dollarmath"]
 myst_heading_anchors = 3
 
 # A code block Pygments cannot lex (a shell line with a `<placeholder>` in it) is shown
@@ -38,6 +42,8 @@ source_suffix = {".md": "markdown"}
 exclude_patterns = ["_build"]
 html_theme = "furo"
 html_title = "linear_attention"
+html_static_path = ["_static"]
+html_css_files = ["custom.css"]  # wide code blocks and tables scroll, signatures wrap
 
 
 def _title_results_files(app, docname, source):

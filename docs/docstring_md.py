@@ -29,6 +29,14 @@ _HEADING = re.compile(r"^(?P<name>" + "|".join(SECTIONS) + r"):\s*$")
 _ENTRY = re.compile(r"^(?P<name>[\w*.,\[\] ()|`'\"-]{1,40}?):(?:\s+(?P<text>.*))?$")
 
 
+def _entry(line: str):
+    """The `name: text` match of an entry line, or None. A name must close its backticks: in
+    "`o: [B, T, H, Dv]` in ..." (a Returns line) the colon is inside the code, not after a
+    name, and splitting there would swap code and text."""
+    match = _ENTRY.match(line)
+    return match if match is not None and match["name"].count("`") % 2 == 0 else None
+
+
 def _indent(line: str) -> int:
     return len(line) - len(line.lstrip(" "))
 
@@ -75,7 +83,7 @@ def _section_items(body: list[str]) -> list[str]:
                 items[-1].append("")
             continue
         stripped = line.strip()
-        if _indent(line) == entry_indent and (not items or _ENTRY.match(stripped)):
+        if _indent(line) == entry_indent and (not items or _entry(stripped)):
             items.append([stripped])
         elif items:
             items[-1].append(stripped)
@@ -84,7 +92,7 @@ def _section_items(body: list[str]) -> list[str]:
         while item and not item[-1]:
             item.pop()
         head, *rest = item
-        entry = _ENTRY.match(head)
+        entry = _entry(head)
         if entry and entry["text"] is not None and " " not in entry["name"].strip("`"):
             head = f"`{entry['name'].strip('`')}`: {entry['text']}"
         result.append(f"- {head}")

@@ -21,6 +21,7 @@ This module imports nothing of the package (every floor above uses it).
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import math
 import types
@@ -118,12 +119,29 @@ def check_str(name: str, value) -> str:
     return value
 
 
+def closest(value, choices) -> str | None:
+    """The one of ``choices`` closest to a misspelled string ``value`` (`difflib`), or None."""
+    if not isinstance(value, str):
+        return None
+    close = difflib.get_close_matches(value, [str(c) for c in choices], n=1)
+    return close[0] if close else None
+
+
+def did_you_mean(value, choices) -> str:
+    """`` (did you mean 'x'?)`` for the closest of ``choices`` (`closest`), else ``""``: the one
+    suggestion of every refused name (mixers, presets, tasks, choices of a field)."""
+    match = closest(value, choices)
+    return f" (did you mean {match!r}?)" if match is not None else ""
+
+
 def check_choice(name: str, value, choices, owner: str = ""):
-    """``value`` if it is one of ``choices``; ValueError naming it and the allowed values."""
+    """``value`` if it is one of ``choices``; ValueError naming it, the closest choice and the
+    allowed values."""
     if value not in choices:
         where = f" for {owner}" if owner else ""
         allowed = ", ".join(map(str, choices))
-        raise ValueError(f"unknown {name} {value!r}{where}; allowed: {allowed}")
+        hint = did_you_mean(value, choices)
+        raise ValueError(f"unknown {name} {value!r}{where}{hint}; allowed: {allowed}")
     return value
 
 

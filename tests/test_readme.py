@@ -27,3 +27,14 @@ def test_ci_runs_the_readme_commands():
     (build,) = [line for line in ci_lines if line.startswith("sphinx-build")]
     readme_build = re.sub(r" -q\b", "", build)
     assert readme_build in README, f"README.md does not give CI's docs build: {readme_build}"
+
+
+def test_readme_names_no_commit():
+    """The README says what is, not when it was measured (issue 74): no commit hash stamps a
+    figure, so no commit exists only to re-record one."""
+    hashes = [
+        word
+        for word in re.findall(r"\b[0-9a-f]{7,40}\b", README)
+        if re.search(r"[0-9]", word) and re.search(r"[a-f]", word)
+    ]
+    assert not hashes, f"README.md names commits: {hashes}"

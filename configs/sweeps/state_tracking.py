@@ -17,9 +17,9 @@ Presets (``configs/sweeps/state_tracking.py:<arg>``):
       one evaluation at 40, 64, 128 and 256). Each was run in full (EXPERIMENTS.md section 7;
       ``docs/results/state_tracking_<task>_sweep_cpu.csv`` for parity and mod_arith,
       ``state_tracking_<task>_cpu.csv`` for the groups): on parity only β ∈ (0, 2) runs learn
-      it (9 of 30 against 0 of 84 others); mod_arith, s3, s5 and a5 stay at chance or the floor
-      for every run; on s5_swaps two β ∈ (0, 2) runs of 30 learned it, which reruns on other
-      machines did not reliably reproduce (section 7.9).
+      it (9 of 30 against 0 of the same mixers' 30 with β ∈ (0, 1)); mod_arith, s3, s5 and a5
+      stay at chance or the floor for every run; on s5_swaps two β ∈ (0, 2) runs of 30
+      learned it, which reruns on other machines did not reliably reproduce (section 7.9).
   ``cpu``: parity and mod_arith at 1000 steps (stopped at mean accuracy >= 0.99, evaluated
       every 250 steps), 216 runs; ``groups``: s3, s5, s5_swaps, a5 at that budget, 456 runs.
       Neither was run in full.
@@ -45,23 +45,19 @@ Presets (``configs/sweeps/state_tracking.py:<arg>``):
   ``smoke``: parity, 2 mixers (gated_deltanet with β ∈ (0, 1) and (0, 2)) × 2 rates × 2
       seeds at the smoke size, for the test; seconds.
 
-Grazzi et al.'s own protocol (1 layer, d_model 16, 20,000 steps of batch 256) is
+Grazzi et al.'s own protocol (2 layers, d_model 128, 20,000 steps of batch 256) is
 ``configs/state_tracking.py:parity_paper`` and ``:mod_arith_paper``.
 
-  ``parity_paper``: that parity run (their one rate, 1e-3; 1.0× their budget, 5.12M
-      sequences) for gated_deltanet and deltanet with β ∈ (0, 2) and β ∈ (0, 1), lstm, gated
-      and softmax × seeds (0, 1, 2): 21 runs, the gated_deltanet pair's seeds first; the delta
-      rules and gated by their step-by-step scan (2.5× the chunk form's tokens per second
-      at this width). About 35 minutes a run per worker with ``--jobs 2`` on the 2-core CPU.
-      Command: ``python experiments/sweep.py --config
-      configs/sweeps/state_tracking.py:parity_paper --workdir runs/parity-paper --jobs 2``.
-      Run in full, all 21 (EXPERIMENTS.md section 7.14,
-      docs/results/state_tracking_parity_paper_cpu.json): gated_deltanet with β ∈ (0, 2)
-      learns parity with every seed, scaled accuracy 0.930, 0.586 and 0.754 at length 256
-      (0.984, 0.913, 0.897 over lengths 40–256); deltanet with β ∈ (0, 2) learns it with seed 1
-      (exact to length 88, 0.031 at 256), not with seeds 0 and 2; β ∈ (0, 1) at chance from
-      length 64 in every run (−0.113 to 0.113 at 256). lstm, gated and softmax (3 seeds each)
-      do not learn parity (training accuracy 0.618–0.849, chance from length 64).
+  ``parity_paper``: that parity run (their one rate, 1e-3; 5.12M sequences) for gated_deltanet
+      and deltanet, each with β ∈ (0, 2) and β ∈ (0, 1), × `PAPER_SEEDS`: 12 runs, the β pairs'
+      seed 0 first. ``--only seed=0`` runs one seed per β range.
+  ``parity_fork_1layer``: the same run at 1 layer and d_model 16 (a fork's single-layer file,
+      not the authors' protocol: ``configs/state_tracking.py:paper_preset``) for
+      `PAPER_MIXERS` (gated_deltanet and deltanet with both β ranges, lstm, gated, softmax) ×
+      `PAPER_SEEDS`: 21 runs; the delta rules and gated by their step-by-step scan.
+
+Command: ``python experiments/sweep.py --config configs/sweeps/state_tracking.py:<preset>
+--workdir runs/<preset> --jobs 2``; results: EXPERIMENTS.md section 7.14.
 
 Mixers (``MIXERS``): softmax, linear (elu+1), taylor (8 projected dims), retnet, gated, gla,
 swa (window 16), Based (taylor + swa layers), rwkv7, and the delta family, each with
@@ -86,7 +82,16 @@ from linear_attention.training.sweep.grid import grid_axis
 from linear_attention.training.sweep.mixers import mixer_axis
 
 # One slice per task (``parity``, ..., ``a5``), named as configs/state_tracking.py's presets.
-PRESETS = ("budget", "cpu", "groups", *TASKS, "parity_paper", "s3_one_layer", "smoke")
+PRESETS = (
+    "budget",
+    "cpu",
+    "groups",
+    *TASKS,
+    "parity_paper",
+    "parity_fork_1layer",
+    "s3_one_layer",
+    "smoke",
+)
 # The budget curve: multiples of the preset's steps, and its two mixers.
 BUDGETS = (1, 4, 16)
 BUDGET_MIXERS = ("gated_deltaproduct_n2_neg", "gated_deltanet_neg")
@@ -114,6 +119,8 @@ PAPER_MIXERS = (
     "softmax",
 )
 PAPER_SEEDS = (0, 1, 2)
+# The authors' parity protocol at its full size: the two delta rules, both β ranges.
+AUTHORS_MIXERS = ("gated_deltanet_neg", "gated_deltanet", "deltanet_neg", "deltanet")
 # The mixers whose kernels have a step-by-step scan: at d_model 16 (head width 4) and 40
 # tokens it is 2-4x faster on the CPU than the chunk form (the same recurrence; the kernels'
 # tests hold them equal).
@@ -142,12 +149,11 @@ def _base(preset):
     )
 
 
-def _parity_paper():
-    """Grazzi et al.'s parity protocol (``configs/state_tracking.py:parity_paper``: 1 layer,
-    d_model 16, batch 256, 20,000 steps, lr 1e-3, their only rate) for `PAPER_MIXERS` × the
-    seeds `PAPER_SEEDS`: 21 runs, each β pair's seeds first."""
+def _parity_paper(preset, mixers):
+    """Grazzi et al.'s parity run (``configs/state_tracking.py:<preset>``: batch 256, 20,000
+    steps, lr 1e-3, their only rate) for `mixers` × the seeds `PAPER_SEEDS`, seed by seed."""
     config = ml_collections.ConfigDict()
-    config.base = _base("parity_paper")
+    config.base = _base(preset)
     config.tune = "lr"
     config.replicate = "seed"
     config.plot = ml_collections.ConfigDict(dict(x="task", line="mixer"))
@@ -155,11 +161,14 @@ def _parity_paper():
     grid.task = grid_axis(TASK_FIELDS, (("parity", task_vocab_size("parity")),), ("parity",))
     grid.seed = grid_axis("seed", PAPER_SEEDS)
     grid.lr = grid_axis("optimizer.learning_rate", (1e-3,))
-    mixers = _mixer_axis(config, PAPER_MIXERS)
-    fields = (*mixers.field, "model.method")
-    choices = [(*values, "scan" if values[0] in SCAN_MIXERS else None) for values in mixers.choices]
-    grid.mixer = grid_axis(fields, choices, mixers.labels)
-    config.order = ("mixer", "seed", "task", "lr")
+    axis = _mixer_axis(config, mixers)
+    fields = (*axis.field, "model.method")
+    scan = config.base.model.d_model <= 16  # the scan is the faster form at head width 4 only
+    choices = [
+        (*values, "scan" if scan and values[0] in SCAN_MIXERS else None) for values in axis.choices
+    ]
+    grid.mixer = grid_axis(fields, choices, axis.labels)
+    config.order = ("mixer", "seed", "task", "lr") if scan else ("seed", "mixer", "task", "lr")
     return config
 
 
@@ -175,7 +184,9 @@ def get_config(arg=None):
         "s3_one_layer": ("s3",),
     }
     if arg == "parity_paper":
-        return _parity_paper()
+        return _parity_paper("parity_paper", AUTHORS_MIXERS)
+    if arg == "parity_fork_1layer":
+        return _parity_paper("parity_fork_1layer", PAPER_MIXERS)
     tasks = tasks.get(arg, ("parity",) if arg == "smoke" else (arg,))
     config = ml_collections.ConfigDict()
     config.base = _base("smoke" if arg == "smoke" else tasks[0])

@@ -3,7 +3,8 @@
 `read_documents(path)` returns the documents of ``path`` as UTF-8 strings:
 
 - ``""`` / None: the built-in corpus, the running Python's standard library ``*.py`` files
-  (the files of `text.load_documents`, in the same order);
+  (the files of `text.load_documents`, in the same order) that are UTF-8 text (a few are test
+  data for other source encodings, e.g. ``test/test_source_encoding.py``: left out);
 - a ``.jsonl`` file: one JSON object per line, the document is its ``text_field`` (blank lines
   are skipped);
 - a ``.parquet`` file: one row per document, the string column ``text_field``;
@@ -134,6 +135,12 @@ def read_documents(
             texts = _jsonl(name, text_field)
         elif name.endswith(".parquet"):
             texts = _parquet(name, text_field)
+        elif not path:  # the built-in corpus: its few non-UTF-8 files are left out
+            data = _read_bytes(name)
+            try:
+                texts = [data.decode("utf-8")]
+            except UnicodeDecodeError:
+                continue
         else:
             texts = [_decode(_read_bytes(name), name)]
         files += 1

@@ -49,6 +49,7 @@ import numpy as np
 from linear_attention.data.batches import IGNORE_INDEX, padded_batches
 from linear_attention.data.protocol import DataSource
 from linear_attention.data.recall_sampling import sample_distinct
+from linear_attention.fields import did_you_mean
 
 TASKS = (
     "in_context_recall",
@@ -119,7 +120,7 @@ MAD_CHANGES = {
 def mad_changes(task: str) -> tuple[tuple[str, dict], ...]:
     """MAD's changes of ``task`` in its file's order: ``("<field>-<value>", {field: value})``."""
     if task not in TASKS:
-        raise ValueError(f"task must be one of {TASKS}, got {task!r}")
+        raise ValueError(f"task must be one of {TASKS}, got {task!r}{did_you_mean(task, TASKS)}")
     return tuple(
         (f"{name}-{value}", {name: value})
         for name, values in MAD_CHANGES[task].items()
@@ -142,7 +143,7 @@ def mad_num_tokens(task: str, vocab_size: int, seq_len: int, **options) -> int:
 def check_mad_settings(*, task: str, vocab_size: int, seq_len: int, **options) -> None:
     """Raise ``ValueError`` naming the numbers if a MAD setting cannot be generated."""
     if task not in TASKS:
-        raise ValueError(f"task must be one of {TASKS}, got {task!r}")
+        raise ValueError(f"task must be one of {TASKS}, got {task!r}{did_you_mean(task, TASKS)}")
     unknown = sorted(set(options) - set(OPTION_DEFAULTS))
     if unknown:
         raise ValueError(f"unknown option {unknown[0]!r}; options: {tuple(OPTION_DEFAULTS)}")

@@ -200,7 +200,6 @@ def token_file_source(
     batch_size: int,
     process_index: int = 0,
     process_count: int = 1,
-    message=None,
 ):
     """The source of ``config.data.kind = "tokens"``, trained through the Grain pipeline. Every
     token is checked against ``vocab_size`` (the first one outside is named with its index).
@@ -215,8 +214,8 @@ def token_file_source(
     (`_eos_documents`).
 
     A sidecar ``<path>.json`` (written by ``la-tokenizer encode``) is checked first
-    (`token_files.check_token_file`); without one, ``message`` gets a warning when the ids look
-    like uint32 read as uint16. The provenance holds the file's ``digest`` (`files.file_digest`)
+    (`token_files.check_token_file`); without one, ids that look like uint32 read as uint16 are
+    refused. The provenance holds the file's ``digest`` (`files.file_digest`)
     and the tokenizer's SHA-256, which a resumed run compares."""
     path, tokenizer, eos_id = config.path, config.tokenizer, config.eos_id
     tokens = read_token_file(path, config.token_dtype)
@@ -228,7 +227,6 @@ def token_file_source(
         vocab_size=vocab_size,
         eos_id=eos_id,
         tokenizer=tok,
-        message=message,
     )
     check_token_range(tokens, vocab_size, path)
     if tok is not None and tok.vocab_size > vocab_size:

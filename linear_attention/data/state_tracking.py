@@ -40,6 +40,7 @@ import numpy as np
 
 from linear_attention.data.batches import IGNORE_INDEX, padded_batches
 from linear_attention.data.protocol import DataSource
+from linear_attention.fields import did_you_mean
 
 TASKS = ("parity", "mod_arith", "s3", "s5", "s5_swaps", "a5")
 MODULUS = 5
@@ -56,7 +57,10 @@ def permutation_sign(perm) -> int:
 def group_elements(task: str) -> np.ndarray:
     """``int[|G|, n]``: the group's permutations in lexicographic order (token id = row)."""
     if task not in _GROUP_DEGREE:
-        raise ValueError(f"task must be one of {tuple(_GROUP_DEGREE)}, got {task!r}")
+        raise ValueError(
+            f"task must be one of {tuple(_GROUP_DEGREE)}, got {task!r}"
+            f"{did_you_mean(task, _GROUP_DEGREE)}"
+        )
     perms = list(itertools.permutations(range(_GROUP_DEGREE[task])))
     if task == "a5":
         perms = [p for p in perms if permutation_sign(p) == 1]
@@ -102,7 +106,7 @@ def task_chance(task: str) -> float:
 
 def check_task(task: str) -> None:
     if task not in TASKS:
-        raise ValueError(f"task must be one of {TASKS}, got {task!r}")
+        raise ValueError(f"task must be one of {TASKS}, got {task!r}{did_you_mean(task, TASKS)}")
 
 
 def check_state_tracking_settings(

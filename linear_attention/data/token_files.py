@@ -10,7 +10,8 @@ longer matches its digest, a ``token_dtype``, ``eos_id`` or tokenizer other than
 sidecar's, or more ids than ``config.model.vocab_size`` holds, is a ValueError naming both
 sides. Without a sidecar, a uint16 read of a file of uint32 ids (little-endian: every second
 uint16 is a high half, zero for ids below 65536) is recognised in a sample of the file and
-said as a warning.
+refused (a file whose size is no whole number of ``token_dtype`` ids is refused by
+`corpus.read_token_file`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import sys
 
 import numpy as np
 
@@ -98,17 +98,16 @@ def check_token_file(
     vocab_size: int,
     eos_id: int,
     tokenizer=None,
-    message=None,
 ) -> dict | None:
     """Check the token file ``path`` (read as ``tokens``) against its sidecar, returned (see
-    the module docstring); without a sidecar, ``message`` (default: standard error) gets a
-    warning when the ids look like uint32 read as uint16, and None is returned."""
+    the module docstring); without a sidecar, ids that look like uint32 read as uint16 are a
+    ValueError, and None is returned."""
     record = read_sidecar(path)
     sidecar = sidecar_path(path)
     if record is None:
-        warning = _narrow_read(tokens, token_dtype)
-        if warning:
-            (message or _stderr)(f"warning: {path}: {warning}")
+        problem = _narrow_read(tokens, token_dtype, vocab_size)
+        if problem:
+            raise ValueError(f"{path}: {problem}")
         return None
     if record["dtype"] != token_dtype:
         raise ValueError(
@@ -144,21 +143,23 @@ def check_token_file(
     return record
 
 
-def _stderr(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
-
-
-def _narrow_read(tokens: np.ndarray, token_dtype: str) -> str | None:
-    """Why ``tokens`` look like uint32 ids read as uint16, or None."""
+def _narrow_read(tokens: np.ndarray, token_dtype: str, vocab_size: int) -> str | None:
+    """Why ``tokens`` look like uint32 ids read as uint16, or None: little-endian, every
+    second uint16 is then the high half of an id below ``vocab_size``, at most
+    ``(vocab_size - 1) >> 16`` (0 for a vocabulary that uint16 holds), while the low halves
+    spread over the whole range."""
     if token_dtype != "uint16" or tokens.dtype != np.uint16 or tokens.size % 2:
         return None
     sample = np.asarray(tokens[: min(tokens.size, _SAMPLE)])
     if sample.size < 16:
         return None
-    low, high = sample[0::2], sample[1::2]
-    if np.mean(high == 0) >= 0.95 and np.mean(low == 0) < 0.5:
+    top = (max(vocab_size, 1) - 1) >> 16  # the largest high half of an id in the vocabulary
+    low, high = sample[0::2] <= top, sample[1::2] <= top
+    if np.mean(high) >= 0.95 and np.mean(low) < 0.5:
         return (
-            f"{np.mean(high == 0):.0%} of every second id is 0 in the first {sample.size:,} ids: "
-            "these look like uint32 ids read as uint16 (config.data.token_dtype='uint32'?)"
+            f"{np.mean(high):.0%} of every second id is {'0' if top == 0 else f'<= {top}'} in "
+            f"the first {sample.size:,} ids: these are uint32 ids read as uint16; set "
+            "config.data.token_dtype='uint32' (a file that is uint16 after all needs the "
+            "sidecar that la-tokenizer encode writes)"
         )
     return None

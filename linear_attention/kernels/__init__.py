@@ -33,7 +33,12 @@ from linear_attention.kernels.log_linear.log_linear import (
     log_linear_attention,
     log_linear_attention_step,
 )
-from linear_attention.kernels.mesa_net.mesa_net import MesaNetState, mesa_net, mesa_net_step
+from linear_attention.kernels.mesa_net.mesa_net import (
+    MesaNetState,
+    mesa_net,
+    mesa_net_residual,
+    mesa_net_step,
+)
 from linear_attention.kernels.path.path import (
     cached_path_attention,
     path_attention,
@@ -78,6 +83,7 @@ __all__ = [
     "log_linear_delta_rule",
     "log_linear_delta_rule_step",
     "mesa_net",
+    "mesa_net_residual",
     "mesa_net_step",
     "pallas_interpret",
     "path_attention",

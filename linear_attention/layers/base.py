@@ -289,8 +289,11 @@ class Mixer(nnx.Module):
 
     # ----------------------------------------------------------------- public paths
     def init_state(self, batch_size: int, max_length: int) -> MixerState:
-        """Empty state for `batch_size` sequences of up to `max_length` tokens (only the softmax
-        KV cache depends on `max_length`)."""
+        """Empty state for `batch_size` sequences of up to `max_length` tokens. Only the caches
+        that grow with the context are sized by it (softmax's and MLA's KV cache, FoX's and
+        PaTH's `ForgettingCache`), and they refuse a prefill past it; the log-linear mixers
+        refuse a `max_length` past their levels, and a prefill or step past them; every other
+        state is fixed-size, so a prefill past `max_length` gives the whole-sequence numbers."""
         check_int("batch_size", batch_size)
         check_int("max_length", max_length)
         return MixerState(

@@ -19,7 +19,10 @@ The whole-sequence paths call the kernel (`method`, `chunk_size`); `step` calls
 `log_linear_attention_step`. The decoding state is a `LogLinearState`: the level states
 `[B, H, L, Dk, Dv]` float32 (L matrices per head, O(log T)) and their position; a prefill from a
 state reads it and returns the next one in parallel. A sequence must stay below position
-2^(L−1): the kernel refuses a longer row, `init_state` a longer `max_length`. Packed rows start
+2^(L−1): the kernel refuses a longer row, `init_state` a longer `max_length`, a prefill or step
+a state that would pass it (when the state's position is concrete: eagerly; under `jit` the
+outputs past it are NaN, as the kernel's), and `ModelConfig` a `max_length` that `num_levels`
+does not cover. Packed rows start
 a new sequence (empty levels, positions from 0) at each document start. `log_linear_mamba2`
 splits time (`mesh.seq > 1`: the kernel's position prefix and level-state combine); the delta
 variant does not.
@@ -54,6 +57,20 @@ class LogLinearConfig(GatedOutputConfig):
     method: str = METHOD.field(choices=K.LOG_LINEAR_METHODS)
     chunk_size: int = CHUNK_SIZE.field()
     num_levels: int = NUM_LEVELS.field()
+
+
+def check_room(num_levels: int, position, new: int) -> None:
+    """Raise when `new` tokens after `position` (the state's, when concrete) pass the positions
+    `num_levels` levels cover."""
+    if isinstance(position, jax.core.Tracer):
+        return
+    end = int(position) + new
+    if end > capacity(num_levels):
+        raise ValueError(
+            f"cannot take {new} token(s) after position {int(position)}: num_levels="
+            f"{num_levels} covers positions below 2^(num_levels-1) = {capacity(num_levels)} "
+            "(init_state's max_length is at most that); raise num_levels"
+        )
 
 
 class LevelWeights(nnx.Module):
@@ -129,7 +146,10 @@ class LogLinearMamba2Mixer(Mixer):
         return k * jnp.asarray(self.qk_dim**-0.5, k.dtype)
 
     def _mix(self, x_BTD, q_BTHK, k_BTHK, v_BTHD, core, position, segments=None):
-        del position  # the state holds its own (per head: a reset restarts a head's levels)
+        # (the kernel reads the state's own positions: per head, a reset restarts a head's
+        # levels; `position`, the tokens seen, bounds them)
+        if core is not None:
+            check_room(self.num_levels, position, q_BTHK.shape[1])
         args = (q_BTHK, self._scale_keys(k_BTHK), v_BTHD, self.decay(x_BTD), self.levels(x_BTD))
         options = dict(method=self.method, chunk_size=self.chunk_size, segment_ids=segments)
         if core is None:
@@ -137,7 +157,7 @@ class LogLinearMamba2Mixer(Mixer):
         return K.log_linear_attention(*args, initial_state=core, return_state=True, **options)
 
     def _mix_step(self, x_BD, q_BHK, k_BHK, v_BHD, core, position):
-        del position
+        check_room(self.num_levels, position, 1)
         log_decay = per_token(self.decay(x_BD[:, None]))
         lam_BHL = self.levels(x_BD)
         k_BHK = self._scale_keys(k_BHK)
@@ -204,7 +224,8 @@ class LogLinearGatedDeltaNetMixer(GatedDeltaNetMixer):
         return K.LogLinearState.zeros(batch_size, h, L, self.qk_dim, self.head_dim)
 
     def _mix(self, x_BTD, q_BTHK, k_BTHK, v_BTHD, core, position, segments=None):
-        del position  # the state holds its own
+        if core is not None:  # (the kernel reads the state's own positions)
+            check_room(self.num_levels, position, q_BTHK.shape[1])
         q, k, v = self.prepare(q_BTHK, k_BTHK, v_BTHD)
         args = (q, k, v, self.beta(x_BTD), self._log_decay(x_BTD), self.levels(x_BTD))
         options = dict(chunk_size=self.chunk_size, segment_ids=segments)
@@ -216,7 +237,7 @@ class LogLinearGatedDeltaNetMixer(GatedDeltaNetMixer):
         )
 
     def _mix_step(self, x_BD, q_BHK, k_BHK, v_BHD, core, position):
-        del position
+        check_room(self.num_levels, position, 1)
         q, k, v = self.prepare(q_BHK, k_BHK, v_BHD)
         log_decay = per_token(self._log_decay(x_BD[:, None]))
         lam_BHL = self.levels(x_BD)

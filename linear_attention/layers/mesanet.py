@@ -20,6 +20,14 @@ average, as FLA's small uniform biases give). The sequence paths call
 calls `kernels.mesa_net_step` with the same CG; the state is `MesaNetState(kk [B, H, Dk, Dk],
 kv [B, H, Dk, Dv])`, float32, whatever the context length. Both statistics are affine in the
 past, so a time split (`mesh.seq > 1`) is supported (the kernel's `axis_name`).
+
+When to raise `cg_steps`: CG converges in about √κ iterations, κ the condition number of
+H_kk + diag(λ); λ ≥ 0.25 bounds it by 1 + 4·λ_max(H_kk), and H_kk grows with slow decay
+(γ near 1) over long documents. The default 30 reaches a relative residual below 1e-6 on random
+unit keys (K up to 64, `kernels.mesa_net`'s docstring); raise it when
+`kernels.mesa_net_residual` of the layer's inputs is not small (an eager call of the kernel
+warns past 1e-3), as keys that fill few directions over long documents can make it
+(`cg_steps` ≥ the head width is exact in exact arithmetic).
 """
 
 from __future__ import annotations
@@ -48,7 +56,11 @@ from linear_attention.layers.options import (
 from linear_attention.layers.projections import QKVProjection
 from linear_attention.layers.sequence import sequence_axis
 
-CG_STEPS = option(30, "conjugate-gradient iterations per solve (mesanet)")
+CG_STEPS = option(
+    30,
+    "conjugate-gradient iterations per solve (mesanet); raise it when "
+    "kernels.mesa_net_residual is not small",
+)
 LAMBDA_FLOOR = 0.25  # λ = softplus(p) + LAMBDA_FLOOR > 0: H_kk + diag(λ) stays well conditioned
 LAMBDA_INIT = 1.0
 

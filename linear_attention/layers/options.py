@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from linear_attention.fields import POSITIVE, check_fields, fail, spec_field
+from linear_attention.kernels.primitives.pallas import CHUNK_MULTIPLE
 
 
 def conv_kernel_size(conv) -> int:
@@ -135,6 +136,14 @@ class MixerConfig:
             if getattr(self, field.name) is None:
                 object.__setattr__(self, field.name, field.default)
         check_fields(self, owner=f"mixer {self.MIXER!r}")
+        # (the kernels refuse it too, but only when traced: a config is refused before a compile)
+        chunk = getattr(self, "chunk_size", None)
+        if getattr(self, "method", None) == "pallas" and chunk % CHUNK_MULTIPLE:
+            raise ValueError(
+                f"chunk_size must be a multiple of {CHUNK_MULTIPLE} for mixer {self.MIXER!r} "
+                f'with method="pallas" (16, 32, 48, 64, ...: its blocks tile by {CHUNK_MULTIPLE} '
+                f"rows), got {chunk}"
+            )
 
     @classmethod
     def own_options(cls) -> tuple[str, ...]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from linear_attention.fields import did_you_mean
 from linear_attention.layers.base import Mixer
 from linear_attention.layers.delta import DeltaNetMixer, GatedDeltaNetMixer
 from linear_attention.layers.delta_product import GatedDeltaProductMixer
@@ -62,5 +63,6 @@ HYBRIDS: dict[str, tuple[str, ...]] = {"based": ("taylor", "swa")}
 def get_mixer(name: str) -> type[Mixer]:
     """The mixer class registered under `name`; ValueError listing the known names otherwise."""
     if name not in MIXERS:
-        raise ValueError(f"unknown mixer {name!r}; known mixers: {', '.join(MIXERS)}")
+        hint = did_you_mean(name, MIXERS)
+        raise ValueError(f"unknown mixer {name!r}{hint}; known mixers: {', '.join(MIXERS)}")
     return MIXERS[name]

@@ -29,6 +29,7 @@ from linear_attention.fields import (
     kinds,
     spec_field,
 )
+from linear_attention.kernels.log_linear.fenwick import capacity
 from linear_attention.layers import MIXERS, MixerConfig, get_mixer
 from linear_attention.layers.block import NORM_POSITIONS
 from linear_attention.layers.moe import DEFAULT_ROUTER, ROUTERS, check_moe_options
@@ -313,10 +314,24 @@ class ModelConfig:
                     raise
                 raise ValueError(f"{e} (with layer_options[{name!r}])") from None
         object.__setattr__(self, "_mixer_configs", configs)
+        self._check_levels(configs)
         for field in MIXER_OPTIONS:  # (the value as the mixers' configs converted it)
             users = [c for c in configs.values() if field in c.own_options()]
             if users and getattr(self, field) is not None:
                 object.__setattr__(self, field, getattr(users[0], field))
+
+    def _check_levels(self, configs) -> None:
+        """A log-linear layer's `num_levels` covers `max_length` (positions below
+        2^(num_levels − 1)): the kernel would refuse a full-length row only when traced."""
+        for name, config in configs.items():
+            levels = getattr(config, "num_levels", None)
+            if levels is not None and self.max_length > capacity(levels):
+                raise ValueError(
+                    f"num_levels={levels} of mixer {name!r} covers positions below "
+                    f"2^(num_levels-1) = {capacity(levels)}, but max_length={self.max_length} "
+                    f"needs num_levels >= {(self.max_length - 1).bit_length() + 1} "
+                    "(log2(max_length) + 1)"
+                )
 
     def _check_experts(self) -> None:
         if not self.num_experts:

@@ -220,11 +220,12 @@ class Checkpoints:
             return json.load(f)
 
     def meta(self, step: int) -> dict:
-        """The ``meta`` saved with step ``step`` ({} if none: a step saved without it)."""
+        """The ``meta`` saved with step ``step`` ({} if none: a step saved without it, or one
+        whose meta is damaged, which `verify` names and `restore_latest` sets aside)."""
         try:
             with open(os.path.join(self.step_dir(step), META_NAME)) as f:
                 meta = json.load(f)
-        except FileNotFoundError:
+        except (OSError, ValueError):
             return {}
         return meta if isinstance(meta, dict) else {}
 

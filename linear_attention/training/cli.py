@@ -20,6 +20,11 @@ A resumed run whose corpus, token file or tokenizer changed since its checkpoint
 
 from __future__ import annotations
 
+from linear_attention.training.signals import honour_interrupts, keep_ignored_interrupts
+
+# Before the imports below (JAX: seconds), so that la-train honours Ctrl-C from its start.
+keep_ignored_interrupts()
+
 import json
 import os
 import re
@@ -43,10 +48,12 @@ from linear_attention.training.cli_args import (
 from linear_attention.training.config import experiment_config
 from linear_attention.training.eval_cli import eval_main
 from linear_attention.training.generate_cli import generate_main
-from linear_attention.training.gpu_target import use_cpu_platform
+from linear_attention.training.platforms import quiet_platforms
+from linear_attention.training.quit_signals import exit_on_signal
 from linear_attention.training.sizing import FIT_ORDER, verdict
 from linear_attention.training.sizing import dry_run as dry_run_sizing
 from linear_attention.training.target_base import TargetCompileError
+from linear_attention.training.targets import parse_target
 from linear_attention.training.trainer import Interrupted, NonFiniteLossError, train
 from linear_attention.training.workdir import RunError
 
@@ -170,20 +177,27 @@ def _presets_help() -> str:
         except Exception:  # a broken file is the user's to find with --config
             continue
         presets = getattr(module, "PRESETS", None)
-        doc = (module.__doc__ or "").strip().splitlines()
+        # the docstring's first paragraph, whole (a first line alone can stop mid-sentence)
+        doc = " ".join((module.__doc__ or "").strip().split("\n\n")[0].split())
         shown = os.path.relpath(path) if folder == "configs" else os.path.normpath(path)
-        lines.append(f"  {shown}: {', '.join(presets) if presets else '(no presets)'}")
-        if doc:
-            lines.append(f"      {doc[0]}")
+        names = f"{shown}: {', '.join(presets) if presets else '(no presets)'}"
+        lines += textwrap.wrap(names, 100, initial_indent="  ", subsequent_indent=" " * 6)
+        lines += textwrap.wrap(doc, 100, initial_indent=" " * 6, subsequent_indent=" " * 6)
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``la-train`` and ``experiments/train.py``; returns the exit status."""
+    quiet_platforms()
     argv = list(sys.argv if argv is None else argv)
+    try:
+        honour_interrupts()  # (a Ctrl-C while la-train loaded)
+    except KeyboardInterrupt:
+        print("la-train: interrupted before it started")
+        return 130
     if any(a in ("-h", "--help", "-help") for a in argv[1:]):
         fit = (
-            "--dry_run with --config.mesh.target=tpu:GEN:TOPOLOGY (or gpu:CHIP:COUNT) --fit: "
+            "--dry_run with --config.mesh.target=tpu:GEN:TOPOLOGY (or gpu:CHIP:COUNT) --fit:\n"
             f"{FIT_ORDER}"
         )
         text = f"{__doc__}\n{fit}\n\n{_presets_help()}\n\n{sections_help()}\n\n{_mixers_help()}"
@@ -220,13 +234,20 @@ def main(argv: list[str] | None = None) -> int:
 
 def _dry_run(config, *, fit: bool) -> int:
     """Print the resolved config and the sizing's JSON line; exit 1 (one ``la-train:`` line on
-    stderr) where the step does not fit its target or its compiler refuses it. A GPU target
-    sets jax's platforms to the CPU where unset (`gpu_target.use_cpu_platform`)."""
+    stderr) where the step does not fit its target or its compiler refuses it. SIGTERM or
+    SIGINT ends it with one line (`quit_signals`)."""
+    with exit_on_signal("la-train") as reinstall:
+        return _sizing(config, fit, reinstall)
+
+
+def _sizing(config, fit: bool, reinstall) -> int:
     print(json.dumps(experiment_config(config).to_dict(), indent=2, sort_keys=True))
-    if config.mesh.target.startswith("gpu:"):  # a dry run compiles: the CUDA plugin must load
-        use_cpu_platform()
     log = lambda line: print(f"la-train: {line}", file=sys.stderr, flush=True)  # noqa: E731
     try:
+        target = parse_target(experiment_config(config).mesh.target)
+        if target is not None:  # libtpu or the CUDA plugin loads here (cached for the sizing)
+            target.devices()  # with its signal handlers,
+            reinstall()  # which this module's replace again
         sizing = dry_run_sizing(config, fit=fit, log=log)
     except ValueError as e:
         return error("la-train", e)

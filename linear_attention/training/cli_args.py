@@ -6,7 +6,6 @@ line with exit status 2 (`UsageError`)."""
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import importlib.util
 import json
 import os
@@ -19,6 +18,7 @@ import ml_collections
 from absl import flags
 from ml_collections import config_dict, config_flags
 
+from linear_attention.fields import closest
 from linear_attention.kernels.primitives.pallas import check_pallas_backend
 from linear_attention.training import config as config_lib
 from linear_attention.training.config import SECTION_CLASSES, SECTIONS, experiment_config
@@ -122,9 +122,9 @@ def _unknown_field(e: Exception, argv: list[str], config) -> UsageError:
         parent = parent.get(part) if hasattr(parent, "get") else None
     known = list(parent.keys()) if isinstance(parent, ml_collections.ConfigDict) else []
     message = f"unknown config field --{culprit}"
-    close = difflib.get_close_matches(name, known, n=1)
+    close = closest(name, known)
     if close:
-        suggestion = ".".join([*parts[:index], close[0], *parts[index + 1 :]])
+        suggestion = ".".join([*parts[:index], close, *parts[index + 1 :]])
         message += f"; did you mean --{suggestion}?"
     elif known:
         where = ".".join(parts[:index])
@@ -199,8 +199,13 @@ def sections_help() -> str:
     return "\n".join(lines)
 
 
+def plain(text: str) -> str:
+    """Docstring text for a terminal: without the reST/Markdown code quotes (``x``, `x`)."""
+    return re.sub(r"`([^`\n]+)`", r"\1", re.sub(r"``([^`\n]+)``", r"\1", text))
+
+
 def usage_help(usage: str, text: str) -> str:
-    return f"{usage}\n\n{text.strip()}\n"
+    return plain(f"{usage}\n\n{text.strip()}\n")
 
 
 def error(prog: str, message) -> int:

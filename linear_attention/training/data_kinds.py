@@ -94,8 +94,8 @@ def _text(d: TextDataConfig, run, *, cache_dir=None, message=None) -> DataSource
         progress.close()
 
 
-def _tokens(d: TokenDataConfig, run, *, message=None, **_) -> DataSource:
-    return token_file_source(d, vocab_size=run.model.vocab_size, message=message, **_run(run))
+def _tokens(d: TokenDataConfig, run, **_) -> DataSource:
+    return token_file_source(d, vocab_size=run.model.vocab_size, **_run(run))
 
 
 @dataclasses.dataclass(frozen=True)

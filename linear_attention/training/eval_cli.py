@@ -33,6 +33,7 @@ from linear_attention.training.cli_args import (
 from linear_attention.training.load import evaluate_run, run_config
 from linear_attention.training.metrics import write_json
 from linear_attention.training.outputs import check_output
+from linear_attention.training.platforms import quiet_platforms
 
 EVAL_USAGE = (
     "usage: la-eval --workdir DIR [--config.SECTION.FIELD=VALUE ...] [--step N] [--output FILE]"
@@ -57,6 +58,7 @@ def eval_main(argv: list[str] | None = None) -> int:
     (``config.json``, ``summary.json``, ``metrics.jsonl``, checkpoints). An override that
     changes what the checkpoint means (a ``config.model`` field, ``config.data.tokenizer``) is
     said on the first line and recorded under ``changed`` in the output."""
+    quiet_platforms()
     argv = list(sys.argv if argv is None else argv)
     if any(a in ("-h", "--help", "-help") for a in argv[1:]):
         print(usage_help(EVAL_USAGE, f"{eval_main.__doc__}\n\n{sections_help()}"))

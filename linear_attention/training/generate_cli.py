@@ -12,6 +12,7 @@ from __future__ import annotations
 import codecs
 import itertools
 import os
+import re
 import sys
 
 import jax
@@ -32,6 +33,7 @@ from linear_attention.training.cli_args import (
     workdir_flags,
 )
 from linear_attention.training.load import load_run
+from linear_attention.training.platforms import quiet_platforms
 
 GENERATE_USAGE = (
     "usage: la-generate --workdir DIR --prompt TEXT --num_tokens N [--temperature T] [--top_k K]"
@@ -56,6 +58,7 @@ def generate_main(argv: list[str] | None = None) -> int:
     (encoded with the run's tokenizer) and then the text of each token as it is drawn. Token i
     is drawn from ``fold_in(key(seed), i)`` with ``softmax(logits / temperature)`` over the
     ``top_k`` largest logits (0: all); ``--temperature 0`` is greedy."""
+    quiet_platforms()
     argv = list(sys.argv if argv is None else argv)
     if any(a in ("-h", "--help", "-help") for a in argv[1:]):
         print(usage_help(GENERATE_USAGE, generate_main.__doc__))
@@ -78,9 +81,32 @@ def generate_main(argv: list[str] | None = None) -> int:
         first = next(tokens)  # arguments are checked when the first token is asked for
     except (UsageError, ValueError) as e:
         return error("la-generate", e)
-    sys.stdout.write(fv.prompt)
-    _print_tokens(itertools.chain([first], tokens), tokenizer)
+    write = _writer(sys.stdout)
+    write(fv.prompt)
+    _print_tokens(itertools.chain([first], tokens), tokenizer, write)
     return 0
+
+
+# Control characters but newline and tab: C0, DEL and C1 (ESC starts a terminal's escape
+# sequences; a sampled one would recolour, move or clear the screen).
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def terminal_safe(text: str) -> str:
+    """``text`` with each control character but newline and tab written as ``\\xNN``."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+def _writer(stream):
+    """Write and flush to ``stream``; on a terminal, control characters escaped
+    (`terminal_safe`); into a pipe or file, the text as drawn."""
+    tty = stream.isatty()
+
+    def write(text: str) -> None:
+        stream.write(terminal_safe(text) if tty else text)
+        stream.flush()
+
+    return write
 
 
 def _define_flags(fv) -> None:
@@ -116,14 +142,13 @@ def _parse_generate(argv: list[str], workdir: str | None):
     return fv, cfg
 
 
-def _print_tokens(tokens, tokenizer) -> None:
-    """The text of each token as it is drawn, then a newline."""
+def _print_tokens(tokens, tokenizer, write) -> None:
+    """The text of each token as it is drawn (``write``), then a newline."""
     if tokenizer.name == BYTES:
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         for token in tokens:
-            sys.stdout.write(decoder.decode(bytes([int(token[0])])))
-            sys.stdout.flush()
-        sys.stdout.write(decoder.decode(b"", final=True) + "\n")
+            write(decoder.decode(bytes([int(token[0])])))
+        write(decoder.decode(b"", final=True) + "\n")
         return
     # Other tokenizers: decode everything drawn so far and print what is new, holding back a
     # trailing replacement character (a token that ends inside a UTF-8 character).
@@ -132,11 +157,10 @@ def _print_tokens(tokens, tokenizer) -> None:
         drawn.append(int(token[0]))
         text = tokenizer.decode(drawn).rstrip("\ufffd")
         if text.startswith(shown):
-            sys.stdout.write(text[len(shown) :])
-            sys.stdout.flush()
+            write(text[len(shown) :])
             shown = text
     text = tokenizer.decode(drawn)
-    sys.stdout.write((text[len(shown) :] if text.startswith(shown) else "") + "\n")
+    write((text[len(shown) :] if text.startswith(shown) else "") + "\n")
 
 
 if __name__ == "__main__":

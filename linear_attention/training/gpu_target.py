@@ -8,9 +8,9 @@ chip's code) describes GPUs without owning one:
 gives compile-only devices of the chip that the ``GpuTargetConfig`` text describes
 (`gpu_chips.target_config`, made here from the chip's published facts), and
 ``jit(f).trace(...).lower().compile()`` runs XLA:GPU and ``ptxas`` for it (``sm_90a`` on an
-H100). The plugin loads only where jax's platforms are set before its backends start
-(``JAX_PLATFORMS=cpu``, or `use_cpu_platform`): on a machine without a GPU its start-up check
-of the CUDA libraries fails otherwise.
+H100). On a machine without a GPU the plugin loads only where jax's platforms were set before
+its backends started (``JAX_PLATFORMS=cpu``; the ``la-*`` programs set it there:
+`platforms.quiet_platforms`): its start-up check of the CUDA libraries fails otherwise.
 
 XLA:GPU compiles a program of any size (it checks no memory), and without a GPU it cannot
 autotune: the figures are its defaults'. A step fits where the bytes it holds at its peak
@@ -148,14 +148,6 @@ def versions() -> dict[str, str]:
         except importlib.metadata.PackageNotFoundError:
             pass
     return found
-
-
-def use_cpu_platform() -> None:
-    """Set jax's platforms to the CPU where nothing set them, so that the CUDA plugin loads on
-    a machine without a GPU (see the module docstring). Call it before jax's backends start;
-    later it changes nothing that has started."""
-    if not jax.config.jax_platforms:
-        jax.config.update("jax_platforms", "cpu")
 
 
 @functools.cache

@@ -30,7 +30,7 @@ from linear_attention.training.evaluation import evaluate
 from linear_attention.training.mesh import check_batch_size, make_mesh, state_shardings
 from linear_attention.training.optim import make_optimizer
 from linear_attention.training.run_data import build_data, data_changes, data_record
-from linear_attention.training.workdir import RunError
+from linear_attention.training.workdir import RunError, check_run_config
 
 
 class RestoredRun(NamedTuple):
@@ -54,8 +54,13 @@ def run_config(workdir: str) -> dict:
     path = os.path.join(workdir, "config.json")
     if not os.path.isfile(path):
         raise ValueError(f"workdir {workdir!r} holds no run (no config.json)")
-    with open(path) as f:
-        return json.load(f)
+    try:
+        with open(path) as f:
+            config = json.load(f)
+    except ValueError as e:
+        raise ValueError(f"{path} is damaged ({e}): not a run's config") from None
+    check_run_config(path, config)
+    return config
 
 
 def restore_run(workdir: str, *, config=None, step: int | None = None) -> RestoredRun:

@@ -8,7 +8,7 @@ import os
 
 from linear_attention.training.config import ExperimentConfig, config_difference
 from linear_attention.training.metrics import Reporter
-from linear_attention.training.workdir import RunError
+from linear_attention.training.workdir import RunError, check_run_config
 
 # Sections of config.json that a resumed run must share with the run it continues.
 FIXED_SECTIONS = ("seed", "model", "data")
@@ -26,13 +26,12 @@ def check_resume_config(path: str, current: dict, cfg: ExperimentConfig) -> bool
     try:
         with open(path) as f:
             previous = json.load(f)
-        if not isinstance(previous, dict):
-            raise ValueError(f"a JSON {type(previous).__name__}, not an object")
     except (OSError, ValueError) as e:
         raise RunError(
             f"{path} is damaged ({e}); it records the run this workdir holds: restore it, or "
             "use another workdir"
         ) from None
+    check_run_config(path, previous)
     compare_fixed(previous, current, cfg, os.path.dirname(path))
     return True
 

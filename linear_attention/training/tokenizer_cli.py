@@ -26,8 +26,10 @@ import sys
 from linear_attention.data.corpus import read_documents
 from linear_attention.data.token_files import encode_token_file, sidecar_path
 from linear_attention.data.tokenizers import check_vocab_size, load_tokenizer, train_bpe
+from linear_attention.training.cli_args import plain
 from linear_attention.training.metrics import Progress
 from linear_attention.training.outputs import check_output
+from linear_attention.training.platforms import quiet_platforms
 
 
 class _Parser(argparse.ArgumentParser):
@@ -99,10 +101,11 @@ def _check(args) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    quiet_platforms()
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = _parser()
     if not argv or argv[0] in ("-h", "--help"):
-        parser.print_help()
+        print(plain(parser.format_help()), end="")
         return 0
     progress = None
     try:

@@ -33,6 +33,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from linear_attention.training.platforms import quiet_libtpu
 from linear_attention.training.target_base import Target, TargetCompileError, first_line
 
 # Accelerator generations: the name in the target -> the device kind libtpu reports.
@@ -135,6 +136,7 @@ def topology_devices(target: TpuTarget) -> tuple:
     if missing:
         raise ValueError(f"config.mesh.target = {target.name!r} needs libtpu: {missing}")
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    quiet_libtpu()
     from jax.experimental import topologies
 
     try:

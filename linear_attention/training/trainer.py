@@ -128,18 +128,19 @@ def train(
     with contextlib.ExitStack() as closing:  # closed in reverse: the lock last
         closing.callback(lock.release)
         closing.callback(reporter.close)
-        run = Run(
-            cfg,
-            workdir,
-            mesh,
-            reporter,
-            closing,
-            started=started,
-            allow_data_change=allow_data_change,
-        )
-        if run.finished is not None:
-            return run.finished
-        with StopSignals(reporter) as stop:
+        with StopSignals(reporter) as stop:  # (from the building on: `stop_before_training`)
+            run = Run(
+                cfg,
+                workdir,
+                mesh,
+                reporter,
+                closing,
+                started=started,
+                allow_data_change=allow_data_change,
+            )
+            if run.finished is not None:
+                return run.finished
+            stop.stop_before_training()
             run.loop(stop)
         return run.finish()
 

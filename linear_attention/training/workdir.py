@@ -1,5 +1,12 @@
-"""The run folder's safety: one run per workdir (a lock), checkpoint integrity digests, and
-`RunError`, the error of a run that cannot start or go on for a reason the user can fix.
+"""The run folder's safety: one run per workdir (a lock), checkpoint integrity digests, folders
+written whole or not at all (`staged_folder`), and `RunError`, the error of a run that cannot
+start or go on for a reason the user can fix.
+
+A folder path given on a command line is never empty (`check_folder_arg`: an empty string
+would be the current folder). A new folder (``la-convert``'s outputs) is written as
+``<parent>/.<name>.partial`` under that folder's lock and renamed to its name when complete, so
+a refused, failed or killed writer leaves no half-written folder, and its rerun works (a
+``.partial`` folder whose lock's process is gone is cleared and written again).
 
 Lock: ``<workdir>/.lock`` holds the owner's ``{"pid", "pid_start", "hostname", "started"}``.
 It is created atomically (written to a private file, then hard-linked to the lock name, which
@@ -24,6 +31,7 @@ import datetime
 import hashlib
 import json
 import os
+import shutil
 import socket
 
 LOCK_NAME = ".lock"
@@ -37,6 +45,105 @@ class RunError(ValueError):
 
 
 # ----------------------------------------------------------------------------- workdir
+def check_folder_arg(flag: str, path: str | None) -> None:
+    """RunError unless ``path`` (given as ``flag``) names a folder: not empty or blank (which
+    would write into the current folder)."""
+    if path is not None and not path.strip():
+        raise RunError(
+            f"{flag} is empty; give the folder to write (an empty path would be the current folder)"
+        )
+
+
+def check_new_folder(flag: str, path: str) -> None:
+    """RunError unless ``path`` (given as ``flag``) is absent or an empty folder."""
+    check_folder_arg(flag, path)
+    if os.path.exists(path) and (not os.path.isdir(path) or os.listdir(path)):
+        raise RunError(f"{flag} {path!r} exists and is not an empty folder; give a new one")
+
+
+@contextlib.contextmanager
+def staged_folder(flag: str, path: str, *, message=print):
+    """``with staged_folder(flag, path) as staging:`` write the new folder ``path`` (given as
+    ``flag``; absent or empty, `check_new_folder`) into ``staging`` (``<parent>/.<name>
+    .partial``, under its `WorkdirLock`), which becomes ``path`` when the block ends without an
+    error; on an error (or a signal) it is removed, and so are the parents it created, and an
+    `OSError` (a full disk, a read-only or non-folder parent) becomes a `RunError`."""
+    check_new_folder(flag, path)
+    if os.path.isdir(path) and os.path.samefile(path, os.getcwd()):
+        # (the rename would put a new folder in its place, under a shell that stays in the old)
+        raise RunError(f"{flag} {path!r} is the current folder; give a new folder")
+    path = os.path.abspath(path)
+    parent, name = os.path.split(path)
+    staging = os.path.join(parent, f".{name}.partial")
+    created = _missing_parents(staging)
+    try:
+        os.makedirs(staging, exist_ok=True)
+    except OSError as e:
+        raise RunError(f"{flag} {path!r} cannot be created: {e.strerror or e}") from None
+    lock = WorkdirLock(staging, message=message)
+    try:
+        lock.acquire()
+    except RunError:
+        _remove_created(created)
+        raise
+    try:
+        for entry in sorted(set(os.listdir(staging)) - {LOCK_NAME}):  # a killed writer's
+            message(f"removed {os.path.join(staging, entry)}, left by an unfinished writer")
+            _remove(os.path.join(staging, entry))
+        check_new_folder(flag, path)  # (again: under the lock)
+        yield staging
+        os.rename(staging, path)  # (onto an empty folder too)
+        lock.moved_to(path)
+    except OSError as e:
+        _remove(staging)
+        _remove_created(created)
+        raise RunError(
+            f"{flag} {path!r} not written ({e.strerror or e}); nothing of it is left"
+        ) from None
+    except BaseException:
+        _remove(staging)
+        _remove_created(created)
+        raise
+    finally:
+        lock.release()
+
+
+def _missing_parents(path: str) -> list[str]:
+    """The folders above ``path`` that do not exist yet, the deepest first."""
+    missing, folder = [], os.path.dirname(path)
+    while folder and not os.path.exists(folder) and folder != os.path.dirname(folder):
+        missing.append(folder)
+        folder = os.path.dirname(folder)
+    return missing
+
+
+def _remove_created(folders: list[str]) -> None:
+    for folder in folders:  # (the deepest first; one that holds something else is kept)
+        with contextlib.suppress(OSError):
+            os.rmdir(folder)
+
+
+def _remove(path: str) -> None:
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError):
+            os.remove(path)
+
+
+def check_run_config(path: str, config) -> None:
+    """RunError unless ``config``, read from the ``config.json`` at ``path``, is a run's: a JSON
+    object, not a transformers checkpoint's (``model_type`` and no ``model`` section)."""
+    if not isinstance(config, dict):
+        raise RunError(f"{path} is a JSON {type(config).__name__}, not a run's config")
+    if "model_type" in config and "model" not in config:
+        raise RunError(
+            f"{os.path.dirname(path) or '.'!r} is a transformers checkpoint (config.json with "
+            f"model_type {config['model_type']!r}), not a run: import it with la-convert "
+            "--from-hf into a new workdir"
+        )
+
+
 def prepare_workdir(workdir: str) -> None:
     """Create ``workdir`` (and parents) or check the existing one is a writable folder."""
     if os.path.exists(workdir) and not os.path.isdir(workdir):
@@ -161,6 +268,10 @@ class WorkdirLock:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(self.path)
         raise RunError(f"could not take the lock {self.path}: it keeps changing hands")
+
+    def moved_to(self, workdir: str) -> None:
+        """The locked folder was renamed to ``workdir`` (its lock file with it)."""
+        self.path = os.path.join(workdir, LOCK_NAME)
 
     def release(self) -> None:
         """Remove the lock if it is still ours."""

@@ -16,7 +16,7 @@ from linear_attention.training import tokenizer_cli
 DOCS = ["def f(x):\n    return x\n" * 20, "print('héllo')\n" * 30]
 
 
-def _source(path, *, dtype="uint16", vocab=300, eos=-1, tokenizer="", message=None):
+def _source(path, *, dtype="uint16", vocab=300, eos=-1, tokenizer=""):
     config = TokenDataConfig(
         kind="tokens",
         path=str(path),
@@ -27,7 +27,7 @@ def _source(path, *, dtype="uint16", vocab=300, eos=-1, tokenizer="", message=No
         num_val_windows=4,
         eos_id=eos,
     )
-    return token_file_source(config, vocab_size=vocab, seed=0, batch_size=2, message=message)
+    return token_file_source(config, vocab_size=vocab, seed=0, batch_size=2)
 
 
 @pytest.fixture
@@ -92,20 +92,23 @@ def test_the_loader_checks_the_tokenizer_of_the_sidecar(encoded, tmp_path):
         _source(encoded, eos=256, tokenizer=str(tok))
 
 
-def test_uint32_ids_read_as_uint16_are_warned_about(tmp_path):
-    ids = np.random.default_rng(0).integers(1, 300, 4000)
+@pytest.mark.parametrize(("vocab", "high"), [(300, "is 0"), (100_000, "is <= 1")])
+def test_uint32_ids_read_as_uint16_are_refused(tmp_path, vocab, high):
+    """A uint32 file without a sidecar read as uint16: every second uint16 is an id's high half
+    (0 below 65536; 0 or 1 in a vocabulary of 100,000, where ids above 65535 pass the range
+    check when read as uint16). Refused, naming the fix; read as uint32, or a uint16 file of
+    the same ids, trains."""
+    ids = np.random.default_rng(0).integers(1, vocab, 4000)
     wide = tmp_path / "wide.bin"
     ids.astype(np.uint32).tofile(wide)
-    said = []
-    _source(wide, message=said.append)
-    assert len(said) == 1 and said[0].startswith(f"warning: {wide}: 100% of every second id is 0")
-    assert "config.data.token_dtype='uint32'?" in said[0]
-    said.clear()
-    _source(wide, dtype="uint32", message=said.append)  # read right: nothing said
+    message = rf"{wide}: 100% of every second id {high} in the first 8,000 ids: these are uint32"
+    with pytest.raises(ValueError, match=message + r".*token_dtype='uint32'"):
+        _source(wide, vocab=vocab)
+    data = _source(wide, dtype="uint32", vocab=vocab)  # read right
+    assert data.provenance["tokens"] == ids.size
     narrow = tmp_path / "narrow.bin"
-    ids.astype(np.uint16).tofile(narrow)
-    _source(narrow, message=said.append)
-    assert said == []
+    (ids % 65536).astype(np.uint16).tofile(narrow)
+    assert _source(narrow, vocab=vocab).provenance["tokens"] == ids.size
 
 
 def test_file_digest_samples_large_files(tmp_path, monkeypatch):

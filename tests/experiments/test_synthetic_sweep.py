@@ -72,10 +72,39 @@ def test_presets_expand_and_validate(spec, per_mixer, mixers):
 
 
 def test_parity_paper_sweep_is_grazzis_protocol():
-    """``state_tracking.py:parity_paper``: Grazzi et al.'s parity run (1 layer, d_model 16,
-    batch 256, 20,000 steps, their one rate) for 7 mixers × 3 seeds; the delta rules and gated
-    by their step-by-step scan, lstm without a conv, every β range as labelled."""
+    """``state_tracking.py:parity_paper``: Grazzi et al.'s parity run (2 layers, d_model 128,
+    batch 256, 20,000 steps, their one rate) for both delta rules × both β ranges × 3 seeds,
+    seed 0 of every mixer first, by the default (chunk) form: the scan pays at head width 4 only."""
     config = engine.load_sweep(str(SWEEPS / "state_tracking.py:parity_paper"))
+    axes, points = engine.expand(config)
+    assert len(points) == 4 * 3
+    order = [(p.labels["seed"], p.labels["mixer"]) for p in engine.run_order(config, axes, points)]
+    assert order[:4] == [
+        ("0", "gated_deltanet_neg"),
+        ("0", "gated_deltanet"),
+        ("0", "deltanet_neg"),
+        ("0", "deltanet"),
+    ]
+    for point in points:
+        cfg = experiment_config(point.config)
+        m, o, t = cfg.model, cfg.optimizer, cfg.train
+        assert (m.num_layers, m.d_model, m.num_heads, m.conv, m.method) == (2, 128, 4, 4, None)
+        assert (t.batch_size, t.num_steps, o.warmup_steps, o.learning_rate) == (
+            256,
+            20_000,
+            2_000,
+            1e-3,
+        )
+        assert bool(m.allow_neg_eigval) == point.labels["mixer"].endswith("_neg")
+        assert m.mixer == point.labels["mixer"].removesuffix("_neg")
+
+
+def test_parity_fork_sweep_is_the_single_layer_variant():
+    """``state_tracking.py:parity_fork_1layer``: the fork's single-layer parity run (1 layer,
+    d_model 16, batch 256, 20,000 steps, their one rate) for 7 mixers × 3 seeds; the delta
+    rules and gated by their step-by-step scan, lstm without a conv, every β range as
+    labelled."""
+    config = engine.load_sweep(str(SWEEPS / "state_tracking.py:parity_fork_1layer"))
     axes, points = engine.expand(config)
     assert len(points) == 7 * 3
     order = [p.labels["mixer"] for p in engine.run_order(config, axes, points)]

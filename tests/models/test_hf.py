@@ -465,7 +465,7 @@ def _refused_before_reading(folder, monkeypatch, config_change, tensor_change, m
         _edit_config(folder, config_change)
     if tensor_change is not None:
         _edit_tensors(folder, tensor_change)
-    monkeypatch.setattr(hf, "_reader", lambda files: pytest.fail("a weight was read"))
+    monkeypatch.setattr(hf, "_reader", lambda *args: pytest.fail("a weight was read"))
     with pytest.raises(ValueError, match=message):
         hf.from_pretrained(folder)
 
@@ -587,7 +587,7 @@ def test_convert_bad_input_exits_2(argv, message, capsys, tmp_path, monkeypatch)
 def test_convert_prints_what_is_not_imported(capsys, tmp_path, monkeypatch):
     """`--from-hf` of a multimodal folder says that the vision tower is left out (the writing
     of the workdir, tested above, is skipped here)."""
-    monkeypatch.setattr(convert, "from_hf", lambda path, workdir: None)
+    monkeypatch.setattr(convert, "from_hf", lambda path, workdir, **options: None)
     folder = os.path.join(FIXTURES, "qwen3_5_vl")
     assert convert.main(["--from-hf", folder, "--workdir", str(tmp_path / "w")]) == 0
     lines = capsys.readouterr().out.splitlines()

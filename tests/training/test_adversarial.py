@@ -86,6 +86,12 @@ DAMAGE = {
         "_CHECKPOINT_METADATA is empty",
     ),
     "save cut short": (lambda d: os.remove(f"{d}/integrity.json"), "integrity.json is missing"),
+    "every file empty": (
+        lambda d: [
+            open(f, "w").close() for f in glob.glob(f"{d}/**", recursive=True) if os.path.isfile(f)
+        ],
+        "integrity.json is damaged (JSONDecodeError",
+    ),
 }
 
 
@@ -122,6 +128,20 @@ def test_damaged_checkpoint_is_named_and_the_run_falls_back(finished_run, tmp_pa
         5,
         6,
     ]
+
+
+def test_a_transformers_folder_is_not_taken_for_a_workdir(tmp_path):
+    """la-train (and la-eval) given a transformers checkpoint folder as --workdir: named as
+    one, nothing in it written (before: "holds a run with config.data = None")."""
+    folder = tmp_path / "hf"
+    shutil.copytree(os.path.join(ROOT, "tests", "fixtures", "hf", "mamba2"), folder)
+    before = sorted(os.listdir(folder))
+    message = r"is a transformers checkpoint \(config.json with model_type 'mamba2'\), not a run"
+    with pytest.raises(RunError, match=message):
+        trainer.train(smoke(), str(folder), reporter=Log().reporter())
+    with pytest.raises(ValueError, match=message):
+        load_run(str(folder))
+    assert sorted(os.listdir(folder)) == before
 
 
 def test_no_intact_checkpoint_stops_with_the_steps_named(finished_run, tmp_path, capsys):

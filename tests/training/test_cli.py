@@ -171,6 +171,57 @@ def test_a_second_sigint_stops_at_once_without_a_traceback(tmp_path, monkeypatch
     assert signal.getsignal(signal.SIGINT) is previous
 
 
+def test_ctrl_c_before_the_loop_stops_a_run_started_with_sigint_ignored(
+    tmp_path, monkeypatch, capsys
+):
+    """A background job of a shell script starts with SIGINT ignored; la-train honours Ctrl-C
+    from its start anyway (before, one that came before the loop was lost and the run trained
+    to its end, exit 0): here SIGINT while the data are built, exit 130, nothing trained."""
+    real_build = trainer_module.build_data
+
+    def interrupted_build(cfg, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)  # (kept: the run stops once it is built)
+        return real_build(cfg, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "build_data", interrupted_build)
+    monkeypatch.chdir(ROOT)
+    workdir = tmp_path / "run"
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        status = cli.main(["la-train", SMOKE, f"--workdir={workdir}"])
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    out, err = capsys.readouterr()
+    assert status == 130, (out, err)
+    assert f"la-train: interrupted; rerun the same command to resume in {workdir}" in out
+    metrics = workdir / "metrics.jsonl"  # (opened before the loop)
+    assert metrics.read_text() == "" and not (workdir / "summary.json").exists()
+    assert not [p for p in (workdir / "checkpoints").glob("*") if p.name.isdigit()]
+
+
+def test_ctrl_c_while_la_train_loads_jax_is_honoured():
+    """SIGINT ignored from the start, and sent as JAX starts to load (the first seconds of
+    la-train): kept, and main stops at once, one line, exit 130 (before, it was lost)."""
+    script = (
+        "import os, signal, sys\n"
+        "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+        "class Hook:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'jax':\n"
+        "            os.kill(os.getpid(), signal.SIGINT)\n"
+        "sys.meta_path.insert(0, Hook())\n"
+        "from linear_attention.training.cli import main\n"
+        "sys.exit(main(['la-train', '--help']))\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 130, (done.stdout, done.stderr)
+    assert done.stdout == "la-train: interrupted before it started\n"
+    assert "Traceback" not in done.stderr
+
+
 @pytest.mark.parametrize(
     "spec, path, preset",
     [

@@ -83,7 +83,8 @@ def forgetting_attention(
       axis_name: refused: the output is no affine map of a carried state, so it has no
         sequence-parallel form here (the model refuses a time split for the `fox` mixer).
     Returns:
-      `o: [B, T, H, Dv]` in `result_type(q, k, v)`; logits and softmax in float32.
+      `o: [B, T, H, Dv]` in `result_type(q, k, v)`; logits and softmax in float32. T = 0 gives
+      the empty output, as `softmax_attention`.
     """
     check_choice("method", method, METHODS)
     block_size = check_positive_int("block_size", block_size)
@@ -92,6 +93,8 @@ def forgetting_attention(
     sizes = check_layouts(q=(q, "[B, T, H, D]"), k=(k, "[B, T, H, D]"), v=(v, "[B, T, H, Dv]"))
     B, T, H = sizes["B"], sizes["T"], sizes["H"]
     a_BTH = check_log_decay(log_forget, (B, T, H), "[B, T, H]")
+    if T == 0:  # (no block to split)
+        return jnp.zeros(v.shape, jnp.result_type(q, k, v))
     a_BTH = fold_resets(segment_resets(segment_ids, B, T), a_BTH, H)
     if a_BTH is None:
         a_BTH = jnp.zeros((B, T, H), jnp.float32)

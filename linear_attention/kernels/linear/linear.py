@@ -324,4 +324,9 @@ def _check_qkv(q, k, v):
     check_layouts(q=(q, "[B, T, H, M]"), k=(k, "[B, T, H, M]"), v=(v, "[B, T, H, Dv]"))
     if q.shape[1] == 0:
         raise ValueError(f"q, k, v must have at least one time step, got shape {q.shape}")
+    for name, x in (("q, k", q), ("v", v)):
+        if x.shape[-1] == 0:
+            raise ValueError(
+                f"{name} must have at least one channel (head dim >= 1), got shape {x.shape}"
+            )
     return (*q.shape, v.shape[-1])

@@ -45,7 +45,7 @@ from linear_attention.kernels.log_linear.fenwick import (
     positions,
 )
 from linear_attention.kernels.log_linear.log_linear import (
-    check_levels,
+    check_level_weights,
     check_state,
     entering_state,
     finish,
@@ -129,7 +129,7 @@ def log_linear_delta_rule(
     Args:
       q, k: `[B, T, H, K]` (unit keys for a contraction); v: `[B, T, H, V]`; beta: `[B, T, H]`
         in [0, 2]; log_decay: `[B, T, H]` or `[H]` (≤ 0, −inf a reset; None: DeltaNet);
-        level_weights: λ `[B, T, H, L]`, T ≤ 2^(L−1).
+        level_weights: λ `[B, T, H, L]` ≥ 0 (checked when concrete), 1 ≤ T ≤ 2^(L−1).
       segment_ids: `[B, T]` integers or a `Segments`: a new sequence at each document start.
       method: "chunk" (WY form, the training path), "scan" (chunk-rematerialised recurrence) or
         "quadratic" (the reference).
@@ -160,7 +160,7 @@ def log_linear_delta_rule(
         level_weights=(level_weights, "[B, T, H, L]"),
     )
     B, T, H, K, V, L = (sizes[x] for x in "BTHKVL")
-    check_levels(L, T)
+    check_level_weights(level_weights, T)
     check_beta(beta, 0.0, 2.0)
     a = check_log_decay(log_decay, (B, T, H), "[B, T, H]")
     a = fold_resets(segment_resets(segment_ids, B, T), a, H)
@@ -198,6 +198,8 @@ def log_linear_delta_rule_step(state: LogLinearState, q, k, v, beta, log_decay, 
     )
     B, H, K, V, L = (sizes[x] for x in "BHKVL")
     state = check_state(state, B, H, L, K, V, name="state")
+    check_level_weights(level_weights)
+    check_beta(beta, 0.0, 2.0)
     a = check_log_decay(log_decay, (B, H), "[B, H]")
     a = jnp.zeros((B, H), jnp.float32) if a is None else a
     args = (jnp.asarray(x, jnp.float32) for x in (q, k, v, beta))

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from linear_attention.kernels.checks import (
     check_choice,
@@ -56,6 +57,7 @@ from linear_attention.kernels.checks import (
     check_layouts,
     check_log_decay,
     check_positive_int,
+    concrete,
 )
 from linear_attention.kernels.log_linear.chunked import log_linear_chunked
 from linear_attention.kernels.log_linear.fenwick import LogLinearState, capacity, positions
@@ -108,8 +110,8 @@ def log_linear_attention(
     Args:
       q, k: `[B, T, H, K]`; v: `[B, T, H, V]` (no scaling inside).
       log_decay: `[B, T, H]` (or `[H]`, fixed; None: no decay), ≤ 0, −inf a reset.
-      level_weights: λ `[B, T, H, L]`, the weight of each level ℓ = 0..L − 1 per query; T must
-        be at most 2^(L−1) (the positions L levels cover).
+      level_weights: λ `[B, T, H, L]` ≥ 0 (checked when concrete), the weight of each level
+        ℓ = 0..L − 1 per query; 1 ≤ T ≤ 2^(L−1) (the positions L levels cover).
       segment_ids: `[B, T]` integers or a `Segments`: a new sequence at each document start.
       method: "chunk" (the training path), "quadratic" (the reference) or "scan".
       chunk_size: the chunk of "chunk" (any size).
@@ -133,7 +135,7 @@ def log_linear_attention(
     )
     B, T, H, K, V, L = (sizes[x] for x in "BTHKVL")
     spans = 1 if axis_name is None else jax.lax.axis_size(axis_name)
-    check_levels(L, T * spans)
+    check_level_weights(level_weights, T * spans)
     a_BTH = check_log_decay(log_decay, (B, T, H), "[B, T, H]")
     a_BTH = fold_resets(segment_resets(segment_ids, B, T, axis_name), a_BTH, H)
     if a_BTH is None:
@@ -160,6 +162,31 @@ def log_linear_attention(
     else:
         o, state, p_BTH = split_over(core, q32, lam32, a_BTH, state, axis_name)
     return finish(o, state, p_BTH, L, dtype, return_state)
+
+
+def check_level_weights(level_weights, T: int | None = None) -> None:
+    """Raise unless the level weights λ `[..., L]` are ≥ 0 and not NaN (read when concrete, as
+    every value check of the kernels: `checks.concrete`) and, given the row length `T`, there is
+    at least one token and the L levels cover T positions (`check_levels`)."""
+    if T is not None:
+        if T == 0:
+            raise ValueError(
+                f"q, k, v must have at least one time step, got level_weights of shape "
+                f"{tuple(jnp.shape(level_weights))} [B, T, H, L]"
+            )
+        check_levels(jnp.shape(level_weights)[-1], T)
+    values = concrete(level_weights)
+    if values is None or not values.size:
+        return
+    values = values.astype(np.float32)
+    bad = np.isnan(values) | (values < 0)
+    if bad.any():
+        at = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(
+            f"level_weights must be >= 0 (a weight per level, λ in [0, inf)), got "
+            f"{float(values[at])} at index {at} ({int(bad.sum())} of {values.size} values "
+            "negative or NaN)"
+        )
 
 
 def check_levels(L: int, T: int) -> None:
@@ -210,6 +237,7 @@ def log_linear_attention_step(state: LogLinearState, q, k, v, log_decay, level_w
     )
     B, H, K, V, L = (sizes[x] for x in "BHKVL")
     state = check_state(state, B, H, L, K, V, name="state")
+    check_level_weights(level_weights)
     a_BH = check_log_decay(log_decay, (B, H), "[B, H]")
     if a_BH is None:
         a_BH = jnp.zeros((B, H), jnp.float32)

@@ -16,6 +16,16 @@ The solve is conjugate gradient with a fixed count `cg_steps` from x₀ = 0 (`so
 Σ_{s≤t} β_s ζ_{t,s} |v_s − W k_s|² + Tr(Wᵀ Λ W) (ζ the decay between s and t), o_t = W_t q_t
 is this o_t.
 
+Convergence. CG's error after i iterations falls like ((√κ − 1)/(√κ + 1))^i, κ the condition
+number of H_kk,t + Λ, which grows as λ shrinks beside H_kk,t's largest eigenvalue (up to
+Σ β over a document's tokens for unit keys without decay, about β/(1 − γ) with decay γ). At the
+layer's λ ≥ 0.25 the default 30 iterations reach a relative residual below 1e-6 (measured: 512
+tokens of random unit keys, β = 1, λ = 0.25, no decay or γ = 0.99, K = 16, 32 and 64); a smaller
+λ, keys that fill a few directions over long documents, or a wide K call for more (`cg_steps` ≥
+K is exact in exact arithmetic). Called eagerly, `mesa_net` warns when a token's relative residual
+‖(H_kk,t + Λ) x_t − q_t‖ / ‖q_t‖ exceeds `residual.CG_TOLERANCE` (1e-3); `mesa_net_residual`
+returns every token's, under `jit` too (`residual.py`).
+
 Methods: "chunk" (`chunked.py`: chunk states by an associative scan over chunk summaries, all
 tokens' CG iterations as batched masked matmuls, an implicit custom-VJP gradient keeping one
 state per chunk; the training path), "recurrent" (`recurrent.py`: a `lax.scan` over tokens with
@@ -53,6 +63,7 @@ from linear_attention.kernels.checks import (
 )
 from linear_attention.kernels.mesa_net.chunked import chunk_states, mesa_chunked
 from linear_attention.kernels.mesa_net.recurrent import read, recurrent, update
+from linear_attention.kernels.mesa_net.residual import cg_residual, warn_unconverged
 from linear_attention.kernels.primitives.combine import prefix, vary_like
 from linear_attention.kernels.segments import fold_resets, reset_reach, segment_resets
 
@@ -105,7 +116,10 @@ def mesa_net(
       method: "chunk" (the training path), "recurrent" (the same CG, token by token) or
         "exact" (token by token with an exact solve; ignores `cg_steps`).
       chunk_size: tokens per chunk of "chunk"; T need not be a multiple.
-      cg_steps: conjugate-gradient iterations per solve (static).
+      cg_steps: conjugate-gradient iterations per solve (static). Called eagerly (concrete
+        inputs), a solve whose relative residual exceeds `residual.CG_TOLERANCE` warns
+        (`RuntimeWarning`); under `jit`, `mesa_net_residual` returns every token's. Raise it
+        when λ is small beside H_kk (slow decay, long documents): module docstring.
       axis_name: inside `jax.shard_map` with time split over this mesh axis, the unsplit
         result (outputs, gradients, the global final state on every shard).
     Returns:
@@ -125,6 +139,10 @@ def mesa_net(
     dtype = jnp.result_type(q, k, v)
     q32, k32, v32 = (jnp.asarray(x, jnp.float32) for x in (q, k, v))
     kb32 = jnp.asarray(beta, jnp.float32)[..., None] * k32
+    leaves = jax.tree.leaves((q, k, beta, lambda_, log_decay, kk0, segment_ids))
+    eager = axis_name is None and not any(isinstance(x, jax.core.Tracer) for x in leaves)
+    if method != "exact" and eager:  # (under jit: `mesa_net_residual`, module docstring)
+        warn_unconverged(cg_residual(q32, kb32, k32, a_BTH, lam_HK, kk0, cg_steps), cg_steps, Kd)
 
     def local(kk_in, kv_in, a, lam):
         with reverse_mode_only('method="chunk"', 'method="recurrent" or "exact"'):
@@ -148,6 +166,34 @@ def mesa_net(
         )
     o_BTHD = o_BTHD.astype(dtype)
     return (o_BTHD, MesaNetState(kk, kv)) if return_state else o_BTHD
+
+
+def mesa_net_residual(
+    q,
+    k,
+    log_decay,
+    beta,
+    lambda_,
+    *,
+    segment_ids=None,
+    initial_state: MesaNetState | None = None,
+    cg_steps: int = 30,
+):
+    """The relative residual ‖(H_kk,t + Λ) x_t − q_t‖ / ‖q_t‖ `[B, T, H]` float32 of every
+    token's solve after `cg_steps` CG iterations (`residual.py`): how far `mesa_net`'s "chunk"
+    and "recurrent" outputs (and `mesa_net_step`'s) are from the exact solve's. The arguments
+    are `mesa_net`'s (no values: they take no part); works under `jit`."""
+    cg_steps = check_positive_int("cg_steps", cg_steps)
+    B, T, H, Kd, _ = _check_inputs(q, k, q, beta, lambda_)  # (q stands for the values)
+    lam_HK = check_lambda(lambda_, H, Kd)
+    check_beta(beta)
+    a_BTH = check_log_decay(log_decay, (B, T, H), "[B, T, H]")
+    a_BTH = fold_resets(segment_resets(segment_ids, B, T), a_BTH, H)
+    dv = jnp.shape(initial_state.kv)[-1] if isinstance(initial_state, MesaNetState) else 1
+    kk0, _ = _initial_state(initial_state, B, H, Kd, dv)
+    q32, k32 = jnp.asarray(q, jnp.float32), jnp.asarray(k, jnp.float32)
+    kb32 = jnp.asarray(beta, jnp.float32)[..., None] * k32
+    return cg_residual(q32, kb32, k32, a_BTH, lam_HK, kk0, cg_steps)
 
 
 def _check_inputs(q, k, v, beta, lambda_) -> tuple[int, int, int, int, int]:

@@ -3,9 +3,8 @@ Householder Transformations"): softmax attention whose key is transported to the
 Householder transforms of the tokens between them.
 
 Per head, with H_t = I − β_t w_t w_tᵀ (w_t a unit vector and β_t ∈ (0, 2) for a reflection-like,
-non-expansive map: the layer L2-normalises w and takes β = 2·sigmoid; this kernel uses w and β as
-given, as flash-linear-attention's op does) and an optional log forget gate a_t = log f_t ≤ 0
-(FoX's, −inf a reset):
+non-expansive map: the layer L2-normalises w and takes β = 2·sigmoid) and an optional log forget
+gate a_t = log f_t ≤ 0 (FoX's, −inf a reset):
 
     s_ij = scale · q_iᵀ H_i H_{i−1} ⋯ H_{j+1} k_j + Σ_{j<l≤i} a_l        (j ≤ i; −∞ for j > i)
     o_i  = Σ_j softmax_j(s_ij) v_j
@@ -14,6 +13,14 @@ H_i is included and H_j is not: a token's own key is not transformed (s_ii = sca
 in the paper and FLA's `naive_path_attn` (whose `A_local` is q_iᵀ k_j − Σ over the tokens in
 (j, i] only). The gate is FoX's, added unscaled; FLA's naive form scales the gate by `scale`
 too (softmax(scale·(qᵀPk + G_i − G_j))), which is this kernel with a = g·scale.
+
+Checked values (`check_householder`). H_t is non-expansive exactly when 0 ≤ β_t‖w_t‖² ≤ 2, so the
+kernel refuses β outside [0, 2] (the closed range: β = 0 is the identity, β = 2 an exact
+reflection), NaN in β or w, and ‖w_t‖ > 1 (a non-unit w; a shorter one is accepted, as
+`l2norm`'s ε shortens a near-zero w, and the map stays non-expansive). β and w are data: like
+every value check of the kernels (`checks.concrete`), these run when the values are concrete
+(eagerly, or constants closed over under `jit`) and are skipped for traced values, where the
+layer's β = 2·sigmoid and L2-normalised w are in range by construction.
 
 Resets (−inf in the gate, or a document start of `segment_ids`) cut attention across them as in
 FoX: c and the reset count n come from `segments.cumulative_log_decay(restart=True)` and query i
@@ -38,6 +45,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from linear_attention.kernels.checks import (
     check_choice,
@@ -45,8 +53,10 @@ from linear_attention.kernels.checks import (
     check_layouts,
     check_log_decay,
     check_positive_int,
+    concrete,
     refuse_axis_name,
 )
+from linear_attention.kernels.delta.checks import check_beta
 from linear_attention.kernels.path.blockwise import block_terms, path_blockwise
 from linear_attention.kernels.segments import cumulative_log_decay, fold_resets, segment_resets
 from linear_attention.kernels.softmax.gated_cache import (
@@ -58,6 +68,27 @@ from linear_attention.kernels.softmax.gated_cache import (
 from linear_attention.kernels.softmax.softmax import resolve_scale
 
 METHODS = ("blockwise", "quadratic")
+# How far past 1 a concrete ‖w‖ may be: rounding of an L2-normalised w in its dtype.
+W_NORM_SLACK = {2: 1e-2, 4: 1e-4, 8: 1e-8}
+
+
+def check_householder(w, beta) -> None:
+    """Raise unless the concrete values of `beta` lie in [0, 2] and those of `w` are rows of norm
+    at most 1 (module docstring, "Checked values"); traced values are not read."""
+    check_beta(beta, 0.0, 2.0)
+    values = concrete(w)
+    if values is None or not values.size:
+        return
+    norms = np.linalg.norm(values.astype(np.float64), axis=-1)
+    slack = W_NORM_SLACK.get(values.dtype.itemsize, 1e-4)
+    bad = np.isnan(norms) | (norms > 1.0 + slack)
+    if bad.any():
+        at = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(
+            f"w must hold unit vectors (norm at most 1; L2-normalise it) along its last axis, "
+            f"got norm {float(norms[at]):.4g} at index {at} [B, T, H] ({int(bad.sum())} rows of "
+            f"{norms.size} have norm > 1 or NaN)"
+        )
 
 
 def path_attention(
@@ -87,6 +118,7 @@ def path_attention(
       axis_name: refused (softmax attention has no affine state to pass across shards).
     Returns:
       `o: [B, T, H, Dv]` in `result_type(q, k, v)`; transforms, logits and softmax in float32.
+      T = 0 gives the empty output, as `softmax_attention`.
     """
     check_choice("method", method, METHODS)
     block_size = check_positive_int("block_size", block_size)
@@ -100,7 +132,10 @@ def path_attention(
         beta=(beta, "[B, T, H]"),
     )
     B, T, H = sizes["B"], sizes["T"], sizes["H"]
+    check_householder(w, beta)
     a_BTH = check_log_decay(log_forget, (B, T, H), "[B, T, H]")
+    if T == 0:  # (no block to split)
+        return jnp.zeros(v.shape, jnp.result_type(q, k, v))
     a_BTH = fold_resets(segment_resets(segment_ids, B, T), a_BTH, H)
     if a_BTH is None:
         a_BTH = jnp.zeros((B, T, H), jnp.float32)
@@ -163,6 +198,7 @@ def cached_path_attention(
         v_cache=(cache.v, "[B, L, H, Dv]"),
     )
     B, Tq, H, _ = q.shape
+    check_householder(w, beta)
     a_BTH = check_log_decay(log_forget, (B, Tq, H), "[B, T, H]")
     if a_BTH is None:
         a_BTH = jnp.zeros((B, Tq, H), jnp.float32)

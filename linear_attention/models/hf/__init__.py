@@ -23,6 +23,7 @@ from flax import nnx
 from linear_attention.models.config import ModelConfig
 from linear_attention.models.hf import (
     bamba,
+    files,
     kimi_linear,
     mamba2,
     olmo_hybrid,
@@ -51,8 +52,7 @@ ARCHITECTURES: dict[str, Mapping] = {
     bamba.MODEL_TYPE: bamba,
 }
 CONFIG_NAME = "config.json"
-WEIGHTS_NAME = "model.safetensors"
-INDEX_NAME = "model.safetensors.index.json"
+WEIGHTS_NAME, INDEX_NAME = files.WEIGHTS_NAME, files.INDEX_NAME
 # Tensors a causal-LM checkpoint may carry that the causal LM does not use (transformers skips
 # them too): Qwen3.5's multi-token-prediction head.
 UNUSED_PREFIXES = ("mtp.",)
@@ -67,58 +67,45 @@ NUMERICS_FREE = ("method", "chunk_size", "reset_positions")
 
 def read_config(path: str) -> tuple[dict, Mapping]:
     """`(config.json as a dict, its architecture's mapping module)`; ValueError when `path` is
-    not a checkpoint folder or its `model_type` is not supported."""
+    not a checkpoint folder, its config.json is damaged or holds a field of the wrong kind
+    (`files.check_fields`), or its `model_type` is not supported."""
     if not os.path.isdir(path):
         raise ValueError(f"path {path!r} is not a folder (a local transformers checkpoint)")
     file = os.path.join(path, CONFIG_NAME)
     if not os.path.isfile(file):
         raise ValueError(f"{path!r} holds no {CONFIG_NAME}: not a transformers checkpoint")
-    with open(file) as f:
-        hf = json.load(f)
+    hf = files.read_json(file, "a JSON object of the model's config")
+    if not isinstance(hf, dict):
+        raise ValueError(
+            f"{file} is a JSON {type(hf).__name__}, expected an object of the model's config"
+        )
     model_type = hf.get("model_type")
-    if model_type not in ARCHITECTURES:
+    if not isinstance(model_type, str) or model_type not in ARCHITECTURES:
         raise ValueError(
             f"unsupported model_type {model_type!r} in {file}; supported: "
             f"{', '.join(ARCHITECTURES)}"
         )
+    files.check_fields(hf, file)
     return hf, ARCHITECTURES[model_type]
 
 
 def model_config(hf: dict, mapping: Mapping) -> ModelConfig:
     """The `ModelConfig` of transformers config `hf`; ValueError naming what does not map."""
     try:
-        return ModelConfig(**mapping.model_options(hf))
+        return ModelConfig(**_checked(mapping.model_options, hf))
     except ValueError as e:
         raise ValueError(f"{hf.get('model_type')}: {e}") from None
 
 
-def _tensor_files(path: str) -> dict[str, str]:
-    """Each tensor's name -> the safetensors file holding it (one file, or an index's shards)."""
-    from safetensors import safe_open
-
-    index = os.path.join(path, INDEX_NAME)
-    if os.path.isfile(index):
-        with open(index) as f:
-            weight_map = json.load(f)["weight_map"]
-        return {name: os.path.join(path, file) for name, file in weight_map.items()}
-    single = os.path.join(path, WEIGHTS_NAME)
-    if not os.path.isfile(single):
-        raise ValueError(f"{path!r} holds neither {WEIGHTS_NAME} nor {INDEX_NAME}")
-    with safe_open(single, framework="numpy") as f:
-        return dict.fromkeys(f.keys(), single)
-
-
-def _shapes(files: dict[str, str]) -> dict[str, tuple[int, ...]]:
-    from safetensors import safe_open
-
-    shapes = {}
-    for file in sorted(set(files.values())):
-        if not os.path.isfile(file):
-            raise ValueError(f"shard {file!r} named by the index is missing")
-        with safe_open(file, framework="numpy") as f:
-            for name in f.keys():
-                shapes[name] = tuple(f.get_slice(name).get_shape())
-    return shapes
+def _checked(read, hf: dict):
+    """`read(hf)`, a field of an unexpected kind (a list for a number, ...) a ValueError."""
+    try:
+        return read(hf)
+    except (TypeError, KeyError, AttributeError, IndexError, ZeroDivisionError) as e:
+        raise ValueError(
+            f"a config field has a value of the wrong kind ({type(e).__name__}: {e}); compare "
+            "config.json with the one transformers writes for this model_type"
+        ) from None
 
 
 def check_tensors(expected: dict, found: dict) -> None:
@@ -135,34 +122,34 @@ def check_tensors(expected: dict, found: dict) -> None:
             raise ValueError(f"tensor {name!r} is not part of the architecture; not loaded")
 
 
-def _reader(files: dict[str, str]):
-    from safetensors import safe_open
-
-    handles = {}
-
+def _reader(entries: dict[str, files.TensorEntry], allow_nonfinite: bool):
     def get(name: str) -> np.ndarray:
-        file = files[name]
-        if file not in handles:  # (framework flax: reads bfloat16, which NumPy lacks)
-            handles[file] = safe_open(file, framework="flax")
-        return np.asarray(handles[file].get_tensor(name), np.float32)
+        return files.read_tensor(name, entries[name], allow_nonfinite=allow_nonfinite)
 
     return get
 
 
-def from_pretrained(path: str) -> tuple[LanguageModel, ModelConfig]:
-    """`(model, config)` from the local transformers checkpoint folder `path` (float32)."""
+def from_pretrained(
+    path: str, *, allow_nonfinite: bool = False
+) -> tuple[LanguageModel, ModelConfig]:
+    """`(model, config)` from the local transformers checkpoint folder `path` (float32).
+    Every tensor the model uses must be a float; one holding NaN or Inf is refused unless
+    `allow_nonfinite`."""
     hf, mapping = read_config(path)
     config = model_config(hf, mapping)
-    files = _tensor_files(path)
-    shapes, wraps = _shapes(files), []
+    entries = files.tensor_entries(path)
+    for name, entry in entries.items():  # (before any is read)
+        if not name.startswith(tuple(NOT_IMPORTED)):
+            files.check_float(name, entry)
+    shapes, wraps = {name: entry.shape for name, entry in entries.items()}, []
     for form in getattr(mapping, "STORED_FORMS", ()):
         shapes, wrap = form(shapes)
         wraps.append(wrap)
-    check_tensors(mapping.tensor_shapes(hf), shapes)
-    get = _reader(files)
+    check_tensors(_checked(mapping.tensor_shapes, hf), shapes)
+    get = _reader(entries, allow_nonfinite)
     for wrap in wraps:  # (the first form's names are read first: it wraps the reader)
         get = wrap(get)
-    params = mapping.to_params(hf, get)
+    params = _checked(lambda hf: mapping.to_params(hf, get), hf)
     abstract = nnx.eval_shape(lambda: LanguageModel(config, rngs=nnx.Rngs(0)))
     graphdef, state = nnx.split(abstract)
     want = nnx.to_pure_dict(nnx.state(abstract, nnx.Param))
@@ -194,7 +181,7 @@ def not_imported(path: str) -> list[str]:
     part (`NOT_IMPORTED`: the vision tower of a multimodal checkpoint, a multi-token-prediction
     head), with its tensor count; empty when everything is imported."""
     read_config(path)
-    names = _tensor_files(path)
+    names = files.tensor_entries(path)
     lines = []
     for prefix, what in NOT_IMPORTED.items():
         count = sum(name.startswith(prefix) for name in names)
@@ -292,10 +279,13 @@ def export_type(config: ModelConfig, model_type: str | None = None) -> str:
     raise ValueError("this model has no transformers equivalent (" + " | ".join(reasons) + ")")
 
 
-def save_pretrained(model: LanguageModel, out: str, *, model_type: str | None = None) -> str:
+def save_pretrained(
+    model: LanguageModel, out: str, *, model_type: str | None = None, allow_nonfinite=False
+) -> str:
     """Write `model` as a transformers checkpoint into the folder `out` (`config.json`,
     `model.safetensors`, float32), of `model_type` (None: `export_type`'s choice); ValueError
-    with the reasons when the model's config has no exact equivalent. Returns `out`."""
+    with the reasons when the model's config has no exact equivalent, or naming the first
+    tensor that holds NaN or Inf (unless `allow_nonfinite`). Returns `out`."""
     from safetensors.numpy import save_file
 
     mapping = ARCHITECTURES[export_type(model.config, model_type)]
@@ -305,6 +295,8 @@ def save_pretrained(model: LanguageModel, out: str, *, model_type: str | None = 
     )
     tensors = mapping.from_params(hf, params)
     check_tensors(mapping.tensor_shapes(hf), {k: v.shape for k, v in tensors.items()})
+    for name, values in tensors.items():
+        files.check_finite(f"tensor {name!r}", values, allow_nonfinite)
     os.makedirs(out, exist_ok=True)
     save_file(tensors, os.path.join(out, WEIGHTS_NAME), metadata={"format": "pt"})
     with open(os.path.join(out, CONFIG_NAME), "w") as f:
