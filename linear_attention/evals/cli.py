@@ -1,0 +1,208 @@
+"""The ``la-eval`` command line, three ways:
+
+    la-eval --workdir W [--config.SECTION.FIELD=VALUE ...] [--step N] [--output FILE]
+    la-eval --workdir W --tasks T1,T2 [--include_path DIR] [--num_fewshot N] [--limit N]
+            [--batch_tokens N] [--log_samples] [--step N] --output FILE [--overwrite]
+    la-eval --workdir W --position_buckets N [--block_len L] [--data PATH] [--num_blocks K]
+            [--batch_tokens N] [--step N] --output FILE [--plot FILE] [--overwrite]
+
+Without ``--tasks`` or ``--position_buckets`` it evaluates the run on its own evaluation data
+(`training.eval_cli`). ``--tasks`` runs lm-evaluation-harness's ``simple_evaluate`` through
+`harness.LMEvalModel` and writes its result dict as JSON (with the samples under
+``--log_samples``); tasks read local files only (`tasks`). ``--position_buckets`` writes the
+mean loss per bucket of positions over long blocks (`positions`) as JSON and a plot. Bad input
+stops with ``la-eval: error: ...`` (exit status 2) before the checkpoint is loaded; the output
+is written whole or not at all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from linear_attention.evals.runs import load_text_run, text_run_config
+from linear_attention.evals.tasks import check_tasks, go_offline, task_manager
+from linear_attention.training.cli_args import UsageError, error
+from linear_attention.training.outputs import check_output
+
+USAGE = __doc__.split("\n\n")[1]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="la-eval", usage=USAGE, add_help=False)
+    add = parser.add_argument
+    add("--workdir", required=True)
+    add("--step", type=int)
+    add("--output", required=True)
+    add("--overwrite", action="store_true")
+    add("--batch_tokens", type=int, default=4096)
+    add("--tasks")
+    add("--include_path")
+    add("--num_fewshot", type=int)
+    add("--limit", type=int)
+    add("--log_samples", action="store_true")
+    add("--position_buckets", type=int)
+    add("--block_len", type=int)
+    add("--data")
+    add("--num_blocks", type=int, default=16)
+    add("--plot")
+    return parser
+
+
+def _positive(name: str, value, minimum: int = 1) -> None:
+    if value is not None and value < minimum:
+        raise UsageError(f"--{name} must be >= {minimum}, got {value}")
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    """The arguments, checked (UsageError) before anything is loaded."""
+    parser = _parser()
+    parser.error = lambda message: (_ for _ in ()).throw(UsageError(f"{message}\n{USAGE}"))
+    args = parser.parse_args(argv)
+    if (args.tasks is None) == (args.position_buckets is None):
+        raise UsageError("give one of --tasks or --position_buckets")
+    own = {"tasks": ("include_path", "num_fewshot", "limit", "log_samples"),
+           "position_buckets": ("block_len", "data", "plot")}  # fmt: skip
+    mode = "tasks" if args.tasks is not None else "position_buckets"
+    for other, names in own.items():
+        for name in names if other != mode else ():
+            if getattr(args, name) not in (None, False):
+                raise UsageError(f"--{name} goes with --{other}")
+    for name in ("batch_tokens", "limit", "position_buckets", "block_len", "num_blocks"):
+        _positive(name, getattr(args, name))
+    _positive("num_fewshot", args.num_fewshot, 0)
+    check_output(args.output, overwrite=args.overwrite, workdir=args.workdir)
+    if mode == "position_buckets":
+        args.plot = args.plot or os.path.splitext(args.output)[0] + ".png"
+        check_output(args.plot, flag="--plot", overwrite=args.overwrite, workdir=args.workdir)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``la-eval`` (see the module docstring); returns the exit status."""
+    argv = list(sys.argv if argv is None else argv)
+    if not any(a.split("=")[0] in ("--tasks", "--position_buckets") for a in argv[1:]):
+        from linear_attention.training.eval_cli import eval_main
+
+        return eval_main(argv)
+    go_offline()
+    try:
+        args = _parse(argv[1:])
+        config = text_run_config(args.workdir)
+        if args.tasks is not None:
+            return _run_tasks(args)
+        return _run_positions(args, config)
+    except (UsageError, ValueError) as e:
+        return error("la-eval", e)
+    except OSError as e:
+        return error("la-eval", f"{e.filename}: {e.strerror or e}")
+
+
+def _write(path: str, record: dict) -> None:
+    from linear_attention.data.files import write_atomic
+
+    write_atomic(path, json.dumps(record, indent=2, default=_plain) + "\n")
+
+
+def _plain(value):
+    """JSON for what lm-eval's result dict holds besides plain values (NumPy numbers, the
+    task configs' functions)."""
+    if hasattr(value, "item") and callable(value.item):
+        return value.item()
+    return str(value)
+
+
+def _run_tasks(args) -> int:
+    try:
+        import lm_eval
+    except ImportError:
+        raise UsageError(
+            "--tasks needs lm-evaluation-harness: pip install -e '.[eval]'"
+        ) from None
+    if args.include_path is not None and not os.path.isdir(args.include_path):
+        raise UsageError(f"--include_path {args.include_path!r} is not a folder")
+    names = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    if not names:
+        raise UsageError("--tasks needs at least one task name")
+    manager = task_manager(args.include_path)
+    check_tasks(names, manager)
+    from linear_attention.evals.harness import LMEvalModel
+
+    model = LMEvalModel(run=load_text_run(args.workdir, step=args.step),
+                        batch_tokens=args.batch_tokens)  # fmt: skip
+    result = lm_eval.simple_evaluate(
+        model=model,
+        tasks=names,
+        num_fewshot=args.num_fewshot,
+        limit=args.limit,
+        log_samples=args.log_samples,
+        task_manager=manager,
+    )
+    record = {
+        "la_eval": {
+            "workdir": os.path.abspath(args.workdir),
+            "step": model.run.step,
+            "batch_tokens": args.batch_tokens,
+            "max_length": model.max_length,
+            "prefix_token_id": model.prefix_token_id,
+        },
+        **{k: v for k, v in result.items() if k != "samples" or args.log_samples},
+    }
+    _write(args.output, record)
+    print(lm_eval.utils.make_table(result))
+    print(f"written to {args.output}")
+    return 0
+
+
+def _run_positions(args, config) -> int:
+    from linear_attention.data.corpus import read_documents
+    from linear_attention.evals.positions import (
+        bucket_means,
+        document_blocks,
+        plot_buckets,
+        position_losses,
+    )
+
+    limit = config.model.max_length
+    block_len = args.block_len or limit
+    if block_len > limit:
+        raise UsageError(f"--block_len {block_len} exceeds the model's max_length {limit}")
+    if args.position_buckets > block_len:
+        raise UsageError(f"--position_buckets {args.position_buckets} > block length {block_len}")
+    data = args.data
+    if data is None:
+        if not hasattr(config.data, "text_field"):
+            raise UsageError("the run reads token files, not text: give --data PATH")
+        data = config.data.path
+    text_field = getattr(config.data, "text_field", "text")
+    cap = 64 * args.num_blocks * (block_len + 1)  # bytes read: enough, but not a whole corpus
+    documents, _ = read_documents(data or None, text_field=text_field, max_bytes=cap)
+    run = load_text_run(args.workdir, step=args.step)
+    blocks = document_blocks(documents, run.tokenizer, block_len, args.num_blocks)
+    losses = position_losses(run.model, blocks, max(1, args.batch_tokens // block_len))
+    buckets = bucket_means(losses, args.position_buckets)
+    record = {
+        "workdir": os.path.abspath(args.workdir),
+        "step": run.step,
+        "data": data or "the built-in corpus",
+        "block_len": block_len,
+        "num_blocks": len(blocks),
+        "position_buckets": args.position_buckets,
+        "trained_seq_len": config.data.seq_len,
+        "buckets": buckets,
+        "loss_by_position": losses.tolist(),
+    }
+    plot = args.plot
+    title = f"{os.path.basename(os.path.abspath(args.workdir))} step {run.step}"
+    plot_buckets(plot, buckets, trained_len=config.data.seq_len, title=title)
+    _write(args.output, record)
+    for b in buckets:
+        print(f"positions [{b['start']}, {b['stop']}): loss {b['loss']:.4f}")
+    print(f"written to {args.output} and {plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
