@@ -61,15 +61,16 @@ def responses(result: dict) -> dict:
         for sample in samples:
             for index, resp in enumerate(sample["resps"]):
                 value = resp[0]
-                ll, greedy = (value if isinstance(value, list | tuple) else (value, None))
+                ll, greedy = value if isinstance(value, list | tuple) else (value, None)
                 rows.append([sample["doc_id"], index, float(ll), greedy])
         out[task] = sorted(rows, key=lambda r: (r[0], r[1]))
     return out
 
 
-def evaluate(model, tasks=TASKS, task_dir: str = TASK_DIR) -> dict:
+def evaluate(model, tasks=TASKS, task_dir: str = TASK_DIR, model_args=None) -> dict:
     """``{"metrics", "requests"}`` of ``simple_evaluate`` on the local tasks (run from the
-    checkout's root: the tasks' data files are relative to it)."""
+    checkout's root: the tasks' data files are relative to it); ``model`` an lm-eval model or
+    a registered name with ``model_args``."""
     import lm_eval
     from lm_eval.tasks import TaskManager
 
@@ -77,8 +78,9 @@ def evaluate(model, tasks=TASKS, task_dir: str = TASK_DIR) -> dict:
     os.chdir(ROOT)
     try:
         manager = TaskManager(include_path=task_dir, include_defaults=False)
-        result = lm_eval.simple_evaluate(model=model, tasks=list(tasks), task_manager=manager,
-                                         log_samples=True, bootstrap_iters=0)  # fmt: skip
+        result = lm_eval.simple_evaluate(model=model, model_args=model_args, tasks=list(tasks),
+                                         task_manager=manager, log_samples=True,
+                                         bootstrap_iters=0)  # fmt: skip
     finally:
         os.chdir(here)
     metrics = {
@@ -147,7 +149,7 @@ def throughput_requests(tokenizer_encode, max_length: int) -> list:
 
 def _rounds(models: dict, requests: list, rounds: int) -> dict:
     times = {name: [] for name in models}
-    for name, model in models.items():  # warm-up (compilation)
+    for model in models.values():  # warm-up (compilation)
         model.loglikelihood(requests, disable_tqdm=True)
     for r in range(rounds):
         order = list(models) if r % 2 == 0 else list(reversed(models))
@@ -162,9 +164,8 @@ def throughput(ours, theirs, rounds: int = 5) -> dict:
     import numpy as np
 
     requests = throughput_requests(ours.tok_encode, ours.max_length)
-    tokens = sum(
-        min(len(ours.tok_encode(c + x)), ours.max_length + 1) - 1 for c, x in (r.args for r in requests)
-    )
+    pairs = [r.args for r in requests]
+    tokens = sum(min(len(ours.tok_encode(c + x)), ours.max_length + 1) - 1 for c, x in pairs)
     times = _rounds({"linear_attention": ours, "hf": theirs}, requests, rounds)
     med = {k: float(np.median(v)) for k, v in times.items()}
     ratios = [a / b for a, b in zip(times["hf"], times["linear_attention"], strict=True)]
@@ -197,6 +198,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     from linear_attention.evals import LMEvalModel
 
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         ours = LMEvalModel(converted_workdir(tmp), batch_tokens=args.batch_tokens)
         theirs = hf_model()
@@ -212,11 +214,12 @@ def main(argv=None) -> int:
             "machine": {
                 "processor": platform.processor() or platform.machine(),
                 "cpus": os.cpu_count(),
-                "load_before": os.getloadavg(),
+                "load_before": load_before,
                 "python": sys.version.split()[0],
             },
-            "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                                     capture_output=True, text=True).stdout.strip(),  # fmt: skip
+            "commit": subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+            ).stdout.strip(),  # fmt: skip
         }
     record["machine"]["load_after"] = os.getloadavg()
     with open(args.out, "w") as f:

@@ -118,9 +118,7 @@ def _run_tasks(args) -> int:
     try:
         import lm_eval
     except ImportError:
-        raise UsageError(
-            "--tasks needs lm-evaluation-harness: pip install -e '.[eval]'"
-        ) from None
+        raise UsageError("--tasks needs lm-evaluation-harness: pip install -e '.[eval]'") from None
     if args.include_path is not None and not os.path.isdir(args.include_path):
         raise UsageError(f"--include_path {args.include_path!r} is not a folder")
     names = [t.strip() for t in args.tasks.split(",") if t.strip()]

@@ -50,7 +50,8 @@ class LMEvalModel(TemplateLM):
       max_length: the longest input (default and upper bound: the model's ``max_length``);
         longer contexts are cut on the left.
       prefix_token_id: see the module docstring.
-      max_gen_toks: new tokens of `generate_until` when a task does not say.
+      max_gen_toks: new tokens of `generate_until` when a task does not say (default: 256,
+        at most half of ``max_length``).
       batch_size, max_batch_size, device: what ``simple_evaluate`` passes every model; this
         one batches by ``batch_tokens`` and runs on JAX's device, so they must be left unset.
     """
@@ -64,7 +65,7 @@ class LMEvalModel(TemplateLM):
         batch_tokens: int = 4096,
         max_length: int | None = None,
         prefix_token_id: int | None = None,
-        max_gen_toks: int = 256,
+        max_gen_toks: int | None = None,
         batch_size=None,
         max_batch_size=None,
         device=None,
@@ -84,6 +85,8 @@ class LMEvalModel(TemplateLM):
         self._max_length = limit if max_length is None else int(max_length)
         if not 1 <= self._max_length <= limit:
             raise ValueError(f"max_length must be in [1, {limit}] (the model's), got {max_length}")
+        if max_gen_toks is None:
+            max_gen_toks = min(256, max(1, self._max_length // 2))
         self.max_gen_toks = check_int("max_gen_toks", int(max_gen_toks))
         vocab = self.run.model.config.vocab_size
         prefix = prefix_token_id

@@ -59,9 +59,11 @@ def bucket_means(losses: np.ndarray, bucket: int) -> list[dict]:
     """``[{"start", "stop", "loss"}]``: the mean of ``losses`` over positions ``[start, stop)``
     for consecutive buckets of ``bucket`` positions (the last may be shorter)."""
     bucket = check_int("position_buckets", bucket)
+    starts = range(0, len(losses), bucket)
+    stops = [min(s + bucket, len(losses)) for s in starts]
     return [
-        {"start": s, "stop": min(s + bucket, len(losses)), "loss": float(losses[s : s + bucket].mean())}
-        for s in range(0, len(losses), bucket)
+        {"start": a, "stop": b, "loss": float(losses[a:b].mean())}
+        for a, b in zip(starts, stops, strict=True)
     ]
 
 

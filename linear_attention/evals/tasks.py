@@ -25,9 +25,12 @@ _LOCAL_TASK = (
 
 
 def go_offline() -> None:
-    """Nothing is downloaded: set before ``datasets`` and ``huggingface_hub`` are imported."""
+    """Nothing is downloaded: set before ``datasets`` and ``huggingface_hub`` are imported.
+    And lm-eval's bootstrap of standard errors runs in this process: its pool forks, and a
+    fork of a process running JAX's threads can deadlock."""
     os.environ["HF_DATASETS_OFFLINE"] = "1"
     os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["DISABLE_MULTIPROC"] = "1"
 
 
 @functools.lru_cache(maxsize=4)
@@ -55,7 +58,7 @@ def data_problem(name: str, cfg: dict) -> str | None:
     if path in _FILE_FORMATS:
         files = _files((cfg.get("dataset_kwargs") or {}).get("data_files"))
         if not files:
-            return f"task {name!r} reads dataset_path {path!r} but names no dataset_kwargs.data_files"
+            return f"task {name!r} reads {path!r} files but its dataset_kwargs name no data_files"
         missing = [f for f in files if not glob.glob(f)]
         if missing:
             return (
