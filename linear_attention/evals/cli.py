@@ -87,6 +87,9 @@ def main(argv: list[str] | None = None) -> int:
         from linear_attention.training.eval_cli import eval_main
 
         return eval_main(argv)
+    if any(a in ("-h", "--help", "-help") for a in argv[1:]):
+        print(__doc__)
+        return 0
     go_offline()
     try:
         args = _parse(argv[1:])

@@ -65,3 +65,5 @@ def test_la_eval_position_buckets(converted, tmp_path, capsys):
     assert eval_cli.main([*argv[:-1], str(tmp_path / "p2.json"), "--block_len", "65"]) == 2
     assert "--block_len 65 exceeds the model's max_length 64" in capsys.readouterr().err
     assert not (tmp_path / "p2.json").exists()
+    assert eval_cli.main(["la-eval", "--position_buckets", "8", "--help"]) == 0
+    assert "--position_buckets N [--block_len L]" in capsys.readouterr().out
