@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from linear_attention.evals.figures import new_figure, save_png
 from linear_attention.evals.packing import token_scores
 from linear_attention.fields import check_int
 
@@ -69,14 +70,7 @@ def bucket_means(losses: np.ndarray, bucket: int) -> list[dict]:
 
 def plot_buckets(path: str, buckets: list[dict], *, trained_len: int | None, title: str) -> None:
     """The mean loss of each bucket against its positions, a line at the trained length."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from linear_attention.data.files import atomic_file
-
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    fig, ax = new_figure((6, 3.5))
     mids = [(b["start"] + b["stop"] - 1) / 2 for b in buckets]
     ax.plot(mids, [b["loss"] for b in buckets], marker="o")
     if trained_len is not None:
@@ -85,7 +79,4 @@ def plot_buckets(path: str, buckets: list[dict], *, trained_len: int | None, tit
     ax.set_xlabel("position in the block (bucket middle)")
     ax.set_ylabel("mean loss (nats)")
     ax.set_title(title)
-    fig.tight_layout()
-    with atomic_file(path) as f:
-        fig.savefig(f, format="png")
-    plt.close(fig)
+    save_png(fig, path)
