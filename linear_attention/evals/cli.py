@@ -7,6 +7,7 @@
             [--batch_tokens N] [--step N] --output FILE [--plot FILE] [--overwrite]
     la-eval --workdir W --needles T1,T2 --lengths N1,N2 [--depths D1,D2] [--samples S]
             [--answer_len A] [--seed S] [--data PATH] [--step N] --output FILE [--overwrite]
+    la-eval --workdir W --needles configs/needles.py:PRESET [--lengths ...] --output FILE
 
 Without ``--tasks`` or ``--position_buckets`` it evaluates the run on its own evaluation data
 (`training.eval_cli`). ``--tasks`` runs lm-evaluation-harness's ``simple_evaluate`` through
@@ -29,7 +30,7 @@ import sys
 
 from linear_attention.evals.runs import load_text_run, text_run_config
 from linear_attention.evals.tasks import check_tasks, go_offline, task_manager
-from linear_attention.training.cli_args import UsageError, error
+from linear_attention.training.cli_args import UsageError, error, load_config_file
 from linear_attention.training.outputs import check_output
 
 USAGE = __doc__.split("\n\n")[1]
@@ -56,9 +57,9 @@ def _parser() -> argparse.ArgumentParser:
     add("--plot")
     add("--needles")
     add("--lengths")
-    add("--depths", default="0,0.25,0.5,0.75,1")
-    add("--samples", type=int, default=4)
-    add("--answer_len", type=int, default=64)
+    add("--depths")
+    add("--samples", type=int)
+    add("--answer_len", type=int)
     add("--seed", type=int, default=0)
     return parser
 
@@ -86,12 +87,12 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         for name in names if other != mode else ():
             if getattr(args, name) not in (None, False, parser.get_default(name)):
                 raise UsageError(f"--{name} goes with --{other}")
+    if mode == "needles":
+        _needle_grid(args)
     for name in ("batch_tokens", "limit", "position_buckets", "block_len", "num_blocks",
                  "samples", "answer_len"):  # fmt: skip
         _positive(name, getattr(args, name))
     _positive("num_fewshot", args.num_fewshot, 0)
-    if mode == "needles":
-        _needle_grid(args)
     check_output(args.output, overwrite=args.overwrite, workdir=args.workdir)
     stem = os.path.splitext(args.output)[0]
     if mode == "position_buckets":
@@ -117,7 +118,15 @@ def _numbers(flag: str, text: str, kind):
 
 
 def _needle_grid(args) -> None:
-    """--needles, --lengths and --depths as lists (UsageError for a bad one)."""
+    """--needles (task names, or a preset ``configs/needles.py:NAME`` whose fields the other
+    flags replace), --lengths and --depths as lists (UsageError for a bad one)."""
+    preset = dict(depths="0,0.25,0.5,0.75,1", samples=4, answer_len=64)
+    if ".py" in args.needles:
+        preset = dict(load_config_file(args.needles))
+        args.needles = preset["needles"]
+    for name, value in preset.items():
+        if getattr(args, name, None) is None:
+            setattr(args, name, value)
     args.needles = [t.strip() for t in args.needles.split(",") if t.strip()]
     if not args.needles:
         raise UsageError("--needles needs at least one task name")

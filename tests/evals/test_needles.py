@@ -60,6 +60,19 @@ def test_string_match_all_by_hand():
     assert string_match_all("ABCDE", ["abcde"]) == 1.0 and string_match_all("", ["1"]) == 0.0
 
 
+def test_every_preset_names_known_tasks_and_valid_depths():
+    from tests.scripts import load_module
+
+    presets = load_module("configs/needles.py", "configs_needles")
+    for name in presets.PRESETS:
+        config = presets.get_config(name)
+        tasks = config.needles.split(",")
+        study.check_grid(tasks, [int(n) for n in config.lengths.split(",")],
+                         [float(d) for d in config.depths.split(",")], config.answer_len,
+                         1 << 20)  # fmt: skip
+    assert set(presets.get_config("ruler").needles.split(",")) == set(NEEDLE_TASKS)
+
+
 class _Run:
     tokenizer = ByteTokenizer()
     model = None
@@ -133,6 +146,14 @@ def test_la_eval_needles_end_to_end(tmp_path, capsys):
            (["--needles", "vt", "--lengths", "160", "--depths", "0,2"], "in [0, 1], got 2.0"),
            (["--needles", "vt"], "--needles needs --lengths"),
            (["--needles", "vt", "--lengths", "160", "--plot", "x.png"], "--plot goes")]  # fmt: skip
+    preset = ["--needles", "configs/needles.py:smoke", "--lengths", "400", "--answer_len", "8"]
+    out2 = str(tmp_path / "preset.json")
+    assert eval_cli.main(["la-eval", "--workdir", workdir, *preset, "--output", out2]) == 0
+    cells = json.loads(open(out2).read())["cells"]
+    assert [(c["task"], c["context_len"], c["depth"], len(c["answers"])) for c in cells] == [
+        ("niah_single_1", 400, d, 2) for d in (0.0, 0.5, 1.0)
+    ]  # the preset's task, depths and samples; the command line's length
+    bad.append((["--needles", "configs/needles.py:nope"], "unknown preset 'nope'"))
     for args, message in bad:
         o = str(tmp_path / "bad.json")
         assert eval_cli.main(["la-eval", "--workdir", workdir, *args, "--answer_len", "8",
