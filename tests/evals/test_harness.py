@@ -175,7 +175,10 @@ def _mqar_workdir(tmp_path):
         (["--tasks", "local_remote"], "from the Hugging Face Hub, and la-eval downloads nothing"),
         (["--tasks", "lambada_openai"], "write the task with `dataset_path: json`"),
         (["--tasks", "local_cloze", "--block_len", "8"], "--block_len goes with --position_b"),
-        (["--tasks", "local_cloze", "--position_buckets", "8"], "give one of --tasks or --pos"),
+        (
+            ["--tasks", "local_cloze", "--position_buckets", "8"],
+            "give one of --tasks, --position_buckets or --needles",
+        ),
         (["--tasks", "local_cloze", "--limit", "0"], "--limit must be >= 1, got 0"),
         (["--tasks", ","], "--tasks needs at least one task name"),
         (["--tasks", "local_cloze", "--include_path", "/nonexistent"], "is not a folder"),
