@@ -24,6 +24,9 @@ run's NUL), unless given.
 
 from __future__ import annotations
 
+import warnings
+
+import jax
 import numpy as np
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
@@ -52,8 +55,10 @@ class LMEvalModel(TemplateLM):
       prefix_token_id: see the module docstring.
       max_gen_toks: new tokens of `generate_until` when a task does not say (default: 256,
         at most half of ``max_length``).
-      batch_size, max_batch_size, device: what ``simple_evaluate`` passes every model; this
-        one batches by ``batch_tokens`` and runs on JAX's device, so they must be left unset.
+      batch_size, max_batch_size: what ``simple_evaluate`` passes every model; this one batches
+        by ``batch_tokens``, so they must be left unset (or batch_size 1, lm-eval's default).
+      device: JAX places the model; a device given (lm-eval's command line passes ``cuda:0``
+        by default) is not used, and a warning says so.
     """
 
     def __init__(
@@ -71,12 +76,17 @@ class LMEvalModel(TemplateLM):
         device=None,
     ):
         super().__init__()
-        for name, value in dict(batch_size=batch_size, device=device).items():
+        for name, value in dict(batch_size=batch_size, max_batch_size=max_batch_size).items():
             if value not in (None, 1, "1"):
                 raise ValueError(
-                    f"{name}={value!r}: LMEvalModel batches by batch_tokens and runs on JAX's "
-                    f"device; leave {name} unset"
+                    f"{name}={value!r}: LMEvalModel batches by batch_tokens; leave {name} unset"
                 )
+        if device is not None:
+            warnings.warn(
+                f"LMEvalModel runs on JAX's default device ({jax.devices()[0].platform}); "
+                f"device={device!r} is not used",
+                stacklevel=2,
+            )
         if (workdir is None) == (run is None):
             raise ValueError("LMEvalModel takes one of workdir (a run's folder) or run")
         self.run = run if run is not None else load_text_run(workdir, step=step)

@@ -97,6 +97,12 @@ def test_generate_until_is_greedy_and_stops(adapter):
 def test_adapter_arguments_are_checked(converted, adapter):
     with pytest.raises(ValueError, match="batch_size=8: LMEvalModel batches by batch_tokens"):
         LMEvalModel(run=adapter.run, batch_size=8)
+    with pytest.raises(ValueError, match="max_batch_size=64: LMEvalModel batches by batch_tok"):
+        LMEvalModel(run=adapter.run, max_batch_size=64)
+    with pytest.warns(
+        UserWarning, match="runs on JAX's default device \\(cpu\\); device='cuda:0' is"
+    ):
+        LMEvalModel(run=adapter.run, device="cuda:0")
     with pytest.raises(ValueError, match=r"max_length must be in \[1, 64\]"):
         LMEvalModel(run=adapter.run, max_length=65)
     with pytest.raises(ValueError, match=r"prefix_token_id must be in \[0, 96\), got 96"):
