@@ -84,7 +84,7 @@ def test_build_names_unknown_and_missing_fields():
 def test_every_data_kind_is_registered_exported_and_listed():
     import linear_attention.training as training
 
-    assert set(DATA_KINDS) == {"mqar", "text", "tokens", "mad", "state_tracking"}
+    assert set(DATA_KINDS) == {"mqar", "text", "tokens", "mad", "state_tracking", "needles"}
     assert config_lib.SECTION_CLASSES["data"] == DATA_CONFIGS
     for kind, entry in DATA_KINDS.items():
         assert entry.config.KIND == kind

@@ -230,8 +230,8 @@ def _documents(args, config, max_bytes: int) -> tuple[str, list[str]]:
 
 
 def _run_needles(args, config) -> int:
+    from linear_attention.data.needles import corpus_sentences
     from linear_attention.evals.needle_study import check_grid, heat_map, needle_study, table
-    from linear_attention.evals.needles import corpus_sentences
 
     check_grid(args.needles, args.lengths, args.depths, args.answer_len, config.model.max_length)
     data, documents = _documents(args, config, 1 << 22)

@@ -8,9 +8,9 @@ import zlib
 
 import numpy as np
 
+from linear_attention.data.needles import NEEDLE_TASKS, make_prompt, string_match_all
 from linear_attention.evals.figures import new_figure, save_png
 from linear_attention.evals.generation import greedy_until
-from linear_attention.evals.needles import NEEDLE_TASKS, make_prompt, string_match_all
 
 
 def check_grid(tasks, lengths, depths, answer_len: int, max_length: int) -> None:
@@ -42,7 +42,7 @@ def needle_study(run, tasks, lengths, depths, *, samples: int, sentences, seed: 
     `string_match_all` of ``samples`` greedy answers (each ``answer_len`` tokens at most, cut
     at a newline). ``sentences``: the corpus haystack; ``noise`` the noise one (default
     `needles.NOISE`). Prompts depend only on ``seed`` and the cell."""
-    from linear_attention.evals.needles import NOISE
+    from linear_attention.data.needles import NOISE
 
     cells = []
     for task in tasks:

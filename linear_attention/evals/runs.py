@@ -29,11 +29,12 @@ def text_run_config(workdir: str):
     (an MQAR or state-tracking run, or token files without ``config.data.tokenizer``). Cheap:
     only ``config.json`` is read."""
     config = validate(workdir_config(workdir, ""))
-    if not config.data.has_text:
+    # (a needles run reads prompts with its tokenizer: text too, without bits per byte)
+    if not (config.data.has_text or getattr(config.data, "tokenizer", "")):
         raise ValueError(
             f"{workdir} is a {config.data.kind!r} run with no tokenizer for text: lm-eval tasks "
-            "and perplexity on text need a text run (config.data.kind 'text', or 'tokens' with "
-            "config.data.tokenizer)"
+            "and perplexity on text need a text run (config.data.kind 'text', 'needles', or "
+            "'tokens' with config.data.tokenizer)"
         )
     return config
 

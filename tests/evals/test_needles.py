@@ -1,4 +1,4 @@
-"""RULER-style needle prompts (`evals.needles`) and the study over lengths × depths
+"""RULER-style needle prompts (`data.needles`) and the study over lengths × depths
 (`evals.needle_study`, ``la-eval --needles``): prompt lengths, needle places and RULER's
 string-match score against hand cases; the study scored with an oracle answering from the
 prompt; the command line end to end on an imported Mamba-2 fixture."""
@@ -13,7 +13,7 @@ import pytest
 from linear_attention.data.tokenizers import ByteTokenizer
 from linear_attention.evals import cli as eval_cli
 from linear_attention.evals import needle_study as study
-from linear_attention.evals.needles import NEEDLE_TASKS, NOISE, make_prompt, string_match_all
+from linear_attention.data.needles import NEEDLE_TASKS, NOISE, make_prompt, string_match_all
 from linear_attention.training import convert
 from tests.scripts import ROOT
 

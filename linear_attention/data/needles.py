@@ -1,5 +1,6 @@
 """RULER-style needle-in-a-haystack prompts at a chosen context length and needle depth, and
-RULER's scoring (behind ``la-eval --needles``).
+RULER's scoring (behind ``la-eval --needles``), and the same prompts as training data
+(`NeedleData`, ``config.data.kind = "needles"``).
 
 A prompt is a haystack of filler sentences with needles hidden at a depth, then a question and
 the start of the answer; the model continues greedily and is scored on whether its text holds
@@ -27,6 +28,9 @@ import re
 import uuid
 
 import numpy as np
+
+from linear_attention.data.batches import IGNORE_INDEX, padded_batches
+from linear_attention.data.protocol import DataSource
 
 NOISE = (
     "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
@@ -151,3 +155,60 @@ def string_match_all(prediction: str, expected: list[str]) -> float:
     aside."""
     found = sum(e.lower() in prediction.lower() for e in expected)
     return found / len(expected)
+
+
+def answer_text(expected: list[str]) -> str:
+    """What a trained model is taught to write after a prompt: the expected strings."""
+    return " " + ", ".join(expected) + "."
+
+
+def needle_row(task, rng, tokenizer, seq_len: int, answer_len: int, sentences):
+    """``(inputs int32[seq_len], labels int32[seq_len])``: a prompt of ``task`` at a depth
+    drawn uniformly in [0, 1], then its `answer_text`, padded with token 0; only the answer's
+    tokens are labelled (each at the position before it)."""
+    depth = float(rng.uniform())
+    prompt, expected = make_prompt(task, rng, tokenizer, seq_len + 1, depth, sentences, answer_len)
+    head, answer = tokenizer.encode(prompt), tokenizer.encode(answer_text(expected))
+    if len(answer) > answer_len:
+        raise ValueError(
+            f"config.data.answer_len {answer_len} is shorter than an answer of {len(answer)} tokens"
+        )
+    tokens = np.zeros(seq_len + 1, np.int32)
+    tokens[: len(head)] = head
+    tokens[len(head) : len(head) + len(answer)] = answer
+    labels = np.full(seq_len, IGNORE_INDEX, np.int32)
+    labels[len(head) - 1 : len(head) - 1 + len(answer)] = answer
+    return tokens[:-1], labels
+
+
+class NeedleData(DataSource):
+    """Needle prompts as data: each row one prompt of ``seq_len`` tokens of ``task`` (a name
+    of `NEEDLE_TASKS`), its answer the only labelled part, so ``eval/accuracy`` is the share of
+    answer tokens predicted. Training rows are drawn from ``(seed, step)``; the test set of
+    ``num_test_examples`` rows is fixed. ``sentences``: the corpus haystack."""
+
+    def __init__(self, *, task: str, seq_len: int, answer_len: int, tokenizer, sentences,
+                 num_test_examples: int, seed: int = 0):  # fmt: skip
+        self.task, self.spec = task, NEEDLE_TASKS[task]
+        self.seq_len, self.answer_len, self.seed = seq_len, answer_len, seed
+        self.tokenizer, self.vocab_size = tokenizer, tokenizer.vocab_size
+        self.sentences = sentences if self.spec.haystack == "corpus" else NOISE
+        rows = self._rows(np.random.default_rng([seed, 1]), num_test_examples)
+        self.test_inputs, self.test_labels = rows
+
+    @staticmethod
+    def needs_corpus(task: str) -> bool:
+        """Whether ``task``'s haystack is a corpus's sentences (else synthetic noise)."""
+        return NEEDLE_TASKS[task].haystack == "corpus"
+
+    def _rows(self, rng, n: int):
+        made = [needle_row(self.spec, rng, self.tokenizer, self.seq_len, self.answer_len,
+                           self.sentences) for _ in range(n)]  # fmt: skip
+        return np.stack([m[0] for m in made]), np.stack([m[1] for m in made])
+
+    def train_batch(self, step: int, batch_size: int) -> dict[str, np.ndarray]:
+        inputs, labels = self._rows(np.random.default_rng([self.seed, 2, step]), batch_size)
+        return {"inputs": inputs, "labels": labels}
+
+    def eval_batches(self, batch_size: int):
+        yield from padded_batches(self.test_inputs, self.test_labels, batch_size)
