@@ -10,10 +10,10 @@ import re
 import numpy as np
 import pytest
 
+from linear_attention.data.needles import NEEDLE_TASKS, NOISE, make_prompt, string_match_all
 from linear_attention.data.tokenizers import ByteTokenizer
 from linear_attention.evals import cli as eval_cli
 from linear_attention.evals import needle_study as study
-from linear_attention.data.needles import NEEDLE_TASKS, NOISE, make_prompt, string_match_all
 from linear_attention.training import convert
 from tests.scripts import ROOT
 
