@@ -23,6 +23,10 @@ is written whole or not at all.
 
 from __future__ import annotations
 
+from linear_attention.training import cuda_plugin
+
+cuda_plugin.hide()  # before jax is imported: without a GPU, no CUDA plugin's driver messages
+
 import argparse
 import json
 import os

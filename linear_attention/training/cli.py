@@ -20,10 +20,13 @@ A resumed run whose corpus, token file or tokenizer changed since its checkpoint
 
 from __future__ import annotations
 
+from linear_attention.training import cuda_plugin
 from linear_attention.training.signals import honour_interrupts, keep_ignored_interrupts
 
-# Before the imports below (JAX: seconds), so that la-train honours Ctrl-C from its start.
+# Before the imports below (JAX: seconds), so that la-train honours Ctrl-C from its start, and
+# (without a GPU) jax starts without the CUDA plugin's driver messages.
 keep_ignored_interrupts()
+cuda_plugin.hide()
 
 import json
 import os
@@ -48,6 +51,7 @@ from linear_attention.training.cli_args import (
 from linear_attention.training.config import experiment_config
 from linear_attention.training.eval_cli import eval_main
 from linear_attention.training.generate_cli import generate_main
+from linear_attention.training.gpu_target import GpuTarget
 from linear_attention.training.platforms import quiet_platforms
 from linear_attention.training.quit_signals import exit_on_signal
 from linear_attention.training.sizing import FIT_ORDER, verdict
@@ -241,10 +245,15 @@ def _dry_run(config, *, fit: bool) -> int:
 
 
 def _sizing(config, fit: bool, reinstall) -> int:
+    try:
+        target = parse_target(experiment_config(config).mesh.target)
+    except ValueError as e:
+        return error("la-train", e)
+    if isinstance(target, GpuTarget) and cuda_plugin.hidden():
+        cuda_plugin.restart()  # XLA:GPU needs the plugin this process kept out
     print(json.dumps(experiment_config(config).to_dict(), indent=2, sort_keys=True))
     log = lambda line: print(f"la-train: {line}", file=sys.stderr, flush=True)  # noqa: E731
     try:
-        target = parse_target(experiment_config(config).mesh.target)
         if target is not None:  # libtpu or the CUDA plugin loads here (cached for the sizing)
             target.devices()  # with its signal handlers,
             reinstall()  # which this module's replace again

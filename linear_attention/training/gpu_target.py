@@ -32,6 +32,7 @@ import re
 
 import jax
 
+from linear_attention.training import cuda_plugin
 from linear_attention.training.gpu_chips import CHIPS, Chip, target_config
 from linear_attention.training.target_base import Target, first_line
 
@@ -157,6 +158,11 @@ def topology_devices(target: GpuTarget) -> tuple:
     missing = cuda_missing()
     if missing:
         raise ValueError(f"config.mesh.target = {target.name!r} needs XLA:GPU: {missing}")
+    if cuda_plugin.hidden():
+        raise ValueError(
+            f"config.mesh.target = {target.name!r} needs XLA:GPU, whose CUDA plugin this process "
+            f"kept out (`cuda_plugin.hide`); run it with {cuda_plugin.ENV}=1"
+        )
     from jax.experimental import topologies
 
     try:
