@@ -72,6 +72,12 @@ from linear_attention.kernels.primitives.decays import (
 )
 from linear_attention.kernels.primitives.driver import affine_call
 from linear_attention.kernels.primitives.layout import from_chunks, pad_time, to_chunks
+from linear_attention.kernels.primitives.nan_guard import (
+    clean,
+    clean_initial,
+    clean_log_decay,
+    nan_guard,
+)
 from linear_attention.kernels.primitives.pallas import CHUNK_MULTIPLE, round_up
 from linear_attention.kernels.primitives.pallas_chunk_scan import pallas_affine_chunk_scan
 from linear_attention.kernels.primitives.triangular import invert_unit_lower, unit_lower_solve_vjp
@@ -130,10 +136,10 @@ def delta_rule(
       `o: [B, T, HV, Dv]` in `result_type(q, k, v)`, and with `return_state` the final
       `LinearAttentionState(kv, None)` (float32).
 
-    No NaN guard (unlike `causal_linear_attention`): a non-finite key, value or β spreads to its
-    whole chunk (earlier tokens included) and, since exp(−inf)·NaN = NaN, past resets, and the
-    gradient is NaN throughout; under `axis_name` a NaN carried into a later shard stops at that
-    shard's first reset.
+    A non-finite key, value, β or log decay at token s makes the outputs t ≥ s of its value head
+    NaN up to the next reset, and nothing else, in every method (`primitives.nan_guard`); a
+    non-finite initial state those before the first reset. The gradient of a loss on the finite
+    outputs is finite.
     """
     check_options(method, chunk_size, return_state, METHODS + PALLAS_METHODS)
     if method == "pallas":
@@ -147,6 +153,12 @@ def delta_rule(
     f32 = method != "pallas"
     q_in, k_in = (expand_heads(x.astype(jnp.float32) if f32 else x, HV) for x in (q, k))
     beta32 = jnp.asarray(beta, jnp.float32)
+    guard = nan_guard(
+        (B, T, HV), (k_in, v, beta32), a_BTHX, initial_states=() if axis_name else (s0_BHKD,)
+    )
+    k_in, beta32 = clean(guard, k_in), clean(guard, beta32)
+    a_BTHX = clean_log_decay(a_BTHX)
+    s0_BHKD = s0_BHKD if axis_name else clean_initial(s0_BHKD)
     match method:
         case "chunk":
             kernel = functools.partial(delta_chunked, chunk_size=chunk_size)
@@ -170,6 +182,7 @@ def delta_rule(
         axis_name=axis_name,
         like=q_in,
         reached_BTH=reset_reach(a_BTHX),
+        guard=guard,
     )
 
 

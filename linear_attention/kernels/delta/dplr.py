@@ -57,6 +57,12 @@ from linear_attention.kernels.primitives.chunk_scan import affine_chunk_scan, ch
 from linear_attention.kernels.primitives.decays import ChunkDecays, SubBlocks, sub_block_size
 from linear_attention.kernels.primitives.driver import affine_call
 from linear_attention.kernels.primitives.layout import from_chunks, pad_time, to_chunks
+from linear_attention.kernels.primitives.nan_guard import (
+    clean,
+    clean_initial,
+    clean_log_decay,
+    nan_guard,
+)
 from linear_attention.kernels.primitives.pallas import CHUNK_MULTIPLE, round_up
 from linear_attention.kernels.primitives.pallas_chunk_scan import pallas_affine_chunk_scan
 from linear_attention.kernels.primitives.triangular import invert_unit_lower, unit_lower_solve_vjp
@@ -119,6 +125,17 @@ def dplr_delta_rule(
     if resets_BT is not None:
         w_BTHK, a_in = _fold_resets(resets_BT, w_BTHK, a_in)
         reached_BTH = jnp.broadcast_to(jnp.cumsum(resets_BT, axis=1)[..., None] > 0, (B, T, H))
+    # only a segment start zeroes the whole state, so the guard's resets are those, not w = −inf
+    guard = nan_guard(
+        (B, T, H),
+        (k_in, v, a_in, b_in),
+        w_BTHK,
+        resets=jnp.zeros((B, T), bool) if resets_BT is None else resets_BT,
+        initial_states=() if axis_name else (s0_BHKD,),
+    )
+    k_in, a_in, b_in = (clean(guard, x) for x in (k_in, a_in, b_in))
+    w_BTHK = clean_log_decay(w_BTHK)
+    s0_BHKD = s0_BHKD if axis_name else clean_initial(s0_BHKD)
     match method:
         case "chunk":
             kernel = functools.partial(dplr_chunked, chunk_size=chunk_size)
@@ -142,6 +159,7 @@ def dplr_delta_rule(
         axis_name=axis_name,
         like=q_in,
         reached_BTH=reached_BTH,
+        guard=guard,
     )
 
 
