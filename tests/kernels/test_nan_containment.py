@@ -271,3 +271,27 @@ class _nothing:
 
     def __exit__(self, *exc):
         return False
+
+
+def test_a_reset_clears_a_nan_state_in_the_decoding_steps():
+    """A −inf log decay selects a zero state, NaN or not (0 · NaN would keep it): one step from
+    a NaN state with a reset equals the step from zeros, in each step that takes a decay."""
+    x = {k: v[:, 0] for k, v in _inputs().items() if k != "lambda_"}
+    reset = jnp.full((B, H), -jnp.inf)
+    nan_kv = jnp.full((B, H, D, DV), jnp.nan)
+    linear = functools.partial(K.recurrent_step, q=x["q"], k=x["k"], v=x["v"], log_decay=reset)
+    got = linear(K.LinearAttentionState(nan_kv, jnp.full((B, H, D), jnp.nan)))
+    want = linear(K.LinearAttentionState.zeros(B, H, D, DV))
+    delta = functools.partial(
+        K.delta_rule_step, q=x["q"], k=x["k"], v=x["v"], beta=x["beta"], log_decay=reset
+    )
+    got += delta(K.LinearAttentionState(nan_kv, None))
+    want += delta(K.LinearAttentionState(jnp.zeros_like(nan_kv), None))
+    mesa = functools.partial(
+        K.mesa_net_step, q=x["q"], k=x["k"], v=x["v"], log_decay=reset, beta=x["beta"],
+        lambda_=_inputs()["lambda_"], cg_steps=None,
+    )  # fmt: skip
+    got += mesa(K.MesaNetState(jnp.full((B, H, D, D), jnp.nan), nan_kv))
+    want += mesa(K.MesaNetState(jnp.zeros((B, H, D, D)), jnp.zeros_like(nan_kv)))
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))

@@ -53,8 +53,7 @@ def linear_sequence_parallel(local, qkva, state0, axis_name, normalize, eps):
         u_BHMD = jnp.concatenate([u_BHMD, u_state.k_sum[..., None]], axis=-1)
         z0 = jnp.zeros((B, H, M), jnp.float32) if z0_BHM is None else z0_BHM
         s0_BHMD = jnp.concatenate([kv0_BHMD, z0[..., None]], axis=-1)
-    # the local kernel read the raw decay (a NaN one marks its outputs and summary bad, for
-    # `prefix` to carry on); the entering state's weights read it clean (`nan_guard`)
+    # the local kernel read it raw (a NaN marks its outputs and summary), the weights read it clean
     a_BTH = clean_log_decay(a_BTH)
     if a_BTH is None:
         w_BTHM = None

@@ -62,14 +62,7 @@ from linear_attention.kernels.log_linear.fenwick import LogLinearState, capacity
 from linear_attention.kernels.log_linear.quadratic import log_linear_quadratic
 from linear_attention.kernels.log_linear.recurrent import log_linear_scan, step
 from linear_attention.kernels.log_linear.sequence_parallel import split_over
-from linear_attention.kernels.primitives.nan_guard import (
-    clean,
-    clean_initial,
-    clean_log_decay,
-    nan_guard,
-    poison,
-    poison_state,
-)
+from linear_attention.kernels.primitives.nan_guard import guard_inputs, poison, poison_state
 from linear_attention.kernels.segments import fold_resets, segment_resets
 
 METHODS = ("chunk", "quadratic", "scan")
@@ -182,10 +175,10 @@ def guarded(writes, a_BTH, state: LogLinearState, initial: bool):
     """The NaN guard of a log-linear call (`primitives.nan_guard`): `(guard, clean writes, clean
     log decay, clean entering state)`; the entering state's levels poison up to the first
     reset when `initial` (a given initial state, time unsplit)."""
-    guard = nan_guard(a_BTH.shape, writes, a_BTH, initial_states=(state.levels,) if initial else ())
-    if initial:
-        state = state._replace(levels=clean_initial(state.levels))
-    return guard, tuple(clean(guard, x) for x in writes), clean_log_decay(a_BTH), state
+    guard, writes, a_BTH, (levels,) = guard_inputs(
+        a_BTH.shape, writes, a_BTH, (state.levels,), split=not initial
+    )
+    return guard, writes, a_BTH, state._replace(levels=levels)
 
 
 def check_levels(L: int, T: int) -> None:

@@ -54,14 +54,7 @@ from linear_attention.kernels.checks import (
 from linear_attention.kernels.mesa_net.chunked import chunk_states, mesa_chunked
 from linear_attention.kernels.mesa_net.recurrent import read, recurrent, update
 from linear_attention.kernels.primitives.combine import prefix, vary_like
-from linear_attention.kernels.primitives.nan_guard import (
-    clean,
-    clean_initial,
-    clean_log_decay,
-    nan_guard,
-    poison,
-    poison_state,
-)
+from linear_attention.kernels.primitives.nan_guard import guard_inputs, poison, poison_state
 from linear_attention.kernels.segments import fold_resets, reset_reach, segment_resets
 
 METHODS = ("chunk", "recurrent", "exact")
@@ -131,17 +124,12 @@ def mesa_net(
     a_BTH = fold_resets(segment_resets(segment_ids, B, T, axis_name), a_BTH, H)
     kk0, kv0 = _initial_state(initial_state, B, H, Kd, Dv)
     dtype = jnp.result_type(q, k, v)
-    q32, k32, v32 = (jnp.asarray(x, jnp.float32) for x in (q, k, v))
-    beta32 = jnp.asarray(beta, jnp.float32)
+    q32, k32, v32, beta32 = (jnp.asarray(x, jnp.float32) for x in (q, k, v, beta))
     # a bad key, value, β or decay reaches its head's later tokens up to a reset, a bad initial
     # state those before the first (`primitives.nan_guard`): computed clean, selected to NaN
-    guard = nan_guard(
-        (B, T, H), (k32, v32, beta32), a_BTH, initial_states=() if axis_name else (kk0, kv0)
+    guard, (k32, v32, beta32), a_BTH, (kk0, kv0) = guard_inputs(
+        (B, T, H), (k32, v32, beta32), a_BTH, (kk0, kv0), split=axis_name is not None
     )
-    k32, v32, beta32 = (clean(guard, x) for x in (k32, v32, beta32))
-    a_BTH = clean_log_decay(a_BTH)
-    if axis_name is None:
-        kk0, kv0 = clean_initial(kk0), clean_initial(kv0)
     kb32 = beta32[..., None] * k32
 
     def local(kk_in, kv_in, a, lam):

@@ -84,6 +84,17 @@ def nan_guard(shape_BTH, inputs, log_decay=None, *, resets=None, initial_states=
     return NanGuard(ok_BTH, poisoned_BTH)
 
 
+def guard_inputs(shape_BTH, writes, log_decay, initial_states=(), *, resets=None, split=False):
+    """`nan_guard` and the clean inputs of one call: `(guard, clean writes, clean log decay,
+    clean initial states)`. With `split` (time split over a mesh axis) the initial states are
+    left as they are: the combine (`combine.prefix`) carries their NaN itself."""
+    guard = nan_guard(
+        shape_BTH, writes, log_decay, resets=resets, initial_states=() if split else initial_states
+    )
+    states = tuple(initial_states) if split else tuple(clean_initial(s) for s in initial_states)
+    return guard, tuple(clean(guard, x) for x in writes), clean_log_decay(log_decay), states
+
+
 def _token_mask(mask_BTH, x):
     """`[B, T, H]` broadcast against `x` `[B, T, H or 1, ...]` (heads shared: any of them)."""
     if x.shape[2] != mask_BTH.shape[2]:
