@@ -20,8 +20,8 @@ of the same call without the NaN (the clean token's terms enter those outputs on
 factors that are exactly 0 in both runs). A query enters only its own output, which every form
 computes row by row, so queries need no guard. The gradient of a loss on the finite outputs is
 finite: a poisoned output's cotangent stops at the select, and a bad input gets a zero one.
-Cost: one pass over the inputs (an `isfinite` reduction each), a cumulative max over `[B, T, H]`
-and the selects (BENCHMARKS.md).
+Cost: one pass over the inputs (an `isfinite` reduction each), a parallel prefix over `[B, T, H]`
+booleans and the selects (BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -71,16 +71,19 @@ def nan_guard(shape_BTH, inputs, log_decay=None, *, resets=None, initial_states=
         ok_BTH = ok_BTH & ~jnp.any(_bad_log_decay(a), -1)
     if resets is None:
         resets = jnp.zeros(shape_BTH, bool) if a is None else jnp.all(jnp.isneginf(a), -1)
-    resets = resets if resets.ndim == 3 else resets[..., None]
-    resets_BTH = jnp.cumsum(jnp.broadcast_to(resets, shape_BTH).astype(jnp.int32), axis=1)
-    # the count of resets up to the last bad token at or before t; −1 for none
-    last_bad_BTH = jax.lax.cummax(jnp.where(ok_BTH, -1, resets_BTH), axis=1)
-    poisoned_BTH = last_bad_BTH == resets_BTH
+    resets_BTH = jnp.broadcast_to(resets if resets.ndim == 3 else resets[..., None], shape_BTH)
+
+    def compose(earlier, later):  # (a reset in the span, a bad token after its last reset)
+        (r1, b1), (r2, b2) = earlier, later
+        return r1 | r2, b2 | (b1 & ~r2)
+
+    # a parallel prefix, not cumsum/cummax: on the CPU those lower to O(T) windows per token
+    reset_seen_BTH, poisoned_BTH = jax.lax.associative_scan(compose, (resets_BTH, ~ok_BTH), axis=1)
     for s in initial_states:
         if s is not None:
             s = jnp.asarray(s, jnp.float32)
             bad_BH = ~jnp.isfinite(jnp.sum(s, axis=tuple(range(2, s.ndim))))
-            poisoned_BTH = poisoned_BTH | (bad_BH[:, None] & (resets_BTH == 0))
+            poisoned_BTH = poisoned_BTH | (bad_BH[:, None] & ~reset_seen_BTH)
     return NanGuard(ok_BTH, poisoned_BTH)
 
 
