@@ -49,9 +49,11 @@ from linear_attention.kernels.log_linear.log_linear import (
     check_state,
     entering_state,
     finish,
+    guarded,
 )
 from linear_attention.kernels.log_linear.quadratic import hierarchical_mask
 from linear_attention.kernels.primitives.layout import pad_time
+from linear_attention.kernels.primitives.nan_guard import poison, poison_state
 from linear_attention.kernels.segments import fold_resets, segment_resets
 
 METHODS = ("chunk", "scan", "quadratic")
@@ -171,6 +173,7 @@ def log_linear_delta_rule(
         jnp.asarray(x, jnp.float32) for x in (q, k, v, beta, level_weights)
     )
     lam32, state = entering_state(initial_state, lam32, (B, H, L, K, V), T)
+    guard, (k32, v32, b32), a, state = guarded((k32, v32, b32), a, state, initial_state is not None)
     p = positions(a, state.position)
     match method:
         case "chunk":
@@ -181,7 +184,8 @@ def log_linear_delta_rule(
             o = delta_quadratic(q32, k32, v32, b32, a, lam32, p)
         case _:
             raise ValueError(f"unknown method {method!r}; allowed: {', '.join(METHODS)}")
-    return finish(o, state, p, L, dtype, return_state)
+    state = state._replace(levels=poison_state(guard, state.levels))
+    return finish(poison(guard, o), state, p, L, dtype, return_state)
 
 
 def log_linear_delta_rule_step(state: LogLinearState, q, k, v, beta, log_decay, level_weights):
