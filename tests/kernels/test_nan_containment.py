@@ -275,7 +275,8 @@ class _nothing:
 
 def test_a_reset_clears_a_nan_state_in_the_decoding_steps():
     """A −inf log decay selects a zero state, NaN or not (0 · NaN would keep it): one step from
-    a NaN state with a reset equals the step from zeros, in each step that takes a decay."""
+    a NaN state with a reset equals the step from zeros, in each step whose −inf decay is a
+    reset (DPLR's keeps its low-rank read: there only a segment start resets)."""
     x = {k: v[:, 0] for k, v in _inputs().items() if k != "lambda_"}
     reset = jnp.full((B, H), -jnp.inf)
     nan_kv = jnp.full((B, H, D, DV), jnp.nan)
@@ -293,6 +294,22 @@ def test_a_reset_clears_a_nan_state_in_the_decoding_steps():
     )  # fmt: skip
     got += mesa(K.MesaNetState(jnp.full((B, H, D, D), jnp.nan), nan_kv))
     want += mesa(K.MesaNetState(jnp.zeros((B, H, D, D)), jnp.zeros_like(nan_kv)))
+    product = functools.partial(
+        K.delta_product_step, q=x["q"], k=x["k"][:, :, None], v=x["v"][:, :, None],
+        beta=x["beta"][:, :, None], log_decay=reset,
+    )  # fmt: skip
+    got += product(K.LinearAttentionState(nan_kv, None))
+    want += product(K.LinearAttentionState(jnp.zeros_like(nan_kv), None))
+    L = 3
+    lam = jnp.ones((B, H, L), jnp.float32)
+    nan_levels = K.LogLinearState(jnp.full((B, H, L, D, DV), jnp.nan), jnp.full((B, H), 2))
+    for step, extra in (
+        (K.log_linear_attention_step, ()),
+        (K.log_linear_delta_rule_step, (x["beta"],)),
+    ):
+        args = (x["q"], x["k"], x["v"], *extra, reset, lam)
+        got += step(nan_levels, *args)
+        want += step(K.LogLinearState.zeros(B, H, L, D, DV), *args)
     for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
 

@@ -61,7 +61,7 @@ from linear_attention.kernels.primitives.nan_guard import guard_inputs
 from linear_attention.kernels.primitives.pallas import CHUNK_MULTIPLE, round_up
 from linear_attention.kernels.primitives.pallas_chunk_scan import pallas_affine_chunk_scan
 from linear_attention.kernels.primitives.triangular import invert_unit_lower, unit_lower_solve_vjp
-from linear_attention.kernels.segments import cumulative_log_decay, segment_resets
+from linear_attention.kernels.segments import cumulative_log_decay, decay_state, segment_resets
 from linear_attention.kernels.state import LinearAttentionState
 
 
@@ -182,7 +182,7 @@ def _token(s_BHKD, inputs):
     q, k, v, a, b, w = inputs
     read_BHD = jnp.einsum("bhk,bhkd->bhd", a, s_BHKD)
     s_BHKD = (
-        jnp.exp(w)[..., None] * s_BHKD  # exp(−inf) = 0: no NaN
+        decay_state(w[..., None], s_BHKD)  # a −inf channel selects 0, whatever S holds
         + b[..., :, None] * read_BHD[..., None, :]
         + k[..., :, None] * v[..., None, :]
     )

@@ -54,7 +54,7 @@ from linear_attention.kernels.log_linear.log_linear import (
 from linear_attention.kernels.log_linear.quadratic import hierarchical_mask
 from linear_attention.kernels.primitives.layout import pad_time
 from linear_attention.kernels.primitives.nan_guard import poison, poison_state
-from linear_attention.kernels.segments import fold_resets, segment_resets
+from linear_attention.kernels.segments import decay_state, fold_resets, segment_resets
 
 METHODS = ("chunk", "scan", "quadratic")
 
@@ -63,7 +63,7 @@ def delta_step(state: LogLinearState, q_BHK, k_BHK, v_BHV, beta_BH, a_BH, lam_BH
     """One token, float32 arrays: `(o [B, H, V], state)` (o NaN past the capacity); with
     `valid [B]` False (a padding token) the state is returned unchanged."""
     P_BH = jnp.where(jnp.isneginf(a_BH), 0, state.position)
-    s = jnp.exp(a_BH)[..., None, None, None] * state.levels
+    s = decay_state(a_BH[..., None, None, None], state.levels)  # a reset selects 0
     kS = jnp.einsum("bhk,bhlkv->bhlv", k_BHK, s)
     s = s - (beta_BH[..., None] * k_BHK)[:, :, None, :, None] * kS[..., None, :]
     read = jnp.einsum("bhk,bhlkv->bhlv", q_BHK, s)
