@@ -316,6 +316,7 @@ _EVALS_READS_OF_TRAINING = {
     "linear_attention.training.cli_args",
     "linear_attention.training.outputs",
     "linear_attention.training.eval_cli",
+    "linear_attention.training.cuda_plugin",  # la-eval keeps jax's CUDA plugin out without a GPU
 }
 
 

@@ -62,7 +62,11 @@ def hidden() -> bool:
 
 
 def restart() -> None:
-    """Start this program again, with its arguments, in a process that loads the plugin."""
+    """Start this program again, with its arguments, in a process that loads the plugin: for a
+    compile only, so on the CPU (the plugin's start checks the CUDA libraries unless jax's
+    platforms leave CUDA out, and this machine has no GPU: `hide`)."""
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, ENV: "1"})
+    env = {**os.environ, ENV: "1"}
+    env.setdefault("JAX_PLATFORMS", "cpu")
+    os.execve(sys.executable, [sys.executable, *sys.argv], env)

@@ -58,7 +58,8 @@ def test_la_eval_position_buckets(converted, tmp_path, capsys):
     blocks = document_blocks(texts, run.tokenizer, 40, 4)
     assert record["num_blocks"] == len(blocks) == 4  # 3 of the first text, 1 of the third
     losses = position_losses(run.model, blocks, batch_size=4)
-    np.testing.assert_allclose(record["loss_by_position"], losses, rtol=1e-6)
+    # a separately compiled pass: equal to float32 rounding (1.5e-6 relative seen)
+    np.testing.assert_allclose(record["loss_by_position"], losses, rtol=1e-5)
     assert [b["stop"] for b in record["buckets"]] == [16, 32, 40]
     assert record["buckets"][2]["loss"] == pytest.approx(losses[32:].mean(), rel=1e-6)
     assert (tmp_path / "pos.png").stat().st_size > 0

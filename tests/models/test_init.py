@@ -185,7 +185,8 @@ def test_initializer_range_maps_both_ways_and_bad_values_are_refused():
         ModelConfig(vocab_size=30, mixer="softmax", initializer_range=0.0)
     with pytest.raises(ValueError, match="initializer_range=0.02 sets transformers'.*not linear"):
         ModelConfig(vocab_size=30, mixer="linear", initializer_range=0.02)
-    with pytest.raises(ValueError, match="unknown initializer .mamba.; allowed: qwen3_5, mamba2"):
+    unknown = r"unknown initializer .mamba. \(did you mean .mamba2.\?\); allowed: qwen3_5, mamba2"
+    with pytest.raises(ValueError, match=unknown):
         ModelConfig(vocab_size=30, mixer="gated", initializer_range=0.02, initializer="mamba")
     with pytest.raises(ValueError, match="initializer='bamba' needs initializer_range"):
         ModelConfig(vocab_size=30, mixer="gated", initializer="bamba")

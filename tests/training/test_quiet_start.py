@@ -26,6 +26,8 @@ no_accelerator = pytest.mark.skipif(
 def user_env() -> dict:
     """The environment of a user who set no JAX_PLATFORMS (the suite sets it in conftest)."""
     env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    for name in platforms.TPU_ENV:  # set in this process by an earlier TPU compile's quiet_libtpu
+        env.pop(name, None)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     return env
 

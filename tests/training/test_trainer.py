@@ -373,7 +373,11 @@ def test_early_stop_ends_at_the_eval_that_meets_the_threshold(tmp_path, tiny_con
     [
         ("stop_at", 1.5, r"config\.train\.stop_at must be in \[0, 1\.0\]"),
         ("stop_at", -0.1, r"config\.train\.stop_at must be in"),
-        ("stop_metric", "eval/acc", r"unknown config\.train\.stop_metric .eval/acc.; allowed: "),
+        (
+            "stop_metric",
+            "eval/acc",
+            r"unknown config\.train\.stop_metric .eval/acc. \(did you mean .eval/accuracy.\?\); ",
+        ),
         ("stop_metric", "eval/bits_per_byte", "is for text data, not MQAR"),
     ],
 )

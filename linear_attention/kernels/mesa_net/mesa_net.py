@@ -159,10 +159,8 @@ def mesa_net(
                     )
                 case "recurrent":
                     return recurrent(q32, kb32, k32, v32, a, lam, kk_in, kv_in, cg_steps)
-                case "exact":
+                case _:  # "exact" (the method was checked above)
                     return recurrent(q32, kb32, k32, v32, a, lam, kk_in, kv_in, None)
-                case _:
-                    raise ValueError(f"unknown method {method!r}; allowed: {', '.join(METHODS)}")
 
     if axis_name is None:
         o_BTHD, kk, kv = local(kk0, kv0, a_BTH, lam_HK)
