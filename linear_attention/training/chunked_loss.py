@@ -31,6 +31,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from linear_attention.fields import check_choice, check_int
+
 # The vocabulary from which `loss_chunks` chooses the chunked loss under "auto": at vocabulary
 # 32,768 the plain loss's float32 logits, their softmax and gradient already dominate a small
 # model's train step temporaries (BENCHMARKS.md, "Chunked cross-entropy").
@@ -42,11 +44,9 @@ def loss_chunks(mode: str, vocab_size: int, tokens: int, vocab: int) -> tuple[in
     """The ``(token_chunk, vocab_chunk)`` the train and eval steps run the chunked loss with,
     or None for the plain ``[B, T, V]`` loss: ``mode`` "on" / "off" force it, "auto" chunks
     when ``vocab_size >= CHUNKED_LOSS_MIN_VOCAB``."""
-    if mode not in CHUNKED_LOSS_MODES:
-        raise ValueError(f"mode must be one of {CHUNKED_LOSS_MODES}, got {mode!r}")
-    for name, value in (("tokens", tokens), ("vocab", vocab)):
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} (a chunk size) must be an int >= 1, got {value!r}")
+    check_choice("mode", mode, CHUNKED_LOSS_MODES)
+    check_int("token_chunk", tokens)
+    check_int("vocab_chunk", vocab)
     on = mode == "on" or (mode == "auto" and vocab_size >= CHUNKED_LOSS_MIN_VOCAB)
     return (tokens, vocab) if on else None
 
@@ -66,9 +66,8 @@ def chunked_cross_entropy(
         raise ValueError(f"labels must have shape {x_BTD.shape[:-1]}, got {labels_BT.shape}")
     if x_BTD.dtype != w_DV.dtype:
         raise ValueError(f"x and w must share a dtype, got {x_BTD.dtype} and {w_DV.dtype}")
-    for name, value in (("token_chunk", token_chunk), ("vocab_chunk", vocab_chunk)):
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    token_chunk = check_int("token_chunk", token_chunk)
+    vocab_chunk = check_int("vocab_chunk", vocab_chunk)
     lead = labels_BT.shape
     x_ND = x_BTD.reshape(-1, x_BTD.shape[-1])
     n, v = x_ND.shape[0], w_DV.shape[1]

@@ -90,7 +90,7 @@ def test_chunks_larger_than_the_input_and_bad_arguments():
     want_ce, want_arg, _, _ = np_loss(h, w, labels, np.ones(labels.shape))
     np.testing.assert_allclose(ce, want_ce, rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(arg, want_arg)
-    with pytest.raises(ValueError, match="vocab_chunk must be an int >= 1, got 0"):
+    with pytest.raises(ValueError, match="vocab_chunk must be an integer >= 1, got 0"):
         chunked_cross_entropy(h, w, labels, token_chunk=4, vocab_chunk=0)
     with pytest.raises(ValueError, match="share a dtype"):
         chunked_cross_entropy(h, w.astype(jnp.bfloat16), labels, token_chunk=4, vocab_chunk=8)
