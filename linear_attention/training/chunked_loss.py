@@ -69,6 +69,11 @@ def chunked_cross_entropy(
     token_chunk = check_int("token_chunk", token_chunk)
     vocab_chunk = check_int("vocab_chunk", vocab_chunk)
     lead = labels_BT.shape
+    # Inside `jax.shard_map` with x split (rows, time), W enters typed as varying like x: each
+    # shard's dW is then a partial sum, which JAX's transpose of this cast sums over the shards.
+    axes = _varying_axes(x_BTD) - _varying_axes(w_DV)
+    if axes:
+        w_DV = jax.lax.pcast(w_DV, tuple(sorted(axes)), to="varying")
     x_ND = x_BTD.reshape(-1, x_BTD.shape[-1])
     n, v = x_ND.shape[0], w_DV.shape[1]
     ce_N, arg_N = _chunked_ce(
@@ -91,6 +96,22 @@ def _column_block(x_CD, w_DV, j, cv):
     cols_c = start + jnp.arange(cv, dtype=jnp.int32)
     new_c = cols_c >= j * cv
     return jnp.where(new_c, logits_Cc, -jnp.inf), cols_c, new_c, w_Dc
+
+
+def _varying_axes(x) -> frozenset:
+    """The mesh axes ``x`` varies over inside `jax.shard_map` (empty outside)."""
+    aval = jax.typeof(x)
+    mat = getattr(aval, "mat", None)
+    return frozenset(mat.varying if mat is not None else getattr(aval, "vma", ()))
+
+
+def _varying_like(value, *like):
+    """``value`` (a tuple of arrays) typed as varying over every mesh axis any of ``like``
+    varies over (inside `jax.shard_map`, e.g. sequence parallelism; else unchanged): a scan's
+    initial carry must have the type of the carry its body returns, which the chunks of ``x``
+    make varying. Adding zeros shaped from ``like`` carries its type (XLA drops the adds)."""
+    zero = sum(jnp.zeros_like(a.reshape(-1)[:1], jnp.float32) for a in like)
+    return tuple(v + zero.astype(v.dtype) for v in value)
 
 
 def _token_blocks(ct, *arrays):
@@ -128,6 +149,7 @@ def _forward(x_ND, w_DV, y_N, ct, cv):
             jnp.zeros((c,), jnp.float32),
             jnp.zeros((c,), jnp.int32),
         )
+        init = _varying_like(init, x_CD, y_C, w_DV)
         (m_C, s_C, z_C, arg_C), _ = jax.lax.scan(column_block, init, jnp.arange(num_cols))
         return m_C + jnp.log(s_C), z_C, arg_C
 
@@ -169,12 +191,13 @@ def _chunked_ce_bwd(ct, cv, residuals, cotangents):
             )
             return (jax.lax.dynamic_update_slice_in_dim(dw_DV, dw_Dc, start, axis=1), dx_CD), None
 
-        init = (dw_DV, jnp.zeros((x_CD.shape[0], d), jnp.float32))
+        init = (dw_DV, *_varying_like((jnp.zeros((x_CD.shape[0], d), jnp.float32),), x_CD, w_DV))
         (dw_DV, dx_CD), _ = jax.lax.scan(column_block, init, jnp.arange(num_cols))
         return dw_DV, dx_CD
 
     blocks = _token_blocks(ct, x_ND, y_N, lse_N, g_N)  # (padded rows: g = 0)
-    dw_DV, dx = jax.lax.scan(token_block, jnp.zeros(w_DV.shape, jnp.float32), blocks)
+    (dw_init,) = _varying_like((jnp.zeros(w_DV.shape, jnp.float32),), x_ND, w_DV, g_N)
+    dw_DV, dx = jax.lax.scan(token_block, dw_init, blocks)
     dx_ND = dx.reshape(-1, d)[:n]
     return dx_ND.astype(x_ND.dtype), dw_DV.astype(w_DV.dtype), None
 

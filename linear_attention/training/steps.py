@@ -10,7 +10,12 @@ logged for every model with experts. With gradient accumulation the auxiliary lo
 micro-batch's, averaged over the micro-batches (as transformers' Trainer, which runs a forward
 pass per micro-batch): its load fractions are products of batch means, so no sum over
 micro-batches gives the whole batch's, and the update differs from the unaccumulated one in
-that term only."""
+that term only.
+
+With ``loss_chunks = (tokens, vocab)`` (`ExperimentConfig.loss_chunks`: config.train
+``chunked_loss``, ``loss_chunk_tokens``, ``loss_chunk_vocab``) a `LanguageModel`'s loss and
+accuracy come from `chunked_cross_entropy` on its last hidden states and output embedding: the
+same sums, without the ``[B, T, V]`` float32 logits in the step."""
 
 from __future__ import annotations
 

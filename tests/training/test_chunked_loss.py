@@ -6,6 +6,7 @@ train step equal to the plain loss's; the compiled train step holds no ``[B, T, 
 the config's checks and the "auto" threshold."""
 
 import functools
+import json
 import re
 
 import jax
@@ -24,7 +25,8 @@ from linear_attention.training.chunked_loss import (
     chunked_cross_entropy,
     loss_chunks,
 )
-from linear_attention.training.mesh import make_mesh, shard_batch
+from linear_attention.training.mesh import make_mesh, shard_batch, state_shardings
+from tests.scripts import run_on_cpu_devices
 from tests.training.conftest import tiny_mqar
 
 V = 37  # (no multiple of the vocabulary chunks below)
@@ -171,13 +173,15 @@ def test_an_undefined_position_gives_nan_as_the_plain_loss():
         assert np.isnan(loss)
 
 
-def _step(chunks, remat="none"):
+def _step(chunks, remat="none", mesh=None, host=None, accum=2):
     model = LanguageModel(ModelConfig(**MODEL, remat=remat), rngs=nnx.Rngs(0))
-    optimizer = nnx.Optimizer(model, optax.adamw(1e-2), wrt=nnx.Param)
+    optimizer = nnx.Optimizer(model, optax.sgd(1.0), wrt=nnx.Param)
     graphdef, state = nnx.split((model, optimizer))
-    mesh = make_mesh(1)
-    batch = shard_batch(lm_batch(), mesh)
-    kwargs = dict(graphdef=graphdef, mesh=mesh, fsdp=False, accum=2, loss_chunks=chunks)
+    mesh = mesh or make_mesh(1)
+    fsdp = mesh.size > 1
+    state = jax.device_put(state, state_shardings(state, mesh, fsdp))
+    batch = shard_batch(lm_batch() if host is None else host, mesh)
+    kwargs = dict(graphdef=graphdef, mesh=mesh, fsdp=fsdp, accum=accum, loss_chunks=chunks)
     return state, batch, kwargs
 
 
@@ -192,11 +196,13 @@ def test_one_train_step_equals_the_plain_one():
     (metrics, params), (plain_metrics, plain_params) = results
     for key in plain_metrics:
         np.testing.assert_allclose(metrics[key], plain_metrics[key], rtol=1e-5)
-    initial = nnx.to_pure_dict(nnx.state(_step(None)[0], nnx.Param))
-    moved = jax.tree.map(lambda a, b: np.max(np.abs(a - b)), params, initial[0])
-    assert min(jax.tree.leaves(moved)) > 0  # the step moved every parameter
-    for got, want in zip(jax.tree.leaves(params), jax.tree.leaves(plain_params), strict=True):
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    # (SGD at rate 1: the parameters' change is the mean gradient itself)
+    initial = jax.tree.leaves(nnx.to_pure_dict(jax.device_get(_step(None)[0])[0]))
+    for got, want, start in zip(
+        jax.tree.leaves(params), jax.tree.leaves(plain_params), initial, strict=True
+    ):
+        assert np.max(np.abs(want - start)) > 0  # the step moved every parameter
+        np.testing.assert_allclose(got - start, want - start, rtol=1e-4, atol=1e-7)
 
 
 def _logit_shaped(hlo: str, rows: int, vocab: int) -> list[str]:
@@ -247,3 +253,36 @@ def test_config_fields_and_the_auto_threshold():
         bad.train[name] = value
         with pytest.raises(ValueError, match=message):
             experiment_config(bad)
+
+
+def sharded_main():
+    """On 4 CPU devices: one chunked train step with FSDP over ``data = 2`` and time split over
+    ``seq = 2``, and the plain step on one device; prints the largest parameter difference."""
+    rng = np.random.default_rng(2)
+    labels = rng.integers(0, V, (4, 8)).astype(np.int32)
+    labels[rng.random((4, 8)) < 0.3] = IGNORE_INDEX
+    host = {"inputs": rng.integers(0, V, (4, 8)).astype(np.int32), "labels": labels}
+    results = []
+    for chunks, mesh in (((3, 16), make_mesh(4, seq=2)), (None, make_mesh(1))):
+        state, batch, kwargs = _step(chunks, mesh=mesh, host=host, accum=1)
+        state, metrics = steps.train_step(state, batch, **kwargs)
+        results.append((jax.device_get(metrics), nnx.to_pure_dict(jax.device_get(state)[0])))
+    (metrics, params), (plain_metrics, plain_params) = results
+    initial = jax.tree.leaves(nnx.to_pure_dict(jax.device_get(_step(None)[0])[0]))
+    # (SGD at rate 1: the parameters' change is the mean gradient itself)
+    diff = max(
+        float(np.max(np.abs(a - b)) / np.max(np.abs(b - p)))
+        for a, b, p in zip(
+            jax.tree.leaves(params), jax.tree.leaves(plain_params), initial, strict=True
+        )
+    )
+    loss = abs(float(metrics["train/loss"]) - float(plain_metrics["train/loss"]))
+    print("RESULT", json.dumps({"param_rel_diff": diff, "loss_diff": loss}))
+
+
+def test_sharded_chunked_step_equals_one_device():
+    code = "from tests.training.test_chunked_loss import sharded_main; sharded_main()"
+    out = run_on_cpu_devices(code, 4)
+    line = next(x for x in out.splitlines() if x.startswith("RESULT"))
+    result = json.loads(line[len("RESULT") :])
+    assert result["loss_diff"] < 1e-5 and result["param_rel_diff"] < 1e-4, result
