@@ -33,10 +33,11 @@ import jax.numpy as jnp
 
 from linear_attention.fields import check_choice, check_int
 
-# The vocabulary from which `loss_chunks` chooses the chunked loss under "auto": at vocabulary
-# 32,768 the plain loss's float32 logits, their softmax and gradient already dominate a small
-# model's train step temporaries (BENCHMARKS.md, "Chunked cross-entropy").
-CHUNKED_LOSS_MIN_VOCAB = 32_768
+# The vocabulary from which `loss_chunks` chooses the chunked loss under "auto": from about
+# 100,000 on, the plain loss's logits (float32 [B, T, V], their softmax and gradient) are more
+# than half of the train step's temporaries (XLA:TPU, the default LM preset at 4,096 tokens:
+# 41% at 65,536, 52% at 100,000, 62% at 248,320; BENCHMARKS.md, "The chunked cross-entropy").
+CHUNKED_LOSS_MIN_VOCAB = 100_000
 CHUNKED_LOSS_MODES = ("auto", "on", "off")
 
 
