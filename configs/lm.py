@@ -93,6 +93,25 @@ compiles it again, on any machine with libtpu). On another slice, add
   v5e 2x2 is the smallest slice the dry run can describe (libtpu refuses ``v5e:1x1``: its
   chips per host are 2x2x1), so every preset here is on the smallest slice it can name.
 
+H100s (``configs/lm.py:<preset>@h100``: the preset with ``--config.mesh.target=gpu:h100:N`` and
+the setting below; BENCHMARKS.md "XLA:GPU's bytes per GPU"): the fewest H100 80 GB GPUs on which
+XLA:GPU, compiling the train step without a GPU, found that it fits (its peak bytes at most the
+GPU's 79.11 GiB), with the remat and accumulation. One H100 holds every preset, its state
+replicated (FSDP is moot on one GPU), with remat=block. The accumulation is the TPU preset's
+halved where that was compiled and fits (the 340m and 1.3b presets; at the TPU's own
+accumulation they need 25.7 to 42.4 GiB); the 400m presets keep the TPU's 4 (at 2 their 40.5 GiB
+of temporaries would about double, past 79 GiB: not compiled).
+  ``transformer_340m``: 1 H100 with remat=block, grad_accum_steps=4: 51.96 GiB (64 rows of 2048
+      per micro-batch).
+  ``gla_340m``: 1 H100 with remat=block, grad_accum_steps=4: 44.54 GiB.
+  ``gated_deltanet_400m``: 1 H100 with remat=block, grad_accum_steps=4: 45.03 GiB (32 rows of
+      4096 per micro-batch).
+  ``kda_400m``: 1 H100 with remat=block, grad_accum_steps=4: 44.79 GiB, as gated_deltanet_400m.
+  ``transformer_1.3b``: 1 H100 with remat=block, grad_accum_steps=8: 55.53 GiB.
+  ``gla_1.3b``: 1 H100 with remat=block, grad_accum_steps=8: 52.78 GiB.
+  ``gated_deltanet_1.3b``: 1 H100 with remat=block, grad_accum_steps=8: 43.82 GiB.
+  ``kda_1.3b``: 1 H100 with remat=block, grad_accum_steps=16: 41.44 GiB.
+
 Documents are packed (``data.pack``): each file is a document, and states, conv and attention
 reset at each document start (``--config.data.separator='\\n\\n\\n'`` cuts files further).
 
@@ -119,38 +138,46 @@ PAPER_SIZES = {
     "transformer_340m": dict(
         mixer="softmax", d_model=1024, num_layers=24, num_heads=16, tokens=15e9, **_GLA_OPT,
         tpu=dict(target="tpu:v5e:2x2", remat="block", grad_accum_steps=8, fsdp=True),
+        h100=dict(count=1, remat="block", grad_accum_steps=4),
     ),
     "transformer_1.3b": dict(
         mixer="softmax", d_model=2048, num_layers=24, num_heads=16, tokens=100e9, **_GLA_OPT,
         tpu=dict(target="tpu:v5e:2x2", remat="block", grad_accum_steps=16, fsdp=True),
+        h100=dict(count=1, remat="block", grad_accum_steps=8),
     ),
     "gla_340m": dict(
         mixer="gla", d_model=1024, num_layers=24, num_heads=4, tokens=15e9, **_GLA_OPT,
         tpu=dict(target="tpu:v5e:2x2", remat="block", grad_accum_steps=8, fsdp=True),
+        h100=dict(count=1, remat="block", grad_accum_steps=4),
     ),
     "gla_1.3b": dict(
         mixer="gla", d_model=2048, num_layers=24, num_heads=4, tokens=100e9, **_GLA_OPT,
         tpu=dict(target="tpu:v5e:2x2", remat="block", grad_accum_steps=16, fsdp=True),
+        h100=dict(count=1, remat="block", grad_accum_steps=8),
     ),
     "gated_deltanet_400m": dict(
         mixer="gated_deltanet", d_model=1024, num_layers=24, num_heads=4, head_dim=256,
         tokens=15e9, tie=False, **_GDN_OPT,
         tpu=dict(target="tpu:v5e:2x2", remat="block", grad_accum_steps=4, fsdp=True),
+        h100=dict(count=1, remat="block", grad_accum_steps=4),
     ),
     "gated_deltanet_1.3b": dict(
         mixer="gated_deltanet", d_model=2048, num_layers=21, num_heads=6, head_dim=256,
         tokens=100e9, tie=False, **_GDN_OPT,
         tpu=dict(target="tpu:v5e:2x2", remat="block", grad_accum_steps=16, fsdp=True),
+        h100=dict(count=1, remat="block", grad_accum_steps=8),
     ),
     "kda_400m": dict(
         mixer="kda", d_model=1024, num_layers=24, num_heads=8, head_dim=128,
         tokens=15e9, tie=False, **_GDN_OPT,
         tpu=dict(target="tpu:v5e:2x2", remat="block", grad_accum_steps=4, fsdp=True),
+        h100=dict(count=1, remat="block", grad_accum_steps=4),
     ),
     "kda_1.3b": dict(
         mixer="kda", d_model=2048, num_layers=24, num_heads=16, head_dim=128,
         tokens=100e9, tie=False, **_GDN_OPT,
         tpu=dict(target="tpu:v5e:2x2", remat="block", grad_accum_steps=32, fsdp=True),
+        h100=dict(count=1, remat="block", grad_accum_steps=16),
     ),
 }  # fmt: skip
 PRESETS = ("default", "cpu", "smoke", *PAPER_SIZES)
@@ -158,10 +185,11 @@ PRESETS = ("default", "cpu", "smoke", *PAPER_SIZES)
 
 def get_config(arg=None):
     arg = arg or "default"
-    if arg not in PRESETS:
+    preset, at, chip = arg.partition("@")  # <paper preset>@h100: its stated H100 setting
+    if preset not in PRESETS or at and (chip != "h100" or preset not in PAPER_SIZES):
         raise ValueError(
-            f"unknown preset {arg!r}{did_you_mean(arg, PRESETS)} for configs/lm.py; "
-            f"presets: {PRESETS}"
+            f"unknown preset {arg!r}{did_you_mean(preset, PRESETS)} for configs/lm.py; "
+            f"presets: {PRESETS}, and a paper-size preset's H100 setting: <preset>@h100"
         )
     config = ml_collections.ConfigDict()
     config.seed = 0
@@ -224,8 +252,8 @@ def get_config(arg=None):
         config.train.log_every = 50
         config.train.checkpoint_every = 200
         config.train.sample_tokens = 200
-    elif arg in PAPER_SIZES:
-        _paper_size(config, **PAPER_SIZES[arg])
+    elif preset in PAPER_SIZES:
+        _paper_size(config, **PAPER_SIZES[preset], on_h100=bool(at))
     elif arg == "smoke":
         config.data.seq_len = 32
         config.data.max_bytes = 200_000
@@ -245,7 +273,8 @@ def get_config(arg=None):
 
 
 def _paper_size(config, *, mixer, d_model, num_layers, num_heads, tokens, lr, weight_decay,
-                warmup_tokens, seq, head_dim=None, tie=True, tpu=None):  # fmt: skip
+                warmup_tokens, seq, head_dim=None, tie=True, tpu=None, h100=None,
+                on_h100=False):  # fmt: skip
     """A paper-size run: the model, sequence, batch of 0.5M tokens, token budget and AdamW
     settings of the paper; bfloat16 compute, float32 parameters; vocabulary 32,000 (the
     Llama / Mistral tokenizers' size: the model is sized for it, whatever tokenizer the data
@@ -277,6 +306,9 @@ def _paper_size(config, *, mixer, d_model, num_layers, num_heads, tokens, lr, we
     opt.warmup_steps = round(warmup_tokens / (batch * seq))
     opt.schedule, opt.min_lr_ratio = "cosine", 0.1
     opt.b1, opt.b2, opt.grad_clip = 0.9, 0.95, 1.0
-    if tpu:  # the TPU slice and the setting XLA:TPU found to fit (see the module docstring)
+    if on_h100:  # the fewest H100s and the setting XLA:GPU found to fit (module docstring)
+        config.mesh.target, model.remat = f"gpu:h100:{h100['count']}", h100["remat"]
+        config.train.grad_accum_steps, config.mesh.fsdp = h100["grad_accum_steps"], False
+    elif tpu:  # the TPU slice and the setting XLA:TPU found to fit (see the module docstring)
         config.mesh.target, model.remat = tpu["target"], tpu["remat"]
         config.train.grad_accum_steps, config.mesh.fsdp = tpu["grad_accum_steps"], tpu["fsdp"]

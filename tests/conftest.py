@@ -27,8 +27,29 @@ if "xla_cpu_use_fusion_emitters" not in os.environ.get("XLA_FLAGS", ""):
 # subprocesses) keeps the plugin from starting; compiling for a TPU topology does not need it.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import jax  # noqa: E402
-import pytest
+import re  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+
+import pytest  # noqa: E402
+
+# The test extras bring jax's CUDA plugin too (GPU compile tests), and without a GPU jaxlib
+# prints "cudart_stub: Could not find cuda drivers" as it loads it, past pytest's capture. The
+# suite keeps the plugin (tests/training/test_gpu_target.py compiles with it), so the import
+# below runs with stderr in a file, and every line but those goes on to stderr.
+_DRIVER_LINES = re.compile(r"cudart_stub|before absl::InitializeLog")
+sys.stderr.flush()
+_stderr = os.dup(2)
+with tempfile.TemporaryFile() as _held:
+    os.dup2(_held.fileno(), 2)
+    try:
+        import jax
+    finally:
+        os.dup2(_stderr, 2)
+        os.close(_stderr)
+        _held.seek(0)
+        _lines = _held.read().decode(errors="replace").splitlines(keepends=True)
+        sys.stderr.write("".join(line for line in _lines if not _DRIVER_LINES.search(line)))
 
 
 @pytest.fixture(autouse=True, scope="module")

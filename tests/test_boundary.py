@@ -84,7 +84,7 @@ def test_build_names_unknown_and_missing_fields():
 def test_every_data_kind_is_registered_exported_and_listed():
     import linear_attention.training as training
 
-    assert set(DATA_KINDS) == {"mqar", "text", "tokens", "mad", "state_tracking"}
+    assert set(DATA_KINDS) == {"mqar", "text", "tokens", "mad", "state_tracking", "needles"}
     assert config_lib.SECTION_CLASSES["data"] == DATA_CONFIGS
     for kind, entry in DATA_KINDS.items():
         assert entry.config.KIND == kind
@@ -307,3 +307,33 @@ def test_the_training_room_asks_the_data_kind_and_names_none():
 def test_a_data_config_holds_its_own_kind():
     with pytest.raises(ValueError, match="unknown config.data.kind 'text'; allowed: mqar$"):
         DATA_KINDS["mqar"].config(kind="text", vocab_size=16, seq_len=16, num_kv_pairs=2)
+
+
+# What the evaluation package reads of the training floor beside it: a run's loading, the
+# command lines' shared parts, the output check, and la-eval's own evaluation (its fallback).
+_EVALS_READS_OF_TRAINING = {
+    "linear_attention.training.load",
+    "linear_attention.training.cli_args",
+    "linear_attention.training.outputs",
+    "linear_attention.training.eval_cli",
+}
+
+
+def test_evals_sits_on_top_and_reads_training_through_load():
+    """`linear_attention.evals` (lm-eval adapter, loss by position) sits beside training: no
+    other module of the package imports it, and of training it imports only the modules that
+    load a run and share the command lines' parts."""
+    paths = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        paths[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    into, out_of = [], set()
+    for module, path in paths.items():
+        imported = _imports(path, module, set(paths))
+        inside = module.startswith("linear_attention.evals")
+        if not inside and any(m.startswith("linear_attention.evals") for m in imported):
+            into.append(module)
+        if inside:
+            out_of |= {m for m in imported if m.startswith("linear_attention.training")}
+    assert into == []
+    assert out_of <= _EVALS_READS_OF_TRAINING, out_of - _EVALS_READS_OF_TRAINING

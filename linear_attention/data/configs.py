@@ -1,5 +1,6 @@
 """The data sections' frozen configs, one per ``config.data.kind``: `MQARDataConfig`,
-`TextDataConfig`, `TokenDataConfig`, `MADDataConfig`, `StateTrackingDataConfig` (the registry
+`TextDataConfig`, `TokenDataConfig`, `MADDataConfig`, `StateTrackingDataConfig`,
+`NeedleDataConfig` (the registry
 entry that pairs each with its builder is `training.data_kinds`).
 
 A data config is checked when it is made (`fields.check_fields`: every field against its
@@ -22,6 +23,7 @@ from linear_attention.data.corpus import TOKEN_DTYPES
 from linear_attention.data.forgetting_mqar import check_forgetting_settings
 from linear_attention.data.mad import OPTION_DEFAULTS, check_mad_settings, mad_num_tokens
 from linear_attention.data.mqar import check_mqar_settings
+from linear_attention.data.needles import NEEDLE_TASKS
 from linear_attention.data.state_tracking import check_state_tracking_settings, task_vocab_size
 from linear_attention.data.tokenizers import check_tokenizer_spec, load_tokenizer
 from linear_attention.fields import POSITIVE, broken, check_choice, check_fields, spec_field
@@ -367,3 +369,40 @@ class StateTrackingDataConfig(DataConfig):
     @property
     def tokens(self) -> int:
         return task_vocab_size(self.task)
+
+
+@dataclasses.dataclass(frozen=True)
+class NeedleDataConfig(DataConfig):
+    """RULER-style needle prompts (see `linear_attention.data.needles`): rows of ``seq_len``
+    tokens of ``tokenizer``, one prompt of ``task`` each, the answer (at most ``answer_len``
+    tokens) the only labelled part. The corpus haystack is read from ``path`` (empty: the
+    built-in corpus; the ``text_field`` of JSONL or Parquet records)."""
+
+    KIND: ClassVar[str] = "needles"
+    SWEEP_REPORT: ClassVar[str] = "recall"
+
+    kind: str
+    task: str
+    seq_len: int = spec_field(minimum=None)
+    answer_len: int = 32
+    tokenizer: str = "bytes"
+    path: str = ""
+    text_field: str = "text"
+    num_test_examples: int = 256
+
+    def check(self):
+        check_choice(PREFIX + "task", self.task, tuple(NEEDLE_TASKS))
+        if self.seq_len <= self.answer_len:
+            broken(
+                "data.seq_len", f"= {self.seq_len} leaves no room past answer_len {self.answer_len}"
+            )
+        try:
+            check_tokenizer_spec(self.tokenizer)
+        except ValueError as e:
+            broken("data.tokenizer", str(e))
+        if self.path and not os.path.exists(self.path):
+            broken("data.path", f"{self.path!r} does not exist")
+
+    @property
+    def tokens(self) -> int:
+        return load_tokenizer(self.tokenizer).vocab_size

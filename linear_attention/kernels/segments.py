@@ -228,3 +228,9 @@ def cumulative_log_decay(a, axis: int, restart: bool = False, by_matmul: bool = 
 def masked_exp(keep, x):
     """exp(x) where `keep`, exactly 0 elsewhere: masked before exp (no overflow, no NaN grad)."""
     return jnp.exp(jnp.where(keep, x, -jnp.inf))
+
+
+def decay_state(a, state):
+    """exp(a) · `state` (`a` broadcast against it), exactly 0 where a = −inf (a reset) whatever
+    the state holds: a select, since the product 0 · NaN would carry a NaN state past a reset."""
+    return jnp.where(jnp.isneginf(a), 0.0, jnp.exp(a) * state)

@@ -106,17 +106,22 @@ class RouterStats(NamedTuple):
 def router_stats(logits_NE: jax.Array, top_k: int, mask_N: jax.Array | None = None) -> RouterStats:
     """The `RouterStats` of router logits `[..., E]` routing `top_k` experts per row; with
     `mask_N` (broadcastable to the rows, 1 or True: counted) only the masked-in rows count,
-    as transformers' `attention_mask` leaves out padding."""
+    as transformers' `attention_mask` leaves out padding. A row with non-finite logits (a NaN
+    token's) is left out too, by a select: the sums of the other rows stay finite and exact."""
     probs_NE = jax.nn.softmax(logits_NE.astype(jnp.float32), axis=-1)
     _, index = jax.lax.top_k(probs_NE, top_k)
     chosen_NE = jnp.sum(jax.nn.one_hot(index, probs_NE.shape[-1], dtype=jnp.float32), axis=-2)
     weight_N = jnp.ones(probs_NE.shape[:-1], jnp.float32)
     if mask_N is not None:
         weight_N = weight_N * jnp.asarray(mask_N, jnp.float32)
+    weight_N = jnp.where(jnp.all(jnp.isfinite(probs_NE), -1), weight_N, 0.0)
+    kept_N1 = (weight_N != 0)[..., None]
     rows = tuple(range(probs_NE.ndim - 1))
     return RouterStats(
-        counts_E=jax.lax.stop_gradient(jnp.sum(chosen_NE * weight_N[..., None], axis=rows)),
-        probs_E=jnp.sum(probs_NE * weight_N[..., None], axis=rows),
+        counts_E=jax.lax.stop_gradient(
+            jnp.sum(jnp.where(kept_N1, chosen_NE * weight_N[..., None], 0.0), axis=rows)
+        ),
+        probs_E=jnp.sum(jnp.where(kept_N1, probs_NE * weight_N[..., None], 0.0), axis=rows),
         rows=jnp.sum(weight_N),
     )
 

@@ -11,7 +11,8 @@ overridden with ``--config.<section>.<field>=value``; ``la-eval`` starts from th
 ``<command>: error: ...`` (exit status 2) before anything is built or compiled.
 
 ``--dry_run`` sizes the run without running it; with ``--config.mesh.target=tpu:GEN:TOPOLOGY``
-it compiles the train step for that TPU slice (libtpu) and exits 1 when it does not fit a chip.
+(a TPU slice: libtpu) or ``gpu:CHIP:COUNT`` (NVIDIA GPUs: the ``gpu-compile`` extra) it
+compiles the train step for that target and exits 1 when it does not fit a device.
 
 A resumed run whose corpus, token file or tokenizer changed since its checkpoint stops with
 ``la-train: error:`` naming the change; ``--allow_data_change`` goes on with the new data (said).
@@ -19,10 +20,13 @@ A resumed run whose corpus, token file or tokenizer changed since its checkpoint
 
 from __future__ import annotations
 
+from linear_attention.training import cuda_plugin
 from linear_attention.training.signals import honour_interrupts, keep_ignored_interrupts
 
-# Before the imports below (JAX: seconds), so that la-train honours Ctrl-C from its start.
+# Before the imports below (JAX: seconds), so that la-train honours Ctrl-C from its start, and
+# (without a GPU) jax starts without the CUDA plugin's driver messages.
 keep_ignored_interrupts()
+cuda_plugin.hide()
 
 import json
 import os
@@ -47,11 +51,13 @@ from linear_attention.training.cli_args import (
 from linear_attention.training.config import experiment_config
 from linear_attention.training.eval_cli import eval_main
 from linear_attention.training.generate_cli import generate_main
+from linear_attention.training.gpu_target import GpuTarget
 from linear_attention.training.platforms import quiet_platforms
 from linear_attention.training.quit_signals import exit_on_signal
 from linear_attention.training.sizing import FIT_ORDER, verdict
 from linear_attention.training.sizing import dry_run as dry_run_sizing
-from linear_attention.training.tpu_target import TargetCompileError, parse_target, topology_devices
+from linear_attention.training.target_base import TargetCompileError
+from linear_attention.training.targets import parse_target
 from linear_attention.training.trainer import Interrupted, NonFiniteLossError, train
 from linear_attention.training.workdir import RunError
 
@@ -114,8 +120,9 @@ def _parse_train(argv: list[str]):
             False,
             "print the resolved config, then one JSON line {parameters, flops_per_token, "
             "train_step_bytes_per_device} (the train step compiled on abstract shapes), and exit; "
-            "with --config.mesh.target=tpu:GEN:TOPOLOGY compiled for that TPU slice, adding "
-            "target, hbm_bytes_per_device, fits and the memory parts (exit 1: it does not fit)",
+            "with --config.mesh.target=tpu:GEN:TOPOLOGY or gpu:CHIP:COUNT compiled for that "
+            "TPU slice or those GPUs, adding target, hbm_bytes_per_device, fits and the memory "
+            "parts (exit 1: it does not fit)",
             flag_values=fv,
         )
         flags.DEFINE_bool(
@@ -193,7 +200,10 @@ def main(argv: list[str] | None = None) -> int:
         print("la-train: interrupted before it started")
         return 130
     if any(a in ("-h", "--help", "-help") for a in argv[1:]):
-        fit = f"--dry_run with --config.mesh.target=tpu:GEN:TOPOLOGY --fit:\n{FIT_ORDER}"
+        fit = (
+            "--dry_run with --config.mesh.target=tpu:GEN:TOPOLOGY (or gpu:CHIP:COUNT) --fit:\n"
+            f"{FIT_ORDER}"
+        )
         text = f"{__doc__}\n{fit}\n\n{_presets_help()}\n\n{sections_help()}\n\n{_mixers_help()}"
         print(usage_help(USAGE, text))
         return 0
@@ -228,19 +238,24 @@ def main(argv: list[str] | None = None) -> int:
 
 def _dry_run(config, *, fit: bool) -> int:
     """Print the resolved config and the sizing's JSON line; exit 1 (one ``la-train:`` line on
-    stderr) where the step does not fit its target or XLA:TPU refuses it. SIGTERM or SIGINT
-    ends it with one line (`quit_signals`)."""
+    stderr) where the step does not fit its target or its compiler refuses it. SIGTERM or
+    SIGINT ends it with one line (`quit_signals`)."""
     with exit_on_signal("la-train") as reinstall:
         return _sizing(config, fit, reinstall)
 
 
 def _sizing(config, fit: bool, reinstall) -> int:
+    try:
+        target = parse_target(experiment_config(config).mesh.target)
+    except ValueError as e:
+        return error("la-train", e)
+    if isinstance(target, GpuTarget) and cuda_plugin.hidden():
+        cuda_plugin.restart()  # XLA:GPU needs the plugin this process kept out
     print(json.dumps(experiment_config(config).to_dict(), indent=2, sort_keys=True))
     log = lambda line: print(f"la-train: {line}", file=sys.stderr, flush=True)  # noqa: E731
     try:
-        target = parse_target(experiment_config(config).mesh.target)
-        if target is not None:  # libtpu loads here (cached for the sizing) with its handlers,
-            topology_devices(target)
+        if target is not None:  # libtpu or the CUDA plugin loads here (cached for the sizing)
+            target.devices()  # with its signal handlers,
             reinstall()  # which this module's replace again
         sizing = dry_run_sizing(config, fit=fit, log=log)
     except ValueError as e:

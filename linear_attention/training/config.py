@@ -38,7 +38,7 @@ from linear_attention.training.data_kinds import (
     TokenDataConfig,
     data_kind,
 )
-from linear_attention.training.tpu_target import parse_target
+from linear_attention.training.targets import parse_target
 
 SCHEDULES = ("cosine", "linear", "constant")
 # Metrics an early stop can watch, and whether larger is better.
@@ -150,9 +150,10 @@ class MeshConfig(Section):
     (``seq`` devices split the time axis: sequence parallelism). With ``multi_host`` the run is
     one of ``num_processes`` processes joined by ``jax.distributed.initialize``; an empty
     address and ``num_processes = 0`` are taken from the environment or the cluster.
-    ``target``: the slice the run is sized for, ``""`` (the visible devices) or
-    ``"tpu:<gen>:<topology>"`` (`training.tpu_target`): ``la-train --dry_run`` compiles the
-    train step for it from any machine; training runs on the visible devices."""
+    ``target``: the accelerators the run is sized for, ``""`` (the visible devices),
+    ``"tpu:<gen>:<topology>"`` or ``"gpu:<chip>:<count>"`` (`training.targets`): ``la-train
+    --dry_run`` compiles the train step for them from any machine; training runs on the visible
+    devices."""
 
     PREFIX: typing.ClassVar[str] = "config.mesh."
 
@@ -163,7 +164,7 @@ class MeshConfig(Section):
     coordinator_address: str = ""  # "host:port" of process 0
     num_processes: int = spec_field(0, minimum=0)
     process_id: int = spec_field(0, minimum=0)  # read when num_processes > 0
-    target: str = ""  # "tpu:v5e:4x4": the slice --dry_run compiles for ("": visible devices)
+    target: str = ""  # "tpu:v5e:4x4", "gpu:h100:8": what --dry_run compiles for ("": visible)
 
     def check(self):
         parse_target(self.target, "config.mesh.target")

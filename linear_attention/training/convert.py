@@ -30,6 +30,10 @@ output, and its rerun works; a second conversion into the same folder at once is
 
 from __future__ import annotations
 
+from linear_attention.training import cuda_plugin
+
+cuda_plugin.hide()  # before jax is imported: without a GPU, no CUDA plugin's driver messages
+
 import argparse
 import dataclasses
 import os

@@ -20,14 +20,18 @@ from linear_attention.data.configs import (
     PREFIX,
     MADDataConfig,
     MQARDataConfig,
+    NeedleDataConfig,
     StateTrackingDataConfig,
     TextDataConfig,
     TokenDataConfig,
 )
+from linear_attention.data.corpus import read_documents
 from linear_attention.data.mad import MADData
+from linear_attention.data.needles import NeedleData, corpus_sentences
 from linear_attention.data.protocol import DataSource
 from linear_attention.data.sources import text_source, token_file_source
 from linear_attention.data.state_tracking import StateTrackingData
+from linear_attention.data.tokenizers import load_tokenizer
 from linear_attention.fields import check_choice
 from linear_attention.training.metrics import Progress
 
@@ -66,6 +70,22 @@ def _state_tracking(d: StateTrackingDataConfig, run, **_) -> DataSource:
         max_len=d.seq_len,
         eval_lengths=d.eval_lengths,
         num_eval_examples=d.num_eval_examples,
+        seed=run.seed,
+    )
+
+
+def _needles(d: NeedleDataConfig, run, **_) -> DataSource:
+    sentences = []
+    if NeedleData.needs_corpus(d.task):
+        documents, _ = read_documents(d.path or None, text_field=d.text_field, max_bytes=1 << 22)
+        sentences = corpus_sentences(documents)
+    return NeedleData(
+        task=d.task,
+        seq_len=d.seq_len,
+        answer_len=d.answer_len,
+        tokenizer=load_tokenizer(d.tokenizer),
+        sentences=sentences,
+        num_test_examples=d.num_test_examples,
         seed=run.seed,
     )
 
@@ -114,6 +134,7 @@ DATA_KINDS: dict[str, DataKind] = {
         (TokenDataConfig, _tokens),
         (MADDataConfig, _mad),
         (StateTrackingDataConfig, _state_tracking),
+        (NeedleDataConfig, _needles),
     )
 }
 DATA_CONFIGS: tuple[type, ...] = tuple(kind.config for kind in DATA_KINDS.values())

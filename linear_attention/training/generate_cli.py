@@ -9,6 +9,10 @@ It samples from a text run's checkpoint with the run's own ``config.json`` (over
 
 from __future__ import annotations
 
+from linear_attention.training import cuda_plugin
+
+cuda_plugin.hide()  # before jax is imported: without a GPU, no CUDA plugin's driver messages
+
 import codecs
 import itertools
 import os

@@ -21,13 +21,14 @@ from pathlib import Path
 
 import jax
 
+from linear_attention.training.cuda_plugin import gpu_attached
+
 # TPU chips: Google's PCI vendor id with these device ids (v3, v4, v5p, v5e, v6e, TPU7x and
 # one without a public name), as JAX's own detection (`jax._src.hardware_utils`) lists them;
 # a chip of a newer generation still shows as a TPU device node (/dev/accel*, /dev/vfio/N).
 GOOGLE_PCI_VENDOR = "0x1ae0"
 TPU_PCI_DEVICES = ("0x0027", "0x0056", "0x005e", "0x0062", "0x0063", "0x006f", "0x0076")
 TPU_DEVICE_NODES = ("/dev/accel*", "/dev/vfio/[0-9]*")
-GPU_DEVICE_NODES = ("/dev/nvidia0", "/dev/nvidiactl", "/dev/dxg", "/dev/kfd")
 # Set on TPU VMs (and by users who point libtpu at a slice): a TPU is meant, whatever is seen.
 TPU_ENV = ("TPU_ACCELERATOR_TYPE", "TPU_NAME", "TPU_WORKER_HOSTNAMES", "TPU_HOST_BOUNDS")
 
@@ -50,11 +51,6 @@ def tpu_attached(environ=os.environ) -> bool:
             if _read(os.path.join(os.path.dirname(vendor), "device")) in TPU_PCI_DEVICES:
                 return True
     return False
-
-
-def gpu_attached() -> bool:
-    """Whether an NVIDIA or AMD GPU's device node is present."""
-    return any(os.path.exists(node) for node in GPU_DEVICE_NODES)
 
 
 def quiet_platforms(environ=os.environ) -> bool:

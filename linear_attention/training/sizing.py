@@ -12,11 +12,13 @@ size an N-device job on a laptop, make N host devices visible:
 ``XLA_FLAGS=--xla_force_host_platform_device_count=N``. Those figures are XLA's for this
 machine's backend: another backend fuses and schedules differently (the same order).
 
-With ``config.mesh.target = "tpu:<gen>:<topology>"`` the mesh is laid over that slice's
-devices and XLA:TPU compiles the step (`training.tpu_target`), on any machine with libtpu: the
-result adds the target, the memory a device has (``hbm_bytes_per_device``, its source), whether
-the step ``fits`` and the `memory_analysis()` parts. A step that does not fit is refused by the
-compiler, which then gives only its needed total (no parts).
+With ``config.mesh.target`` set (`training.targets`: ``"tpu:<gen>:<topology>"`` or
+``"gpu:<chip>:<count>"``) the mesh is laid over the target's compile-only devices and its
+compiler compiles the step on any machine that has it (XLA:TPU from libtpu, XLA:GPU from jax's
+CUDA plugin): the result adds the target, the memory a device has (``hbm_bytes_per_device``,
+its source), whether the step ``fits`` and the `memory_analysis()` parts. XLA:TPU refuses a
+step that does not fit and then gives only its needed total (no parts); XLA:GPU compiles any
+step, which fits where its peak bytes are at most the GPU's memory.
 
 `dry_run(config, fit=True)` searches for a setting that fits the target (`FIT_ORDER`), never
 changing the global batch, the sequence or the model.
@@ -24,6 +26,7 @@ changing the global batch, the sequence or the model.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable
 
@@ -43,18 +46,14 @@ from linear_attention.training.mesh import (
     state_shardings,
 )
 from linear_attention.training.optim import make_optimizer
-from linear_attention.training.tpu_target import (
-    HBM_SOURCE,
+from linear_attention.training.target_base import (
     Compiled,
+    Target,
     compile_for_target,
-    describe,
-    hbm_bytes_per_device,
     memory_parts,
-    parse_target,
     step_bytes,
-    topology_devices,
-    versions,
 )
+from linear_attention.training.targets import parse_target
 from linear_attention.training.trainer import build_model, train_step
 
 GiB = 2**30
@@ -149,13 +148,15 @@ def dry_run(
     ``fit: {"overrides", "tries"}``; ``log`` gets a line per try. ``hbm_limit`` (bytes per
     device, whole MiB, at most the chip's) holds the compiler to less than the chip has, to
     leave room (it becomes ``hbm_bytes_per_device``). Bad settings (a bad target,
-    a batch the devices do not divide) raise `ValueError`; a compiler error other than memory
-    `tpu_target.TargetCompileError`."""
+    a batch the devices do not divide, method="pallas" for a GPU target) raise `ValueError`; a
+    compiler error other than memory `target_base.TargetCompileError`."""
     cfg = experiment_config(config)
     target = parse_target(cfg.mesh.target)
     if fit and target is None:
         raise ValueError("--fit searches a setting that fits config.mesh.target, which is ''")
-    devices = None if target is None else topology_devices(target)
+    if target is not None:
+        check_pallas_target(cfg, target)
+    devices = None if target is None else target.devices()
     mesh = make_mesh(cfg.mesh.num_devices, cfg.mesh.seq, devices)
     check_train_batches(cfg.train, mesh)
     model = abstract_model(cfg)
@@ -165,8 +166,8 @@ def dry_run(
     if target is None:
         result["train_step_bytes_per_device"] = train_step_bytes(cfg, mesh)
         return result
-    hbm = chip = hbm_bytes_per_device(target)
-    source = HBM_SOURCE.format(**versions())
+    chip, source = target.memory()
+    hbm = chip
     if hbm_limit is not None:
         if not 0 < hbm_limit <= chip or hbm_limit % 2**20:
             raise ValueError(
@@ -174,14 +175,14 @@ def dry_run(
                 f"(a {target.device_kind} device's)"
             )
         hbm, source = hbm_limit, f"hbm_limit, below the {chip} bytes of the {source}"
-    result["target"] = {**describe(target), "mesh": dict(mesh.shape)}
+    result["target"] = {**target.describe(), "mesh": dict(mesh.shape)}
     result["hbm_bytes_per_device"] = hbm
     result["hbm_source"] = source
-    result["versions"] = versions()
+    result["versions"] = target.versions()
 
     def compile_one(c: ExperimentConfig) -> Compiled:
-        # method="pallas": the Mosaic kernels, lowered for the target whatever this backend is
-        with pallas_mosaic():
+        # method="pallas": the Mosaic kernels, lowered for a TPU target whatever this backend is
+        with pallas_mosaic() if target.pallas else contextlib.nullcontext():
             traced = trace_train_step(c, make_mesh(c.mesh.num_devices, c.mesh.seq, devices))
         return compile_for_target(traced, target, chip, hbm_limit)
 
@@ -199,6 +200,24 @@ def dry_run(
             "tries": [{**_setting(c), **_try_fields(r)} for c, r in tries.values()],
         },
     }
+
+
+def check_pallas_target(cfg: ExperimentConfig, target: Target) -> None:
+    """`ValueError` where a layer runs method="pallas" and the target's compiler has no Pallas
+    kernels: they are Mosaic kernels, for TPUs; a GPU target compiles method="chunk"."""
+    if not cfg.model.uses_pallas or target.pallas:
+        return
+    pallas = sorted(
+        name
+        for name in set(cfg.model.layer_mixers)
+        if getattr(cfg.model.mixer_config(name), "method", None) == "pallas"
+    )
+    raise ValueError(
+        f"config.model.method = 'pallas' (the layers {', '.join(pallas)}): the Pallas kernels "
+        f"are Mosaic kernels for TPUs, and config.mesh.target = {target.name!r} is compiled by "
+        f"{target.compiler}, which has none; use method 'chunk' (the same recurrence in XLA) "
+        "there, or a tpu: target"
+    )
 
 
 def _quiet(line: str) -> None:
@@ -318,5 +337,5 @@ def verdict(sizing: dict) -> str | None:
         )
     return (
         f"the train step does not fit {where}: it needs {size(need)} per device and a device "
-        f"has {size(hbm)} (XLA:TPU's figures); --fit searches a setting that fits"
+        f"has {size(hbm)} ({target['compiler']}'s figures); --fit searches a setting that fits"
     )

@@ -20,6 +20,10 @@ write (a full disk) leaves no partial file.
 
 from __future__ import annotations
 
+from linear_attention.training import cuda_plugin
+
+cuda_plugin.hide()  # before jax is imported: without a GPU, no CUDA plugin's driver messages
+
 import argparse
 import sys
 

@@ -1,4 +1,5 @@
-"""Compiling for a TPU slice from any machine: ``config.mesh.target = "tpu:<gen>:<topology>"``.
+"""Compiling for a TPU slice from any machine: ``config.mesh.target = "tpu:<gen>:<topology>"``
+(a `target_base.Target`).
 
 libtpu (``pip install 'jax[tpu]'``, matched to jax) describes a slice without owning one:
 `jax.experimental.topologies.get_topology_desc` gives its compile-only devices, a mesh over
@@ -25,7 +26,6 @@ import importlib.metadata
 import importlib.util
 import os
 import re
-import time
 
 import jax
 import jax.numpy as jnp
@@ -34,11 +34,12 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from linear_attention.training.platforms import quiet_libtpu
+from linear_attention.training.target_base import Target, TargetCompileError, first_line
 
 # Accelerator generations: the name in the target -> the device kind libtpu reports.
 GENERATIONS = {"v4": "TPU v4", "v5e": "TPU v5 lite", "v5p": "TPU v5", "v6e": "TPU v6 lite"}
-TARGET_FORMS = (
-    "'' (the visible devices) or 'tpu:<generation>:<topology>' with a generation of "
+TPU_FORMS = (
+    "'tpu:<generation>:<topology>' with a generation of "
     f"{', '.join(GENERATIONS)} and the slice's chips per axis joined by 'x' "
     "(tpu:v5e:4x4, tpu:v5p:2x2x2, tpu:v6e:2x2, tpu:v4:2x2x1)"
 )
@@ -54,35 +55,60 @@ _OOM_USED = re.compile(
 
 
 @dataclasses.dataclass(frozen=True)
-class Target:
-    """A parsed ``config.mesh.target``: ``tpu:v5e:4x4`` -> generation ``v5e``, topology
+class TpuTarget(Target):
+    """A parsed ``tpu:<gen>:<topology>``: ``tpu:v5e:4x4`` -> generation ``v5e``, topology
     ``4x4``."""
 
     name: str
     generation: str
     topology: str
 
+    compiler = "XLA:TPU"
+    platform = "tpu"
+    pallas = True
+
     @property
     def device_kind(self) -> str:
         return GENERATIONS[self.generation]
 
+    def devices(self) -> tuple:
+        return topology_devices(self)
 
-class TargetCompileError(RuntimeError):
-    """XLA:TPU refused to compile a program for the target for a reason other than memory."""
+    def describe(self) -> dict:
+        devices = self.devices()
+        return {
+            "name": self.name,
+            "compiler": self.compiler,
+            "device_kind": devices[0].device_kind,
+            "devices": len(devices),
+            "chips": len({tuple(d.coords) for d in devices}),
+        }
+
+    def memory(self) -> tuple[int, str]:
+        return hbm_bytes_per_device(self), HBM_SOURCE.format(**self.versions())
+
+    def versions(self) -> dict[str, str]:
+        return versions()
+
+    def compiler_options(self, limit: int | None) -> dict:
+        return {} if limit is None else {"xla_tpu_max_hbm_size_mib": limit // 2**20}
+
+    def refusal(self, message: str) -> tuple[int, str] | None:
+        found = oom_bytes(message)
+        if found is None:
+            return None
+        line = next(line for line in message.splitlines() if "HBM" in line or "hbm" in line)
+        return found[0], line.strip()
 
 
-def parse_target(target: str, path: str = "config.mesh.target") -> Target | None:
-    """``None`` for ``""``; the `Target` of ``"tpu:<gen>:<topology>"``; otherwise `ValueError`
-    naming ``path`` and `TARGET_FORMS`. Syntax only: whether libtpu knows the topology is
-    checked by `topology_devices`."""
-    if not isinstance(target, str):
-        raise ValueError(f"{path} must be a string: {TARGET_FORMS}; got {target!r}")
-    if target == "":
-        return None
+def match_tpu(target: str) -> TpuTarget | None:
+    """The `TpuTarget` of ``"tpu:<gen>:<topology>"`` (None where ``target`` is not one: see
+    `TPU_FORMS`). Syntax only: whether libtpu knows the topology is checked by
+    `topology_devices`."""
     m = _TARGET.fullmatch(target)
     if m is None or m.group(1) not in GENERATIONS:
-        raise ValueError(f"{path} = {target!r} is not a compile target; accepted: {TARGET_FORMS}")
-    return Target(target, m.group(1), m.group(2))
+        return None
+    return TpuTarget(target, m.group(1), m.group(2))
 
 
 def libtpu_missing() -> str | None:
@@ -103,7 +129,7 @@ def versions() -> dict[str, str]:
 
 
 @functools.cache
-def topology_devices(target: Target) -> tuple:
+def topology_devices(target: TpuTarget) -> tuple:
     """The compile-only devices of the target's slice. `ValueError` (naming the target and
     libtpu's reason) where libtpu is missing or does not know the topology."""
     missing = libtpu_missing()
@@ -118,24 +144,11 @@ def topology_devices(target: Target) -> tuple:
             topology_name=f"{target.generation}:{target.topology}", platform="tpu"
         )
     except Exception as e:  # libtpu's own message says what it cannot lay out
-        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ValueError(
             f"config.mesh.target = {target.name!r}: libtpu cannot describe this slice: "
-            f"{reason}; accepted: {TARGET_FORMS}"
+            f"{first_line(e)}; accepted: {TPU_FORMS}"
         ) from None
     return tuple(topology.devices)
-
-
-def describe(target: Target) -> dict:
-    """``{"name", "device_kind", "devices", "chips"}`` of the target's slice."""
-    devices = topology_devices(target)
-    chips = {tuple(d.coords) for d in devices}
-    return {
-        "name": target.name,
-        "device_kind": devices[0].device_kind,
-        "devices": len(devices),
-        "chips": len(chips),
-    }
 
 
 def _bytes(number: str, unit: str) -> int:
@@ -156,7 +169,7 @@ def oom_bytes(message: str) -> tuple[int, int] | None:
 
 
 @functools.cache
-def hbm_bytes_per_device(target: Target) -> int:
+def hbm_bytes_per_device(target: TpuTarget) -> int:
     """The memory XLA:TPU lets a program use on one device of the target (see the module
     docstring): from its refusal of a probe of 1 TiB replicated on every device."""
     mesh = Mesh(np.asarray(topology_devices(target)), ("all",))
@@ -177,67 +190,3 @@ HBM_SOURCE = (
     "XLA:TPU compiler (libtpu {libtpu}): the HBM it allows a program per device, from its "
     "refusal of a probe too large for the chip (rounded to 0.01 GiB)"
 )
-
-
-@dataclasses.dataclass(frozen=True)
-class Compiled:
-    """One compile for the target: the `memory_analysis()` parts when it compiled, or the
-    compiler's out-of-memory figures when it did not fit."""
-
-    fits: bool
-    seconds: float
-    memory: dict | None = None  # arguments, outputs, aliases, temporaries, generated_code
-    needed_bytes: int | None = None  # per device
-    message: str = ""  # the compiler's first line when it did not fit
-
-    @property
-    def bytes_per_device(self) -> int | None:
-        return self.needed_bytes if self.memory is None else step_bytes(self.memory)
-
-
-def memory_parts(compiled) -> dict[str, int]:
-    """The parts of a compiled program's `memory_analysis()` per device, in bytes."""
-    m = compiled.memory_analysis()
-    return {
-        "arguments": int(m.argument_size_in_bytes),
-        "outputs": int(m.output_size_in_bytes),
-        "aliases": int(m.alias_size_in_bytes),
-        "temporaries": int(m.temp_size_in_bytes),
-        "generated_code": int(m.generated_code_size_in_bytes),
-    }
-
-
-def step_bytes(parts: dict[str, int]) -> int:
-    """What a compiled step holds per device at its peak: arguments + outputs − the outputs
-    that reuse donated arguments + temporaries."""
-    return parts["arguments"] + parts["outputs"] - parts["aliases"] + parts["temporaries"]
-
-
-def compile_for_target(traced, target: Target, hbm: int, limit: int | None = None) -> Compiled:
-    """Compile a traced jit function (`jax.jit(f).trace(...)`, arguments placed on a mesh
-    over `topology_devices`) for the target, whose devices have ``hbm`` bytes. ``limit``
-    (bytes, whole MiB) holds the compiler to less, leaving the rest free. Does not fit:
-    ``fits=False`` with the compiler's needed bytes. Any other compiler error:
-    `TargetCompileError` with its message."""
-    options = {}
-    if limit is not None:  # the compiler's own cap, in MiB
-        options["xla_tpu_max_hbm_size_mib"] = limit // 2**20
-        hbm = min(hbm, limit)
-    start = time.perf_counter()
-    try:
-        compiled = traced.lower(lowering_platforms=("tpu",)).compile(compiler_options=options)
-    except Exception as e:
-        text = str(e)
-        found = oom_bytes(text)
-        if found is None:
-            first = next((line for line in text.splitlines() if line.strip()), type(e).__name__)
-            raise TargetCompileError(
-                f"XLA:TPU could not compile for {target.name}: {first}"
-            ) from None
-        first = next(line for line in text.splitlines() if "HBM" in line or "hbm" in line)
-        return Compiled(False, time.perf_counter() - start, None, found[0], first.strip())
-    seconds = time.perf_counter() - start
-    result = Compiled(True, seconds, memory_parts(compiled))
-    if result.bytes_per_device > hbm:  # the compiler's own check passed; hold it to the figure
-        return dataclasses.replace(result, fits=False)
-    return result

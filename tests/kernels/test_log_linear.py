@@ -209,7 +209,7 @@ def main():
     """The time split (run in a subprocess with 8 CPU devices): 4 spans of 8 tokens, documents
     starting at a span edge and inside spans, a reset on one head, an initial state at
     positions that are not multiples of a span."""
-    from tests.kernels.test_sequence_parallel import check
+    from tests.kernels.test_sequence_parallel import check, check_nan
 
     assert jax.device_count() == 8, jax.devices()
     q, k, v, a, lam = inputs(seed=11, t=32)
@@ -235,6 +235,11 @@ def main():
     assert rel_err(out[0], o_ref) < 1e-4 and rel_err(out[1].levels, s_ref) < 1e-4
     np.testing.assert_array_equal(out[1].position, p_ref)
     print("CHECKED loop/chunk/segments/state/n=4", flush=True)
+    # a NaN value in span 0 (row 0, t = 2) stops at the document start at 8 (a span edge), a NaN
+    # decay in span 1 (t = 12) at 19 (inside span 2), as unsplit; finite equal gradients elsewhere
+    nan_xs = {**xs, "v": v.at[0, 2, 1, 0].set(jnp.nan), "a": a.at[0, 12, 0].set(jnp.nan)}
+    kernel = functools.partial(attend, method="chunk")
+    check_nan("nan/chunk/segments/state/n=4", kernel, nan_xs, seg, 4)
 
 
 def test_split_over_devices_equals_unsplit():
@@ -243,4 +248,5 @@ def test_split_over_devices_equals_unsplit():
         "chunk/segments/state/n=4",
         "scan/n=2",
         "loop/chunk/segments/state/n=4",
+        "nan/chunk/segments/state/n=4",
     ]

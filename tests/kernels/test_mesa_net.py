@@ -160,7 +160,7 @@ def test_bfloat16_inputs_and_bad_input():
 
 def main():
     """The time split (run in a subprocess with 8 CPU devices)."""
-    from tests.kernels.test_sequence_parallel import check
+    from tests.kernels.test_sequence_parallel import check, check_nan
 
     assert jax.device_count() == 8, jax.devices()
     Bs, Ts = 2, 24
@@ -196,8 +196,18 @@ def main():
     for x, ref in ((out[0], o_ref), (out[1].kk, kk_ref), (out[1].kv, kv_ref)):
         assert rel_err(x, ref) <= 1e-4, rel_err(x, ref)
     print("CHECKED loop/chunk/segments/n=4", flush=True)
+    # a NaN value in shard 0 (row 0, t = 2) stops at the document start at 6 (a shard edge), a
+    # NaN decay in shard 2 (row 1, t = 13) at 17, as unsplit; finite equal gradients elsewhere
+    nan_xs = {
+        **xs,
+        "v": xs["v"].at[0, 2, 0, 1].set(jnp.nan),
+        "a": xs["a"].at[1, 13, 1].set(jnp.nan),
+    }
+    check_nan("nan/chunk/segments/n=4", functools.partial(mesa, method="chunk"), nan_xs, seg, 4)
 
 
 def test_split_over_devices_equals_unsplit():
     out = run_on_cpu_devices("from tests.kernels.test_mesa_net import main; main()", 8)
-    assert checked_names(out) == ["chunk/segments/n=4", "loop/chunk/segments/n=4"]
+    assert checked_names(out) == [
+        "chunk/segments/n=4", "loop/chunk/segments/n=4", "nan/chunk/segments/n=4"
+    ]  # fmt: skip

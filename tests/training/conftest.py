@@ -2,6 +2,7 @@
 checkpoint's state of a finished run, a model's jitted forward pass and a float64 NumPy
 cross-entropy."""
 
+import json
 import os
 from pathlib import Path
 
@@ -65,3 +66,44 @@ def np_stats(logits, labels):
 @pytest.fixture
 def tiny_config():
     return tiny_mqar()
+
+
+# One mixer of each family, as one hybrid model: a single compile for a target covers them all.
+FAMILIES = "linear,gated,gated_deltanet,rwkv7,gated_deltaproduct,softmax,swa"
+# The cases of the targets' family tests: every family on packed text (segment ids through every
+# kernel); MQAR with two families by default and every family under -m slow.
+FAMILY_CASES = [
+    ("lm.py:smoke", FAMILIES),
+    ("mqar.py:smoke", "gated,softmax"),
+    pytest.param("mqar.py:smoke", FAMILIES, marks=pytest.mark.slow),
+]
+
+
+def dry_run_cli(capsys, *argv) -> tuple[int, dict | None, str]:
+    """la-train --dry_run: (exit status, the last stdout line as JSON or None, stderr)."""
+    from linear_attention.training import cli
+
+    status = cli.main(["la-train", *argv, "--dry_run"])
+    out, err = capsys.readouterr()
+    last = out.strip().splitlines()[-1] if out.strip() else ""
+    return status, (json.loads(last) if last.startswith("{") else None), err
+
+
+def families_dry_run(capsys, preset: str, mixers: str, target: str) -> dict:
+    """The dry run of ``configs/<preset>`` with one layer per mixer of ``mixers`` (chunks of
+    16) compiled for ``target``: its sizing, after checking that it exits 0 and leaves the
+    default backend as it was (a target compiles, it runs nothing)."""
+    import jax
+
+    backend = jax.default_backend()
+    status, sizing, err = dry_run_cli(
+        capsys,
+        f"--config=configs/{preset}",
+        f"--config.mesh.target={target}",
+        "--config.model.chunk_size=16",
+        f"--config.model.mixer={mixers}",
+        f"--config.model.num_layers={len(mixers.split(','))}",
+    )
+    assert status == 0, err
+    assert jax.default_backend() == backend
+    return sizing

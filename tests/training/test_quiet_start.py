@@ -10,11 +10,13 @@ import sys
 
 import pytest
 
-from linear_attention.training import platforms, tpu_target
+from linear_attention.training import gpu_target, platforms, tpu_target
 from linear_attention.training.quit_signals import exit_on_signal
 from tests.scripts import DEADLINE_S, ROOT, wait_until
 
 LIBTPU_ERRORS = ("Failed to find host bounds", "unexpected worker hostname", "received by PID")
+# What jaxlib prints at each load of the CUDA plugin (the gpu-compile extra) without a GPU.
+CUDA_DRIVER_LINES = ("Could not find cuda drivers", "cudart_stub")
 no_accelerator = pytest.mark.skipif(
     platforms.tpu_attached() or platforms.gpu_attached(),
     reason="a TPU or GPU is attached: JAX's platforms are left alone",
@@ -52,17 +54,36 @@ def test_a_dry_run_prints_no_libtpu_errors():
         timeout=DEADLINE_S,
     )
     assert proc.returncode == 0 and '"parameters"' in proc.stdout
-    assert not [e for e in LIBTPU_ERRORS if e in proc.stderr], proc.stderr
+    assert not [e for e in LIBTPU_ERRORS + CUDA_DRIVER_LINES if e in proc.stderr], proc.stderr
+
+
+@no_accelerator
+@pytest.mark.skipif(gpu_target.cuda_missing() is not None, reason="needs the gpu-compile extra")
+def test_a_gpu_target_restarts_la_train_with_the_cuda_plugin():
+    """la-train keeps the CUDA plugin out (no driver lines); given a GPU target it starts itself
+    again with the plugin, once, and compiles for it."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "linear_attention.training.cli", "--dry_run"]
+        + ["--config", "configs/mqar.py:smoke", "--config.mesh.target=gpu:h100:1"],
+        cwd=ROOT,
+        env=user_env(),
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE_S,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count('"mesh": {\n') == 1  # the config, printed by the restarted run only
+    assert '"compiler": "XLA:GPU"' in proc.stdout and '"gpu:h100:1"' in proc.stdout
 
 
 SIGNALLED = """
 import sys, time
 from linear_attention.training.platforms import quiet_platforms
-from linear_attention.training import tpu_target
+from linear_attention.training.targets import parse_target
 from linear_attention.training.quit_signals import exit_on_signal
 quiet_platforms()
 with exit_on_signal("la-test") as reinstall:
-    tpu_target.topology_devices(tpu_target.parse_target("tpu:v5e:2x2"))  # libtpu's handlers
+    parse_target("tpu:v5e:2x2").devices()  # libtpu's handlers
     reinstall()
     print("READY", flush=True)
     time.sleep(600)

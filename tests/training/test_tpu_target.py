@@ -14,25 +14,22 @@ import jax
 import pytest
 
 from linear_attention.models.config import REMAT
-from linear_attention.training import cli, sizing, tpu_target
-from linear_attention.training.tpu_target import TARGET_FORMS, oom_bytes, parse_target
+from linear_attention.training import cli, sizing, target_base, tpu_target
+from linear_attention.training.targets import TARGET_FORMS, parse_target
+from linear_attention.training.tpu_target import oom_bytes
 from tests.scripts import load_module
-from tests.training.conftest import ROOT, load_config
+from tests.training.conftest import (
+    FAMILY_CASES,
+    ROOT,
+    dry_run_cli,
+    families_dry_run,
+    load_config,
+)
 
 GiB = 2**30
 MISSING = tpu_target.libtpu_missing()
 needs_libtpu = pytest.mark.skipif(MISSING is not None, reason=f"compiling for TPU: {MISSING}")
-# One mixer of each family, as one hybrid model: a single compile covers them all.
-FAMILIES = "linear,gated,gated_deltanet,rwkv7,gated_deltaproduct,softmax,swa"
 V5E = "--config.mesh.target=tpu:v5e:2x2"
-
-
-def _dry_run(capsys, *argv) -> tuple[int, dict | None, str]:
-    """la-train --dry_run: (exit status, the last stdout line as JSON or None, stderr)."""
-    status = cli.main(["la-train", *argv, "--dry_run"])
-    out, err = capsys.readouterr()
-    last = out.strip().splitlines()[-1] if out.strip() else ""
-    return status, (json.loads(last) if last.startswith("{") else None), err
 
 
 def _check_sizing(sizing: dict, devices: int):
@@ -41,6 +38,7 @@ def _check_sizing(sizing: dict, devices: int):
     holding at least the replicated float32 parameters and AdamW's two moments."""
     assert sizing["target"] == {
         "name": "tpu:v5e:2x2",
+        "compiler": "XLA:TPU",
         "device_kind": "TPU v5 lite",
         "devices": 4,
         "chips": 4,
@@ -63,7 +61,7 @@ def _check_sizing(sizing: dict, devices: int):
     "target",
     [
         "tpu:v9:1x1",
-        "gpu:h100:8",
+        "gpu:v5e:2x2",
         "garbage",
         "tpu:v5e:",
         "tpu:v5e:0x2",
@@ -73,7 +71,7 @@ def _check_sizing(sizing: dict, devices: int):
 )
 def test_a_bad_target_is_a_usage_error_naming_the_accepted_forms(capsys, monkeypatch, target):
     monkeypatch.chdir(ROOT)
-    status, sizing, err = _dry_run(
+    status, sizing, err = dry_run_cli(
         capsys, "--config=configs/mqar.py:smoke", f"--config.mesh.target={target}"
     )
     assert status == 2 and sizing is None
@@ -110,7 +108,7 @@ def test_without_libtpu_a_target_is_a_clear_error(capsys, monkeypatch):
     monkeypatch.setattr(tpu_target, "libtpu_missing", lambda: "libtpu is not installed: pip ...")
     tpu_target.topology_devices.cache_clear()
     try:
-        status, _, err = _dry_run(capsys, "--config=configs/mqar.py:smoke", V5E)
+        status, _, err = dry_run_cli(capsys, "--config=configs/mqar.py:smoke", V5E)
     finally:
         tpu_target.topology_devices.cache_clear()
     assert status == 2
@@ -120,9 +118,9 @@ def test_without_libtpu_a_target_is_a_clear_error(capsys, monkeypatch):
     )
 
 
-def test_fit_needs_a_target_and_a_dry_run(capsys, monkeypatch, tmp_path):
+def test_fit_needs_a_target_and_adry_run_cli(capsys, monkeypatch, tmp_path):
     monkeypatch.chdir(ROOT)
-    status, _, err = _dry_run(capsys, "--config=configs/mqar.py:smoke", "--fit")
+    status, _, err = dry_run_cli(capsys, "--config=configs/mqar.py:smoke", "--fit")
     assert status == 2 and "--fit searches a setting that fits config.mesh.target" in err
     status = cli.main(
         ["la-train", "--config=configs/mqar.py:smoke", f"--workdir={tmp_path}", "--fit"]
@@ -133,7 +131,7 @@ def test_fit_needs_a_target_and_a_dry_run(capsys, monkeypatch, tmp_path):
 @needs_libtpu
 def test_a_topology_libtpu_cannot_lay_out_is_a_usage_error(capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
-    status, _, err = _dry_run(
+    status, _, err = dry_run_cli(
         capsys, "--config=configs/mqar.py:smoke", "--config.mesh.target=tpu:v5e:3x3"
     )
     assert status == 2
@@ -142,32 +140,14 @@ def test_a_topology_libtpu_cannot_lay_out_is_a_usage_error(capsys, monkeypatch):
 
 
 @needs_libtpu
-@pytest.mark.parametrize(
-    "preset, mixers",
-    [
-        ("lm.py:smoke", FAMILIES),  # packed text: segment ids through every kernel
-        ("mqar.py:smoke", "gated,softmax"),  # every family: the slow case below
-        pytest.param("mqar.py:smoke", FAMILIES, marks=pytest.mark.slow),
-    ],
-)
+@pytest.mark.parametrize("preset, mixers", FAMILY_CASES)
 def test_every_mixer_family_compiles_for_a_v5e_slice(capsys, monkeypatch, preset, mixers):
     """One layer of each family (linear, decays, delta rule, DPLR, DeltaProduct, softmax,
     sliding window) in one model, compiled for 4 v5e chips (~30 s of CPU: the delta-rule
     family's chunk forms are most of it); the default backend stays the CPU's (a TPU target
     compiles, it runs nothing)."""
     monkeypatch.chdir(ROOT)
-    backend = jax.default_backend()
-    status, sizing, err = _dry_run(
-        capsys,
-        f"--config=configs/{preset}",
-        V5E,
-        "--config.model.chunk_size=16",
-        f"--config.model.mixer={mixers}",
-        f"--config.model.num_layers={len(mixers.split(','))}",
-    )
-    assert status == 0, err
-    _check_sizing(sizing, devices=4)
-    assert jax.default_backend() == backend
+    _check_sizing(families_dry_run(capsys, preset, mixers, "tpu:v5e:2x2"), devices=4)
     assert os.environ.get("ALLOW_MULTIPLE_LIBTPU_LOAD") is not None
 
 
@@ -179,15 +159,15 @@ def test_the_pallas_method_compiles_for_a_v5e_slice(capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
     model = ["--config.model.method=pallas", "--config.model.chunk_size=16"]
     model += ["--config.model.mixer=gated,linear", "--config.model.num_layers=2"]
-    status, sizing, err = _dry_run(capsys, "--config=configs/mqar.py:smoke", V5E, *model)
+    status, sizing, err = dry_run_cli(capsys, "--config=configs/mqar.py:smoke", V5E, *model)
     assert status == 0, err
     _check_sizing(sizing, devices=4)
-    status, _, err = _dry_run(capsys, "--config=configs/mqar.py:smoke", *model)
+    status, _, err = dry_run_cli(capsys, "--config=configs/mqar.py:smoke", *model)
     assert status == 2 and "the Pallas kernels target TPU" in err, err
     # one layer type on Pallas through layer_options: the step is still split by shard_map
     # (else XLA:TPU refuses: "Mosaic kernels cannot be automatically partitioned")
     hybrid = [*model[1:], "--config.model.layer_options={'gated': {'method': 'pallas'}}"]
-    status, sizing, err = _dry_run(capsys, "--config=configs/mqar.py:smoke", V5E, *hybrid)
+    status, sizing, err = dry_run_cli(capsys, "--config=configs/mqar.py:smoke", V5E, *hybrid)
     assert status == 0, err
     _check_sizing(sizing, devices=4)
 
@@ -197,7 +177,7 @@ def test_a_step_that_cannot_fit_exits_1_with_what_it_needs(capsys, monkeypatch):
     """2^21 rows of 32 tokens on 4 chips: each holds 2^19 · 32 · 256 float32 logits (16 GiB)
     alone, more than a v5e chip's 15.75 GiB, so the compiler refuses the step."""
     monkeypatch.chdir(ROOT)
-    status, sizing, err = _dry_run(
+    status, sizing, err = dry_run_cli(
         capsys, "--config=configs/lm.py:smoke", V5E, f"--config.train.batch_size={2**21}"
     )
     assert status == 1
@@ -336,7 +316,7 @@ def test_every_paper_preset_fits_its_named_target(capsys, monkeypatch, preset):
     config = load_config("lm", preset)
     if not config.mesh.target:
         pytest.skip(f"{preset} names no TPU slice yet (not sized by XLA:TPU)")
-    status, sizing_, err = _dry_run(capsys, f"--config=configs/lm.py:{preset}")
+    status, sizing_, err = dry_run_cli(capsys, f"--config=configs/lm.py:{preset}")
     assert status == 0, err
     assert sizing_["target"]["name"] == config.mesh.target and sizing_["fits"] is True
     assert sizing_["train_step_bytes_per_device"] <= sizing_["hbm_bytes_per_device"]
@@ -359,12 +339,12 @@ def test_a_compiler_error_is_one_line_and_exit_1(capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
 
     def refuse(traced, target, hbm, limit=None):
-        raise tpu_target.TargetCompileError(
+        raise target_base.TargetCompileError(
             f"XLA:TPU could not compile for {target.name}: UNIMPLEMENTED: no such op"
         )
 
     monkeypatch.setattr(sizing, "compile_for_target", refuse)
-    status, sizing_, err = _dry_run(capsys, "--config=configs/mqar.py:smoke", V5E)
+    status, sizing_, err = dry_run_cli(capsys, "--config=configs/mqar.py:smoke", V5E)
     assert status == 1 and sizing_ is None
     assert err == "la-train: XLA:TPU could not compile for tpu:v5e:2x2: UNIMPLEMENTED: no such op\n"
 
@@ -372,7 +352,7 @@ def test_a_compiler_error_is_one_line_and_exit_1(capsys, monkeypatch):
 @needs_libtpu
 def test_more_devices_than_the_target_has_is_a_usage_error(capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
-    status, _, err = _dry_run(
+    status, _, err = dry_run_cli(
         capsys, "--config=configs/mqar.py:smoke", V5E, "--config.mesh.num_devices=8"
     )
     assert status == 2

@@ -72,11 +72,13 @@ from linear_attention.kernels.primitives.decays import (
 )
 from linear_attention.kernels.primitives.driver import affine_call
 from linear_attention.kernels.primitives.layout import from_chunks, pad_time, to_chunks
+from linear_attention.kernels.primitives.nan_guard import guard_inputs
 from linear_attention.kernels.primitives.pallas import CHUNK_MULTIPLE, round_up
 from linear_attention.kernels.primitives.pallas_chunk_scan import pallas_affine_chunk_scan
 from linear_attention.kernels.primitives.triangular import invert_unit_lower, unit_lower_solve_vjp
 from linear_attention.kernels.segments import (
     cumulative_log_decay,
+    decay_state,
     fold_resets,
     reset_reach,
     segment_resets,
@@ -130,10 +132,10 @@ def delta_rule(
       `o: [B, T, HV, Dv]` in `result_type(q, k, v)`, and with `return_state` the final
       `LinearAttentionState(kv, None)` (float32).
 
-    No NaN guard (unlike `causal_linear_attention`): a non-finite key, value or β spreads to its
-    whole chunk (earlier tokens included) and, since exp(−inf)·NaN = NaN, past resets, and the
-    gradient is NaN throughout; under `axis_name` a NaN carried into a later shard stops at that
-    shard's first reset.
+    A non-finite key, value, β or log decay at token s makes the outputs t ≥ s of its value head
+    NaN up to the next reset, and nothing else, in every method (`primitives.nan_guard`); a
+    non-finite initial state those before the first reset. The gradient of a loss on the finite
+    outputs is finite.
     """
     check_options(method, chunk_size, return_state, METHODS + PALLAS_METHODS)
     if method == "pallas":
@@ -147,6 +149,10 @@ def delta_rule(
     f32 = method != "pallas"
     q_in, k_in = (expand_heads(x.astype(jnp.float32) if f32 else x, HV) for x in (q, k))
     beta32 = jnp.asarray(beta, jnp.float32)
+    v_in = v.astype(jnp.float32) if f32 else v
+    guard, (k_in, v_in, beta32), a_BTHX, (s0_BHKD,) = guard_inputs(
+        (B, T, HV), (k_in, v_in, beta32), a_BTHX, (s0_BHKD,), split=axis_name is not None
+    )
     match method:
         case "chunk":
             kernel = functools.partial(delta_chunked, chunk_size=chunk_size)
@@ -163,13 +169,14 @@ def delta_rule(
 
     return affine_call(
         core,
-        v.astype(jnp.float32) if f32 else v,
+        v_in,
         s0_BHKD,
         dtype=jnp.result_type(q, k, v),
         return_state=return_state,
         axis_name=axis_name,
         like=q_in,
         reached_BTH=reset_reach(a_BTHX),
+        guard=guard,
     )
 
 
@@ -208,9 +215,9 @@ def delta_token(s_BHKD, q_BHK, k_BHK, v_BHD, beta_BH, a_BHX):
 
     `a_BHX`: `[B, H]` (per head), `[B, H, K]` (per key channel) or None."""
     beta_BH = jnp.asarray(beta_BH, jnp.float32)
-    if a_BHX is not None:  # exp(−inf) = 0: a reset, no NaN
-        decay = jnp.exp(a_BHX)
-        s_BHKD = (decay[..., None] if a_BHX.ndim == 3 else decay[..., None, None]) * s_BHKD
+    if a_BHX is not None:  # −inf: a reset, a zero state selected (a NaN one too)
+        a = a_BHX[..., None] if a_BHX.ndim == 3 else a_BHX[..., None, None]
+        s_BHKD = decay_state(a, s_BHKD)
     read_BHD = jnp.einsum("bhk,bhkd->bhd", k_BHK, s_BHKD)
     u_BHD = beta_BH[..., None] * (v_BHD - read_BHD)
     s_BHKD = s_BHKD + k_BHK[..., :, None] * u_BHD[..., None, :]

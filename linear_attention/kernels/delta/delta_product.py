@@ -34,6 +34,7 @@ from linear_attention.kernels.delta.checks import (
 )
 from linear_attention.kernels.delta.delta import delta_chunked, delta_pallas, delta_token
 from linear_attention.kernels.primitives.driver import affine_call
+from linear_attention.kernels.primitives.nan_guard import guard_inputs
 from linear_attention.kernels.segments import fold_resets, reset_reach, segment_resets
 from linear_attention.kernels.state import LinearAttentionState
 
@@ -83,6 +84,10 @@ def delta_product(
     f32 = method != "pallas"
     q_in, k_in = (x.astype(jnp.float32) if f32 else x for x in (q, k))
     beta32 = jnp.asarray(beta, jnp.float32)
+    v_in = v.astype(jnp.float32) if f32 else v
+    guard, (k_in, v_in, beta32), a_BTH, (s0_BHKD,) = guard_inputs(
+        (B, T, H), (k_in, v_in, beta32), a_BTH, (s0_BHKD,), split=axis_name is not None
+    )
     match method:
         case "chunk":
             kernel = functools.partial(delta_product_chunked, chunk_size=chunk_size)
@@ -100,13 +105,14 @@ def delta_product(
     # a −inf decay zeroes the state before the token's steps: a NaN carried in stops there
     return affine_call(
         core,
-        v.astype(jnp.float32) if f32 else v,
+        v_in,
         s0_BHKD,
         dtype=jnp.result_type(q, k, v),
         return_state=return_state,
         axis_name=axis_name,
         like=q_in,
         reached_BTH=reset_reach(a_BTH),
+        guard=guard,
     )
 
 

@@ -57,10 +57,11 @@ from linear_attention.kernels.primitives.chunk_scan import affine_chunk_scan, ch
 from linear_attention.kernels.primitives.decays import ChunkDecays, SubBlocks, sub_block_size
 from linear_attention.kernels.primitives.driver import affine_call
 from linear_attention.kernels.primitives.layout import from_chunks, pad_time, to_chunks
+from linear_attention.kernels.primitives.nan_guard import guard_inputs
 from linear_attention.kernels.primitives.pallas import CHUNK_MULTIPLE, round_up
 from linear_attention.kernels.primitives.pallas_chunk_scan import pallas_affine_chunk_scan
 from linear_attention.kernels.primitives.triangular import invert_unit_lower, unit_lower_solve_vjp
-from linear_attention.kernels.segments import cumulative_log_decay, segment_resets
+from linear_attention.kernels.segments import cumulative_log_decay, decay_state, segment_resets
 from linear_attention.kernels.state import LinearAttentionState
 
 
@@ -119,30 +120,42 @@ def dplr_delta_rule(
     if resets_BT is not None:
         w_BTHK, a_in = _fold_resets(resets_BT, w_BTHK, a_in)
         reached_BTH = jnp.broadcast_to(jnp.cumsum(resets_BT, axis=1)[..., None] > 0, (B, T, H))
-    match method:
-        case "chunk":
-            kernel = functools.partial(dplr_chunked, chunk_size=chunk_size)
-        case "scan":
-            kernel = dplr_scan
-        case "pallas":
-            kernel = functools.partial(dplr_chunked, chunk_size=chunk_size, pallas=True)
-        case _:
-            allowed = ", ".join(METHODS + PALLAS_METHODS)
-            raise ValueError(f"unknown method {method!r}; allowed: {allowed}")
+    # only a segment start zeroes the whole state, so the guard's resets are those, not w = −inf
+    resets = jnp.zeros((B, T), bool) if resets_BT is None else resets_BT
+    writes = (k_in, v.astype(jnp.float32) if f32 else v, a_in, b_in)
+    guard, (k_in, v_in, a_in, b_in), w_BTHK, (s0_BHKD,) = guard_inputs(
+        (B, T, H), writes, w_BTHK, (s0_BHKD,), resets=resets, split=axis_name is not None
+    )
+    kernel = _kernel(method, chunk_size)
 
     def core(v_ext, s_init):
         return kernel(q_in, k_in, v_ext, a_in, b_in, w_BTHK, s_init)
 
     return affine_call(
         core,
-        v.astype(jnp.float32) if f32 else v,
+        v_in,
         s0_BHKD,
         dtype=jnp.result_type(q, k, v),
         return_state=return_state,
         axis_name=axis_name,
         like=q_in,
         reached_BTH=reached_BTH,
+        guard=guard,
     )
+
+
+def _kernel(method, chunk_size):
+    """The local kernel of `method`: `(q, k, v, a, b, w, s0) -> (o, s)`."""
+    match method:
+        case "chunk":
+            return functools.partial(dplr_chunked, chunk_size=chunk_size)
+        case "scan":
+            return dplr_scan
+        case "pallas":
+            return functools.partial(dplr_chunked, chunk_size=chunk_size, pallas=True)
+        case _:
+            allowed = ", ".join(METHODS + PALLAS_METHODS)
+            raise ValueError(f"unknown method {method!r}; allowed: {allowed}")
 
 
 def dplr_delta_rule_step(state: LinearAttentionState, q, k, v, a, b, *, log_decay=None):
@@ -169,7 +182,7 @@ def _token(s_BHKD, inputs):
     q, k, v, a, b, w = inputs
     read_BHD = jnp.einsum("bhk,bhkd->bhd", a, s_BHKD)
     s_BHKD = (
-        jnp.exp(w)[..., None] * s_BHKD  # exp(−inf) = 0: no NaN
+        decay_state(w[..., None], s_BHKD)  # a −inf channel selects 0, whatever S holds
         + b[..., :, None] * read_BHD[..., None, :]
         + k[..., :, None] * v[..., None, :]
     )

@@ -45,6 +45,12 @@ from linear_attention.kernels.checks import (
     check_positive_int,
     refuse_axis_name,
 )
+from linear_attention.kernels.primitives.nan_guard import (
+    clean,
+    clean_log_decay,
+    nan_guard,
+    poison,
+)
 from linear_attention.kernels.segments import cumulative_log_decay, fold_resets, segment_resets
 from linear_attention.kernels.softmax.gated_cache import (
     ForgettingCache,
@@ -98,10 +104,14 @@ def forgetting_attention(
     a_BTH = fold_resets(segment_resets(segment_ids, B, T), a_BTH, H)
     if a_BTH is None:
         a_BTH = jnp.zeros((B, T, H), jnp.float32)
-    c_BTH, n_BTH = cumulative_log_decay(a_BTH, axis=1, restart=True)
     dtype = jnp.result_type(q, k, v)
     q32 = jnp.asarray(q, jnp.float32) * resolve_scale(scale, q.shape[-1])
     k32, v32 = jnp.asarray(k, jnp.float32), jnp.asarray(v, jnp.float32)
+    # a bad key, value or gate reaches the later queries of its document only, as the bias
+    # c_i − c_j carries it (`primitives.nan_guard`): computed clean, selected to NaN there
+    guard = nan_guard((B, T, H), (k32, v32), a_BTH)
+    k32, v32, a_BTH = clean(guard, k32), clean(guard, v32), clean_log_decay(a_BTH)
+    c_BTH, n_BTH = cumulative_log_decay(a_BTH, axis=1, restart=True)
     match method:
         case "blockwise":
             o_BTHD = _blockwise(q32, k32, v32, c_BTH, n_BTH, block_size)
@@ -109,7 +119,7 @@ def forgetting_attention(
             o_BTHD = _quadratic(q32, k32, v32, c_BTH, n_BTH)
         case _:
             raise ValueError(f"unknown method {method!r}; allowed: {', '.join(METHODS)}")
-    return o_BTHD.astype(dtype)
+    return poison(guard, o_BTHD).astype(dtype)
 
 
 def _quadratic(q_BTHD, k_BTHD, v_BTHE, c_BTH, n_BTH):

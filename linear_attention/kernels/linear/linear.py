@@ -8,9 +8,10 @@ Causal linear attention with an optional log decay a_t ≤ 0 is the recurrence
 
 with a_t one number per head, or one per key dimension (GLA: it scales the rows of kv). A log
 decay of −inf is a reset (the state is zeroed); packed rows (`segment_ids`) are resets at every
-document start. Non-finite keys or values poison only their own token and what follows it in the
-same document, as in the recurrence: every method computes with those tokens zeroed and marks
-the affected outputs NaN, since a masked matmul would spread a future NaN backwards (0·NaN = NaN).
+document start. Non-finite keys, values or log decays poison only their own token and what
+follows it in the same document, as in the recurrence: every method computes with those tokens
+zeroed and marks the affected outputs NaN (`primitives.nan_guard`), since a masked matmul or a
+reset would spread a NaN backwards or into the next document (0·NaN = NaN).
 A NaN output depends on nothing, so the gradient of a loss on the finite outputs is finite at
 every other token ("chunk"'s hand-written backward gives those outputs a zero cotangent too),
 and under `axis_name` a NaN stops at the same resets as unsplit (`sequence_parallel.py`).
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import functools
 
-import jax
 import jax.numpy as jnp
 
 from linear_attention.kernels.checks import (
@@ -45,6 +45,7 @@ from linear_attention.kernels.linear.pallas import CHUNK_MULTIPLE, causal_pallas
 from linear_attention.kernels.linear.quadratic import causal_quadratic
 from linear_attention.kernels.linear.recurrent import causal_scan
 from linear_attention.kernels.linear.sequence_parallel import linear_sequence_parallel
+from linear_attention.kernels.primitives.nan_guard import clean_log_decay, nan_guard
 from linear_attention.kernels.primitives.pallas import check_pallas_backend
 from linear_attention.kernels.segments import fold_resets, segment_resets
 from linear_attention.kernels.state import LinearAttentionState, check_state
@@ -215,7 +216,9 @@ def _local(qkv, qkva, state0, method, chunk_size, normalize, eps):
     `(o_BTHD, LinearAttentionState)`, NaN where a bad token reaches."""
     q32, k32, v32, a_BTH = qkva
     kv0_BHMD, z0_BHM = state0
-    ok_BTH, poisoned_BTH = _bad_tokens(k32, v32, a_BTH)
+    guard = nan_guard(q32.shape[:3], (k32, v32), a_BTH)
+    ok_BTH, poisoned_BTH = guard
+    qkva = (q32, k32, v32, clean_log_decay(a_BTH))
     match method:
         case "chunk":  # zeroes bad tokens inside its steps, no extra pass over k and v
             with reverse_mode_only('method="chunk"', FORWARD_MODE_ALTERNATIVES):
@@ -298,25 +301,6 @@ def _value_column_core(core, qkva, state0, ok_BTH, normalize, eps):
     if normalize:
         o_BTHD = o_BTHD / (out_BTHD[..., Dv:] + eps)
     return o_BTHD, kv_BHMD, z_BHM
-
-
-def _bad_tokens(k_BTHM, v_BTHD, a_BTH):
-    """Tokens with finite keys and values (`ok`), and the outputs a non-finite one reaches.
-
-    A bad token s reaches t ≥ s unless a reset (a −inf log decay in every key dimension) lies in
-    (s, t]: it is where the recurrence itself would carry the NaN. Both `[B, T, H]` bool.
-    """
-    # a sum is finite iff every term is: one reduction per array, not an elementwise test
-    ok_BTH = jnp.isfinite(jnp.sum(k_BTHM, -1) + jnp.sum(v_BTHD, -1))
-    bad_BTH = ~ok_BTH
-    if a_BTH is None:
-        resets_BTH = jnp.zeros(bad_BTH.shape, jnp.int32)
-    else:
-        reset = jnp.isneginf(a_BTH)
-        reset_BTH = jnp.all(reset, -1) if a_BTH.ndim == 4 else reset
-        resets_BTH = jnp.cumsum(reset_BTH.astype(jnp.int32), axis=1)
-    last_bad_BTH = jax.lax.cummax(jnp.where(bad_BTH, resets_BTH, -1), axis=1)
-    return ok_BTH, last_bad_BTH == resets_BTH
 
 
 def _check_qkv(q, k, v):

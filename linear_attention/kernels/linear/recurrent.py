@@ -3,7 +3,7 @@
     S_t = diag(exp(a_t)) S_{t-1} + k_t v_tᵀ,   o_t = q_tᵀ S_t
 
 with a_t a log decay per head (a scalar) or per key dimension (a vector scaling the rows of S).
-A log decay of −inf is a reset: exp(−inf) = 0 clears the state.
+A log decay of −inf is a reset: it selects a zero state (`segments.decay_state`).
 
 The scan is the sequential RNN view: O(T) time, O(1) state, no parallelism over time; its
 autodiff keeps a state per token, so it is a reference and a decoding path, not a training path.
@@ -21,6 +21,7 @@ from linear_attention.kernels.checks import (
     check_log_decay,
     check_static,
 )
+from linear_attention.kernels.segments import decay_state
 from linear_attention.kernels.state import LinearAttentionState, check_state
 
 
@@ -32,7 +33,7 @@ def causal_scan(q_BTHM, k_BTHM, v_BTHD, a_BTH, s0_BHMD):
     def step(s_BHMD, inputs):
         q_BHM, k_BHM, v_BHD, a_BH = inputs
         if a_BH is not None:
-            s_BHMD = _decay_rows(a_BH) * s_BHMD
+            s_BHMD = decay_state(_rows(a_BH), s_BHMD)
         s_BHMD = s_BHMD + k_BHM[..., :, None] * v_BHD[..., None, :]
         return s_BHMD, jnp.einsum("bhm,bhmd->bhd", q_BHM, s_BHMD)
 
@@ -43,9 +44,9 @@ def causal_scan(q_BTHM, k_BTHM, v_BTHD, a_BTH, s0_BHMD):
     return jnp.moveaxis(o_TBHD, 0, 1), s_BHMD
 
 
-def _decay_rows(a):
-    """exp(a) shaped to scale a [..., M, Dv] state: a is [B, H] (per head) or [B, H, M]."""
-    return jnp.exp(a)[..., None, None] if a.ndim == 2 else jnp.exp(a)[..., None]
+def _rows(a):
+    """a shaped to scale a [..., M, Dv] state: a is [B, H] (per head) or [B, H, M]."""
+    return a[..., None, None] if a.ndim == 2 else a[..., None]
 
 
 def recurrent_step(
@@ -76,9 +77,9 @@ def recurrent_step(
     kv_BHMD = state.kv.astype(jnp.float32)
     k_sum_BHM = None if state.k_sum is None else state.k_sum.astype(jnp.float32)
     if a_BH is not None:
-        kv_BHMD = _decay_rows(a_BH) * kv_BHMD
+        kv_BHMD = decay_state(_rows(a_BH), kv_BHMD)
         if k_sum_BHM is not None:
-            k_sum_BHM = _decay_rows(a_BH)[..., 0] * k_sum_BHM
+            k_sum_BHM = decay_state(_rows(a_BH)[..., 0], k_sum_BHM)
     kv_BHMD = kv_BHMD + k32[..., :, None] * v32[..., None, :]
     if k_sum_BHM is not None:
         k_sum_BHM = k_sum_BHM + k32

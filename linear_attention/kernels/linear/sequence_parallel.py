@@ -12,6 +12,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from linear_attention.kernels.primitives.combine import prefix, vary_like
+from linear_attention.kernels.primitives.nan_guard import clean_log_decay
 from linear_attention.kernels.state import LinearAttentionState
 
 
@@ -52,6 +53,8 @@ def linear_sequence_parallel(local, qkva, state0, axis_name, normalize, eps):
         u_BHMD = jnp.concatenate([u_BHMD, u_state.k_sum[..., None]], axis=-1)
         z0 = jnp.zeros((B, H, M), jnp.float32) if z0_BHM is None else z0_BHM
         s0_BHMD = jnp.concatenate([kv0_BHMD, z0[..., None]], axis=-1)
+    # the local kernel read it raw (a NaN marks its outputs and summary), the weights read it clean
+    a_BTH = clean_log_decay(a_BTH)
     if a_BTH is None:
         w_BTHM = None
         A_BHM1 = jnp.ones((B, H, 1, 1), jnp.float32)

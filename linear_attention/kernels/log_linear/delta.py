@@ -49,10 +49,12 @@ from linear_attention.kernels.log_linear.log_linear import (
     check_state,
     entering_state,
     finish,
+    guarded,
 )
 from linear_attention.kernels.log_linear.quadratic import hierarchical_mask
 from linear_attention.kernels.primitives.layout import pad_time
-from linear_attention.kernels.segments import fold_resets, segment_resets
+from linear_attention.kernels.primitives.nan_guard import poison, poison_state
+from linear_attention.kernels.segments import decay_state, fold_resets, segment_resets
 
 METHODS = ("chunk", "scan", "quadratic")
 
@@ -61,7 +63,7 @@ def delta_step(state: LogLinearState, q_BHK, k_BHK, v_BHV, beta_BH, a_BH, lam_BH
     """One token, float32 arrays: `(o [B, H, V], state)` (o NaN past the capacity); with
     `valid [B]` False (a padding token) the state is returned unchanged."""
     P_BH = jnp.where(jnp.isneginf(a_BH), 0, state.position)
-    s = jnp.exp(a_BH)[..., None, None, None] * state.levels
+    s = decay_state(a_BH[..., None, None, None], state.levels)  # a reset selects 0
     kS = jnp.einsum("bhk,bhlkv->bhlv", k_BHK, s)
     s = s - (beta_BH[..., None] * k_BHK)[:, :, None, :, None] * kS[..., None, :]
     read = jnp.einsum("bhk,bhlkv->bhlv", q_BHK, s)
@@ -171,6 +173,7 @@ def log_linear_delta_rule(
         jnp.asarray(x, jnp.float32) for x in (q, k, v, beta, level_weights)
     )
     lam32, state = entering_state(initial_state, lam32, (B, H, L, K, V), T)
+    guard, (k32, v32, b32), a, state = guarded((k32, v32, b32), a, state, initial_state is not None)
     p = positions(a, state.position)
     match method:
         case "chunk":
@@ -181,7 +184,8 @@ def log_linear_delta_rule(
             o = delta_quadratic(q32, k32, v32, b32, a, lam32, p)
         case _:
             raise ValueError(f"unknown method {method!r}; allowed: {', '.join(METHODS)}")
-    return finish(o, state, p, L, dtype, return_state)
+    state = state._replace(levels=poison_state(guard, state.levels))
+    return finish(poison(guard, o), state, p, L, dtype, return_state)
 
 
 def log_linear_delta_rule_step(state: LogLinearState, q, k, v, beta, log_decay, level_weights):

@@ -64,6 +64,7 @@ from linear_attention.kernels.log_linear.fenwick import LogLinearState, capacity
 from linear_attention.kernels.log_linear.quadratic import log_linear_quadratic
 from linear_attention.kernels.log_linear.recurrent import log_linear_scan, step
 from linear_attention.kernels.log_linear.sequence_parallel import split_over
+from linear_attention.kernels.primitives.nan_guard import guard_inputs, poison, poison_state
 from linear_attention.kernels.segments import fold_resets, segment_resets
 
 METHODS = ("chunk", "quadratic", "scan")
@@ -143,8 +144,16 @@ def log_linear_attention(
     dtype = jnp.result_type(q, k, v)
     q32, k32, v32, lam32 = (jnp.asarray(x, jnp.float32) for x in (q, k, v, level_weights))
     lam32, state = entering_state(initial_state, lam32, (B, H, L, K, V), T * spans)
+    guard, (k32, v32), a_BTH, state = guarded(
+        (k32, v32), a_BTH, state, axis_name is None and initial_state is not None
+    )
 
     def core(state):
+        o, state, p_BTH = _core(state)
+        # poisoned here, inside a span, so that a time split carries the NaN as unsplit does
+        return poison(guard, o), state._replace(levels=poison_state(guard, state.levels)), p_BTH
+
+    def _core(state):
         p_BTH = positions(a_BTH, state.position)
         match method:
             case "chunk":
@@ -187,6 +196,16 @@ def check_level_weights(level_weights, T: int | None = None) -> None:
             f"{float(values[at])} at index {at} ({int(bad.sum())} of {values.size} values "
             "negative or NaN)"
         )
+
+
+def guarded(writes, a_BTH, state: LogLinearState, initial: bool):
+    """The NaN guard of a log-linear call (`primitives.nan_guard`): `(guard, clean writes, clean
+    log decay, clean entering state)`; the entering state's levels poison up to the first
+    reset when `initial` (a given initial state, time unsplit)."""
+    guard, writes, a_BTH, (levels,) = guard_inputs(
+        a_BTH.shape, writes, a_BTH, (state.levels,), split=not initial
+    )
+    return guard, writes, a_BTH, state._replace(levels=levels)
 
 
 def check_levels(L: int, T: int) -> None:

@@ -19,13 +19,14 @@ from linear_attention.kernels.log_linear.fenwick import (
     merge,
     padded_weights,
 )
+from linear_attention.kernels.segments import decay_state
 
 
 def step(state: LogLinearState, q_BHK, k_BHK, v_BHV, a_BH, lam_BHL):
     """One token, float32 arrays: `(o [B, H, V], state)`; o is NaN at positions past the
     capacity of the L level weights (2^(L−1))."""
     P_BH = jnp.where(jnp.isneginf(a_BH), 0, state.position)
-    s_BHLKV = jnp.exp(a_BH)[..., None, None, None] * state.levels
+    s_BHLKV = decay_state(a_BH[..., None, None, None], state.levels)  # a reset selects 0
     read_BHLV = jnp.einsum("bhk,bhlkv->bhlv", q_BHK, s_BHLKV)
     o_BHV = jnp.einsum("bhl,bhlv->bhv", padded_weights(lam_BHL)[..., 1:], read_BHLV)
     o_BHV += (lam_BHL[..., 0] * jnp.sum(q_BHK * k_BHK, -1))[..., None] * v_BHV

@@ -16,8 +16,9 @@ entering level states. The first is an integer prefix, the second is affine once
      decay from the span's start (`fenwick.read_weights`).
 
 Every shard gets the global final state (a `psum` of the last shard's copy, typed replicated).
-Gradients are JAX's through the collectives. A NaN input is not guarded: it reaches every
-later span's outputs (the unsplit call stops it at the next reset).
+Gradients are JAX's through the collectives. A non-finite state (a NaN input of a span, which
+the guard marks in its outputs and levels) travels as a flag beside clean numbers, as in
+`combine.prefix`: it reaches later spans up to their first reset, as in the unsplit call.
 """
 
 from __future__ import annotations
@@ -56,10 +57,14 @@ def split_over(core, q_BTHK, lam_BTHL, a_BTH, state: LogLinearState, axis_name: 
     # ---- 2. the local kernel from empty levels; the span's map of the entering levels ----
     empty = LogLinearState(vary_like(jnp.zeros_like(state.levels), q_BTHK), vary_like(P_in, q_BTHK))
     o, local, p = core(empty)
+    o, poisoned_BTH, U, bad_in_BH, bad_out_BH, levels0 = _set_aside(
+        o, local.levels, state.levels, seen_n, axis_name
+    )
+    state = state._replace(levels=levels0)
     b, nres = cumulative_log_decay(a_BTH, axis=1, restart=True)
     total_BH = masked_exp(nres[:, -1] == 0, b[:, -1])
     M = move(P_in, local.position, L) * total_BH[..., None, None]  # [B, H, L, L]
-    M_n, U_n = jax.lax.all_gather(M, axis_name), jax.lax.all_gather(local.levels, axis_name)
+    M_n, U_n = jax.lax.all_gather(M, axis_name), jax.lax.all_gather(U, axis_name)
 
     def compose(earlier, later):  # later ∘ earlier, maps as [from, to]
         (M1, U1), (M2, U2) = earlier, later
@@ -71,10 +76,43 @@ def split_over(core, q_BTHK, lam_BTHL, a_BTH, state: LogLinearState, axis_name: 
     s_in = jnp.where(idx == 0, state.levels, jax.lax.dynamic_index_in_dim(through, prev, 0, False))
     is_last = idx == n - 1
     s_out = jax.lax.psum(jnp.where(is_last, through[-1], 0.0), axis_name)
+    s_out = jnp.where(bad_out_BH[..., None, None, None], jnp.nan, s_out)
     P_out = jax.lax.psum(jnp.where(is_last, entering[-1], 0), axis_name)
 
     # ---- 3. the entering levels' reads ----
     start_BTH = masked_exp(nres == 0, b)
     read = read_weights(jnp.moveaxis(lam_BTHL, 1, 2), jnp.moveaxis(p, 1, 2), P_in, L)
     o = o + jnp.einsum("bhtl,bthk,bhlkv->bthv", read, q_BTHK * start_BTH[..., None], s_in)
-    return o, LogLinearState(s_out, P_out), p
+    reached_BTH = poisoned_BTH | (bad_in_BH[:, None] & (nres == 0))
+    return jnp.where(reached_BTH[..., None], jnp.nan, o), LogLinearState(s_out, P_out), p
+
+
+def _set_aside(o, levels, levels0, seen_n, axis_name):
+    """NaN set aside as flags (`combine.prefix`'s rule, bad = bad₂ | (bad₁ & ¬reset₂)): the
+    span's outputs and levels with their NaN zeroed, the tokens that were NaN, and whether the
+    levels entering and leaving (globally, replicated) this span are bad; the initial levels
+    zeroed where bad. `seen_n` [n, B, H]: whether each span holds a reset. Kept in the sums, a
+    NaN would meet zero weights (0·NaN) in the outputs and the gradient."""
+    idx, n = jax.lax.axis_index(axis_name), jax.lax.axis_size(axis_name)
+    poisoned_BTH = ~jnp.all(jnp.isfinite(o), -1)
+    bad_BH = ~jnp.all(jnp.isfinite(levels), axis=(2, 3, 4))
+    bad0_BH = ~jnp.all(jnp.isfinite(levels0), axis=(2, 3, 4))
+
+    def compose(earlier, later):
+        (r1, b1), (r2, b2) = earlier, later
+        return r1 | r2, b2 | (b1 & ~r2)
+
+    r_cum, b_cum = jax.lax.associative_scan(
+        compose, (seen_n, jax.lax.all_gather(bad_BH, axis_name))
+    )
+    bad_through = b_cum | (bad0_BH[None] & ~r_cum)
+    prev = jax.lax.dynamic_index_in_dim(bad_through, jnp.maximum(idx - 1, 0), 0, False)
+    bad_in = jnp.where(idx == 0, bad0_BH, prev)
+    bad_out = jax.lax.psum(
+        jnp.where(idx == n - 1, bad_through[-1], False).astype(jnp.int32), axis_name
+    )
+    zero = lambda x, bad: jnp.where(bad.reshape(bad.shape + (1,) * (x.ndim - bad.ndim)), 0.0, x)  # noqa: E731
+    return (
+        zero(o, poisoned_BTH), poisoned_BTH, zero(levels, bad_BH), bad_in, bad_out > 0,
+        zero(levels0, bad0_BH),
+    )  # fmt: skip

@@ -65,6 +65,7 @@ from linear_attention.kernels.mesa_net.chunked import chunk_states, mesa_chunked
 from linear_attention.kernels.mesa_net.recurrent import read, recurrent, update
 from linear_attention.kernels.mesa_net.residual import cg_residual, warn_unconverged
 from linear_attention.kernels.primitives.combine import prefix, vary_like
+from linear_attention.kernels.primitives.nan_guard import guard_inputs, poison, poison_state
 from linear_attention.kernels.segments import fold_resets, reset_reach, segment_resets
 
 METHODS = ("chunk", "recurrent", "exact")
@@ -137,8 +138,13 @@ def mesa_net(
     a_BTH = fold_resets(segment_resets(segment_ids, B, T, axis_name), a_BTH, H)
     kk0, kv0 = _initial_state(initial_state, B, H, Kd, Dv)
     dtype = jnp.result_type(q, k, v)
-    q32, k32, v32 = (jnp.asarray(x, jnp.float32) for x in (q, k, v))
-    kb32 = jnp.asarray(beta, jnp.float32)[..., None] * k32
+    q32, k32, v32, beta32 = (jnp.asarray(x, jnp.float32) for x in (q, k, v, beta))
+    # a bad key, value, β or decay reaches its head's later tokens up to a reset, a bad initial
+    # state those before the first (`primitives.nan_guard`): computed clean, selected to NaN
+    guard, (k32, v32, beta32), a_BTH, (kk0, kv0) = guard_inputs(
+        (B, T, H), (k32, v32, beta32), a_BTH, (kk0, kv0), split=axis_name is not None
+    )
+    kb32 = beta32[..., None] * k32
     leaves = jax.tree.leaves((q, k, beta, lambda_, log_decay, kk0, segment_ids))
     eager = axis_name is None and not any(isinstance(x, jax.core.Tracer) for x in leaves)
     if method != "exact" and eager:  # (under jit: `mesa_net_residual`, module docstring)
@@ -160,11 +166,12 @@ def mesa_net(
 
     if axis_name is None:
         o_BTHD, kk, kv = local(kk0, kv0, a_BTH, lam_HK)
+        kk, kv = poison_state(guard, kk), poison_state(guard, kv)
     else:
         o_BTHD, kk, kv = _split(
-            local, (kb32, k32, v32, a_BTH, lam_HK), (kk0, kv0), chunk_size, axis_name
+            local, (kb32, k32, v32, a_BTH, lam_HK), (kk0, kv0), chunk_size, axis_name, guard
         )
-    o_BTHD = o_BTHD.astype(dtype)
+    o_BTHD = poison(guard, o_BTHD).astype(dtype)
     return (o_BTHD, MesaNetState(kk, kv)) if return_state else o_BTHD
 
 
@@ -211,9 +218,11 @@ def _check_inputs(q, k, v, beta, lambda_) -> tuple[int, int, int, int, int]:
     return sizes["B"], sizes["T"], sizes["H"], sizes["K"], sizes["Dv"]
 
 
-def _split(local, inputs, state0, chunk_size, axis_name):
+def _split(local, inputs, state0, chunk_size, axis_name, guard):
     """The time split (module docstring): summaries, `prefix` over shards, the local kernel
-    from the entering state; NaN where a non-finite entering state reaches (up to a reset)."""
+    from the entering state; NaN where a non-finite entering state reaches (up to a reset).
+    `inputs` are clean; `guard` marks the summary of a shard whose last token a bad one of
+    its own reaches, so that `prefix` carries the NaN on as the unsplit call does."""
     kb, k, v, a_BTH, lam_HK = inputs
     kk0, kv0 = state0
     Kd = k.shape[-1]
@@ -222,6 +231,7 @@ def _split(local, inputs, state0, chunk_size, axis_name):
     zero = vary_like(jnp.zeros_like(s0), k)
     C = min(chunk_size, k.shape[1])
     _, u_BHKF = chunk_states(kb, jnp.concatenate([k, v], axis=-1), a_BTH, zero, C)
+    u_BHKF = poison_state(guard, u_BHKF)
     if a_BTH is None:
         A_BH11 = vary_like(jnp.ones(u_BHKF.shape[:2] + (1, 1), jnp.float32), k)
         reset_BH = jnp.zeros(u_BHKF.shape[:2], bool)

@@ -19,13 +19,14 @@ import jax
 import jax.numpy as jnp
 
 from linear_attention.kernels.mesa_net.solve import conjugate_gradient
+from linear_attention.kernels.segments import decay_state
 
 
 def update(kk_BHKK, kv_BHKD, k_BHK, kb_BHK, v_BHD, a_BH):
     """Both statistics after one token: decay (a_BH None: none; −inf: a reset), then write."""
     if a_BH is not None:
-        gamma = jnp.exp(a_BH)[..., None, None]
-        kk_BHKK, kv_BHKD = gamma * kk_BHKK, gamma * kv_BHKD
+        a = a_BH[..., None, None]  # −inf: a reset, zero statistics selected (NaN ones too)
+        kk_BHKK, kv_BHKD = decay_state(a, kk_BHKK), decay_state(a, kv_BHKD)
     kk_BHKK = kk_BHKK + kb_BHK[..., :, None] * k_BHK[..., None, :]
     kv_BHKD = kv_BHKD + kb_BHK[..., :, None] * v_BHD[..., None, :]
     return kk_BHKK, kv_BHKD

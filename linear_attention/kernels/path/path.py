@@ -58,6 +58,12 @@ from linear_attention.kernels.checks import (
 )
 from linear_attention.kernels.delta.checks import check_beta
 from linear_attention.kernels.path.blockwise import block_terms, path_blockwise
+from linear_attention.kernels.primitives.nan_guard import (
+    clean,
+    clean_log_decay,
+    nan_guard,
+    poison,
+)
 from linear_attention.kernels.segments import cumulative_log_decay, fold_resets, segment_resets
 from linear_attention.kernels.softmax.gated_cache import (
     ForgettingCache,
@@ -139,10 +145,14 @@ def path_attention(
     a_BTH = fold_resets(segment_resets(segment_ids, B, T), a_BTH, H)
     if a_BTH is None:
         a_BTH = jnp.zeros((B, T, H), jnp.float32)
-    c_BTH, n_BTH = cumulative_log_decay(a_BTH, axis=1, restart=True)
     f32 = jnp.float32
     q32 = jnp.asarray(q, f32) * resolve_scale(scale, q.shape[-1])
     k32, v32, w32, beta32 = (jnp.asarray(x, f32) for x in (k, v, w, beta))
+    # a bad key, value, reflection or gate reaches the later queries of its document only (the
+    # transforms of tokens in (j, i] move key j for query i): computed clean, selected to NaN
+    guard = nan_guard((B, T, H), (k32, v32, w32, beta32), a_BTH)
+    k32, v32, w32, beta32 = (clean(guard, x) for x in (k32, v32, w32, beta32))
+    c_BTH, n_BTH = cumulative_log_decay(clean_log_decay(a_BTH), axis=1, restart=True)
     match method:
         case "blockwise":
             o = path_blockwise(q32, k32, v32, w32, beta32, c_BTH, n_BTH, block_size)
@@ -150,7 +160,7 @@ def path_attention(
             o = _quadratic(q32, k32, v32, w32, beta32, c_BTH, n_BTH)
         case _:
             raise ValueError(f"unknown method {method!r}; allowed: {', '.join(METHODS)}")
-    return o.astype(jnp.result_type(q, k, v))
+    return poison(guard, o).astype(jnp.result_type(q, k, v))
 
 
 def _quadratic(q_BTHD, k_BTHD, v_BTHE, w_BTHD, beta_BTH, c_BTH, n_BTH):

@@ -12,6 +12,8 @@
   hand-written VJP when the family gives its pullback (one state per chunk kept);
 - `combine`: sequence parallelism, one affine combine `S_out = A S_in + U` over a mesh axis
   that takes any local kernel (`affine_sequence_parallel`, `prefix`);
+- `nan_guard`: a NaN input reaches only its document's later outputs (`nan_guard`, `clean`,
+  `poison`): every family's methods run inside it;
 - `driver`: the one sequence call of the affine-state families (`affine_call`: the core,
   the sequence-parallel combine, the cast), after their checks and resets.
 

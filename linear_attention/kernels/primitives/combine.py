@@ -61,6 +61,11 @@ def affine_sequence_parallel(local, v, s0_BHKD, axis_name, *, like, resets_BTH=N
     init = jnp.concatenate([jnp.zeros_like(s0_BHKD), eye], axis=-1)
     out_BTHX, state_BHKX = local(vary_like(v_ext, like), vary_like(init, like))
     u_BHKD, A_BHKK = state_BHKX[..., :Dv], state_BHKX[..., Dv:]
+    # NaN local outputs (tokens a bad input of this span reaches) are set aside and marked again
+    # at the end: kept in the sums below, a NaN cotangent there (a loss's own NaN terms, zeroed
+    # by a select) would meet their zero reads (0·NaN) in the entering state's gradient
+    poisoned_BTH = ~jnp.all(jnp.isfinite(out_BTHX), axis=-1)
+    out_BTHX = jnp.where(poisoned_BTH[..., None], 0.0, out_BTHX)
 
     # ---- gather the summaries, compose them over shards ----
     resets_BTH = jnp.zeros(out_BTHX.shape[:3], bool) if resets_BTH is None else resets_BTH
@@ -69,9 +74,10 @@ def affine_sequence_parallel(local, v, s0_BHKD, axis_name, *, like, resets_BTH=N
     )
 
     # the entering state's contribution: (A_t S_in)ᵀ q_t; a bad one reaches tokens up to a reset
-    read_BTHK = jnp.where(jnp.isfinite(out_BTHX[..., Dv:]), out_BTHX[..., Dv:], 0.0)
+    read_BTHK = out_BTHX[..., Dv:]
     o_BTHD = out_BTHX[..., :Dv] + jnp.einsum("bthk,bhkd->bthd", read_BTHK, s_in_BHKD)
-    o_BTHD = jnp.where((bad_in_BH[:, None] & ~resets_BTH)[..., None], jnp.nan, o_BTHD)
+    reached_BTH = poisoned_BTH | (bad_in_BH[:, None] & ~resets_BTH)
+    o_BTHD = jnp.where(reached_BTH[..., None], jnp.nan, o_BTHD)
     return o_BTHD, s_out_BHKD
 
 

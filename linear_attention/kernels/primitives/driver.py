@@ -11,6 +11,9 @@ by the family's own `match` over its methods; it must be linear in (s_init, v) j
 o_t = S_tᵀ q_t, which is what `primitives.combine.affine_sequence_parallel` needs to split time
 over a mesh axis with the same numbers.
 
+A NaN stays where it arose (`primitives.nan_guard`): the family finds the bad tokens from its
+write inputs and cleans them (`guard_inputs`), `affine_call` poisons what they reach.
+
 Resets have one source: `segments.segment_resets`, which takes raw ids or the `Segments` a model
 built once, and knows a span's first token under a time split. A family turns them into −inf
 log decays (`segments.fold_resets`), DPLR also zeroes its low-rank read there.
@@ -19,6 +22,7 @@ log decays (`segments.fold_resets`), DPLR also zeroes its low-rank read there.
 from __future__ import annotations
 
 from linear_attention.kernels.primitives.combine import affine_sequence_parallel
+from linear_attention.kernels.primitives.nan_guard import NanGuard, poison, poison_state
 from linear_attention.kernels.state import LinearAttentionState
 
 
@@ -32,13 +36,24 @@ def affine_call(
     axis_name: str | None = None,
     like=None,
     reached_BTH=None,
+    guard: NanGuard | None = None,
 ):
     """Run `core(v, s_init) -> (o, s)` from `s0_BHKD`, over a time split when `axis_name` is
     given (`like`: an input that varies over the mesh; `reached_BTH`: whether a reset lies at or
     before each token, so that a NaN carried in from an earlier span stops there), and cast.
+    `guard` (`primitives.nan_guard`, with every input already clean, `v` too): the outputs and
+    final state of the core are poisoned where a bad token reaches, inside each span, so that a
+    time split carries the NaN as the unsplit call does.
 
     Returns `o` in `dtype`, and with `return_state` the final `LinearAttentionState(kv, None)`.
     """
+    if guard is not None:
+        inner = core
+
+        def core(v_ext, s_init):
+            o, s = inner(v_ext, s_init)
+            return poison(guard, o), poison_state(guard, s)
+
     if axis_name is None:
         o, s_BHKD = core(v, s0_BHKD)
     else:
