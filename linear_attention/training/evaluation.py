@@ -27,9 +27,8 @@ def eval_step(state, batch, *, graphdef, mesh=None, loss_chunks=None):
     """`steps.model_stats` (by the train step's ``loss_chunks``: the chunked loss gives the
     argmax of accuracy too, so evaluation never holds the ``[B, T, V]`` logits either)."""
     model, _ = nnx.merge(graphdef, state)
-    return model_stats(model, batch, mesh, loss_chunks)[
-        :3
-    ]  # (evaluation is the cross-entropy's alone)
+    # (evaluation is the cross-entropy's alone)
+    return model_stats(model, batch, mesh, loss_chunks)[:3]
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef",))

@@ -19,7 +19,7 @@ from flax import nnx
 
 from linear_attention.data import IGNORE_INDEX
 from linear_attention.models import LanguageModel, ModelConfig
-from linear_attention.training import experiment_config, steps
+from linear_attention.training import evaluation, experiment_config, steps
 from linear_attention.training.chunked_loss import (
     CHUNKED_LOSS_MIN_VOCAB,
     chunked_cross_entropy,
@@ -203,6 +203,20 @@ def test_one_train_step_equals_the_plain_one():
     ):
         assert np.max(np.abs(want - start)) > 0  # the step moved every parameter
         np.testing.assert_allclose(got - start, want - start, rtol=1e-4, atol=1e-7)
+
+
+def test_the_eval_step_equals_the_plain_one():
+    """`evaluation.eval_step` with the train step's chunks: the plain step's sums (loss to
+    float32 rounding; the same correct and labelled counts)."""
+    state, batch, kwargs = _step(None)
+    graphdef, mesh = kwargs["graphdef"], kwargs["mesh"]
+    chunked, plain = (
+        np.asarray(evaluation.eval_step(state, batch, graphdef=graphdef, mesh=mesh, loss_chunks=c))
+        for c in ((4, 16), None)
+    )
+    np.testing.assert_allclose(chunked[0], plain[0], rtol=1e-5)
+    np.testing.assert_array_equal(chunked[1:], plain[1:])
+    assert plain[2] == np.sum(lm_batch()["labels"] != IGNORE_INDEX)
 
 
 def _logit_shaped(hlo: str, rows: int, vocab: int) -> list[str]:
