@@ -392,7 +392,7 @@ def run_train_step(cfg, repeats: int, peak_flops: float | None) -> dict:
         for name in abstract_batch(cfg, mesh)
     }
     batch = shard_batch(batch, mesh)
-    kwargs = dict(graphdef=graphdef, mesh=mesh, fsdp=False, accum=1)
+    kwargs = dict(graphdef=graphdef, mesh=mesh, fsdp=False, accum=1, loss_chunks=cfg.loss_chunks)
     start = time.perf_counter()
     compiled = train_step.lower(state, batch, **kwargs).compile()
     compile_s = time.perf_counter() - start

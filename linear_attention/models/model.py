@@ -196,12 +196,19 @@ class LanguageModel(nnx.Module):
             valid = valid & (in_range if tokens.ndim == 2 else in_range[0])
         return jnp.where(valid[..., None], x, jnp.zeros((), x.dtype)), valid
 
+    def output_embedding(self) -> jax.Array:
+        """``W [D, V]`` of ``logits = RMSNorm(x) · W``: the token embedding's transpose when tied,
+        else the head's kernel (in the parameter dtype)."""
+        return self.embed.embedding[...].T if self.head is None else self.head.kernel[...]
+
     def _logits(self, x, valid):
         x = self.final_norm(x)
-        w_DV = self.embed.embedding[...].T if self.head is None else self.head.kernel[...]
         # float32 accumulation and output, whatever the compute dtype
         logits = jnp.einsum(
-            "...d,dv->...v", x, w_DV.astype(x.dtype), preferred_element_type=jnp.float32
+            "...d,dv->...v",
+            x,
+            self.output_embedding().astype(x.dtype),
+            preferred_element_type=jnp.float32,
         )
         return jnp.where(valid[..., None], logits, jnp.nan)
 
@@ -217,6 +224,16 @@ class LanguageModel(nnx.Module):
         """`__call__`'s logits and the `RouterStats` of every MoE layer's router, summed over the
         layers and the tokens (None when the MLPs are not mixtures of experts): what training's
         load-balancing loss reads (`layers.moe.load_balancing_loss`)."""
+        x, valid, router = self.features_and_router_stats(tokens, segment_ids)
+        return self._logits(x, valid), router
+
+    def features_and_router_stats(
+        self, tokens: jax.Array, segment_ids: jax.Array | None = None
+    ) -> tuple[jax.Array, jax.Array, RouterStats | None]:
+        """``(x [B, T, D], valid [B, T], router)``: the last block's output before the final
+        norm, whether each position's logits are defined (`_logits` makes the others NaN) and
+        the router stats: what a loss that projects onto `output_embedding` itself reads
+        (`training.chunked_loss`, which never holds the ``[B, T, V]`` logits)."""
         x, valid, segments = self._inputs(tokens, segment_ids)
         if self.config.remat == "none":
             router = None
@@ -234,7 +251,7 @@ class LanguageModel(nnx.Module):
             rest = len(blocks) - dense
             pattern = pattern if rest % pattern == 0 else rest
             x, router = _scanned_blocks(blocks[dense:], pattern, policy, x, segments)
-        return self._logits(x, valid), router
+        return x, valid, router
 
     def hidden_states(self, tokens: jax.Array, segment_ids: jax.Array | None = None) -> Hidden:
         """The full pass of `__call__` with what analysis reads on the way (`Hidden`): the

@@ -23,6 +23,7 @@ _NAMES = {
     "NonFiniteLossError": "trainer",
     "build_data": "trainer",
     "build_model": "trainer",
+    "chunked_cross_entropy": "chunked_loss",
     "train": "trainer",
 }
 

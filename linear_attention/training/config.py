@@ -28,6 +28,7 @@ from linear_attention.fields import (
 )
 from linear_attention.layers import get_mixer
 from linear_attention.models.config import ModelConfig
+from linear_attention.training.chunked_loss import CHUNKED_LOSS_MODES, loss_chunks
 from linear_attention.training.data_kinds import (
     DATA_CONFIGS,
     MADDataConfig,
@@ -110,6 +111,11 @@ class TrainConfig(Section):
     # this run, with a fresh optimizer: fine-tuning. "": a new model from config.seed. Used
     # only when this run has no checkpoint yet (a resumed run continues its own).
     init_from: str = ""
+    # The loss by token and vocabulary chunks, never holding the [B, T, V] logits
+    # (`training.chunked_loss`): "auto" when model.vocab_size >= CHUNKED_LOSS_MIN_VOCAB.
+    chunked_loss: str = spec_field("auto", choices=CHUNKED_LOSS_MODES)
+    loss_chunk_tokens: int = 1024
+    loss_chunk_vocab: int = 16384
 
     def check(self):
         if self.batch_size % self.grad_accum_steps:
@@ -189,6 +195,14 @@ class ExperimentConfig:
     @property
     def tokens_per_step(self) -> int:
         return self.train.batch_size * self.data.seq_len
+
+    @property
+    def loss_chunks(self) -> tuple[int, int] | None:
+        """The train and eval steps' ``loss_chunks`` (None: the plain loss; `chunked_loss`)."""
+        t = self.train
+        return loss_chunks(
+            t.chunked_loss, self.model.vocab_size, t.loss_chunk_tokens, t.loss_chunk_vocab
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -22,10 +22,13 @@ from linear_attention.training.scores import (
 from linear_attention.training.steps import model_stats
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "mesh"))
-def eval_step(state, batch, *, graphdef, mesh=None):
+@functools.partial(jax.jit, static_argnames=("graphdef", "mesh", "loss_chunks"))
+def eval_step(state, batch, *, graphdef, mesh=None, loss_chunks=None):
+    """`steps.model_stats` (by the train step's ``loss_chunks``: the chunked loss gives the
+    argmax of accuracy too, so evaluation never holds the ``[B, T, V]`` logits either)."""
     model, _ = nnx.merge(graphdef, state)
-    return model_stats(model, batch, mesh)[:3]  # (evaluation is the cross-entropy's alone)
+    # (evaluation is the cross-entropy's alone)
+    return model_stats(model, batch, mesh, loss_chunks)[:3]
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef",))
@@ -45,6 +48,7 @@ def evaluate(state, data: DataSource, config: ExperimentConfig, graphdef, mesh) 
     groups = data.eval_groups(batch_size)
     token_bytes = data.token_bytes  # None: no text (or no tokenizer)
     totals, num_bytes = {}, 0
+    chunks = config.loss_chunks
     for name, batches in groups.items():
         sums = []
         for b in batches:
@@ -54,7 +58,7 @@ def evaluate(state, data: DataSource, config: ExperimentConfig, graphdef, mesh) 
             if macro:
                 sums.append(class_eval_step(state, b, graphdef=graphdef))
             else:
-                sums.append(eval_step(state, b, graphdef=graphdef, mesh=mesh))
+                sums.append(eval_step(state, b, graphdef=graphdef, mesh=mesh, loss_chunks=chunks))
         parts = zip(*jax.device_get(sums), strict=True)  # (loss sums, corrects, counts)
         totals[name] = [np.asarray(x, np.float64).sum(axis=0) for x in parts]
     if "" not in totals:

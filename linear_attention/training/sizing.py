@@ -108,6 +108,7 @@ def trace_train_step(cfg, mesh):
         mesh=mesh,
         fsdp=cfg.mesh.fsdp,
         accum=cfg.train.grad_accum_steps,
+        loss_chunks=cfg.loss_chunks,
     )
 
 

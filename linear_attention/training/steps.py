@@ -10,7 +10,12 @@ logged for every model with experts. With gradient accumulation the auxiliary lo
 micro-batch's, averaged over the micro-batches (as transformers' Trainer, which runs a forward
 pass per micro-batch): its load fractions are products of batch means, so no sum over
 micro-batches gives the whole batch's, and the update differs from the unaccumulated one in
-that term only."""
+that term only.
+
+With ``loss_chunks = (tokens, vocab)`` (`ExperimentConfig.loss_chunks`: config.train
+``chunked_loss``, ``loss_chunk_tokens``, ``loss_chunk_vocab``) a `LanguageModel`'s loss and
+accuracy come from `chunked_cross_entropy` on its last hidden states and output embedding: the
+same sums, without the ``[B, T, V]`` float32 logits in the step."""
 
 from __future__ import annotations
 
@@ -26,6 +31,7 @@ from jax.sharding import PartitionSpec as P
 from linear_attention.data import IGNORE_INDEX
 from linear_attention.layers import load_balancing_loss
 from linear_attention.models import LanguageModel, redraw_features
+from linear_attention.training.chunked_loss import chunked_cross_entropy
 from linear_attention.training.mesh import DATA_AXIS, sequence_parallel_stats, state_shardings
 
 
@@ -35,7 +41,30 @@ def token_stats(logits_BTV: jax.Array, labels_BT: jax.Array):
     mask_BT = labels_BT != IGNORE_INDEX
     safe_BT = jnp.where(mask_BT, labels_BT, 0)
     ce_BT = optax.softmax_cross_entropy_with_integer_labels(logits_BTV.astype(jnp.float32), safe_BT)
-    correct_BT = (jnp.argmax(logits_BTV, axis=-1) == labels_BT) & mask_BT
+    return _labelled_sums(ce_BT, jnp.argmax(logits_BTV, axis=-1), labels_BT)
+
+
+def chunked_token_stats(model: LanguageModel, x_BTD, valid_BT, labels_BT, chunks):
+    """`token_stats` of ``model``'s logits from its last block's output ``x`` (and ``valid``,
+    `LanguageModel.features_and_router_stats`), by `chunked_cross_entropy` over ``chunks =
+    (tokens, vocab)``: the ``[B, T, V]`` logits are never held. Positions without defined
+    logits give NaN as the plain path's NaN logits do (argmax 0, as ``jnp.argmax`` of NaNs)."""
+    h_BTD = model.final_norm(x_BTD)
+    mask_BT = labels_BT != IGNORE_INDEX
+    ce_BT, argmax_BT = chunked_cross_entropy(
+        h_BTD,
+        model.output_embedding().astype(h_BTD.dtype),
+        jnp.where(mask_BT, labels_BT, 0),
+        token_chunk=chunks[0],
+        vocab_chunk=chunks[1],
+    )
+    ce_BT = jnp.where(valid_BT, ce_BT, jnp.nan)
+    return _labelled_sums(ce_BT, jnp.where(valid_BT, argmax_BT, 0), labels_BT)
+
+
+def _labelled_sums(ce_BT, argmax_BT, labels_BT):
+    mask_BT = labels_BT != IGNORE_INDEX
+    correct_BT = (argmax_BT == labels_BT) & mask_BT
     return (
         jnp.sum(jnp.where(mask_BT, ce_BT, 0.0)),
         jnp.sum(correct_BT, dtype=jnp.float32),
@@ -44,14 +73,17 @@ def token_stats(logits_BTV: jax.Array, labels_BT: jax.Array):
 
 
 @functools.partial(
-    jax.jit, static_argnames=("graphdef", "mesh", "fsdp", "accum"), donate_argnames=("state",)
+    jax.jit,
+    static_argnames=("graphdef", "mesh", "fsdp", "accum", "loss_chunks"),
+    donate_argnames=("state",),
 )
-def train_step(state, batch, *, graphdef, mesh, fsdp, accum: int = 1):
+def train_step(state, batch, *, graphdef, mesh, fsdp, accum: int = 1, loss_chunks=None):
     """One optimizer step: ``(state, batch) -> (state, metrics)``; loss = mean cross-entropy
     over the labelled positions of the whole (global) batch. A batch with ``segment_ids``
     (packed documents) is run with them. ``accum > 1``: the batch is run as that many
     micro-batches (`summed_gradients`), the same update to float32 rounding (but for the MoE
-    auxiliary loss, taken per micro-batch: module docstring)."""
+    auxiliary loss, taken per micro-batch: module docstring). ``loss_chunks = (tokens,
+    vocab)``: the loss by `chunked_cross_entropy` (`model_stats`)."""
     model, optimizer = nnx.merge(graphdef, state)
     # (only a LanguageModel has experts; any other module trains on the cross-entropy alone)
     experts = isinstance(model, LanguageModel) and model.config.num_experts > 0
@@ -61,7 +93,7 @@ def train_step(state, batch, *, graphdef, mesh, fsdp, accum: int = 1):
     labelled = jnp.maximum(jnp.sum(batch["labels"] != IGNORE_INDEX, dtype=jnp.float32), 1.0)
     aux_weight = coef * labelled / accum if coef else None
     loss_sum, correct, count, aux_sum, grads = summed_gradients(
-        model, batch, mesh, accum, aux_weight
+        model, batch, mesh, accum, aux_weight, loss_chunks
     )
     count = jnp.maximum(count, 1.0)
     # (the mean gradient in the parameters' dtype: the optimizer state keeps that dtype)
@@ -94,7 +126,7 @@ def micro_batches(batch: dict, accum: int, mesh) -> dict:
     return {k: split(v) for k, v in batch.items()}
 
 
-def summed_gradients(model, batch, mesh, accum: int, aux_weight=None):
+def summed_gradients(model, batch, mesh, accum: int, aux_weight=None, loss_chunks=None):
     """``(loss_sum, correct, count, aux_sum, grads)``: the `token_stats` sums of ``model`` on
     ``batch``, the sum over micro-batches of each one's MoE load-balancing loss (0 without
     experts), and the gradient with respect to its `nnx.Param`s (float32, whatever the
@@ -106,7 +138,8 @@ def summed_gradients(model, batch, mesh, accum: int, aux_weight=None):
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
 
     def loss_sum(params, batch):
-        loss, correct, count, router = model_stats(nnx.merge(graphdef, params, rest), batch, mesh)
+        model_ = nnx.merge(graphdef, params, rest)
+        loss, correct, count, router = model_stats(model_, batch, mesh, loss_chunks)
         aux = jnp.zeros((), jnp.float32) if router is None else load_balancing_loss(router)
         objective = loss if aux_weight is None else loss + aux_weight * aux
         return objective, (loss, correct, count, aux)
@@ -127,7 +160,7 @@ def summed_gradients(model, batch, mesh, accum: int, aux_weight=None):
     return sums
 
 
-def model_stats(model, batch, mesh=None):
+def model_stats(model, batch, mesh=None, loss_chunks=None):
     """``(loss_sum, correct, count, router)``: `token_stats` of the model on ``batch`` (with its
     ``segment_ids`` if packed) and the `layers.RouterStats` of its MoE layers over the batch
     (None without experts, and for a model other than a `LanguageModel`: any module called as
@@ -135,10 +168,19 @@ def model_stats(model, batch, mesh=None):
     over more than one device, time split over it (sequence parallelism).
     A model with a Pallas layer (`ModelConfig.uses_pallas`) on more than one device runs in
     `jax.shard_map` too (with ``seq`` 1: rows split over ``data``): XLA cannot partition a
-    Mosaic kernel itself."""
+    Mosaic kernel itself. ``loss_chunks = (tokens, vocab)`` (a `LanguageModel` only): the
+    loss and argmax by `chunked_token_stats`, never holding the ``[B, T, V]`` logits."""
+    if loss_chunks is not None and not isinstance(model, LanguageModel):
+        raise ValueError(
+            f"loss_chunks needs a LanguageModel (its features and output embedding), got "
+            f"{type(model).__name__}"
+        )
 
     def stats(model, batch):
         inputs, segment_ids = batch["inputs"], batch.get("segment_ids")
+        if loss_chunks is not None:
+            x, valid, router = model.features_and_router_stats(inputs, segment_ids)
+            return (*chunked_token_stats(model, x, valid, batch["labels"], loss_chunks), router)
         if isinstance(model, LanguageModel):
             logits, router = model.logits_and_router_stats(inputs, segment_ids)
         else:  # any model called as a LanguageModel is: it has no routers to balance

@@ -411,6 +411,7 @@ class Run:
             mesh=self.mesh,
             fsdp=self.fsdp,
             accum=self.cfg.train.grad_accum_steps,
+            loss_chunks=self.cfg.loss_chunks,
         )
         self.pending.append((s + 1, metrics))
         traced = self.profiler.after_step(s + 1, metrics)
