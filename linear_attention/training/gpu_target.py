@@ -76,13 +76,8 @@ class GpuTarget(Target):
     def devices(self) -> tuple:
         return topology_devices(self)
 
-    def describe(self) -> dict:
-        devices = self.devices()
+    def layout(self, devices: tuple) -> dict:
         return {
-            "name": self.name,
-            "compiler": self.compiler,
-            "device_kind": devices[0].device_kind,
-            "devices": len(devices),
             "chips": len(devices),
             "hosts": self.hosts,
             "compute_capability": self.chip.capability,

@@ -36,9 +36,21 @@ class Target(abc.ABC):
         """The compile-only devices; `ValueError` naming the target where this machine cannot
         describe them (a missing compiler package, a layout the compiler does not know)."""
 
-    @abc.abstractmethod
     def describe(self) -> dict:
-        """``{"name", "compiler", "device_kind", "devices", "chips", ...}``."""
+        """``{"name", "compiler", "device_kind", "devices", "chips", ...}``: the compile-only
+        devices and what `layout` adds for the kind of target."""
+        devices = self.devices()
+        return {
+            "name": self.name,
+            "compiler": self.compiler,
+            "device_kind": devices[0].device_kind,
+            "devices": len(devices),
+            **self.layout(devices),
+        }
+
+    @abc.abstractmethod
+    def layout(self, devices: tuple) -> dict:
+        """``{"chips", ...}`` of the target's compile-only `devices`."""
 
     @abc.abstractmethod
     def memory(self) -> tuple[int, str]:

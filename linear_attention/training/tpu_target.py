@@ -74,15 +74,8 @@ class TpuTarget(Target):
     def devices(self) -> tuple:
         return topology_devices(self)
 
-    def describe(self) -> dict:
-        devices = self.devices()
-        return {
-            "name": self.name,
-            "compiler": self.compiler,
-            "device_kind": devices[0].device_kind,
-            "devices": len(devices),
-            "chips": len({tuple(d.coords) for d in devices}),
-        }
+    def layout(self, devices: tuple) -> dict:
+        return {"chips": len({tuple(d.coords) for d in devices})}  # v4: 2 devices a chip
 
     def memory(self) -> tuple[int, str]:
         return hbm_bytes_per_device(self), HBM_SOURCE.format(**self.versions())
