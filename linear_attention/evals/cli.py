@@ -1,4 +1,4 @@
-"""The ``la-eval`` command line, three ways:
+"""The ``la-eval`` command line; its usage, three ways:
 
     la-eval --workdir W [--config.SECTION.FIELD=VALUE ...] [--step N] [--output FILE]
     la-eval --workdir W --tasks T1,T2 [--include_path DIR] [--num_fewshot N] [--limit N]
@@ -34,7 +34,7 @@ import sys
 
 from linear_attention.evals.runs import load_text_run, text_run_config
 from linear_attention.evals.tasks import check_tasks, go_offline, task_manager
-from linear_attention.training.cli_args import UsageError, error, load_config_file
+from linear_attention.training.cli_args import UsageError, error, load_config_file, plain
 from linear_attention.training.outputs import check_output
 
 USAGE = __doc__.split("\n\n")[1]
@@ -143,12 +143,15 @@ def _needle_grid(args) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``la-eval`` (see the module docstring); returns the exit status."""
     argv = list(sys.argv if argv is None else argv)
+    helping = any(a in ("-h", "--help", "-help") for a in argv[1:])
     if not any(a.startswith("--") and a[2:].split("=")[0] in MODES for a in argv[1:]):
         from linear_attention.training.eval_cli import eval_main
 
+        if helping:  # the three ways first, then the first way's fields
+            print(plain(__doc__))
         return eval_main(argv)
-    if any(a in ("-h", "--help", "-help") for a in argv[1:]):
-        print(__doc__)
+    if helping:
+        print(plain(__doc__))
         return 0
     go_offline()
     try:

@@ -3,6 +3,7 @@ description whole (its docstring's first paragraph, wrapped), in every la-* prog
 
 import pytest
 
+from linear_attention.evals import cli as evals_cli
 from linear_attention.training import cli, convert, tokenizer_cli
 from linear_attention.training.cli_args import plain
 from linear_attention.training.eval_cli import eval_main
@@ -20,6 +21,8 @@ def test_plain():
     [
         (cli.main, ["la-train", "--help"]),
         (eval_main, ["la-eval", "--help"]),
+        (evals_cli.main, ["la-eval", "--help"]),  # the entry point: the three ways, then fields
+        (evals_cli.main, ["la-eval", "--tasks", "x", "--help"]),
         (generate_main, ["la-generate", "--help"]),
         (convert.main, ["--help"]),
         (tokenizer_cli.main, ["--help"]),
