@@ -20,7 +20,7 @@ import sys
 import types
 from pathlib import Path
 
-PACKAGES = ("kernels", "layers", "models", "training", "data")
+PACKAGES = ("kernels", "layers", "models", "training", "data", "evals")
 
 ROOT = Path(__file__).resolve().parent.parent
 API_DIR = Path(__file__).resolve().parent / "api"

@@ -16,7 +16,7 @@ from linear_attention.training.cli import UsageError, parse_args
 from tests.scripts import DEADLINE_S
 from tests.training.conftest import ROOT, load_config
 
-PRESETS = [(name, arg) for name in ("mqar", "lm") for arg in (None, "cpu", "smoke")]
+PRESETS = [(name, arg) for name in ("mqar", "lm", "niah") for arg in (None, "cpu", "smoke")]
 
 
 @pytest.mark.parametrize("name,arg", PRESETS)
@@ -25,7 +25,7 @@ def test_every_preset_loads_and_builds(name, arg):
     # The model section is exactly ModelConfig's fields, so each can be overridden.
     assert set(config.model) == {f.name for f in dataclasses.fields(ModelConfig)}
     cfg = experiment_config(config)
-    assert cfg.data.kind == {"mqar": "mqar", "lm": "text"}[name]
+    assert cfg.data.kind == {"mqar": "mqar", "lm": "text", "niah": "needles"}[name]
     tx, _ = make_optimizer(cfg.optimizer, cfg.train.num_steps)
     model, opt = nnx.eval_shape(lambda: trainer.build_model(cfg, tx))
     graphdef, state = nnx.split(model)

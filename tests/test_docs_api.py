@@ -1,6 +1,7 @@
 """The API reference (docs/apiref.py, built by `sphinx-build`) covers every public name of
-`kernels`, `layers`, `models`, `training` and `data`: each name of their `__all__` has a section
-on its package's page and resolves to a definition in a module's source, which autodoc2 reads.
+`kernels`, `layers`, `models`, `training`, `data` and `evals`: each name of their `__all__` has
+a section on its package's page and resolves to a definition in a module's source, which
+autodoc2 reads.
 No Sphinx here: the build itself runs in CI (`.ci/run`)."""
 
 import pytest
