@@ -848,6 +848,28 @@ def st_budget() -> str:
     return render(header, out)
 
 
+# The papers' budgets the controls are measured against: Grazzi et al.'s sequences (parity:
+# 20,000 steps of 256; modular arithmetic: 100,000 of 1,024) and DeltaProduct's training
+# tokens (99,000 sequences of 128, 100 epochs).
+PAPER_BUDGET = {
+    "parity": (20_000 * 256, "sequences", "Grazzi et al.'s"),
+    "mod_arith": (100_000 * 1_024, "sequences", "Grazzi et al.'s"),
+    "s3": (99_000 * 100 * 128, "tokens", "DeltaProduct's"),
+    "s5": (99_000 * 100 * 128, "tokens", "DeltaProduct's"),
+    "a5": (99_000 * 100 * 128, "tokens", "DeltaProduct's"),
+}
+
+
+def budget_ratio(setting: dict) -> str:
+    """A run's training budget as a fraction of its paper's: sequences, or tokens at the mean
+    training length (lengths drawn uniformly between the two bounds)."""
+    paper, unit, whose = PAPER_BUDGET[setting["task"]]
+    sequences = setting["num_steps"] * setting["batch_size"]
+    low, high = setting["train_lengths"]
+    seen = sequences if unit == "sequences" else sequences * (low + high) / 2
+    return f"1/{grouped(round(paper / seen))} of {whose} {unit}"
+
+
 @table("st.controls")
 def st_controls() -> str:
     out = []
@@ -871,6 +893,7 @@ def st_controls() -> str:
                 str(s["d_model"]),
                 rate(s["learning_rate"]),
                 grouped(s["num_steps"]),
+                budget_ratio(s),
                 str(s["seed"]),
                 f3(final["train/accuracy"]),
                 evals,
@@ -884,11 +907,12 @@ def st_controls() -> str:
         "d_model",
         "lr",
         "steps",
+        "budget",
         "seed",
         "train acc.",
         "accuracy by length",
     ]
-    return render(header, out, "lllrrlrrrl")
+    return render(header, out, "lllrrlrlrrl")
 
 
 @table("st.s3_one_layer")
