@@ -983,6 +983,61 @@ def mad_low_rate() -> str:
     return render(["mixer", "in-context recall, lr 1e-3", "noisy recall, lr 1e-3"], out, "lrr")
 
 
+# --- the README's headline tables (subsets of the study pages') ------------------------------
+
+
+@table("readme.mqar")
+def readme_mqar() -> str:
+    best = best_of_rates(mqar_rows(), ("mixer", "d_model"))
+    mixers = ("softmax", "rwkv7", "deltanet", "kda", "gla", "retnet", "gated_deltanet", "linear")
+    out = [[f"`{m}`", spread(best[(m, "64")]), spread(best[(m, "128")])] for m in mixers]
+    return render(["mixer", "d_model 64", "d_model 128"], out)
+
+
+@table("readme.mad")
+def readme_mad() -> str:
+    rows = read_csv("mad_cpu.csv")
+    best = best_of_rates(rows, ("mixer", "task"))
+    out = []
+    for m in ("rwkv7", "softmax", "kda", "deltanet", "gla", "linear"):
+        mean = sum(best[(m, t)]["mean"] for t in MAD_TASKS) / len(MAD_TASKS)
+        cells = [spread(best[(m, t)]) for t in ("fuzzy_recall", "selective_copying")]
+        out.append([f"`{m}`", f3(mean), *cells])
+    return render(["mixer", "mean of six", "fuzzy recall", "selective copying"], out)
+
+
+@table("readme.lm")
+def readme_lm() -> str:
+    rows = sorted(read_csv("lm_sweep_cpu.csv"), key=lambda r: float(r["eval/bits_per_byte"]))
+    out = [[f"`{r['mixer']}`", f3(float(r["eval/bits_per_byte"]))] for r in rows]
+    return render(["mixer", "bits/byte"], out, "lr")
+
+
+@table("readme.length")
+def readme_length() -> str:
+    runs = {r["label"]: r for r in read_json("length_gen_cpu.json")["runs"]}
+    labels = ("softmax-rope", "gated_deltanet", "gated", "deltanet", "softmax")
+    out = [
+        [f"`{label}`", *(f3(runs[label]["bits_per_byte"][n]) for n in ("128", "2048"))]
+        for label in labels
+    ]
+    return render(["model", "l = 128", "l = 2048"], out, "lrr")
+
+
+@table("readme.decode")
+def readme_decode() -> str:
+    data = read_json("decode_cpu.json")
+    points = {(p["mixer"], p["context"]): p for p in data["decode"]}
+    contexts = sorted({p["context"] for p in data["decode"]})
+    out = []
+    for n in (contexts[0], contexts[-1]):
+        ms = [sig3(points[(m, n)]["median_s"] * 1e3) for m in ("gated", "softmax")]
+        mib = [sig3(points[(m, n)]["state_size_bytes"] / 2**20) for m in ("gated", "softmax")]
+        out.append([grouped(n), *ms, *mib])
+    header = ["context", "gated ms", "softmax ms", "gated state MiB", "softmax KV cache MiB"]
+    return render(header, out, "rrrrr")
+
+
 # --- filling the pages -----------------------------------------------------------------------
 
 
@@ -1003,7 +1058,8 @@ def names_used(text: str) -> list[str]:
 
 
 def pages() -> list[Path]:
-    return sorted(STUDIES.glob("*.md"))
+    """The files with generated tables: the study pages and the README's headline results."""
+    return [*sorted(STUDIES.glob("*.md")), DOCS.parent / "README.md"]
 
 
 def main(argv=None) -> int:
