@@ -688,6 +688,26 @@ def _fork_sorted(runs):
     return sorted(runs, key=key)
 
 
+@table("st.parity_paper_size")
+def st_parity_paper_size() -> str:
+    data = read_json("state_tracking_parity_paper_step_time_cpu.json")
+    load = data["machine"]["load_avg_1min_start_end"]
+    rows = [
+        ["parameters", grouped(data["size"]["parameters"])],
+        ["training FLOPs per token", sig3(data["size"]["train_flops_per_token"] / 1e6) + "M"],
+        ["tokens per step (batch × longest length)", grouped(data["size"]["tokens_per_step"])],
+        [
+            f"seconds per step, 2-core CPU at load {load[0]:.0f}–{load[1]:.0f}",
+            sig3(data["seconds_per_step_at_step_50"]),
+        ],
+        [
+            "hours per 20,000-step run at that rate",
+            sig3(data["hours_per_20000_step_run_at_that_rate"]),
+        ],
+    ]
+    return render(["`:parity_paper` (deltanet, β ∈ (0, 2))", "value"], rows, "lr")
+
+
 @table("st.fork_1layer")
 def st_fork_1layer() -> str:
     out = []
