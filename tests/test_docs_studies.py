@@ -1,10 +1,13 @@
 """The study pages (docs/studies/*.md, issue 74): every table between `<!-- table: NAME -->`
 markers equals its regeneration from docs/results/ by docs/studies.py, so no table drifts
 from its file; the generator's tuning equals the sweep tool's own best-per-setting file, its
-Fisher test equals SciPy's, and a changed results file changes the page."""
+Fisher test equals SciPy's, a changed results file changes the page, and every three-decimal
+figure in a page's text comes from its tables or the results files it links."""
 
 import csv
+import json
 import math
+import re
 import shutil
 
 import pytest
@@ -106,3 +109,48 @@ def test_a_changed_results_file_changes_the_page(tmp_path, monkeypatch):
     monkeypatch.setattr(studies, "RESULTS", results)
     page = (ROOT / "docs/studies/mqar.md").read_text()
     assert studies.fill(page) != page
+
+
+LINK = re.compile(r"\]\((\.\./results/[^)#]+|docs/results/[^)#]+)\)")
+FIGURE = re.compile(r"(?<![\d.])−?\d+\.\d{3}(?!\d)")  # a three-decimal figure in the text
+
+
+def _numbers(obj):
+    if isinstance(obj, dict):
+        for value in obj.values():
+            yield from _numbers(value)
+    elif isinstance(obj, list):
+        for value in obj:
+            yield from _numbers(value)
+    elif isinstance(obj, (int, float)) and not isinstance(obj, bool):
+        yield float(obj)
+    elif isinstance(obj, str):
+        yield from (float(m) for m in re.findall(r"-?\d+\.\d+", obj))
+
+
+def _file_numbers(path):
+    if path.suffix == ".json":
+        return set(_numbers(json.loads(path.read_text())))
+    if path.suffix not in (".md", ".txt"):
+        return set()  # a figure; or a csv, whose figures the generated tables carry
+    text = path.read_text()
+    return {float(m) for m in re.findall(r"-?\d+\.\d+(?:e-?\d+)?", text)}
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.stem)
+def test_figures_in_the_text_come_from_a_table_or_a_linked_file(page):
+    """Every three-decimal figure in a page's prose is one of its generated tables' figures or a
+    value of a json, md or txt results file the page links (rounded by the pages' one rule); a
+    linked csv counts through the tables made from it. (A difference is written to four
+    decimals, as taken in the file.)"""
+    text = page.read_text()
+    tables = "".join(m[0] for m in studies.BLOCK.finditer(text))
+    prose = studies.BLOCK.sub("", text)
+    in_tables = {float(n.replace("−", "-")) for n in FIGURE.findall(tables)}
+    known = {studies.f3(v) for v in in_tables}
+    for link in LINK.findall(prose):
+        path = page.parent / link if link.startswith("..") else ROOT / link
+        assert path.exists(), f"{page.name} links {link}, which does not exist"
+        known |= {studies.f3(v) for v in _file_numbers(path)}
+    unknown = [n for n in FIGURE.findall(prose) if n not in known]
+    assert not unknown, f"{page.name}: figures in no table or linked file: {unknown}"
