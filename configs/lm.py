@@ -5,7 +5,8 @@ Command (2 CPU cores; validation bits-per-byte well below 8, then a generated sa
     python experiments/train.py --config configs/lm.py:cpu --workdir runs/lm
 
 What the ``cpu`` preset reaches (validation bits per byte by step, packed and unpacked, and on
-which Python): docs/results/config_docstring_runs.md and EXPERIMENTS.md section 5. The built-in
+which Python): docs/results/config_docstring_runs.md; packing's effect on the comparison:
+docs/studies/packing.md; the mixers compared: docs/studies/lm.md. The built-in
 corpus is the running Python's standard library, so the figures depend on the Python version
 and its installation.
 

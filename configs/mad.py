@@ -36,7 +36,7 @@ They are the presets a device runs; on the CPU they are smoke-tested only. Their
 
 Each preset run once with its default mixer (softmax, seed 0): the command, wall time, load and
 every record are in docs/results/presets_cpu/mad_<task>.json, the figures in
-docs/results/config_docstring_runs.md; the study over mixers: EXPERIMENTS.md section 9.
+docs/results/config_docstring_runs.md; the study over mixers: docs/studies/mad.md.
 """
 
 from linear_attention.data.mad import (

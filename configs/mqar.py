@@ -9,8 +9,8 @@ The recall gap of a fixed-size state, same setting, another mixer:
     python experiments/train.py --config configs/mqar.py:cpu --workdir runs/mqar_linear \
         --config.model.mixer=linear
 
-What the ``cpu`` preset reaches with each mixer: docs/results/config_docstring_runs.md; the
-study over mixers, widths and learning rates: EXPERIMENTS.md section 1.
+The runs of the ``cpu`` preset per mixer: docs/results/config_docstring_runs.md; the study over
+mixers, widths and learning rates: docs/studies/mqar.md.
 
 Presets (``configs/mqar.py:<arg>``):
   (none) / ``default``: the Zoology setting for an accelerator: vocab 8192, 2 layers, d_model
@@ -20,9 +20,7 @@ Presets (``configs/mqar.py:<arg>``):
   ``smoke``: a tiny run for tests (seconds, learns nothing).
   ``forgetting``: Zoology's forgetting MQAR at the ``cpu`` size: after the 8 pairs, 4 of the
       keys get a new value (``data.num_reassignments``), and a query must return the latest.
-      Measured by ``configs/sweeps/mqar.py:forgetting`` (d_model 128, lr 1e-2, 400 steps, two
-      seeds; docs/results/mqar_forgetting_cpu.md): deltanet 0.991, gated_deltanet 0.948, kda
-      0.908, softmax 0.880, retnet 0.863, gla 0.837.
+      Swept over mixers by ``configs/sweeps/mqar.py:forgetting`` (docs/studies/mqar.md).
 
 The short causal convolution on q/k/v (``model.conv``, kernel 4) is on for every mixer:
 linear mixers cannot bind a key to the value after it without it (Zoology's and Based's models

@@ -17,7 +17,7 @@ d_model 128, batch 1,024 for 100,000 steps on mod_arith. ``parity_fork_1layer`` 
 single-layer variant (1 layer, d_model 16, otherwise parity_paper's), from a file a third party
 added to a fork of the authors' repository after the paper; it is not the authors' protocol.
 Launch: ``python experiments/sweep.py --config configs/sweeps/state_tracking.py:parity_paper``
-(or ``:parity_fork_1layer``); results: EXPERIMENTS.md section 7.14.
+(or ``:parity_fork_1layer``); results: docs/studies/state_tracking.md.
 ``s3_paper``, ``s5_paper`` and ``a5_paper`` are DeltaProduct's (Siems et al. 2025;
 `deltaproduct_preset` lists the source files and every difference): one gated_deltaproduct
 layer at d_model 128, trained on sequences of exactly 128 elements and tested at 512, batch
@@ -36,7 +36,7 @@ on the same backbone); AdamW at lr 1e-3, 50 warmup steps then cosine, batch 64, 
 one evaluation at the end. Sized to minutes on 2 CPU cores. Each preset run once with its
 default mixer (softmax, seed 0): the command, wall time, load and every record are in
 docs/results/presets_cpu/<task>.json, the figures and the runs toward the issue's parity
-measure in docs/results/config_docstring_runs.md; the studies: EXPERIMENTS.md section 7.
+measure in docs/results/config_docstring_runs.md; the study: docs/studies/state_tracking.md.
 """
 
 from linear_attention.data.state_tracking import TASKS, task_vocab_size

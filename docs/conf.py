@@ -10,6 +10,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import apiref  # noqa: E402  (docs/apiref.py, beside this file)
+import studies  # noqa: E402  (docs/studies.py: the study pages' tables from docs/results/)
 
 project = "linear_attention"
 author = "linear_attention authors"
@@ -53,5 +54,14 @@ def _title_results_files(app, docname, source):
         source[0] = f"# `{docname}.md`\n\n{source[0]}"
 
 
+def _fill_study_tables(app, docname, source):
+    """Regenerate every marked table of a study page (docs/studies/*.md) from its results
+    file as the page is read, so the site shows the file's figures even where the committed
+    page lags (tests/test_docs_studies.py keeps the committed pages equal to this)."""
+    if docname.startswith("studies/"):
+        source[0] = studies.fill(source[0])
+
+
 def setup(app):
     app.connect("source-read", _title_results_files)
+    app.connect("source-read", _fill_study_tables)

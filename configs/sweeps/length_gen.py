@@ -8,11 +8,11 @@ Command (2 CPU cores, a few minutes per model at ``:cpu``):
 Softmax attention with learned absolute and with rotary position embeddings, and sliding-window
 softmax (``swa``, window ``config.model.window``), trained exactly as ``configs/sweeps/lm.py``
 trains its variants (the same base, preset, seed, steps and learning rate; d_model 128, the
-short convolution on, like every model there). Softmax with no position embedding and the
-linear mixers are the LM sweep's own runs. ``experiments/length_gen.py`` then evaluates all of
-them on windows up to 16x the training length (EXPERIMENTS.md, section "Length
-generalisation"). The learned table has ``model.max_length`` = 2048 rows, of which training
-reaches the first ``data.seq_len`` = 128.
+short convolution on, like every model there). Softmax with no position embedding and the linear
+mixers are the LM sweep's own runs. ``experiments/length_gen.py`` then evaluates all of them on
+windows up to 16x the training length (docs/studies/length_generalisation.md). The learned table
+has ``model.max_length`` = 2048 rows, of which training reaches the first ``data.seq_len`` =
+128.
 
 Presets: ``cpu`` (the LM sweep's ``:cpu``: 2 layers, sequence 128, batch 32, 400 steps,
 lr 3e-3).

@@ -7,19 +7,15 @@ Command (writes results.csv, results.md and loss_curves.png):
 Each variant is softmax, linear (elu+1), favor (64 random features), taylor (Based, 16 projected
 dims), retnet, gated, gla (a decay per key dimension), a hybrid (gated layers with one softmax
 layer), deltanet, gated_deltanet, kda, gated_deltaproduct or rwkv7 (the delta rule and its
-generalisations; those three joined after the measurements below; rwkv7 without the base's
-short conv, which it refuses: its token shift is its local context), on the
-built-in corpus (the standard library's source, documents packed per file). d_model is adjusted per
-variant so parameter counts stay within 1% of softmax's (the nearest widths otherwise: gla
-+1.03%, kda −1.25%, gated_deltaproduct +1.06% at ``:cpu``, gated_deltaproduct +1.26% by default;
-the counts are in results.md; ``--dry-run`` prints them). The table gives validation bits per
-byte, training tokens/s and decoding tokens/s (a fresh model of the same config stepping through
-a whole ``seq_len`` context, batch 1). Measured with ``:cpu`` (EXPERIMENTS.md, section 2; its
-tokens/s are figures of a loaded machine, the bits per byte are not), validation bits per byte:
-gated_deltanet 2.17, gated 2.17, hybrid 2.20, gla 2.24, deltanet 2.31, retnet 2.39, softmax
-2.46, favor 2.63, taylor 2.68, linear 2.75. The runs did not record their Python; the corpus is
-the running Python's standard library, so the figures depend on its version
-(docs/results/lm_sweep_cpu.md).
+generalisations; rwkv7 without the base's short conv, which it refuses: its token shift is its
+local context), on the built-in corpus (the standard library's source, documents packed per
+file). d_model is adjusted per variant so parameter counts stay within 1% of softmax's (the
+nearest widths otherwise: gla +1.03%, kda −1.25%, gated_deltaproduct +1.06% at ``:cpu``,
+gated_deltaproduct +1.26% by default; the counts are in results.md; ``--dry-run`` prints them).
+The table gives validation bits per byte, training tokens/s and decoding tokens/s (a fresh model
+of the same config stepping through a whole ``seq_len`` context, batch 1). The corpus is the
+running Python's standard library, so the figures depend on its version. What ``:cpu`` measured,
+with its table generated from docs/results/lm_sweep_cpu.csv: docs/studies/lm.md.
 
 Presets (``configs/sweeps/lm.py:<arg>``):
   (none) / ``default``: the accelerator model of ``configs/lm.py`` (8 layers, d_model 512 for

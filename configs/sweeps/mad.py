@@ -13,13 +13,12 @@ Presets (``configs/sweeps/mad.py:<arg>``):
       (the same 1.6M training tokens for every task: 200 steps of batch 64 at length 128, one
       evaluation at the end), so that each run is a preset run. ``order`` runs lr 3e-3 and
       seed 0 first, so a sweep cut short still covers every (task, mixer), and ``--only
-      task=in_context_recall`` runs one task. Run in full, 504 runs with rwkv7 (EXPERIMENTS.md
-      sections 9–9.9): every (task, mixer) cell tuned over the three rates
-      (``docs/results/mad_cpu.{csv,md,png}``). rwkv7 leads selective copying (0.333), softmax
-      fuzzy recall (0.990); most mixers solve the other four at their best rate.
+      task=in_context_recall`` runs one task. 1/200 of MAD's sequences (1/400 on selective
+      copying, 1/50 on compression). Results: docs/studies/mad.md, from
+      ``docs/results/mad_cpu.csv``.
   ``table1``: the DeltaNet paper's Table 1 comparison on every task: softmax (its Transformer),
-      gla and deltanet × the same rates and seeds (108 runs, ``order`` as ``cpu``). Run in
-      full, every cell tuned over three rates (EXPERIMENTS.md section 9.3).
+      gla and deltanet × the same rates and seeds (108 runs, ``order`` as ``cpu``;
+      ``docs/results/mad_table1_cpu.csv``).
   ``paper``: MAD's protocol (mad-lab's ``benchmark.py``; `configs/mad.py:paper_preset` lists
       its sources and every difference): each of MAD's 66 task settings (every task's baseline
       and its changes, one field at a time: ``configs/mad.py:<task>_paper[.<field>-<value>]``)

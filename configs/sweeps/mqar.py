@@ -9,45 +9,29 @@ Command (writes results.csv, best.csv, results.md and two plots; resumable):
 
 Presets (``configs/sweeps/mqar.py:<arg>``), both with these mixers (softmax, linear = elu+1,
 taylor, retnet, gated, gla, deltanet, gated_deltanet, kda, gated_deltaproduct, rwkv7 (without
-the base's short conv, which it refuses), swa, Based =
-``("taylor", "swa")``: a Taylor layer then a sliding-window layer, and linear_scale8 = elu+1
-with q and k scaled by 8 before the feature map) and 2 seeds. kda, gated_deltaproduct and rwkv7
-joined the grids after the runs below (issue 20): the figures are the other 11 mixers' 132
-runs. The new mixers' 36 runs (EXPERIMENTS.md section 1, "The new mixers"), best lr 1e-2 for
-each at both widths, d_model 64 / 128: kda 0.928 / 0.992, gated_deltaproduct 0.669 / 0.536
-(seed-fragile: 0.991 and 0.080 at 128), rwkv7 0.982 / 0.993. Issue 53's families (fox,
-mesanet, log_linear_mamba2, log_linear_gated_deltanet, path, and fox_bias5: fox with its
-forget gate starting open) joined after that: 20 mixers in each grid; their runs so far are
-docs/results/mqar_sweep_cpu_families.md (fox's whole grid, the others d_model 64 at all three
-rates and d_model 128 at 1e-2): d_model 64 / 128, fox 0.083 / 0.128, fox_bias5 0.541 / 0.994,
-mesanet 0.203 / 0.997, path 0.182 / 0.621, log_linear_mamba2 0.496 / 0.644,
-log_linear_gated_deltanet 0.899 / 0.991.
+the base's short conv, which it refuses), swa, Based = ``("taylor", "swa")``: a Taylor layer
+then a sliding-window layer, linear_scale8 = elu+1 with q and k scaled by 8 before the feature
+map, and issue 53's families: fox, fox_bias5 (fox with its forget gate's bias started at 5),
+mesanet, path, log_linear_mamba2, log_linear_gated_deltanet: 20 mixers) and 2 seeds:
   (none) / ``default``: the Zoology grid for an accelerator: vocab 8192, d_model 64…512,
       (seq_len, kv pairs) = (64, 4), (128, 8), (256, 16), (512, 64), learning rates
       logspace(-4, -2, 4), 20k steps of batch 256 per run; Taylor and Based with 16 projected
-      dims, windows of 64 (at seq_len 64 that window is full softmax attention). 2560
-      runs (20 mixers).
+      dims, windows of 64 (at seq_len 64 that window is full softmax attention). 2560 runs.
   ``cpu``: d_model (64, 128) × (seq_len 64, 8 pairs) × learning rates (1e-2, 3e-2, 3e-3) ×
-      seeds (0, 1): 240 runs (20 mixers) of at most 400 steps of batch 64 (warmup 40, cosine),
-      stopped at the first evaluation (every 50 steps, 512 held-out examples) with accuracy >= 0.99;
+      seeds (0, 1): 240 runs of at most 400 steps of batch 64 (warmup 40, cosine), stopped at
+      the first evaluation (every 50 steps, 512 held-out examples) with accuracy >= 0.99;
       Taylor and Based with 8 projected dims (45 features), swa and Based with windows of 16.
-      The grid's first 11 mixers ran in full, 132 runs (EXPERIMENTS.md, section 1; tuned,
-      d_model 64 / 128: softmax 0.995 / 0.997, deltanet 0.946 / 0.991, taylor 0.943 / 0.937,
-      gla 0.903 / 0.987, linear 0.104 / 0.301, linear_scale8 0.683 / 0.809).
-      ``order`` runs d_model 64 first and lr 1e-2 first, so a sweep cut short leaves every
-      mixer at the same settings; ``--report-only --only lr=0.01`` tables what finished.
-  ``forgetting``: the ``cpu`` protocol on Zoology's forgetting MQAR (``configs/mqar.py:forgetting``:
-      after the 8 pairs, 4 keys get a new value and a query asks for the latest) for softmax,
-      retnet, gla, deltanet, gated_deltanet and kda at d_model 128, lr 1e-2, seeds 0 and 1:
-      12 runs, mean over the seeds (docs/results/mqar_forgetting_cpu.md; EXPERIMENTS.md
-      section 1): deltanet 0.991, gated_deltanet 0.948, kda 0.908, softmax 0.880, retnet 0.863,
-      gla 0.837.
+      1/200 of the Zoology grid's sequences. ``order`` runs d_model 64 first and lr 1e-2
+      first, so a sweep cut short leaves every mixer at the same settings;
+      ``--report-only --only lr=0.01`` tables what finished.
+  ``forgetting``: the ``cpu`` protocol on Zoology's forgetting MQAR
+      (``configs/mqar.py:forgetting``: after the 8 pairs, 4 keys get a new value and a query
+      asks for the latest) for softmax, retnet, gla, deltanet, gated_deltanet and kda at
+      d_model 128, lr 1e-2, seeds 0 and 1: 12 runs.
   ``smoke``: 8 tiny runs (softmax, linear × 2 learning rates × 2 seeds) for the test; seconds.
 
-Expected shape (Zoology, Based, DeltaNet): softmax solves every width; elu+1 stays near
-chance (1/8 with 8 pairs; its q/k scale, EXPERIMENTS.md); Taylor features, decay/gating and
-the delta rule recover recall as the state grows, the delta rule most at equal state; a
-16-token window alone cannot recall pairs further back, Based's global Taylor layer can.
+What the runs found, with every table generated from their results files: the MQAR study page,
+docs/studies/mqar.md (EXPERIMENTS.md indexes the studies).
 
 A grid axis is ``ConfigDict(field=path or tuple of paths, choices=(...), labels=optional)``;
 ``tune`` names the axis whose best choice is kept per setting (the learning rate, as Zoology),
@@ -145,9 +129,8 @@ def get_config(arg=None):
         grid.lr = grid_axis("optimizer.learning_rate", (1e-2, 3e-2, 3e-3))
         config.order = ("d_model", "lr", "mixer", "seed", "task")
         if arg == "forgetting":
-            # At d_model 128 and lr 1e-2 every one of these mixers recalls plain MQAR (0.961 to
-            # 0.997 over both seeds, docs/results/mqar_sweep_cpu.csv), so what is lost here is
-            # what the reassignments cost.
+            # At d_model 128 and lr 1e-2 every one of these mixers recalls plain MQAR
+            # (docs/studies/mqar.md), so what is lost here is what the reassignments cost.
             grid.mixer = mixer_axis(
                 MIXER_FIELDS, FORGETTING_MIXERS, taylor_dim=8, window=16, **_conv(base)
             )

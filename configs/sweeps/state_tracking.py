@@ -14,39 +14,30 @@ Presets (``configs/sweeps/state_tracking.py:<arg>``):
   ``parity``, ``mod_arith``, ``s3``, ``s5``, ``s5_swaps``, ``a5``: one task each × every
       mixer of ``MIXERS`` × learning rates (1e-3, 3e-3, 1e-2) × seeds (0, 1) = 114 runs each of
       ``configs/state_tracking.py:<task>`` (2 layers, d_model 64, 500 steps, train lengths 3–40,
-      one evaluation at 40, 64, 128 and 256). Each was run in full (EXPERIMENTS.md section 7;
+      one evaluation at 40, 64, 128 and 256): 1/160 of Grazzi et al.'s parity sequences, 1/3,200
+      of their modular-arithmetic ones, ≈ 1/1,840 of DeltaProduct's tokens. Results files:
       ``docs/results/state_tracking_<task>_sweep_cpu.csv`` for parity and mod_arith,
-      ``state_tracking_<task>_cpu.csv`` for the groups): on parity only β ∈ (0, 2) runs learn
-      it (9 of 30 against 0 of the same mixers' 30 with β ∈ (0, 1)); mod_arith, s3, s5 and a5
-      stay at chance or the floor for every run; on s5_swaps two β ∈ (0, 2) runs of 30
-      learned it, which reruns on other machines did not reliably reproduce (section 7.9).
+      ``state_tracking_<task>_cpu.csv`` for the groups.
   ``cpu``: parity and mod_arith at 1000 steps (stopped at mean accuracy >= 0.99, evaluated
       every 250 steps), 216 runs; ``groups``: s3, s5, s5_swaps, a5 at that budget, 456 runs.
       Neither was run in full.
   ``s3_one_layer``: DeltaProduct's S3 question in one layer: gated_deltaproduct with 1 and 2
       Householder steps, β ∈ (0, 2), × the 3 rates × 2 seeds = 12 runs of 2000 steps (200
-      warmup, evaluated every 500). Run in full: neither solves S3; 3 of 12 runs learn the
-      permutation's sign and no more (EXPERIMENTS.md section 7.5).
+      warmup, evaluated every 500; ``docs/results/state_tracking_s3_one_layer_cpu.csv``).
   ``budget``: the budget curve: S3 and A5 at 1×, 4× and 16× the preset's 500 steps (500,
       2000, 8000; warmup 10 %, evaluated at the end) for gated_deltaproduct with 2 Householder
       steps and gated_deltanet, both β ∈ (0, 2), at lr 3e-3 (the A5 slice's best rate for every
       mixer) × seeds (0, 1): 24 runs of ``configs/state_tracking.py:<task>`` (2 layers,
       d_model 64). It says whether the slices' floor is the budget. Command: ``python
       experiments/sweep.py --config configs/sweeps/state_tracking.py:budget --workdir
-      runs/st-budget --jobs 2`` (``--dry-run``: the grid with each run's size). Run with
-      seeds 0 and 1 at 1× and 4×, seed 0 at 16× and seed 1 for gated_deltaproduct on S3
-      (EXPERIMENTS.md section 7.15, docs/results/state_tracking_budget_cpu.json; on the 2-core
-      CPU, two runs side by side, a 16× run took 35–36 minutes for gated_deltanet and 60–62
-      for gated_deltaproduct). gated_deltaproduct on S3 (seed 0 / seed 1): the floor at 1×
-      (0.211 / 0.209); the permutation's sign at 4× with seed 0 (0.365 / 0.213); solved at
-      16× with seed 0 (0.983; 1.000 at lengths 40 and 64, 0.932 at 256), not with seed 1
-      (0.238). gated_deltanet stays at S3's floor (0.207–0.222) and both stay at A5's at every
-      budget (0.030–0.043: the first two positions right, chance after).
+      runs/st-budget --jobs 2`` (``--dry-run``: the grid with each run's size); 1/1,840, 1/460
+      and 1/115 of DeltaProduct's tokens (``docs/results/state_tracking_budget_cpu.json``).
   ``smoke``: parity, 2 mixers (gated_deltanet with β ∈ (0, 1) and (0, 2)) × 2 rates × 2
       seeds at the smoke size, for the test; seconds.
 
-Grazzi et al.'s own protocol (2 layers, d_model 128, 20,000 steps of batch 256) is
-``configs/state_tracking.py:parity_paper`` and ``:mod_arith_paper``.
+Grazzi et al.'s own protocol is ``configs/state_tracking.py:parity_paper`` (2 layers, d_model
+128, 20,000 steps of batch 256) and ``:mod_arith_paper`` (3 layers, d_model 128, 100,000 steps
+of batch 1,024).
 
   ``parity_paper``: that parity run (their one rate, 1e-3; 5.12M sequences) for gated_deltanet
       and deltanet, each with β ∈ (0, 2) and β ∈ (0, 1), × `PAPER_SEEDS`: 12 runs, the β pairs'
@@ -57,16 +48,17 @@ Grazzi et al.'s own protocol (2 layers, d_model 128, 20,000 steps of batch 256) 
       `PAPER_SEEDS`: 21 runs; the delta rules and gated by their step-by-step scan.
 
 Command: ``python experiments/sweep.py --config configs/sweeps/state_tracking.py:<preset>
---workdir runs/<preset> --jobs 2``; results: EXPERIMENTS.md section 7.14.
+--workdir runs/<preset> --jobs 2``.
 
 Mixers (``MIXERS``): softmax, linear (elu+1), taylor (8 projected dims), retnet, gated, gla,
 swa (window 16), Based (taylor + swa layers), rwkv7, and the delta family, each with
 β ∈ (0, 1) and with β ∈ (0, 2) (``*_neg``, ``model.allow_neg_eigval``): deltanet,
 gated_deltanet, gated_deltaproduct with 1 and 2 Householder steps (``_n1``, ``_n2``) and kda.
 
-Expected (Grazzi et al. Table 3, scaled accuracy): only β ∈ (0, 2) solves parity (1.000 against
-0.000–0.022 for β ∈ (0, 1) and for a Transformer); mod_arith: DeltaNet [−1, 1] 0.971 against
-0.314 for [0, 1]; softmax attention does not extrapolate past its training lengths.
+Expected (Grazzi et al. Table 3): only β ∈ (0, 2) solves parity, and it does better on
+mod_arith than β ∈ (0, 1); softmax attention does not extrapolate past its training lengths.
+What the runs found, every table generated from the results files: docs/studies/state_tracking.md
+(the paper's figures beside them).
 
 The run logs this docstring held (times, loads, machines): docs/results/config_docstring_runs.md.
 """
