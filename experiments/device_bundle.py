@@ -43,6 +43,9 @@ IMAGE = (
     "triton==3.6.*",
     "transformers==5.17.*",
 )
+# jax 0.11 needs Python 3.12: for an older Python (the dress rehearsal here, 3.11) the image's
+# jax family is resolved at its newest release for that Python, 0.10.2 (`image`).
+OLDER_PYTHON_JAX = "0.10.2"
 WANTED = ("ml_collections", "grain", "tensorboardX", "flash-linear-attention", "fla-core==0.6.0")
 # The image's glibc takes manylinux wheels up to 2.35 (Ubuntu 22.04 and later); pip matches
 # ``--platform`` tags exactly, so each is named.
@@ -62,6 +65,17 @@ LEAVE_OUT = ("pyarrow",)
 def canonical(name: str) -> str:
     """A distribution's name as PEP 503 compares names."""
     return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def image(python: str) -> list[str]:
+    """`IMAGE` for ``python``: for a Python before 3.12 its jax, jaxlib and CUDA plugin at
+    `OLDER_PYTHON_JAX`."""
+    if tuple(map(int, python.split("."))) >= (3, 12):
+        return list(IMAGE)
+    return [
+        re.sub(r"==0\.11\.2$", f"=={OLDER_PYTHON_JAX}", p) if p.startswith("jax") else p
+        for p in IMAGE
+    ]
 
 
 def target_args(python: str) -> list[str]:
@@ -112,9 +126,10 @@ def build(out: Path, python: str, log=print) -> dict:
     pip = [sys.executable, "-m", "pip"]
     subprocess.run(pip + ["wheel", "--no-deps", "--quiet", "-w", str(out), str(ROOT)], check=True)
     own = next(out.glob("linear_attention-*.whl"))
-    image = resolve(list(IMAGE), python)
-    wanted = resolve([*IMAGE, *WANTED, str(own)], python)
-    bundle = missing(image, wanted)
+    image_pins = image(python)
+    held = resolve(image_pins, python)
+    wanted = resolve([*image_pins, *WANTED, str(own)], python)
+    bundle = missing(held, wanted)
     bundle.pop("linear-attention", None)  # its wheel is built, not downloaded
     left_out = {
         key: bundle.pop(key)["version"] for key in map(canonical, LEAVE_OUT) if key in bundle
@@ -127,7 +142,7 @@ def build(out: Path, python: str, log=print) -> dict:
     sizes = {w.name: w.stat().st_size for w in wheels}
     record = {
         "python": python,
-        "image": list(IMAGE),
+        "image": image_pins,
         "wanted": list(WANTED),
         "left_out": left_out,
         "wheels": sizes,
