@@ -15,8 +15,9 @@ work; one past its share plus a grace is killed (and recorded so). The parts:
 1. ``checks``: every kernel family, forward and gradient (float32, at
    ``jax.default_matmul_precision("highest")``: on GPUs XLA may otherwise run float32 matmuls in
    TF32, a precision choice, not a kernel error) and the forward on bfloat16 inputs, on the
-   accelerator, against a float64 reference computed on the host CPU (``jax.enable_x64`` on the
-   ``cpu`` device: the same code, in float64). Linear attention: every method (``pallas`` too,
+   accelerator, against a float64 reference computed on the host CPU (`on_host_float64`: the
+   reference variant's code under ``jax.enable_x64`` on the ``cpu`` device, its ``jnp.float32``
+   states and sums read as float64). Linear attention: every method (``pallas`` too,
    where it is refused that is recorded as unavailable) for decays none / per head [H] / per
    token [B,T,H] / per key [B,T,H,K], an initial state and normalisation, against its quadratic
    form. The delta rule with a per-token decay (Gated DeltaNet) and a per-key decay (KDA), DPLR
@@ -125,11 +126,19 @@ def first_line(error: BaseException) -> str:
 
 
 def on_host_float64(fn, *args):
-    """``fn(*args)`` computed in float64 on the host CPU: the floating arrays of ``args`` cast
-    to float64, jax's 64-bit mode on and the ``cpu`` device the default; NumPy leaves."""
+    """``fn(*args)`` computed in float64 on the host CPU; NumPy leaves. The floating arrays of
+    ``args`` are cast to float64, jax's 64-bit mode is on, the ``cpu`` device is the default,
+    and while ``fn`` is traced ``jnp.float32`` is float64: the kernels hold their states,
+    decays and sums in ``jnp.float32`` (the library's numerics rule), which would otherwise
+    make the reference float32 arithmetic."""
     cast = lambda x: np.asarray(x, np.float64) if jnp.issubdtype(x.dtype, jnp.floating) else x  # noqa: E731
+    float32 = jnp.float32
     with jax.enable_x64(True), jax.default_device(jax.devices("cpu")[0]):
-        out = jax.jit(fn)(*jax.tree.map(cast, args))
+        try:
+            jnp.float32 = jnp.float64
+            out = jax.jit(fn)(*jax.tree.map(cast, args))
+        finally:
+            jnp.float32 = float32
         return jax.tree.map(np.asarray, out)
 
 

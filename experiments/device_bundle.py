@@ -5,7 +5,8 @@ registry: what its image lacks, for its Python, and the library's own wheel.
     # there: pip install --no-index --no-deps device_bundle/*.whl
 
 The image holds Python 3.12, jax 0.11.2 with the jax-cuda13 plugin, flax, optax, chex, orbax,
-torch 2.11, triton 3.6 and transformers 5.17 (`IMAGE`), and lacks ml_collections, grain,
+torch 2.11, triton 3.6, transformers 5.17, and matplotlib, pillow, pyarrow and others of the
+library's dependencies (`IMAGE`; docs/guides/device_check.md), and lacks ml_collections, grain,
 tensorboardX and flash-linear-attention (`WANTED`: the check compares against its Triton
 kernels). pip resolves twice, from metadata only (``pip install --dry-run --report`` for the
 image's Python and platform, ``--only-binary :all:``): the image's packages alone, then those
@@ -42,6 +43,14 @@ IMAGE = (
     "torch==2.11.*",
     "triton==3.6.*",
     "transformers==5.17.*",
+    # also there (its package list), at versions the bundle need not match: installed with
+    # --no-deps, the bundle would otherwise carry them and replace the image's own
+    "matplotlib",
+    "pillow",
+    "einops",
+    "cloudpickle",
+    "sentencepiece",
+    "pyarrow",
 )
 # jax 0.11 needs Python 3.12: for an older Python (the dress rehearsal here, 3.11) the image's
 # jax family is resolved at its newest release for that Python, 0.10.2 (`image`).
@@ -56,9 +65,9 @@ PLATFORMS = tuple(f"manylinux_2_{minor}_x86_64" for minor in range(17, 36)) + (
     "linux_x86_64",
 )
 LIMIT_BYTES = 64 * 2**20
-# Dependencies of the library that the device check never imports, too large to carry: pyarrow
-# reads Parquet corpora (`data.corpus`, imported there only) and weighs 52.5 MiB for Python
-# 3.12, which with the rest (33 MiB) is over the limit.
+# Dependencies of the library that the device check never imports, too large to carry, should
+# an image lack them: pyarrow reads Parquet corpora (`data.corpus`, imported there only) and
+# weighs 52.5 MiB for Python 3.12 (the lent image holds it: `IMAGE`).
 LEAVE_OUT = ("pyarrow",)
 
 

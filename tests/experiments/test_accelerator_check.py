@@ -27,10 +27,14 @@ def fla():
 
 
 def test_host_reference_is_float64_on_the_cpu(ac):
-    """The reference runs in float64: 1 + 1e-12 survives it (float32 would round it to 1)."""
-    got = ac.on_host_float64(lambda x: x + 1e-12, np.ones(3, np.float32))
+    """The reference runs in float64, also where the code casts to jnp.float32 (as the kernels
+    do for states and sums): 1 + 1e-12 survives it (float32 would round it to 1)."""
+    import jax.numpy as jnp
+
+    got = ac.on_host_float64(lambda x: x.astype(jnp.float32) + 1e-12, np.ones(3, np.float32))
     assert got.dtype == np.float64
     np.testing.assert_allclose(got - 1.0, 1e-12, rtol=1e-3)
+    assert jnp.float32 is not jnp.float64 and jnp.ones(2).dtype == np.float32  # restored
 
 
 def test_one_family_is_checked_against_its_host_reference(ac):
