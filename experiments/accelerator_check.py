@@ -28,9 +28,10 @@ work; one past its share plus a grace is killed (and recorded so). The parts:
 2. ``timings``: forward + backward (the gradient of <o, do> with respect to every input) of the
    five operations FLA also has (`fla_timings.OPS`: the delta rule, gated delta rule, KDA,
    simple GLA, GLA) at T = 4K, 16K, 64K in bfloat16, B·H fixed (B 1, H 16), K = V = 128,
-   chunk 64: XLA's ``chunk`` and ``pallas`` (its error recorded where this backend has no
-   Pallas kernel for it). Each point is compiled, its temporaries held to 80 % of the device's
-   memory, then timed in interleaved rounds (`timing.interleaved`); median and min.
+   chunk 64: XLA's ``chunk``, ``chunk_parallel`` (the two GLA forms; every chunk at once) and
+   ``pallas`` (its error recorded where this backend has no Pallas kernel for it). Each point
+   is compiled, its temporaries held to 80 % of the device's memory, then timed in interleaved
+   rounds (`timing.interleaved`); median and min.
 3. ``fla``: the same operations and shapes by flash-linear-attention's Triton kernels, in torch
    (`fla_timings.py`, its own process: no jax there), or why not (fla absent, no CUDA device).
 4. ``train``: one training step (the loop's `train_step`: AdamW, float32 loss) of
@@ -92,7 +93,10 @@ FAMILIES = (
     "forgetting", "path", "mesa_net", "softmax", "sliding_window",
 )  # fmt: skip
 OPS = ("delta_rule", "gated_delta_rule", "kda", "simple_gla", "gla")  # as fla_timings.OPS
-OP_METHODS = ("chunk", "pallas")
+# the library's methods timed per op: chunk_parallel (every chunk at once) exists for linear
+# attention only
+OP_METHODS = ("chunk", "chunk_parallel", "pallas")
+DELTA_OPS = ("delta_rule", "gated_delta_rule", "kda")
 TRAIN_PRESETS = ("gated_deltanet_400m", "transformer_340m")
 PARTS = ("checks", "timings", "fla", "train")
 # bfloat16 dense peak FLOP/s by the device kind's words (NVIDIA's SXM datasheets), for the MFU.
@@ -380,7 +384,7 @@ def op_inputs(op: str, T: int, B: int, H: int, K: int, V: int) -> tuple:
     keys = iter(jax.random.split(jax.random.key(0), 8))
     normal = lambda *s: jax.random.normal(next(keys), s, jnp.float32)  # noqa: E731
     q, k = normal(B, T, H, K), normal(B, T, H, K)
-    if op in ("delta_rule", "gated_delta_rule", "kda"):
+    if op in DELTA_OPS:
         q, k = (x / jnp.linalg.norm(x, axis=-1, keepdims=True) for x in (q, k))
     q, k, v = (x.astype(jnp.bfloat16) for x in (q, k, normal(B, T, H, V)))
     beta = jax.nn.sigmoid(normal(B, T, H)).astype(jnp.bfloat16)
@@ -398,7 +402,7 @@ def op_inputs(op: str, T: int, B: int, H: int, K: int, V: int) -> tuple:
 
 def op_fn(op: str, method: str, chunk_size: int = 64):
     """``f(*op_inputs(...)[0]) -> o`` of `op` by the library's ``method``."""
-    if op in ("delta_rule", "gated_delta_rule", "kda"):
+    if op in DELTA_OPS:
         return lambda q, k, v, beta, a=None: K.delta_rule(
             q, k, v, beta, log_decay=a, method=method, chunk_size=chunk_size
         )
@@ -421,7 +425,7 @@ def memory_budget() -> float:
     return 0.8 * stats["bytes_limit"] if "bytes_limit" in stats else 8.0 * 2**30
 
 
-def run_op_timings(T_list, shape, repeats, deadline, methods=OP_METHODS, ops=OPS, log=print):
+def run_op_timings(T_list, shape, repeats, deadline, ops=OPS, log=print):
     """A record per (T, op, method): median and min seconds of forward + backward, or why it
     was skipped (the deadline, over the memory budget, failed at a smaller T) or its error."""
     records, failed, budget = [], {}, memory_budget()
@@ -429,7 +433,7 @@ def run_op_timings(T_list, shape, repeats, deadline, methods=OP_METHODS, ops=OPS
         points, recs = {}, {}
         for op in ops:
             args = None
-            for method in methods:
+            for method in [m for m in OP_METHODS if op not in DELTA_OPS or m != "chunk_parallel"]:
                 rec = recs[op, method] = dict(op=op, method=method, T=T, dtype="bfloat16", **shape)
                 records.append(rec)
                 if time.time() > deadline:

@@ -67,7 +67,10 @@ def test_op_timings_time_chunk_and_record_what_pallas_lacks(ac):
     assert len(chunk["times_s"]) == 3 and chunk["T"] == 64 and chunk["K"] == 16
     assert "pallas" in pallas["error"] and "median_s" not in pallas
     spent = ac.run_op_timings((64, 128), shape, 1, 0.0, ops=("gla",), log=print)
-    assert len(spent) == 4 and all(r["skipped"] == ac.SPENT for r in spent)
+    assert [(r["T"], r["method"]) for r in spent] == [
+        (T, m) for T in (64, 128) for m in ("chunk", "chunk_parallel", "pallas")
+    ]  # GLA has the chunk_parallel form too
+    assert all(r["skipped"] == ac.SPENT for r in spent)
 
 
 def test_op_inputs_match_fla_timings_order(ac, fla):
