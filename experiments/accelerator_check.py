@@ -167,11 +167,11 @@ def compare(got, want, **fields) -> dict:
 
 
 def run_checks(
-    T: int, decay_kinds=DECAYS, chunk_size: int = 16, deadline: float = float("inf")
+    T: int, decay_kinds=DECAYS, chunk_size: int = 16, deadline: float = float("inf"), progress=None
 ) -> list[dict]:
     """Linear attention: every method and decay kind, forward (float32; bfloat16 inputs for
     chunk, chunk_parallel and pallas) and gradient (chunk, chunk_parallel, pallas), against the
-    quadratic form in float64 on the host."""
+    quadratic form in float64 on the host. ``progress(records)`` after each decay kind."""
     M, Dv = 8, 8
     rng = np.random.default_rng(0)
     arr = lambda *s: rng.normal(size=s).astype(np.float32)  # noqa: E731
@@ -230,6 +230,7 @@ def run_checks(
                             out[-1]["ok"] = False
                         if method in K.PALLAS_METHODS:
                             break
+            (progress or _ignore)(out)
     return out
 
 
@@ -328,9 +329,12 @@ def _family_case(family: str, T: int, rng):
     raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
 
 
-def run_family_checks(T: int, families=FAMILIES, deadline: float = float("inf")) -> list[dict]:
+def run_family_checks(
+    T: int, families=FAMILIES, deadline: float = float("inf"), progress=None
+) -> list[dict]:
     """For each family: its checked variant on the accelerator, forward and gradient in float32
-    and forward on bfloat16 inputs, against its reference variant in float64 on the host."""
+    and forward on bfloat16 inputs, against its reference variant in float64 on the host.
+    ``progress(records)`` after each family."""
     rng = np.random.default_rng(1)
     out = []
     with jax.default_matmul_precision("highest"):
@@ -340,6 +344,7 @@ def run_family_checks(T: int, families=FAMILIES, deadline: float = float("inf"))
                 out.append(dict(family=family, check="forward", skipped=SPENT))
                 continue
             out += _check_family(family, *case)
+            (progress or _ignore)(out)
     return out
 
 
@@ -425,9 +430,10 @@ def memory_budget() -> float:
     return 0.8 * stats["bytes_limit"] if "bytes_limit" in stats else 8.0 * 2**30
 
 
-def run_op_timings(T_list, shape, repeats, deadline, ops=OPS, log=print):
+def run_op_timings(T_list, shape, repeats, deadline, ops=OPS, log=print, progress=None):
     """A record per (T, op, method): median and min seconds of forward + backward, or why it
-    was skipped (the deadline, over the memory budget, failed at a smaller T) or its error."""
+    was skipped (the deadline, over the memory budget, failed at a smaller T) or its error.
+    ``progress(records)`` after each T."""
     records, failed, budget = [], {}, memory_budget()
     for T in T_list:
         points, recs = {}, {}
@@ -461,6 +467,7 @@ def run_op_timings(T_list, shape, repeats, deadline, ops=OPS, log=print):
             f"{o}/{m} {r['median_s'] * 1e3:.2f} ms" for (o, m), r in recs.items() if "median_s" in r
         ]
         log(f"T={T}: " + (", ".join(done) or "nothing timed"))
+        (progress or _ignore)(records)
     return records
 
 
@@ -577,17 +584,32 @@ def run_train_part(preset: str, step: dict, peak_flops: float | None) -> dict:
 # ---- the parts, each in its own process, and the parent that runs them ----
 
 
-def run_part(name: str, preset: str, deadline: float, peak_flops: float | None, train_preset=None):
-    """The JSON of one part (in this process)."""
+def _ignore(records) -> None:
+    pass
+
+
+def run_part(name, preset, deadline, peak_flops, train_preset=None, save=_ignore) -> dict:
+    """The JSON of one part (in this process); ``save(result so far)`` as its records come, so
+    that a part killed past its deadline keeps what it did."""
     cfg = PRESETS[preset]
     if name == "checks":
-        info = machine_info()
-        checks = run_checks(cfg["check_T"], cfg["decays"], deadline=deadline)
-        families = run_family_checks(cfg["check_T"], deadline=deadline)
-        return dict(machine=info, checks=checks, family_checks=families)
+        result = dict(machine=machine_info(), checks=[], family_checks=[])
+
+        def keep(key):
+            return lambda records: save({**result, key: records})
+
+        result["checks"] = run_checks(cfg["check_T"], cfg["decays"], deadline=deadline,
+                                      progress=keep("checks"))  # fmt: skip
+        result["family_checks"] = run_family_checks(
+            cfg["check_T"], deadline=deadline, progress=keep("family_checks")
+        )
+        return result
     if name == "timings":
         info = dict(device_kind=jax.devices()[0].device_kind, backend=jax.default_backend())
-        records = run_op_timings(cfg["T"], cfg["shape"], cfg["repeats"], deadline)
+        records = run_op_timings(
+            cfg["T"], cfg["shape"], cfg["repeats"], deadline,
+            progress=lambda records: save(dict(device=info, records=records)),
+        )  # fmt: skip
         return dict(device=info, records=records)
     if name == "train":
         return run_train_part(train_preset, cfg["step"], peak_flops)
@@ -696,17 +718,28 @@ def run(out, preset="full", parts=PARTS, *, budget_s=None, peak_flops=None, log=
         status["seconds"] = round(time.time() - begin, 1)
         if part_out.exists():
             status["result"] = json.loads(part_out.read_text())
+            if status.get("returncode") and "error" not in status:  # crashed after saving
+                status["error"] = f"exit {status['returncode']}: {_tail(out, key)}"
         elif "error" not in status:
-            tail = (out / "parts" / f"{key}.log").read_text().strip().splitlines()[-3:]
-            status["error"] = f"exit {status['returncode']}: " + " | ".join(tail)[-600:]
+            status["error"] = f"exit {status['returncode']}: {_tail(out, key)}"
         results["parts"][key] = status
         log(f"{key}: {status['seconds']} s, " + (status.get("error") or "done"))
     results["machine"].update(load_avg_end=os.getloadavg(), wall_s=time.time() - start)
     results["checks_passed"] = checks_passed(results)
     (out / "results.json").write_text(json.dumps(results, indent=1))
-    (out / "summary.md").write_text(summary(results))
-    log(summary(results))
+    try:
+        text = summary(results)
+    except Exception as e:  # noqa: BLE001 (a part's odd record must not lose results.json)
+        text = f"summary failed: {first_line(e)}; results.json holds everything\n"
+    (out / "summary.md").write_text(text)
+    log(text)
     return results
+
+
+def _tail(out: Path, key: str) -> str:
+    """The last lines of a part's log."""
+    lines = (out / "parts" / f"{key}.log").read_text().strip().splitlines()[-3:]
+    return " | ".join(lines)[-600:]
 
 
 def checks_passed(results) -> bool | None:
@@ -813,8 +846,13 @@ def main(argv=None):
     p.add_argument("--train_preset", choices=TRAIN_PRESETS, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.part:
-        result = run_part(a.part, a.preset, a.deadline, a.peak_flops, a.train_preset)
-        Path(a.part_out).write_text(json.dumps(result, indent=1))
+        out = Path(a.part_out)
+
+        def save(result):  # whole or not at all: the parent may kill this process mid-write
+            Path(f"{out}.tmp").write_text(json.dumps(result, indent=1))
+            os.replace(f"{out}.tmp", out)
+
+        save(run_part(a.part, a.preset, a.deadline, a.peak_flops, a.train_preset, save))
         return
     try:
         run(a.out, a.preset, tuple(a.parts), budget_s=a.budget_s, peak_flops=a.peak_flops)

@@ -22,6 +22,7 @@ import argparse
 import importlib
 import importlib.util
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -113,7 +114,9 @@ def time_point(op: str, B: int, T: int, H: int, K: int, V: int, repeats: int) ->
     )  # fmt: skip
 
 
-def run(T_list, B, H, K, V, repeats, deadline) -> dict:
+def run(T_list, B, H, K, V, repeats, deadline, save=lambda result: None) -> dict:
+    """Every op at every T; ``save(result so far)`` after each point, so that a process killed
+    past its deadline keeps what it timed."""
     import importlib.metadata as md
 
     result = {"shape": dict(B=B, H=H, K=K, V=V, dtype="bfloat16"), "versions": {}}
@@ -133,6 +136,7 @@ def run(T_list, B, H, K, V, repeats, deadline) -> dict:
         capability=".".join(map(str, torch.cuda.get_device_capability(0))),
     )  # fmt: skip
     records, failed = [], {}
+    result["records"] = records
     for T in T_list:
         for op in OPS:
             rec = dict(op=op, method="fla", T=T)
@@ -149,7 +153,7 @@ def run(T_list, B, H, K, V, repeats, deadline) -> dict:
             except Exception as e:  # out of memory, a kernel that does not build: said, not fatal
                 rec["error"] = failed[op] = first_line(e)
                 torch.cuda.empty_cache()
-    result["records"] = records
+            save(result)
     return result
 
 
@@ -163,9 +167,14 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     if min(a.T + [a.B, a.H, a.K, a.V, a.repeats]) < 1:
         p.error("--T, --B, --H, --K, --V and --repeats must be positive")
-    result = run(a.T, a.B, a.H, a.K, a.V, a.repeats, a.deadline)
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(result, indent=1))
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def save(result):  # whole or not at all: the check may kill this process mid-write
+        Path(f"{out}.tmp").write_text(json.dumps(result, indent=1))
+        os.replace(f"{out}.tmp", out)
+
+    save(run(a.T, a.B, a.H, a.K, a.V, a.repeats, a.deadline, save))
     return 0
 
 

@@ -13,6 +13,9 @@ import numpy as np
 import pytest
 
 from linear_attention.training.gpu_target import cuda_missing
+from linear_attention.training.mesh import make_mesh
+from linear_attention.training.sizing import trace_train_step
+from linear_attention.training.target_base import memory_parts
 from tests.scripts import load_module
 
 
@@ -86,21 +89,34 @@ def test_op_inputs_match_fla_timings_order(ac, fla):
 
 def test_a_training_step_reports_tokens_mfu_and_memory(ac):
     """gla_340m at one narrow layer, 2 rows of 16: the first loss is a fresh model's (near
-    ln 32000), MFU = flops · tokens/s / peak, and the deviceless H100 compile's bytes hold at
-    least the float32 parameters and AdamW's two moments."""
-    missing = cuda_missing()
-    if missing:
-        pytest.skip(f"the deviceless GPU compile needs the gpu-compile extra: {missing}")
-    step = dict(depth=1, narrow=True, seq_len=16, batch=2, repeats=2)
-    rec = ac.run_train_part("gla_340m", step, peak_flops=1e12)
-    assert (rec["num_layers"], rec["d_model"]) == (1, 64)
+    ln 32000), MFU = flops · tokens/s / peak, and this compile's bytes hold at least the
+    float32 parameters and AdamW's two moments."""
+    cfg = ac.step_config("gla_340m", depth=1, narrow=True, seq_len=16, batch=2)
+    assert (cfg.model.num_layers, cfg.model.d_model, cfg.model.vocab_size) == (1, 64, 32_000)
+    rec = ac.run_train_step(cfg, repeats=2, peak_flops=1e12)
     assert abs(rec["first_loss"] - math.log(32_000)) < 0.5
     assert rec["step_s"] == statistics.median(rec["times_s"]) and len(rec["times_s"]) == 2
     assert rec["tokens_per_sec"] == pytest.approx(32 / rec["step_s"])
     assert rec["mfu"] == pytest.approx(rec["flops_per_token"] * rec["tokens_per_sec"] / 1e12)
-    predicted = rec["predicted"]
+    assert rec["compiled_bytes"] >= 3 * 4 * rec["parameters"]
+    assert rec["measured_peak_bytes"] is None  # the CPU keeps no memory statistics
+
+
+@pytest.mark.slow  # (a compile for an H100: ~20 s)
+def test_the_prediction_is_the_deviceless_compile_for_the_chip(ac):
+    """Off a GPU the prediction is an H100's (`gpu:h100:1`): it fits, its bytes are its parts'
+    peak, and its arguments (the state and the batch: shapes, not the compiler's choice) are
+    the bytes the CPU's compile of the same step takes."""
+    missing = cuda_missing()
+    if missing:
+        pytest.skip(f"the deviceless GPU compile needs the gpu-compile extra: {missing}")
+    cfg = ac.step_config("gla_340m", depth=1, narrow=True, seq_len=16, batch=2)
+    predicted = ac.predict_memory(cfg)
     assert predicted["target"] == "gpu:h100:1" and predicted["fits"]
-    assert predicted["bytes"] >= 3 * 4 * rec["parameters"] and rec["compiled_bytes"] > 0
+    m = predicted["memory"]
+    assert predicted["bytes"] == m["arguments"] + m["outputs"] - m["aliases"] + m["temporaries"]
+    cpu = memory_parts(trace_train_step(cfg, make_mesh(1, 1)).lower().compile())
+    assert m["arguments"] == cpu["arguments"] > 0
 
 
 def test_gpu_target_names_the_chip(ac):
@@ -112,7 +128,8 @@ def test_gpu_target_names_the_chip(ac):
 
 def test_the_parent_records_a_part_skipped_crashed_or_killed(ac, monkeypatch, tmp_path):
     """FLA absent (or no CUDA device): skipped with the reason. A part that exits 3, and one
-    that outlives its deadline plus the grace, are recorded; the run still writes its files."""
+    that outlives its deadline plus the grace (keeping what it saved), are recorded; the run
+    still writes its files."""
     res = ac.run(tmp_path / "a", "tiny", ("fla",), log=print)
     fla = res["parts"]["fla"]
     assert fla["returncode"] == 0 and "skipped" in fla["result"]
@@ -124,10 +141,19 @@ def test_the_parent_records_a_part_skipped_crashed_or_killed(ac, monkeypatch, tm
     res = ac.run(tmp_path / "b", "tiny", ("timings",), log=print)
     assert res["parts"]["timings"]["error"] == "exit 3: boom"
     monkeypatch.setattr(ac, "GRACE_S", 0.5)
-    monkeypatch.setattr(ac, "part_command", lambda *a, **k: [sys.executable, "-c", "while 1: 0"])
+
+    saved = {"records": [{"op": "gla", "method": "chunk", "T": 64, "median_s": 0.0125}]}
+
+    def saves_then_hangs(name, preset, out, *args):
+        code = f"open({str(out)!r}, 'w').write({json.dumps(saved)!r})\nwhile 1: 0"
+        return [sys.executable, "-c", code]
+
+    monkeypatch.setattr(ac, "part_command", saves_then_hangs)
     res = ac.run(tmp_path / "c", "tiny", ("timings",), budget_s=0.5, log=print)
-    assert res["parts"]["timings"]["error"].startswith("killed")
-    assert res["parts"]["timings"]["seconds"] < 10
+    timings = res["parts"]["timings"]
+    assert timings["error"].startswith("killed") and timings["seconds"] < 10
+    assert timings["result"] == saved  # what it saved before it was killed
+    assert "| gla | 64 | 12.5 |" in (tmp_path / "c" / "summary.md").read_text()
 
 
 def test_fla_timings_without_fla_or_a_gpu_says_why(fla, tmp_path):
@@ -172,3 +198,5 @@ def test_tiny_preset_runs_every_part(ac, tmp_path):
         r = parts[key]["result"]
         assert r["tokens_per_sec"] == pytest.approx(r["batch"] * r["seq_len"] / r["step_s"])
         assert abs(r["first_loss"] - math.log(32_000)) < 0.5
+        if not cuda_missing():
+            assert r["predicted"]["fits"] and r["predicted"]["bytes"] > 3 * 4 * r["parameters"]
