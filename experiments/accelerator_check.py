@@ -664,8 +664,8 @@ def part_command(name, preset, out: Path, deadline, peak_flops, train_preset=Non
 
 def part_env() -> dict:
     env = dict(os.environ)
-    # jax's allocator grows instead of taking 75 % of the GPU at start: the parts share it with
-    # nothing, but torch's part and jax's must not find it taken, and peaks are then the steps'.
+    # jax's allocator grows as needed instead of taking 75 % of the GPU at its start: each
+    # part's peak is then its own, and no part finds the GPU held by the one before it exiting.
     env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     if "CUDA_ROOT" not in env and Path("/usr/local/cuda/bin/ptxas").exists():
         env["CUDA_ROOT"] = "/usr/local/cuda"  # where the deviceless compile finds ptxas
