@@ -107,7 +107,7 @@ PRESETS = {
     "full": dict(
         check_T=300, decays=DECAYS, T=(4096, 16384, 65536), shape=dict(B=1, H=16, K=128, V=128),
         repeats=5, step=dict(depth=2, narrow=False, seq_len=None, batch=8, repeats=5),
-        budget_s=400.0, shares=dict(checks=0.25, timings=0.25, fla=0.25, train=0.25),
+        budget_s=400.0, shares=dict(checks=0.25, timings=0.25, fla=0.2, train=0.3),
     ),
     "tiny": dict(
         check_T=37, decays=("per_key",), T=(128,), shape=dict(B=1, H=2, K=16, V=16),
@@ -569,11 +569,13 @@ def run_train_step(cfg, repeats: int, peak_flops: float | None) -> dict:
     )  # fmt: skip
 
 
-def run_train_part(preset: str, step: dict, peak_flops: float | None) -> dict:
-    """`run_train_step` and the deviceless prediction of the same shapes."""
+def run_train_part(preset: str, step: dict, peak_flops: float | None, save=None) -> dict:
+    """`run_train_step`, then (``save``-d before it) the deviceless prediction of the same
+    shapes."""
     cfg = step_config(preset, step["depth"], step["narrow"], step["seq_len"], step["batch"])
     peak_flops = peak_flops or peak_flops_of(jax.devices()[0].device_kind)
     rec = dict(preset=preset, **run_train_step(cfg, step["repeats"], peak_flops))
+    (save or _ignore)({**rec, "predicted": {"error": "not reached"}})
     rec["predicted"] = predict_memory(cfg)
     measured, predicted = rec["measured_peak_bytes"], rec["predicted"].get("bytes")
     if measured and predicted:
@@ -612,7 +614,7 @@ def run_part(name, preset, deadline, peak_flops, train_preset=None, save=_ignore
         )  # fmt: skip
         return dict(device=info, records=records)
     if name == "train":
-        return run_train_part(train_preset, cfg["step"], peak_flops)
+        return run_train_part(train_preset, cfg["step"], peak_flops, save)
     raise ValueError(f"part must be one of checks, timings, train; got {name!r}")
 
 
