@@ -567,14 +567,16 @@ def run_train_step(cfg, repeats: int, peak_flops: float | None) -> dict:
     )  # fmt: skip
 
 
-def run_train_part(preset: str, step: dict, peak_flops: float | None, save=None) -> dict:
-    """`run_train_step`, then (``save``-d before it) the deviceless prediction of the same
-    shapes."""
+def run_train_part(
+    preset: str, step: dict, peak_flops: float | None, save=None, deadline=float("inf")
+) -> dict:
+    """`run_train_step`, then (``save``-d before it; before ``deadline``) the deviceless
+    prediction of the same shapes."""
     cfg = step_config(preset, step["depth"], step["narrow"], step["seq_len"], step["batch"])
     peak_flops = peak_flops or peak_flops_of(jax.devices()[0].device_kind)
     rec = dict(preset=preset, **run_train_step(cfg, step["repeats"], peak_flops))
     (save or _ignore)({**rec, "predicted": {"error": "not reached"}})
-    rec["predicted"] = predict_memory(cfg)
+    rec["predicted"] = predict_memory(cfg) if time.time() < deadline else {"error": SPENT}
     measured, predicted = rec["measured_peak_bytes"], rec["predicted"].get("bytes")
     if measured and predicted:
         rec["measured_over_predicted"] = measured / predicted
@@ -612,7 +614,7 @@ def run_part(name, preset, deadline, peak_flops, train_preset=None, save=_ignore
         )  # fmt: skip
         return dict(device=info, records=records)
     if name == "train":
-        return run_train_part(train_preset, cfg["step"], peak_flops, save)
+        return run_train_part(train_preset, cfg["step"], peak_flops, save, deadline)
     raise ValueError(f"part must be one of checks, timings, train; got {name!r}")
 
 
@@ -701,6 +703,10 @@ def run(out, preset="full", parts=PARTS, *, budget_s=None, peak_flops=None, log=
     for i, (name, train_preset) in enumerate(jobs):
         key = f"train_{train_preset}" if train_preset else name
         left = budget_s - (time.time() - start)
+        if left <= 0:  # the parts before took the whole budget
+            results["parts"][key] = dict(seconds=0.0, error=f"not started: {SPENT}")
+            log(f"{key}: not started, {SPENT}")
+            continue
         deadline = time.time() + max(left, 0) * shares[i] / sum(shares[i:])
         part_out = out / "parts" / f"{key}.json"
         command = part_command(name, preset, part_out, deadline, peak_flops, train_preset)

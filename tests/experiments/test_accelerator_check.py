@@ -154,6 +154,8 @@ def test_the_parent_records_a_part_skipped_crashed_or_killed(ac, monkeypatch, tm
     assert timings["error"].startswith("killed") and timings["seconds"] < 10
     assert timings["result"] == saved  # what it saved before it was killed
     assert "| gla | 64 | 12.5 |" in (tmp_path / "c" / "summary.md").read_text()
+    res = ac.run(tmp_path / "d", "tiny", ("timings", "fla"), budget_s=0.5, log=print)
+    assert res["parts"]["fla"] == {"seconds": 0.0, "error": f"not started: {ac.SPENT}"}
 
 
 def test_fla_timings_without_fla_or_a_gpu_says_why(fla, tmp_path):
