@@ -5,7 +5,8 @@ registry: what its image lacks, for its Python, and the library's own wheel.
     # there: pip install --no-index --no-deps device_bundle/*.whl
 
 The image holds Python 3.12, jax 0.11.2 with the jax-cuda13 plugin, flax, optax, chex, orbax,
-torch 2.11, triton 3.6 and transformers 5.17 (`IMAGE`), and lacks ml_collections, grain,
+torch 2.11, triton 3.6, transformers 5.17, and matplotlib, pillow, pyarrow and others of the
+library's dependencies (`IMAGE`; docs/guides/device_check.md), and lacks ml_collections, grain,
 tensorboardX and flash-linear-attention (`WANTED`: the check compares against its Triton
 kernels). pip resolves twice, from metadata only (``pip install --dry-run --report`` for the
 image's Python and platform, ``--only-binary :all:``): the image's packages alone, then those
@@ -42,7 +43,18 @@ IMAGE = (
     "torch==2.11.*",
     "triton==3.6.*",
     "transformers==5.17.*",
+    # also there (its package list), at versions the bundle need not match: installed with
+    # --no-deps, the bundle would otherwise carry them and replace the image's own
+    "matplotlib",
+    "pillow",
+    "einops",
+    "cloudpickle",
+    "sentencepiece",
+    "pyarrow",
 )
+# jax 0.11 needs Python 3.12: for an older Python (the dress rehearsal here, 3.11) the image's
+# jax family is resolved at its newest release for that Python, 0.10.2 (`image`).
+OLDER_PYTHON_JAX = "0.10.2"
 WANTED = ("ml_collections", "grain", "tensorboardX", "flash-linear-attention", "fla-core==0.6.0")
 # The image's glibc takes manylinux wheels up to 2.35 (Ubuntu 22.04 and later); pip matches
 # ``--platform`` tags exactly, so each is named.
@@ -53,15 +65,26 @@ PLATFORMS = tuple(f"manylinux_2_{minor}_x86_64" for minor in range(17, 36)) + (
     "linux_x86_64",
 )
 LIMIT_BYTES = 64 * 2**20
-# Dependencies of the library that the device check never imports, too large to carry: pyarrow
-# reads Parquet corpora (`data.corpus`, imported there only) and weighs 52.5 MiB for Python
-# 3.12, which with the rest (33 MiB) is over the limit.
+# Dependencies of the library that the device check never imports, too large to carry, should
+# an image lack them: pyarrow reads Parquet corpora (`data.corpus`, imported there only) and
+# weighs 52.5 MiB for Python 3.12 (the lent image holds it: `IMAGE`).
 LEAVE_OUT = ("pyarrow",)
 
 
 def canonical(name: str) -> str:
     """A distribution's name as PEP 503 compares names."""
     return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def image(python: str) -> list[str]:
+    """`IMAGE` for ``python``: for a Python before 3.12 its jax, jaxlib and CUDA plugin at
+    `OLDER_PYTHON_JAX`."""
+    if tuple(map(int, python.split("."))) >= (3, 12):
+        return list(IMAGE)
+    return [
+        re.sub(r"==0\.11\.2$", f"=={OLDER_PYTHON_JAX}", p) if p.startswith("jax") else p
+        for p in IMAGE
+    ]
 
 
 def target_args(python: str) -> list[str]:
@@ -112,9 +135,10 @@ def build(out: Path, python: str, log=print) -> dict:
     pip = [sys.executable, "-m", "pip"]
     subprocess.run(pip + ["wheel", "--no-deps", "--quiet", "-w", str(out), str(ROOT)], check=True)
     own = next(out.glob("linear_attention-*.whl"))
-    image = resolve(list(IMAGE), python)
-    wanted = resolve([*IMAGE, *WANTED, str(own)], python)
-    bundle = missing(image, wanted)
+    image_pins = image(python)
+    held = resolve(image_pins, python)
+    wanted = resolve([*image_pins, *WANTED, str(own)], python)
+    bundle = missing(held, wanted)
     bundle.pop("linear-attention", None)  # its wheel is built, not downloaded
     left_out = {
         key: bundle.pop(key)["version"] for key in map(canonical, LEAVE_OUT) if key in bundle
@@ -127,7 +151,7 @@ def build(out: Path, python: str, log=print) -> dict:
     sizes = {w.name: w.stat().st_size for w in wheels}
     record = {
         "python": python,
-        "image": list(IMAGE),
+        "image": image_pins,
         "wanted": list(WANTED),
         "left_out": left_out,
         "wheels": sizes,

@@ -59,3 +59,19 @@ def test_a_bad_python_version_is_a_usage_error(bundle, capsys):
         bundle.main(["--out", "x", "--python", "python3"])
     assert stop.value.code == 2
     assert "--python must be a version like 3.12, got 'python3'" in capsys.readouterr().err
+
+
+def test_an_older_python_resolves_the_images_jax_at_its_newest_release(bundle):
+    """jax 0.11 needs Python 3.12: for 3.11 (the dress rehearsal) the image's jax family is
+    0.10.2, the rest as for 3.12."""
+    assert bundle.image("3.12") == list(bundle.IMAGE)
+    older = bundle.image("3.11")
+    assert [p for p in older if p.startswith("jax")] == [
+        "jax==0.10.2",
+        "jaxlib==0.10.2",
+        "jax-cuda13-plugin==0.10.2",
+        "jax-cuda13-pjrt==0.10.2",
+    ]
+    assert [p for p in older if not p.startswith("jax")] == [
+        p for p in bundle.IMAGE if not p.startswith("jax")
+    ]
