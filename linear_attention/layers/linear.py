@@ -64,7 +64,7 @@ from linear_attention.layers.options import (
 from linear_attention.layers.sequence import sequence_axis
 
 # The kernel methods of the linear family (the Pallas form included).
-LINEAR_METHODS = (*K.METHODS, *K.PALLAS_METHODS)
+LINEAR_METHODS = K.LINEAR.supported
 # The sweep label of elu+1 with q and k scaled by 8.
 SCALED_LABEL = "linear_scale8"
 
@@ -139,6 +139,7 @@ class LinearMixer(Mixer):
     """
 
     NAME = "linear"
+    FAMILY = K.LINEAR
     SEQUENCE_PARALLEL = True
     OPTIONS = LinearConfig
     # (EXPERIMENTS.md, "Why elu+1 sits at chance": q and k scaled by 8 before elu+1)
@@ -147,15 +148,8 @@ class LinearMixer(Mixer):
     K_SCALE: ClassVar[bool] = False
     DECAY: ClassVar[type | None] = None
 
-    def mixing_flops(self, seq_len: int, *, method=None, chunk_size=None) -> float:
-        """chunk: 2·H·(C·(dk + dv) + 2·dk·dv) (intra-chunk scores and sum; reading and
-        updating the dk×dv state), dk the feature width; scan / recurrent: 4·H·dk·dv (read and
-        update)."""
-        h, dk, dv = self.num_value_heads, self.state_feature_dim, self.head_dim
-        if (method or self.method) == "chunk":
-            c = min(chunk_size or seq_len, seq_len)
-            return 2.0 * h * (c * (dk + dv) + 2 * dk * dv)
-        return 4.0 * h * dk * dv
+    def _flops_sizes(self) -> dict:
+        return dict(dk=self.state_feature_dim)  # (the feature width: the state's first axis)
 
     def _build(self, rngs) -> None:
         opts = self.options

@@ -55,7 +55,7 @@ CASES = {
     # one step per token keeps the kernels' n axis (the parity grid's n = 1 point crashed)
     "gated_deltaproduct_1": dict(num_householder=1, allow_neg_eigval=True, chunk_size=4),
     "rwkv7": dict(chunk_size=5),  # token shift, GroupNorm, bonus and low-rank gate on
-    # forgetting attention: the blockwise kernel, and the reference form with the Pro parts
+    # forgetting attention: the "chunk" kernel, and the reference form with the Pro parts
     "fox": dict(conv=True),
     "fox_quadratic": dict(method="quadratic", rope=True, out_norm=True, out_gate=True),
     # PaTH: the w conv (kernel 3) by default; the forget gate, rope, the Pro parts, kernel 2
@@ -70,7 +70,7 @@ CASES = {
     # MesaNet: the chunked CG (conv on q/k and the output norm by default, a partial last
     # chunk); the token-by-token CG with rope and the output gate; the exact solve, no conv
     "mesanet": dict(chunk_size=5),
-    "mesanet_recurrent": dict(method="recurrent", rope=True, out_gate=True, cg_steps=20),
+    "mesanet_scan": dict(method="scan", rope=True, out_gate=True, cg_steps=20),
     "mesanet_exact": dict(method="exact", conv=False),
     # log-linear Mamba-2: chunks of 5 across 12 tokens (the prefill of 5 tokens leaves a state
     # at position 5), 5 levels (positions below 16); the quadratic form with rope; the scan
@@ -324,11 +324,11 @@ BAD_OPTIONS = [
     (dict(name="rwkv7", chunk_size=0), "chunk_size must be an integer >= 1, got 0"),
     (dict(name="lstm", conv=True), "mixer 'lstm' does not use option conv=True"),
     (dict(name="path", forget_bias=1.0), "forget_bias=1.0 only with its forget gate"),
-    (dict(name="path", method="chunk"), "unknown method 'chunk' for mixer 'path'"),
+    (dict(name="path", method="scan"), "unknown method 'scan' for mixer 'path'; allowed: chunk, q"),
     (dict(name="lstm", rope=True), "mixer 'lstm' does not use option rope=True"),
     (dict(name="lstm", method="scan"), "mixer 'lstm' does not use option method"),
     (dict(name="mesanet", cg_steps=0), "cg_steps must be an integer >= 1, got 0"),
-    (dict(name="mesanet", method="scan"), "unknown method 'scan' for mixer 'mesanet'"),
+    (dict(name="mesanet", method="quadratic"), "unknown method 'quadratic' for mixer 'mesanet'"),
     (dict(name="gated", cg_steps=4), "does not use option cg_steps"),
     (dict(name="log_linear_mamba2", num_levels=1), "num_levels must be an integer >= 2"),
     (dict(name="gated", num_levels=4), "does not use option num_levels"),
