@@ -20,8 +20,9 @@ the model's sizes. A mixer is made from keyword options or from a `config` alrea
 `ModelConfig`); the parts read `self.options`. What a mixer reports about itself: its
 `Config`, `NOT_TAKEN`, `REDRAWS` (random features that training redraws), `SWEEP` (its sweep
 labels, `training.sweep.mixers`), `FAMILY` (its kernel family's descriptor: the `method`
-choices, the FLOPs of each method, the backends a method needs) and `mixing_flops(seq_len)`
-(forward FLOPs per token of its sequence mixing; `training.flops`).
+choices, the FLOPs of each method, the backends a method needs), `mixing_flops(seq_len)`
+(forward FLOPs per token of its sequence mixing; `training.flops`), and for analysis what it
+attends with (`attends_with`) and the keys it writes along (`write_keys`).
 
 Packed rows: `__call__(x, segments)` with a `layers.segments.Segments` (or raw `segment_ids[B,
 T]`, checked and converted here) mixes each document on its own: the conv reads no other
@@ -253,6 +254,18 @@ class Mixer(nnx.Module):
 
     def _build(self, rngs: nnx.Rngs) -> None:
         """Subclass hook: create the family's own parts (feature map, decay, gates)."""
+
+    def attends_with(self, x_BTD) -> tuple | None:
+        """`(q, k, v, log_decay)` of the causal weighted sum of (q·k) v that this mixer is on
+        a whole sequence `x[B, T, D]` (`layers.analysis.AttentionInputs`), or None where its
+        output is no such sum (the default)."""
+        return None
+
+    def write_keys(self, x_BTD) -> jax.Array | None:
+        """The unit keys a delta-rule mixer writes along on `x[B, T, D]`
+        (`layers.analysis.delta_keys`), float32; None where it writes along none (the
+        default)."""
+        return None
 
     def _init_core(self, batch_size: int, max_length: int) -> Any:
         raise NotImplementedError

@@ -168,6 +168,11 @@ class DeltaNetMixer(Mixer):
         shape = (batch_size, self.num_value_heads, self.qk_dim, self.head_dim)
         return K.LinearAttentionState(kv=jnp.zeros(shape, jnp.float32), k_sum=None)
 
+    def write_keys(self, x_BTD):
+        q_BTHK, k_BTHK, v_BTHD, _ = self.inputs(x_BTD, None, 0)
+        _, k_BTHK, _ = self.prepare(q_BTHK, k_BTHK, v_BTHD)
+        return k_BTHK.astype(jnp.float32)
+
     def _mix(self, x_BTD, q_BTHK, k_BTHK, v_BTHD, core, position, segments=None):
         del position
         q, k, v = self.prepare(q_BTHK, k_BTHK, v_BTHD)

@@ -73,6 +73,11 @@ class FoxMixer(Mixer):
         h = self.num_heads
         return empty_cache(batch_size, max_length, h, self.qk_dim, self.head_dim, dtype)
 
+    def attends_with(self, x_BTD):
+        q_BTHK, k_BTHK, v_BTHD, _ = self.inputs(x_BTD, None, 0)
+        q_BTHK = q_BTHK * jnp.asarray(self.qk_dim**-0.5, q_BTHK.dtype)  # logits = q·k
+        return q_BTHK, k_BTHK, v_BTHD, self.log_forget(x_BTD)
+
     def _mix(self, x_BTD, q_BTHK, k_BTHK, v_BTHD, core, position, segments=None):
         scale = self.qk_dim**-0.5
         a_BTH = self.log_forget(x_BTD)

@@ -204,6 +204,16 @@ class LinearMixer(Mixer):
             batch_size, self.num_value_heads, self.state_feature_dim, self.head_dim
         )
 
+    def attends_with(self, x_BTD):
+        q_BTHK, k_BTHK, v_BTHD, _ = self.inputs(x_BTD, None, 0)
+        phi_q_BTHM, phi_k_BTHM = self.featurize(q_BTHK, k_BTHK)
+        log_decay = self.decay(x_BTD) if self.decay is not None else None
+        if log_decay is not None:  # [H] (fixed) or [B, T, H] -> [B, T, H]; [B, T, H, M] as is
+            b, t, h = q_BTHK.shape[:3]
+            shape = (b, t, h) if log_decay.ndim < 4 else (b, t, h, log_decay.shape[-1])
+            log_decay = jnp.broadcast_to(log_decay, shape)
+        return phi_q_BTHM, phi_k_BTHM, v_BTHD, log_decay
+
     def _mix(self, x_BTD, q_BTHK, k_BTHK, v_BTHD, core, position, segments=None):
         del position
         phi_q_BTHM, phi_k_BTHM = self.featurize(q_BTHK, k_BTHK)
@@ -372,6 +382,17 @@ class GatedMixer(LinearMixer):
         if not self.dt_input:
             return super().featurize(q, k)
         return self.feature_map(q, is_query=True), self.feature_map(k, is_query=False)
+
+    def attends_with(self, x_BTD):
+        """Grouped q/k heads, k scaled by dt (Mamba-2's options); none with `d_skip`."""
+        if self.skip is not None:
+            raise ValueError(
+                "a gated mixer with d_skip adds D·v to the weighted sum: no attention_inputs"
+            )
+        q_BTHK, k_BTHK, v_BTHD, _ = self.inputs(x_BTD, None, 0)
+        phi_q_BTHM, phi_k_BTHM = self.featurize(q_BTHK, k_BTHK)
+        phi_q_BTHM, phi_k_BTHM, log_decay = self.per_value_head(x_BTD, phi_q_BTHM, phi_k_BTHM)
+        return phi_q_BTHM, phi_k_BTHM, v_BTHD, log_decay
 
     def _mix(self, x_BTD, q_BTHK, k_BTHK, v_BTHD, core, position, segments=None):
         del position
