@@ -76,7 +76,7 @@ def main(argv=None) -> int:
     rows = []
     for log2_t in args.log2_T:
         t = 2**log2_t
-        for method in ("blockwise", "quadratic"):
+        for method in ("chunk", "quadratic"):
             if method == "quadratic" and t > args.max_quadratic_T:
                 continue
             row = measure(method, t, t <= args.max_time_T, args.repeats)

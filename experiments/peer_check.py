@@ -59,7 +59,7 @@ def forgetting(fla_root: Path) -> dict:
 
     naive = load_naive(fla_root, "forgetting_attn").naive_forgetting_attn
     rng = np.random.default_rng(0)
-    errors = {"blockwise": [], "quadratic": []}
+    errors = {"chunk": [], "quadratic": []}
     for b, t, h, d, dv in SHAPES:
         q, k = (rng.standard_normal((b, t, h, d), np.float32) for _ in range(2))
         v = rng.standard_normal((b, t, h, dv), np.float32)
@@ -144,7 +144,7 @@ def mesa_net(fla_root: Path) -> dict:
         o_cg = naive.naive_mesa_net_CG(*torch_in, chunk, steps, **init)[0].numpy()
         errors["fla_cg_vs_fla_exact"].append(rel_err(o_cg, o_ex))
         state = K.MesaNetState(kk0, kv0)
-        for method in ("exact", "recurrent", "chunk"):
+        for method in ("exact", "scan", "chunk"):
             o, s = K.mesa_net(q, k, v, g, beta, lam, initial_state=state, method=method,
                               chunk_size=64, cg_steps=steps, return_state=True)  # fmt: skip
             name = "exact_vs_exact" if method == "exact" else f"{method}_cg_vs_exact"
@@ -182,7 +182,7 @@ def mesa_net(fla_root: Path) -> dict:
 
 
 def _projected_path(q, k, v, w, beta, a, proj):
-    return (K.path_attention(q, k, v, w, beta, a, method="blockwise", block_size=32) * proj).sum()
+    return (K.path_attention(q, k, v, w, beta, a, method="chunk", block_size=32) * proj).sum()
 
 
 def path(fla_root: Path) -> dict:
@@ -193,7 +193,7 @@ def path(fla_root: Path) -> dict:
 
     naive = load_naive(fla_root, "path_attn").naive_path_attn
     rng = np.random.default_rng(0)
-    errors = {"blockwise": [], "quadratic": []}
+    errors = {"chunk": [], "quadratic": []}
     grad_errors = []
     for b, t, h, d, dv in SHAPES:
         q, k, w = (rng.standard_normal((b, t, h, d), np.float32) for _ in range(3))

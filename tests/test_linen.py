@@ -11,29 +11,10 @@ from flax import nnx
 
 from linear_attention import linen as la_linen
 from linear_attention.layers import FeatureProjection, get_mixer
+from tests.mixer_cases import MIXER_CASES
 
 B, T, D, H = 2, 12, 16, 2
-OPTIONS = {
-    "softmax": dict(rope=True),
-    "linear": dict(conv=True),
-    "favor": dict(feature_dim=8),
-    "taylor": dict(feature_dim=4),
-    "hedgehog": dict(),
-    "retnet": dict(conv=True),
-    "gated": dict(),
-    "deltanet": dict(),
-    "gated_deltanet": dict(allow_neg_eigval=True, chunk_size=4),
-    "gla": dict(conv=True),
-    "swa": dict(window=3, rope=True),
-    "kda": dict(num_value_heads=4, chunk_size=4),
-    "gated_deltaproduct": dict(num_householder=2, chunk_size=4),
-    "rwkv7": dict(chunk_size=4),
-    "mesanet": dict(chunk_size=4, cg_steps=16),
-    "log_linear_mamba2": dict(chunk_size=4, num_levels=5),
-    "log_linear_gated_deltanet": dict(chunk_size=4, num_levels=5),
-    "path": dict(forget_gate=True),
-    "mla": dict(q_rank=8, rope=True, rope_dim=4, kv_rank=12),
-}
+OPTIONS = {name: case.options for name, case in MIXER_CASES.items()}
 
 
 def nnx_variables(module) -> dict:
@@ -47,8 +28,8 @@ def nnx_variables(module) -> dict:
 
 # The bridge is one generic wrapper: the default run keeps the mixers whose variables or state
 # differ in kind (rope, feature projections, a ring-buffer cache, the delta rule's conv state,
-# grouped value heads, token shift); the rest run under `-m slow`.
-LINEN_FAST = ("softmax", "favor", "hedgehog", "gated_deltanet", "swa", "kda", "rwkv7")
+# grouped value heads, token shift: `MixerCase.linen_fast`); the rest run under `-m slow`.
+LINEN_FAST = tuple(name for name, case in MIXER_CASES.items() if case.linen_fast)
 
 
 @pytest.mark.parametrize(

@@ -5,45 +5,53 @@ Example, with `from linear_attention import kernels as K` and `phi = K.feature_m
 """
 
 from linear_attention.kernels import feature_maps
-from linear_attention.kernels.delta.checks import METHODS as DELTA_METHODS
-from linear_attention.kernels.delta.delta import delta_rule, delta_rule_step
-from linear_attention.kernels.delta.delta_product import delta_product, delta_product_step
-from linear_attention.kernels.delta.dplr import dplr_delta_rule, dplr_delta_rule_step
+from linear_attention.kernels.delta.delta import DELTA_RULE, delta_rule, delta_rule_step
+from linear_attention.kernels.delta.delta_product import (
+    DELTA_PRODUCT,
+    delta_product,
+    delta_product_step,
+)
+from linear_attention.kernels.delta.dplr import DPLR, dplr_delta_rule, dplr_delta_rule_step
 from linear_attention.kernels.forgetting.forgetting import (
+    FORGETTING,
     ForgettingCache,
     cached_forgetting_attention,
     forgetting_attention,
     forgetting_attention_step,
 )
 from linear_attention.kernels.linear.linear import (
+    LINEAR,
     METHODS,
     PALLAS_METHODS,
     causal_linear_attention,
     linear_attention,
 )
 from linear_attention.kernels.linear.recurrent import recurrent_step
-from linear_attention.kernels.log_linear.delta import METHODS as LOG_LINEAR_DELTA_METHODS
 from linear_attention.kernels.log_linear.delta import (
+    LOG_LINEAR_DELTA,
     log_linear_delta_rule,
     log_linear_delta_rule_step,
 )
 from linear_attention.kernels.log_linear.fenwick import LogLinearState
-from linear_attention.kernels.log_linear.log_linear import METHODS as LOG_LINEAR_METHODS
 from linear_attention.kernels.log_linear.log_linear import (
+    LOG_LINEAR,
     log_linear_attention,
     log_linear_attention_step,
 )
 from linear_attention.kernels.mesa_net.mesa_net import (
+    MESA_NET,
     MesaNetState,
     mesa_net,
     mesa_net_residual,
     mesa_net_step,
 )
 from linear_attention.kernels.path.path import (
+    PATH,
     cached_path_attention,
     path_attention,
     path_attention_step,
 )
+from linear_attention.kernels.primitives.family import Family, Method
 from linear_attention.kernels.primitives.pallas import pallas_interpret
 from linear_attention.kernels.softmax.sliding_window import sliding_window_attention
 from linear_attention.kernels.softmax.softmax import (
@@ -53,7 +61,30 @@ from linear_attention.kernels.softmax.softmax import (
 )
 from linear_attention.kernels.state import LinearAttentionState
 
+# Every kernel family with a `method`, by its entry point's name (`primitives.family`).
+FAMILIES: dict[str, Family] = {
+    f.name: f
+    for f in (
+        LINEAR,
+        DELTA_RULE,
+        DELTA_PRODUCT,
+        DPLR,
+        LOG_LINEAR,
+        LOG_LINEAR_DELTA,
+        MESA_NET,
+        PATH,
+        FORGETTING,
+    )
+}
+# The methods of a family that run on every backend (the old per-family lists).
+DELTA_METHODS = tuple(m for m in DELTA_RULE.supported if not DELTA_RULE.backends(m))
+LOG_LINEAR_METHODS = LOG_LINEAR.supported
+LOG_LINEAR_DELTA_METHODS = LOG_LINEAR_DELTA.supported
+
 __all__ = [
+    "FAMILIES",
+    "Family",
+    "Method",
     "DELTA_METHODS",
     "LOG_LINEAR_DELTA_METHODS",
     "LOG_LINEAR_METHODS",

@@ -11,8 +11,6 @@ from linear_attention.layers.decays import (
     RWKV7Decay,
     ScalarDecay,
 )
-from linear_attention.layers.delta import DeltaNetMixer, GatedDeltaNetMixer
-from linear_attention.layers.delta_product import GatedDeltaProductMixer
 from linear_attention.layers.feature_maps import (
     FIXED_FEATURE_MAPS,
     FavorFeatures,
@@ -20,21 +18,8 @@ from linear_attention.layers.feature_maps import (
     FixedFeatureMap,
     HedgehogFeatures,
 )
-from linear_attention.layers.fox import FoxMixer
-from linear_attention.layers.kda import KDAMixer
-from linear_attention.layers.linear import (
-    FavorMixer,
-    GatedMixer,
-    GLAMixer,
-    HedgehogMixer,
-    LinearMixer,
-    RetNetMixer,
-    TaylorMixer,
-)
-from linear_attention.layers.log_linear import LogLinearGatedDeltaNetMixer, LogLinearMamba2Mixer
-from linear_attention.layers.lstm import LSTMMixer, LSTMState
-from linear_attention.layers.mesanet import MesaNetMixer
-from linear_attention.layers.mla import LatentProjection, MLAMixer
+from linear_attention.layers.lstm import LSTMState
+from linear_attention.layers.mla import LatentProjection
 from linear_attention.layers.mlp import SwiGLU
 from linear_attention.layers.moe import (
     MoE,
@@ -46,14 +31,15 @@ from linear_attention.layers.moe import (
 from linear_attention.layers.norm import LayerNorm, RMSNorm
 from linear_attention.layers.options import COMMON_OPTIONS, MixerConfig, Option
 from linear_attention.layers.output import OutputStage
-from linear_attention.layers.path import PathMixer
 from linear_attention.layers.projections import LowRank, QKVProjection, ShiftedInputs, TokenShift
 from linear_attention.layers.registry import MIXERS, get_mixer
 from linear_attention.layers.rotary import apply_rotary
-from linear_attention.layers.rwkv7 import RWKV7Mixer
 from linear_attention.layers.segments import Segments, segments_of
-from linear_attention.layers.sliding_window import RingBuffer, SlidingWindowMixer
-from linear_attention.layers.softmax import KVCache, SoftmaxMixer
+from linear_attention.layers.sliding_window import RingBuffer
+from linear_attention.layers.softmax import KVCache
+
+# Every registered mixer's class, exported under its class name: the registry is the one list.
+globals().update({cls.__name__: cls for cls in MIXERS.values()})
 
 __all__ = [
     "MIXERS",
@@ -96,27 +82,7 @@ __all__ = [
     "FixedFeatureMap",
     "FavorFeatures",
     "HedgehogFeatures",
-    "SoftmaxMixer",
-    "MLAMixer",
     "LatentProjection",
-    "LinearMixer",
-    "FavorMixer",
-    "TaylorMixer",
-    "HedgehogMixer",
-    "RetNetMixer",
-    "GatedMixer",
-    "DeltaNetMixer",
-    "GatedDeltaNetMixer",
-    "KDAMixer",
-    "GatedDeltaProductMixer",
-    "RWKV7Mixer",
-    "LSTMMixer",
-    "FoxMixer",
-    "PathMixer",
-    "MesaNetMixer",
-    "LogLinearMamba2Mixer",
-    "LogLinearGatedDeltaNetMixer",
     "LSTMState",
-    "GLAMixer",
-    "SlidingWindowMixer",
+    *(cls.__name__ for cls in MIXERS.values()),
 ]

@@ -19,8 +19,10 @@ raises a ValueError naming it and the mixer) and `check_config` adds the rules t
 the model's sizes. A mixer is made from keyword options or from a `config` already made (by
 `ModelConfig`); the parts read `self.options`. What a mixer reports about itself: its
 `Config`, `NOT_TAKEN`, `REDRAWS` (random features that training redraws), `SWEEP` (its sweep
-labels, `training.sweep.mixers`) and `mixing_flops(seq_len)` (forward FLOPs per token of its
-sequence mixing; `training.flops`).
+labels, `training.sweep.mixers`), `FAMILY` (its kernel family's descriptor: the `method`
+choices, the FLOPs of each method, the backends a method needs), `mixing_flops(seq_len)`
+(forward FLOPs per token of its sequence mixing; `training.flops`), and for analysis what it
+attends with (`attends_with`) and the keys it writes along (`write_keys`).
 
 Packed rows: `__call__(x, segments)` with a `layers.segments.Segments` (or raw `segment_ids[B,
 T]`, checked and converted here) mixes each document on its own: the conv reads no other
@@ -39,6 +41,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from linear_attention.fields import build, check_int
+from linear_attention.kernels.primitives.family import Family
 from linear_attention.layers.options import MixerConfig, conv_kernel_size
 from linear_attention.layers.output import OutputStage
 from linear_attention.layers.projections import QKVProjection
@@ -79,6 +82,9 @@ class Mixer(nnx.Module):
     parts (`DECAY`, a feature map, output defaults) and declare `OPTIONS`."""
 
     NAME: ClassVar[str] = ""
+    # Its kernel family's descriptor (`kernels.FAMILIES`): the `method` choices, the FLOPs of
+    # each method, the backends a method needs. None: a mixer without a `method`.
+    FAMILY: ClassVar[Family | None] = None
     # The family's options dataclass; `Config` is it, named after this mixer.
     OPTIONS: ClassVar[type[MixerConfig]] = MixerConfig
     Config: ClassVar[type[MixerConfig]] = MixerConfig
@@ -101,7 +107,7 @@ class Mixer(nnx.Module):
         super().__init_subclass__(**kwargs)
         # Each registered mixer's own config class, so that messages name the mixer; its
         # qualified name `<Mixer>.Config` lets pickle find it.
-        attributes = {"MIXER": cls.NAME, "__module__": cls.__module__}
+        attributes = {"MIXER": cls.NAME, "FAMILY": cls.FAMILY, "__module__": cls.__module__}
         cls.Config = type(f"{cls.__name__}Config", (cls.OPTIONS,), attributes)
         cls.Config.__qualname__ = f"{cls.__qualname__}.Config"
 
@@ -249,6 +255,18 @@ class Mixer(nnx.Module):
     def _build(self, rngs: nnx.Rngs) -> None:
         """Subclass hook: create the family's own parts (feature map, decay, gates)."""
 
+    def attends_with(self, x_BTD) -> tuple | None:
+        """`(q, k, v, log_decay)` of the causal weighted sum of (q·k) v that this mixer is on
+        a whole sequence `x[B, T, D]` (`layers.analysis.AttentionInputs`), or None where its
+        output is no such sum (the default)."""
+        return None
+
+    def write_keys(self, x_BTD) -> jax.Array | None:
+        """The unit keys a delta-rule mixer writes along on `x[B, T, D]`
+        (`layers.analysis.delta_keys`), float32; None where it writes along none (the
+        default)."""
+        return None
+
     def _init_core(self, batch_size: int, max_length: int) -> Any:
         raise NotImplementedError
 
@@ -262,9 +280,25 @@ class Mixer(nnx.Module):
 
     def mixing_flops(self, seq_len: int, *, method=None, chunk_size=None) -> float:
         """Forward FLOPs per token of the sequence mixing on rows of ``seq_len`` tokens, with
-        the kernel ``method`` and ``chunk_size`` (None: this mixer's own); a family counts its
+        the kernel ``method`` and ``chunk_size`` (None: this mixer's own): its family's count
+        of the method (`Family.flops`, on `_flops_sizes`); a mixer without a family counts its
         own (`training.flops`), and one without a count raises."""
-        raise NotImplementedError(f"no FLOPs count for mixer {self.NAME!r}")
+        if self.FAMILY is None:
+            raise NotImplementedError(f"no FLOPs count for mixer {self.NAME!r}")
+        opts = self.options
+        sizes = dict(
+            seq_len=seq_len,
+            heads=self.num_value_heads,
+            dk=self.qk_dim,
+            dv=self.head_dim,
+            chunk_size=chunk_size or opts.get("chunk_size"),
+        )
+        return self.FAMILY.flops(method or opts["method"], **{**sizes, **self._flops_sizes()})
+
+    def _flops_sizes(self) -> dict:
+        """Subclass hook: the sizes of its family's FLOPs count other than the heads, widths and
+        chunk (`mixing_flops`), or those it counts otherwise."""
+        return {}
 
     def _forward(self, x_BTD, tail, core, position, segments=None, *, step: bool = False):
         """inputs → family → output: `(y [B, T, D], core, input tail)`. A whole sequence

@@ -53,7 +53,7 @@ class DeltaConfig(GatedOutputConfig):
     """The delta-rule family: the short conv, the output norm and gate on; β's range."""
 
     conv: bool | int | None = CONV.field(True)
-    method: str = METHOD.field(choices=(*K.DELTA_METHODS, *K.PALLAS_METHODS))
+    method: str = METHOD.field(choices=K.DELTA_RULE.supported)
     chunk_size: int = CHUNK_SIZE.field()
     allow_neg_eigval: bool = ALLOW_NEG_EIGVAL.field()
     conv_bias: bool = CONV_BIAS.field()
@@ -86,6 +86,7 @@ class DeltaNetMixer(Mixer):
     """
 
     NAME = "deltanet"
+    FAMILY = K.DELTA_RULE
     SEQUENCE_PARALLEL = True
     OPTIONS = DeltaConfig
     DECAY: ClassVar[type | None] = None
@@ -120,20 +121,6 @@ class DeltaNetMixer(Mixer):
     def _output_options(self) -> dict:
         opts = self.options
         return dict(norm_shared=opts["out_norm_shared"], norm_eps=opts["out_norm_eps"])
-
-    def mixing_flops(self, seq_len: int, *, method=None, chunk_size=None) -> float:
-        """chunk (WY/UT form): 2·H·(3·C·dk + 2·C·dv + C²/3 + 3·dk·dv) (βKKᵀ, QKᵀ, W = T·βK;
-        U = T·βV and the intra sum; the triangular solve, C³/3 multiply-adds per chunk; W·S,
-        Q·S and the state update); scan: 6·H·dk·dv. H counts the value heads, which carry the
-        states; a decay per key channel (KDA) is elementwise, so it costs what Gated
-        DeltaNet's does; DeltaProduct's n Householder steps are n delta-rule sub-tokens: H·n,
-        and C counts sub-tokens, min(chunk, n·T)."""
-        n = self._num_keys() or 1
-        h, dk, dv = self.num_value_heads * n, self.qk_dim, self.head_dim
-        if (method or self.method) == "chunk":
-            c = min(chunk_size or n * seq_len, n * seq_len)
-            return 2.0 * h * (3 * c * dk + 2 * c * dv + c * c / 3 + 3 * dk * dv)
-        return 6.0 * h * dk * dv
 
     def _build(self, rngs) -> None:
         opts = self.options
@@ -180,6 +167,11 @@ class DeltaNetMixer(Mixer):
         del max_length  # the state does not grow with the context
         shape = (batch_size, self.num_value_heads, self.qk_dim, self.head_dim)
         return K.LinearAttentionState(kv=jnp.zeros(shape, jnp.float32), k_sum=None)
+
+    def write_keys(self, x_BTD):
+        q_BTHK, k_BTHK, v_BTHD, _ = self.inputs(x_BTD, None, 0)
+        _, k_BTHK, _ = self.prepare(q_BTHK, k_BTHK, v_BTHD)
+        return k_BTHK.astype(jnp.float32)
 
     def _mix(self, x_BTD, q_BTHK, k_BTHK, v_BTHD, core, position, segments=None):
         del position

@@ -31,6 +31,7 @@ class GatedDeltaProductMixer(DeltaNetMixer):
     """Gated DeltaProduct: Gated DeltaNet with `num_householder` delta steps per token."""
 
     NAME = "gated_deltaproduct"
+    FAMILY = K.DELTA_PRODUCT
     OPTIONS = DeltaProductConfig
     SWEEP_COUNT = "num_householder"
     DECAY = ScalarDecay
@@ -39,6 +40,9 @@ class GatedDeltaProductMixer(DeltaNetMixer):
 
     def _num_keys(self) -> int:
         return self.options["num_householder"]
+
+    def _flops_sizes(self) -> dict:
+        return dict(num_keys=self._num_keys())
 
     def _build(self, rngs) -> None:
         super()._build(rngs)

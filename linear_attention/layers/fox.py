@@ -27,7 +27,6 @@ import jax.numpy as jnp
 from flax import nnx
 
 from linear_attention import kernels as K
-from linear_attention.kernels.forgetting.forgetting import METHODS
 from linear_attention.kernels.softmax.gated_cache import empty_cache
 from linear_attention.layers.base import Mixer
 from linear_attention.layers.options import METHOD, MixerConfig, option
@@ -41,7 +40,7 @@ OPEN_LABEL = "fox_bias5"  # the MQAR grid's fox with the gate starting open (f �
 
 @dataclasses.dataclass(frozen=True)
 class FoxConfig(MixerConfig):
-    method: str = METHOD.field("blockwise", choices=METHODS)
+    method: str = METHOD.field("chunk", choices=K.FORGETTING.supported)
     forget_bias: float = FORGET_BIAS.field()
 
 
@@ -49,8 +48,9 @@ class FoxMixer(Mixer):
     """Forgetting attention: softmax attention with a per-head forget gate (see the module)."""
 
     NAME = "fox"
+    FAMILY = K.FORGETTING
     OPTIONS = FoxConfig
-    BLOCK = 512  # query and key block of the blockwise kernel
+    BLOCK = 512  # query and key block of the "chunk" kernel
     SWEEP_LABELS = {OPEN_LABEL: {"forget_bias": 5.0}}
 
     def _build(self, rngs: nnx.Rngs) -> None:
@@ -64,10 +64,6 @@ class FoxMixer(Mixer):
             rngs=rngs,
         )
 
-    def mixing_flops(self, seq_len: int, *, method=None, chunk_size=None) -> float:
-        """2·H·T·(dk + dv): softmax attention's count (the gate's bias adds O(H) per pair)."""
-        return 2.0 * self.num_heads * seq_len * (self.qk_dim + self.head_dim)
-
     def log_forget(self, x_BTD):
         """log f `[B, T, H]` (or `[B, H]`), float32."""
         return jax.nn.log_sigmoid(self.forget_gate(x_BTD).astype(jnp.float32))
@@ -76,6 +72,11 @@ class FoxMixer(Mixer):
         dtype = jnp.dtype(self.dtype or self.param_dtype)
         h = self.num_heads
         return empty_cache(batch_size, max_length, h, self.qk_dim, self.head_dim, dtype)
+
+    def attends_with(self, x_BTD):
+        q_BTHK, k_BTHK, v_BTHD, _ = self.inputs(x_BTD, None, 0)
+        q_BTHK = q_BTHK * jnp.asarray(self.qk_dim**-0.5, q_BTHK.dtype)  # logits = q·k
+        return q_BTHK, k_BTHK, v_BTHD, self.log_forget(x_BTD)
 
     def _mix(self, x_BTD, q_BTHK, k_BTHK, v_BTHD, core, position, segments=None):
         scale = self.qk_dim**-0.5

@@ -64,7 +64,7 @@ from linear_attention.layers.options import (
 from linear_attention.layers.sequence import sequence_axis
 
 # The kernel methods of the linear family (the Pallas form included).
-LINEAR_METHODS = (*K.METHODS, *K.PALLAS_METHODS)
+LINEAR_METHODS = K.LINEAR.supported
 # The sweep label of elu+1 with q and k scaled by 8.
 SCALED_LABEL = "linear_scale8"
 
@@ -139,6 +139,7 @@ class LinearMixer(Mixer):
     """
 
     NAME = "linear"
+    FAMILY = K.LINEAR
     SEQUENCE_PARALLEL = True
     OPTIONS = LinearConfig
     # (EXPERIMENTS.md, "Why elu+1 sits at chance": q and k scaled by 8 before elu+1)
@@ -147,15 +148,8 @@ class LinearMixer(Mixer):
     K_SCALE: ClassVar[bool] = False
     DECAY: ClassVar[type | None] = None
 
-    def mixing_flops(self, seq_len: int, *, method=None, chunk_size=None) -> float:
-        """chunk: 2·H·(C·(dk + dv) + 2·dk·dv) (intra-chunk scores and sum; reading and
-        updating the dk×dv state), dk the feature width; scan / recurrent: 4·H·dk·dv (read and
-        update)."""
-        h, dk, dv = self.num_value_heads, self.state_feature_dim, self.head_dim
-        if (method or self.method) == "chunk":
-            c = min(chunk_size or seq_len, seq_len)
-            return 2.0 * h * (c * (dk + dv) + 2 * dk * dv)
-        return 4.0 * h * dk * dv
+    def _flops_sizes(self) -> dict:
+        return dict(dk=self.state_feature_dim)  # (the feature width: the state's first axis)
 
     def _build(self, rngs) -> None:
         opts = self.options
@@ -209,6 +203,16 @@ class LinearMixer(Mixer):
         return K.LinearAttentionState.zeros(
             batch_size, self.num_value_heads, self.state_feature_dim, self.head_dim
         )
+
+    def attends_with(self, x_BTD):
+        q_BTHK, k_BTHK, v_BTHD, _ = self.inputs(x_BTD, None, 0)
+        phi_q_BTHM, phi_k_BTHM = self.featurize(q_BTHK, k_BTHK)
+        log_decay = self.decay(x_BTD) if self.decay is not None else None
+        if log_decay is not None:  # [H] (fixed) or [B, T, H] -> [B, T, H]; [B, T, H, M] as is
+            b, t, h = q_BTHK.shape[:3]
+            shape = (b, t, h) if log_decay.ndim < 4 else (b, t, h, log_decay.shape[-1])
+            log_decay = jnp.broadcast_to(log_decay, shape)
+        return phi_q_BTHM, phi_k_BTHM, v_BTHD, log_decay
 
     def _mix(self, x_BTD, q_BTHK, k_BTHK, v_BTHD, core, position, segments=None):
         del position
@@ -378,6 +382,17 @@ class GatedMixer(LinearMixer):
         if not self.dt_input:
             return super().featurize(q, k)
         return self.feature_map(q, is_query=True), self.feature_map(k, is_query=False)
+
+    def attends_with(self, x_BTD):
+        """Grouped q/k heads, k scaled by dt (Mamba-2's options); none with `d_skip`."""
+        if self.skip is not None:
+            raise ValueError(
+                "a gated mixer with d_skip adds D·v to the weighted sum: no attention_inputs"
+            )
+        q_BTHK, k_BTHK, v_BTHD, _ = self.inputs(x_BTD, None, 0)
+        phi_q_BTHM, phi_k_BTHM = self.featurize(q_BTHK, k_BTHK)
+        phi_q_BTHM, phi_k_BTHM, log_decay = self.per_value_head(x_BTD, phi_q_BTHM, phi_k_BTHM)
+        return phi_q_BTHM, phi_k_BTHM, v_BTHD, log_decay
 
     def _mix(self, x_BTD, q_BTHK, k_BTHK, v_BTHD, core, position, segments=None):
         del position

@@ -54,7 +54,7 @@ from linear_attention.layers.sequence import sequence_axis
 class LogLinearConfig(GatedOutputConfig):
     """The output norm and gate on (as `gated`); the kernel's method, chunk and levels."""
 
-    method: str = METHOD.field(choices=K.LOG_LINEAR_METHODS)
+    method: str = METHOD.field(choices=K.LOG_LINEAR.supported)
     chunk_size: int = CHUNK_SIZE.field()
     num_levels: int = NUM_LEVELS.field()
 
@@ -98,26 +98,12 @@ class LogLinearMamba2Mixer(Mixer):
     """Log-linear Mamba-2: the `gated` mixer's parts with Fenwick level states (see the module)."""
 
     NAME = "log_linear_mamba2"
+    FAMILY = K.LOG_LINEAR
     SEQUENCE_PARALLEL = True
     OPTIONS = LogLinearConfig
 
-    def mixing_flops(self, seq_len: int, *, method=None, chunk_size=None) -> float:
-        """Per token, with L = min(`num_levels`, bit_length(T − 1) + 1) the levels the positions
-        below T reach, dk, dv the head widths and C the chunk: chunk:
-        2·H·(C·(dk + dv) + 2·L·dk·dv) (the intra-chunk scores and their sum; reading the L
-        level states and writing the chunk's keys into their slots); scan: 2·H·(L + 1)·dk·dv
-        (reading every level, writing the token); quadratic: 2·H·T·(dk + dv)."""
-        h, dk, dv = self.num_heads, self.qk_dim, self.head_dim
-        # (the kernel carries only the levels that positions below seq_len reach)
-        L = min(self.num_levels, (seq_len - 1).bit_length() + 1)
-        match method or self.method:
-            case "chunk":
-                c = min(chunk_size or self.chunk_size, seq_len)
-                return 2.0 * h * (c * (dk + dv) + 2 * L * dk * dv)
-            case "scan":
-                return 2.0 * h * (L + 1) * dk * dv
-            case _:
-                return 2.0 * h * seq_len * (dk + dv)
+    def _flops_sizes(self) -> dict:
+        return dict(num_levels=self.options["num_levels"])
 
     def _build(self, rngs) -> None:
         opts = self.options
@@ -169,7 +155,7 @@ class LogLinearDeltaConfig(DeltaConfig):
     """Gated DeltaNet's options (conv, norm and gate on; β's range) with the log-linear
     kernel's methods (the chunk-rematerialised scan by default) and levels."""
 
-    method: str = METHOD.field(choices=K.LOG_LINEAR_DELTA_METHODS)
+    method: str = METHOD.field(choices=K.LOG_LINEAR_DELTA.supported)
     num_levels: int = NUM_LEVELS.field()
 
 
@@ -183,28 +169,12 @@ class LogLinearGatedDeltaNetMixer(GatedDeltaNetMixer):
     "quadratic" (the reference, whole-sequence path only: a prefill from a state uses "chunk")."""
 
     NAME = "log_linear_gated_deltanet"
+    FAMILY = K.LOG_LINEAR_DELTA
     SEQUENCE_PARALLEL = False
     OPTIONS = LogLinearDeltaConfig
 
-    def mixing_flops(self, seq_len: int, *, method=None, chunk_size=None) -> float:
-        """Per token, L = min(`num_levels`, bit_length(T − 1) + 1), C the chunk: chunk:
-        2·H·(3·C·dk + 2·C·dv + C²/3 + 2·dk·dv + 2·L·dk·dv + L·dk²·dv/C) (the UT transform, W,
-        Q̃ and the intra weights as the delta rule's chunk form; reading the L level states,
-        writing the chunk's keys, and the level maps P S once per chunk); scan:
-        2·H·(3·L + 1)·dk·dv (kᵀS and the rank-one update on each level state, then reading
-        them); quadratic (the delta rule on T one-hot values, then the masked weights):
-        2·H·T·(3·dk + dv)."""
-        h, dk, dv = self.num_heads, self.qk_dim, self.head_dim
-        L = min(self.num_levels, (seq_len - 1).bit_length() + 1)
-        match method or self.method:
-            case "chunk":
-                c = min(chunk_size or self.chunk_size, seq_len)
-                per_head = 3 * c * dk + 2 * c * dv + c * c / 3 + 2 * dk * dv
-                return 2.0 * h * (per_head + 2 * L * dk * dv + L * dk * dk * dv / c)
-            case "scan":
-                return 2.0 * h * (3 * L + 1) * dk * dv
-            case _:
-                return 2.0 * h * seq_len * (3 * dk + dv)
+    def _flops_sizes(self) -> dict:
+        return dict(num_levels=self.options["num_levels"])
 
     def _build(self, rngs) -> None:
         super()._build(rngs)

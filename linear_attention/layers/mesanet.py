@@ -16,7 +16,7 @@ the SiLU is applied directly (as the delta mixers do). Left as this library's pa
 the conv's bias (FLA's has none; here it starts at 0), the output RMSNorm's eps (1e-6, FLA's
 1e-5) and the projections' initialisers (the gate biases start at 0, so γ ≈ σ(x·w_a) ≈ ½ on
 average, as FLA's small uniform biases give). The sequence paths call
-`kernels.mesa_net` (`method` "chunk", "recurrent" or "exact"; `chunk_size`; `cg_steps`), `step`
+`kernels.mesa_net` (`method` "chunk", "scan" or "exact"; `chunk_size`; `cg_steps`), `step`
 calls `kernels.mesa_net_step` with the same CG; the state is `MesaNetState(kk [B, H, Dk, Dk],
 kv [B, H, Dk, Dv])`, float32, whatever the context length. Both statistics are affine in the
 past, so a time split (`mesh.seq > 1`) is supported (the kernel's `axis_name`).
@@ -40,7 +40,6 @@ import jax.numpy as jnp
 from flax import nnx
 
 from linear_attention import kernels as K
-from linear_attention.kernels.mesa_net.mesa_net import METHODS
 from linear_attention.layers.base import Mixer
 from linear_attention.layers.delta import l2norm
 from linear_attention.layers.options import (
@@ -70,7 +69,7 @@ class MesaNetConfig(MixerConfig):
     conv: bool | int | None = CONV.field(True)
     out_norm: bool = OUT_NORM.field(True)
     out_gate: bool = OUT_GATE.field(False)
-    method: str = METHOD.field(choices=METHODS)
+    method: str = METHOD.field(choices=K.MESA_NET.supported)
     chunk_size: int = CHUNK_SIZE.field()
     cg_steps: int = CG_STEPS.field()
 
@@ -107,6 +106,7 @@ class MesaNetMixer(Mixer):
     """MesaNet: the output of a locally optimal linear fit of the values, per head (module)."""
 
     NAME = "mesanet"
+    FAMILY = K.MESA_NET
     OPTIONS = MesaNetConfig
     SEQUENCE_PARALLEL = True
 
@@ -142,25 +142,8 @@ class MesaNetMixer(Mixer):
         shape = (self.num_heads, self.qk_dim)
         self.lambda_param = nnx.Param(jnp.full(shape, p0, jnp.float32).astype(self.param_dtype))
 
-    def mixing_flops(self, seq_len: int, *, method=None, chunk_size=None) -> float:
-        """Per token and head, with n = `cg_steps`, dk = dv = the head width, C the chunk:
-        chunk: 2·dk² (the H_kk chunk summary) + n·(2·dk² + 4·C·dk) (each CG iteration's A x: the
-        entering state, the [C, C] scores and their sum over kb) + 2·(C·(dk + dv) + 2·dk·dv)
-        (the read-out, linear attention with queries x); recurrent: 2·dk·(dk + dv) (both
-        updates) + n·2·dk² + 2·dk·dv (the read-out); exact: 2·dk³/3 (the solve) in place of the
-        CG term. The CG's vector updates (O(dk) each) are left out."""
-        h, dk, dv, n = self.num_heads, self.qk_dim, self.head_dim, self.cg_steps
-        match method or self.method:
-            case "chunk":
-                c = min(chunk_size or self.chunk_size, seq_len)
-                per_head = 2 * dk * dk + n * (2 * dk * dk + 4 * c * dk)
-                return float(h * (per_head + 2 * (c * (dk + dv) + 2 * dk * dv)))
-            case "recurrent":
-                return float(h * (2 * dk * (dk + dv) + n * 2 * dk * dk + 2 * dk * dv))
-            case "exact":
-                return float(h * (2 * dk * (dk + dv) + 2 * dk**3 / 3 + 2 * dk * dv))
-            case other:
-                raise ValueError(f"unknown method {other!r}; allowed: {', '.join(METHODS)}")
+    def _flops_sizes(self) -> dict:
+        return dict(cg_steps=self.cg_steps)
 
     def gates(self, x_BTD):
         """(log γ, β), float32 `[..., H]`, and λ `[H, Dk]` float32."""

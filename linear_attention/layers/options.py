@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from linear_attention.fields import POSITIVE, check_fields, fail, spec_field
+from linear_attention.kernels.primitives.family import Family
 from linear_attention.kernels.primitives.pallas import CHUNK_MULTIPLE
 
 
@@ -120,8 +121,11 @@ NUM_LEVELS = option(
 class MixerConfig:
     """The options every mixer takes; a family's config subclasses it."""
 
-    # The mixer this config belongs to (set on each registered mixer's `Config`).
+    # The mixer this config belongs to, and its kernel family (set on each registered mixer's
+    # `Config`): the family's methods are the `method` field's choices, an old spelling warned
+    # and translated here.
     MIXER: ClassVar[str] = ""
+    FAMILY: ClassVar[Family | None] = None
 
     head_dim: int | None = HEAD_DIM.field()
     conv: bool | int | None = CONV.field()
@@ -135,15 +139,27 @@ class MixerConfig:
         for field in dataclasses.fields(self):  # None: this mixer's default
             if getattr(self, field.name) is None:
                 object.__setattr__(self, field.name, field.default)
+        family, method = self.FAMILY, getattr(self, "method", None)
+        if family is not None and method is not None:
+            method = family.translate(method, f"mixer {self.MIXER!r}")
+            object.__setattr__(self, "method", method)
         check_fields(self, owner=f"mixer {self.MIXER!r}")
         # (the kernels refuse it too, but only when traced: a config is refused before a compile)
         chunk = getattr(self, "chunk_size", None)
-        if getattr(self, "method", None) == "pallas" and chunk % CHUNK_MULTIPLE:
+        if self.backends() and chunk % CHUNK_MULTIPLE:
             raise ValueError(
                 f"chunk_size must be a multiple of {CHUNK_MULTIPLE} for mixer {self.MIXER!r} "
-                f'with method="pallas" (16, 32, 48, 64, ...: its blocks tile by {CHUNK_MULTIPLE} '
-                f"rows), got {chunk}"
+                f"with method={method!r} (16, 32, 48, 64, ...: its blocks tile by "
+                f"{CHUNK_MULTIPLE} rows), got {chunk}"
             )
+
+    def backends(self) -> tuple[str, ...]:
+        """The Pallas backends this config's `method` needs (its family's descriptor); () where
+        it runs on every backend, or the mixer has no method."""
+        method = getattr(self, "method", None)
+        if self.FAMILY is None or method is None:
+            return ()
+        return self.FAMILY.backends(method)
 
     @classmethod
     def own_options(cls) -> tuple[str, ...]:

@@ -38,7 +38,6 @@ import jax.numpy as jnp
 from flax import nnx
 
 from linear_attention import kernels as K
-from linear_attention.kernels.path.path import METHODS
 from linear_attention.kernels.softmax.gated_cache import empty_cache
 from linear_attention.layers.base import Mixer
 from linear_attention.layers.conv import ShortConv
@@ -54,7 +53,7 @@ FORGET_GATE = option(False, "FoX's forget gate on the logits (PaTH-FoX)")
 @dataclasses.dataclass(frozen=True)
 class PathConfig(MixerConfig):
     conv: bool | int | None = CONV.field(3)  # for path: the short conv on w (FLA's kernel 3)
-    method: str = METHOD.field("blockwise", choices=METHODS)
+    method: str = METHOD.field("chunk", choices=K.PATH.supported)
     forget_gate: bool = FORGET_GATE.field()
     forget_bias: float = FORGET_BIAS.field()  # FoX's initial gate bias, with forget_gate
 
@@ -118,8 +117,12 @@ class PathMixer(Mixer):
     """PaTH attention: softmax attention with Householder-transported keys (see the module)."""
 
     NAME = "path"
+    FAMILY = K.PATH
     OPTIONS = PathConfig
-    BLOCK = 64  # the blockwise kernel's block: its UT transform and its query/key block
+    BLOCK = 64  # the "chunk" kernel's block: its UT transform and its query/key block
+
+    def _flops_sizes(self) -> dict:
+        return dict(chunk_size=self.BLOCK)
 
     @classmethod
     def _check_family_options(cls, num_heads: int, options) -> None:
@@ -154,20 +157,6 @@ class PathMixer(Mixer):
             if self.options["forget_gate"]
             else None
         )
-
-    def mixing_flops(self, seq_len: int, *, method=None, chunk_size=None) -> float:
-        """blockwise, blocks of C = min(64, T): 2·H·(T·(dk + dv) + T·dk²/C + 5·C·dk + C² + dk²):
-        softmax attention's count (every block pair is computed, the masked ones too), the
-        queries carried through one [dk, dk] block product per key block, and per token the
-        block's UT terms (the Gram and key matrices, T(β⊙W), q̃, k̃ and ℓ: about five C·dk
-        products, the C×C inverse and products, and A's dk² share). quadratic: 2·H·T·(2·dk +
-        dv) (each step moves all T stored keys through H_t and reads a row of logits)."""
-        h, dk, dv = self.num_heads, self.qk_dim, self.head_dim
-        t = seq_len
-        if (method or self.options["method"]) == "quadratic":
-            return 2.0 * h * t * (2 * dk + dv)
-        c = min(self.BLOCK, t)
-        return 2.0 * h * (t * (dk + dv) + t * dk * dk / c + 5 * c * dk + c * c + dk * dk)
 
     def _init_core(self, batch_size: int, max_length: int):
         dtype = jnp.dtype(self.dtype or self.param_dtype)

@@ -67,7 +67,7 @@ def lora_rank(d_model: int, factor: float, power: float) -> int:
 @dataclasses.dataclass(frozen=True)
 class RWKV7Config(GatedOutputConfig):
     conv: bool | int | None = CONV.field(False)
-    method: str = METHOD.field(choices=(*K.DELTA_METHODS, *K.PALLAS_METHODS))
+    method: str = METHOD.field(choices=K.DPLR.supported)
     chunk_size: int = CHUNK_SIZE.field()
 
 
@@ -75,6 +75,7 @@ class RWKV7Mixer(Mixer):
     """RWKV-7 time mixing: token shift, per-channel decay, in-context rate, DPLR state."""
 
     NAME = "rwkv7"
+    FAMILY = K.DPLR
     SEQUENCE_PARALLEL = True
     OPTIONS = RWKV7Config
     NOT_TAKEN = dict(conv="its local context is the token shift", rope="it has no positions")
@@ -92,18 +93,6 @@ class RWKV7Mixer(Mixer):
             norm_type="layer",
             norm_eps=GROUP_NORM_EPS,
         )
-
-    def mixing_flops(self, seq_len: int, *, method=None, chunk_size=None) -> float:
-        """chunk (generalised UT form): 2·H·(5·C·dk + 5·C·dv + C²/3 + 5·dk·dv) (the four
-        decayed score matrices L_ab, L_ak, M_qb, M_qk and the inverse applied to A; the
-        triangular solve; W₀ = (I − L_ab)⁻¹ L_ak V, three intra-chunk sums into O; the reads of
-        S through A and Q and the state update through B and K); scan: 8·H·dk·dv (aᵀS,
-        b·(aᵀS), k vᵀ, qᵀS)."""
-        h, dk, dv = self.num_heads, self.qk_dim, self.head_dim
-        if (method or self.method) == "chunk":
-            c = min(chunk_size or seq_len, seq_len)
-            return 2.0 * h * (5 * c * dk + 5 * c * dv + c * c / 3 + 5 * dk * dv)
-        return 8.0 * h * dk * dv
 
     def _build(self, rngs) -> None:
         opts = self.options

@@ -126,6 +126,11 @@ class SoftmaxMixer(Mixer):
             v=jnp.zeros((batch_size, max_length, h, self.head_dim), dtype),
         )
 
+    def attends_with(self, x_BTD):
+        q_BTHK, k_BTHK, v_BTHD, _ = self.inputs(x_BTD, None, 0)
+        q_BTHK = q_BTHK * jnp.asarray(self.qk_dim**-0.5, q_BTHK.dtype)  # logits = q·k
+        return q_BTHK, k_BTHK, v_BTHD, None
+
     def _mix(self, x_BTD, q_BTHK, k_BTHK, v_BTHD, core, position, segments=None):
         scale = self.qk_dim**-0.5
         if core is None:

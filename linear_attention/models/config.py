@@ -507,13 +507,17 @@ class ModelConfig:
         return self._mixer_configs[name]
 
     @property
+    def backend_layers(self) -> dict[str, tuple[str, ...]]:
+        """The layer mixers whose `method` (the model's, or one layer type's through
+        `layer_options`) needs a Pallas backend, with the backends it has (its family's
+        descriptor, `MixerConfig.backends`), in layer order."""
+        names = dict.fromkeys(self.layer_mixers)
+        return {n: b for n in names if (b := self.mixer_config(n).backends())}
+
+    @property
     def uses_pallas(self) -> bool:
-        """Whether some layer runs the Pallas (Mosaic) kernels: `method="pallas"` for the model,
-        or for one layer type through `layer_options`."""
-        return any(
-            getattr(self.mixer_config(name), "method", None) == "pallas"
-            for name in set(self.layer_mixers)
-        )
+        """Whether some layer runs the Pallas kernels (`backend_layers`)."""
+        return bool(self.backend_layers)
 
     @property
     def compute_dtype(self):

@@ -161,25 +161,25 @@ def check_backend(config) -> None:
     (for every layer, or for one layer type through ``layer_options``) lowers the Mosaic
     kernels, which run on a TPU only (a dry run with a TPU target compiles them from any
     machine, so it does not call this). Whether a layer runs them is `ModelConfig.uses_pallas`,
-    the train step's own test; the fields set to 'pallas' name the cause."""
-    if not validate(config).model.uses_pallas:
+    the train step's own test; the fields that set such a method name the cause."""
+    model = validate(config).model
+    layers = model.backend_layers
+    if not layers:
         return
-    model = config.model
-    fields = ["config.model.method"] if model.method == "pallas" else []
-    fields += [
-        f"config.model.layer_options.{mixer}.method"
-        for mixer, options in (model.get("layer_options") or {}).items()
-        if options.get("method") == "pallas"
-    ]
+    own = config.model.get("layer_options") or {}
+    own = [f"config.model.layer_options.{m}.method" for m in layers if "method" in own.get(m, {})]
+    fields = own if len(own) == len(layers) else ["config.model.method", *own]
+    first = model.mixer_config(next(iter(layers)))
+    method, default = first.method, repr(first.FAMILY.supported[0])
     if fields == ["config.model.method"]:
-        instead = "pass --config.model.method=chunk"
+        instead = f"pass --config.model.method={default[1:-1]}"
     else:
-        instead = "set it to 'chunk'" if len(fields) == 1 else "set them to 'chunk'"
+        instead = f"set it to {default}" if len(fields) == 1 else f"set them to {default}"
     try:
         check_pallas_backend(fields[0])
     except ValueError:
         raise UsageError(
-            f"{' and '.join(fields)} = 'pallas' runs the Pallas (Mosaic) kernels, which need a "
+            f"{' and '.join(fields)} = {method!r} runs the Pallas (Mosaic) kernels, which need a "
             f"TPU, and this machine's backend is {jax.default_backend()!r}: run it on a TPU, or "
             f"{instead} (the same recurrence in XLA); --dry_run with "
             "--config.mesh.target=tpu:GEN:TOPOLOGY compiles it for a TPU slice from here"

@@ -5,9 +5,10 @@ forward matmul), so ``train = 3 · forward`` per token. The forward pass per tok
 
     matmuls:  2 · (every weight matrix's size: projections, MLP, short conv, the output head)
     mixing:   per layer, its mixer's own count, `Mixer.mixing_flops(seq_len)`, from its heads,
-              key and value widths, the sequence length, its kernel method and chunk size
-              (each layer module's docstring of `mixing_flops` gives its formula: softmax and
-              windows, the linear family, the delta rule, DPLR).
+              key and value widths, the sequence length, its kernel method and chunk size:
+              its kernel family's count of the method (`Mixer.FAMILY`, the descriptor beside
+              the kernel, whose FLOPs functions' docstrings give the formulas), or for a mixer
+              without a method its layer's `mixing_flops` (softmax and windows, MLA, LSTM).
 
 A mixer without a count raises a ValueError naming it (a new mixer adds its count).
 
@@ -33,11 +34,15 @@ def mixing_flops(mixer, name: str, seq_len: int, *, method: str, chunk_size: int
     """Forward FLOPs per token of one mixer's sequence mixing (its `mixing_flops`). A mixer
     without a count (a new one) raises a ValueError naming it: its FLOPs are never guessed
     from another mixer's shapes."""
-    counted = [n for n, cls in MIXERS.items() if cls.mixing_flops is not Mixer.mixing_flops]
+    counted = [
+        n
+        for n, cls in MIXERS.items()
+        if cls.FAMILY is not None or cls.mixing_flops is not Mixer.mixing_flops
+    ]
     if name not in counted:
         raise ValueError(
-            f"no FLOPs count for mixer {name!r} (counted: {', '.join(counted)}); add its "
-            "`mixing_flops` to its layer module"
+            f"no FLOPs count for mixer {name!r} (counted: {', '.join(counted)}); give it a "
+            "kernel family (`Mixer.FAMILY`) or its `mixing_flops` in its layer module"
         )
     return mixer.mixing_flops(seq_len, method=method, chunk_size=chunk_size)
 

@@ -205,18 +205,15 @@ def dry_run(
 def check_pallas_target(cfg: ExperimentConfig, target: Target) -> None:
     """`ValueError` where a layer runs method="pallas" and the target's compiler has no Pallas
     kernels: they are Mosaic kernels, for TPUs; a GPU target compiles method="chunk"."""
-    if not cfg.model.uses_pallas or target.pallas:
+    layers = cfg.model.backend_layers
+    if not layers or target.pallas:
         return
-    pallas = sorted(
-        name
-        for name in set(cfg.model.layer_mixers)
-        if getattr(cfg.model.mixer_config(name), "method", None) == "pallas"
-    )
+    first = cfg.model.mixer_config(next(iter(layers)))
     raise ValueError(
-        f"config.model.method = 'pallas' (the layers {', '.join(pallas)}): the Pallas kernels "
-        f"are Mosaic kernels for TPUs, and config.mesh.target = {target.name!r} is compiled by "
-        f"{target.compiler}, which has none; use method 'chunk' (the same recurrence in XLA) "
-        "there, or a tpu: target"
+        f"config.model.method = {first.method!r} (the layers {', '.join(sorted(layers))}): the "
+        f"Pallas kernels are Mosaic kernels for TPUs, and config.mesh.target = {target.name!r} "
+        f"is compiled by {target.compiler}, which has none; use method "
+        f"{first.FAMILY.supported[0]!r} (the same recurrence in XLA) there, or a tpu: target"
     )
 
 

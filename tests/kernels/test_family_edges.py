@@ -53,7 +53,7 @@ def test_path_refuses_beta_outside_0_2_and_non_unit_w(case, message):
         "w norm 2": (2 * w, beta),
         "w nan": (with_nan(w, (0, 3, 1, 0)), beta),
     }[case]
-    for method in ("blockwise", "quadratic"):
+    for method in ("chunk", "quadratic"):
         with pytest.raises(ValueError, match=message):
             K.path_attention(q, k, v, w, beta, method=method)
     # a constant closed over under jit is concrete too (the kernels' value-check convention)
@@ -102,7 +102,7 @@ def test_empty_rows():
     state needs a position, refuses it as linear attention and the delta rule do."""
     e = np.zeros((B, 0, H, D), np.float32)
     g = np.zeros((B, 0, H), np.float32)
-    for method in ("blockwise", "quadratic"):
+    for method in ("chunk", "quadratic"):
         o = K.forgetting_attention(e, e, e[..., :3], g, method=method)
         assert o.shape == (B, 0, H, 3) and o.dtype == jnp.float32
         o = K.path_attention(e, e, e[..., :3], e, g, g, method=method)

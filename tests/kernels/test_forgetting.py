@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 from linear_attention import kernels as K
-from linear_attention.kernels.forgetting.forgetting import METHODS
 from linear_attention.kernels.softmax.gated_cache import empty_cache
 from tests.kernels.reference import forgetting_attention_loop, rel_err
 
@@ -24,7 +23,7 @@ def inputs(seed=0, t=T, strong=False):
     return q, k, v, a
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", K.FORGETTING.supported)
 @pytest.mark.parametrize("case", ["plain", "strong", "reset", "segments", "no_gate"])
 def test_matches_the_float64_loop(method, case):
     q, k, v, a = inputs(strong=case == "strong")
@@ -52,7 +51,7 @@ def test_gradients_of_both_methods_agree_with_finite_differences():
 
         return f
 
-    grads = jax.jit(jax.grad(loss("blockwise"), argnums=(0, 1, 2, 3)))(q, k, v, a)
+    grads = jax.jit(jax.grad(loss("chunk"), argnums=(0, 1, 2, 3)))(q, k, v, a)
     ref = jax.jit(jax.grad(loss("quadratic"), argnums=(0, 1, 2, 3)))(q, k, v, a)
     for g, r in zip(grads, ref, strict=True):
         assert rel_err(g, r) < 1e-5
@@ -89,8 +88,8 @@ def test_bfloat16_inputs_and_bad_input():
     out = K.forgetting_attention(*(x.astype(jnp.bfloat16) for x in (q, k, v)), a)
     assert out.dtype == jnp.bfloat16
     assert rel_err(out, forgetting_attention_loop(q, k, v, a)) < 3e-2
-    with pytest.raises(ValueError, match="unknown method 'chunk'"):
-        K.forgetting_attention(q, k, v, a, method="chunk")
+    with pytest.raises(ValueError, match="unknown method 'scan'; allowed: chunk, quadratic$"):
+        K.forgetting_attention(q, k, v, a, method="scan")
     with pytest.raises(ValueError, match="log_decay must be <= 0"):
         K.forgetting_attention(q, k, v, jnp.abs(a))
     with pytest.raises(ValueError, match="no sequence-parallel form"):

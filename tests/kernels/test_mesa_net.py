@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 from linear_attention import kernels as K
-from linear_attention.kernels.mesa_net.mesa_net import METHODS
 from tests.kernels.reference import mesa_net_loop, rel_err
 from tests.scripts import checked_names, run_on_cpu_devices
 
@@ -40,7 +39,7 @@ def inputs(seed=0, t=T):
     return q, k, v, a, beta, lam, K.MesaNetState(kk0, kv0)
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", K.MESA_NET.supported)
 @pytest.mark.parametrize("case", ["state_and_reset", "segments", "no_decay"])
 def test_matches_the_float64_loop(method, case):
     q, k, v, a, beta, lam, s0 = inputs()
@@ -67,7 +66,7 @@ def test_few_cg_steps_give_the_same_iterates_in_both_cg_forms():
     q, k, v, a, beta, lam, s0 = inputs(seed=1)
     kw = dict(initial_state=s0, chunk_size=4, cg_steps=2)
     chunk = run(q, k, v, a, beta, lam, method="chunk", **kw)
-    loop = run(q, k, v, a, beta, lam, method="recurrent", **kw)
+    loop = run(q, k, v, a, beta, lam, method="scan", **kw)
     exact = mesa_net_loop(q, k, v, a, beta, lam, *s0)[0]
     assert rel_err(chunk, loop) < 1e-5
     assert rel_err(chunk, exact) > 1e-3  # truly unconverged: the check above is not vacuous
@@ -140,8 +139,9 @@ def test_bfloat16_inputs_and_bad_input():
     out = run(*(x.astype(jnp.bfloat16) for x in (q, k, v)), a, beta, lam, chunk_size=4)
     assert out.dtype == jnp.bfloat16
     assert rel_err(out, mesa_net_loop(q, k, v, a, beta, lam)[0]) < 3e-2
-    with pytest.raises(ValueError, match="unknown method 'scan'"):
-        K.mesa_net(q, k, v, a, beta, lam, method="scan")
+    bad = "unknown method 'quadratic'; allowed: chunk, scan, exact$"
+    with pytest.raises(ValueError, match=bad):
+        K.mesa_net(q, k, v, a, beta, lam, method="quadratic")
     with pytest.raises(ValueError, match="lambda_ must be > 0"):
         K.mesa_net(q, k, v, a, beta, lam.at[0, 0].set(0.0))
     with pytest.raises(ValueError, match=r"lambda_ must have shape \[H, K\]"):
@@ -152,7 +152,7 @@ def test_bfloat16_inputs_and_bad_input():
         K.mesa_net(q, k, v, jnp.abs(a), beta, lam)
     with pytest.raises(ValueError, match="cg_steps must be an integer >= 1"):
         K.mesa_net(q, k, v, a, beta, lam, cg_steps=0)
-    with pytest.raises(ValueError, match='method="recurrent" or "exact"'):  # forward mode
+    with pytest.raises(ValueError, match='method="scan" or "exact"'):  # forward mode
         jax.jvp(lambda q: K.mesa_net(q, k, v, a, beta, lam, chunk_size=4), (q,), (q,))
     with pytest.raises(ValueError, match="initial_state must be a MesaNetState"):
         K.mesa_net(q, k, v, a, beta, lam, initial_state=K.LinearAttentionState(None, None))

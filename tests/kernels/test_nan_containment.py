@@ -19,9 +19,6 @@ import numpy as np
 import pytest
 
 from linear_attention import kernels as K
-from linear_attention.kernels.forgetting.forgetting import METHODS as FOX_METHODS
-from linear_attention.kernels.mesa_net.mesa_net import METHODS as MESA_METHODS
-from linear_attention.kernels.path.path import METHODS as PATH_METHODS
 
 B, T, H, D, DV, N, L = 2, 32, 2, 4, 4, 2, 6
 CHUNK, DOC_END, S = 16, 11, 5
@@ -142,14 +139,14 @@ KERNELS = {
         ),
     ),
     "forgetting_attention": (
-        FOX_METHODS,
+        K.FORGETTING.supported,
         ("q", "k", "v", "log_decay"),
         lambda x, m, seg: K.forgetting_attention(
             x["q"], x["k"], x["v"], x["log_decay"], method=m, block_size=CHUNK, segment_ids=seg
         ),
     ),
     "path_attention": (
-        PATH_METHODS,
+        K.PATH.supported,
         ("q", "k", "v", "w", "beta", "log_decay"),
         lambda x, m, seg: K.path_attention(
             x["q"],
@@ -164,7 +161,7 @@ KERNELS = {
         ),
     ),
     "mesa_net": (
-        MESA_METHODS,
+        K.MESA_NET.supported,
         ("q", "k", "v", "log_decay", "beta"),
         lambda x, m, seg: K.mesa_net(
             x["q"],
@@ -320,8 +317,8 @@ TRAINING = [
     ("delta_rule/per_key", "chunk", "log_decay_per_key"),
     ("dplr_delta_rule", "chunk", "b"),
     ("delta_product", "chunk", "k_n"),
-    ("forgetting_attention", "blockwise", "log_decay"),
-    ("path_attention", "blockwise", "w"),
+    ("forgetting_attention", "chunk", "log_decay"),
+    ("path_attention", "chunk", "w"),
     ("mesa_net", "chunk", "v"),
     ("log_linear_attention", "chunk", "k"),
     ("log_linear_delta_rule", "chunk", "beta"),

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 from linear_attention import kernels as K
-from linear_attention.kernels.path.path import METHODS
 from linear_attention.kernels.softmax.gated_cache import empty_cache
 from tests.kernels.reference import path_attention_loop, rel_err
 
@@ -33,7 +32,7 @@ def run(q, k, v, w, beta, a, seg, *, method, block_size):
     )
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", K.PATH.supported)
 @pytest.mark.parametrize("case", ["gate", "no_gate", "reset", "segments", "reflections"])
 def test_matches_the_float64_loop(method, case):
     """T = 11 with blocks of 4: three blocks, the last one short."""
@@ -58,7 +57,7 @@ def test_matches_the_float64_loop(method, case):
 
 def test_beta_zero_is_forgetting_attention():
     q, k, v, w, beta, a = inputs(seed=1)
-    out = run(q, k, v, w, jnp.zeros_like(beta), a, SEGMENTS, method="blockwise", block_size=3)
+    out = run(q, k, v, w, jnp.zeros_like(beta), a, SEGMENTS, method="chunk", block_size=3)
     fox = jax.jit(K.forgetting_attention, static_argnames="method")(
         q, k, v, a, method="quadratic", segment_ids=SEGMENTS
     )
@@ -79,9 +78,9 @@ def test_gradients_match_the_float64_loop():
 
         return jax.jit(jax.grad(f, argnums=tuple(range(6))))
 
-    grads = loss("blockwise")(q, k, v, w, beta, a)
+    grads = loss("chunk")(q, k, v, w, beta, a)
     ref = loss("quadratic")(q, k, v, w, beta, a)
-    one_block = loss("blockwise", 8)(q, k, v, w, beta, a)  # T ≤ block: the in-block terms only
+    one_block = loss("chunk", 8)(q, k, v, w, beta, a)  # T ≤ block: the in-block terms only
     for g, r, g1 in zip(grads, ref, one_block, strict=True):
         assert rel_err(g, r) < 1e-5 and rel_err(g1, r) < 1e-5
     args64 = [np.asarray(x, np.float64) for x in (q, k, v, w, beta, a)]
@@ -98,7 +97,7 @@ def test_gradients_match_the_float64_loop():
         assert abs(float(grads[arg][idx]) - fd) < 1e-4 * max(1.0, abs(fd)), (arg, idx)
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", K.PATH.supported)
 def test_no_gradient_crosses_a_reset(method):
     """Queries after a reset (row 1, head 0, reset at t = 4) depend on nothing before it, nor
     on H_4 (P_ij uses H_{j+1} … H_i only): those cotangents vanish; the others do not."""
@@ -151,8 +150,8 @@ def test_bfloat16_inputs_and_bad_input():
     out = jax.jit(K.path_attention)(bf(q), bf(k), bf(v), w, beta, a)
     assert out.dtype == jnp.bfloat16
     assert rel_err(out, path_attention_loop(q, k, v, w, beta, a)) < 3e-2
-    with pytest.raises(ValueError, match="unknown method 'chunk'"):
-        K.path_attention(q, k, v, w, beta, a, method="chunk")
+    with pytest.raises(ValueError, match="unknown method 'scan'; allowed: chunk, quadratic$"):
+        K.path_attention(q, k, v, w, beta, a, method="scan")
     with pytest.raises(ValueError, match="log_decay must be <= 0"):
         K.path_attention(q, k, v, w, beta, jnp.abs(a))
     with pytest.raises(ValueError, match="no sequence-parallel form"):

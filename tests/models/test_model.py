@@ -9,16 +9,13 @@ import pytest
 from flax import nnx
 
 from linear_attention import kernels as K
-from linear_attention.layers import KVCache
+from linear_attention.layers import MIXERS, KVCache
 from linear_attention.models import LanguageModel, ModelConfig, ModelState, redraw_features
 
 V, B, T, SPLIT = 32, 2, 12, 5
-ALL_MIXERS = ("linear", "favor", "taylor", "hedgehog", "retnet", "gated", "gla", "softmax")
-# (a layer after gated_deltanet: its chunk gradient must not leak across a reset, even rounding)
-ALL_MIXERS += ("deltanet", "gated_deltanet", "swa", "kda", "gated_deltaproduct")
-ALL_MIXERS += ("rwkv7", "fox", "lstm")  # (their own model: rwkv7 and lstm refuse the conv)
-ALL_MIXERS += ("mesanet", "log_linear_mamba2", "log_linear_gated_deltanet")
-ALL_MIXERS += ("path", "mla")
+# Every registered mixer (in registry order a layer follows gated_deltanet: its chunk gradient
+# must not leak across a reset, even rounding).
+ALL_MIXERS = tuple(MIXERS)
 
 
 def make(seed: int = 0, **fields):
@@ -77,7 +74,8 @@ CASES = {
 # every mixer once (each path is checked per mixer in tests/layers), in two models: one
 # 11-layer model's gradient was a module large enough to crash XLA's CPU compiler (segfault)
 # late in a full run on a loaded machine
-ALL_GROUPS = (ALL_MIXERS[:6], ALL_MIXERS[6:12], ALL_MIXERS[12:])
+_THIRD = -(-len(ALL_MIXERS) // 3)
+ALL_GROUPS = tuple(ALL_MIXERS[i : i + _THIRD] for i in range(0, len(ALL_MIXERS), _THIRD))
 assert sum(ALL_GROUPS, ()) == ALL_MIXERS
 
 

@@ -1,5 +1,6 @@
 """Argument checks of the delta family (`delta.py`, `dplr.py`, `delta_product.py`), written once:
-the options every sequence call takes, the inputs' layouts and dtypes, β's range, and the state.
+the inputs' layouts and dtypes, β's range, and the state (the method and chunk: each entry
+point's descriptor, `primitives.family`).
 Each raises a `ValueError` naming the argument and its shape or values, before any work."""
 
 from __future__ import annotations
@@ -8,38 +9,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from linear_attention.kernels.checks import (
-    check_choice,
     check_float,
     check_layouts,
-    check_positive_int,
-    check_static,
     concrete,
 )
-from linear_attention.kernels.primitives.pallas import CHUNK_MULTIPLE, check_pallas_backend
 from linear_attention.kernels.state import LinearAttentionState
-
-METHODS = ("chunk", "scan")
-# `delta_rule` also takes "pallas" (its walk across chunks in Pallas TPU kernels; on a TPU, or
-# inside `kernels.pallas_interpret()`): not in METHODS, which run on every backend.
-PALLAS_METHODS = ("pallas",)
-
-
-def check_options(method, chunk_size, return_state, methods=METHODS) -> None:
-    """The options of every sequence call: `method` in `methods` (the family's), a positive
-    `chunk_size`, a static `return_state`."""
-    check_choice("method", method, methods)
-    check_positive_int("chunk_size", chunk_size)
-    check_static("return_state", return_state)
-
-
-def check_pallas_chunk(what: str, chunk_size) -> None:
-    """`method="pallas"`: the backend (TPU, or `pallas_interpret()`) and a chunk size that
-    tiles (a multiple of `CHUNK_MULTIPLE`)."""
-    check_pallas_backend(what)
-    if chunk_size % CHUNK_MULTIPLE:
-        raise ValueError(
-            f"chunk_size must be a multiple of {CHUNK_MULTIPLE} for {what}, got {chunk_size}"
-        )
 
 
 def check_inputs(*, time: bool, **arrays) -> None:

@@ -51,15 +51,11 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from linear_attention.kernels.checks import check_log_decay
+from linear_attention.kernels.checks import check_log_decay, check_static
 from linear_attention.kernels.delta.checks import (
-    METHODS,
-    PALLAS_METHODS,
     check_beta,
     check_delta_state,
     check_inputs,
-    check_options,
-    check_pallas_chunk,
     initial_state_f32,
 )
 from linear_attention.kernels.delta.pallas import ut_walk, ut_walk_back
@@ -70,9 +66,9 @@ from linear_attention.kernels.primitives.decays import (
     pair_decays,
     sub_block_size,
 )
-from linear_attention.kernels.primitives.driver import affine_call
+from linear_attention.kernels.primitives.driver import guarded_call
+from linear_attention.kernels.primitives.family import Family, Method
 from linear_attention.kernels.primitives.layout import from_chunks, pad_time, to_chunks
-from linear_attention.kernels.primitives.nan_guard import guard_inputs
 from linear_attention.kernels.primitives.pallas import CHUNK_MULTIPLE, round_up
 from linear_attention.kernels.primitives.pallas_chunk_scan import pallas_affine_chunk_scan
 from linear_attention.kernels.primitives.triangular import invert_unit_lower, unit_lower_solve_vjp
@@ -80,7 +76,6 @@ from linear_attention.kernels.segments import (
     cumulative_log_decay,
     decay_state,
     fold_resets,
-    reset_reach,
     segment_resets,
 )
 from linear_attention.kernels.state import LinearAttentionState
@@ -137,46 +132,24 @@ def delta_rule(
     non-finite initial state those before the first reset. The gradient of a loss on the finite
     outputs is finite.
     """
-    check_options(method, chunk_size, return_state, METHODS + PALLAS_METHODS)
-    if method == "pallas":
-        check_pallas_chunk('delta_rule(method="pallas")', chunk_size)
+    method, chunk_size = DELTA_RULE.check(method, chunk_size)
+    check_static("return_state", return_state)
     B, T, H, HV, Kd, Dv = check_delta_inputs(q, k, v, beta, time=True)
     s0_BHKD = initial_state_f32(initial_state, B, HV, Kd, Dv)
     a_BTHX = check_log_decay(log_decay, (B, T, HV), "[B, T, HV]", feature_dim=Kd)
     a_BTHX = fold_resets(segment_resets(segment_ids, B, T, axis_name), a_BTHX, HV)
-    # The Pallas kernels read q, k, v in their own dtype and take them to float32 in VMEM:
-    # a float32 copy made by XLA before the call is a temporary twice a bfloat16 input's size.
-    f32 = method != "pallas"
-    q_in, k_in = (expand_heads(x.astype(jnp.float32) if f32 else x, HV) for x in (q, k))
-    beta32 = jnp.asarray(beta, jnp.float32)
-    v_in = v.astype(jnp.float32) if f32 else v
-    guard, (k_in, v_in, beta32), a_BTHX, (s0_BHKD,) = guard_inputs(
-        (B, T, HV), (k_in, v_in, beta32), a_BTHX, (s0_BHKD,), split=axis_name is not None
-    )
-    match method:
-        case "chunk":
-            kernel = functools.partial(delta_chunked, chunk_size=chunk_size)
-        case "scan":
-            kernel = delta_scan
-        case "pallas":
-            kernel = functools.partial(delta_pallas, chunk_size=chunk_size)
-        case _:
-            allowed = ", ".join(METHODS + PALLAS_METHODS)
-            raise ValueError(f"unknown method {method!r}; allowed: {allowed}")
-
-    def core(v_ext, s_init):
-        return kernel(q_in, k_in, v_ext, beta32, a_BTHX, s_init)
-
-    return affine_call(
-        core,
-        v_in,
+    return guarded_call(
+        DELTA_RULE,
+        method,
+        q,
+        (k, v, jnp.asarray(beta, jnp.float32)),
+        a_BTHX,
         s0_BHKD,
+        options=dict(chunk_size=chunk_size),
         dtype=jnp.result_type(q, k, v),
         return_state=return_state,
         axis_name=axis_name,
-        like=q_in,
-        reached_BTH=reset_reach(a_BTHX),
-        guard=guard,
+        heads=HV,
     )
 
 
@@ -461,3 +434,30 @@ def check_delta_inputs(q, k, v, beta, *, time: bool):
         )
     check_beta(beta, 0.0, 2.0)
     return (*q.shape[:-2], H, HV, q.shape[-1], v.shape[-1])
+
+
+def chunk_flops(*, seq_len, heads, dk, dv, chunk_size, **_):
+    """The chunk (WY/UT) form per token: 2·H·(3·C·dk + 2·C·dv + C²/3 + 3·dk·dv) (βKKᵀ, QKᵀ,
+    W = T·βK; U = T·βV and the intra sum; the triangular solve, C³/3 multiply-adds per chunk;
+    W·S, Q·S and the state update), C = min(chunk_size, T). H counts the value heads, which
+    carry the states; a decay per key channel (KDA) is elementwise."""
+    c = min(chunk_size, seq_len)
+    return 2.0 * heads * (3 * c * dk + 2 * c * dv + c * c / 3 + 3 * dk * dv)
+
+
+def scan_flops(*, heads, dk, dv, **_):
+    """The scan per token: 6·H·dk·dv (kᵀS, the rank-one update, qᵀS)."""
+    return 6.0 * heads * dk * dv
+
+
+DELTA_RULE = Family(
+    name="delta_rule",
+    methods={
+        "chunk": Method(delta_chunked, chunk_flops, static=("chunk_size",)),
+        "scan": Method(delta_scan, scan_flops),
+        "pallas": Method(delta_pallas, chunk_flops, static=("chunk_size",), backends=("tpu",)),
+    },
+    step=delta_rule_step,
+    state=LinearAttentionState,
+    splits_time=True,
+)

@@ -21,21 +21,23 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from linear_attention.kernels.checks import check_log_decay
+from linear_attention.kernels.checks import check_log_decay, check_static
 from linear_attention.kernels.delta.checks import (
-    METHODS,
-    PALLAS_METHODS,
     check_beta,
     check_delta_state,
     check_inputs,
-    check_options,
-    check_pallas_chunk,
     initial_state_f32,
 )
-from linear_attention.kernels.delta.delta import delta_chunked, delta_pallas, delta_token
-from linear_attention.kernels.primitives.driver import affine_call
-from linear_attention.kernels.primitives.nan_guard import guard_inputs
-from linear_attention.kernels.segments import fold_resets, reset_reach, segment_resets
+from linear_attention.kernels.delta.delta import (
+    chunk_flops,
+    delta_chunked,
+    delta_pallas,
+    delta_token,
+    scan_flops,
+)
+from linear_attention.kernels.primitives.driver import guarded_call
+from linear_attention.kernels.primitives.family import Family, Method
+from linear_attention.kernels.segments import fold_resets, segment_resets
 from linear_attention.kernels.state import LinearAttentionState
 
 
@@ -72,47 +74,24 @@ def delta_product(
     Returns:
       `o: [B, T, H, Dv]` in `result_type(q, k, v)`, and with `return_state` the final state.
     """
-    check_options(method, chunk_size, return_state, METHODS + PALLAS_METHODS)
-    if method == "pallas":
-        check_pallas_chunk('delta_product(method="pallas")', chunk_size)
+    method, chunk_size = DELTA_PRODUCT.check(method, chunk_size)
+    check_static("return_state", return_state)
     B, T, H, n, Kd, Dv = _check_inputs(q, k, v, beta, time=True)
     s0_BHKD = initial_state_f32(initial_state, B, H, Kd, Dv)
     a_BTH = check_log_decay(log_decay, (B, T, H), "[B, T, H]")
     a_BTH = fold_resets(segment_resets(segment_ids, B, T, axis_name), a_BTH, H)
-    # The Pallas kernels read q, k, v in their own dtype and take them to float32 in VMEM:
-    # a float32 copy made by XLA before the call is a temporary twice a bfloat16 input's size.
-    f32 = method != "pallas"
-    q_in, k_in = (x.astype(jnp.float32) if f32 else x for x in (q, k))
-    beta32 = jnp.asarray(beta, jnp.float32)
-    v_in = v.astype(jnp.float32) if f32 else v
-    guard, (k_in, v_in, beta32), a_BTH, (s0_BHKD,) = guard_inputs(
-        (B, T, H), (k_in, v_in, beta32), a_BTH, (s0_BHKD,), split=axis_name is not None
-    )
-    match method:
-        case "chunk":
-            kernel = functools.partial(delta_product_chunked, chunk_size=chunk_size)
-        case "scan":
-            kernel = delta_product_scan
-        case "pallas":
-            kernel = functools.partial(delta_product_chunked, chunk_size=chunk_size, pallas=True)
-        case _:
-            allowed = ", ".join(METHODS + PALLAS_METHODS)
-            raise ValueError(f"unknown method {method!r}; allowed: {allowed}")
-
-    def core(v_BTHND, s_init):
-        return kernel(q_in, k_in, v_BTHND, beta32, a_BTH, s_init)
-
     # a −inf decay zeroes the state before the token's steps: a NaN carried in stops there
-    return affine_call(
-        core,
-        v_in,
+    return guarded_call(
+        DELTA_PRODUCT,
+        method,
+        q,
+        (k, v, jnp.asarray(beta, jnp.float32)),
+        a_BTH,
         s0_BHKD,
+        options=dict(chunk_size=chunk_size),
         dtype=jnp.result_type(q, k, v),
         return_state=return_state,
         axis_name=axis_name,
-        like=q_in,
-        reached_BTH=reset_reach(a_BTH),
-        guard=guard,
     )
 
 
@@ -195,3 +174,31 @@ def _check_inputs(q, k, v, beta, *, time: bool):
     )
     check_beta(beta, 0.0, 2.0)
     return (*k.shape, v.shape[-1])
+
+
+def _sub_tokens(flops):
+    """A delta-rule count per token of T·n sub-tokens (`num_keys` n): n value heads' worth of
+    sub-token work per token, the chunk counted in sub-tokens."""
+
+    def count(*, seq_len, heads, num_keys, **sizes):
+        return flops(seq_len=num_keys * seq_len, heads=num_keys * heads, **sizes)
+
+    return count
+
+
+DELTA_PRODUCT = Family(
+    name="delta_product",
+    methods={
+        "chunk": Method(delta_product_chunked, _sub_tokens(chunk_flops), static=("chunk_size",)),
+        "scan": Method(delta_product_scan, _sub_tokens(scan_flops)),
+        "pallas": Method(
+            functools.partial(delta_product_chunked, pallas=True),
+            _sub_tokens(chunk_flops),
+            static=("chunk_size",),
+            backends=("tpu",),
+        ),
+    },
+    step=delta_product_step,
+    state=LinearAttentionState,
+    splits_time=True,
+)

@@ -42,22 +42,18 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from linear_attention.kernels.checks import check_log_decay
+from linear_attention.kernels.checks import check_log_decay, check_static
 from linear_attention.kernels.delta.checks import (
-    METHODS,
-    PALLAS_METHODS,
     check_delta_state,
     check_inputs,
-    check_options,
-    check_pallas_chunk,
     initial_state_f32,
 )
 from linear_attention.kernels.delta.pallas import dplr_walk, dplr_walk_back
 from linear_attention.kernels.primitives.chunk_scan import affine_chunk_scan, chunks_per_step
 from linear_attention.kernels.primitives.decays import ChunkDecays, SubBlocks, sub_block_size
-from linear_attention.kernels.primitives.driver import affine_call
+from linear_attention.kernels.primitives.driver import guarded_call
+from linear_attention.kernels.primitives.family import Family, Method
 from linear_attention.kernels.primitives.layout import from_chunks, pad_time, to_chunks
-from linear_attention.kernels.primitives.nan_guard import guard_inputs
 from linear_attention.kernels.primitives.pallas import CHUNK_MULTIPLE, round_up
 from linear_attention.kernels.primitives.pallas_chunk_scan import pallas_affine_chunk_scan
 from linear_attention.kernels.primitives.triangular import invert_unit_lower, unit_lower_solve_vjp
@@ -104,58 +100,33 @@ def dplr_delta_rule(
     Returns:
       `o: [B, T, H, Dv]` in `result_type(q, k, v)`, and with `return_state` the final state.
     """
-    check_options(method, chunk_size, return_state, METHODS + PALLAS_METHODS)
-    if method == "pallas":
-        check_pallas_chunk('dplr_delta_rule(method="pallas")', chunk_size)
+    method, chunk_size = DPLR.check(method, chunk_size)
+    check_static("return_state", return_state)
     B, T, H, Kd, Dv = _check_inputs(q, k, v, a, b, time=True)
     s0_BHKD = initial_state_f32(initial_state, B, H, Kd, Dv)
     w = check_log_decay(log_decay, (B, T, H), "[B, T, H]", feature_dim=Kd)
     w_BTHK = _per_key(w, (B, T, H, Kd))
-    # The Pallas kernels read q, k, v, a, b in their own dtype and take them to float32 in VMEM:
-    # a float32 copy made by XLA before the call is a temporary twice a bfloat16 input's size.
-    f32 = method != "pallas"
-    q_in, k_in, a_in, b_in = (x.astype(jnp.float32) if f32 else x for x in (q, k, a, b))
+    a_in = a.astype(jnp.float32) if DPLR.float32(method) else a  # (zeroed at resets)
     resets_BT = segment_resets(segment_ids, B, T, axis_name)
     reached_BTH = None  # only a segment start zeroes the state (w = −inf keeps the low rank)
     if resets_BT is not None:
         w_BTHK, a_in = _fold_resets(resets_BT, w_BTHK, a_in)
         reached_BTH = jnp.broadcast_to(jnp.cumsum(resets_BT, axis=1)[..., None] > 0, (B, T, H))
     # only a segment start zeroes the whole state, so the guard's resets are those, not w = −inf
-    resets = jnp.zeros((B, T), bool) if resets_BT is None else resets_BT
-    writes = (k_in, v.astype(jnp.float32) if f32 else v, a_in, b_in)
-    guard, (k_in, v_in, a_in, b_in), w_BTHK, (s0_BHKD,) = guard_inputs(
-        (B, T, H), writes, w_BTHK, (s0_BHKD,), resets=resets, split=axis_name is not None
-    )
-    kernel = _kernel(method, chunk_size)
-
-    def core(v_ext, s_init):
-        return kernel(q_in, k_in, v_ext, a_in, b_in, w_BTHK, s_init)
-
-    return affine_call(
-        core,
-        v_in,
+    return guarded_call(
+        DPLR,
+        method,
+        q,
+        (k, v, a_in, b),
+        w_BTHK,
         s0_BHKD,
+        options=dict(chunk_size=chunk_size),
         dtype=jnp.result_type(q, k, v),
         return_state=return_state,
         axis_name=axis_name,
-        like=q_in,
+        resets=jnp.zeros((B, T), bool) if resets_BT is None else resets_BT,
         reached_BTH=reached_BTH,
-        guard=guard,
     )
-
-
-def _kernel(method, chunk_size):
-    """The local kernel of `method`: `(q, k, v, a, b, w, s0) -> (o, s)`."""
-    match method:
-        case "chunk":
-            return functools.partial(dplr_chunked, chunk_size=chunk_size)
-        case "scan":
-            return dplr_scan
-        case "pallas":
-            return functools.partial(dplr_chunked, chunk_size=chunk_size, pallas=True)
-        case _:
-            allowed = ", ".join(METHODS + PALLAS_METHODS)
-            raise ValueError(f"unknown method {method!r}; allowed: {allowed}")
 
 
 def dplr_delta_rule_step(state: LinearAttentionState, q, k, v, a, b, *, log_decay=None):
@@ -344,3 +315,35 @@ def _check_inputs(q, k, v, a, b, *, time: bool):
         b=(b, f"[{lead}, K]"),
     )
     return (*q.shape, v.shape[-1])
+
+
+def chunk_flops(*, seq_len, heads, dk, dv, chunk_size, **_):
+    """The chunk (generalised UT) form per token: 2·H·(5·C·dk + 5·C·dv + C²/3 + 5·dk·dv) (the
+    four decayed score matrices L_ab, L_ak, M_qb, M_qk and the inverse applied to A; the
+    triangular solve; W₀ = (I − L_ab)⁻¹ L_ak V, three intra-chunk sums into O; the reads of S
+    through A and Q and the state update through B and K), C = min(chunk_size, T)."""
+    c = min(chunk_size, seq_len)
+    return 2.0 * heads * (5 * c * dk + 5 * c * dv + c * c / 3 + 5 * dk * dv)
+
+
+def scan_flops(*, heads, dk, dv, **_):
+    """The scan per token: 8·H·dk·dv (aᵀS, b·(aᵀS), k vᵀ, qᵀS)."""
+    return 8.0 * heads * dk * dv
+
+
+DPLR = Family(
+    name="dplr_delta_rule",
+    methods={
+        "chunk": Method(dplr_chunked, chunk_flops, static=("chunk_size",)),
+        "scan": Method(dplr_scan, scan_flops),
+        "pallas": Method(
+            functools.partial(dplr_chunked, pallas=True),
+            chunk_flops,
+            static=("chunk_size",),
+            backends=("tpu",),
+        ),
+    },
+    step=dplr_delta_rule_step,
+    state=LinearAttentionState,
+    splits_time=True,
+)

@@ -12,7 +12,7 @@ each reset and a key is seen only from its own reset group, so no (−inf) − (
 sums stay as small as a document's. Packed rows (`segment_ids`) are resets at document starts,
 the library's one reset mechanism, so a token sees only its own document.
 
-Blockwise (`method="blockwise"`, the training path). The bias is a difference of a query term
+Blockwise (`method="chunk"`, the training path). The bias is a difference of a query term
 and a key term, so it is an inner product of augmented vectors:
 
     s_ij = [scale·q_i, c_i, 1] · [k_j, 1, −c_j]
@@ -38,13 +38,12 @@ import jax
 import jax.numpy as jnp
 
 from linear_attention.kernels.checks import (
-    check_choice,
     check_float,
     check_layouts,
     check_log_decay,
-    check_positive_int,
     refuse_axis_name,
 )
+from linear_attention.kernels.primitives.family import Family, Method
 from linear_attention.kernels.primitives.nan_guard import (
     clean,
     clean_log_decay,
@@ -60,8 +59,6 @@ from linear_attention.kernels.softmax.gated_cache import (
 )
 from linear_attention.kernels.softmax.softmax import blockwise_softmax_attention, resolve_scale
 
-METHODS = ("blockwise", "quadratic")
-
 
 def forgetting_attention(
     q,
@@ -70,7 +67,7 @@ def forgetting_attention(
     log_forget,
     *,
     scale=None,
-    method: str = "blockwise",
+    method: str = "chunk",
     block_size: int = 512,
     segment_ids=None,
     axis_name: str | None = None,
@@ -82,9 +79,9 @@ def forgetting_attention(
       log_forget: log f ≤ 0 per token and head, `[B, T, H]` (or `[H]`, fixed); −inf is a
         reset. None: no forgetting (plain causal softmax attention).
       scale: the logits' scale (None: 1/√D).
-      method: "blockwise" (online softmax, O(T) memory, the training path) or "quadratic"
-        (the masked [T, T] reference).
-      block_size: query and key block of "blockwise".
+      method: "chunk" (online softmax over blocks, O(T) memory, the training path) or
+        "quadratic" (the masked [T, T] reference).
+      block_size: query and key block of "chunk".
       segment_ids: `[B, T]` integers or a `Segments`: each token sees its own document only.
       axis_name: refused: the output is no affine map of a carried state, so it has no
         sequence-parallel form here (the model refuses a time split for the `fox` mixer).
@@ -92,8 +89,7 @@ def forgetting_attention(
       `o: [B, T, H, Dv]` in `result_type(q, k, v)`; logits and softmax in float32. T = 0 gives
       the empty output, as `softmax_attention`.
     """
-    check_choice("method", method, METHODS)
-    block_size = check_positive_int("block_size", block_size)
+    method, block_size = FORGETTING.check(method, block_size, "block_size")
     refuse_axis_name("forgetting_attention", axis_name)
     check_float(("q", "k", "v"), (q, k, v))
     sizes = check_layouts(q=(q, "[B, T, H, D]"), k=(k, "[B, T, H, D]"), v=(v, "[B, T, H, Dv]"))
@@ -112,13 +108,7 @@ def forgetting_attention(
     guard = nan_guard((B, T, H), (k32, v32), a_BTH)
     k32, v32, a_BTH = clean(guard, k32), clean(guard, v32), clean_log_decay(a_BTH)
     c_BTH, n_BTH = cumulative_log_decay(a_BTH, axis=1, restart=True)
-    match method:
-        case "blockwise":
-            o_BTHD = _blockwise(q32, k32, v32, c_BTH, n_BTH, block_size)
-        case "quadratic":
-            o_BTHD = _quadratic(q32, k32, v32, c_BTH, n_BTH)
-        case _:
-            raise ValueError(f"unknown method {method!r}; allowed: {', '.join(METHODS)}")
+    o_BTHD = FORGETTING.kernel(method, block_size=block_size)(q32, k32, v32, c_BTH, n_BTH)
     return poison(guard, o_BTHD).astype(dtype)
 
 
@@ -133,7 +123,7 @@ def _quadratic(q_BTHD, k_BTHD, v_BTHE, c_BTH, n_BTH):
     return jnp.einsum("bhts,bshe->bthe", p_BHTS, v_BTHE)
 
 
-def _blockwise(q_BTHD, k_BTHD, v_BTHE, c_BTH, n_BTH, block_size):
+def _blockwise(q_BTHD, k_BTHD, v_BTHE, c_BTH, n_BTH, *, block_size):
     """Softmax attention on the augmented q' = [q, c, 1], k' = [k, 1, −c] (scale folded into
     q), heads folded into the batch, the reset groups as segment ids."""
     B, T, H, _ = q_BTHD.shape
@@ -167,7 +157,7 @@ def cached_forgetting_attention(
     q, k: `[B, Tq, H, D]`; v: `[B, Tq, H, Dv]`; log_forget `[B, Tq, H]` (≤ 0, −inf a reset);
     `position` an int32 scalar (may be traced). Returns `(o [B, Tq, H, Dv], new cache)`. Query
     i sees slot j iff j ≤ position + i and slot j has its reset count. Reads all L slots (masked
-    before `exp`): O(L) per decoded token; the blockwise form is the trainable one.
+    before `exp`): O(L) per decoded token; the "chunk" form is the trainable one.
     """
     check_layouts(
         q=(q, "[B, T, H, D]"),
@@ -196,3 +186,21 @@ def forgetting_attention_step(cache: ForgettingCache, position, q, k, v, log_for
         cache, position, q[:, None], k[:, None], v[:, None], a, scale=scale
     )
     return o[:, 0], cache
+
+
+def softmax_flops(*, seq_len, heads, dk, dv, **_):
+    """Per token, either method: 2·H·T·(dk + dv), softmax attention's count (the gate's bias
+    adds O(H) per pair)."""
+    return 2.0 * heads * seq_len * (dk + dv)
+
+
+FORGETTING = Family(
+    name="forgetting_attention",
+    methods={
+        "chunk": Method(_blockwise, softmax_flops, static=("block_size",)),
+        "quadratic": Method(_quadratic, softmax_flops),
+    },
+    step=forgetting_attention_step,
+    state=ForgettingCache,
+    old_words=("blockwise",),
+)

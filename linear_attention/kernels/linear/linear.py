@@ -29,31 +29,25 @@ import functools
 import jax.numpy as jnp
 
 from linear_attention.kernels.checks import (
-    check_choice,
     check_eps,
     check_float,
     check_layouts,
     check_log_decay,
-    check_positive_int,
     check_static,
     reverse_mode_only,
 )
 from linear_attention.kernels.linear.associative import causal_associative
 from linear_attention.kernels.linear.chunk_parallel import causal_chunk_parallel
 from linear_attention.kernels.linear.chunked import causal_chunked
-from linear_attention.kernels.linear.pallas import CHUNK_MULTIPLE, causal_pallas
+from linear_attention.kernels.linear.pallas import causal_pallas
 from linear_attention.kernels.linear.quadratic import causal_quadratic
-from linear_attention.kernels.linear.recurrent import causal_scan
+from linear_attention.kernels.linear.recurrent import causal_scan, recurrent_step
 from linear_attention.kernels.linear.sequence_parallel import linear_sequence_parallel
+from linear_attention.kernels.primitives.family import Family, Method
 from linear_attention.kernels.primitives.nan_guard import clean_log_decay, nan_guard
-from linear_attention.kernels.primitives.pallas import check_pallas_backend
 from linear_attention.kernels.segments import fold_resets, segment_resets
 from linear_attention.kernels.state import LinearAttentionState, check_state
 
-METHODS = ("chunk", "scan", "associative_scan", "quadratic", "chunk_parallel")
-# The Pallas TPU kernel (`pallas.py`): Mosaic on a TPU backend, interpreted inside
-# `pallas_interpret()`, an error elsewhere. Not in METHODS, which run on every backend.
-PALLAS_METHODS = ("pallas",)
 # "chunk" has a hand-written VJP (reverse mode only); the others are plain JAX, so `jax.jvp` and
 # `jax.jacfwd` go through them.
 FORWARD_MODE_ALTERNATIVES = 'method="chunk_parallel", "scan", "associative_scan" or "quadratic"'
@@ -146,7 +140,7 @@ def causal_linear_attention(
     (`jax.jvp`, `jax.jacfwd`) through all but "chunk" and "pallas", whose gradients are custom
     VJPs: they raise `ValueError` naming the others, which give the same numbers.
     """
-    chunk_size = _check_method(method, chunk_size)
+    method, chunk_size = LINEAR.check(method, chunk_size)
     check_static("normalize", normalize)
     check_static("return_state", return_state)
     check_eps(eps)
@@ -186,21 +180,6 @@ def causal_linear_attention(
     return (o_BTHD, state) if return_state else o_BTHD
 
 
-def _check_method(method, chunk_size) -> int:
-    """Raise unless `method` is known and, for "pallas", runs here with `chunk_size` a multiple
-    of its tile; return `chunk_size` as an int."""
-    check_choice("method", method, METHODS + PALLAS_METHODS)
-    chunk_size = check_positive_int("chunk_size", chunk_size)
-    if method == "pallas":
-        check_pallas_backend('causal_linear_attention(method="pallas")')
-        if chunk_size % CHUNK_MULTIPLE:
-            raise ValueError(
-                f'chunk_size must be a multiple of {CHUNK_MULTIPLE} for method="pallas" (its '
-                f"blocks tile by 16 rows), got {chunk_size}"
-            )
-    return chunk_size
-
-
 def _initial_state(initial_state, shape, with_sum):
     """The entering `(kv [B, H, M, Dv], k_sum [B, H, M] or None)`, float32 (zeros for None)."""
     if initial_state is None:
@@ -215,36 +194,11 @@ def _local(qkv, qkva, state0, method, chunk_size, normalize, eps):
     reads them in their own dtype), non-finite keys and values guarded (module docstring):
     `(o_BTHD, LinearAttentionState)`, NaN where a bad token reaches."""
     q32, k32, v32, a_BTH = qkva
-    kv0_BHMD, z0_BHM = state0
     guard = nan_guard(q32.shape[:3], (k32, v32), a_BTH)
-    ok_BTH, poisoned_BTH = guard
     qkva = (q32, k32, v32, clean_log_decay(a_BTH))
-    match method:
-        case "chunk":  # zeroes bad tokens inside its steps, no extra pass over k and v
-            with reverse_mode_only('method="chunk"', FORWARD_MODE_ALTERNATIVES):
-                o_BTHD, kv_BHMD, z_BHM = causal_chunked(
-                    *qkva,
-                    kv0_BHMD,
-                    z0_BHM,
-                    chunk_size=chunk_size,
-                    normalize=normalize,
-                    eps=eps,
-                    guard=(ok_BTH, poisoned_BTH),
-                )
-        case "pallas":
-            o_BTHD, kv_BHMD, z_BHM = _pallas_core(
-                qkv, qkva[3], state0, ok_BTH, chunk_size, normalize, eps
-            )
-            o_BTHD = jnp.where(poisoned_BTH[..., None], jnp.nan, o_BTHD)
-        case "scan" | "associative_scan" | "quadratic" | "chunk_parallel":
-            o_BTHD, kv_BHMD, z_BHM = _value_column_core(
-                _CORES[method](chunk_size), qkva, state0, ok_BTH, normalize, eps
-            )
-            o_BTHD = jnp.where(poisoned_BTH[..., None], jnp.nan, o_BTHD)
-        case _:
-            allowed = ", ".join(METHODS + PALLAS_METHODS)
-            raise ValueError(f"unknown method {method!r}; allowed: {allowed}")
-    last_BH11 = poisoned_BTH[:, -1, :, None, None]
+    kernel = LINEAR.kernel(method, chunk_size=chunk_size)
+    o_BTHD, kv_BHMD, z_BHM = kernel(qkv, qkva, state0, guard, normalize, eps)
+    last_BH11 = guard.poisoned_BTH[:, -1, :, None, None]
     kv_BHMD = jnp.where(last_BH11, jnp.nan, kv_BHMD)
     z_BHM = None if z_BHM is None else jnp.where(last_BH11[..., 0], jnp.nan, z_BHM)
     return o_BTHD, LinearAttentionState(kv=kv_BHMD, k_sum=z_BHM)
@@ -273,15 +227,34 @@ def _pallas_core(qkv, a_BTH, state0, ok_BTH, chunk_size, normalize, eps):
     return o_BTHD, kv_BHMD, z_BHM if z0_BHM is not None else None
 
 
-# The methods that take the normaliser as one more value column, by name (`chunk_size` or not).
-_CORES = {
-    "scan": lambda chunk_size: causal_scan,
-    "associative_scan": lambda chunk_size: causal_associative,
-    "quadratic": lambda chunk_size: causal_quadratic,
-    "chunk_parallel": lambda chunk_size: functools.partial(
-        causal_chunk_parallel, chunk_size=chunk_size
-    ),
-}
+def _chunk(qkv, qkva, state0, guard, normalize, eps, *, chunk_size):
+    """ "chunk": zeroes bad tokens inside its steps, no extra pass over k and v."""
+    del qkv
+    with reverse_mode_only('method="chunk"', FORWARD_MODE_ALTERNATIVES):
+        return causal_chunked(
+            *qkva, *state0, chunk_size=chunk_size, normalize=normalize, eps=eps, guard=guard
+        )
+
+
+def _pallas(qkv, qkva, state0, guard, normalize, eps, *, chunk_size):
+    """ "pallas" (`_pallas_core`), the outputs a bad token reaches NaN."""
+    ok_BTH, poisoned_BTH = guard
+    o_BTHD, kv_BHMD, z_BHM = _pallas_core(qkv, qkva[3], state0, ok_BTH, chunk_size, normalize, eps)
+    return jnp.where(poisoned_BTH[..., None], jnp.nan, o_BTHD), kv_BHMD, z_BHM
+
+
+def _value_column(core):
+    """A method that takes the normaliser as one more value column (`_value_column_core`),
+    the outputs a bad token reaches NaN; `core` is given the method's static options."""
+
+    def method(qkv, qkva, state0, guard, normalize, eps, **static):
+        del qkv
+        ok_BTH, poisoned_BTH = guard
+        kernel = functools.partial(core, **static)
+        o_BTHD, kv_BHMD, z_BHM = _value_column_core(kernel, qkva, state0, ok_BTH, normalize, eps)
+        return jnp.where(poisoned_BTH[..., None], jnp.nan, o_BTHD), kv_BHMD, z_BHM
+
+    return method
 
 
 def _value_column_core(core, qkva, state0, ok_BTH, normalize, eps):
@@ -314,3 +287,44 @@ def _check_qkv(q, k, v):
                 f"{name} must have at least one channel (head dim >= 1), got shape {x.shape}"
             )
     return (*q.shape, v.shape[-1])
+
+
+def chunk_flops(*, seq_len, heads, dk, dv, chunk_size, **_):
+    """The chunk forms per token ("chunk", "chunk_parallel", "pallas"): 2·H·(C·(dk + dv) +
+    2·dk·dv) (intra-chunk scores and sum; reading and updating the dk×dv state),
+    C = min(chunk_size, T), dk the feature width."""
+    c = min(chunk_size, seq_len)
+    return 2.0 * heads * (c * (dk + dv) + 2 * dk * dv)
+
+
+def scan_flops(*, heads, dk, dv, **_):
+    """The token forms per token ("scan", "associative_scan"): 4·H·dk·dv (read and update)."""
+    return 4.0 * heads * dk * dv
+
+
+def quadratic_flops(*, seq_len, heads, dk, dv, **_):
+    """ "quadratic" per token: 2·H·T·(dk + dv) (the [T, T] scores and their sum)."""
+    return 2.0 * heads * seq_len * (dk + dv)
+
+
+# The Pallas TPU kernel (`pallas.py`): Mosaic on a TPU backend, interpreted inside
+# `pallas_interpret()`, an error elsewhere; the other methods run on every backend.
+LINEAR = Family(
+    name="causal_linear_attention",
+    methods={
+        "chunk": Method(_chunk, chunk_flops, static=("chunk_size",)),
+        "scan": Method(_value_column(causal_scan), scan_flops),
+        "associative_scan": Method(_value_column(causal_associative), scan_flops),
+        "quadratic": Method(_value_column(causal_quadratic), quadratic_flops),
+        "chunk_parallel": Method(
+            _value_column(causal_chunk_parallel), chunk_flops, static=("chunk_size",)
+        ),
+        "pallas": Method(_pallas, chunk_flops, static=("chunk_size",), backends=("tpu",)),
+    },
+    step=recurrent_step,
+    state=LinearAttentionState,
+    splits_time=True,
+)
+# The methods that run on every backend, and those that need a Pallas backend.
+METHODS = tuple(m for m in LINEAR.supported if not LINEAR.methods[m].backends)
+PALLAS_METHODS = tuple(m for m in LINEAR.supported if LINEAR.methods[m].backends)

@@ -28,11 +28,9 @@ import jax
 import jax.numpy as jnp
 
 from linear_attention.kernels.checks import (
-    check_choice,
     check_float,
     check_layouts,
     check_log_decay,
-    check_positive_int,
 )
 from linear_attention.kernels.delta.checks import check_beta
 from linear_attention.kernels.delta.delta import delta_rule
@@ -50,13 +48,13 @@ from linear_attention.kernels.log_linear.log_linear import (
     entering_state,
     finish,
     guarded,
+    levels_reached,
 )
 from linear_attention.kernels.log_linear.quadratic import hierarchical_mask
+from linear_attention.kernels.primitives.family import Family, Method
 from linear_attention.kernels.primitives.layout import pad_time
 from linear_attention.kernels.primitives.nan_guard import poison, poison_state
 from linear_attention.kernels.segments import decay_state, fold_resets, segment_resets
-
-METHODS = ("chunk", "scan", "quadratic")
 
 
 def delta_step(state: LogLinearState, q_BHK, k_BHK, v_BHV, beta_BH, a_BH, lam_BHL, valid=True):
@@ -141,8 +139,7 @@ def log_linear_delta_rule(
     Returns:
       `o [B, T, H, V]` in `result_type(q, k, v)`, and with `return_state` the final state.
     """
-    check_choice("method", method, METHODS)
-    chunk_size = check_positive_int("chunk_size", chunk_size)
+    method, chunk_size = LOG_LINEAR_DELTA.check(method, chunk_size)
     if axis_name is not None:
         raise ValueError(
             "log_linear_delta_rule has no sequence-parallel form (axis_name): run it with time "
@@ -175,15 +172,8 @@ def log_linear_delta_rule(
     lam32, state = entering_state(initial_state, lam32, (B, H, L, K, V), T)
     guard, (k32, v32, b32), a, state = guarded((k32, v32, b32), a, state, initial_state is not None)
     p = positions(a, state.position)
-    match method:
-        case "chunk":
-            o, state = delta_chunked(q32, k32, v32, b32, a, lam32, p, state, chunk_size)
-        case "scan":
-            o, state = delta_scan(q32, k32, v32, b32, a, lam32, state, chunk_size)
-        case "quadratic":
-            o = delta_quadratic(q32, k32, v32, b32, a, lam32, p)
-        case _:
-            raise ValueError(f"unknown method {method!r}; allowed: {', '.join(METHODS)}")
+    kernel = LOG_LINEAR_DELTA.kernel(method, chunk_size=chunk_size)
+    o, state = kernel(q32, k32, v32, b32, a, lam32, p, state)
     state = state._replace(levels=poison_state(guard, state.levels))
     return finish(poison(guard, o), state, p, L, dtype, return_state)
 
@@ -209,3 +199,50 @@ def log_linear_delta_rule_step(state: LogLinearState, q, k, v, beta, log_decay, 
     args = (jnp.asarray(x, jnp.float32) for x in (q, k, v, beta))
     o, state = delta_step(state, *args, a, jnp.asarray(level_weights, jnp.float32))
     return o.astype(jnp.result_type(q, k, v)), state
+
+
+def _chunk(q, k, v, beta, a, lam, p, state, *, chunk_size):
+    return delta_chunked(q, k, v, beta, a, lam, p, state, chunk_size)
+
+
+def _scan(q, k, v, beta, a, lam, p, state, *, chunk_size):
+    del p  # (the scan steps the positions itself)
+    return delta_scan(q, k, v, beta, a, lam, state, chunk_size)
+
+
+def _quadratic(q, k, v, beta, a, lam, p, state):
+    return delta_quadratic(q, k, v, beta, a, lam, p), state  # (no states: refused above)
+
+
+def chunk_flops(*, seq_len, heads, dk, dv, chunk_size, num_levels, **_):
+    """ "chunk" per token: 2·H·(3·C·dk + 2·C·dv + C²/3 + 2·dk·dv + 2·L·dk·dv + L·dk²·dv/C)
+    (the UT transform, W, Q̃ and the intra weights as the delta rule's chunk form; reading the
+    L level states, writing the chunk's keys, and the level maps P S once per chunk),
+    L = `levels_reached`, C = min(chunk_size, T)."""
+    c, L = min(chunk_size, seq_len), levels_reached(num_levels, seq_len)
+    per_head = 3 * c * dk + 2 * c * dv + c * c / 3 + 2 * dk * dv
+    return 2.0 * heads * (per_head + 2 * L * dk * dv + L * dk * dk * dv / c)
+
+
+def scan_flops(*, seq_len, heads, dk, dv, num_levels, **_):
+    """ "scan" per token: 2·H·(3·L + 1)·dk·dv (kᵀS and the rank-one update on each level
+    state, then reading them)."""
+    return 2.0 * heads * (3 * levels_reached(num_levels, seq_len) + 1) * dk * dv
+
+
+def quadratic_flops(*, seq_len, heads, dk, dv, **_):
+    """ "quadratic" per token (the delta rule on T one-hot values, then the masked weights):
+    2·H·T·(3·dk + dv)."""
+    return 2.0 * heads * seq_len * (3 * dk + dv)
+
+
+LOG_LINEAR_DELTA = Family(
+    name="log_linear_delta_rule",
+    methods={
+        "chunk": Method(_chunk, chunk_flops, static=("chunk_size",)),
+        "scan": Method(_scan, scan_flops, static=("chunk_size",)),
+        "quadratic": Method(_quadratic, quadratic_flops),
+    },
+    step=log_linear_delta_rule_step,
+    state=LogLinearState,
+)

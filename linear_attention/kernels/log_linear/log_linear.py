@@ -52,11 +52,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from linear_attention.kernels.checks import (
-    check_choice,
     check_float,
     check_layouts,
     check_log_decay,
-    check_positive_int,
     concrete,
 )
 from linear_attention.kernels.log_linear.chunked import log_linear_chunked
@@ -64,10 +62,9 @@ from linear_attention.kernels.log_linear.fenwick import LogLinearState, capacity
 from linear_attention.kernels.log_linear.quadratic import log_linear_quadratic
 from linear_attention.kernels.log_linear.recurrent import log_linear_scan, step
 from linear_attention.kernels.log_linear.sequence_parallel import split_over
+from linear_attention.kernels.primitives.family import Family, Method
 from linear_attention.kernels.primitives.nan_guard import guard_inputs, poison, poison_state
 from linear_attention.kernels.segments import fold_resets, segment_resets
-
-METHODS = ("chunk", "quadratic", "scan")
 
 
 def check_state(state, B, H, L, K, V, name="initial_state") -> LogLinearState:
@@ -125,8 +122,7 @@ def log_linear_attention(
     Returns:
       `o [B, T, H, V]` in `result_type(q, k, v)`, and with `return_state` the final state.
     """
-    check_choice("method", method, METHODS)
-    chunk_size = check_positive_int("chunk_size", chunk_size)
+    method, chunk_size = LOG_LINEAR.check(method, chunk_size)
     check_float(("q", "k", "v", "level_weights"), (q, k, v, level_weights))
     sizes = check_layouts(
         q=(q, "[B, T, H, K]"),
@@ -155,16 +151,8 @@ def log_linear_attention(
 
     def _core(state):
         p_BTH = positions(a_BTH, state.position)
-        match method:
-            case "chunk":
-                args = (q32, k32, v32, a_BTH, lam32, p_BTH, state)
-                return (*log_linear_chunked(*args, chunk_size), p_BTH)
-            case "quadratic":
-                return (*log_linear_quadratic(q32, k32, v32, a_BTH, lam32, p_BTH, state), p_BTH)
-            case "scan":
-                return (*log_linear_scan(q32, k32, v32, a_BTH, lam32, state), p_BTH)
-            case _:
-                raise ValueError(f"unknown method {method!r}; allowed: {', '.join(METHODS)}")
+        kernel = LOG_LINEAR.kernel(method, chunk_size=chunk_size)
+        return (*kernel(q32, k32, v32, a_BTH, lam32, p_BTH, state), p_BTH)
 
     if axis_name is None:
         o, state, p_BTH = core(state)
@@ -263,3 +251,48 @@ def log_linear_attention_step(state: LogLinearState, q, k, v, log_decay, level_w
     q32, k32, v32, lam32 = (jnp.asarray(x, jnp.float32) for x in (q, k, v, level_weights))
     o, state = step(state, q32, k32, v32, a_BH, lam32)
     return o.astype(jnp.result_type(q, k, v)), state
+
+
+def _chunk(q, k, v, a, lam, p, state, *, chunk_size):
+    return log_linear_chunked(q, k, v, a, lam, p, state, chunk_size)
+
+
+def _scan(q, k, v, a, lam, p, state):
+    del p  # (the scan steps the positions itself)
+    return log_linear_scan(q, k, v, a, lam, state)
+
+
+def levels_reached(num_levels: int, seq_len: int) -> int:
+    """The levels that positions below `seq_len` reach (the kernel carries only those)."""
+    return min(num_levels, (seq_len - 1).bit_length() + 1)
+
+
+def chunk_flops(*, seq_len, heads, dk, dv, chunk_size, num_levels, **_):
+    """ "chunk" per token: 2·H·(C·(dk + dv) + 2·L·dk·dv) (the intra-chunk scores and their
+    sum; reading the L level states and writing the chunk's keys into their slots),
+    L = `levels_reached`, C = min(chunk_size, T)."""
+    c = min(chunk_size, seq_len)
+    return 2.0 * heads * (c * (dk + dv) + 2 * levels_reached(num_levels, seq_len) * dk * dv)
+
+
+def scan_flops(*, seq_len, heads, dk, dv, num_levels, **_):
+    """ "scan" per token: 2·H·(L + 1)·dk·dv (reading every level, writing the token)."""
+    return 2.0 * heads * (levels_reached(num_levels, seq_len) + 1) * dk * dv
+
+
+def quadratic_flops(*, seq_len, heads, dk, dv, **_):
+    """ "quadratic" per token: 2·H·T·(dk + dv)."""
+    return 2.0 * heads * seq_len * (dk + dv)
+
+
+LOG_LINEAR = Family(
+    name="log_linear_attention",
+    methods={
+        "chunk": Method(_chunk, chunk_flops, static=("chunk_size",)),
+        "quadratic": Method(log_linear_quadratic, quadratic_flops),
+        "scan": Method(_scan, scan_flops),
+    },
+    step=log_linear_attention_step,
+    state=LogLinearState,
+    splits_time=True,
+)

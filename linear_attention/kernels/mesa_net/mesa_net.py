@@ -28,7 +28,7 @@ returns every token's, under `jit` too (`residual.py`).
 
 Methods: "chunk" (`chunked.py`: chunk states by an associative scan over chunk summaries, all
 tokens' CG iterations as batched masked matmuls, an implicit custom-VJP gradient keeping one
-state per chunk; the training path), "recurrent" (`recurrent.py`: a `lax.scan` over tokens with
+state per chunk; the training path), "scan" (`recurrent.py`: a `lax.scan` over tokens with
 the same CG per token; autodiff through it) and "exact" (the same scan with an exact solve: the
 reference). `mesa_net_step` is one token of the recurrence, for decoding.
 
@@ -52,7 +52,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from linear_attention.kernels.checks import (
-    check_choice,
     check_float,
     check_layouts,
     check_log_decay,
@@ -65,10 +64,9 @@ from linear_attention.kernels.mesa_net.chunked import chunk_states, mesa_chunked
 from linear_attention.kernels.mesa_net.recurrent import read, recurrent, update
 from linear_attention.kernels.mesa_net.residual import cg_residual, warn_unconverged
 from linear_attention.kernels.primitives.combine import prefix, vary_like
+from linear_attention.kernels.primitives.family import Family, Method
 from linear_attention.kernels.primitives.nan_guard import guard_inputs, poison, poison_state
 from linear_attention.kernels.segments import fold_resets, reset_reach, segment_resets
-
-METHODS = ("chunk", "recurrent", "exact")
 
 
 class MesaNetState(NamedTuple):
@@ -114,7 +112,7 @@ def mesa_net(
         document start (the initial state flows into the first document only).
       initial_state: a `MesaNetState` (None: zeros).
       return_state: also return the `MesaNetState` after the last token.
-      method: "chunk" (the training path), "recurrent" (the same CG, token by token) or
+      method: "chunk" (the training path), "scan" (the same CG, token by token) or
         "exact" (token by token with an exact solve; ignores `cg_steps`).
       chunk_size: tokens per chunk of "chunk"; T need not be a multiple.
       cg_steps: conjugate-gradient iterations per solve (static). Called eagerly (concrete
@@ -127,8 +125,7 @@ def mesa_net(
       `o: [B, T, H, Dv]` in `result_type(q, k, v)`, and with `return_state` the final
       `MesaNetState` (float32). Statistics and solves are float32 whatever the input dtype.
     """
-    check_choice("method", method, METHODS)
-    chunk_size = check_positive_int("chunk_size", chunk_size)
+    method, chunk_size = MESA_NET.check(method, chunk_size)
     cg_steps = check_positive_int("cg_steps", cg_steps)
     check_static("return_state", return_state)
     B, T, H, Kd, Dv = _check_inputs(q, k, v, beta, lambda_)
@@ -150,17 +147,11 @@ def mesa_net(
     if method != "exact" and eager:  # (under jit: `mesa_net_residual`, module docstring)
         warn_unconverged(cg_residual(q32, kb32, k32, a_BTH, lam_HK, kk0, cg_steps), cg_steps, Kd)
 
+    kernel = MESA_NET.kernel(method, chunk_size=chunk_size, cg_steps=cg_steps)
+
     def local(kk_in, kv_in, a, lam):
-        with reverse_mode_only('method="chunk"', 'method="recurrent" or "exact"'):
-            match method:
-                case "chunk":
-                    return mesa_chunked(
-                        q32, kb32, k32, v32, a, lam, kk_in, kv_in, chunk_size, cg_steps
-                    )
-                case "recurrent":
-                    return recurrent(q32, kb32, k32, v32, a, lam, kk_in, kv_in, cg_steps)
-                case _:  # "exact" (the method was checked above)
-                    return recurrent(q32, kb32, k32, v32, a, lam, kk_in, kv_in, None)
+        with reverse_mode_only('method="chunk"', 'method="scan" or "exact"'):
+            return kernel(q32, kb32, k32, v32, a, lam, kk_in, kv_in)
 
     if axis_name is None:
         o_BTHD, kk, kv = local(kk0, kv0, a_BTH, lam_HK)
@@ -186,7 +177,7 @@ def mesa_net_residual(
 ):
     """The relative residual ‖(H_kk,t + Λ) x_t − q_t‖ / ‖q_t‖ `[B, T, H]` float32 of every
     token's solve after `cg_steps` CG iterations (`residual.py`): how far `mesa_net`'s "chunk"
-    and "recurrent" outputs (and `mesa_net_step`'s) are from the exact solve's. The arguments
+    and "scan" outputs (and `mesa_net_step`'s) are from the exact solve's. The arguments
     are `mesa_net`'s (no values: they take no part); works under `jit`."""
     cg_steps = check_positive_int("cg_steps", cg_steps)
     B, T, H, Kd, _ = _check_inputs(q, k, q, beta, lambda_)  # (q stands for the values)
@@ -313,3 +304,50 @@ def _initial_state(initial_state, B, H, Kd, Dv):
         return zeros.kk, zeros.kv
     check_mesa_state(initial_state, B, H, Kd, Dv)
     return jnp.asarray(initial_state.kk, jnp.float32), jnp.asarray(initial_state.kv, jnp.float32)
+
+
+def _chunk(q, kb, k, v, a, lam, kk, kv, *, chunk_size, cg_steps):
+    return mesa_chunked(q, kb, k, v, a, lam, kk, kv, chunk_size, cg_steps)
+
+
+def _scan(q, kb, k, v, a, lam, kk, kv, *, cg_steps):
+    return recurrent(q, kb, k, v, a, lam, kk, kv, cg_steps)
+
+
+def _exact(q, kb, k, v, a, lam, kk, kv):
+    return recurrent(q, kb, k, v, a, lam, kk, kv, None)
+
+
+def chunk_flops(*, seq_len, heads, dk, dv, chunk_size, cg_steps, **_):
+    """ "chunk" per token: H·(2·dk² + n·(2·dk² + 4·C·dk) + 2·(C·(dk + dv) + 2·dk·dv)) (the
+    H_kk chunk summary; each CG iteration's A x: the entering state, the [C, C] scores and
+    their sum over kb; the read-out, linear attention with queries x), n = `cg_steps`,
+    C = min(chunk_size, T). The CG's vector updates (O(dk) each) are left out."""
+    c = min(chunk_size, seq_len)
+    per_head = 2 * dk * dk + cg_steps * (2 * dk * dk + 4 * c * dk)
+    return heads * (per_head + 2 * (c * (dk + dv) + 2 * dk * dv))
+
+
+def scan_flops(*, heads, dk, dv, cg_steps, **_):
+    """ "scan" per token: H·(2·dk·(dk + dv) + n·2·dk² + 2·dk·dv) (both updates, the CG, the
+    read-out)."""
+    return heads * (2 * dk * (dk + dv) + cg_steps * 2 * dk * dk + 2 * dk * dv)
+
+
+def exact_flops(*, heads, dk, dv, **_):
+    """ "exact" per token: the scan's count with 2·dk³/3 (the solve) in place of the CG's."""
+    return heads * (2 * dk * (dk + dv) + 2 * dk**3 / 3 + 2 * dk * dv)
+
+
+MESA_NET = Family(
+    name="mesa_net",
+    methods={
+        "chunk": Method(_chunk, chunk_flops, static=("chunk_size", "cg_steps")),
+        "scan": Method(_scan, scan_flops, static=("cg_steps",)),
+        "exact": Method(_exact, exact_flops),
+    },
+    step=mesa_net_step,
+    state=MesaNetState,
+    splits_time=True,
+    old_words=("recurrent",),
+)

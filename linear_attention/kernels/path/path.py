@@ -29,7 +29,7 @@ H_{j+1} … H_i only, all in i's document when j is.
 
 Methods: "quadratic" (the reference: a `lax.scan` over time carries every key transported to
 the current token, K̂ ← H_t K̂ then K̂_t = k_t, and reads the row q_tᵀ K̂ of the logits; the
-masked [T, T] softmax follows) and "blockwise" (`blockwise.py`: UT/WY products inside blocks,
+masked [T, T] softmax follows) and "chunk" (`blockwise.py`: UT/WY products inside blocks,
 queries carried back across blocks, online softmax, O(T) memory, custom VJP).
 
 Decoding. A `ForgettingCache` (`softmax/gated_cache.py`, shared with FoX) whose keys are kept
@@ -48,16 +48,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from linear_attention.kernels.checks import (
-    check_choice,
     check_float,
     check_layouts,
     check_log_decay,
-    check_positive_int,
     concrete,
     refuse_axis_name,
 )
 from linear_attention.kernels.delta.checks import check_beta
 from linear_attention.kernels.path.blockwise import block_terms, path_blockwise
+from linear_attention.kernels.primitives.family import Family, Method
 from linear_attention.kernels.primitives.nan_guard import (
     clean,
     clean_log_decay,
@@ -73,7 +72,6 @@ from linear_attention.kernels.softmax.gated_cache import (
 )
 from linear_attention.kernels.softmax.softmax import resolve_scale
 
-METHODS = ("blockwise", "quadratic")
 # How far past 1 a concrete ‖w‖ may be: rounding of an L2-normalised w in its dtype.
 W_NORM_SLACK = {2: 1e-2, 4: 1e-4, 8: 1e-8}
 
@@ -106,7 +104,7 @@ def path_attention(
     log_forget=None,
     *,
     segment_ids=None,
-    method: str = "blockwise",
+    method: str = "chunk",
     block_size: int = 64,
     scale=None,
     axis_name: str | None = None,
@@ -118,16 +116,16 @@ def path_attention(
       log_forget: log f ≤ 0 per token and head, `[B, T, H]` (or `[H]`); −inf is a reset. None:
         no forget gate.
       segment_ids: `[B, T]` integers or a `Segments`: each token sees its own document only.
-      method: "blockwise" (O(T) memory, the training path) or "quadratic" (the reference).
-      block_size: the block of "blockwise" (the UT transform's size and the key/query block).
+      method: "chunk" (blockwise, O(T) memory, the training path) or "quadratic" (the
+        reference).
+      block_size: the block of "chunk" (the UT transform's size and the key/query block).
       scale: the logits' scale (None: 1/√D).
       axis_name: refused (softmax attention has no affine state to pass across shards).
     Returns:
       `o: [B, T, H, Dv]` in `result_type(q, k, v)`; transforms, logits and softmax in float32.
       T = 0 gives the empty output, as `softmax_attention`.
     """
-    check_choice("method", method, METHODS)
-    block_size = check_positive_int("block_size", block_size)
+    method, block_size = PATH.check(method, block_size, "block_size")
     refuse_axis_name("path_attention", axis_name)
     check_float(("q", "k", "v", "w", "beta"), (q, k, v, w, beta))
     sizes = check_layouts(
@@ -153,13 +151,8 @@ def path_attention(
     guard = nan_guard((B, T, H), (k32, v32, w32, beta32), a_BTH)
     k32, v32, w32, beta32 = (clean(guard, x) for x in (k32, v32, w32, beta32))
     c_BTH, n_BTH = cumulative_log_decay(clean_log_decay(a_BTH), axis=1, restart=True)
-    match method:
-        case "blockwise":
-            o = path_blockwise(q32, k32, v32, w32, beta32, c_BTH, n_BTH, block_size)
-        case "quadratic":
-            o = _quadratic(q32, k32, v32, w32, beta32, c_BTH, n_BTH)
-        case _:
-            raise ValueError(f"unknown method {method!r}; allowed: {', '.join(METHODS)}")
+    kernel = PATH.kernel(method, block_size=block_size)
+    o = kernel(q32, k32, v32, w32, beta32, c_BTH, n_BTH)
     return poison(guard, o).astype(jnp.result_type(q, k, v))
 
 
@@ -247,3 +240,35 @@ def path_attention_step(
         scale=scale,
     )
     return o[:, 0], cache
+
+
+def _chunk(q, k, v, w, beta, c, n, *, block_size):
+    return path_blockwise(q, k, v, w, beta, c, n, block_size)
+
+
+def chunk_flops(*, seq_len, heads, dk, dv, chunk_size, **_):
+    """ "chunk" per token, blocks of C = min(block, T): 2·H·(T·(dk + dv) + T·dk²/C + 5·C·dk +
+    C² + dk²): softmax attention's count (every block pair is computed, the masked ones too),
+    the queries carried through one [dk, dk] block product per key block, and per token the
+    block's UT terms (the Gram and key matrices, T(β⊙W), q̃, k̃ and ℓ: about five C·dk
+    products, the C×C inverse and products, and A's dk² share)."""
+    t, c = seq_len, min(chunk_size, seq_len)
+    return 2.0 * heads * (t * (dk + dv) + t * dk * dk / c + 5 * c * dk + c * c + dk * dk)
+
+
+def quadratic_flops(*, seq_len, heads, dk, dv, **_):
+    """ "quadratic" per token: 2·H·T·(2·dk + dv) (each step moves all T stored keys through
+    H_t and reads a row of logits)."""
+    return 2.0 * heads * seq_len * (2 * dk + dv)
+
+
+PATH = Family(
+    name="path_attention",
+    methods={
+        "chunk": Method(_chunk, chunk_flops, static=("block_size",)),
+        "quadratic": Method(_quadratic, quadratic_flops),
+    },
+    step=path_attention_step,
+    state=ForgettingCache,
+    old_words=("blockwise",),
+)
