@@ -314,10 +314,10 @@ def _family_case(family: str, T: int, rng):
             args = (q, k, v, beta, per_token, levels)
             return log_linear_delta, args, "quadratic", "chunk", 3
         case "forgetting":
-            return forgetting, (q, k, v, per_token), "quadratic", "blockwise", 3
+            return forgetting, (q, k, v, per_token), "quadratic", "chunk", 3
         case "path":
             args = (q, k, v, unit(arr(B, T, H, Kd)), uniform(0.1, 1.9, B, T, H), per_token)
-            return path, args, "quadratic", "blockwise", 3
+            return path, args, "quadratic", "chunk", 3
         case "mesa_net":
             return mesa, (q, k, v, per_token, uniform(0.1, 1.0, B, T, H)), "exact", "chunk", 3
         case "softmax":
