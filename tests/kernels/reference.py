@@ -381,10 +381,10 @@ def selective_scan_loop(x, delta, A, Bm, C, D=None, h0=None, segment_ids=None):
     y = np.zeros((Bn, T, Dd))
     for b in range(Bn):
         for t in range(T):
-            keep = 0.0 if starts[b, t] else 1.0
             for d in range(Dd):
                 dt = delta[b, t, d]
-                h[b, d] = keep * np.exp(dt * A[d]) * h[b, d] + dt * x[b, t, d] * Bm[b, t]
+                kept = 0.0 if starts[b, t] else np.exp(dt * A[d]) * h[b, d]  # 0, even for NaN
+                h[b, d] = kept + dt * x[b, t, d] * Bm[b, t]
                 y[b, t, d] = h[b, d] @ C[b, t]
     if D is not None:
         y = y + np.asarray(D, np.float64) * x

@@ -1,7 +1,9 @@
 """Griffin's RG-LRU kernel (`K.rg_lru`): both methods against the float64 loop — outputs, final
 state and the gradient of every input (by finite differences of the loop) — across packed rows,
 an initial state, strong and weak decays and T = 1; the step form token by token; bfloat16
-inputs; the NaN guard; the method check; and time split over 4 CPU devices."""
+inputs;
+the NaN guard; and the method check. Time split over CPU devices: `test_selective_scan.py`
+(one subprocess for both families)."""
 
 import functools
 
@@ -12,7 +14,6 @@ import pytest
 
 from linear_attention import kernels as K
 from tests.kernels.reference import finite_difference_grads, rel_err, rg_lru_loop
-from tests.scripts import checked_names, run_on_cpu_devices
 
 B, T, D = 2, 7, 3
 SEGMENTS = np.array([[0, 0, 0, 1, 1, 1, 1], [2, 2, 2, 2, 2, 3, 3]], np.int32)
@@ -84,8 +85,8 @@ def test_strong_and_weak_decay_and_one_token(method):
 
 
 def test_step_reproduces_scan():
-    xs = {k: jnp.asarray(v, jnp.float32) for k, v in inputs(5).items()}
-    y, h = K.rg_lru(xs["x"], xs["log_a"], initial_state=xs["h0"])
+    xs = {k: np.float32(v) for k, v in inputs(5).items()}  # NumPy slices: no op per slice
+    y, h = kernel("scan", False)(xs["x"], xs["log_a"], xs["h0"])
     state = xs["h0"]
     step = jax.jit(K.rg_lru_step)
     for t in range(T):
@@ -98,7 +99,8 @@ def test_step_reproduces_scan():
 def test_bfloat16_inputs(method):
     xs = inputs(6)
     x, log_a = (jnp.asarray(xs[k], jnp.bfloat16) for k in ("x", "log_a"))
-    y, h = K.rg_lru(x, log_a, segment_ids=jnp.asarray(SEGMENTS), method=method)
+    run = jax.jit(functools.partial(K.rg_lru, method=method))
+    y, h = run(x, log_a, segment_ids=jnp.asarray(SEGMENTS))
     assert y.dtype == jnp.bfloat16 and h.dtype == jnp.float32
     # the loop on the rounded inputs: only the output's own rounding differs
     y_ref, h_ref = rg_lru_loop(np.float32(x), np.float32(log_a), segment_ids=SEGMENTS)
@@ -125,32 +127,3 @@ def test_bad_method_names_the_allowed_ones():
         K.rg_lru(x, x, method="chunk")
     with pytest.raises(ValueError, match="log_a"):
         K.rg_lru(x, x[:, :, :2])
-
-
-SPLIT = r"""
-import sys
-import functools
-import jax, jax.numpy as jnp, numpy as np
-from linear_attention import kernels as K
-from tests.kernels.reference import rel_err, rg_lru_loop
-from tests.kernels.test_sequence_parallel import check
-from tests.kernels.test_rg_lru import SEGMENTS, inputs
-
-xs = {k: jnp.asarray(v, jnp.float32) for k, v in inputs(9, T=8).items()}
-seg = jnp.asarray([[0, 0, 1, 1, 1, 1, 2, 2], [3, 3, 3, 3, 3, 4, 4, 4]], jnp.int32)
-for method in ("scan", "associative_scan"):
-    def kernel(xs, seg, *, axis_name):
-        return K.rg_lru(xs["x"], xs["log_a"], initial_state=xs["s0"], segment_ids=seg,
-                        method=method, axis_name=axis_name)
-    y, h = check(f"rg_lru/{method}/n=4", kernel, {"x": xs["x"], "log_a": xs["log_a"],
-                 "s0": xs["h0"]}, seg, 4)
-    y_ref, h_ref = rg_lru_loop(xs["x"], xs["log_a"], xs["h0"], np.asarray(seg))
-    assert rel_err(y, y_ref) < 1e-5, rel_err(y, y_ref)
-    print("CHECKED loop", flush=True)
-"""
-
-
-def test_time_split_over_four_devices():
-    """Split vs unsplit (outputs, gradients, final state) and vs the loop, packed rows with a
-    boundary at a shard edge, from an initial state."""
-    assert len(checked_names(run_on_cpu_devices(SPLIT, 4))) == 4
