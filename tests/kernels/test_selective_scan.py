@@ -182,3 +182,55 @@ def test_time_split_over_four_devices(part):
     """Both families split over 4 devices vs unsplit (outputs, gradients of every input, the
     global final state) and vs the float64 loop, packed rows, from an initial state."""
     assert len(checked_names(run_on_cpu_devices(SPLIT, 4, part))) == 4
+
+
+@pytest.mark.hf
+@pytest.mark.parametrize("method", METHODS)
+def test_against_transformers_mamba_scan(method):
+    """The selective-scan core of transformers' torch `MambaMixer` slow path
+    (`mamba_selective_scan`'s PyTorch loop, no gate): outputs, final state and the gradients of
+    x, Δ, A, B, C and D agree with the peer's float32 run within its own float32 error against
+    float64 (the loop, its finite differences), or 1e-5 relative, whichever is larger."""
+    torch = pytest.importorskip("torch")
+    modeling_mamba = pytest.importorskip("transformers.models.mamba.modeling_mamba")
+    xs = inputs(10)
+    del xs["h0"]  # the peer's scan starts from zeros
+    rng = np.random.default_rng(11)
+    wy, wh = rng.normal(size=(B, T, D)), rng.normal(size=(B, D, N))
+
+    def peer(dtype):
+        t = {k: torch.tensor(v, dtype=dtype, requires_grad=True) for k, v in xs.items()}
+        to_BDT = lambda v: v.transpose(1, 2)  # noqa: E731  [B, T, ·] → the peer's [B, ·, T]
+        y_BDT, h_BDN = modeling_mamba.mamba_selective_scan(
+            to_BDT(t["x"]), to_BDT(t["delta"]), t["A"], to_BDT(t["Bm"]), to_BDT(t["C"]),
+            D=t["D"], return_last_state=True,
+        )  # fmt: skip
+        y = y_BDT.transpose(1, 2)
+        loss = (y * torch.tensor(wy, dtype=dtype)).sum() + (
+            h_BDN * torch.tensor(wh, dtype=dtype)
+        ).sum()
+        loss.backward()
+        out = [y.detach().numpy(), h_BDN.detach().numpy()]
+        return out + [t[k].grad.numpy() for k in xs]
+
+    # the float64 reference: the loop and its finite differences (the peer casts B and Δ·B·x
+    # to float32 even in a float64 run, so it cannot be its own float64 reference)
+    peer32 = peer(torch.float32)
+
+    def loss_ref(**kw):
+        y, h = selective_scan_loop(**kw)
+        return np.sum(wy * y) + np.sum(wh * h)
+
+    fd = finite_difference_grads(loss_ref, xs)
+    ref64 = [*selective_scan_loop(**xs), *(fd[k] for k in xs)]
+
+    def loss(*args):
+        y, h = K.selective_scan(*args, method=method)
+        return jnp.sum(wy * y) + jnp.sum(wh * h), (y, h)
+
+    args = [jnp.asarray(xs[k], jnp.float32) for k in xs]
+    grads, (y, h) = jax.grad(loss, argnums=tuple(range(len(args))), has_aux=True)(*args)
+    ours = [y, h, *grads]
+    for name, a, p32, r64 in zip(["y", "h", *xs], ours, peer32, ref64, strict=True):
+        bound = max(rel_err(p32, r64), 1e-5)
+        assert rel_err(a, p32) <= bound, (name, rel_err(a, p32), bound)
