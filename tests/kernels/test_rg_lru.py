@@ -1,9 +1,9 @@
 """Griffin's RG-LRU kernel (`K.rg_lru`): both methods against the float64 loop — outputs, final
 state and the gradient of every input (by finite differences of the loop) — across packed rows,
 an initial state, strong and weak decays and T = 1; the step form token by token; bfloat16
-inputs;
-the NaN guard; and the method check. Time split over CPU devices: `test_selective_scan.py`
-(one subprocess for both families)."""
+inputs; the NaN guard; the method check; and (`-m hf`) the recurrence of transformers' torch
+`RecurrentGemmaRglru`. Time split over CPU devices: `test_selective_scan.py` (one subprocess
+for both families)."""
 
 import functools
 
@@ -127,3 +127,50 @@ def test_bad_method_names_the_allowed_ones():
         K.rg_lru(x, x, method="chunk")
     with pytest.raises(ValueError, match="log_a"):
         K.rg_lru(x, x[:, :, :2])
+
+
+@pytest.mark.hf
+@pytest.mark.parametrize("method", METHODS)
+def test_against_transformers_recurrent_gemma(method):
+    """The recurrence of transformers' torch `RecurrentGemmaRglru` (its `SqrtBoundDerivative`
+    normalisation, unscaled input at a reset, and `_rnn_scan`), fed log a_t and the gated input
+    directly, with a document start mid-row (`position_ids` 0) and an initial state: outputs,
+    final state and the gradients of every input agree with its float32 run within that run's
+    error against its float64 one (float64 accumulation), or 1e-5 relative."""
+    torch = pytest.importorskip("torch")
+    rg = pytest.importorskip("transformers.models.recurrent_gemma.modeling_recurrent_gemma")
+    xs = inputs(12)
+    rng = np.random.default_rng(13)
+    wy, wh = rng.normal(size=(B, T, D)), rng.normal(size=(B, D))
+    # positions continue a document at t = 0 (no reset there, as in this library) and restart
+    # where SEGMENTS changes: the peer resets where the position is 0
+    starts = np.pad(SEGMENTS[:, 1:] != SEGMENTS[:, :-1], ((0, 0), (1, 0)))
+    index = np.arange(T) + 5  # the row continues a document begun 5 tokens earlier
+    positions = index - np.maximum.accumulate(np.where(starts, index, 0), axis=1)
+
+    def peer(dtype):
+        t = {k: torch.tensor(v, dtype=dtype, requires_grad=True) for k, v in xs.items()}
+        reset = torch.tensor(positions == 0)[:, :, None]
+        a_square = torch.exp(2 * t["log_a"])
+        multiplier = rg.SqrtBoundDerivative.apply(1 - a_square)
+        multiplier = reset + ~reset * multiplier
+        y, h = rg.RecurrentGemmaRglru._rnn_scan(
+            None, t["x"] * multiplier, torch.exp(t["log_a"]), reset, t["h0"], acc_dtype=dtype
+        )
+        loss = (y * torch.tensor(wy, dtype=dtype)).sum() + (h * torch.tensor(wh, dtype=dtype)).sum()
+        loss.backward()
+        return [y.detach().numpy(), h.detach().numpy()] + [t[k].grad.numpy() for k in xs]
+
+    peer32, peer64 = peer(torch.float32), peer(torch.float64)
+    y_ref, h_ref = rg_lru_loop(**xs, segment_ids=SEGMENTS)  # the same recurrence as the loop
+    assert rel_err(peer64[0], y_ref) < 1e-12 and rel_err(peer64[1], h_ref) < 1e-12
+
+    def loss(*args):
+        y, h = kernel(method, True)(*args)
+        return jnp.sum(wy * y) + jnp.sum(wh * h), (y, h)
+
+    args = [jnp.asarray(xs[k], jnp.float32) for k in xs]
+    grads, (y, h) = jax.grad(loss, argnums=(0, 1, 2), has_aux=True)(*args)
+    for name, a, p32, p64 in zip(["y", "h", *xs], [y, h, *grads], peer32, peer64, strict=True):
+        bound = max(rel_err(p32, p64), 1e-5)
+        assert rel_err(a, p32) <= bound, (name, rel_err(a, p32), bound)
