@@ -84,3 +84,10 @@ def rg_lru_write(x, log_a, resets_BT=None):
     if resets_BT is not None:
         factor = jnp.where(resets_BT[..., None], 1.0, factor)
     return factor * x
+
+
+def rg_lru_flops(*, width, **_):
+    """Forward FLOPs per token, either method: 2·D for h ↦ a h + u and 2·D for the write
+    √(1 − a²) x (`expm1`, `sqrt` and `exp` not counted, as in the other families). `width` = D,
+    the family size the future mixer passes (the descriptor's `Method.flops`)."""
+    return 4.0 * width

@@ -84,3 +84,11 @@ def _decay_and_write(x_D, delta_D, A_DN, B_N):
 def _read(h_DN, c_N):
     """C · h per channel, `[..., D]`, for any leading axes (a state per token or one)."""
     return jnp.einsum("...dn,...n->...d", h_DN, c_N)
+
+
+def selective_scan_flops(*, width, state_size, **_):
+    """Forward FLOPs per token, either method: per entry of the `[D, N]` state 2 for
+    h ↦ exp(Δ A) h + u, 2 for the write (Δ A and (Δ x) B) and 2 for the read-out C · h, and 2·D
+    for the skip D x (the `exp` not counted, as in the other families). `width` = D,
+    `state_size` = N."""
+    return 6.0 * width * state_size + 2.0 * width
