@@ -174,3 +174,10 @@ def test_against_transformers_recurrent_gemma(method):
     for name, a, p32, p64 in zip(["y", "h", *xs], [y, h, *grads], peer32, peer64, strict=True):
         bound = max(rel_err(p32, p64), 1e-5)
         assert rel_err(a, p32) <= bound, (name, rel_err(a, p32), bound)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_no_token_passes_the_state_through(method):
+    xs = {k: np.float32(v) for k, v in inputs(14, T=0).items()}
+    y, h = K.rg_lru(xs["x"], xs["log_a"], initial_state=xs["h0"], method=method)
+    assert y.shape == (B, 0, D) and np.array_equal(h, xs["h0"])

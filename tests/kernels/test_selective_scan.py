@@ -255,3 +255,11 @@ def test_against_transformers_mamba_scan(method):
     for name, a, p32, r64 in zip(["y", "h", *xs], ours, peer32, ref64, strict=True):
         bound = max(rel_err(p32, r64), 1e-5)
         assert rel_err(a, p32) <= bound, (name, rel_err(a, p32), bound)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_no_token_passes_the_state_through(method):
+    xs = inputs(14, T=0)
+    *args, h0 = f32(xs)
+    y, h = K.selective_scan(*args, initial_state=h0, method=method)
+    assert y.shape == (B, 0, D) and np.array_equal(h, h0)

@@ -101,12 +101,14 @@ def diagonal_call(method, a_BTS, u_BTS, h0_BS, axis_name=None, read=None, c_BTX=
     axis (`diagonal_sequence_parallel`); the final state is then the global one.
     """
     B, T = a_BTS.shape[:2]
+    full = (lambda h, c: h) if read is None else read
+    if T == 0:  # no token: the state passes through (and the guard has no last token to read)
+        return full(u_BTS, c_BTX), h0_BS
     split = axis_name is not None
     shape_BTC = (B, T, h0_BS.shape[1])
     guard, (u_BTS,), a_BTS, (h0_BS,) = guard_inputs(
         shape_BTC, (u_BTS,), a_BTS, (h0_BS,), split=split
     )
-    full = (lambda h, c: h) if read is None else read
     if split:
         h_BTS, bad_in_BTC, h_BS = diagonal_sequence_parallel(
             method, a_BTS, u_BTS, h0_BS, guard.poisoned_BTH[:, -1], axis_name
