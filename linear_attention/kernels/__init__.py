@@ -53,6 +53,11 @@ from linear_attention.kernels.path.path import (
 )
 from linear_attention.kernels.primitives.family import Family, Method
 from linear_attention.kernels.primitives.pallas import pallas_interpret
+from linear_attention.kernels.rg_lru.rg_lru import rg_lru, rg_lru_step
+from linear_attention.kernels.selective_scan.selective_scan import (
+    selective_scan,
+    selective_scan_step,
+)
 from linear_attention.kernels.softmax.sliding_window import sliding_window_attention
 from linear_attention.kernels.softmax.softmax import (
     blockwise_softmax_attention,
@@ -120,6 +125,10 @@ __all__ = [
     "path_attention",
     "path_attention_step",
     "recurrent_step",
+    "rg_lru",
+    "rg_lru_step",
+    "selective_scan",
+    "selective_scan_step",
     "sliding_window_attention",
     "softmax_attention",
 ]

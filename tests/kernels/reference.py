@@ -341,3 +341,70 @@ def log_linear_delta_rule_loop(q, k, v, beta, log_decay, level_weights, s0=None,
                 final[b, h, size.bit_length() - 1] = state
             count[b, h] = sum(size for size, _ in blocks)
     return o, final, count
+
+
+def _starts(segment_ids, B, T):
+    """`[B, T]` bool: a document starts at t > 0 (its id differs from the previous token's)."""
+    if segment_ids is None:
+        return np.zeros((B, T), bool)
+    ids = np.asarray(segment_ids)
+    return np.pad(ids[:, 1:] != ids[:, :-1], ((0, 0), (1, 0)))
+
+
+def rg_lru_loop(x, log_a, h0=None, segment_ids=None):
+    """Griffin's RG-LRU: h_t = a_t h_{t−1} + √(1 − a_t²) x_t (x_t unscaled and h_{t−1} = 0 at a
+    document start), y_t = h_t. `x`, `log_a` `[B, T, D]`, `h0` `[B, D]`. Returns (y, h)."""
+    x, log_a = (np.asarray(v, np.float64) for v in (x, log_a))
+    B, T, D = x.shape
+    starts = _starts(segment_ids, B, T)
+    h = np.zeros((B, D)) if h0 is None else np.array(h0, np.float64)
+    y = np.zeros((B, T, D))
+    for b in range(B):
+        for t in range(T):
+            a = np.exp(log_a[b, t])
+            if starts[b, t]:
+                h[b] = x[b, t]
+            else:
+                h[b] = a * h[b] + np.sqrt(1.0 - a * a) * x[b, t]
+            y[b, t] = h[b]
+    return y, h
+
+
+def selective_scan_loop(x, delta, A, Bm, C, D=None, h0=None, segment_ids=None):
+    """Mamba-1: h_t = exp(Δ_t A) ⊙ h_{t−1} + Δ_t x_t B_tᵀ (h_{t−1} = 0 at a document start),
+    y_t = h_t C_t + D x_t. `x`, `delta` `[B, T, D]`, `A` `[D, N]`, `Bm`, `C` `[B, T, N]`, `h0`
+    `[B, D, N]`. Returns (y, h)."""
+    x, delta, A, Bm, C = (np.asarray(v, np.float64) for v in (x, delta, A, Bm, C))
+    Bn, T, Dd = x.shape
+    starts = _starts(segment_ids, Bn, T)
+    h = np.zeros((Bn, Dd, A.shape[1])) if h0 is None else np.array(h0, np.float64)
+    y = np.zeros((Bn, T, Dd))
+    for b in range(Bn):
+        for t in range(T):
+            for d in range(Dd):
+                dt = delta[b, t, d]
+                kept = 0.0 if starts[b, t] else np.exp(dt * A[d]) * h[b, d]  # 0, even for NaN
+                h[b, d] = kept + dt * x[b, t, d] * Bm[b, t]
+                y[b, t, d] = h[b, d] @ C[b, t]
+    if D is not None:
+        y = y + np.asarray(D, np.float64) * x
+    return y, h
+
+
+def finite_difference_grads(f, inputs, eps=1e-6):
+    """∂f/∂(every entry of every input) of a scalar float64 function `f(**inputs)`, by central
+    differences: a dict of arrays shaped like `inputs`."""
+    inputs = {k: np.array(v, np.float64) for k, v in inputs.items()}
+    grads = {}
+    for name, value in inputs.items():
+        g = np.zeros_like(value)
+        for i in np.ndindex(value.shape):
+            old = value[i]
+            value[i] = old + eps
+            up = f(**inputs)
+            value[i] = old - eps
+            down = f(**inputs)
+            value[i] = old
+            g[i] = (up - down) / (2 * eps)
+        grads[name] = g
+    return grads

@@ -1,0 +1,1 @@
+"""Griffin's RG-LRU (RecurrentGemma's recurrence): a gated diagonal linear recurrence."""
