@@ -53,8 +53,9 @@ from linear_attention.kernels.path.path import (
 )
 from linear_attention.kernels.primitives.family import Family, Method
 from linear_attention.kernels.primitives.pallas import pallas_interpret
-from linear_attention.kernels.rg_lru.rg_lru import rg_lru, rg_lru_step
+from linear_attention.kernels.rg_lru.rg_lru import RG_LRU, rg_lru, rg_lru_step
 from linear_attention.kernels.selective_scan.selective_scan import (
+    SELECTIVE_SCAN,
     selective_scan,
     selective_scan_step,
 )
@@ -79,6 +80,8 @@ FAMILIES: dict[str, Family] = {
         MESA_NET,
         PATH,
         FORGETTING,
+        RG_LRU,
+        SELECTIVE_SCAN,
     )
 }
 # The methods of a family that run on every backend (the old per-family lists).

@@ -28,8 +28,6 @@ from linear_attention.kernels.primitives.combine import prefix, vary_like
 from linear_attention.kernels.primitives.nan_guard import guard_inputs, poison, poison_state
 from linear_attention.kernels.segments import decay_state
 
-METHODS = ("scan", "associative_scan")
-
 
 def diagonal_scan(a_BTS, u_BTS, h0_BS, read=None, c_BTX=None):
     """`(y_BT…, h_BS)` by `lax.scan`: y_t = read(h_t, c_t) (h_t itself for `read` None)."""

@@ -26,10 +26,16 @@ through the shared combine (`combine.prefix`).
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
-from linear_attention.kernels.checks import check_choice, check_float, check_layouts
-from linear_attention.kernels.primitives.diagonal import METHODS, diagonal_call
+from linear_attention.kernels.checks import check_float, check_layouts
+from linear_attention.kernels.primitives.diagonal import (
+    diagonal_associative,
+    diagonal_call,
+    diagonal_scan,
+)
+from linear_attention.kernels.primitives.family import Family, Method
 from linear_attention.kernels.segments import decay_state, fold_resets, segment_resets
 
 
@@ -44,7 +50,7 @@ def rg_lru(x_BTD, log_a_BTD, *, initial_state=None, segment_ids=None, method="sc
     the input dtype; the state is float32. A non-finite input poisons its channel's outputs up
     to the next reset, and nothing else.
     """
-    check_choice("method", method, METHODS, "rg_lru")
+    method = RG_LRU.resolve(method, "rg_lru")
     arrays = {"x": (x_BTD, "[B, T, D]"), "log_a": (log_a_BTD, "[B, T, D]")}
     if initial_state is not None:
         arrays["initial_state"] = (initial_state, "[B, D]")
@@ -91,3 +97,17 @@ def rg_lru_flops(*, width, **_):
     √(1 − a²) x (`expm1`, `sqrt` and `exp` not counted, as in the other families). `width` = D,
     the family size the future mixer passes (the descriptor's `Method.flops`)."""
     return 4.0 * width
+
+
+# The family's descriptor (`primitives.family`): both methods are exact; they differ in how the
+# time axis is walked (a `lax.scan`, or the affine combine's parallel prefix).
+RG_LRU = Family(
+    name="rg_lru",
+    methods={
+        "scan": Method(diagonal_scan, rg_lru_flops),
+        "associative_scan": Method(diagonal_associative, rg_lru_flops),
+    },
+    step=rg_lru_step,
+    state=jax.Array,  # [B, D] (RG-LRU) or [B, D, N] (Mamba-1), float32
+    splits_time=True,
+)

@@ -18,10 +18,16 @@ output gate y ⊙ silu(z) and the projections are the mixer's.
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
-from linear_attention.kernels.checks import check_choice, check_float, check_layouts
-from linear_attention.kernels.primitives.diagonal import METHODS, diagonal_call
+from linear_attention.kernels.checks import check_float, check_layouts
+from linear_attention.kernels.primitives.diagonal import (
+    diagonal_associative,
+    diagonal_call,
+    diagonal_scan,
+)
+from linear_attention.kernels.primitives.family import Family, Method
 from linear_attention.kernels.segments import decay_state, fold_resets, segment_resets
 
 
@@ -37,7 +43,7 @@ def selective_scan(x_BTD, delta_BTD, A_DN, B_BTN, C_BTN, D_D=None, *, initial_st
     shard). The outputs take x's dtype; the state is float32. A non-finite x, Δ, A or B
     poisons its channel's outputs up to the next reset, and nothing else.
     """
-    check_choice("method", method, METHODS, "selective_scan")
+    method = SELECTIVE_SCAN.resolve(method, "selective_scan")
     arrays = {
         "x": (x_BTD, "[B, T, D]"),
         "delta": (delta_BTD, "[B, T, D]"),
@@ -92,3 +98,17 @@ def selective_scan_flops(*, width, state_size, **_):
     for the skip D x (the `exp` not counted, as in the other families). `width` = D,
     `state_size` = N."""
     return 6.0 * width * state_size + 2.0 * width
+
+
+# The family's descriptor (`primitives.family`): both methods are exact; they differ in how the
+# time axis is walked (a `lax.scan`, or the affine combine's parallel prefix).
+SELECTIVE_SCAN = Family(
+    name="selective_scan",
+    methods={
+        "scan": Method(diagonal_scan, selective_scan_flops),
+        "associative_scan": Method(diagonal_associative, selective_scan_flops),
+    },
+    step=selective_scan_step,
+    state=jax.Array,  # [B, D] (RG-LRU) or [B, D, N] (Mamba-1), float32
+    splits_time=True,
+)
