@@ -44,7 +44,7 @@ from linear_attention.kernels.path.path import (
     path_attention,
     path_attention_step,
 )
-from linear_attention.kernels.primitives.pallas import pallas_interpret
+from linear_attention.kernels.primitives.pallas import pallas_interpret, pallas_lowering
 from linear_attention.kernels.softmax.sliding_window import sliding_window_attention
 from linear_attention.kernels.softmax.softmax import (
     blockwise_softmax_attention,
@@ -86,6 +86,7 @@ __all__ = [
     "mesa_net_residual",
     "mesa_net_step",
     "pallas_interpret",
+    "pallas_lowering",
     "path_attention",
     "path_attention_step",
     "recurrent_step",

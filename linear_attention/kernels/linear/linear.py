@@ -46,7 +46,7 @@ from linear_attention.kernels.linear.quadratic import causal_quadratic
 from linear_attention.kernels.linear.recurrent import causal_scan
 from linear_attention.kernels.linear.sequence_parallel import linear_sequence_parallel
 from linear_attention.kernels.primitives.nan_guard import clean_log_decay, nan_guard
-from linear_attention.kernels.primitives.pallas import check_pallas_backend
+from linear_attention.kernels.primitives.pallas import pallas_target
 from linear_attention.kernels.segments import fold_resets, segment_resets
 from linear_attention.kernels.state import LinearAttentionState, check_state
 
@@ -192,7 +192,7 @@ def _check_method(method, chunk_size) -> int:
     check_choice("method", method, METHODS + PALLAS_METHODS)
     chunk_size = check_positive_int("chunk_size", chunk_size)
     if method == "pallas":
-        check_pallas_backend('causal_linear_attention(method="pallas")')
+        pallas_target('causal_linear_attention(method="pallas")')
         if chunk_size % CHUNK_MULTIPLE:
             raise ValueError(
                 f'chunk_size must be a multiple of {CHUNK_MULTIPLE} for method="pallas" (its '
@@ -255,7 +255,6 @@ def _pallas_core(qkv, a_BTH, state0, ok_BTH, chunk_size, normalize, eps):
     that dtype: bfloat16 is read as bfloat16); it always carries the normaliser."""
     q, k, v = qkv
     kv0_BHMD, z0_BHM = state0
-    z0_kernel = jnp.zeros(kv0_BHMD.shape[:-1], jnp.float32) if z0_BHM is None else z0_BHM
     ok_BTH1 = ok_BTH[..., None]
     k_in, v_in = jnp.where(ok_BTH1, k, 0), jnp.where(ok_BTH1, v, 0)
     with reverse_mode_only('method="pallas"', FORWARD_MODE_ALTERNATIVES):
@@ -265,7 +264,7 @@ def _pallas_core(qkv, a_BTH, state0, ok_BTH, chunk_size, normalize, eps):
             v_in,
             a_BTH,
             kv0_BHMD,
-            z0_kernel,
+            z0_BHM,
             chunk_size=chunk_size,
             normalize=normalize,
             eps=eps,

@@ -60,18 +60,20 @@ from linear_attention.kernels.primitives.pallas import round_up
 VALUE_TILE = 64
 
 
-def causal_pallas_gpu(q_BTHM, k_BTHM, v_BTHD, a_BTH, kv0_BHMD, z0_BHM, *, chunk_size, normalize,
-                      eps, interpret):
+def causal_pallas_gpu(
+    q_BTHM, k_BTHM, v_BTHD, a_BTH, kv0_BHMD, z0_BHM, *, chunk_size, normalize, eps, interpret
+):
     """Causal linear attention by the Mosaic GPU kernels.
 
     `q, k, v` in their input dtype; `a_BTH` the float32 log decay `[B, T, H]` or None (a
     `[B, T, H, M]` decay per key channel has no GPU kernel: the caller raises); `kv0_BHMD`,
-    `z0_BHM` the float32 initial state. `chunk_size` a multiple of 64. Returns
+    `z0_BHM` the float32 initial state (`z0_BHM` None: zeros, and no normaliser is carried
+    unless `normalize`). `chunk_size` a multiple of 64. Returns
     `(o_BTHD in result_type(q, k, v), kv_BHMD, z_BHM)`.
     """
     if chunk_size % mg.WGMMA_ROWS:
         raise ValueError(
-            f"chunk_size must be a multiple of {mg.WGMMA_ROWS} for method=\"pallas\" on GPU "
+            f'chunk_size must be a multiple of {mg.WGMMA_ROWS} for method="pallas" on GPU '
             f"(a chunk is whole wgmma row tiles), got {chunk_size}"
         )
     B, T, H, M = q_BTHM.shape
@@ -84,15 +86,17 @@ def causal_pallas_gpu(q_BTHM, k_BTHM, v_BTHD, a_BTH, kv0_BHMD, z0_BHM, *, chunk_
     v = _pad_last(pad_time(v_BTHD.astype(dtype), C), Dp)
     a = pad_time(jnp.zeros((B, T, H), jnp.float32) if a_BTH is None else a_BTH, C)
     s0 = _pad_last(jnp.pad(kv0_BHMD, ((0, 0), (0, 0), (0, Mp - M), (0, 0))), Dp)
-    if normalize:  # one more value tile of ones: its output is the normaliser, its state z
+    with_sum = normalize or z0_BHM is not None
+    if with_sum:  # one more value tile of ones: its output is the normaliser, its state z
         v = jnp.concatenate([v, jnp.ones((*v.shape[:3], VALUE_TILE), dtype)], -1)
-        z0 = jnp.pad(z0_BHM, ((0, 0), (0, 0), (0, Mp - M)))
+        z0 = jnp.zeros((B, H, M), jnp.float32) if z0_BHM is None else z0_BHM
+        z0 = jnp.pad(z0, ((0, 0), (0, 0), (0, Mp - M)))
         s0 = jnp.concatenate([s0, jnp.broadcast_to(z0[..., None], (*z0.shape, VALUE_TILE))], -1)
     config = (C, dtype, bool(interpret))
     out, s = _linear_gpu(q, k, v, a, s0, config)
     o = out[:, :T, :, :Dv]
     kv = s[:, :, :M, :Dv]
-    z = s[:, :, :M, Dp] if normalize else z0_BHM
+    z = s[:, :, :M, Dp] if with_sum else None
     if normalize:
         o = o / (out[:, :T, :, Dp : Dp + 1] + eps)
     return o.astype(dtype), kv, z
@@ -144,8 +148,24 @@ def _forward_kernel(*refs, C, N, H, interpret, keep):
     q_ref, k_ref, v_ref, b_ref, n_ref, st_ref, en_ref, tot_ref, s0_ref = refs[:9]
     o_ref, s_ref = refs[9:11]
     se_ref = refs[11] if keep else None
-    (q_s, k_s, v_s, b_s, n_s, st_s, en_s, tot_s, a_s, qs_s, ke_s, S_s, o_s, f32_s, bar_in,
-     bar_s) = refs[11 + keep :]
+    (
+        q_s,
+        k_s,
+        v_s,
+        b_s,
+        n_s,
+        st_s,
+        en_s,
+        tot_s,
+        a_s,
+        qs_s,
+        ke_s,
+        S_s,
+        o_s,
+        f32_s,
+        bar_in,
+        bar_s,
+    ) = refs[11 + keep :]
     dtype = q_s.dtype
     r, vt = mg.block_index("row"), mg.block_index("tile")
     b, h = jax.lax.div(r, H), jax.lax.rem(r, H)
@@ -202,8 +222,29 @@ def _backward_kernel(*refs, C, N, H, interpret):
         :11
     ]
     dq_ref, dk_ref, dv_ref, db_ref, ds0_ref = refs[11:16]
-    (q_s, k_s, v_s, do_s, b_s, n_s, st_s, en_s, tot_s, a_s, da_s, qs_s, ke_s, S_s, dS_s, dv_s,
-     g_s, f32_s, db_s, bar_in, bar_s) = refs[16:]
+    (
+        q_s,
+        k_s,
+        v_s,
+        do_s,
+        b_s,
+        n_s,
+        st_s,
+        en_s,
+        tot_s,
+        a_s,
+        da_s,
+        qs_s,
+        ke_s,
+        S_s,
+        dS_s,
+        dv_s,
+        g_s,
+        f32_s,
+        db_s,
+        bar_in,
+        bar_s,
+    ) = refs[16:]
     dtype = q_s.dtype
     r, vt = mg.block_index("row"), mg.block_index("tile")
     b, h = jax.lax.div(r, H), jax.lax.rem(r, H)
