@@ -96,6 +96,15 @@ def test_modes_dispatch_and_refuse():
         beta = jnp.full((1, 5, 2), 0.5)
         with pytest.raises(ValueError, match='no Pallas GPU kernel.*method="chunk"'):
             K.delta_rule(q, k, v, beta, method="pallas", chunk_size=16)
+        # shared memory past an H100's is refused before compiling (shapes only: eval_shape)
+        big = jax.ShapeDtypeStruct((1, 256, 2, 128), jnp.bfloat16)
+
+        def loss(q, k, v):
+            return jnp.sum(K.causal_linear_attention(q, k, v, method="pallas", chunk_size=128))
+
+        jax.eval_shape(loss, big, big, big)  # the forward kernel fits at chunk 128
+        with pytest.raises(ValueError, match="backward kernel at chunk_size 128.*KiB"):
+            jax.eval_shape(jax.grad(loss, argnums=(0, 1, 2)), big, big, big)
     # interpret() keeps today's meaning: the TPU kernel (chunk 16 is fine there)
     with K.pallas_interpret():
         o_tpu = K.causal_linear_attention(q, k, v, log_decay=a, method="pallas", chunk_size=16)

@@ -158,8 +158,7 @@ def _forward_kernel(*refs, C, N, H, interpret, keep):
         en_s,
         tot_s,
         a_s,
-        qs_s,
-        ke_s,
+        x_s,
         S_s,
         o_s,
         f32_s,
@@ -195,20 +194,20 @@ def _forward_kernel(*refs, C, N, H, interpret, keep):
         q = mg.read(q_s, interpret=interpret).astype(jnp.float32)
         k = mg.read(k_s, interpret=interpret).astype(jnp.float32)
         a_s[...] = A.astype(dtype)
-        qs_s[...] = ch.rows(q, ch.start).astype(dtype)
-        ke_s[...] = ch.rows(k, ch.end).astype(dtype)
+        x_s[...] = ch.rows(q, ch.start).astype(dtype)
         S_s[...] = S.astype(dtype)
         mg.drain()  # the previous chunk's output and state copies have left f32_s and o_s
         if keep:  # the state entering this chunk, for the backward pass
             f32_s[...] = S
         mg.publish()
-        o = mm(qs_s, S_s, init=mm(a_s, v_s))
+        o = mm(x_s, S_s, init=mm(a_s, v_s))
         o_s[...] = o.astype(dtype)
+        x_s[...] = ch.rows(k, ch.end).astype(dtype)  # q ⊙ start is read: the buffer is free
         out = [(o_s, o_ref.at[b, t, h, vs])]
         if keep:
             out.append((f32_s, se_ref.at[b, h, j, :, vs]))
-        mg.store(out)
-        return mm(ke_s, v_s, trans_a=True, init=ch.rows(S, ch.total))
+        mg.store(out)  # also publishes k ⊙ end to the tensor cores
+        return mm(x_s, v_s, trans_a=True, init=ch.rows(S, ch.total))
 
     S = jax.lax.fori_loop(0, N, step, S0)
     mg.drain()
@@ -234,8 +233,7 @@ def _backward_kernel(*refs, C, N, H, interpret):
         tot_s,
         a_s,
         da_s,
-        qs_s,
-        ke_s,
+        x_s,
         S_s,
         dS_s,
         dv_s,
@@ -281,12 +279,11 @@ def _backward_kernel(*refs, C, N, H, interpret):
         S = mg.read(f32_s, interpret=interpret)
         a_s[...] = A.astype(dtype)
         da_s[...] = dA.astype(dtype)
-        qs_s[...] = ch.rows(q, ch.start).astype(dtype)
-        ke_s[...] = ch.rows(k, ch.end).astype(dtype)
+        x_s[...] = ch.rows(k, ch.end).astype(dtype)
         S_s[...] = S.astype(dtype)
         dS_s[...] = dS.astype(dtype)
         mg.publish()
-        dv = mm(ke_s, dS_s, init=mm(a_s, do_s, trans_a=True))
+        dv = mm(x_s, dS_s, init=mm(a_s, do_s, trans_a=True))
         dq = mm(da_s, k_s) + ch.rows(mm(do_s, S_s, trans_b=True), ch.start)
         dk = mm(da_s, q_s, trans_a=True) + ch.rows(mm(v_s, dS_s, trans_b=True), ch.end)
         db_s[...] = jnp.sum(q * dq - k * dk, axis=1)  # dL/dB_t, this tile's share
@@ -301,8 +298,9 @@ def _backward_kernel(*refs, C, N, H, interpret):
         )
         mg.drain()
         g_s[...] = dk
-        mg.store([(g_s, dk_ref.at[vt, b, t, h])])
-        return mm(qs_s, do_s, trans_a=True, init=ch.rows(dS, ch.total))
+        x_s[...] = ch.rows(q, ch.start).astype(dtype)  # k ⊙ end is read: the buffer is free
+        mg.store([(g_s, dk_ref.at[vt, b, t, h])])  # also publishes q ⊙ start
+        return mm(x_s, do_s, trans_a=True, init=ch.rows(dS, ch.total))
 
     dS = jax.lax.fori_loop(0, N, step, dS_T)
     mg.drain()
@@ -312,6 +310,21 @@ def _backward_kernel(*refs, C, N, H, interpret):
 
 
 # ---- calls ----
+
+
+def _check_smem(scratch, which, C, M, dtype):
+    """Raise before compiling where the kernel's shared buffers exceed an H100's (the compiler
+    would refuse them)."""
+    need = mg.smem_bytes(scratch) // 1024
+    limit = mg.SMEM_BYTES_H100 // 1024
+    if need > limit:
+        name = jnp.dtype(dtype).name
+        raise ValueError(
+            f'causal_linear_attention(method="pallas") on GPU: the {which} kernel at chunk_size '
+            f"{C}, key head dim {M} (padded to {VALUE_TILE}s) and {name} inputs needs {need} "
+            f"KiB of shared memory, over the H100's {limit} KiB; use chunk_size 64, key head "
+            'dims up to 128 and 16-bit inputs, or method="chunk"'
+        )
 
 
 def _call_forward(q, k, v, a, s0, config, keep):
@@ -329,8 +342,9 @@ def _call_forward(q, k, v, a, s0, config, keep):
     f32 = jnp.float32
     scratch = [mg.smem((C, M), dtype), mg.smem((C, M), dtype), mg.smem((C, V), dtype)]
     scratch += [mg.smem((C,), f32)] * 4 + [mg.smem((M,), f32)]
-    scratch += [mg.smem((C, C), dtype), mg.smem((C, M), dtype), mg.smem((C, M), dtype)]
+    scratch += [mg.smem((C, C), dtype), mg.smem((C, M), dtype)]
     scratch += [mg.smem((M, V), dtype), mg.smem((C, V), dtype), mg.smem((M, V), f32)]
+    _check_smem(scratch, "forward", C, M, dtype)
     scratch += [mg.barrier(8), mg.barrier(1)]
     body = functools.partial(_forward_kernel, C=C, N=N, H=H, interpret=interpret, keep=keep)
     outs = mg.kernel(
@@ -377,9 +391,10 @@ def _linear_gpu_bwd(config, residuals, cotangents):
     scratch += [mg.smem((C, V), dtype), mg.smem((C, V), dtype)]
     scratch += [mg.smem((C,), f32)] * 4 + [mg.smem((M,), f32)]
     scratch += [mg.smem((C, C), dtype), mg.smem((C, C), dtype)]
-    scratch += [mg.smem((C, M), dtype), mg.smem((C, M), dtype)]
+    scratch += [mg.smem((C, M), dtype)]
     scratch += [mg.smem((M, V), dtype), mg.smem((M, V), dtype), mg.smem((C, V), dtype)]
     scratch += [mg.smem((C, M), f32), mg.smem((M, V), f32), mg.smem((C,), f32)]
+    _check_smem(scratch, "backward", C, M, dtype)
     scratch += [mg.barrier(10), mg.barrier(1)]
     body = functools.partial(_backward_kernel, C=C, N=N, H=H, interpret=interpret)
     dq, dk, dv, db, ds0 = mg.kernel(

@@ -93,12 +93,8 @@ def barrier(num_arrivals: int):
 
 
 def smem_bytes(buffers) -> int:
-    """Bytes of the shared-memory buffers among `buffers` (barriers are a few bytes)."""
-    total = 0
-    for b in buffers:
-        if isinstance(b, plgpu.SMEM):
-            total += jnp.dtype(b.dtype).itemsize * math.prod(b.shape)
-    return total
+    """Bytes of shared-memory buffers made by `smem`."""
+    return sum(jnp.dtype(b.dtype).itemsize * math.prod(b.shape) for b in buffers)
 
 
 def load(pairs, bar):
