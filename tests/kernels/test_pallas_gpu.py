@@ -32,13 +32,15 @@ CASES = [
     ("per_token", True, 1, (), False),
     ("per_token", False, 100, (20, 64), True),
     ("per_token", True, 100, (20, 64), True),
+    ("per_key", True, 100, (20, 64), True),
+    ("per_key", False, 70, (), False),
 ]
 
 
 @pytest.mark.parametrize(("decay", "normalize", "T", "starts", "strong"), CASES)
 def test_gpu_kernel_matches_float64_recurrence_and_chunk(decay, normalize, T, starts, strong):
     args = _inputs(T, decay)
-    if strong:
+    if strong and decay == "per_token":  # (per_key: −30 on one channel throughout)
         args[3] = args[3].at[0, T // 3, 1].set(-30.0)
     seg = _segments(T, starts) if starts else None
     config = dict(normalize=normalize, chunk_size=CHUNK)
@@ -87,10 +89,7 @@ def test_modes_dispatch_and_refuse():
             pass
     with pytest.raises(ValueError, match="backend must be one of"):
         K.pallas_lowering("mosaic").__enter__()
-    per_key = jnp.full((1, 5, 2, 4), -0.1)
     with K.pallas_interpret("gpu"):
-        with pytest.raises(ValueError, match='per key channel.*method="chunk"'):
-            K.causal_linear_attention(q, k, v, log_decay=per_key, method="pallas")
         with pytest.raises(ValueError, match="multiple of 64.*got 32"):
             K.causal_linear_attention(q, k, v, method="pallas", chunk_size=32)
         beta = jnp.full((1, 5, 2), 0.5)
@@ -133,7 +132,11 @@ def compile_for_h100(B, T, H, Mc, *, decay="per_token", normalize=False, dtype=j
     def spec(shape, dt=dtype):
         return jax.ShapeDtypeStruct(shape, dt, sharding=sharding)
 
-    a = {"none": None, "per_token": spec((B, T, H), jnp.float32)}[decay]
+    a = {
+        "none": None,
+        "per_token": spec((B, T, H), jnp.float32),
+        "per_key": spec((B, T, H, Mc), jnp.float32),
+    }[decay]
 
     def forward(q, k, v, a):
         return K.causal_linear_attention(
@@ -159,11 +162,12 @@ def compile_for_h100(B, T, H, Mc, *, decay="per_token", normalize=False, dtype=j
 
 
 @needs_cuda
-def test_gpu_kernel_compiles_for_h100():
-    """B=1, T=4096, H=4, K=V=128, bfloat16, a per-token decay: the forward and the gradient
-    hold the Mosaic GPU custom call (the kernel, not an XLA fallback) and compile for sm_90a
-    within the H100's shared memory."""
-    for name, (text, compiled, _) in compile_for_h100(1, 4096, 4, 128).items():
+@pytest.mark.parametrize("decay", ["per_token", "per_key"])
+def test_gpu_kernel_compiles_for_h100(decay):
+    """B=1, T=4096, H=4, K=V=128, bfloat16, a decay per token or per key channel: the forward
+    and the gradient hold the Mosaic GPU custom calls (the kernels, not an XLA fallback) and
+    compile for sm_90a within the H100's shared memory."""
+    for name, (text, compiled, _) in compile_for_h100(1, 4096, 4, 128, decay=decay).items():
         calls = text.count("mosaic_gpu")
         assert calls >= (1 if name == "forward" else 2), (name, calls)
         assert compiled.memory_analysis() is not None
@@ -172,9 +176,11 @@ def test_gpu_kernel_compiles_for_h100():
 @needs_cuda
 @pytest.mark.slow
 @pytest.mark.parametrize("normalize", [False, True])
-def test_gpu_kernel_compiles_for_h100_long(normalize):
+@pytest.mark.parametrize("decay", ["none", "per_token", "per_key"])
+def test_gpu_kernel_compiles_for_h100_long(normalize, decay):
+    """T = 16384, both normalisations, every decay kind."""
     for name, (text, compiled, _) in compile_for_h100(
-        1, 16384, 4, 128, normalize=normalize
+        1, 16384, 4, 128, decay=decay, normalize=normalize
     ).items():
         assert "mosaic_gpu" in text, name
         assert compiled.memory_analysis() is not None

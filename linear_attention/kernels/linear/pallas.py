@@ -78,14 +78,18 @@ def causal_pallas(q_BTHM, k_BTHM, v_BTHD, a_BTH, kv0_BHMD, z0_BHM, *, chunk_size
     its key sum (None: zeros, and the GPU kernel then carries no normaliser unless
     `normalize`). `chunk_size` a multiple of 16 (the chunk is cut to T rounded up to 16 for
     short inputs). On a GPU backend or under `pallas_interpret("gpu")` / `pallas_lowering("gpu")`
-    the Mosaic GPU kernel runs (`pallas_gpu.py`; a decay per key channel raises there).
+    the Mosaic GPU kernels run (`pallas_gpu.py`, `pallas_gpu_key.py`).
     Returns `(o_BTHD in result_type(q, k, v), kv_BHMD, z_BHM)` (z_BHM None where neither
     `z0_BHM` nor `normalize` asks for it on GPU).
     """
     backend, interpret = pallas_target('method="pallas"')
     if backend == "gpu":
-        return _gpu(
-            q_BTHM, k_BTHM, v_BTHD, a_BTH, kv0_BHMD, z0_BHM, chunk_size, normalize, eps, interpret
+        return causal_pallas_gpu(
+            *(q_BTHM, k_BTHM, v_BTHD, a_BTH, kv0_BHMD, z0_BHM),
+            chunk_size=chunk_size,
+            normalize=normalize,
+            eps=eps,
+            interpret=interpret,
         )
     if z0_BHM is None:
         z0_BHM = jnp.zeros(kv0_BHMD.shape[:-1], jnp.float32)
@@ -102,27 +106,6 @@ def causal_pallas(q_BTHM, k_BTHM, v_BTHD, a_BTH, kv0_BHMD, z0_BHM, *, chunk_size
     config = (C, kind, bool(normalize), float(eps), interpret)
     o, kv, z = _linear_pallas(q, k, v, a, kv0_BHMD, z0_BHM, config)
     return o[:, :T], kv, z
-
-
-def _gpu(q, k, v, a, kv0, z0, chunk_size, normalize, eps, interpret):
-    if a is not None and a.ndim == 4:
-        raise ValueError(
-            'causal_linear_attention(method="pallas") on GPU: a log decay per key channel '
-            "([B, T, H, M], GLA) has no Mosaic GPU kernel yet (it has one per head: [H] or "
-            '[B, T, H]); use method="chunk" or "chunk_parallel" on GPU, or the TPU kernel'
-        )
-    return causal_pallas_gpu(
-        q,
-        k,
-        v,
-        a,
-        kv0,
-        z0,
-        chunk_size=chunk_size,
-        normalize=normalize,
-        eps=eps,
-        interpret=interpret,
-    )
 
 
 # ---- layouts: [B, T, H, ...] read in place, G heads per grid step (`HeadBlocks`) ----

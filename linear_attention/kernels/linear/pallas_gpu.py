@@ -50,6 +50,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from linear_attention.kernels.linear.pallas_gpu_key import key_decay_inputs, key_decay_walk
 from linear_attention.kernels.primitives import mosaic_gpu as mg
 from linear_attention.kernels.primitives.decays import ChunkDecays, suffix_sum_to_reset
 from linear_attention.kernels.primitives.layout import pad_time
@@ -65,8 +66,8 @@ def causal_pallas_gpu(
 ):
     """Causal linear attention by the Mosaic GPU kernels.
 
-    `q, k, v` in their input dtype; `a_BTH` the float32 log decay `[B, T, H]` or None (a
-    `[B, T, H, M]` decay per key channel has no GPU kernel: the caller raises); `kv0_BHMD`,
+    `q, k, v` in their input dtype; `a_BTH` the float32 log decay `[B, T, H]`, `[B, T, H, M]`
+    (per key channel: `pallas_gpu_key.py`) or None; `kv0_BHMD`,
     `z0_BHM` the float32 initial state (`z0_BHM` None: zeros, and no normaliser is carried
     unless `normalize`). `chunk_size` a multiple of 64. Returns
     `(o_BTHD in result_type(q, k, v), kv_BHMD, z_BHM)`.
@@ -85,6 +86,8 @@ def causal_pallas_gpu(
     q, k = (_pad_last(pad_time(x.astype(dtype), C), Mp) for x in (q_BTHM, k_BTHM))
     v = _pad_last(pad_time(v_BTHD.astype(dtype), C), Dp)
     a = pad_time(jnp.zeros((B, T, H), jnp.float32) if a_BTH is None else a_BTH, C)
+    if a.ndim == 4:  # a decay per key channel: zero on padded channels
+        a = _pad_last(a, Mp)
     s0 = _pad_last(jnp.pad(kv0_BHMD, ((0, 0), (0, 0), (0, Mp - M), (0, 0))), Dp)
     with_sum = normalize or z0_BHM is not None
     if with_sum:  # one more value tile of ones: its output is the normaliser, its state z
@@ -92,8 +95,13 @@ def causal_pallas_gpu(
         z0 = jnp.zeros((B, H, M), jnp.float32) if z0_BHM is None else z0_BHM
         z0 = jnp.pad(z0, ((0, 0), (0, 0), (0, Mp - M)))
         s0 = jnp.concatenate([s0, jnp.broadcast_to(z0[..., None], (*z0.shape, VALUE_TILE))], -1)
-    config = (C, dtype, bool(interpret))
-    out, s = _linear_gpu(q, k, v, a, s0, config)
+    if a.ndim == 4:  # the intra-chunk scores from XLA, the chunk walk in the kernels
+        A, qs, ke, total = key_decay_inputs(q, k, a, C)
+        out, s = key_decay_walk(
+            A, qs, ke, v, total, s0, C=C, V=VALUE_TILE, interpret=interpret, check_smem=_check_smem
+        )
+    else:
+        out, s = _linear_gpu(q, k, v, a, s0, (C, dtype, bool(interpret)))
     o = out[:, :T, :, :Dv]
     kv = s[:, :, :M, :Dv]
     z = s[:, :, :M, Dp] if with_sum else None
