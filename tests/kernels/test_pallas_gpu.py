@@ -4,6 +4,7 @@ outputs, final states and every input's gradient against the float64 recurrence 
 central differences) and against `method="chunk"`; the dispatch modes and their errors; and the
 kernel compiled for an H100 (sm_90a) through the CUDA plugin, without a GPU."""
 
+import functools
 import time
 
 import jax
@@ -184,3 +185,36 @@ def test_gpu_kernel_compiles_for_h100_long(normalize, decay):
     ).items():
         assert "mosaic_gpu" in text, name
         assert compiled.memory_analysis() is not None
+
+
+@needs_cuda
+def test_gpu_kernel_refuses_float32_when_compiled():
+    """The compiled kernel takes 16-bit operands (wgmma's): float32 inputs, and a time split
+    (`axis_name`: each shard's call computes in float32), raise before lowering, naming
+    method="chunk"; interpreted, float32 runs (the cases above)."""
+    from jax.sharding import Mesh
+    from jax.sharding import PartitionSpec as P
+
+    sharding = _h100()
+    x32 = jax.ShapeDtypeStruct((1, 256, 2, 64), jnp.float32, sharding=sharding)
+
+    def forward(q, k, v, axis_name=None):
+        return K.causal_linear_attention(
+            q, k, v, method="pallas", chunk_size=CHUNK, axis_name=axis_name
+        )
+
+    with K.pallas_lowering("gpu"), pytest.raises(ValueError, match='got float32.*"chunk"'):
+        jax.jit(forward).trace(x32, x32, x32)
+    mesh = Mesh(
+        np.asarray(gpu_target.topology_devices(gpu_target.match_gpu("gpu:h100:2"))), ("seq",)
+    )
+    split = jax.shard_map(
+        functools.partial(forward, axis_name="seq"),
+        mesh=mesh,
+        in_specs=(P(None, "seq"),) * 3,
+        out_specs=P(None, "seq"),
+        check_vma=False,
+    )
+    bf16 = jax.ShapeDtypeStruct((1, 256, 2, 64), jnp.bfloat16)
+    with K.pallas_lowering("gpu"), pytest.raises(ValueError, match="with axis_name"):
+        jax.jit(split).trace(bf16, bf16, bf16)

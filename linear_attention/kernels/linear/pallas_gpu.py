@@ -37,8 +37,9 @@ Each value tile gives its share of dq, dk and dL/dB (float32, summed in XLA); th
 cotangent is then the suffix sum of dL/dB to the next reset (`decays.suffix_sum_to_reset`), as
 in `chunked.py` and the TPU kernel (`pallas.py`).
 
-Numerics: q, k, v stay in their dtype (the wgmma operands: bfloat16 or float16 on Hopper; a
-float32 operand is tf32 on the tensor cores). Scores, states and their cotangents are float32
+Numerics: q, k, v stay in their dtype (the wgmma operands: bfloat16 or float16 on Hopper;
+float32 inputs run only interpreted: on the tensor cores they would be tf32, which takes no
+transposed operand, and the compiled path raises). Scores, states and their cotangents are float32
 in registers and are rounded to the input dtype only as the operands of the next matmul (as
 flash-linear-attention's kernels do); decays, sums and outputs' accumulation are float32.
 """
@@ -81,6 +82,14 @@ def causal_pallas_gpu(
     Dv = v_BTHD.shape[-1]
     C = chunk_size
     dtype = jnp.result_type(q_BTHM, k_BTHM, v_BTHD)
+    if not interpret and jnp.dtype(dtype).itemsize != 2:
+        raise ValueError(
+            'causal_linear_attention(method="pallas") on GPU: q, k and v must be bfloat16 or '
+            "float16, the wgmma operand types (a float32 operand is tf32 on the tensor cores "
+            f"and takes no transposed operand), got {jnp.dtype(dtype).name}; with axis_name "
+            "each shard's call computes in float32, so a split run cannot use it. Cast the "
+            'inputs, or use method="chunk"'
+        )
     Mp, Dp = round_up(M, VALUE_TILE), round_up(Dv, VALUE_TILE)
     # zero channels and tokens change nothing: a padded token has zero q, k, v and log decay
     q, k = (_pad_last(pad_time(x.astype(dtype), C), Mp) for x in (q_BTHM, k_BTHM))
