@@ -34,8 +34,9 @@ from linear_attention.training.machine import library_commit  # noqa: E402
 
 METHODS = ("pallas", "chunk")
 # (decay, normalize): a decay per token and head, unnormalised (Mamba-2, simple GLA) and
-# normalised; no decay, normalised (plain linear attention)
-CONFIGS = (("per_token", False), ("per_token", True), ("none", True))
+# normalised; no decay, normalised (plain linear attention); a decay per key channel,
+# unnormalised (GLA)
+CONFIGS = (("per_token", False), ("per_token", True), ("none", True), ("per_key", False))
 
 
 def compile_one(device, method, decay, normalize, T, mode, *, B=1, H=4, M=128, chunk_size=64):
@@ -44,7 +45,11 @@ def compile_one(device, method, decay, normalize, T, mode, *, B=1, H=4, M=128, c
     def spec(shape, dtype=jnp.bfloat16):
         return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
 
-    a = spec((B, T, H), jnp.float32) if decay == "per_token" else None
+    a = {
+        "none": None,
+        "per_token": spec((B, T, H), jnp.float32),
+        "per_key": spec((B, T, H, M), jnp.float32),
+    }[decay]
 
     def forward(q, k, v, a):
         return K.causal_linear_attention(

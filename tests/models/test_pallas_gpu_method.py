@@ -5,6 +5,7 @@ gradients as with `method="chunk"`. Each side is one jitted program (forward and
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
 from linear_attention import kernels as K
@@ -15,12 +16,14 @@ from tests.kernels.reference import rel_err
 V, B, T, D, H = 32, 2, 70, 16, 2  # T not a multiple of the GPU kernel's chunk (64)
 
 
-def test_gated_mixer_gpu_kernel_equals_chunk():
-    """Mamba-2's scalar decay per head and token: outputs and parameter gradients."""
+@pytest.mark.parametrize("name", ["gated", "gla"])
+def test_mixer_gpu_kernel_equals_chunk(name):
+    """Mamba-2's scalar decay per head and token, and GLA's per key channel: outputs and
+    parameter gradients."""
     x = jax.random.normal(jax.random.key(0), (B, T, D))
 
     def run(method):
-        mixer = get_mixer("gated")(D, H, method=method, chunk_size=64, rngs=nnx.Rngs(0))
+        mixer = get_mixer(name)(D, H, method=method, chunk_size=64, rngs=nnx.Rngs(0))
 
         def loss(m):
             return jnp.sum(jnp.sin(m(x)))
