@@ -14,13 +14,12 @@ import pytest
 
 from linear_attention import kernels as K
 from linear_attention.training import gpu_target
-from tests.kernels.reference import causal_linear_attention_loop, rel_err
+from tests.kernels.reference import rel_err
 from tests.kernels.test_pallas import (
-    EPS,
-    _finite_difference_grads,
     _inputs,
     _outputs_and_grads,
     _segments,
+    check_pallas_against_references,
 )
 
 CHUNK = 64  # the GPU kernel's chunk: whole wgmma row tiles
@@ -44,26 +43,7 @@ def test_gpu_kernel_matches_float64_recurrence_and_chunk(decay, normalize, T, st
     if strong and decay == "per_token":  # (per_key: −30 on one channel throughout)
         args[3] = args[3].at[0, T // 3, 1].set(-30.0)
     seg = _segments(T, starts) if starts else None
-    config = dict(normalize=normalize, chunk_size=CHUNK)
-    with K.pallas_interpret("gpu"):
-        (o, kv, z), grads = _outputs_and_grads(*args, seg, method="pallas", **config)
-    (o_c, kv_c, z_c), grads_c = _outputs_and_grads(*args, seg, method="chunk", **config)
-    seg_np = None if seg is None else np.asarray(seg)
-    ref = causal_linear_attention_loop(*args, normalize=normalize, eps=EPS, segment_ids=seg_np)
-    for name, x, x_c, r in zip(
-        ("o", "kv", "k_sum"), (o, kv, z), (o_c, kv_c, z_c), ref, strict=True
-    ):
-        assert rel_err(x, r) < 1e-4, (name, rel_err(x, r))
-        assert rel_err(x, x_c) < 1e-4, (name, rel_err(x, x_c))
-    ref_grads = _finite_difference_grads(args, normalize, seg_np)
-    names = ("q", "k", "v", "log_decay", "kv0", "k_sum0")
-    for name, g, g_c, r in zip(names, grads, grads_c, ref_grads, strict=True):
-        if r is None:
-            assert g is None
-            continue
-        assert g.shape == r.shape, name
-        assert rel_err(g, r) < 1e-4, (name, rel_err(g, r))
-        assert rel_err(g, g_c) < 1e-4, (name, rel_err(g, g_c))
+    check_pallas_against_references("gpu", args, seg, normalize, CHUNK)
 
 
 def test_gpu_kernel_bfloat16_matches_chunk():
