@@ -183,13 +183,8 @@ def _forward_kernel(*refs, C, N, H, interpret, keep):
         bar_s,
     ) = refs[11 + keep :]
     dtype = q_s.dtype
-    r, vt = mg.block_index("row"), mg.block_index("tile")
-    b, h = jax.lax.div(r, H), jax.lax.rem(r, H)
-    V = v_s.shape[1]
-    vs = mg.ds(vt * V, V)
+    b, h, vt, vs = mg.block_position(H, v_s.shape[1])
     mm = functools.partial(mg.matmul, interpret=interpret)
-    mg.load([(s0_ref.at[b, h, :, vs], f32_s)], bar_s)
-    S0 = mg.read(f32_s, interpret=interpret)
 
     def step(j, S):
         t = mg.ds(j * C, C)
@@ -226,11 +221,8 @@ def _forward_kernel(*refs, C, N, H, interpret, keep):
         mg.store(out)  # also publishes k ⊙ end to the tensor cores
         return mm(x_s, v_s, trans_a=True, init=ch.rows(S, ch.total))
 
-    S = jax.lax.fori_loop(0, N, step, S0)
-    mg.drain()
-    f32_s[...] = S
-    mg.store([(f32_s, s_ref.at[b, h, :, vs])])
-    mg.drain()
+    state = (s0_ref.at[b, h, :, vs], s_ref.at[b, h, :, vs])
+    mg.walk(step, N, *state, f32_s, bar_s, reverse=False, interpret=interpret)
 
 
 def _backward_kernel(*refs, C, N, H, interpret):
@@ -261,16 +253,10 @@ def _backward_kernel(*refs, C, N, H, interpret):
         bar_s,
     ) = refs[16:]
     dtype = q_s.dtype
-    r, vt = mg.block_index("row"), mg.block_index("tile")
-    b, h = jax.lax.div(r, H), jax.lax.rem(r, H)
-    V = v_s.shape[1]
-    vs = mg.ds(vt * V, V)
+    b, h, vt, vs = mg.block_position(H, v_s.shape[1])
     mm = functools.partial(mg.matmul, interpret=interpret)
-    mg.load([(dsT_ref.at[b, h, :, vs], f32_s)], bar_s)
-    dS_T = mg.read(f32_s, interpret=interpret)
 
-    def step(i, dS):
-        j = N - 1 - i
+    def step(j, dS):
         t = mg.ds(j * C, C)
         mg.drain()  # the previous chunk's copies out have left the output buffers
         mg.load(
@@ -319,11 +305,8 @@ def _backward_kernel(*refs, C, N, H, interpret):
         mg.store([(g_s, dk_ref.at[vt, b, t, h])])  # also publishes q ⊙ start
         return mm(x_s, do_s, trans_a=True, init=ch.rows(dS, ch.total))
 
-    dS = jax.lax.fori_loop(0, N, step, dS_T)
-    mg.drain()
-    f32_s[...] = dS
-    mg.store([(f32_s, ds0_ref.at[b, h, :, vs])])
-    mg.drain()
+    cotangent = (dsT_ref.at[b, h, :, vs], ds0_ref.at[b, h, :, vs])
+    mg.walk(step, N, *cotangent, f32_s, bar_s, reverse=True, interpret=interpret)
 
 
 # ---- calls ----
@@ -368,8 +351,8 @@ def _call_forward(q, k, v, a, s0, config, keep):
         body,
         out_type=out_type,
         scratch_types=scratch,
-        grid=(B * H, Dv // V),
-        grid_names=("row", "tile"),
+        rows=B * H,
+        tiles=Dv // V,
         interpret=interpret,
         name="linear_attention_fwd_gpu",
     )(q, k, v, *rows, total, s0)
@@ -418,8 +401,8 @@ def _linear_gpu_bwd(config, residuals, cotangents):
         body,
         out_type=out_type,
         scratch_types=scratch,
-        grid=(B * H, NV),
-        grid_names=("row", "tile"),
+        rows=B * H,
+        tiles=NV,
         interpret=interpret,
         name="linear_attention_bwd_gpu",
     )(q, k, v, do.astype(dtype), *rows, total, entering, ds)

@@ -62,13 +62,8 @@ def _forward_kernel(*refs, C, N, H, interpret, keep):
     se_ref = refs[8] if keep else None
     (A_s, a_s, qs_s, ke_s, v_s, tot_s, S_s, o_s, f32_s, bar_in, bar_s) = refs[8 + keep :]
     dtype = a_s.dtype
-    r, vt = mg.block_index("row"), mg.block_index("tile")
-    b, h = jax.lax.div(r, H), jax.lax.rem(r, H)
-    V = v_s.shape[1]
-    vs = mg.ds(vt * V, V)
+    b, h, vt, vs = mg.block_position(H, v_s.shape[1])
     mm = functools.partial(mg.matmul, interpret=interpret)
-    mg.load([(s0_ref.at[b, h, :, vs], f32_s)], bar_s)
-    S0 = mg.read(f32_s, interpret=interpret)
 
     def step(j, S):
         t = mg.ds(j * C, C)
@@ -97,11 +92,8 @@ def _forward_kernel(*refs, C, N, H, interpret, keep):
         total = mg.read_rows(tot_s, interpret=interpret)
         return mm(ke_s, v_s, trans_a=True, init=S * mg.per_row(total, S.shape))
 
-    S = jax.lax.fori_loop(0, N, step, S0)
-    mg.drain()
-    f32_s[...] = S
-    mg.store([(f32_s, s_ref.at[b, h, :, vs])])
-    mg.drain()
+    state = (s0_ref.at[b, h, :, vs], s_ref.at[b, h, :, vs])
+    mg.walk(step, N, *state, f32_s, bar_s, reverse=False, interpret=interpret)
 
 
 def _backward_kernel(*refs, C, N, H, interpret):
@@ -110,16 +102,10 @@ def _backward_kernel(*refs, C, N, H, interpret):
     (A_s, a_s, qs_s, ke_s, v_s, do_s, tot_s, S_s, dS_s, g_s, f32_s, dtot_s, dv_s) = refs[14:27]
     bar_in, bar_s = refs[27:]
     dtype = a_s.dtype
-    r, vt = mg.block_index("row"), mg.block_index("tile")
-    b, h = jax.lax.div(r, H), jax.lax.rem(r, H)
-    V = v_s.shape[1]
-    vs = mg.ds(vt * V, V)
+    b, h, vt, vs = mg.block_position(H, v_s.shape[1])
     mm = functools.partial(mg.matmul, interpret=interpret)
-    mg.load([(dsT_ref.at[b, h, :, vs], f32_s)], bar_s)
-    dS_T = mg.read(f32_s, interpret=interpret)
 
-    def step(i, dS):
-        j = N - 1 - i
+    def step(j, dS):
         t = mg.ds(j * C, C)
         mg.drain()  # the previous chunk's copies out have left the output buffers
         mg.load(
@@ -158,11 +144,8 @@ def _backward_kernel(*refs, C, N, H, interpret):
         total = mg.read_rows(tot_s, interpret=interpret)
         return mm(qs_s, do_s, trans_a=True, init=dS * mg.per_row(total, dS.shape))
 
-    dS = jax.lax.fori_loop(0, N, step, dS_T)
-    mg.drain()
-    f32_s[...] = dS
-    mg.store([(f32_s, ds0_ref.at[b, h, :, vs])])
-    mg.drain()
+    cotangent = (dsT_ref.at[b, h, :, vs], ds0_ref.at[b, h, :, vs])
+    mg.walk(step, N, *cotangent, f32_s, bar_s, reverse=True, interpret=interpret)
 
 
 def _scratch(C, M, V, dtype, backward):
@@ -199,8 +182,8 @@ def _call_forward(A, qs, ke, v, total, s0, config, keep, check_smem):
         body,
         out_type=out_type,
         scratch_types=scratch,
-        grid=(B * H, Dv // V),
-        grid_names=("row", "tile"),
+        rows=B * H,
+        tiles=Dv // V,
         interpret=interpret,
         name="linear_attention_key_fwd_gpu",
     )(A, qs, ke, v, total, s0)
@@ -249,8 +232,8 @@ def _walk_bwd(config, check_smem, residuals, cotangents):
         body,
         out_type=out_type,
         scratch_types=scratch,
-        grid=(B * H, NV),
-        grid_names=("row", "tile"),
+        rows=B * H,
+        tiles=NV,
         interpret=interpret,
         name="linear_attention_key_bwd_gpu",
     )(A, qs, ke, v, do.astype(dtype), total, entering, ds)

@@ -55,27 +55,47 @@ def interpret_params():
     return InterpretGPUParams()
 
 
-def kernel(body, *, out_type, scratch_types, grid, grid_names, interpret: bool, name: str):
-    """`body(*inputs, *outputs, *scratch)` as a Mosaic GPU kernel over `grid` (one warpgroup a
-    block), interpreted on any backend with `interpret`."""
+def kernel(body, *, out_type, scratch_types, rows: int, tiles: int, interpret: bool, name: str):
+    """`body(*inputs, *outputs, *scratch)` as a Mosaic GPU kernel over a grid of `rows` (batch
+    rows · heads) by `tiles` (value tiles) blocks, one warpgroup each (`block_position`),
+    interpreted on any backend with `interpret`."""
     body.__name__ = name
     return plgpu.kernel(
         body,
         out_type=out_type,
         scratch_types=scratch_types,
-        grid=grid,
-        grid_names=grid_names,
+        grid=(rows, tiles),
+        grid_names=("row", "tile"),
         interpret=interpret_params() if interpret else None,
     )
+
+
+def block_position(H: int, V: int):
+    """`(b, h, tile, tile_slice)`: this block's batch row, head, value tile and the slice of the
+    value channels it holds (`kernel`'s grid; V channels a tile)."""
+    r, tile = jax.lax.axis_index("row"), jax.lax.axis_index("tile")
+    return jax.lax.div(r, H), jax.lax.rem(r, H), tile, pl.ds(tile * V, V)
+
+
+def walk(step, n: int, state_in, state_out, f32_s, bar, *, reverse: bool, interpret: bool):
+    """`S = step(j, S)` over chunks j = 0 … n−1 (n−1 … 0 with `reverse`), the float32 state
+    (or its cotangent) in registers, brought in from `state_in` and sent to `state_out` (global
+    `[M, V]` slices) through the shared float32 buffer `f32_s`."""
+    load([(state_in, f32_s)], bar)
+
+    def body(i, S):
+        return step(n - 1 - i if reverse else i, S)
+
+    S = jax.lax.fori_loop(0, n, body, read(f32_s, interpret=interpret))
+    drain()
+    f32_s[...] = S
+    store([(f32_s, state_out)])
+    drain()
 
 
 def ds(start, size):
     """The slice [start, start + size) of a ref's axis (a TMA copy's window)."""
     return pl.ds(start, size)
-
-
-def block_index(name: str):
-    return jax.lax.axis_index(name)
 
 
 def smem(shape, dtype):
