@@ -53,7 +53,7 @@ CHUNK_MULTIPLE = 16
 # `mosaic_gpu.py`).
 BACKENDS = ("tpu", "gpu")
 # What has a GPU kernel (`method="pallas"` under a "gpu" mode or on a GPU backend).
-GPU_KERNELS = "causal_linear_attention with no log decay or one per head ([H] or [B, T, H])"
+GPU_KERNELS = "causal_linear_attention (every decay kind)"
 
 # (how, backend) set by the context managers: how is "interpret" or "lower"; None: read the
 # default backend.
