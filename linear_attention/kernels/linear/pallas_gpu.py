@@ -1,7 +1,9 @@
 """Causal linear attention as Mosaic GPU (Hopper) kernels: the chunk form of `chunked.py`, one
 thread block per (batch row · head, tile of value channels) walking the chunks in order with the
 state in registers, the matmuls on the tensor cores (wgmma) and every chunk brought in and sent
-out by TMA (`primitives.mosaic_gpu`).
+out by TMA (`primitives.mosaic_gpu`). The forward kernel is a two-stage pipeline (the next
+chunk's copies in flight while this one computes, `mosaic_gpu.walk`); the backward kernel,
+whose buffers fill 185 KiB of the H100's 227 at K = 128, loads each chunk as it reaches it.
 
 Per chunk of C tokens (C a multiple of 64, wgmma's row tile), with b_t the cumulative log decay
 inside the chunk, n_t the resets counted so far in it (exp(b_t − b_s) is kept only where
@@ -183,24 +185,21 @@ def _forward_kernel(*refs, C, N, H, interpret, keep):
         bar_s,
     ) = refs[11 + keep :]
     dtype = q_s.dtype
-    b, h, vt, vs = mg.block_position(H, v_s.shape[1])
+    b, h, vt, vs = mg.block_position(H, v_s.shape[-1])
     mm = functools.partial(mg.matmul, interpret=interpret)
 
-    def step(j, S):
+    staged = (q_s, k_s, v_s, b_s, n_s, st_s, en_s, tot_s)
+
+    def inputs(j, slot):
         t = mg.ds(j * C, C)
-        mg.load(
-            [
-                (q_ref.at[b, t, h], q_s),
-                (k_ref.at[b, t, h], k_s),
-                (v_ref.at[b, t, h, vs], v_s),
-                (b_ref.at[b, h, t], b_s),
-                (n_ref.at[b, h, t], n_s),
-                (st_ref.at[b, h, t], st_s),
-                (en_ref.at[b, h, t], en_s),
-                (tot_ref.at[b, h, j], tot_s),
-            ],
-            bar_in,
-        )
+        src = (q_ref.at[b, t, h], k_ref.at[b, t, h], v_ref.at[b, t, h, vs])
+        src += tuple(r.at[b, h, t] for r in (b_ref, n_ref, st_ref, en_ref))
+        src += (tot_ref.at[b, h, j],)
+        return [(x, buf.at[slot]) for x, buf in zip(src, staged, strict=True)]
+
+    def step(j, slot, S):
+        t = mg.ds(j * C, C)
+        q_s, k_s, v_s, b_s, n_s, st_s, en_s, tot_s = (buf.at[slot] for buf in staged)
         ch = _Chunk(b_s, n_s, st_s, en_s, tot_s, C, interpret)
         A = mm(q_s, k_s, trans_b=True) * ch.D
         q = mg.read(q_s, interpret=interpret).astype(jnp.float32)
@@ -222,7 +221,8 @@ def _forward_kernel(*refs, C, N, H, interpret, keep):
         return mm(x_s, v_s, trans_a=True, init=ch.rows(S, ch.total))
 
     state = (s0_ref.at[b, h, :, vs], s_ref.at[b, h, :, vs])
-    mg.walk(step, N, *state, f32_s, bar_s, reverse=False, interpret=interpret)
+    pipeline = dict(inputs=inputs, input_bars=bar_in)
+    mg.walk(step, N, *state, f32_s, bar_s, reverse=False, interpret=interpret, **pipeline)
 
 
 def _backward_kernel(*refs, C, N, H, interpret):
@@ -340,12 +340,12 @@ def _call_forward(q, k, v, a, s0, config, keep):
     if keep:
         out_type.append(jax.ShapeDtypeStruct((B, H, N, M, Dv), jnp.float32))
     f32 = jnp.float32
-    scratch = [mg.smem((C, M), dtype), mg.smem((C, M), dtype), mg.smem((C, V), dtype)]
-    scratch += [mg.smem((C,), f32)] * 4 + [mg.smem((M,), f32)]
-    scratch += [mg.smem((C, C), dtype), mg.smem((C, M), dtype)]
+    staged = [mg.smem((C, M), dtype, 2), mg.smem((C, M), dtype, 2), mg.smem((C, V), dtype, 2)]
+    staged += [mg.smem((C,), f32, 2)] * 4 + [mg.smem((M,), f32, 2)]
+    scratch = staged + [mg.smem((C, C), dtype), mg.smem((C, M), dtype)]
     scratch += [mg.smem((M, V), dtype), mg.smem((C, V), dtype), mg.smem((M, V), f32)]
     _check_smem(scratch, "forward", C, M, dtype)
-    scratch += [mg.barrier(8), mg.barrier(1)]
+    scratch += [mg.barrier(len(staged), stages=2), mg.barrier(1)]
     body = functools.partial(_forward_kernel, C=C, N=N, H=H, interpret=interpret, keep=keep)
     outs = mg.kernel(
         body,

@@ -60,23 +60,21 @@ def _forward_kernel(*refs, C, N, H, interpret, keep):
     A_ref, qs_ref, ke_ref, v_ref, tot_ref, s0_ref = refs[:6]
     o_ref, s_ref = refs[6:8]
     se_ref = refs[8] if keep else None
-    (A_s, a_s, qs_s, ke_s, v_s, tot_s, S_s, o_s, f32_s, bar_in, bar_s) = refs[8 + keep :]
+    (A_s, qs_s, ke_s, v_s, tot_s, a_s, S_s, o_s, f32_s, bar_in, bar_s) = refs[8 + keep :]
     dtype = a_s.dtype
-    b, h, vt, vs = mg.block_position(H, v_s.shape[1])
+    b, h, vt, vs = mg.block_position(H, v_s.shape[-1])
     mm = functools.partial(mg.matmul, interpret=interpret)
+    staged = (A_s, qs_s, ke_s, v_s, tot_s)
 
-    def step(j, S):
+    def inputs(j, slot):
         t = mg.ds(j * C, C)
-        mg.load(
-            [
-                (A_ref.at[b, h, t], A_s),
-                (qs_ref.at[b, t, h], qs_s),
-                (ke_ref.at[b, t, h], ke_s),
-                (v_ref.at[b, t, h, vs], v_s),
-                (tot_ref.at[b, h, j], tot_s),
-            ],
-            bar_in,
-        )
+        src = (A_ref.at[b, h, t], qs_ref.at[b, t, h], ke_ref.at[b, t, h])
+        src += (v_ref.at[b, t, h, vs], tot_ref.at[b, h, j])
+        return [(x, buf.at[slot]) for x, buf in zip(src, staged, strict=True)]
+
+    def step(j, slot, S):
+        t = mg.ds(j * C, C)
+        A_s, qs_s, ke_s, v_s, tot_s = (buf.at[slot] for buf in staged)
         a_s[...] = mg.read(A_s, interpret=interpret).astype(dtype)
         S_s[...] = S.astype(dtype)
         mg.drain()  # the previous chunk's output and state copies have left f32_s and o_s
@@ -93,13 +91,14 @@ def _forward_kernel(*refs, C, N, H, interpret, keep):
         return mm(ke_s, v_s, trans_a=True, init=S * mg.per_row(total, S.shape))
 
     state = (s0_ref.at[b, h, :, vs], s_ref.at[b, h, :, vs])
-    mg.walk(step, N, *state, f32_s, bar_s, reverse=False, interpret=interpret)
+    pipeline = dict(inputs=inputs, input_bars=bar_in)
+    mg.walk(step, N, *state, f32_s, bar_s, reverse=False, interpret=interpret, **pipeline)
 
 
 def _backward_kernel(*refs, C, N, H, interpret):
     A_ref, qs_ref, ke_ref, v_ref, do_ref, tot_ref, se_ref, dsT_ref = refs[:8]
     dA_ref, dqs_ref, dke_ref, dv_ref, dtot_ref, ds0_ref = refs[8:14]
-    (A_s, a_s, qs_s, ke_s, v_s, do_s, tot_s, S_s, dS_s, g_s, f32_s, dtot_s, dv_s) = refs[14:27]
+    (A_s, qs_s, ke_s, v_s, tot_s, a_s, do_s, S_s, dS_s, g_s, f32_s, dtot_s, dv_s) = refs[14:27]
     bar_in, bar_s = refs[27:]
     dtype = a_s.dtype
     b, h, vt, vs = mg.block_position(H, v_s.shape[1])
@@ -149,16 +148,19 @@ def _backward_kernel(*refs, C, N, H, interpret):
 
 
 def _scratch(C, M, V, dtype, backward):
+    """The kernels' shared buffers: the chunk's inputs (two stages of them in the pipelined
+    forward kernel), then the working buffers."""
     f32 = jnp.float32
-    s = [mg.smem((C, C), f32), mg.smem((C, C), dtype), mg.smem((C, M), dtype)]
-    s += [mg.smem((C, M), dtype), mg.smem((C, V), dtype)]
+    stages = None if backward else 2
+    s = [mg.smem((C, C), f32, stages), mg.smem((C, M), dtype, stages)]
+    s += [mg.smem((C, M), dtype, stages), mg.smem((C, V), dtype, stages)]
+    s += [mg.smem((M,), f32, stages), mg.smem((C, C), dtype)]
     if backward:
-        s += [mg.smem((C, V), dtype), mg.smem((M,), f32), mg.smem((M, V), dtype)]
-        s += [mg.smem((M, V), dtype), mg.smem((C, M), f32), mg.smem((M, V), f32)]
-        s += [mg.smem((M,), f32), mg.smem((C, V), dtype)]
+        s += [mg.smem((C, V), dtype), mg.smem((M, V), dtype), mg.smem((M, V), dtype)]
+        s += [mg.smem((C, M), f32), mg.smem((M, V), f32), mg.smem((M,), f32)]
+        s += [mg.smem((C, V), dtype)]
     else:
-        s += [mg.smem((M,), f32), mg.smem((M, V), dtype), mg.smem((C, V), dtype)]
-        s += [mg.smem((M, V), f32)]
+        s += [mg.smem((M, V), dtype), mg.smem((C, V), dtype), mg.smem((M, V), f32)]
     return s
 
 
@@ -176,7 +178,7 @@ def _call_forward(A, qs, ke, v, total, s0, config, keep, check_smem):
         out_type.append(jax.ShapeDtypeStruct((B, H, N, M, Dv), jnp.float32))
     scratch = _scratch(C, M, V, dtype, backward=False)
     check_smem(scratch, "forward", C, M, dtype)
-    scratch += [mg.barrier(5), mg.barrier(1)]
+    scratch += [mg.barrier(5, stages=2), mg.barrier(1)]
     body = functools.partial(_forward_kernel, C=C, N=N, H=H, interpret=interpret, keep=keep)
     outs = mg.kernel(
         body,

@@ -77,15 +77,51 @@ def block_position(H: int, V: int):
     return jax.lax.div(r, H), jax.lax.rem(r, H), tile, pl.ds(tile * V, V)
 
 
-def walk(step, n: int, state_in, state_out, f32_s, bar, *, reverse: bool, interpret: bool):
+def walk(
+    step,
+    n: int,
+    state_in,
+    state_out,
+    f32_s,
+    bar,
+    *,
+    reverse: bool,
+    interpret: bool,
+    inputs=None,
+    input_bars=None,
+):
     """`S = step(j, S)` over chunks j = 0 … n−1 (n−1 … 0 with `reverse`), the float32 state
     (or its cotangent) in registers, brought in from `state_in` and sent to `state_out` (global
-    `[M, V]` slices) through the shared float32 buffer `f32_s`."""
+    `[M, V]` slices) through the shared float32 buffer `f32_s`.
+
+    With `inputs(j, slot)` (the `(global, shared)` copies of chunk j's inputs into the buffers'
+    stage `slot` of 2: `smem(..., stages=2)`), the walk is a two-stage pipeline: chunk j + 1's
+    copies are issued before chunk j's work and awaited on `input_bars.at[slot]`
+    (`barrier(len(copies), stages=2)`), so TMA brings the next chunk while this one computes;
+    `step(j, slot, S)` then reads stage `slot`."""
     load([(state_in, f32_s)], bar)
 
-    def body(i, S):
-        return step(n - 1 - i if reverse else i, S)
+    def chunk(i):
+        return n - 1 - i if reverse else i
 
+    def issue(i, slot):
+        for src, dst in inputs(chunk(i), slot):
+            plgpu.copy_gmem_to_smem(src, dst, input_bars.at[slot])
+
+    def body(i, S):
+        if inputs is None:
+            return step(chunk(i), S)
+        slot = jax.lax.rem(i, 2)
+
+        @pl.when(i + 1 < n)
+        def _():
+            issue(i + 1, 1 - slot)
+
+        plgpu.barrier_wait(input_bars.at[slot])
+        return step(chunk(i), slot, S)
+
+    if inputs is not None:
+        issue(0, 0)
     S = jax.lax.fori_loop(0, n, body, read(f32_s, interpret=interpret))
     drain()
     f32_s[...] = S
@@ -98,18 +134,23 @@ def ds(start, size):
     return pl.ds(start, size)
 
 
-def smem(shape, dtype):
-    """A shared-memory buffer; 2-D buffers are tiled and swizzled as wgmma and TMA read them."""
+def smem(shape, dtype, stages: int | None = None):
+    """A shared-memory buffer (`stages` of them, `[stages, *shape]`, for a pipeline: `walk`);
+    2-D buffers are tiled and swizzled as wgmma and TMA read them."""
+    full = shape if stages is None else (stages, *shape)
     if len(shape) == 2:
         columns = _SWIZZLE // jnp.dtype(dtype).itemsize
         transforms = (plgpu.TilingTransform((8, columns)), plgpu.SwizzleTransform(_SWIZZLE))
-        return plgpu.SMEM(shape, dtype, transforms=transforms)
-    return plgpu.SMEM(shape, dtype)
+        return plgpu.SMEM(full, dtype, transforms=transforms)
+    return plgpu.SMEM(full, dtype)
 
 
-def barrier(num_arrivals: int):
-    """A barrier that `num_arrivals` TMA copies arrive on (one `load` of as many arrays)."""
-    return plgpu.Barrier(num_arrivals=num_arrivals)
+def barrier(num_arrivals: int, stages: int | None = None):
+    """A barrier that `num_arrivals` TMA copies arrive on (one `load` of as many arrays); with
+    `stages`, one per pipeline stage (`walk`)."""
+    if stages is None:
+        return plgpu.Barrier(num_arrivals=num_arrivals)
+    return plgpu.Barrier(num_arrivals=num_arrivals, num_barriers=stages)
 
 
 def smem_bytes(buffers) -> int:
