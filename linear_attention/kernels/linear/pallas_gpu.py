@@ -167,23 +167,8 @@ def _forward_kernel(*refs, C, N, H, interpret, keep):
     q_ref, k_ref, v_ref, b_ref, n_ref, st_ref, en_ref, tot_ref, s0_ref = refs[:9]
     o_ref, s_ref = refs[9:11]
     se_ref = refs[11] if keep else None
-    (
-        q_s,
-        k_s,
-        v_s,
-        b_s,
-        n_s,
-        st_s,
-        en_s,
-        tot_s,
-        a_s,
-        x_s,
-        S_s,
-        o_s,
-        f32_s,
-        bar_in,
-        bar_s,
-    ) = refs[11 + keep :]
+    q_s, k_s, v_s, b_s, n_s, st_s, en_s, tot_s = refs[11 + keep : 19 + keep]
+    a_s, x_s, S_s, o_s, f32_s, bar_in, bar_s = refs[19 + keep :]
     dtype = q_s.dtype
     b, h, vt, vs = mg.block_position(H, v_s.shape[-1])
     mm = functools.partial(mg.matmul, interpret=interpret)
@@ -226,32 +211,10 @@ def _forward_kernel(*refs, C, N, H, interpret, keep):
 
 
 def _backward_kernel(*refs, C, N, H, interpret):
-    (q_ref, k_ref, v_ref, do_ref, b_ref, n_ref, st_ref, en_ref, tot_ref, se_ref, dsT_ref) = refs[
-        :11
-    ]
+    q_ref, k_ref, v_ref, do_ref, b_ref, n_ref, st_ref, en_ref, tot_ref, se_ref, dsT_ref = refs[:11]
     dq_ref, dk_ref, dv_ref, db_ref, ds0_ref = refs[11:16]
-    (
-        q_s,
-        k_s,
-        v_s,
-        do_s,
-        b_s,
-        n_s,
-        st_s,
-        en_s,
-        tot_s,
-        a_s,
-        da_s,
-        x_s,
-        S_s,
-        dS_s,
-        dv_s,
-        g_s,
-        f32_s,
-        db_s,
-        bar_in,
-        bar_s,
-    ) = refs[16:]
+    q_s, k_s, v_s, do_s, b_s, n_s, st_s, en_s, tot_s = refs[16:25]
+    a_s, da_s, x_s, S_s, dS_s, dv_s, g_s, f32_s, db_s, bar_in, bar_s = refs[25:]
     dtype = q_s.dtype
     b, h, vt, vs = mg.block_position(H, v_s.shape[1])
     mm = functools.partial(mg.matmul, interpret=interpret)
