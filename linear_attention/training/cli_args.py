@@ -19,7 +19,7 @@ from absl import flags
 from ml_collections import config_dict, config_flags
 
 from linear_attention.fields import closest
-from linear_attention.kernels.primitives.pallas import check_pallas_backend
+from linear_attention.kernels.primitives.pallas import pallas_target
 from linear_attention.training import config as config_lib
 from linear_attention.training.config import SECTION_CLASSES, SECTIONS, experiment_config
 from linear_attention.training.load import run_config
@@ -176,7 +176,7 @@ def check_backend(config) -> None:
     else:
         instead = "set it to 'chunk'" if len(fields) == 1 else "set them to 'chunk'"
     try:
-        check_pallas_backend(fields[0])
+        pallas_target(fields[0])  # a TPU, a GPU (Mosaic GPU kernels) or a context manager
     except ValueError:
         raise UsageError(
             f"{' and '.join(fields)} = 'pallas' runs the Pallas (Mosaic) kernels, which need a "
