@@ -113,6 +113,8 @@ def table(rows) -> str:
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--lengths", default="4096,16384,65536")
+    parser.add_argument("--decays", default="per_token,none,per_key", help="which CONFIGS")
+    parser.add_argument("--reuse", help="keep this JSON file's rows that the run does not make")
     parser.add_argument("--out", help="write the rows here as JSON")
     parser.add_argument("--table", nargs="*", help="print the table of these JSON files")
     args = parser.parse_args(argv)
@@ -122,14 +124,25 @@ def main(argv=None):
         return
     target = gpu_target.match_gpu("gpu:h100:1")
     device = gpu_target.topology_devices(target)[0]
+    decays = args.decays.split(",")
     rows = []
     for T in (int(x) for x in args.lengths.split(",")):
         for mode in ("forward", "train"):
             for decay, normalize in CONFIGS:
+                if decay not in decays:
+                    continue
                 for method in METHODS:
                     row = compile_one(device, method, decay, normalize, T, mode)
                     print(json.dumps(row), flush=True)
                     rows.append(row)
+    if args.reuse:
+        made = {(r["T"], r["mode"], r["decay"], r["normalize"], r["method"]) for r in rows}
+        old = json.load(open(args.reuse))["rows"]
+        rows = [
+            r
+            for r in old
+            if (r["T"], r["mode"], r["decay"], r["normalize"], r["method"]) not in made
+        ] + rows
     result = {
         "target": "gpu:h100:1 (sm_90a, compile-only)",
         "versions": gpu_target.versions(),

@@ -35,25 +35,36 @@ import jax.numpy as jnp
 from linear_attention.kernels.primitives import mosaic_gpu as mg
 from linear_attention.kernels.primitives.decays import ChunkDecays, SubBlocks, sub_block_size
 
+# Chunks whose scores XLA makes at once (`key_decay_inputs`): the sub-block decays of a chunk
+# are 16 times its q in float32, so the whole sequence's at once dwarfs the kernels' memory.
+SCORE_CHUNKS = 16
+
 
 def key_decay_inputs(q_BTHM, k_BTHM, a_BTHM, C):
     """(A `[B, H, T, C]` float32, q ⊙ start and k ⊙ end `[B, T, H, M]` in q's dtype, total
-    `[B, H, N, M]`) from the padded inputs (T a multiple of C), differentiably."""
+    `[B, H, N, M]`) from the padded inputs (T a multiple of C), differentiably: `SCORE_CHUNKS`
+    chunks at a time (`lax.map`), each group's sub-block decays remade in the backward pass
+    (`jax.checkpoint`), so XLA holds one group's at a time."""
     B, T, H, M = q_BTHM.shape
     N = T // C
-
-    def chunks(x):  # [B, T, H, M] -> [B, H, N, C, M]
-        return jnp.moveaxis(x.reshape(B, N, C, H, M), 3, 1)
-
-    def back(x):  # [B, H, N, C, M] -> [B, T, H, M]
-        return jnp.moveaxis(x, 1, 3).reshape(B, T, H, M)
-
-    q, k = chunks(q_BTHM.astype(jnp.float32)), chunks(k_BTHM.astype(jnp.float32))
-    d = ChunkDecays(chunks(a_BTHM))
-    A = SubBlocks(d.b, d.n, sub_block_size(C)).scores(q, k)  # [B, H, N, C, C]
     dtype = q_BTHM.dtype
-    qs, ke = back(q * d.start).astype(dtype), back(k * d.end).astype(dtype)
-    return A.reshape(B, H, T, C), qs, ke, d.total
+
+    def chunk_major(x):  # [B, T, H, M] -> [N, B, H, C, M]
+        return jnp.moveaxis(x.reshape(B, N, C, H, M), (1, 3), (0, 2))
+
+    @jax.checkpoint
+    def one_chunk(qka):
+        q, k, a = qka
+        q, k = q.astype(jnp.float32), k.astype(jnp.float32)
+        d = ChunkDecays(a)
+        A = SubBlocks(d.b, d.n, sub_block_size(C)).scores(q, k)  # [B, H, C, C]
+        return A, (q * d.start).astype(dtype), (k * d.end).astype(dtype), d.total
+
+    qka = tuple(chunk_major(x) for x in (q_BTHM, k_BTHM, a_BTHM))
+    A, qs, ke, total = jax.lax.map(one_chunk, qka, batch_size=min(SCORE_CHUNKS, N))
+    A = jnp.moveaxis(A, 0, 2).reshape(B, H, T, C)
+    qs, ke = (jnp.moveaxis(x, (0, 2), (1, 3)).reshape(B, T, H, M) for x in (qs, ke))
+    return A, qs, ke, jnp.moveaxis(total, 0, 2)
 
 
 def _forward_kernel(*refs, C, N, H, interpret, keep):
