@@ -109,9 +109,8 @@ def test_modes_dispatch_and_refuse():
         def loss(q, k, v):
             return jnp.sum(K.causal_linear_attention(q, k, v, method="pallas", chunk_size=128))
 
-        jax.eval_shape(loss, big, big, big)  # the forward kernel fits at chunk 128
-        with pytest.raises(ValueError, match="backward kernel at chunk_size 128.*KiB"):
-            jax.eval_shape(jax.grad(loss, argnums=(0, 1, 2)), big, big, big)
+        with pytest.raises(ValueError, match="forward kernel at chunk_size 128.*293 KiB"):
+            jax.eval_shape(loss, big, big, big)  # two stages of 128-token chunks
     # interpret() keeps today's meaning: the TPU kernel (chunk 16 is fine there)
     with K.pallas_interpret():
         o_tpu = K.causal_linear_attention(q, k, v, log_decay=a, method="pallas", chunk_size=16)
