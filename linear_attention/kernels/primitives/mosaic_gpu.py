@@ -1,7 +1,8 @@
 """Every use of the Mosaic GPU API (Pallas's Hopper backend) in one place: the kernel call, its
 interpret mode, shared-memory buffers, TMA copies and the wgmma matmul.
 
-The GPU kernels (`linear/pallas_gpu.py`) are written against the helpers here, so that a
+The GPU kernels (`linear/pallas_gpu.py`, `linear/pallas_gpu_key.py`) are written against the
+helpers here, so that a
 change of the API between jax releases is mended in this file alone. What they rely on, read
 against the Pallas changelog up to jax 0.12 (`docs/pallas/CHANGELOG.md`):
 
@@ -11,11 +12,13 @@ against the Pallas changelog up to jax 0.12 (`docs/pallas/CHANGELOG.md`):
   `jax.lax.axis_index` of a grid name gives the block's index.
 - `plgpu.SMEM(shape, dtype, transforms=(TilingTransform, SwizzleTransform))`, `plgpu.Barrier`,
   `plgpu.copy_gmem_to_smem` / `barrier_wait` (TMA in), `plgpu.commit_smem`,
-  `plgpu.copy_smem_to_gmem` / `wait_smem_to_gmem` (TMA out), `plgpu.wgmma` into a
+  `plgpu.copy_smem_to_gmem` / `wait_smem_to_gmem` (TMA out), `plgpu.Barrier(num_barriers=2)`
+  indexed by stage and `pl.when` (the two-stage pipeline of `walk`), `plgpu.wgmma` into a
   `plgpu.ACC` accumulator (`pl.run_scoped`, `pl.run_state` with `ACC.init`),
   `plgpu.transpose_ref`, `plgpu.layout_cast` with `plgpu.Layout.WGMMA` (and `.reduce(axis)`),
   `plgpu.broadcasted_iota`. None of these is removed or renamed up to 0.12 (0.11 removed
-  `plgpu.TransposeTransform`, which is not used; `pl.core_map` is deprecated, not used).
+  `plgpu.TransposeTransform`, which is not used; `pl.core_map` is deprecated, not used;
+  0.12.1 also exports Pallas as `jax.pallas`, and `jax.experimental.pallas` stays valid).
 - Interpret mode: `interpret=InterpretGPUParams()` from the private
   `jax._src.pallas.mosaic_gpu.interpret.params` (as jax's own
   `tests/pallas/gpu_pallas_interpret_test.py` uses it; it needs `absl-py`). It runs the kernel
@@ -27,8 +30,9 @@ against the Pallas changelog up to jax 0.12 (`docs/pallas/CHANGELOG.md`):
   input-dtype values, accumulated in float32). Everything else (TMA, barriers, shared memory,
   the loop) is the kernel's own.
 
-The matmul is Hopper's wgmma: operands in shared memory in the input dtype (bfloat16 or
-float16; float32 operands are tf32 on the tensor cores), float32 accumulation. Interpret mode
+The matmul is Hopper's wgmma: operands in shared memory in the input dtype, bfloat16 or float16,
+float32 accumulation (a float32 operand would be tf32 and the lowering takes no transposed
+one: the kernels refuse float32 when compiled, and interpret it). Interpret mode
 accepts more than the compiler, so every kernel is also compiled for sm_90a in the tests.
 """
 
