@@ -37,7 +37,7 @@ from linear_attention.kernels.primitives.decays import ChunkDecays, SubBlocks, s
 
 # Chunks whose scores XLA makes at once (`key_decay_inputs`): the sub-block decays of a chunk
 # are 16 times its q in float32, so the whole sequence's at once dwarfs the kernels' memory.
-SCORE_CHUNKS = 16
+SCORE_CHUNKS = 8
 
 
 def key_decay_inputs(q_BTHM, k_BTHM, a_BTHM, C):
