@@ -52,7 +52,7 @@ from linear_attention.kernels.path.path import (
     path_attention_step,
 )
 from linear_attention.kernels.primitives.family import Family, Method
-from linear_attention.kernels.primitives.pallas import pallas_interpret
+from linear_attention.kernels.primitives.pallas import pallas_interpret, pallas_lowering
 from linear_attention.kernels.rg_lru.rg_lru import RG_LRU, rg_lru, rg_lru_step
 from linear_attention.kernels.selective_scan.selective_scan import (
     SELECTIVE_SCAN,
@@ -125,6 +125,7 @@ __all__ = [
     "mesa_net_residual",
     "mesa_net_step",
     "pallas_interpret",
+    "pallas_lowering",
     "path_attention",
     "path_attention_step",
     "recurrent_step",

@@ -19,7 +19,7 @@ from absl import flags
 from ml_collections import config_dict, config_flags
 
 from linear_attention.fields import closest
-from linear_attention.kernels.primitives.pallas import check_pallas_backend
+from linear_attention.kernels.primitives.pallas import pallas_target
 from linear_attention.training import config as config_lib
 from linear_attention.training.config import SECTION_CLASSES, SECTIONS, experiment_config
 from linear_attention.training.load import run_config
@@ -158,8 +158,9 @@ def validate(config):
 
 def check_backend(config) -> None:
     """`UsageError` when the config's kernels cannot run on this machine: ``method="pallas"``
-    (for every layer, or for one layer type through ``layer_options``) lowers the Mosaic
-    kernels, which run on a TPU only (a dry run with a TPU target compiles them from any
+    (for every layer, or for one layer type through ``layer_options``) lowers Pallas kernels,
+    which run on the backends the family's descriptor names (a TPU; a GPU for causal linear
+    attention) (a dry run with a TPU target compiles them from any
     machine, so it does not call this). Whether a layer runs them is `ModelConfig.uses_pallas`,
     the train step's own test; the fields that set such a method name the cause."""
     model = validate(config).model
@@ -175,12 +176,14 @@ def check_backend(config) -> None:
         instead = f"pass --config.model.method={default[1:-1]}"
     else:
         instead = f"set it to {default}" if len(fields) == 1 else f"set them to {default}"
+    kinds = {b for backends in layers.values() for b in backends}
+    needs = " or ".join(k for k in ("TPU", "GPU") if k.lower() in kinds)
     try:
-        check_pallas_backend(fields[0])
+        pallas_target(fields[0])  # a TPU, a GPU (Mosaic GPU kernels) or a context manager
     except ValueError:
         raise UsageError(
-            f"{' and '.join(fields)} = {method!r} runs the Pallas (Mosaic) kernels, which need a "
-            f"TPU, and this machine's backend is {jax.default_backend()!r}: run it on a TPU, or "
+            f"{' and '.join(fields)} = {method!r} runs the Pallas kernels, which need a "
+            f"{needs}, and this machine's backend is {jax.default_backend()!r}: run it there, or "
             f"{instead} (the same recurrence in XLA); --dry_run with "
             "--config.mesh.target=tpu:GEN:TOPOLOGY compiles it for a TPU slice from here"
         ) from None

@@ -40,7 +40,7 @@ def test_every_family_declares_its_methods_step_and_flops():
             assert OLD_WORDS[old] in family.supported, (family.name, old)
     pallas = {n for n, f in K.FAMILIES.items() if any(f.backends(m) for m in f.supported)}
     assert pallas == {"causal_linear_attention", "delta_rule", "delta_product", "dplr_delta_rule"}
-    assert K.LINEAR.backends("pallas") == ("tpu",) and K.LINEAR.backends("chunk") == ()
+    assert K.LINEAR.backends("pallas") == ("tpu", "gpu") and K.LINEAR.backends("chunk") == ()
 
 
 @pytest.mark.parametrize(

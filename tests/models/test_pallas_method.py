@@ -1,5 +1,6 @@
 """`method="pallas"` as a mixer option: a mixer and a small LanguageModel (Pallas interpret mode
-on the CPU) give the same outputs and gradients as with `method="chunk"`.
+on the CPU, the TPU kernels and the Mosaic GPU ones) give the same outputs and gradients as with
+`method="chunk"`.
 
 Each side runs its forward pass and gradient as one jitted program: eagerly, every operation
 and every interpreted kernel is compiled on its own, which took twice the CPU time."""
@@ -18,18 +19,31 @@ from tests.kernels.reference import rel_err
 V, B, T, D, H = 32, 2, 21, 16, 2  # T not a multiple of the chunk (16)
 
 
+# The GPU kernel's chunk is 64 (T = 21 is inside one chunk: padded, a reset mid-chunk).
+CHUNK = {"tpu": 16, "gpu": 64}
+
+
 @pytest.mark.parametrize(
-    ("name", "options"),
-    [("gla", {}), ("gated_deltanet", dict(num_value_heads=4))],
-    ids=["gla", "gated_deltanet_grouped"],
+    ("name", "options", "backend"),
+    [
+        ("gla", {}, "tpu"),
+        ("gated_deltanet", dict(num_value_heads=4), "tpu"),
+        ("gla", {}, "gpu"),
+        ("gated", {}, "gpu"),
+    ],
+    ids=["gla", "gated_deltanet_grouped", "gla_gpu", "gated_gpu"],
 )
-def test_mixer_pallas_equals_chunk(name, options):
-    """A decay per key channel (GLA) and Gated DeltaNet with grouped value heads: outputs and
-    parameter gradients."""
+def test_mixer_pallas_equals_chunk(name, options, backend):
+    """A decay per key channel (GLA), Gated DeltaNet with grouped value heads (TPU kernels), and
+    GLA and Mamba-2's decay per head and token (the GPU kernels): outputs and parameter
+    gradients."""
     x = jax.random.normal(jax.random.key(0), (B, T, D))
+    chunk_size = CHUNK[backend]
 
     def run(method):
-        mixer = get_mixer(name)(D, H, method=method, chunk_size=16, **options, rngs=nnx.Rngs(0))
+        mixer = get_mixer(name)(
+            D, H, method=method, chunk_size=chunk_size, **options, rngs=nnx.Rngs(0)
+        )
 
         def loss(m):
             return jnp.sum(jnp.sin(m(x)))
@@ -37,7 +51,7 @@ def test_mixer_pallas_equals_chunk(name, options):
         y, grads = nnx.jit(lambda m: (m(x), nnx.grad(loss)(m)))(mixer)
         return y, jax.tree.leaves(nnx.state(grads, nnx.Param))
 
-    with K.pallas_interpret():
+    with K.pallas_interpret(backend):
         y, grads = run("pallas")
     y_c, grads_c = run("chunk")
     assert rel_err(y, y_c) < 1e-4
@@ -46,7 +60,8 @@ def test_mixer_pallas_equals_chunk(name, options):
         assert rel_err(g, g_c) < 1e-4
 
 
-def test_language_model_pallas_equals_chunk():
+@pytest.mark.parametrize("backend", ["tpu", "gpu"])
+def test_language_model_pallas_equals_chunk(backend):
     """Two layers (a per-token decay and plain linear attention), packed rows: logits and the
     loss's gradient."""
     tokens = jax.random.randint(jax.random.key(1), (B, T), 0, V)
@@ -61,7 +76,7 @@ def test_language_model_pallas_equals_chunk():
             max_length=32,
             mixer=("gated", "linear"),
             method=method,
-            chunk_size=16,
+            chunk_size=CHUNK[backend],
         )
         model = LanguageModel(config, rngs=nnx.Rngs(0))
 
@@ -75,7 +90,7 @@ def test_language_model_pallas_equals_chunk():
         logits, grads = nnx.jit(logits_and_grads)(model)
         return logits, jax.tree.leaves(nnx.state(grads, nnx.Param))
 
-    with K.pallas_interpret():
+    with K.pallas_interpret(backend):
         logits, grads = run("pallas")
     logits_c, grads_c = run("chunk")
     assert rel_err(logits, logits_c) < 1e-4

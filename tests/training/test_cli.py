@@ -459,8 +459,8 @@ def test_pallas_method_off_a_tpu_is_a_usage_error_before_anything_runs(
     from linear_attention.kernels import pallas_interpret
 
     message = (
-        "config.model.method = 'pallas' runs the Pallas (Mosaic) kernels, which need a TPU, and "
-        "this machine's backend is 'cpu': run it on a TPU, or pass --config.model.method=chunk"
+        "config.model.method = 'pallas' runs the Pallas kernels, which need a TPU or GPU, and "
+        "this machine's backend is 'cpu': run it there, or pass --config.model.method=chunk"
     )
     workdir, config = text_run
     fresh = os.path.join(os.path.dirname(workdir), "pallas")

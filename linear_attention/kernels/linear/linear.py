@@ -209,7 +209,6 @@ def _pallas_core(qkv, a_BTH, state0, ok_BTH, chunk_size, normalize, eps):
     that dtype: bfloat16 is read as bfloat16); it always carries the normaliser."""
     q, k, v = qkv
     kv0_BHMD, z0_BHM = state0
-    z0_kernel = jnp.zeros(kv0_BHMD.shape[:-1], jnp.float32) if z0_BHM is None else z0_BHM
     ok_BTH1 = ok_BTH[..., None]
     k_in, v_in = jnp.where(ok_BTH1, k, 0), jnp.where(ok_BTH1, v, 0)
     with reverse_mode_only('method="pallas"', FORWARD_MODE_ALTERNATIVES):
@@ -219,7 +218,7 @@ def _pallas_core(qkv, a_BTH, state0, ok_BTH, chunk_size, normalize, eps):
             v_in,
             a_BTH,
             kv0_BHMD,
-            z0_kernel,
+            z0_BHM,
             chunk_size=chunk_size,
             normalize=normalize,
             eps=eps,
@@ -319,7 +318,7 @@ LINEAR = Family(
         "chunk_parallel": Method(
             _value_column(causal_chunk_parallel), chunk_flops, static=("chunk_size",)
         ),
-        "pallas": Method(_pallas, chunk_flops, static=("chunk_size",), backends=("tpu",)),
+        "pallas": Method(_pallas, chunk_flops, static=("chunk_size",), backends=("tpu", "gpu")),
     },
     step=recurrent_step,
     state=LinearAttentionState,

@@ -43,15 +43,16 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from linear_attention.kernels.linear.pallas_gpu import causal_pallas_gpu
 from linear_attention.kernels.primitives.decays import suffix_sum_to_reset
 from linear_attention.kernels.primitives.layout import pad_time
 from linear_attention.kernels.primitives.pallas import (
     CHUNK_MULTIPLE,
     HeadBlocks,
-    check_pallas_backend,
     compiler_params,
     cost_estimate,
     mxu_dot,
+    pallas_target,
     per_head,
     result_struct,
     round_up,
@@ -73,11 +74,25 @@ def causal_pallas(q_BTHM, k_BTHM, v_BTHD, a_BTH, kv0_BHMD, z0_BHM, *, chunk_size
     """Causal linear attention by the Pallas kernels.
 
     `q, k, v` in their input dtype (read as is); `a_BTH` the float32 log decay `[B, T, H]`,
-    `[B, T, H, M]` or None; `kv0_BHMD`, `z0_BHM` the float32 initial state (zeros for none).
-    `chunk_size` a multiple of 16 (the chunk is cut to T rounded up to 16 for short inputs).
-    Returns `(o_BTHD in result_type(q, k, v), kv_BHMD, z_BHM)`.
+    `[B, T, H, M]` or None; `kv0_BHMD` the float32 initial state (zeros for none), `z0_BHM`
+    its key sum (None: zeros, and the GPU kernel then carries no normaliser unless
+    `normalize`). `chunk_size` a multiple of 16 (the chunk is cut to T rounded up to 16 for
+    short inputs). On a GPU backend or under `pallas_interpret("gpu")` / `pallas_lowering("gpu")`
+    the Mosaic GPU kernels run (`pallas_gpu.py`, `pallas_gpu_key.py`).
+    Returns `(o_BTHD in result_type(q, k, v), kv_BHMD, z_BHM)` (z_BHM None where neither
+    `z0_BHM` nor `normalize` asks for it on GPU).
     """
-    interpret = check_pallas_backend('method="pallas"')
+    backend, interpret = pallas_target('method="pallas"')
+    if backend == "gpu":
+        return causal_pallas_gpu(
+            *(q_BTHM, k_BTHM, v_BTHD, a_BTH, kv0_BHMD, z0_BHM),
+            chunk_size=chunk_size,
+            normalize=normalize,
+            eps=eps,
+            interpret=interpret,
+        )
+    if z0_BHM is None:
+        z0_BHM = jnp.zeros(kv0_BHMD.shape[:-1], jnp.float32)
     T = q_BTHM.shape[1]
     C = min(chunk_size, round_up(T, CHUNK_MULTIPLE))
     if a_BTH is None:

@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from linear_attention.fields import check_choice, check_int
-from linear_attention.kernels.primitives.pallas import CHUNK_MULTIPLE, check_pallas_backend
+from linear_attention.kernels.primitives.pallas import CHUNK_MULTIPLE, pallas_target
 
 # Old method words, each with its new spelling (accepted, with a `DeprecationWarning`).
 OLD_WORDS: Mapping[str, str] = {"blockwise": "chunk", "recurrent": "scan"}
@@ -105,9 +105,19 @@ class Family:
         chunk that tiles)."""
         method = self.resolve(method)
         chunk_size = check_int(size_name, chunk_size)
-        if self.methods[method].backends:
+        backends = self.methods[method].backends
+        if backends:
             what = f'{self.name}(method="{method}")'
-            check_pallas_backend(what)
+            backend, _ = pallas_target(what)
+            if backend not in backends:
+                others = [m for m, e in self.methods.items() if not e.backends]
+                raise ValueError(
+                    f"{what}: no Pallas {backend.upper()} kernel (its Pallas kernels: "
+                    f"{', '.join(backends)}); use "
+                    + " or ".join(f'method="{m}"' for m in others)
+                    + ", or run the TPU kernels interpreted inside "
+                    "linear_attention.kernels.pallas_interpret()"
+                )
             if chunk_size % CHUNK_MULTIPLE:
                 raise ValueError(
                     f"chunk_size must be a multiple of {CHUNK_MULTIPLE} for {what} (its blocks "

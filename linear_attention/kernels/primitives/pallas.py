@@ -1,16 +1,20 @@
 """Shared parts of the Pallas kernels (`method="pallas"`): where they run, and their block specs.
 
-The kernels are written for TPUs (Mosaic). Where they run is read when a kernel is traced:
+The kernels are written for TPUs (Mosaic), and some for Hopper GPUs (Mosaic GPU). Where they run
+is read when a kernel is traced:
 
-- on a TPU backend, the Mosaic kernel;
-- inside `pallas_interpret()`, the same kernel in Pallas's interpret mode on any backend (the
-  tests run it on the CPU: the same block walk, the same arithmetic);
-- inside `pallas_mosaic()`, the Mosaic kernel whatever the default backend: for compiling ahead
-  of time for a TPU topology from another machine
-  (`jax.jit(f).trace(...).lower(lowering_platforms=("tpu",))`, as the compile tests and
-  `experiments/pallas_compile.py` do);
-- elsewhere, `check_pallas_backend` raises a `ValueError`: there is no silent fallback to
-  another method.
+- on a TPU backend, the Mosaic kernel; on a GPU backend, the Mosaic GPU (Hopper) kernel where
+  one exists (`mosaic_gpu.py`, `linear/pallas_gpu.py`: `GPU_KERNELS`), an error elsewhere;
+- inside `pallas_interpret()` (or `pallas_interpret("tpu")`), the TPU kernel in Pallas's
+  interpret mode on any backend (the tests run it on the CPU: the same block walk, the same
+  arithmetic); inside `pallas_interpret("gpu")`, the GPU kernel in Mosaic GPU's interpret mode;
+- inside `pallas_lowering("tpu")` (alias `pallas_mosaic()`) or `pallas_lowering("gpu")`, that
+  backend's kernel whatever the default backend: for compiling ahead of time for a TPU or GPU
+  topology from another machine
+  (`jax.jit(f).trace(...).lower(lowering_platforms=("tpu",))` or `("cuda",)`, as the compile
+  tests and `experiments/pallas_compile.py` do);
+- elsewhere, `pallas_target` raises a `ValueError`: there is no silent fallback to another
+  method, and a kernel with no form for the chosen backend raises naming what has one.
 
 The mode is read at trace time, so a function jitted inside one of the context managers keeps the
 kernel it was traced with (JAX's jit cache does not see the mode). Inside `jax.shard_map` the
@@ -45,50 +49,92 @@ from linear_attention.kernels.primitives.combine import varying_axes
 # the sub-blocks of a decay per key channel are 16 queries.
 CHUNK_MULTIPLE = 16
 
-_MODE: contextvars.ContextVar[str | None] = contextvars.ContextVar("pallas_mode", default=None)
+# The Pallas backends: "tpu" (Mosaic TPU, this file's helpers) and "gpu" (Mosaic GPU, Hopper:
+# `mosaic_gpu.py`).
+BACKENDS = ("tpu", "gpu")
+# What has a GPU kernel (`method="pallas"` under a "gpu" mode or on a GPU backend).
+GPU_KERNELS = "causal_linear_attention (every decay kind)"
+
+# (how, backend) set by the context managers: how is "interpret" or "lower"; None: read the
+# default backend.
+_MODE: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextVar(
+    "pallas_mode", default=None
+)
+
+
+def _check_backend(backend) -> str:
+    if backend not in BACKENDS:
+        raise ValueError(
+            f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}"
+        )
+    return backend
 
 
 @contextlib.contextmanager
-def pallas_interpret():
-    """Run the Pallas kernels (`method="pallas"`) in Pallas's interpret mode on any backend.
-
-    Example: `with K.pallas_interpret(): o = K.causal_linear_attention(q, k, v,
-    method="pallas")` runs on the CPU. Slow (every block is interpreted): for tests and
-    debugging, not training."""
-    token = _MODE.set("interpret")
+def _mode(how: str, backend: str):
+    token = _MODE.set((how, _check_backend(backend)))
     try:
         yield
     finally:
         _MODE.reset(token)
 
 
-@contextlib.contextmanager
+def pallas_interpret(backend: str = "tpu"):
+    """Run the Pallas kernels (`method="pallas"`) of `backend` ("tpu": Mosaic TPU, "gpu":
+    Mosaic GPU) in Pallas's interpret mode on any backend.
+
+    Example: `with K.pallas_interpret("gpu"): o = K.causal_linear_attention(q, k, v,
+    method="pallas")` runs the GPU kernel on the CPU. Slow (every block is interpreted): for
+    tests and debugging, not training."""
+    return _mode("interpret", backend)
+
+
+def pallas_lowering(backend: str):
+    """Emit `backend`'s Pallas kernels ("tpu" or "gpu") whatever the default backend: for
+    compiling ahead of time for that backend (`lower(lowering_platforms=("tpu",))`, or
+    `("cuda",)` with a GPU topology). Running the result needs that accelerator."""
+    return _mode("lower", backend)
+
+
 def pallas_mosaic():
-    """Lower the Pallas kernels for Mosaic (TPU) whatever the default backend: for compiling
-    ahead of time for a TPU topology (`lower(lowering_platforms=("tpu",))`). Running the result
-    needs a TPU."""
-    token = _MODE.set("mosaic")
-    try:
-        yield
-    finally:
-        _MODE.reset(token)
+    """`pallas_lowering("tpu")`: lower the Pallas kernels for Mosaic (TPU) whatever the default
+    backend."""
+    return pallas_lowering("tpu")
+
+
+def pallas_target(what: str) -> tuple[str, bool]:
+    """`(backend, interpret)`: which Pallas kernels `method="pallas"` runs here ("tpu" or "gpu")
+    and whether interpreted; raise a `ValueError` naming `what` when none applies (a CPU
+    backend and no context manager)."""
+    mode = _MODE.get()
+    if mode is not None:
+        return mode[1], mode[0] == "interpret"
+    backend = jax.default_backend()
+    if backend in ("gpu", "cuda"):
+        return "gpu", False
+    if backend != "tpu":
+        raise ValueError(
+            f"{what}: the Pallas kernels target TPU (Mosaic) and NVIDIA Hopper GPUs (Mosaic "
+            f"GPU), and the default backend is {backend!r}. Run on a TPU or GPU, or inside "
+            'linear_attention.kernels.pallas_interpret() (or pallas_interpret("gpu")) to run '
+            "the same kernels in Pallas interpret mode on any backend (slow: for tests), "
+            'or use method="chunk"'
+        )
+    return "tpu", False
 
 
 def check_pallas_backend(what: str) -> bool:
-    """Whether the Pallas kernels run interpreted (True) or as Mosaic kernels (False); raise a
-    `ValueError` naming `what` when neither applies (no TPU backend, no context manager)."""
-    mode = _MODE.get()
-    if mode is not None:
-        return mode == "interpret"
-    backend = jax.default_backend()
-    if backend != "tpu":
+    """For the kernels with only a TPU form: whether they run interpreted (True) or as Mosaic
+    kernels (False); raise a `ValueError` naming `what` where they cannot run (no TPU backend
+    and no TPU context manager, or the GPU kernels asked for)."""
+    backend, interpret = pallas_target(what)
+    if backend == "gpu":
         raise ValueError(
-            f"{what}: the Pallas kernels target TPU (Mosaic), and the default backend is "
-            f"{backend!r}. Run on a TPU, or inside linear_attention.kernels.pallas_interpret() "
-            "to run the same kernels in Pallas interpret mode on any backend (slow: for tests), "
-            'or use method="chunk"'
+            f"{what}: this has no Pallas GPU kernel (Mosaic GPU kernels exist for "
+            f'{GPU_KERNELS}); on a GPU use method="chunk" (or another non-Pallas method), or '
+            "run the TPU kernel interpreted inside linear_attention.kernels.pallas_interpret()"
         )
-    return False
+    return interpret
 
 
 # Mosaic's default scoped VMEM is 16 MiB on v5e and 32 on v6e; the backward kernels of the
