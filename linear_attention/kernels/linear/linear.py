@@ -111,8 +111,10 @@ def causal_linear_attention(
       eps: added to the normaliser; must be > 0.
       method: "chunk" (default, the training path), "scan", "associative_scan", "quadratic",
         "chunk_parallel" (every chunk at once, shaped for accelerators) or "pallas" (the Pallas
-        TPU kernel, `pallas.py`: on a TPU backend, or interpreted on any backend inside
-        `kernels.pallas_interpret()`; elsewhere it raises; `chunk_size` a multiple of 16). The
+        kernels: `pallas.py` on a TPU backend, `pallas_gpu.py` (Mosaic GPU, Hopper, bfloat16 or
+        float16 inputs when compiled) on a GPU backend; interpreted on any backend inside
+        `kernels.pallas_interpret()` or `pallas_interpret("gpu")`; elsewhere it raises;
+        `chunk_size` a multiple of 16). The
         default is "chunk" on every backend: on the CPU it is the faster of the two at long
         sequences (BENCHMARKS.md, "`chunk_parallel` against `chunk`"); on GPU/TPU it is a
         choice, not yet a measurement (`experiments/accelerator_check.py` measures both there).
