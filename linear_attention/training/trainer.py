@@ -116,7 +116,7 @@ def train(
     cfg = experiment_config(config)
     initialize_distributed(cfg.mesh)
     try:
-        mesh = make_mesh(cfg.mesh.num_devices, cfg.mesh.seq)
+        mesh = make_mesh(cfg.mesh.num_devices, cfg.mesh.seq, model=cfg.mesh.model)
         check_train_batches(cfg.train, mesh)
     except ValueError as e:
         raise RunError(str(e)) from None
