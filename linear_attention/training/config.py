@@ -379,11 +379,17 @@ def check_tensor_parallel(model: ModelConfig, n: int) -> None:
     partitioner) and no experts (expert parallelism is a separate axis, not built yet)."""
     why = f"= {n} splits heads and MLP hidden units over {n} devices"
     if model.uses_pallas:
-        broken("mesh.model", f"{why}; the Pallas kernels cannot be split so (use method != "
-               "'pallas' or mesh.model = 1)")
+        broken(
+            "mesh.model",
+            f"{why}; the Pallas kernels cannot be split so (use method != "
+            "'pallas' or mesh.model = 1)",
+        )
     if model.num_experts:
-        broken("mesh.model", f"{why}; a mixture of experts is not split over it yet (use "
-               "num_experts = 0 or mesh.model = 1)")
+        broken(
+            "mesh.model",
+            f"{why}; a mixture of experts is not split over it yet (use "
+            "num_experts = 0 or mesh.model = 1)",
+        )
     widths = {"model.num_heads": model.num_heads}
     if model.mlp:
         widths["model.mlp_dim"] = model.mlp_dim or int(model.mlp_ratio * model.d_model)
@@ -395,8 +401,11 @@ def check_tensor_parallel(model: ModelConfig, n: int) -> None:
     for field, width in widths.items():
         if width % n:
             allowed = [d for d in range(1, width + 1) if width % d == 0]
-            broken("mesh.model", f"{why} but {field} = {width} is not divisible by it "
-                   f"(allowed: {', '.join(map(str, allowed))})")
+            broken(
+                "mesh.model",
+                f"{why} but {field} = {width} is not divisible by it "
+                f"(allowed: {', '.join(map(str, allowed))})",
+            )
 
 
 def config_difference(old: Mapping, new: Mapping, cfg: ExperimentConfig):

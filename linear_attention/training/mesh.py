@@ -184,6 +184,6 @@ def sequence_parallel_stats(stats_fn, model, batch: dict, mesh: Mesh):
 
     in_specs = (P(), P(DATA_AXIS, SEQ_AXIS))
     manual = {DATA_AXIS, SEQ_AXIS} if mesh.shape.get(MODEL_AXIS, 1) > 1 else set(mesh.axis_names)
-    return jax.shard_map(
-        local, mesh=mesh, in_specs=in_specs, out_specs=P(), axis_names=manual
-    )(params, batch)
+    return jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=P(), axis_names=manual)(
+        params, batch
+    )

@@ -183,7 +183,9 @@ def dry_run(
     def compile_one(c: ExperimentConfig) -> Compiled:
         # method="pallas": the Mosaic kernels, lowered for a TPU target whatever this backend is
         with pallas_mosaic() if target.pallas else contextlib.nullcontext():
-            traced = trace_train_step(c, make_mesh(c.mesh.num_devices, c.mesh.seq, devices, c.mesh.model))
+            traced = trace_train_step(
+                c, make_mesh(c.mesh.num_devices, c.mesh.seq, devices, c.mesh.model)
+            )
         return compile_for_target(traced, target, chip, hbm_limit)
 
     if not fit:

@@ -1,0 +1,243 @@
+"""Tensor parallelism (``config.mesh.model``) on 8 forced CPU devices: the logits and the
+parameter gradients of a small hybrid `LanguageModel` (softmax, MLA, linear, gated, gated
+DeltaNet with grouped value heads, each block with its MLP) with its blocks split over a
+``model`` axis of 2 (data 4), of 4 with FSDP and gradient accumulation (data 2), and of 2 with
+time split too (``seq`` 2, data 2) equal the same model's on one device (float32 rounding).
+The weights are really split: the compiled step takes every block's projections, convolutions
+and MLP weights split over ``model`` and a device holds only its part. ``-m slow`` runs every
+registered family. The checks run in one subprocess (a mesh needs its devices before JAX
+starts); the config's refusals run here."""
+
+import json
+
+import numpy as np
+import pytest
+
+from linear_attention.layers import MIXERS
+from linear_attention.training import experiment_config
+from linear_attention.training.mesh import model_split_dim
+from tests.scripts import run_on_cpu_devices
+from tests.training.conftest import tiny_mqar
+
+SCRIPT = """
+import json, sys
+import jax, jax.numpy as jnp, numpy as np
+from flax import nnx
+from linear_attention.layers import MIXERS
+from linear_attention.models import LanguageModel
+from linear_attention.models.config import ModelConfig
+from linear_attention.training.mesh import (
+    MODEL_AXIS, batch_sharding, make_mesh, path_names, state_shardings, model_split_dim
+)
+from linear_attention.training.steps import summed_gradients
+
+assert jax.device_count() == 8, jax.devices()
+rng = np.random.default_rng(0)
+tokens = rng.integers(0, 32, (2, 8, 16)).astype(np.int32)
+BATCH = {"inputs": tokens[0], "labels": tokens[1]}
+
+
+def logits_and_grads(model, mesh, fsdp=False, accum=1):
+    graphdef, state = nnx.split(model)
+
+    def run(state, batch):
+        model = nnx.merge(graphdef, state)
+        *_, grads = summed_gradients(model, batch, mesh, accum)
+        return model(batch["inputs"]), grads
+
+    if mesh is None:
+        return jax.jit(run)(state, BATCH), None, None
+    shardings = state_shardings(state, mesh, fsdp)
+    step = jax.jit(run, in_shardings=(shardings, batch_sharding(mesh)))
+    args = (jax.device_put(state, shardings), jax.device_put(BATCH, batch_sharding(mesh)))
+    compiled = step.lower(*args).compile()
+    return compiled(*args), compiled, args[0]
+
+
+def compare(name, mixers, data, seq, model_devices, fsdp=False, accum=1, **options):
+    config = ModelConfig(
+        vocab_size=32, d_model=16, num_layers=len(mixers), num_heads=4, mixer=mixers,
+        mlp_ratio=2.0, **options
+    )
+    model = LanguageModel(config, rngs=nnx.Rngs(0))
+    (ref_logits, ref_grads), _, _ = logits_and_grads(model, None)
+    mesh = make_mesh(0, seq, model=model_devices)
+    assert dict(mesh.shape) == {"data": data, "seq": seq, "model": model_devices}, mesh.shape
+    (logits, grads), compiled, state = logits_and_grads(model, mesh, fsdp, accum)
+    errors = {
+        "/".join(path_names(p)): float(jnp.max(jnp.abs(g - r)) / (jnp.max(jnp.abs(r)) + 1e-30))
+        for (p, g), r in zip(jax.tree_util.tree_leaves_with_path(grads), jax.tree.leaves(ref_grads))
+    }
+    # Where the compiled step takes each parameter, and what one device holds of it.
+    placed = {}
+    in_shardings = jax.tree.leaves(compiled.input_shardings[0][0])
+    for (p, x), s in zip(jax.tree_util.tree_leaves_with_path(state), in_shardings):
+        names = path_names(p)
+        placed["/".join(names)] = {
+            "expected": model_split_dim(names, x.shape, model_devices),
+            "compiled_spec": [str(a) for a in s.spec],
+            "shape": list(x.shape),
+            "local": list(x.addressable_shards[0].data.shape),
+        }
+    print("RESULT " + json.dumps({
+        "name": name,
+        "mixers": list(mixers),
+        "logit_error": float(jnp.max(jnp.abs(logits - ref_logits)) / jnp.max(jnp.abs(ref_logits))),
+        "grad_errors": errors,
+        "placed": placed,
+    }), flush=True)
+
+
+CORE = sys.argv[1].split(",")
+compare("core", CORE, 4, 1, 2, num_value_heads=8)
+compare("core_fsdp_accum", CORE, 2, 1, 4, fsdp=True, accum=2, num_value_heads=8)
+split_time = [m for m in CORE if MIXERS[m].SEQUENCE_PARALLEL]
+compare("core_seq", split_time, 2, 2, 2, num_value_heads=8)
+if len(sys.argv) > 2:  # every family, six layers a model (a deeper stack amplifies rounding)
+    names = list(MIXERS)
+    for i in range(0, len(names), 6):
+        group = names[i : i + 6]
+        grouped = any("num_value_heads" in MIXERS[m].Config.own_options() for m in group)
+        compare(f"families_{i}", group, 4, 1, 2, **({"num_value_heads": 8} if grouped else {}))
+"""
+
+
+# The families of the default run: softmax, MLA's latent, the linear and gated (decayed) states,
+# the delta rule with grouped value heads and its short convolutions; -m slow adds every
+# registered family.
+CORE = ("softmax", "mla", "linear", "gated", "gated_deltanet")
+RUNS = {"core": 2, "core_fsdp_accum": 4, "core_seq": 2}
+
+
+def run_checks(*args):
+    out = run_on_cpu_devices(SCRIPT, 8, ",".join(CORE), *args)
+    found = [json.loads(line[7:]) for line in out.splitlines() if line.startswith("RESULT ")]
+    return {r["name"]: r for r in found}
+
+
+@pytest.fixture(scope="module")
+def results():
+    return run_checks()
+
+
+def check_equal_and_split(r, model, grad_bound=1e-4):
+    """Logits and gradients within float32 rounding of one device's, and every block's mixer
+    and MLP weights taken by the compiled step split over ``model`` devices."""
+    assert r["logit_error"] < 1e-5, r["logit_error"]
+    worst = max(r["grad_errors"].items(), key=lambda kv: kv[1])
+    assert worst[1] < grad_bound, worst
+    split_blocks, mlp_split = set(), 0
+    for path, p in r["placed"].items():
+        dim = p["expected"]
+        if dim is None:
+            assert "model" not in p["compiled_spec"], (path, p)
+            continue
+        # the compiled step takes it split over model, and a device holds 1/model of it
+        assert p["compiled_spec"][dim] == "model", (path, p)
+        assert p["local"][dim] * model == p["shape"][dim], (path, p)
+        names = path.split("/")
+        if names[0] == "blocks" and names[2] == "mixer":
+            split_blocks.add(int(names[1]))
+        if names[0] == "blocks" and names[2] == "mlp":
+            mlp_split += 1
+    assert split_blocks == set(range(len(r["mixers"]))), sorted(split_blocks)
+    assert mlp_split == 3 * len(r["mixers"])  # up, gate and down of every block
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_equal_to_one_device_and_split(results, name):
+    assert results[name]["mixers"] == [
+        m for m in CORE if name != "core_seq" or MIXERS[m].SEQUENCE_PARALLEL
+    ]
+    check_equal_and_split(results[name], RUNS[name])
+
+
+@pytest.mark.slow
+def test_every_family():
+    """Every registered mixer family (hybrids of six, one layer each) split over model = 2.
+    RWKV-7's per-head norm of its output amplifies float32 rounding (to about 2e-4 of a
+    gradient's largest element, measured), hence the wider bound."""
+    results = [r for name, r in run_checks("all").items() if name.startswith("families_")]
+    assert [m for r in results for m in r["mixers"]] == list(MIXERS)
+    for r in results:
+        check_equal_and_split(r, 2, grad_bound=1e-3)
+
+
+def test_split_rule():
+    """Column-parallel in-projections, row-parallel out-projections, nothing outside blocks."""
+    qkv = ("blocks", "0", "mixer", "inputs", "qkv_proj", "kernel")
+    assert model_split_dim(qkv, (16, 48), 2) == 1
+    assert (
+        model_split_dim(("blocks", "0", "mixer", "output", "out_proj", "kernel"), (16, 16), 2) == 0
+    )
+    assert model_split_dim(("blocks", "0", "mlp", "w_down", "kernel"), (32, 16), 2) == 0
+    assert model_split_dim(("blocks", "0", "mlp", "w_up", "kernel"), (16, 32), 2) == 1
+    assert model_split_dim(("blocks", "0", "mixer", "inputs", "conv", "kernel"), (4, 48), 2) == 1
+    assert model_split_dim(("blocks", "0", "mixer", "decay", "a_log"), (4,), 2) == 0
+    # PaTH's low-rank input pair reuses the name w_down for an in-projection
+    assert model_split_dim(("blocks", "0", "mixer", "inputs", "w_down", "kernel"), (16, 32), 2) == 1
+    assert model_split_dim(("blocks", "0", "mixer_norm", "scale"), (16,), 2) is None
+    assert model_split_dim(("embed", "embedding"), (32, 16), 2) is None
+    assert model_split_dim(qkv, (16, 48), 1) is None
+    # optimizer state leaves follow their parameter
+    assert model_split_dim(("1", "opt_state", "0", "mu", *qkv), (16, 48), 2) == 1
+
+
+def _config(**changes):
+    config = tiny_mqar()
+    for key, value in changes.items():
+        section, field = key.split(".")
+        setattr(getattr(config, section), field, value)
+    return config
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (
+            {"mesh.model": 3},
+            "config.mesh.model = 3 splits heads .* model.num_heads = 2 is not "
+            r"divisible by it \(allowed: 1, 2\)",
+        ),
+        (
+            {"mesh.model": 2, "model.mlp": True, "model.mlp_dim": 9},
+            "model.mlp_dim = 9 is not divisible",
+        ),
+        (
+            {
+                "mesh.model": 2,
+                "model.num_heads": 4,
+                "model.mixer": "softmax",
+                "model.feature_dim": None,
+                "model.redraw_interval": 0,
+                "model.num_kv_heads": 1,
+            },
+            r"num_kv_heads \(softmax\) = 1 is not divisible by it \(allowed: 1\)",
+        ),
+        ({"mesh.model": 2, "model.method": "pallas"}, "Pallas kernels cannot be split"),
+        (
+            {
+                "mesh.model": 2,
+                "model.mlp": True,
+                "model.num_experts": 4,
+                "model.experts_per_token": 2,
+            },
+            "mixture of experts is not split",
+        ),
+        (
+            {"mesh.model": 2, "mesh.num_devices": 3},
+            "config.mesh.model = 2 times mesh.seq = 1 must divide num_devices = 3",
+        ),
+        ({"mesh.model": 0}, "config.mesh.model"),
+    ],
+)
+def test_config_refuses(changes, message):
+    with pytest.raises(ValueError, match=message):
+        experiment_config(_config(**changes))
+
+
+def test_mesh_refuses_too_few_devices():
+    from linear_attention.training.mesh import make_mesh
+
+    with pytest.raises(ValueError, match="config.mesh.seq × config.mesh.model = 1 × 2"):
+        make_mesh(0, 1, devices=np.arange(3), model=2)
