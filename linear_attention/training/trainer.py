@@ -272,7 +272,8 @@ class Run:
         cfg, mesh, reporter = self.cfg, self.mesh, self.reporter
         reporter.message(
             f"{self.param_count:,} parameters, {mesh.devices.size} device(s) "
-            f"(data {mesh.shape['data']} × seq {mesh.shape['seq']}), "
+            f"(data {mesh.shape['data']} × seq {mesh.shape['seq']} × model "
+            f"{mesh.shape['model']}), "
             f"steps {self.start}..{cfg.train.num_steps}"
         )
         if cfg.mesh.target:  # the slice --dry_run sized the run for; a run uses what it sees

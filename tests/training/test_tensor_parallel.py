@@ -121,9 +121,10 @@ def results():
 
 
 def check_equal_and_split(r, model, grad_bound=1e-4):
-    """Logits and gradients within float32 rounding of one device's, and every block's mixer
-    and MLP weights taken by the compiled step split over ``model`` devices."""
-    assert r["logit_error"] < 1e-5, r["logit_error"]
+    """Logits (within a tenth of ``grad_bound`` of the largest) and gradients (within
+    ``grad_bound`` of each one's largest element) of one device's: float32 rounding; and every
+    block's mixer and MLP weights taken by the compiled step split over ``model`` devices."""
+    assert r["logit_error"] < grad_bound / 10, r["logit_error"]
     worst = max(r["grad_errors"].items(), key=lambda kv: kv[1])
     assert worst[1] < grad_bound, worst
     split_blocks, mlp_split = set(), 0
@@ -159,8 +160,13 @@ def test_every_family():
     gradient's largest element, measured), hence the wider bound."""
     results = [r for name, r in run_checks("all").items() if name.startswith("families_")]
     assert [m for r in results for m in r["mixers"]] == list(MIXERS)
+    failed = []
     for r in results:
-        check_equal_and_split(r, 2, grad_bound=1e-3)
+        try:
+            check_equal_and_split(r, 2, grad_bound=1e-3)
+        except AssertionError as e:
+            failed.append((r["mixers"], str(e)[:300]))
+    assert not failed, failed
 
 
 def test_split_rule():
