@@ -3,7 +3,7 @@ parameter gradients of a small hybrid `LanguageModel` (softmax, MLA, linear, gat
 DeltaNet with grouped value heads, each block with its MLP) with its blocks split over a
 ``model`` axis of 2 (data 4), of 4 with FSDP and gradient accumulation (data 2), and of 2 with
 time split too (``seq`` 2, data 2), and of FAVOR+ with a short conv, equal the same model's
-on one device (float32 rounding).
+on one device (float32 rounding); so does a `trainer.train` run of the latter.
 The weights are really split: the compiled step takes every block's projections and MLP
 weights split over ``model`` and a device holds only its part. ``-m slow`` runs every
 registered family. The checks run in one subprocess (a mesh needs its devices before JAX
@@ -15,10 +15,11 @@ import numpy as np
 import pytest
 
 from linear_attention.layers import MIXERS
-from linear_attention.training import experiment_config
+from linear_attention.training import experiment_config, trainer
 from linear_attention.training.mesh import model_split_dim
 from tests.scripts import run_on_cpu_devices
 from tests.training.conftest import tiny_mqar
+from tests.training.test_multidevice import summarize
 
 SCRIPT = """
 import json, sys
@@ -99,9 +100,16 @@ compare("core_fsdp_accum", CORE, 2, 1, 4, fsdp=True, accum=2, num_value_heads=8)
 from linear_attention.training import experiment_config
 from tests.training.conftest import tiny_mqar
 compare("favor_conv", None, 4, 1, 2, config=experiment_config(tiny_mqar()).model)
+# the trainer's loop (train step, evaluation, feature redraw) on that model with model = 2
+from linear_attention.training import trainer
+from tests.training.test_multidevice import summarize
+config = tiny_mqar()
+config.mesh.model = 2
+run = summarize(trainer.train(config, sys.argv[2]))
+print("RESULT " + json.dumps({"name": "trainer", **run}), flush=True)
 split_time = [m for m in CORE if MIXERS[m].SEQUENCE_PARALLEL]
 compare("core_seq", split_time, 2, 2, 2, num_value_heads=8)
-if len(sys.argv) > 2:  # every family, six layers a model (a deeper stack amplifies rounding)
+if len(sys.argv) > 3:  # every family, six layers a model (a deeper stack amplifies rounding)
     names = list(MIXERS)
     for i in range(0, len(names), 6):
         group = names[i : i + 6]
@@ -117,15 +125,15 @@ CORE = ("softmax", "mla", "linear", "gated", "gated_deltanet")
 RUNS = {"core": 2, "core_fsdp_accum": 4, "core_seq": 2, "favor_conv": 2}
 
 
-def run_checks(*args):
-    out = run_on_cpu_devices(SCRIPT, 8, ",".join(CORE), *args)
+def run_checks(workdir, *args):
+    out = run_on_cpu_devices(SCRIPT, 8, ",".join(CORE), str(workdir), *args)
     found = [json.loads(line[7:]) for line in out.splitlines() if line.startswith("RESULT ")]
     return {r["name"]: r for r in found}
 
 
 @pytest.fixture(scope="module")
-def results():
-    return run_checks()
+def results(tmp_path_factory):
+    return run_checks(tmp_path_factory.mktemp("tensor_parallel"))
 
 
 def check_equal_and_split(r, model, grad_bound=1e-4):
@@ -163,12 +171,22 @@ def test_equal_to_one_device_and_split(results, name):
     check_equal_and_split(results[name], RUNS[name])
 
 
+def test_trainer_equals_one_device(results, tmp_path):
+    """`trainer.train` of the MQAR test model with mesh.model = 2 (data 4): the per-step losses,
+    gradient norms and evaluations of one device."""
+    one = summarize(trainer.train(tiny_mqar(), str(tmp_path / "one")))
+    split = results["trainer"]
+    assert split["num_devices"] == 8 and one["num_devices"] == 1
+    for key in ("train_loss", "grad_norm", "eval_loss"):
+        np.testing.assert_allclose(split[key], one[key], rtol=1e-5, err_msg=key)
+
+
 @pytest.mark.slow
-def test_every_family():
+def test_every_family(tmp_path):
     """Every registered mixer family (hybrids of six, one layer each) split over model = 2.
     RWKV-7's per-head norm of its output amplifies float32 rounding (to about 2e-4 of a
     gradient's largest element, measured), hence the wider bound."""
-    results = [r for name, r in run_checks("all").items() if name.startswith("families_")]
+    results = [r for name, r in run_checks(tmp_path, "all").items() if name.startswith("families_")]
     assert [m for r in results for m in r["mixers"]] == list(MIXERS)
     failed = []
     for r in results:
