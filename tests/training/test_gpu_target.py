@@ -49,7 +49,7 @@ def _check_sizing(sizing_: dict, name: str = "gpu:h100:8", devices: int = 8):
         "chips": devices,
         "hosts": 1,
         "compute_capability": "9.0",
-        "mesh": {"data": devices, "seq": 1},
+        "mesh": {"data": devices, "seq": 1, "model": 1},
     }
     assert sizing_["hbm_bytes_per_device"] == H100_BYTES
     assert "totalGlobalMem" in sizing_["hbm_source"]

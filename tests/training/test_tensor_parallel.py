@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from linear_attention.layers import MIXERS
-from linear_attention.training import experiment_config, trainer
+from linear_attention.training import experiment_config, gpu_target, sizing, trainer
 from linear_attention.training.mesh import model_split_dim
 from tests.scripts import run_on_cpu_devices
 from tests.training.conftest import tiny_mqar
@@ -179,6 +179,20 @@ def test_trainer_equals_one_device(results, tmp_path):
     assert split["num_devices"] == 8 and one["num_devices"] == 1
     for key in ("train_loss", "grad_norm", "eval_loss"):
         np.testing.assert_allclose(split[key], one[key], rtol=1e-5, err_msg=key)
+
+
+@pytest.mark.skipif(gpu_target.cuda_missing() is not None, reason="compiling for GPU needs CUDA")
+def test_dry_run_for_gpus_splits_the_state():
+    """`la-train --dry_run` for gpu:h100:8 compiles the step on a (data 4, seq 1, model 2)
+    mesh, whose devices hold less of the parameters and optimizer state than data 8's."""
+    sized = {}
+    for model in (1, 2):
+        config = tiny_mqar()
+        config.mesh.target, config.mesh.model = "gpu:h100:8", model
+        sized[model] = sizing.dry_run(config)
+    assert sized[2]["target"]["mesh"] == {"data": 4, "seq": 1, "model": 2}
+    assert sized[2]["fits"] is True
+    assert sized[2]["memory"]["arguments"] < sized[1]["memory"]["arguments"]
 
 
 @pytest.mark.slow
