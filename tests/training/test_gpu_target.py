@@ -209,7 +209,7 @@ def test_the_step_split_over_time_and_fsdp_compiles_for_two_h200_hosts(capsys, m
     argv += ["--config.train.grad_accum_steps=2", "--config.model.chunk_size=16"]
     status, sizing_, err = dry_run_cli(capsys, *argv)
     assert status == 0, err
-    assert sizing_["target"]["mesh"] == {"data": 4, "seq": 2}
+    assert sizing_["target"]["mesh"] == {"data": 4, "seq": 2, "model": 1}
     assert (sizing_["target"]["hosts"], sizing_["target"]["devices"]) == (2, 8)
     assert sizing_["hbm_bytes_per_device"] == CHIPS["h200"].device_memory_size
     state = 3 * 4 * sizing_["parameters"]
