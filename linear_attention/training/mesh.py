@@ -5,15 +5,15 @@ time split over ``seq`` (`sequence_parallel_stats`: the mixers' sequence paralle
 layers/sequence.py).
 
 With ``model > 1`` (tensor parallelism, `model_split_dim`) every block's weights are split over
-``model`` in the Megatron way: the in-projections (query/key/value, gates, decays, the MLP's up
-and gate) by their output columns, so heads, value heads, MLA's latent, convolution channels
-and MLP hidden units are divided among the devices, and the out-projections (the mixer's
-``out_proj``, the MLP's ``w_down``) by their input rows, so each block ends in one reduction
-over ``model`` (the short convolutions' small filters stay whole: `UNSPLIT`). Only the
-parameters are annotated: XLA's SPMD partitioner places the activations and inserts the
-collectives. A fused projection (``qkv_proj`` holds the query, key and value columns one after
-the other) is split as stored, so XLA regroups its columns by head with one more collective.
-The optimizer state follows the parameters (its leaves sit under the same names)."""
+``model`` in the Megatron way: the in-projections (query/key/value, gates, decays, the MLP's up and
+gate) by their output columns, so heads, value heads, MLA's latent, convolution channels and MLP
+hidden units are divided among the devices, and the out-projections (the mixer's ``out_proj``, the
+MLP's ``w_down``) by their input rows, so the mixer and the MLP each end in one reduction over
+``model`` (the short convolutions' small filters stay whole: `UNSPLIT`). Only the parameters are
+annotated: XLA's SPMD partitioner places the activations and inserts the collectives. A fused
+projection (``qkv_proj`` holds the query, key and value columns one after the other) is split as
+stored, so XLA regroups its columns by head (collective permutes). The optimizer state follows the
+parameters (its leaves sit under the same names)."""
 
 from __future__ import annotations
 
