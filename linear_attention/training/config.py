@@ -146,8 +146,10 @@ class TrainConfig(Section):
 
 @dataclasses.dataclass(frozen=True)
 class MeshConfig(Section):
-    """Devices: a mesh over ``num_devices`` (0: all) with axes ``data`` (batch rows) and ``seq``
-    (``seq`` devices split the time axis: sequence parallelism). With ``multi_host`` the run is
+    """Devices: a mesh over ``num_devices`` (0: all) with axes ``data`` (batch rows), ``seq``
+    (``seq`` devices split the time axis: sequence parallelism) and ``model`` (``model``
+    devices split every block's heads and MLP hidden units: tensor parallelism,
+    `training.mesh`). With ``multi_host`` the run is
     one of ``num_processes`` processes joined by ``jax.distributed.initialize``; an empty
     address and ``num_processes = 0`` are taken from the environment or the cluster.
     ``target``: the accelerators the run is sized for, ``""`` (the visible devices),
@@ -160,6 +162,7 @@ class MeshConfig(Section):
     num_devices: int = spec_field(0, minimum=0)
     fsdp: bool = False  # shard parameters and optimizer state over the data axis
     seq: int = 1  # devices splitting the time axis; the others split the batch
+    model: int = spec_field(1, minimum=1)  # devices splitting heads and MLP hidden units
     multi_host: bool = False  # call jax.distributed.initialize() first
     coordinator_address: str = ""  # "host:port" of process 0
     num_processes: int = spec_field(0, minimum=0)
@@ -170,6 +173,12 @@ class MeshConfig(Section):
         parse_target(self.target, "config.mesh.target")
         if self.num_devices and self.num_devices % self.seq:
             broken("mesh.seq", f"= {self.seq} must divide num_devices = {self.num_devices}")
+        if self.num_devices and self.num_devices % (self.seq * self.model):
+            broken(
+                "mesh.model",
+                f"= {self.model} times mesh.seq = {self.seq} must divide num_devices = "
+                f"{self.num_devices}",
+            )
         if self.num_processes and self.process_id >= self.num_processes:
             broken(
                 "mesh.process_id",
@@ -354,11 +363,49 @@ def _check_sections(model, data, optimizer, train, mesh) -> None:
             f"= {mesh.seq} splits the time axis, which mixer(s) {', '.join(unsplit)} cannot take "
             "(no sequence-parallel form); use mesh.seq = 1",
         )
+    if mesh.model > 1:
+        check_tensor_parallel(model, mesh.model)
     if optimizer.warmup_steps > train.num_steps:
         broken(
             "optimizer.warmup_steps",
             f"= {optimizer.warmup_steps} exceeds config.train.num_steps = {train.num_steps}",
         )
+
+
+def check_tensor_parallel(model: ModelConfig, n: int) -> None:
+    """`ValueError` (naming config.mesh.model) unless ``n`` devices can split ``model``'s
+    heads, grouped value and key/value heads and MLP hidden units evenly (`training.mesh`),
+    and its layers are ones XLA partitions: no Pallas kernel (a Mosaic call is opaque to the
+    partitioner) and no experts (expert parallelism is a separate axis, not built yet)."""
+    why = f"= {n} splits heads and MLP hidden units over {n} devices"
+    if model.uses_pallas:
+        broken(
+            "mesh.model",
+            f"{why}; the Pallas kernels cannot be split so (use method != "
+            "'pallas' or mesh.model = 1)",
+        )
+    if model.num_experts:
+        broken(
+            "mesh.model",
+            f"{why}; a mixture of experts is not split over it yet (use "
+            "num_experts = 0 or mesh.model = 1)",
+        )
+    widths = {"model.num_heads": model.num_heads}
+    if model.mlp:
+        widths["model.mlp_dim"] = model.mlp_dim or int(model.mlp_ratio * model.d_model)
+    for name in dict.fromkeys(model.layer_mixers):
+        mixer = model.mixer_config(name)
+        for field in ("num_value_heads", "num_kv_heads"):
+            if getattr(mixer, field, None):
+                widths[f"model.{field} ({name})"] = getattr(mixer, field)
+    for field, width in widths.items():
+        if width % n:
+            allowed = [d for d in range(1, width + 1) if width % d == 0]
+            broken(
+                "mesh.model",
+                f"{why} but {field} = {width} is not divisible by it "
+                f"(allowed: {', '.join(map(str, allowed))})",
+            )
 
 
 def config_difference(old: Mapping, new: Mapping, cfg: ExperimentConfig):

@@ -1,7 +1,19 @@
-"""Devices: a `Mesh` with axes ``data`` and ``seq``. Batch rows split over ``data``, parameters
-replicated or FSDP-sharded over it (each array split along its first dimension divisible by the
-``data`` size); with ``seq > 1`` the model's loss runs in `jax.shard_map` with time split over
-``seq`` (`sequence_parallel_stats`: the mixers' sequence parallelism, layers/sequence.py)."""
+"""Devices: a `Mesh` with axes ``data``, ``seq`` and ``model``. Batch rows split over ``data``,
+parameters replicated or FSDP-sharded over it (each array split along its first dimension
+divisible by the ``data`` size); with ``seq > 1`` the model's loss runs in `jax.shard_map` with
+time split over ``seq`` (`sequence_parallel_stats`: the mixers' sequence parallelism,
+layers/sequence.py).
+
+With ``model > 1`` (tensor parallelism, `model_split_dim`) every block's weights are split over
+``model`` in the Megatron way: the in-projections (query/key/value, gates, decays, the MLP's up and
+gate) by their output columns, so heads, value heads, MLA's latent, convolution channels and MLP
+hidden units are divided among the devices, and the out-projections (the mixer's ``out_proj``, the
+MLP's ``w_down``) by their input rows, so the mixer and the MLP each end in one reduction over
+``model`` (the short convolutions' small filters stay whole: `UNSPLIT`). Only the parameters are
+annotated: XLA's SPMD partitioner places the activations and inserts the collectives. A fused
+projection (``qkv_proj`` holds the query, key and value columns one after the other) is split as
+stored, so XLA regroups its columns by head (collective permutes). The optimizer state follows the
+parameters (its leaves sit under the same names)."""
 
 from __future__ import annotations
 
@@ -15,6 +27,16 @@ from linear_attention.layers.sequence import split_sequence
 
 DATA_AXIS = "data"
 SEQ_AXIS = "seq"
+MODEL_AXIS = "model"
+# Modules whose weights are split by input rows (row-parallel: a block's last matmul); the other
+# weights of a block are split by output columns. The MLP's "w_down" is row-parallel only
+# under "mlp" (PaTH's input low-rank pair reuses the name for an in-projection).
+ROW_PARALLEL = frozenset({"out_proj"})
+# Parameters of a block never split over ``model``: the norms over d_model, and the short
+# convolutions' [K, C] filters (a few K·C numbers; the channels they act on are split with
+# the in-projection's output). Split filters gave FAVOR+ with a short conv gradients 8% off the
+# unsplit model's on XLA:CPU (loss equal; other mixers with a conv equal), not yet explained.
+UNSPLIT = ("norm", "conv")
 
 
 def initialize_distributed(mesh_config) -> None:
@@ -32,9 +54,10 @@ def initialize_distributed(mesh_config) -> None:
     jax.distributed.initialize(**kwargs)
 
 
-def make_mesh(num_devices: int = 0, seq: int = 1, devices=None) -> Mesh:
-    """A ``(data, seq)`` mesh over the first ``num_devices`` of ``devices`` (default: the
-    visible ones; 0: all of them), ``seq`` of them along the time axis."""
+def make_mesh(num_devices: int = 0, seq: int = 1, devices=None, model: int = 1) -> Mesh:
+    """A ``(data, seq, model)`` mesh over the first ``num_devices`` of ``devices`` (default:
+    the visible ones; 0: all of them), ``seq`` of them along the time axis and ``model`` along
+    the heads (the innermost axis: neighbouring devices, the fastest links)."""
     where = "are visible" if devices is None else "are in config.mesh.target"
     devices = list(jax.devices() if devices is None else devices)
     if num_devices > len(devices):
@@ -42,9 +65,12 @@ def make_mesh(num_devices: int = 0, seq: int = 1, devices=None) -> Mesh:
             f"config.mesh.num_devices = {num_devices} but only {len(devices)} devices {where}"
         )
     devices = devices[: num_devices or len(devices)]
-    if len(devices) % seq:
-        raise ValueError(f"config.mesh.seq = {seq} must divide the {len(devices)} devices")
-    return Mesh(np.asarray(devices).reshape(-1, seq), (DATA_AXIS, SEQ_AXIS))
+    if len(devices) % (seq * model):
+        raise ValueError(
+            f"config.mesh.seq × config.mesh.model = {seq} × {model} must divide the "
+            f"{len(devices)} devices"
+        )
+    return Mesh(np.asarray(devices).reshape(-1, seq, model), (DATA_AXIS, SEQ_AXIS, MODEL_AXIS))
 
 
 def check_batch_size(name: str, batch_size: int, mesh: Mesh) -> None:
@@ -77,19 +103,54 @@ def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P())
 
 
-def array_sharding(shape: tuple[int, ...], mesh: Mesh, fsdp: bool) -> NamedSharding:
-    """Replicated, or with ``fsdp`` split along the first dimension the devices divide."""
+def model_split_dim(names: tuple[str, ...], shape: tuple[int, ...], model: int) -> int | None:
+    """The dimension of a parameter (or optimizer-state leaf) split over a ``model`` axis of
+    ``model`` devices, from its path ``names`` (module docstring), or None (replicated): a
+    block's row-parallel kernels (`ROW_PARALLEL`, the MLP's ``w_down``) by their first
+    dimension, its other weights by their last; nothing outside the blocks (embeddings, the
+    final norm), the norms, scalars and a dimension ``model`` does not divide."""
+    if model == 1 or "blocks" not in names or not shape:
+        return None
+    if any(part in name for name in names for part in UNSPLIT):
+        return None
+    owner = names[-3:-1] if names[-1] in ("kernel", "bias") else names[-2:]
+    row = owner[-1] in ROW_PARALLEL or owner == ("mlp", "w_down")
+    if row and names[-1] == "bias":
+        return None
+    dim = 0 if row and len(shape) > 1 else len(shape) - 1
+    return dim if shape[dim] % model == 0 else None
+
+
+def array_sharding(
+    shape: tuple[int, ...], mesh: Mesh, fsdp: bool, names: tuple[str, ...] = ()
+) -> NamedSharding:
+    """Replicated, or split over ``model`` along `model_split_dim` of its path ``names``, and
+    with ``fsdp`` over ``data`` along the first other dimension the ``data`` devices divide."""
+    spec = [None] * len(shape)
+    split = model_split_dim(names, shape, mesh.shape.get(MODEL_AXIS, 1))
+    if split is not None:
+        spec[split] = MODEL_AXIS
     n = mesh.shape[DATA_AXIS]
     if fsdp and n > 1:
         for axis, size in enumerate(shape):
-            if size % n == 0:
-                return NamedSharding(mesh, P(*([None] * axis), DATA_AXIS))
-    return replicated(mesh)
+            if axis != split and size % n == 0:
+                spec[axis] = DATA_AXIS
+                break
+    return NamedSharding(mesh, P(*spec)) if any(spec) else replicated(mesh)
+
+
+def path_names(path) -> tuple[str, ...]:
+    """A pytree path's dict keys and sequence indices as strings (a variable's ``.value``
+    attribute left out: an `nnx.State` leaf is named by its module path)."""
+    keys = (getattr(k, "key", getattr(k, "idx", None)) for k in path)
+    return tuple(str(k) for k in keys if k is not None)
 
 
 def state_shardings(state, mesh: Mesh, fsdp: bool):
     """The sharding of every array of a pytree (works on arrays, tracers and shape structs)."""
-    return jax.tree.map(lambda x: array_sharding(tuple(x.shape), mesh, fsdp), state)
+    return jax.tree_util.tree_map_with_path(
+        lambda path, x: array_sharding(tuple(x.shape), mesh, fsdp, path_names(path)), state
+    )
 
 
 def shard_batch(batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
@@ -114,7 +175,9 @@ def sequence_parallel_stats(stats_fn, model, batch: dict, mesh: Mesh):
     """``stats_fn(model, batch)`` (sums over the batch) computed in `jax.shard_map`: every batch
     entry (``[B, T]``) split by rows over ``data`` and by time over ``seq``, the model run in
     `split_sequence` (its mixers then see their shard of the time axis and combine over
-    ``seq``). Parameters enter replicated; the sums are `psum`-ed over both axes."""
+    ``seq``). Parameters enter replicated over both; the sums are `psum`-ed over both axes.
+    A ``model`` axis over more than one device is left to XLA's partitioner inside (the
+    parameters keep their split over it: tensor parallelism within each shard)."""
     graphdef, params = nnx.split(model)
 
     def local(params, batch):
@@ -123,4 +186,7 @@ def sequence_parallel_stats(stats_fn, model, batch: dict, mesh: Mesh):
         return jax.lax.psum(stats, (DATA_AXIS, SEQ_AXIS))
 
     in_specs = (P(), P(DATA_AXIS, SEQ_AXIS))
-    return jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=P())(params, batch)
+    manual = {DATA_AXIS, SEQ_AXIS} if mesh.shape.get(MODEL_AXIS, 1) > 1 else set(mesh.axis_names)
+    return jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=P(), axis_names=manual)(
+        params, batch
+    )

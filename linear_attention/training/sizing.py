@@ -157,7 +157,7 @@ def dry_run(
     if target is not None:
         check_pallas_target(cfg, target)
     devices = None if target is None else target.devices()
-    mesh = make_mesh(cfg.mesh.num_devices, cfg.mesh.seq, devices)
+    mesh = make_mesh(cfg.mesh.num_devices, cfg.mesh.seq, devices, cfg.mesh.model)
     check_train_batches(cfg.train, mesh)
     model = abstract_model(cfg)
     params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
@@ -183,7 +183,9 @@ def dry_run(
     def compile_one(c: ExperimentConfig) -> Compiled:
         # method="pallas": the Mosaic kernels, lowered for a TPU target whatever this backend is
         with pallas_mosaic() if target.pallas else contextlib.nullcontext():
-            traced = trace_train_step(c, make_mesh(c.mesh.num_devices, c.mesh.seq, devices))
+            traced = trace_train_step(
+                c, make_mesh(c.mesh.num_devices, c.mesh.seq, devices, c.mesh.model)
+            )
         return compile_for_target(traced, target, chip, hbm_limit)
 
     if not fit:

@@ -116,7 +116,7 @@ def train(
     cfg = experiment_config(config)
     initialize_distributed(cfg.mesh)
     try:
-        mesh = make_mesh(cfg.mesh.num_devices, cfg.mesh.seq)
+        mesh = make_mesh(cfg.mesh.num_devices, cfg.mesh.seq, model=cfg.mesh.model)
         check_train_batches(cfg.train, mesh)
     except ValueError as e:
         raise RunError(str(e)) from None
@@ -272,7 +272,8 @@ class Run:
         cfg, mesh, reporter = self.cfg, self.mesh, self.reporter
         reporter.message(
             f"{self.param_count:,} parameters, {mesh.devices.size} device(s) "
-            f"(data {mesh.shape['data']} × seq {mesh.shape['seq']}), "
+            f"(data {mesh.shape['data']} × seq {mesh.shape['seq']} × model "
+            f"{mesh.shape['model']}), "
             f"steps {self.start}..{cfg.train.num_steps}"
         )
         if cfg.mesh.target:  # the slice --dry_run sized the run for; a run uses what it sees

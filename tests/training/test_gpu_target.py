@@ -49,7 +49,7 @@ def _check_sizing(sizing_: dict, name: str = "gpu:h100:8", devices: int = 8):
         "chips": devices,
         "hosts": 1,
         "compute_capability": "9.0",
-        "mesh": {"data": devices, "seq": 1},
+        "mesh": {"data": devices, "seq": 1, "model": 1},
     }
     assert sizing_["hbm_bytes_per_device"] == H100_BYTES
     assert "totalGlobalMem" in sizing_["hbm_source"]
@@ -209,7 +209,7 @@ def test_the_step_split_over_time_and_fsdp_compiles_for_two_h200_hosts(capsys, m
     argv += ["--config.train.grad_accum_steps=2", "--config.model.chunk_size=16"]
     status, sizing_, err = dry_run_cli(capsys, *argv)
     assert status == 0, err
-    assert sizing_["target"]["mesh"] == {"data": 4, "seq": 2}
+    assert sizing_["target"]["mesh"] == {"data": 4, "seq": 2, "model": 1}
     assert (sizing_["target"]["hosts"], sizing_["target"]["devices"]) == (2, 8)
     assert sizing_["hbm_bytes_per_device"] == CHIPS["h200"].device_memory_size
     state = 3 * 4 * sizing_["parameters"]

@@ -45,7 +45,7 @@ def main(part="fast"):
     labels[rng.random((B, T)) < 0.3] = -100  # IGNORE_INDEX
     batch = {"inputs": tokens, "labels": jnp.asarray(labels)}
     split = make_mesh(8, seq=4)
-    assert dict(split.shape) == {"data": 2, "seq": 4}
+    assert dict(split.shape) == {"data": 2, "seq": 4, "model": 1}
 
     def grads_and_stats(config, mesh, batch=batch):
         graphdef, state = nnx.split(LanguageModel(config, rngs=nnx.Rngs(0)))

@@ -42,7 +42,7 @@ def _check_sizing(sizing: dict, devices: int):
         "device_kind": "TPU v5 lite",
         "devices": 4,
         "chips": 4,
-        "mesh": {"data": devices, "seq": 1},
+        "mesh": {"data": devices, "seq": 1, "model": 1},
     }
     assert sizing["hbm_bytes_per_device"] == round(15.75 * GiB)
     assert "XLA:TPU compiler" in sizing["hbm_source"]
