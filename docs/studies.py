@@ -1033,31 +1033,6 @@ def readme_lm() -> str:
     return render(["mixer", "bits/byte"], out, "lr")
 
 
-@table("readme.length")
-def readme_length() -> str:
-    runs = {r["label"]: r for r in read_json("length_gen_cpu.json")["runs"]}
-    labels = ("softmax-rope", "gated_deltanet", "gated", "deltanet", "softmax")
-    out = [
-        [f"`{label}`", *(f3(runs[label]["bits_per_byte"][n]) for n in ("128", "2048"))]
-        for label in labels
-    ]
-    return render(["model", "l = 128", "l = 2048"], out, "lrr")
-
-
-@table("readme.decode")
-def readme_decode() -> str:
-    data = read_json("decode_cpu.json")
-    points = {(p["mixer"], p["context"]): p for p in data["decode"]}
-    contexts = sorted({p["context"] for p in data["decode"]})
-    out = []
-    for n in (contexts[0], contexts[-1]):
-        ms = [sig3(points[(m, n)]["median_s"] * 1e3) for m in ("gated", "softmax")]
-        mib = [sig3(points[(m, n)]["state_size_bytes"] / 2**20) for m in ("gated", "softmax")]
-        out.append([grouped(n), *ms, *mib])
-    header = ["context", "gated ms", "softmax ms", "gated state MiB", "softmax KV cache MiB"]
-    return render(header, out, "rrrrr")
-
-
 # --- filling the pages -----------------------------------------------------------------------
 
 

@@ -1,7 +1,7 @@
 """Evaluation as the papers report it: an lm-evaluation-harness model over a run
 (`LMEvalModel`, registered as ``linear_attention``; needs the ``eval`` extra), the loss by
 position over long blocks (`document_blocks`, `position_losses`, `bucket_means`) and RULER-style
-needle studies (`needle_study`). Behind ``la-eval --tasks``, ``la-eval --position_buckets`` and
+needle studies (the `needle_study` module). Behind ``la-eval --tasks``, ``la-eval --position_buckets`` and
 ``la-eval --needles``; `load_text_run` opens a run's model and tokenizer for them.
 
 Each name is imported on first use, so the rest works without lm-evaluation-harness; importing
@@ -15,7 +15,6 @@ _LAZY = {
     "document_blocks": "positions",
     "position_losses": "positions",
     "bucket_means": "positions",
-    "needle_study": "needle_study",
 }
 
 

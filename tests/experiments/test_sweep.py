@@ -205,7 +205,9 @@ def test_pallas_method_off_a_tpu_stops_the_sweep_before_any_run(sweep, tmp_path,
     args = ["--config", str(spec), "--workdir", str(tmp_path / "w"), "--only", "mixer=linear"]
     assert sweep.main(args) == 2
     err = capsys.readouterr().err
-    assert err.startswith("sweep: error: config.model.method = 'pallas' runs the Pallas (Mosaic)")
+    assert err.startswith(
+        "sweep: error: config.model.method = 'pallas' runs the Pallas kernels, which need"
+    )
     assert "this machine's backend is 'cpu'" in err
     assert not (tmp_path / "w").exists()
     assert sweep.main([*args, "--dry-run"]) == 0
