@@ -26,6 +26,8 @@ import re
 import sys
 from pathlib import Path
 
+from linear_attention.data.mad import TASKS as MAD_TASKS
+
 DOCS = Path(__file__).resolve().parent
 RESULTS = DOCS / "results"
 STUDIES = DOCS / "studies"
@@ -953,15 +955,6 @@ def st_s3_one_layer() -> str:
 
 
 # --- MAD -------------------------------------------------------------------------------------
-
-MAD_TASKS = (
-    "in_context_recall",
-    "noisy_recall",
-    "fuzzy_recall",
-    "selective_copying",
-    "compression",
-    "memorization",
-)
 
 
 @table("mad.grid")
