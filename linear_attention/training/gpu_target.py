@@ -63,7 +63,12 @@ class GpuTarget(Target):
 
     compiler = "XLA:GPU"
     platform = "cuda"
-    pallas = False  # the Pallas kernels are Mosaic TPU kernels
+
+    @property
+    def pallas_backend(self) -> str | None:
+        """The Mosaic GPU kernels (wgmma, TMA) are written for Hopper (compute capability 9.0);
+        other GPUs have no Pallas kernels here."""
+        return "gpu" if self.chip.capability == "9.0" else None
 
     @property
     def chip(self) -> Chip:

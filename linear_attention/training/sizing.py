@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from linear_attention.kernels.primitives.pallas import pallas_mosaic
+from linear_attention.kernels.primitives.pallas import pallas_lowering
 from linear_attention.training.config import ExperimentConfig, experiment_config
 from linear_attention.training.flops import flops_per_token
 from linear_attention.training.mesh import (
@@ -181,8 +181,9 @@ def dry_run(
     result["versions"] = target.versions()
 
     def compile_one(c: ExperimentConfig) -> Compiled:
-        # method="pallas": the Mosaic kernels, lowered for a TPU target whatever this backend is
-        with pallas_mosaic() if target.pallas else contextlib.nullcontext():
+        # method="pallas": the target's Pallas kernels, lowered whatever this backend is
+        lowering = pallas_lowering(target.pallas_backend) if target.pallas_backend else None
+        with lowering or contextlib.nullcontext():
             traced = trace_train_step(
                 c, make_mesh(c.mesh.num_devices, c.mesh.seq, devices, c.mesh.model)
             )
@@ -205,18 +206,35 @@ def dry_run(
 
 
 def check_pallas_target(cfg: ExperimentConfig, target: Target) -> None:
-    """`ValueError` where a layer runs method="pallas" and the target's compiler has no Pallas
-    kernels: they are Mosaic kernels, for TPUs; a GPU target compiles method="chunk"."""
+    """`ValueError` where a layer runs method="pallas" and the target has no Pallas kernel for
+    it (its family's descriptor names the backends: TPU for every Pallas family, Mosaic GPU on
+    Hopper for causal linear attention), or where the Mosaic GPU kernels would get float32
+    inputs (their wgmma operands are bfloat16 or float16)."""
     layers = cfg.model.backend_layers
-    if not layers or target.pallas:
+    if not layers:
         return
-    first = cfg.model.mixer_config(next(iter(layers)))
-    raise ValueError(
-        f"config.model.method = {first.method!r} (the layers {', '.join(sorted(layers))}): the "
-        f"Pallas kernels are Mosaic kernels for TPUs, and config.mesh.target = {target.name!r} "
-        f"is compiled by {target.compiler}, which has none; use method "
-        f"{first.FAMILY.supported[0]!r} (the same recurrence in XLA) there, or a tpu: target"
-    )
+    backend = target.pallas_backend
+    lacking = sorted(n for n, backends in layers.items() if backend not in backends)
+    first = cfg.model.mixer_config(lacking[0] if lacking else next(iter(layers)))
+    if lacking:
+        has = (
+            f"whose Pallas kernels ({backend}) do not cover these layers' kernel families"
+            if backend
+            else "which has no Pallas kernels"
+        )
+        raise ValueError(
+            f"config.model.method = {first.method!r} (the layers {', '.join(lacking)}): "
+            f"config.mesh.target = {target.name!r} is compiled by {target.compiler}, {has}; "
+            f"use method {first.FAMILY.supported[0]!r} (the same recurrence in XLA) there, or "
+            "a target with these kernels"
+        )
+    if backend == "gpu" and cfg.model.compute_dtype == jnp.float32:
+        raise ValueError(
+            f"config.model.dtype = 'float32' with method {first.method!r}: the Mosaic GPU "
+            "kernels take bfloat16 or float16 inputs (their wgmma operands); set "
+            "--config.model.dtype=bfloat16, or use method "
+            f"{first.FAMILY.supported[0]!r}"
+        )
 
 
 def _quiet(line: str) -> None:

@@ -29,7 +29,9 @@ class Target(abc.ABC):
     name: str
     compiler: typing.ClassVar[str]  # "XLA:TPU": named in the messages and the sizing
     platform: typing.ClassVar[str]  # the lowering platform of `jax.stages.Traced.lower`
-    pallas: typing.ClassVar[bool]  # whether method="pallas" (Mosaic TPU kernels) compiles for it
+    # The Pallas kernels that method="pallas" compiles to for this target ("tpu": Mosaic, "gpu":
+    # Mosaic GPU), None where it has none (`kernels.pallas_lowering`).
+    pallas_backend: typing.ClassVar[str | None]
 
     @abc.abstractmethod
     def devices(self) -> tuple:

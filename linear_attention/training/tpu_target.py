@@ -65,7 +65,7 @@ class TpuTarget(Target):
 
     compiler = "XLA:TPU"
     platform = "tpu"
-    pallas = True
+    pallas_backend = "tpu"
 
     @property
     def device_kind(self) -> str:

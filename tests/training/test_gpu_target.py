@@ -94,7 +94,9 @@ def test_gpu_targets_parse():
     for name, shape in shapes.items():
         t = parse_target(name)
         assert (t.hosts, t.per_host) == shape and t.name == name
-        assert t.compiler == "XLA:GPU" and t.platform == "cuda" and not t.pallas
+        assert t.compiler == "XLA:GPU" and t.platform == "cuda"
+        # The Mosaic GPU kernels are Hopper kernels: H100 and H200 only.
+        assert t.pallas_backend == ("gpu" if name.startswith(("gpu:h100", "gpu:h200")) else None)
     assert parse_target("gpu:h200:8").device_kind == "NVIDIA H200"
 
 
@@ -131,22 +133,51 @@ def test_without_the_cuda_plugin_a_gpu_target_names_the_extra(capsys, monkeypatc
 
 
 def test_the_pallas_method_with_a_gpu_target_is_a_usage_error(capsys, monkeypatch):
-    """The Pallas kernels are Mosaic (TPU) kernels: a GPU target says so before compiling,
-    for the model's method and for one layer type's."""
+    """method="pallas" on a GPU target is refused before compiling where the target has no
+    kernel for a layer's family (the delta family on an H100, anything on an A100), for the
+    model's method and for one layer type's, and where the Mosaic GPU kernels would get
+    float32 inputs."""
     monkeypatch.chdir(ROOT)
-    model = ["--config.model.mixer=gated,linear", "--config.model.num_layers=2"]
-    status, _, err = dry_run_cli(
-        capsys, "--config=configs/mqar.py:smoke", H100, "--config.model.method=pallas", *model
-    )
+    mqar = "--config=configs/mqar.py:smoke"
+    model = ["--config.model.mixer=gated,gated_deltanet", "--config.model.num_layers=2"]
+    status, _, err = dry_run_cli(capsys, mqar, H100, "--config.model.method=pallas", *model)
     assert status == 2 and "Traceback" not in err
     assert err.startswith(
-        "la-train: error: config.model.method = 'pallas' (the layers gated, linear): the Pallas "
-        "kernels are Mosaic kernels for TPUs, and config.mesh.target = 'gpu:h100:8' is compiled "
-        "by XLA:GPU, which has none"
+        "la-train: error: config.model.method = 'pallas' (the layers gated_deltanet): "
+        "config.mesh.target = 'gpu:h100:8' is compiled by XLA:GPU, whose Pallas kernels (gpu) "
+        "do not cover these layers' kernel families; use method 'chunk'"
     )
+    a100 = "--config.mesh.target=gpu:a100:8"
     one = "--config.model.layer_options={'gated': {'method': 'pallas'}}"
-    status, _, err = dry_run_cli(capsys, "--config=configs/mqar.py:smoke", H100, one, *model)
-    assert status == 2 and "(the layers gated)" in err
+    status, _, err = dry_run_cli(capsys, mqar, a100, one, *model)
+    assert status == 2 and "(the layers gated): " in err and "which has no Pallas kernels" in err
+    status, _, err = dry_run_cli(capsys, mqar, H100, one, *model)
+    assert status == 2 and err.startswith(
+        "la-train: error: config.model.dtype = 'float32' with method 'pallas': the Mosaic GPU "
+        "kernels take bfloat16 or float16 inputs"
+    )
+
+
+@needs_cuda
+def test_the_pallas_method_compiles_the_mosaic_gpu_kernel_for_an_h100(capsys, monkeypatch):
+    """A gated layer with method="pallas" (bfloat16) is compiled for an H100 with the Mosaic
+    GPU kernel in its program; the same model with "chunk" has none."""
+    monkeypatch.chdir(ROOT)
+    argv = ["--config=configs/mqar.py:smoke", "--config.mesh.target=gpu:h100:1"]
+    argv += ["--config.model.mixer=gated", "--config.model.num_layers=1"]
+    argv += ["--config.model.dtype=bfloat16", "--config.model.chunk_size=64"]
+    calls, real = [], sizing.compile_for_target
+
+    def spy(traced, *args):
+        calls.append(traced.lower(lowering_platforms=("cuda",)).as_text().count("mosaic_gpu"))
+        return real(traced, *args)
+
+    monkeypatch.setattr(sizing, "compile_for_target", spy)
+    for method in ("pallas", "chunk"):
+        status, result, err = dry_run_cli(capsys, *argv, f"--config.model.method={method}")
+        assert status == 0, err
+        assert result["fits"] and result["train_step_bytes_per_device"] > 0
+    assert calls[0] > 0 and calls[1] == 0
 
 
 @needs_cuda
