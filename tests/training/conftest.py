@@ -89,9 +89,9 @@ def dry_run_cli(capsys, *argv) -> tuple[int, dict | None, str]:
     return status, (json.loads(last) if last.startswith("{") else None), err
 
 
-def families_dry_run(capsys, preset: str, mixers: str, target: str) -> dict:
+def families_dry_run(capsys, preset: str, mixers: str, target: str, chunk: int = 16) -> dict:
     """The dry run of ``configs/<preset>`` with one layer per mixer of ``mixers`` (chunks of
-    16) compiled for ``target``: its sizing, after checking that it exits 0 and leaves the
+    ``chunk``) compiled for ``target``: its sizing, after checking that it exits 0 and leaves the
     default backend as it was (a target compiles, it runs nothing)."""
     import jax
 
@@ -100,7 +100,7 @@ def families_dry_run(capsys, preset: str, mixers: str, target: str) -> dict:
         capsys,
         f"--config=configs/{preset}",
         f"--config.mesh.target={target}",
-        "--config.model.chunk_size=16",
+        f"--config.model.chunk_size={chunk}",
         f"--config.model.mixer={mixers}",
         f"--config.model.num_layers={len(mixers.split(','))}",
     )
