@@ -15,7 +15,7 @@
 
 ¹ of `feature_scale`·q and `feature_scale`·k (default 1; Zoology's `temp`): elu+1 is not
 scale-invariant, and at the scale of q, k at init (std ~0.3) it is ≈ 1 + x, so φ(q)·φ(k) ≈
-Dk + Σq + Σk + q·k is nearly constant and attention nearly uniform (EXPERIMENTS.md, section 1).
+Dk + Σq + Σk + q·k is nearly constant and attention nearly uniform (docs/studies/mqar.md).
 
 (`norm+gate` are defaults; `out_norm` / `out_gate` override them. `gla`'s decay is a vector,
 one per key dimension: `S_t = diag(γ_t) S_{t−1} + φ(k_t) v_tᵀ`, a rank-4 `[B, T, H, M]` log
@@ -142,7 +142,7 @@ class LinearMixer(Mixer):
     FAMILY = K.LINEAR
     SEQUENCE_PARALLEL = True
     OPTIONS = LinearConfig
-    # (EXPERIMENTS.md, "Why elu+1 sits at chance": q and k scaled by 8 before elu+1)
+    # (docs/studies/mqar.md, `linear_scale8`: q and k scaled by 8 before elu+1)
     SWEEP_LABELS = {SCALED_LABEL: {"feature_scale": 8.0}}
     NORMALIZE: ClassVar[bool] = True
     K_SCALE: ClassVar[bool] = False

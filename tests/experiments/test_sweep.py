@@ -623,7 +623,7 @@ def test_ctrl_c_stops_parallel_workers_with_checkpoints(tmp_path):
 
 
 def test_the_studys_results_file_is_of_the_cpu_grid():
-    """EXPERIMENTS.md §1 redraws its tables and figures from docs/results/mqar_sweep_cpu.csv
+    """docs/studies/mqar.md redraws its tables and figures from docs/results/mqar_sweep_cpu.csv
     (`--report-only --results-csv`): every row must match a point of today's `:cpu` grid, field
     by field, and report its accuracy."""
     from linear_attention.training.sweep.grid import expand, load_sweep

@@ -484,7 +484,7 @@ call_segments = nnx.jit(lambda mixer, x, seg: mixer(x, seg))
 def test_one_householder_step_is_gated_deltanet():
     """gated_deltaproduct with n = 1 is Gated DeltaNet: the same parameter tree, drawn the same
     from one seed, and the same outputs and gradients (eagerly; under jit XLA may round them
-    differently, EXPERIMENTS.md §7.4)."""
+    differently, docs/studies/state_tracking.md, "How much one run says")."""
     options = dict(allow_neg_eigval=True, chunk_size=4, rngs=nnx.Rngs(3))
     product = get_mixer("gated_deltaproduct")(D, H, num_householder=1, **options)
     options["rngs"] = nnx.Rngs(3)
