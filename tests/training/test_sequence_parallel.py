@@ -83,7 +83,7 @@ def main(part="fast"):
             vocab_size=32, d_model=16, num_layers=1, num_heads=2, mixer=name,
             conv=None if rwkv else True,
             feature_dim=FEATURE_DIM.get(name),
-            position="learned" if "rope" in REGISTRY[name].NOT_TAKEN else ("rope", "learned")[i % 2],
+            position=("rope", "learned")[i % 2 or "rope" in REGISTRY[name].NOT_TAKEN],
             max_length=T, mlp=False,
             # (only the options this mixer reads: the config refuses one no layer uses)
             chunk_size=4 if "chunk_size" in REGISTRY[name].Config.own_options() else None,
