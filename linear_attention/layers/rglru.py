@@ -128,12 +128,7 @@ class RGLRUMixer(Mixer):
 
     def _build_inputs(self, rngs: nnx.Rngs) -> nnx.Module:
         opts = self.options
-        self.width = opts["lru_width"] or self.d_model
-        if self.width % self.num_heads:
-            raise ValueError(
-                f"lru_width={self.width} (d_model) must be a multiple of num_heads="
-                f"{self.num_heads} (mixer {self.NAME!r})"
-            )
+        self.width = opts["lru_width"] or self.d_model  # (d_model: a multiple of num_heads)
         return RGLRUInputs(
             self.d_model,
             self.width,
