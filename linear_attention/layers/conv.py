@@ -23,7 +23,8 @@ ACTIVATIONS = {"silu": jax.nn.silu, "identity": lambda x: x}
 
 class ShortConv(nnx.Module):
     """Causal depthwise conv over time on `[B, T, C]` with kernel `[K, C]` and bias `[C]`
-    (`use_bias=False`: no bias, as Qwen3-Next's and Qwen3.5's Gated DeltaNet)."""
+    (`use_bias=False`: no bias, as Qwen3-Next's and Qwen3.5's Gated DeltaNet). The kernel starts
+    U(±1/√K) (torch's default), or N(0, `kernel_std`²) where given (Griffin's)."""
 
     def __init__(
         self,
@@ -32,6 +33,7 @@ class ShortConv(nnx.Module):
         *,
         activation: str = "silu",
         use_bias: bool = True,
+        kernel_std: float | None = None,
         dtype=None,
         param_dtype=jnp.float32,
         rngs: nnx.Rngs,
@@ -45,10 +47,13 @@ class ShortConv(nnx.Module):
         self.kernel_size = kernel_size
         self.activation = activation
         self.dtype = dtype
-        bound = 1.0 / kernel_size**0.5  # fan-in of a depthwise filter is K
-        self.kernel = nnx.Param(
-            jax.random.uniform(rngs.params(), (kernel_size, channels), param_dtype, -bound, bound)
-        )
+        shape, key = (kernel_size, channels), rngs.params()
+        if kernel_std is None:
+            bound = 1.0 / kernel_size**0.5  # fan-in of a depthwise filter is K
+            kernel = jax.random.uniform(key, shape, param_dtype, -bound, bound)
+        else:
+            kernel = kernel_std * jax.random.normal(key, shape, param_dtype)
+        self.kernel = nnx.Param(kernel)
         self.bias = nnx.Param(jnp.zeros((channels,), param_dtype)) if use_bias else None
 
     def init_state(self, batch_size: int) -> jax.Array:

@@ -39,9 +39,16 @@ from flax import nnx
 
 from linear_attention import kernels as K
 from linear_attention.fields import spec_field
-from linear_attention.layers.base import Mixer, conv_kernel_size
+from linear_attention.layers.base import Mixer
 from linear_attention.layers.conv import ShortConv
-from linear_attention.layers.options import CONV, CONV_BIAS, METHOD, STATE_DIM, MixerConfig
+from linear_attention.layers.options import (
+    CONV,
+    CONV_BIAS,
+    METHOD,
+    STATE_DIM,
+    MixerConfig,
+    required_conv,
+)
 from linear_attention.layers.segments import Segments
 from linear_attention.layers.sequence import sequence_axis
 
@@ -113,11 +120,7 @@ class MambaMixer(Mixer):
 
     @classmethod
     def _check_family_options(cls, num_heads, options) -> None:
-        if not conv_kernel_size(options["conv"]):
-            raise ValueError(
-                f"mixer {cls.NAME!r} needs its causal conv: conv must be True or a kernel size "
-                f">= 2, got {options['conv']!r}"
-            )
+        required_conv(cls.NAME, options["conv"])
 
     def _build_inputs(self, rngs: nnx.Rngs) -> nnx.Module:
         opts = self.options
@@ -125,7 +128,7 @@ class MambaMixer(Mixer):
         return MambaInputs(
             self.d_model,
             self.channels,
-            conv_kernel_size(opts["conv"]),
+            required_conv(self.NAME, opts["conv"]),
             opts["conv_bias"],
             dtype=self.dtype,
             param_dtype=self.param_dtype,

@@ -43,9 +43,9 @@ from flax import nnx
 
 from linear_attention import kernels as K
 from linear_attention.fields import spec_field
-from linear_attention.layers.base import Mixer, conv_kernel_size
+from linear_attention.layers.base import Mixer
 from linear_attention.layers.conv import ShortConv
-from linear_attention.layers.options import CONV, METHOD, MixerConfig
+from linear_attention.layers.options import CONV, METHOD, MixerConfig, required_conv
 from linear_attention.layers.segments import Segments
 from linear_attention.layers.sequence import sequence_axis
 
@@ -81,11 +81,13 @@ class RGLRUInputs(nnx.Module):
         self.linear_y = nnx.Linear(d_model, width, **linear)
         self.linear_x = nnx.Linear(d_model, width, **linear)
         self.conv_1d = ShortConv(
-            width, conv, activation="identity", dtype=dtype, param_dtype=param_dtype, rngs=rngs
-        )
-        std = math.sqrt(W_INIT_SCALE / conv)
-        self.conv_1d.kernel.set_value(
-            std * jax.random.normal(rngs.params(), (conv, width), jnp.float32).astype(param_dtype)
+            width,
+            conv,
+            activation="identity",
+            kernel_std=math.sqrt(W_INIT_SCALE / conv),
+            dtype=dtype,
+            param_dtype=param_dtype,
+            rngs=rngs,
         )
 
     def init_state(self, batch_size: int) -> jax.Array:
@@ -114,11 +116,7 @@ class RGLRUMixer(Mixer):
 
     @classmethod
     def _check_family_options(cls, num_heads, options) -> None:
-        if not conv_kernel_size(options["conv"]):
-            raise ValueError(
-                f"mixer {cls.NAME!r} needs its causal conv: conv must be True or a kernel size "
-                f">= 2, got {options['conv']!r}"
-            )
+        required_conv(cls.NAME, options["conv"])
         width = options["lru_width"]
         if width is not None and width % num_heads:
             raise ValueError(
@@ -132,7 +130,7 @@ class RGLRUMixer(Mixer):
         return RGLRUInputs(
             self.d_model,
             self.width,
-            conv_kernel_size(opts["conv"]),
+            required_conv(self.NAME, opts["conv"]),
             dtype=self.dtype,
             param_dtype=self.param_dtype,
             rngs=rngs,
