@@ -18,7 +18,9 @@ with every method, outputs and both final states; `naive_mesa_net_CG` against th
 the same iteration count; `naive_mesa_net_decoding_one_step` against `kernels.mesa_net_step`);
 PaTH attention (`naive_path_attn` against `kernels.path_attention`, both methods, with the
 forget gate; and the blockwise gradients of q, k, v, w, β and the gate against torch's autograd
-of the naive form).
+of the naive form); Comba (`naive_recurrent_comba` against `kernels.comba`, both methods,
+outputs and final state, the chunk form's gradients of every input against torch's autograd of
+the naive recurrence; and FLA's `naive_chunk_comba` against its recurrence).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import sys
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from linear_attention import kernels as K
@@ -230,11 +233,73 @@ def path(fla_root: Path) -> dict:
     }
 
 
+def comba(fla_root: Path) -> dict:
+    """Comba from an initial state, unit k, p = k · 0.7 (the layer's p = k · σ(decay)), against
+    `naive_recurrent_comba`: outputs and final states of both methods, and the gradients of q,
+    k, v, p, β, the log decay and the initial state of the chunk form against torch's autograd
+    of the naive recurrence (a weighted sum of the outputs and the final state); FLA's own
+    `naive_chunk_comba` against its recurrence beside them."""
+    import torch
+
+    naive = load_naive(fla_root, "comba")
+    rng = np.random.default_rng(0)
+    errors = {"chunk": [], "scan": [], "final_state_chunk": [], "fla_chunk_vs_fla_recurrent": []}
+    grads = []
+    names = ("q", "k", "v", "p", "beta", "g", "h0")
+    for b, t, h, d, dv in SHAPES:
+        q, k = (rng.standard_normal((b, t, h, d), np.float32) for _ in range(2))
+        k /= np.linalg.norm(k, axis=-1, keepdims=True)
+        x = dict(q=q, k=k, v=rng.standard_normal((b, t, h, dv), np.float32), p=0.7 * k)
+        x["beta"] = (1 / (1 + np.exp(-rng.standard_normal((b, t, h))))).astype(np.float32)
+        x["g"] = -np.log1p(np.exp(rng.standard_normal((b, t, h)) - 2.0)).astype(np.float32)
+        x["h0"] = rng.standard_normal((b, h, d, dv)).astype(np.float32)
+        wo = rng.standard_normal((b, t, h, dv)).astype(np.float32)
+        ws = rng.standard_normal((b, h, d, dv)).astype(np.float32)
+        tx = {n: torch.tensor(x[n], requires_grad=True) for n in names}
+        o_t, s_t = naive.naive_recurrent_comba(
+            *(tx[n] for n in names[:6]), initial_state=tx["h0"], output_final_state=True
+        )
+        ((o_t * torch.from_numpy(wo)).sum() + (s_t * torch.from_numpy(ws)).sum()).backward()
+        o_c, _ = naive.naive_chunk_comba(
+            *(torch.from_numpy(x[n]) for n in ("q", "k", "v", "p", "g", "beta")),
+            chunk_size=64, initial_state=torch.from_numpy(x["h0"]),
+        )  # fmt: skip
+        theirs = o_t.detach().numpy()
+        errors["fla_chunk_vs_fla_recurrent"].append(rel_err(o_c.numpy(), theirs))
+        for method in ("chunk", "scan"):
+
+            def loss(q, k, v, p, beta, g, h0, method=method, wo=wo, ws=ws):
+                o, s = K.comba(
+                    q, k, v, p, beta, log_decay=g, method=method, chunk_size=64,
+                    initial_state=K.LinearAttentionState(h0, None), return_state=True,
+                )  # fmt: skip
+                return jnp.sum(o * wo) + jnp.sum(s.kv * ws), (o, s.kv)
+
+            g_ours, (o, s) = jax.grad(loss, argnums=tuple(range(7)), has_aux=True)(
+                *(x[n] for n in names)
+            )
+            errors[method].append(rel_err(o, theirs))
+            if method == "chunk":
+                errors["final_state_chunk"].append(rel_err(s, s_t.detach().numpy()))
+                grads.append(
+                    {n: rel_err(g, tx[n].grad.numpy()) for n, g in zip(names, g_ours, strict=True)}
+                )
+    return {
+        "reference": "fla/ops/comba/naive.py: naive_recurrent_comba (and naive_chunk_comba)",
+        "ours": "kernels.comba (chunk_size 64)",
+        "shapes_BTHDDv": SHAPES,
+        "max_rel_err": {m: max(e) for m, e in errors.items()},
+        "rel_err_per_shape": errors,
+        "grad_max_rel_err_chunk": {n: max(g[n] for g in grads) for n in names},
+    }
+
+
 CHECKS = {
     "forgetting_attn": forgetting,
     "log_linear_attn": log_linear,
     "mesa_net": mesa_net,
     "path_attn": path,
+    "comba": comba,
 }
 
 
@@ -268,7 +333,7 @@ def main(argv=None) -> int:
             record["families"] = {**kept, **results}
         args.out.write_text(json.dumps(record, indent=1) + "\n")
     for name, r in results.items():
-        grads = r.get("grad_max_rel_err_blockwise")
+        grads = r.get("grad_max_rel_err_blockwise") or r.get("grad_max_rel_err_chunk")
         print(
             f"{name}: max relative error {r['max_rel_err']}"
             + (f", gradients {grads}" if grads else "")

@@ -54,4 +54,6 @@ MIXER_CASES: dict[str, MixerCase] = {
         dict(chunk_size=4, num_levels=5), splits_time=True, cpu_grids=False
     ),
     "log_linear_gated_deltanet": MixerCase(dict(chunk_size=4, num_levels=5), cpu_grids=False),
+    "mamba": MixerCase(dict(state_dim=4, dt_rank=3), tol=1e-5, splits_time=True, cpu_grids=False),
+    "rglru": MixerCase(dict(lru_width=24), tol=1e-5, splits_time=True, cpu_grids=False),
 }

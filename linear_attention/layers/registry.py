@@ -19,9 +19,11 @@ from linear_attention.layers.linear import (
 )
 from linear_attention.layers.log_linear import LogLinearGatedDeltaNetMixer, LogLinearMamba2Mixer
 from linear_attention.layers.lstm import LSTMMixer
+from linear_attention.layers.mamba import MambaMixer
 from linear_attention.layers.mesanet import MesaNetMixer
 from linear_attention.layers.mla import MLAMixer
 from linear_attention.layers.path import PathMixer
+from linear_attention.layers.rglru import RGLRUMixer
 from linear_attention.layers.rwkv7 import RWKV7Mixer
 from linear_attention.layers.sliding_window import SlidingWindowMixer
 from linear_attention.layers.softmax import SoftmaxMixer
@@ -50,6 +52,8 @@ MIXERS: dict[str, type[Mixer]] = {
         MesaNetMixer,
         LogLinearMamba2Mixer,
         LogLinearGatedDeltaNetMixer,
+        MambaMixer,
+        RGLRUMixer,
     )
 }
 

@@ -179,15 +179,16 @@ class ModelConfig:
         checkpoint's `initializer_range`; every layer's mixer must be one of
         `models.init.INIT_MIXERS`.
       initializer: the architecture whose `_init_weights` `initializer_range` follows (a key of
-        `models.init.INITIALIZERS`: qwen3_5, mamba2, kimi_linear, olmo_hybrid, bamba; each has
-        its layers' mixers); None: each layer by its mixer (gated_deltanet as Qwen3.5, gated as
-        Mamba-2, kda and mla as Kimi Linear). Needs initializer_range.
+        `models.init.INITIALIZERS`: qwen3_5, mamba2, kimi_linear, olmo_hybrid, bamba, mamba; each
+        has its layers' mixers); None: each layer by its mixer (gated_deltanet as Qwen3.5, gated
+        as Mamba-2, kda and mla as Kimi Linear, mamba as Mamba-1). Needs initializer_range.
       The mixers' own options (`method`, `chunk_size`, `eps`, `feature_map`, `feature_dim`,
       `feature_scale`, `allow_neg_eigval`, `num_value_heads`, `window`, `num_householder`,
       `forget_bias`, `cg_steps`, `num_levels`, `forget_gate`, `state_dim` (Mamba-2's N, a
       Gated DeltaNet's key width), `dt_input`, `d_skip`, `gate_before_norm`, `out_norm_groups`,
       `out_norm_eps` on `gated` and the delta rules, KDA's `gate_bias`, MLA's `kv_rank`,
-      `q_rank`, `rope_dim`, `nope_dim`, softmax's `qk_norm_all_heads`, ...: the union of the
+      `q_rank`, `rope_dim`, `nope_dim`, softmax's `qk_norm_all_heads`, Mamba-1's `expand` and
+      `dt_rank`, Griffin's `lru_width`, ...: the union of the
       fields of the mixers' `Config` dataclasses, described there and by `la-train --help`):
       None is each mixer's default; a value must be used by at least one layer and is passed
       to the layers whose mixer uses it. `mixer_config(name)` is the typed config of a layer's
@@ -271,6 +272,10 @@ class ModelConfig:
     q_rank: int | None = None
     rope_dim: int | None = None
     nope_dim: int | None = None
+    # new-family options
+    expand: int | None = None
+    dt_rank: int | None = None
+    lru_width: int | None = None
 
     def __post_init__(self):
         check_fields(self, skip=MIXER_OPTIONS)

@@ -16,6 +16,8 @@ from tests.kernels.reference import (
     log_linear_delta_rule_loop,
     mesa_net_loop,
     path_attention_loop,
+    rg_lru_loop,
+    selective_scan_loop,
 )
 
 
@@ -61,6 +63,14 @@ def causal_conv(x_BTC, kernel_KC, bias_C):
     return silu(y)
 
 
+def gelu_tanh(x):
+    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3)))
+
+
+def sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
 def elu_plus_one(x):
     return np.where(x > 0, x + 1.0, np.exp(np.minimum(x, 0.0)))
 
@@ -78,6 +88,10 @@ def mixer_reference(
         return mesanet_reference(mixer, x_BTD)
     if name == "path":
         return path_reference(mixer, x_BTD)
+    if name == "mamba":
+        return mamba_reference(mixer, x_BTD)
+    if name == "rglru":
+        return rglru_reference(mixer, x_BTD)
     p = params64(mixer)
     x = np.asarray(x_BTD, np.float64)
     b, t, _ = x.shape
@@ -390,3 +404,48 @@ def mesanet_reference(mixer, x_BTD) -> np.ndarray:
     lam = softplus(p["lambda_param"]) + 0.25
     o = mesa_net_loop(l2(q), l2(k), v, log_decay, beta, lam)[0]
     return output_reference(mixer, x, o)
+
+
+def mamba_reference(mixer, x_BTD) -> np.ndarray:
+    """Mamba-1's block: x, z = x W_in; x = silu(conv(x)); δ, B, C = x W_x;
+    Δ = softplus(δ W_dt + b_dt); the selective scan with A = −exp(A_log) and the skip D;
+    (y ⊙ silu(z)) W_out."""
+    p = params64(mixer)
+    x = np.asarray(x_BTD, np.float64)
+    e, r, n = mixer.channels, mixer.dt_rank, mixer.state_size
+    xz = x @ p["inputs"]["in_proj"]["kernel"]
+    conv = p["inputs"]["conv1d"]
+    u = causal_conv(xz[..., :e], conv["kernel"], conv.get("bias", 0.0))
+    dbc = u @ p["x_proj"]["kernel"]
+    delta = softplus(dbc[..., :r] @ p["dt_proj"]["kernel"] + p["dt_proj"]["bias"])
+    y, _ = selective_scan_loop(
+        u, delta, -np.exp(p["A_log"]), dbc[..., r : r + n], dbc[..., r + n :], p["D"]
+    )
+    return (y * silu(xz[..., e:])) @ p["out_proj"]["kernel"]
+
+
+def rglru_reference(mixer, x_BTD) -> np.ndarray:
+    """Griffin's recurrent block: gelu(x W_y + b_y) ⊙ RG-LRU(conv(x W_x + b_x)), then W_out;
+    the RG-LRU's gates block-diagonal over the heads, log a = −8 r softplus(Λ), the first
+    token a reset (written unscaled)."""
+    p = params64(mixer)
+    x = np.asarray(x_BTD, np.float64)
+    b, t, _ = x.shape
+    inputs = p["inputs"]
+    y = gelu_tanh(x @ inputs["linear_y"]["kernel"] + inputs["linear_y"]["bias"])
+    u = x @ inputs["linear_x"]["kernel"] + inputs["linear_x"]["bias"]
+    k = inputs["conv_1d"]["kernel"].shape[0]
+    up = np.concatenate([np.zeros((b, k - 1, u.shape[2])), u], axis=1)
+    u = inputs["conv_1d"]["bias"] + sum(
+        inputs["conv_1d"]["kernel"][j] * up[:, j : j + t] for j in range(k)
+    )
+    u_BTHC = u.reshape(b, t, mixer.num_heads, -1)
+
+    def gate(name):
+        z = np.einsum("bthc,hcd->bthd", u_BTHC, p[f"{name}_weight"]) + p[f"{name}_bias"]
+        return sigmoid(z).reshape(u.shape)
+
+    log_a = -8.0 * gate("recurrent_gate") * softplus(p["recurrent_param"])
+    log_a[:, 0] = -np.inf  # position 0: a reset, a = 0 and the input unscaled
+    h, _ = rg_lru_loop(gate("input_gate") * u, log_a)
+    return (h * y) @ p["out_proj"]["kernel"] + p["out_proj"]["bias"]

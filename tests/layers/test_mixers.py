@@ -86,6 +86,12 @@ CASES = {
     "log_linear_gated_deltanet_quadratic": dict(
         method="quadratic", rope=True, allow_neg_eigval=True
     ),
+    # Mamba-1: N = 4, expand 2, R = 3, the conv of 3 and its bias off; by the parallel prefix
+    "mamba": dict(state_dim=4, dt_rank=3, conv=3, conv_bias=False),
+    "mamba_associative": dict(method="associative_scan"),
+    # Griffin's recurrent block: 24 channels in 2 blocks of gates; by the parallel prefix
+    "rglru": dict(lru_width=24),
+    "rglru_associative": dict(method="associative_scan"),
 }
 DELTA = ("deltanet", "gated_deltanet", "kda", "gated_deltaproduct")
 
@@ -208,7 +214,7 @@ def test_softmax_cache_overflow_gives_nan_not_wrong_numbers():
 
 
 BFLOAT16 = ("gated", "softmax", "gated_deltanet", "swa")
-BFLOAT16 += ("log_linear_mamba2", "log_linear_gated_deltanet")
+BFLOAT16 += ("log_linear_mamba2", "log_linear_gated_deltanet", "mamba", "rglru")
 
 
 @pytest.mark.parametrize("name", BFLOAT16)
@@ -286,7 +292,7 @@ def test_rotary_is_relative():
 
 
 BAD_OPTIONS = [
-    (dict(name="mamba"), "unknown mixer 'mamba'"),
+    (dict(name="hyena"), "unknown mixer 'hyena'"),
     (dict(d_model=15), "d_model=15 is not divisible by num_heads=2"),
     (dict(num_heads=0), "num_heads"),
     (dict(head_dim=0), "head_dim"),
@@ -410,7 +416,7 @@ def test_attention_inputs_reproduce_the_mixer(case):
     name = mixer_name(case)
     mixer, x = make(case), inputs()
     # not AttentionInputs' weighted sum
-    late = ("mesanet", "log_linear_mamba2", "log_linear_gated_deltanet", "path")
+    late = ("mesanet", "log_linear_mamba2", "log_linear_gated_deltanet", "path", "mamba", "rglru")
     if name in (*DELTA, "swa", "rwkv7", "lstm", *late):
         with pytest.raises(ValueError, match="has no attention_inputs"):
             attention_inputs(mixer, x)

@@ -70,6 +70,9 @@ def tiny_config():
 
 # One mixer of each family, as one hybrid model: a single compile for a target covers them all.
 FAMILIES = "linear,gated,gated_deltanet,rwkv7,gated_deltaproduct,softmax,swa"
+# The diagonal recurrences' mixers (Mamba-1's selective scan, Griffin's RG-LRU): compiled for
+# each target under -m slow (their own dry runs: they take no chunk_size).
+RECURRENT_FAMILIES = "mamba,rglru"
 # The cases of the targets' family tests: every family on packed text (segment ids through every
 # kernel); MQAR with two families by default and every family under -m slow.
 FAMILY_CASES = [

@@ -25,6 +25,7 @@ from tests.scripts import load_module
 from tests.training.conftest import (
     FAMILIES,
     FAMILY_CASES,
+    RECURRENT_FAMILIES,
     ROOT,
     dry_run_cli,
     families_dry_run,
@@ -242,7 +243,7 @@ def test_the_two_family_lists_cover_every_registered_mixers_kernel_family():
     def family(name):
         return getattr(MIXERS[name].FAMILY, "name", name)  # attention kinds: the mixer itself
 
-    listed = (FAMILIES + "," + OTHER_FAMILIES).split(",")
+    listed = ",".join((FAMILIES, OTHER_FAMILIES, RECURRENT_FAMILIES)).split(",")
     assert {family(m) for m in listed} == {family(m) for m in MIXERS}
 
 
@@ -252,6 +253,24 @@ def test_the_other_families_compile_for_8_h100s(capsys, monkeypatch):
     compiled by XLA:GPU and ptxas for 8 H100s at chunks of 64."""
     monkeypatch.chdir(ROOT)
     sizing_ = families_dry_run(capsys, "lm.py:smoke", OTHER_FAMILIES, "gpu:h100:8", chunk=64)
+    _check_sizing(sizing_)
+
+
+@needs_cuda
+@pytest.mark.slow
+def test_the_recurrent_blocks_compile_for_8_h100s(capsys, monkeypatch):
+    """Mamba-1's block and Griffin's recurrent block (the selective scan and the RG-LRU, each
+    a `lax.scan` over time) in one LM smoke model, compiled by XLA:GPU and ptxas for 8 H100s
+    (20 s on a loaded 2-core CPU: under -m slow)."""
+    monkeypatch.chdir(ROOT)
+    status, sizing_, err = dry_run_cli(
+        capsys,
+        "--config=configs/lm.py:smoke",
+        "--config.mesh.target=gpu:h100:8",
+        f"--config.model.mixer={RECURRENT_FAMILIES}",
+        "--config.model.num_layers=2",
+    )
+    assert status == 0, err
     _check_sizing(sizing_)
 
 

@@ -26,6 +26,7 @@ MIXERS = tuple(name for name, cls in REGISTRY.items() if cls.SEQUENCE_PARALLEL)
 # sequence paths; without them the file's default checks took 81 s instead of 110 s)
 FAST_MIXERS = ("kda", "rwkv7")
 FEATURE_DIM = {"favor": 8, "taylor": 4, "hedgehog": 8}
+PACKED = ("rwkv7", "mamba", "rglru")
 
 
 def main(part="fast"):
@@ -81,14 +82,17 @@ def main(part="fast"):
         config = ModelConfig(
             vocab_size=32, d_model=16, num_layers=1, num_heads=2, mixer=name,
             conv=None if rwkv else True,
-            feature_dim=FEATURE_DIM.get(name), position=("rope", "learned")[i % 2],
+            feature_dim=FEATURE_DIM.get(name),
+            position=("rope", "learned")[i % 2 or "rope" in REGISTRY[name].NOT_TAKEN],
             max_length=T, mlp=False,
             # (only the options this mixer reads: the config refuses one no layer uses)
             chunk_size=4 if "chunk_size" in REGISTRY[name].Config.own_options() else None,
             window=5 if name == "swa" else None,
         )  # fmt: skip
         # (swa with window 5: a halo of 4 keys, one whole shard back)
-        data = packed if rwkv else batch
+        # (mamba and rglru on the packed rows too: their conv and their resets at document
+        # starts, RG-LRU's unscaled first write, across shard boundaries)
+        data = packed if name in PACKED else batch
         (g_one, s_one), (g_split, s_split) = (
             grads_and_stats(config, m, data) for m in (None, split)
         )

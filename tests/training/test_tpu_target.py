@@ -20,6 +20,7 @@ from linear_attention.training.tpu_target import oom_bytes
 from tests.scripts import load_module
 from tests.training.conftest import (
     FAMILY_CASES,
+    RECURRENT_FAMILIES,
     ROOT,
     dry_run_cli,
     families_dry_run,
@@ -149,6 +150,18 @@ def test_every_mixer_family_compiles_for_a_v5e_slice(capsys, monkeypatch, preset
     monkeypatch.chdir(ROOT)
     _check_sizing(families_dry_run(capsys, preset, mixers, "tpu:v5e:2x2"), devices=4)
     assert os.environ.get("ALLOW_MULTIPLE_LIBTPU_LOAD") is not None
+
+
+@needs_libtpu
+@pytest.mark.slow
+def test_the_recurrent_blocks_compile_for_a_v5e_slice(capsys, monkeypatch):
+    """Mamba-1's block and Griffin's recurrent block in one LM smoke model, compiled for 4 v5e
+    chips (10 s on a loaded 2-core CPU: under -m slow)."""
+    monkeypatch.chdir(ROOT)
+    model = [f"--config.model.mixer={RECURRENT_FAMILIES}", "--config.model.num_layers=2"]
+    status, sizing, err = dry_run_cli(capsys, "--config=configs/lm.py:smoke", V5E, *model)
+    assert status == 0, err
+    _check_sizing(sizing, devices=4)
 
 
 @needs_libtpu
