@@ -121,11 +121,11 @@ def test_model_config_is_static_and_holds_every_mixer_option():
 
 def test_mixer_config_is_made_once_and_passed_to_the_layer():
     config = ModelConfig(vocab_size=32, d_model=16, num_layers=2, num_heads=2,
-                         mixer=("swa", "gated_deltanet"), window=np.int64(8),
-                         num_value_heads=4)  # fmt: skip
+                         mixer=("swa", "gated_deltanet"),
+                         options=dict(window=np.int64(8), num_value_heads=4))  # fmt: skip
     swa = config.mixer_config("swa")
     assert type(swa) is MIXERS["swa"].Config and swa.window == 8 and type(swa.window) is int
-    assert config.window == 8 and type(config.window) is int
+    assert config.options.get("window") == 8 and type(config.options.get("window")) is int
     delta = config.mixer_config("gated_deltanet")
     assert (delta.conv, delta.out_norm, delta.num_value_heads) == (True, True, 4)  # its defaults
     with pytest.raises(dataclasses.FrozenInstanceError):

@@ -25,6 +25,7 @@ from linear_attention.training.cli_args import (
     parse_overrides,
     pop_workdir,
     sections_help,
+    show_spelling_warnings,
     usage_help,
     validate,
     workdir_config,
@@ -59,6 +60,8 @@ def eval_main(argv: list[str] | None = None) -> int:
     changes what the checkpoint means (a ``config.model`` field, ``config.data.tokenizer``) is
     said on the first line and recorded under ``changed`` in the output."""
     quiet_platforms()
+    if argv is None:  # (the program itself, not a caller that manages warnings)
+        show_spelling_warnings()
     argv = list(sys.argv if argv is None else argv)
     if any(a in ("-h", "--help", "-help") for a in argv[1:]):
         print(usage_help(EVAL_USAGE, f"{eval_main.__doc__}\n\n{sections_help()}"))

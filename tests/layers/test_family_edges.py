@@ -53,5 +53,5 @@ def test_model_refuses_num_levels_that_do_not_cover_max_length():
 def test_pallas_chunk_size_must_tile(mixer):
     base = dict(vocab_size=16, d_model=D, num_heads=H, mixer=mixer, method="pallas")
     with pytest.raises(ValueError, match=r"chunk_size must be a multiple of 16 .* got 20"):
-        ModelConfig(**base, chunk_size=20)
-    assert ModelConfig(**base, chunk_size=32).mixer_config(mixer).chunk_size == 32
+        ModelConfig(**base, options=dict(chunk_size=20))
+    assert ModelConfig(**base, options=dict(chunk_size=32)).mixer_config(mixer).chunk_size == 32

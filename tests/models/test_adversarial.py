@@ -185,17 +185,17 @@ def test_model_config_accepts_numpy_scalars_as_python_values():
             "d_model": np.int32(16),
             "conv": np.int64(3),
             "mlp": np.True_,
-            "eps": np.float32(0.5),
-            "chunk_size": np.int64(4),
+            "options": {"eps": np.float32(0.5), "chunk_size": np.int64(4)},
             "head_dim": np.int64(8),
         }
     )
     assert config == ModelConfig(
-        **{**BASE, "conv": 3, "mlp": True, "eps": 0.5, "chunk_size": 4, "head_dim": 8}
+        **{**BASE, "conv": 3, "mlp": True, "options": dict(eps=0.5, chunk_size=4), "head_dim": 8}
     )
-    for field in ("vocab_size", "d_model", "conv", "chunk_size", "head_dim"):
+    for field in ("vocab_size", "d_model", "conv", "head_dim"):
         assert type(getattr(config, field)) is int
-    assert type(config.mlp) is bool and type(config.eps) is float
+    assert type(config.options["chunk_size"]) is int
+    assert type(config.mlp) is bool and type(config.options["eps"]) is float
     hash(config)
     json.dumps(dataclasses.asdict(config))
 

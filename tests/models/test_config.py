@@ -31,17 +31,23 @@ def test_mixer_pattern_repeats_to_num_layers():
 
 
 def test_mixer_options_only_pass_what_a_mixer_uses():
-    config = ModelConfig(**BASE, mixer=("favor", "softmax"), feature_dim=8, method="scan")
+    config = ModelConfig(
+        **BASE, mixer=("favor", "softmax"), options=dict(feature_dim=8, method="scan")
+    )
     assert config.mixer_options("favor")["feature_dim"] == 8
     assert config.mixer_options("favor")["method"] == "scan"
     assert "feature_dim" not in config.mixer_options("softmax")
     assert "method" not in config.mixer_options("softmax")
-    delta = ModelConfig(**BASE, mixer=("gated_deltanet", "gated"), allow_neg_eigval=True)
+    delta = ModelConfig(
+        **BASE, mixer=("gated_deltanet", "gated"), options=dict(allow_neg_eigval=True)
+    )
     assert delta.mixer_options("gated_deltanet")["allow_neg_eigval"] is True
     assert "allow_neg_eigval" not in delta.mixer_options("gated")
     assert delta.conv is None  # each mixer's default: on for the delta rule, off for gated
-    scaled = ModelConfig(**BASE, mixer=("linear", "softmax"), feature_scale=8)
-    assert scaled.feature_scale == 8.0 and isinstance(scaled.feature_scale, float)
+    scaled = ModelConfig(**BASE, mixer=("linear", "softmax"), options=dict(feature_scale=8))
+    assert scaled.options.get("feature_scale") == 8.0 and isinstance(
+        scaled.options.get("feature_scale"), float
+    )
     assert scaled.mixer_options("linear")["feature_scale"] == 8.0
     assert "feature_scale" not in scaled.mixer_options("softmax")
     # a common option a mixer refuses (rwkv7: conv, rope) goes to the hybrid's other layers

@@ -75,8 +75,7 @@ def test_language_model_pallas_equals_chunk(backend):
             num_heads=H,
             max_length=32,
             mixer=("gated", "linear"),
-            method=method,
-            chunk_size=CHUNK[backend],
+            options=dict(method=method, chunk_size=CHUNK[backend]),
         )
         model = LanguageModel(config, rngs=nnx.Rngs(0))
 

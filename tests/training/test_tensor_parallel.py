@@ -257,13 +257,13 @@ def _config(**changes):
                 "mesh.model": 2,
                 "model.num_heads": 4,
                 "model.mixer": "softmax",
-                "model.feature_dim": None,
+                "model.options.feature_dim": None,
                 "model.redraw_interval": 0,
-                "model.num_kv_heads": 1,
+                "model.options.num_kv_heads": 1,
             },
             r"num_kv_heads \(softmax\) = 1 is not divisible by it \(allowed: 1\)",
         ),
-        ({"mesh.model": 2, "model.method": "pallas"}, "Pallas kernels cannot be split"),
+        ({"mesh.model": 2, "model.options.method": "pallas"}, "Pallas kernels cannot be split"),
         (
             {
                 "mesh.model": 2,
