@@ -112,7 +112,7 @@ def check_options(options: Mapping, mixers) -> None:
             why = f"{option} is a model field: set model.{option}, or it per mixer in layer_options"
         elif option in option_classes():
             users = ", ".join(c.MIXER for c in option_classes()[option])
-            why = f"no mixer of this model takes it (mixers: {names}; it is {users}'s)"
+            why = f"no mixer of this model takes it (mixers: {names}; taken by {users})"
         else:
             why = f"no mixer takes it{did_you_mean(option, [*taken, *option_classes()])}"
         raise ValueError(

@@ -164,9 +164,8 @@ def test_mixer_labels_set_only_the_fields_their_mixer_uses():
     )
 
     def expect(mixer, conv=4, **fields):
-        return {
-            f"model.{k}": v for k, v in {"mixer": mixer, **unset, **fields, "conv": conv}.items()
-        }
+        options = {f"model.options.{k}": v for k, v in {**unset, **fields}.items()}
+        return {"model.mixer": mixer, **options, "model.conv": conv}
 
     def settings(label):
         return mixer_settings(label, taylor_dim=8, window=16, conv=4, no_conv=0)
