@@ -59,7 +59,7 @@ def _mixer_names(name: str, value):
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
     """A decoder-only language model: embeddings, `num_layers` residual blocks (pre-norm by
-    default), RMSNorm, the output head. docs/guides/models.md describes every field.
+    default), RMSNorm, the output head (its mixer options: docs/guides/options.md).
 
     Fields:
       vocab_size, d_model, num_layers, num_heads, head_dim (None: d_model/num_heads): sizes.

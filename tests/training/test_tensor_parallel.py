@@ -235,8 +235,11 @@ def test_split_rule():
 def _config(**changes):
     config = tiny_mqar()
     for key, value in changes.items():
-        section, field = key.split(".")
-        setattr(getattr(config, section), field, value)
+        *path, field = key.split(".")  # (model.options.<option>: one level deeper)
+        node = config
+        for part in path:
+            node = getattr(node, part)
+        setattr(node, field, value)
     return config
 
 
