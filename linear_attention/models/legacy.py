@@ -34,19 +34,35 @@ def is_moved(name: str) -> bool:
     return name in option_classes()
 
 
-def move_options(values: Mapping, where: str = "model", stacklevel: int = 4) -> dict:
-    """`ModelConfig` keywords `values` with the old flat mixer options moved into `options`
-    (over the ones `options` gives), warning once when any was set."""
+def move_options(
+    values: Mapping, where: str = "model", stacklevel: int = 4, *, strict: bool = False
+) -> dict:
+    """`ModelConfig` keywords `values` with the old flat mixer options moved into `options`,
+    warning once when any was set. An old one set beside a different new one: the old wins
+    (``dataclasses.replace(config, chunk_size=16)`` passes both), or with `strict` (a config
+    file's section, where the new one may be a command-line override) a ValueError."""
     moved = [k for k in values if is_moved(k)]
     if not moved:
         return dict(values)
     rest = {k: v for k, v in values.items() if k not in moved}
     given = {k: values[k] for k in moved if values[k] is not None}
+    options = dict(pairs(rest.get("options") or {}))
     if given:
         old = ", ".join(f"{where}.{k}" for k in given)
         warn(old, ", ".join(f"{where}.options.{k}" for k in given), stacklevel)
-    rest["options"] = {**dict(pairs(rest.get("options") or {})), **given}
+    if strict:
+        _check_both(given, options, where)
+    rest["options"] = {**options, **given}
     return rest
+
+
+def _check_both(given: Mapping, options: Mapping, where: str) -> None:
+    for name, value in given.items():
+        if options.get(name) is not None and options[name] != value:
+            raise ValueError(
+                f"{where}.{name}={value!r} (the old spelling) and {where}.options.{name}="
+                f"{options[name]!r} are both set; keep {where}.options.{name} only"
+            )
 
 
 def new_path(path: str) -> str | None:

@@ -100,7 +100,7 @@ def config_from_json(values: dict) -> ml_collections.ConfigDict:
             config[key] = value
             continue
         if key == "model":
-            value = {"options": {}, **legacy.move_options(value, "config.model")}
+            value = {"options": {}, **legacy.move_options(value, "config.model", strict=True)}
         section = ml_collections.ConfigDict()
         for field, v in value.items():
             if key == "model" and field == "options":

@@ -236,7 +236,7 @@ def _mixer_names(mixer):
 
 
 def _model_config(values: Mapping) -> ModelConfig:
-    values = move_options(values, "config.model", stacklevel=5)
+    values = move_options(values, "config.model", stacklevel=5, strict=True)
     if "mixer" in values:
         values["mixer"] = _mixer_names(values["mixer"])
     known = sorted(f.name for f in dataclasses.fields(ModelConfig))
@@ -297,7 +297,7 @@ def model_section(**fields) -> ml_collections.ConfigDict:
     `options_section`, so that every mixer option can be overridden from the command line
     (`--config.model.options.state_dim=16`). An old flat mixer option (``chunk_size=32``) is
     moved into `options`, warned (`models.legacy`)."""
-    fields = move_options(fields, "config.model", stacklevel=4)
+    fields = move_options(fields, "config.model", stacklevel=4, strict=True)
     options = options_section(fields.pop("options", None))
     model = section(ModelConfig, "model", **fields)
     model.options = options

@@ -69,6 +69,11 @@ def test_flat_keywords_and_reads_warn_once_and_give_the_same_config():
         section = model_section(vocab_size=16, mixer="gated", state_dim=8)
     _one_warning(record, "config.model.state_dim is now spelled config.model.options.state_dim")
     assert section.options.state_dim == 8 and "state_dim" not in section
+    # a config file's old field beside a different new one (a command-line override): refused
+    config = cli_args.load_config_file(str(ROOT / "configs" / "mqar.py") + ":smoke")
+    config.model.mixer, config.model.state_dim, config.model.options.state_dim = "gated", 4, 8
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="both set; keep"):
+        experiment_config(config)
     with pytest.raises(AttributeError):
         new.not_an_option  # noqa: B018
 
