@@ -348,14 +348,18 @@ def test_early_stop_ends_at_the_eval_that_meets_the_threshold(tmp_path, tiny_con
     assert trainer.train(tiny_config, stopped) == _read(stopped, "summary.json")
     monkeypatch.undo()
 
-    # A run saved before a config field existed (no `eps` in its config.json) resumes
-    # while the field holds its default, and is refused with another value. (eps: an option
-    # of the favor layer; the config refuses a mixer option no layer uses, such as window.)
+    # A run saved before a config field existed (no `remat` in its config.json) resumes while
+    # the field holds its default, and is refused with another value, as is a mixer option the
+    # run did not set (eps: the favor layer's).
     tiny_config.train.stop_at = 0.0
     saved = _read(stopped, "config.json")
-    del saved["model"]["eps"]
+    del saved["model"]["remat"]
     with open(os.path.join(stopped, "config.json"), "w") as f:
         json.dump(saved, f)
+    tiny_config.model.remat = "block"
+    with pytest.raises(ValueError, match="config.model.remat = None, but this config has 'block'"):
+        trainer.train(tiny_config, stopped)
+    tiny_config.model.remat = "none"
     tiny_config.model.options.eps = 1e-3
     with pytest.raises(
         ValueError, match="config.model.options.eps = None, but this config has 0.001"
