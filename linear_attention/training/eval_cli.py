@@ -120,7 +120,7 @@ def meaning_changes(run: config_lib.ExperimentConfig, now: config_lib.Experiment
     run's checkpoint as another model (a ``model`` field but those of `_SAME_MEANING`) or its
     ids as another tokenizer's (``data.tokenizer``)."""
     out = {}
-    old_model, new_model = run.to_dict()["model"], now.to_dict()["model"]
+    old_model, new_model = _fields(run.to_dict()["model"]), _fields(now.to_dict()["model"])
     for name in sorted((set(old_model) | set(new_model)) - set(_SAME_MEANING)):
         if old_model.get(name) != new_model.get(name):
             out[f"config.model.{name}"] = {"run": old_model.get(name), "now": new_model.get(name)}
@@ -129,6 +129,12 @@ def meaning_changes(run: config_lib.ExperimentConfig, now: config_lib.Experiment
     if old_tok != new_tok:
         out["config.data.tokenizer"] = {"run": old_tok, "now": new_tok}
     return out
+
+
+def _fields(model: dict) -> dict:
+    """A model section with each mixer option a field of its own (``options.chunk_size``)."""
+    options = model.pop("options", {})
+    return {**model, **{f"options.{k}": v for k, v in options.items()}}
 
 
 if __name__ == "__main__":
