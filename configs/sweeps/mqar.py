@@ -69,8 +69,14 @@ MIXERS += (FOX_OPEN,)  # fox with its forget gate starting open (`layers/fox.py`
 FORGETTING_MIXERS = ("softmax", "retnet", "gla", "deltanet", "gated_deltanet", "kda")
 DEFAULT_MIXERS = (*MIXERS, "swa", "based", LINEAR_SCALED)
 MIXER_FIELDS = (
-    *("model.mixer", "model.feature_dim", "model.window", "model.feature_scale", "model.conv"),
-    "model.forget_bias",
+    *(
+        "model.mixer",
+        "model.options.feature_dim",
+        "model.options.window",
+        "model.options.feature_scale",
+        "model.conv",
+    ),
+    "model.options.forget_bias",
 )
 
 
@@ -146,7 +152,7 @@ def get_config(arg=None):
             grid.lr = grid_axis("optimizer.learning_rate", (1e-2,))
     else:  # smoke
         grid.mixer = grid_axis(
-            ("model.mixer", "model.feature_dim"),
+            ("model.mixer", "model.options.feature_dim"),
             (("softmax", None), ("linear", None)),
             ("softmax", "linear"),
         )

@@ -53,7 +53,7 @@ Command: ``python experiments/sweep.py --config configs/sweeps/state_tracking.py
 Mixers (``MIXERS``): softmax, linear (elu+1), taylor (8 projected dims), retnet, gated, gla,
 swa (window 16), Based (taylor + swa layers), rwkv7, mamba (Mamba-1's block), rglru (Griffin's
 recurrent block), and the delta family, each with β ∈ (0, 1) and with β ∈ (0, 2) (``*_neg``,
-``model.allow_neg_eigval``): deltanet, gated_deltanet, gated_deltaproduct with 1 and 2
+``model.options.allow_neg_eigval``): deltanet, gated_deltanet, gated_deltaproduct with 1 and 2
 Householder steps (``_n1``, ``_n2``) and kda.
 
 Expected (Grazzi et al. Table 3): only β ∈ (0, 2) solves parity, and it does better on
@@ -123,10 +123,10 @@ AUTHORS_MIXERS = ("gated_deltanet_neg", "gated_deltanet", "deltanet_neg", "delta
 SCAN_MIXERS = ("deltanet", "gated_deltanet", "gated")
 MIXER_FIELDS = (
     "model.mixer",
-    "model.allow_neg_eigval",
-    "model.feature_dim",
-    "model.window",
-    "model.num_householder",
+    "model.options.allow_neg_eigval",
+    "model.options.feature_dim",
+    "model.options.window",
+    "model.options.num_householder",
     "model.conv",
 )
 TASK_FIELDS = ("data.task", "model.vocab_size")
@@ -158,7 +158,7 @@ def _parity_paper(preset, mixers):
     grid.seed = grid_axis("seed", PAPER_SEEDS)
     grid.lr = grid_axis("optimizer.learning_rate", (1e-3,))
     axis = _mixer_axis(config, mixers)
-    fields = (*axis.field, "model.method")
+    fields = (*axis.field, "model.options.method")
     scan = config.base.model.d_model <= 16  # the scan is the faster form at head width 4 only
     choices = [
         (*values, "scan" if scan and values[0] in SCAN_MIXERS else None) for values in axis.choices

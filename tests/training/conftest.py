@@ -32,7 +32,7 @@ def tiny_mqar():
     so the loop's redraw and both kinds of mixer are exercised."""
     config = load_config("mqar", "smoke")
     config.model.mixer = "favor,softmax"
-    config.model.feature_dim = 8
+    config.model.options.feature_dim = 8
     config.model.redraw_interval = 2
     return config
 
@@ -103,7 +103,7 @@ def families_dry_run(capsys, preset: str, mixers: str, target: str, chunk: int =
         capsys,
         f"--config=configs/{preset}",
         f"--config.mesh.target={target}",
-        f"--config.model.chunk_size={chunk}",
+        f"--config.model.options.chunk_size={chunk}",
         f"--config.model.mixer={mixers}",
         f"--config.model.num_layers={len(mixers.split(','))}",
     )

@@ -142,10 +142,10 @@ def test_the_pallas_method_with_a_gpu_target_is_a_usage_error(capsys, monkeypatc
     monkeypatch.chdir(ROOT)
     mqar = "--config=configs/mqar.py:smoke"
     model = ["--config.model.mixer=gated,gated_deltanet", "--config.model.num_layers=2"]
-    status, _, err = dry_run_cli(capsys, mqar, H100, "--config.model.method=pallas", *model)
+    status, _, err = dry_run_cli(capsys, mqar, H100, "--config.model.options.method=pallas", *model)
     assert status == 2 and "Traceback" not in err
     assert err.startswith(
-        "la-train: error: config.model.method = 'pallas' (the layers gated_deltanet): "
+        "la-train: error: config.model.options.method = 'pallas' (the layers gated_deltanet): "
         "config.mesh.target = 'gpu:h100:8' is compiled by XLA:GPU, whose Pallas kernels (gpu) "
         "do not cover these layers' kernel families; use method 'chunk'"
     )
@@ -167,7 +167,7 @@ def test_the_pallas_method_compiles_the_mosaic_gpu_kernel_for_an_h100(capsys, mo
     monkeypatch.chdir(ROOT)
     argv = ["--config=configs/mqar.py:smoke", "--config.mesh.target=gpu:h100:1"]
     argv += ["--config.model.mixer=gated", "--config.model.num_layers=1"]
-    argv += ["--config.model.dtype=bfloat16", "--config.model.chunk_size=64"]
+    argv += ["--config.model.dtype=bfloat16", "--config.model.options.chunk_size=64"]
     calls, real = [], sizing.compile_for_target
 
     def spy(traced, *args):
@@ -176,7 +176,7 @@ def test_the_pallas_method_compiles_the_mosaic_gpu_kernel_for_an_h100(capsys, mo
 
     monkeypatch.setattr(sizing, "compile_for_target", spy)
     for method in ("pallas", "chunk"):
-        status, result, err = dry_run_cli(capsys, *argv, f"--config.model.method={method}")
+        status, result, err = dry_run_cli(capsys, *argv, f"--config.model.options.method={method}")
         assert status == 0, err
         assert result["fits"] and result["train_step_bytes_per_device"] > 0
     assert calls[0] > 0 and calls[1] == 0
@@ -282,7 +282,7 @@ def test_the_step_split_over_time_and_fsdp_compiles_for_two_h200_hosts(capsys, m
     monkeypatch.chdir(ROOT)
     argv = ["--config=configs/lm.py:smoke", "--config.mesh.target=gpu:h200:2x4"]
     argv += ["--config.mesh.seq=2", "--config.mesh.fsdp=True", "--config.model.remat=block"]
-    argv += ["--config.train.grad_accum_steps=2", "--config.model.chunk_size=16"]
+    argv += ["--config.train.grad_accum_steps=2", "--config.model.options.chunk_size=16"]
     status, sizing_, err = dry_run_cli(capsys, *argv)
     assert status == 0, err
     assert sizing_["target"]["mesh"] == {"data": 4, "seq": 2, "model": 1}

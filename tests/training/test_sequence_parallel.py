@@ -82,12 +82,13 @@ def main(part="fast"):
         config = ModelConfig(
             vocab_size=32, d_model=16, num_layers=1, num_heads=2, mixer=name,
             conv=None if rwkv else True,
-            feature_dim=FEATURE_DIM.get(name),
             position=("rope", "learned")[i % 2 or "rope" in REGISTRY[name].NOT_TAKEN],
             max_length=T, mlp=False,
-            # (only the options this mixer reads: the config refuses one no layer uses)
-            chunk_size=4 if "chunk_size" in REGISTRY[name].Config.own_options() else None,
-            window=5 if name == "swa" else None,
+            options=dict(
+                feature_dim=FEATURE_DIM.get(name),
+                chunk_size=4 if "chunk_size" in REGISTRY[name].Config.own_options() else None,
+                window=5 if name == "swa" else None,
+            ),
         )  # fmt: skip
         # (swa with window 5: a halo of 4 keys, one whole shard back)
         # (mamba and rglru on the packed rows too: their conv and their resets at document
@@ -110,8 +111,8 @@ def main(part="fast"):
     # restarting at each document.
     config = ModelConfig(
         vocab_size=32, d_model=16, num_layers=5, num_heads=2, conv=True, position="rope",
-        mixer=("softmax", "swa", "gla", "gated_deltanet", "linear"), max_length=T,
-        chunk_size=4, mlp=False, window=5,
+        mixer=("softmax", "swa", "gla", "gated_deltanet", "linear"), max_length=T, mlp=False,
+        options=dict(chunk_size=4, window=5),
     )  # fmt: skip
     (g_one, s_one), (g_split, s_split) = (grads_and_stats(config, m, packed) for m in (None, split))
     out["packed"] = {

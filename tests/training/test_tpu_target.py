@@ -170,7 +170,7 @@ def test_the_pallas_method_compiles_for_a_v5e_slice(capsys, monkeypatch):
     decay and a plain linear layer), for every layer or for one layer type; without a target
     the dry run compiles for this machine's CPU, where the Pallas kernels raise."""
     monkeypatch.chdir(ROOT)
-    model = ["--config.model.method=pallas", "--config.model.chunk_size=16"]
+    model = ["--config.model.options.method=pallas", "--config.model.options.chunk_size=16"]
     model += ["--config.model.mixer=gated,linear", "--config.model.num_layers=2"]
     status, sizing, err = dry_run_cli(capsys, "--config=configs/mqar.py:smoke", V5E, *model)
     assert status == 0, err
