@@ -18,7 +18,9 @@ with every method, outputs and both final states; `naive_mesa_net_CG` against th
 the same iteration count; `naive_mesa_net_decoding_one_step` against `kernels.mesa_net_step`);
 PaTH attention (`naive_path_attn` against `kernels.path_attention`, both methods, with the
 forget gate; and the blockwise gradients of q, k, v, w, β and the gate against torch's autograd
-of the naive form).
+of the naive form). Issue 69's mixers over existing kernels, each mapping against FLA's naive
+form of that family: RWKV-6 (`rwkv6_attention` against `naive_recurrent_rwkv6`, every method,
+outputs and final state).
 """
 
 from __future__ import annotations
@@ -38,12 +40,12 @@ from linear_attention.benchmarks import machine_info
 SHAPES = ((1, 64, 2, 16, 16), (2, 100, 4, 32, 32), (1, 300, 2, 64, 64))  # B, T, H, D, Dv
 
 
-def load_naive(fla_root: Path, family: str):
-    """FLA's `fla/ops/<family>/naive.py` as a module, loaded by path."""
-    path = fla_root / "fla" / "ops" / family / "naive.py"
+def load_naive(fla_root: Path, family: str, file: str = "naive.py"):
+    """FLA's `fla/ops/<family>/naive.py` (or another `file` there) as a module, by path."""
+    path = fla_root / "fla" / "ops" / family / file
     if not path.is_file():
         raise SystemExit(f"peer_check.py: error: {path} not found (is --fla a checkout?)")
-    spec = importlib.util.spec_from_file_location(f"fla_naive_{family}", path)
+    spec = importlib.util.spec_from_file_location(f"fla_{family}_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -230,11 +232,55 @@ def path(fla_root: Path) -> dict:
     }
 
 
+def _torch_heads_first(*arrays):
+    """[B, T, H, ·] float32 NumPy arrays as torch tensors [B, H, T, ·] (FLA's older layout)."""
+    import torch
+
+    return [torch.from_numpy(np.ascontiguousarray(np.swapaxes(x, 1, 2))) for x in arrays]
+
+
+def rwkv6(fla_root: Path) -> dict:
+    """The `rwkv6` mixer's mapping (`layers.rwkv6.rwkv6_attention`: the linear kernel on k, v
+    and log w shifted one token, plus the bonus) against FLA's token loop at scale 1, from a
+    random initial state; log w = −exp(N(0, 1)), as the layer makes it."""
+    import torch
+
+    from linear_attention.layers.rwkv6 import rwkv6_attention
+
+    naive = load_naive(fla_root, "rwkv6", "recurrent_naive.py").naive_recurrent_rwkv6
+    rng = np.random.default_rng(0)
+    errors = {m: [] for m in K.METHODS}
+    for b, t, h, d, dv in SHAPES:
+        r, k = (rng.standard_normal((b, t, h, d), np.float32) for _ in range(2))
+        v = rng.standard_normal((b, t, h, dv), np.float32)
+        log_w = -np.exp(rng.standard_normal((b, t, h, d))).astype(np.float32)
+        u = rng.standard_normal((h, d)).astype(np.float32)
+        s0 = rng.standard_normal((b, h, d, dv)).astype(np.float32)
+        o, s = naive(*_torch_heads_first(r, k, v, log_w), torch.from_numpy(u), scale=1.0,
+                     initial_state=torch.from_numpy(s0), output_final_state=True)  # fmt: skip
+        theirs = np.swapaxes(o.numpy(), 1, 2)
+        for method in errors:
+            ours, state = rwkv6_attention(
+                r, k, v, log_w, u, method=method, chunk_size=64,
+                initial_state=K.LinearAttentionState(kv=s0, k_sum=None),
+            )  # fmt: skip
+            errors[method].append(max(rel_err(ours, theirs), rel_err(state.kv, s.numpy())))
+    return {
+        "reference": "fla/ops/rwkv6/recurrent_naive.py: naive_recurrent_rwkv6 (scale 1)",
+        "ours": "layers.rwkv6.rwkv6_attention over kernels.causal_linear_attention "
+        "(chunk_size 64), outputs and final state",
+        "shapes_BTHDDv": SHAPES,
+        "max_rel_err": {m: max(e) for m, e in errors.items()},
+        "rel_err_per_shape": errors,
+    }
+
+
 CHECKS = {
     "forgetting_attn": forgetting,
     "log_linear_attn": log_linear,
     "mesa_net": mesa_net,
     "path_attn": path,
+    "rwkv6": rwkv6,
 }
 
 

@@ -22,6 +22,7 @@ from linear_attention.layers.lstm import LSTMMixer
 from linear_attention.layers.mesanet import MesaNetMixer
 from linear_attention.layers.mla import MLAMixer
 from linear_attention.layers.path import PathMixer
+from linear_attention.layers.rwkv6 import RWKV6Mixer
 from linear_attention.layers.rwkv7 import RWKV7Mixer
 from linear_attention.layers.sliding_window import SlidingWindowMixer
 from linear_attention.layers.softmax import SoftmaxMixer
@@ -50,6 +51,7 @@ MIXERS: dict[str, type[Mixer]] = {
         MesaNetMixer,
         LogLinearMamba2Mixer,
         LogLinearGatedDeltaNetMixer,
+        RWKV6Mixer,
     )
 }
 

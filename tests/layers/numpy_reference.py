@@ -78,6 +78,8 @@ def mixer_reference(
         return mesanet_reference(mixer, x_BTD)
     if name == "path":
         return path_reference(mixer, x_BTD)
+    if name in FAMILY_REFERENCES:
+        return FAMILY_REFERENCES[name](mixer, x_BTD)
     p = params64(mixer)
     x = np.asarray(x_BTD, np.float64)
     b, t, _ = x.shape
@@ -390,3 +392,49 @@ def mesanet_reference(mixer, x_BTD) -> np.ndarray:
     lam = softplus(p["lambda_param"]) + 0.25
     o = mesa_net_loop(l2(q), l2(k), v, log_decay, beta, lam)[0]
     return output_reference(mixer, x, o)
+
+
+def rwkv6_loop(r, k, v, w, u, S=None):
+    """RWKV-6's recurrence token by token (FLA's `naive_recurrent_rwkv6` at scale 1), float64:
+    o_t = S_{t−1}ᵀ r_t + (Σ_K r_t ⊙ u ⊙ k_t) v_t, then S_t = Diag(w_t) S_{t−1} + k_t v_tᵀ;
+    w is the decay itself (not its log). Returns (o [B, T, H, Dv], S [B, H, K, Dv])."""
+    b, t, h, dk = k.shape
+    S = np.zeros((b, h, dk, v.shape[-1])) if S is None else np.array(S, np.float64)
+    o = np.zeros(v.shape)
+    for i in range(t):
+        kv = k[:, i, :, :, None] * v[:, i, :, None, :]
+        o[:, i] = np.einsum("bhk,bhkd->bhd", r[:, i], S + u[None, :, :, None] * kv)
+        S = S * w[:, i, :, :, None] + kv
+    return o, S
+
+
+def rwkv6_reference(mixer, x_BTD) -> np.ndarray:
+    """RWKV-6's time mixing from its formulas (x060 with a static token-shift interpolation),
+    float64: r, k, v from the shifted inputs, w = exp(−exp(w₀ + tanh(x_w W₁) W₂)), `rwkv6_loop`,
+    GroupNorm per head (eps 64e-5), the gate silu(x_g W_g), the output matrix."""
+    p = params64(mixer)
+    x = np.asarray(x_BTD, np.float64)
+    b, t, _ = x.shape
+    h, dk, dv = mixer.num_heads, mixer.qk_dim, mixer.head_dim
+    previous = np.concatenate([np.zeros_like(x[:, :1]), x[:, :-1]], axis=1)
+    x_r, x_w, x_k, x_v, x_g = (x + (previous - x) * mu for mu in p["inputs"]["mu"])
+    r = (x_r @ p["receptance"]["kernel"]).reshape(b, t, h, dk)
+    k = (x_k @ p["key"]["kernel"]).reshape(b, t, h, dk)
+    v = (x_v @ p["value"]["kernel"]).reshape(b, t, h, dv)
+    lora = p["decay"]
+    z = np.tanh(x_w @ lora["down"]["kernel"]) @ lora["up"]["kernel"] + lora["up"]["bias"]
+    w = np.exp(-np.exp(z)).reshape(b, t, h, dk)
+    o, _ = rwkv6_loop(r, k, v, w, p["bonus"])
+    out = p["output"]
+    if "norm" in out:
+        centred = o - o.mean(-1, keepdims=True)
+        o = centred / np.sqrt(np.mean(centred**2, -1, keepdims=True) + 64e-5)
+        o = o * out["norm"]["scale"] + out["norm"]["bias"]
+    o = o.reshape(b, t, h * dv)
+    if "gate_proj" in out:
+        o = o * silu(x_g @ out["gate_proj"]["kernel"])
+    return o @ out["out_proj"]["kernel"]
+
+
+# The mixers of issue 69's families whose reference is a function of their own.
+FAMILY_REFERENCES = {"rwkv6": rwkv6_reference}

@@ -86,6 +86,10 @@ CASES = {
     "log_linear_gated_deltanet_quadratic": dict(
         method="quadratic", rope=True, allow_neg_eigval=True
     ),
+    # issue 69's families over existing kernels: rwkv6 on shifted k, v and decay, chunks of 5
+    # (the prefill of 5 tokens, then steps that read before they write); the scan, no gate
+    "rwkv6": dict(chunk_size=5),
+    "rwkv6_scan": dict(method="scan", out_gate=False),
 }
 DELTA = ("deltanet", "gated_deltanet", "kda", "gated_deltaproduct")
 
@@ -410,7 +414,7 @@ def test_attention_inputs_reproduce_the_mixer(case):
     name = mixer_name(case)
     mixer, x = make(case), inputs()
     # not AttentionInputs' weighted sum
-    late = ("mesanet", "log_linear_mamba2", "log_linear_gated_deltanet", "path")
+    late = ("mesanet", "log_linear_mamba2", "log_linear_gated_deltanet", "path", "rwkv6")
     if name in (*DELTA, "swa", "rwkv7", "lstm", *late):
         with pytest.raises(ValueError, match="has no attention_inputs"):
             attention_inputs(mixer, x)

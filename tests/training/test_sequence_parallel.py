@@ -24,7 +24,7 @@ from tests.training.conftest import tiny_mqar
 MIXERS = tuple(name for name, cls in REGISTRY.items() if cls.SEQUENCE_PARALLEL)
 # (softmax, swa and gated_deltanet alone moved under `-m slow`: the packed hybrid runs their
 # sequence paths; without them the file's default checks took 81 s instead of 110 s)
-FAST_MIXERS = ("kda", "rwkv7")
+FAST_MIXERS = ("kda", "rwkv7", "rwkv6")
 FEATURE_DIM = {"favor": 8, "taylor": 4, "hedgehog": 8}
 
 
@@ -75,13 +75,15 @@ def main(part="fast"):
     for i, name in enumerate(MIXERS):
         if (name in FAST_MIXERS) != (part == "fast"):
             continue
-        # rwkv7 (token shift instead of a conv, no rotary positions) on the packed rows: its
-        # shift reads the previous shard's last token unless a document starts there
-        rwkv = name == "rwkv7"
+        # rwkv7, rwkv6 (token shift instead of a conv, no rotary positions) on the packed rows:
+        # the shift reads the previous shard's last token unless a document starts there
+        rwkv = "conv" in REGISTRY[name].NOT_TAKEN
+        rope = "rope" not in REGISTRY[name].NOT_TAKEN and i % 2 == 0
         config = ModelConfig(
             vocab_size=32, d_model=16, num_layers=1, num_heads=2, mixer=name,
             conv=None if rwkv else True,
-            feature_dim=FEATURE_DIM.get(name), position=("rope", "learned")[i % 2],
+            feature_dim=FEATURE_DIM.get(name),
+            position="rope" if rope else "learned",
             max_length=T, mlp=False,
             # (only the options this mixer reads: the config refuses one no layer uses)
             chunk_size=4 if "chunk_size" in REGISTRY[name].Config.own_options() else None,
