@@ -20,7 +20,8 @@ PaTH attention (`naive_path_attn` against `kernels.path_attention`, both methods
 forget gate; and the blockwise gradients of q, k, v, w, β and the gate against torch's autograd
 of the naive form). Issue 69's mixers over existing kernels, each mapping against FLA's naive
 form of that family: RWKV-6 (`rwkv6_attention` against `naive_recurrent_rwkv6`, every method,
-outputs and final state).
+outputs and final state); HGRN2 (`hgrn2_terms` on `causal_linear_attention` against
+`naive_recurrent_gla` given HGRN2's q, k and gate).
 """
 
 from __future__ import annotations
@@ -275,12 +276,52 @@ def rwkv6(fla_root: Path) -> dict:
     }
 
 
+def hgrn2(fla_root: Path) -> dict:
+    """The `hgrn2` mixer's mapping (`layers.linear.hgrn2_terms` on the linear kernel) against
+    FLA's GLA token loop given what FLA's HGRN2 layer gives it: silu(q), k = 1 − exp(g),
+    g = logsigmoid(f), from a random initial state; f ~ N(0, 4)."""
+    import torch
+
+    from linear_attention.layers.linear import hgrn2_terms
+
+    naive = load_naive(fla_root, "gla").naive_recurrent_gla
+    rng = np.random.default_rng(0)
+    errors = {m: [] for m in K.METHODS}
+    for b, t, h, d, dv in SHAPES:
+        q = rng.standard_normal((b, t, h, d), np.float32)
+        f = (2.0 * rng.standard_normal((b, t, h, d))).astype(np.float32)
+        v = rng.standard_normal((b, t, h, dv), np.float32)
+        s0 = rng.standard_normal((b, h, d, dv)).astype(np.float32)
+        tq, tf = torch.from_numpy(q), torch.from_numpy(f)
+        g = torch.nn.functional.logsigmoid(tf)
+        o, s = naive(torch.nn.functional.silu(tq), 1 - g.exp(), torch.from_numpy(v), g,
+                     initial_state=torch.from_numpy(s0), output_final_state=True)  # fmt: skip
+        phi_q, phi_k, log_g = hgrn2_terms(q, f, d)
+        for method in errors:
+            ours, state = K.causal_linear_attention(
+                phi_q, phi_k, v, log_decay=log_g, normalize=False, method=method,
+                chunk_size=64, initial_state=K.LinearAttentionState(kv=s0, k_sum=None),
+                return_state=True,
+            )  # fmt: skip
+            errors[method].append(max(rel_err(ours, o.numpy()), rel_err(state.kv, s.numpy())))
+    return {
+        "reference": "fla/ops/gla/naive.py: naive_recurrent_gla, given HGRN2's q, k, g "
+        "(fla/layers/hgrn2.py)",
+        "ours": "layers.linear.hgrn2_terms on kernels.causal_linear_attention (chunk_size 64), "
+        "outputs and final state",
+        "shapes_BTHDDv": SHAPES,
+        "max_rel_err": {m: max(e) for m, e in errors.items()},
+        "rel_err_per_shape": errors,
+    }
+
+
 CHECKS = {
     "forgetting_attn": forgetting,
     "log_linear_attn": log_linear,
     "mesa_net": mesa_net,
     "path_attn": path,
     "rwkv6": rwkv6,
+    "hgrn2": hgrn2,
 }
 
 

@@ -13,6 +13,7 @@ from linear_attention.layers.linear import (
     GatedMixer,
     GLAMixer,
     HedgehogMixer,
+    HGRN2Mixer,
     LinearMixer,
     RetNetMixer,
     TaylorMixer,
@@ -52,6 +53,7 @@ MIXERS: dict[str, type[Mixer]] = {
         LogLinearMamba2Mixer,
         LogLinearGatedDeltaNetMixer,
         RWKV6Mixer,
+        HGRN2Mixer,
     )
 }
 

@@ -150,10 +150,14 @@ def mixer_reference(
         else:
             z = x @ p["decay"]["proj"]["kernel"] + p["decay"]["dt_bias"]
             log_decay_BTH = -softplus(z) * np.exp(p["decay"]["a_log"])
-    elif name == "gla":  # a decay per key dimension: A[t, s] = Σ_k q_tk k_sk Π_r γ_rk / √dk
-        gate = p["decay"]
-        z = x @ gate["down"]["kernel"] @ gate["up"]["kernel"] + gate["up"]["bias"]
-        log_gamma = -np.logaddexp(0.0, -z).reshape(b, t, h, dk) / 16.0  # logsigmoid / τ
+    elif name in ("gla", "hgrn2"):  # a decay per key dimension: Σ_k q_tk k_sk Π_r γ_rk / √dk
+        if name == "gla":
+            gate = p["decay"]
+            z = x @ gate["down"]["kernel"] @ gate["up"]["kernel"] + gate["up"]["bias"]
+            log_gamma = -np.logaddexp(0.0, -z).reshape(b, t, h, dk) / 16.0  # logsigmoid / τ
+        else:  # hgrn2: γ = σ(f) from the k slot, k = 1 − γ, q = silu(q)
+            log_gamma = -np.logaddexp(0.0, -k)
+            q, k = silu(q), 1.0 - np.exp(log_gamma)
         c_BTHK = np.cumsum(log_gamma, axis=1)
         gap_BTSHK = c_BTHK[:, :, None] - c_BTHK[:, None, :]
         decay = np.exp(np.where(causal[None, :, :, None, None], gap_BTSHK, -np.inf))
@@ -246,8 +250,11 @@ def output_reference(mixer, x_BTD, o_BTHD) -> np.ndarray:
     p = params64(mixer)["output"]
     x, o = np.asarray(x_BTD, np.float64), np.asarray(o_BTHD, np.float64)
     b, t, h, dv = o.shape
-    if "norm" in p:
-        o = rms_norm(o, p["norm"]["scale"], eps=mixer.output.norm.eps)
+    if "norm" in p:  # (over groups of heads: hgrn2's one group of all channels)
+        g, scale = mixer.output.norm_groups, p["norm"]["scale"]
+        if g != h:
+            o, scale = o.reshape(b, t, g, h * dv // g), scale.reshape(g, -1)
+        o = rms_norm(o, scale, eps=mixer.output.norm.eps)
     o = o.reshape(b, t, h * dv)
     if "gate_up" in p:  # the low-rank sigmoid gate of the gated RMSNorm (kda)
         up = p["gate_up"]

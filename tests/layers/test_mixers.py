@@ -90,6 +90,9 @@ CASES = {
     # (the prefill of 5 tokens, then steps that read before they write); the scan, no gate
     "rwkv6": dict(chunk_size=5),
     "rwkv6_scan": dict(method="scan", out_gate=False),
+    # hgrn2: keys tied to the forget gate, norm over all channels; with the conv and the gate
+    "hgrn2": dict(chunk_size=5),
+    "hgrn2_gated": dict(conv=True, out_gate=True, method="quadratic"),
 }
 DELTA = ("deltanet", "gated_deltanet", "kda", "gated_deltaproduct")
 
@@ -422,9 +425,9 @@ def test_attention_inputs_reproduce_the_mixer(case):
     a = attention_inputs(mixer, x)
     m = a.q.shape[-1]
     assert a.q.shape == a.k.shape == (B, T, H, m) and a.v.shape == (B, T, H, mixer.head_dim)
-    assert (a.log_decay is not None) == (name in ("retnet", "gated", "gla", "fox"))
-    if a.log_decay is not None:
-        shape = (B, T, H, m) if name == "gla" else (B, T, H)  # gla: a decay per key dimension
+    assert (a.log_decay is not None) == (name in ("retnet", "gated", "gla", "fox", "hgrn2"))
+    if a.log_decay is not None:  # gla, hgrn2: a decay per key dimension
+        shape = (B, T, H, m) if name in ("gla", "hgrn2") else (B, T, H)
         assert a.log_decay.shape == shape and a.log_decay.dtype == jnp.float32
         assert bool(jnp.all(a.log_decay <= 0))
     softmax = name in ("softmax", "fox")
