@@ -21,7 +21,8 @@ forget gate; and the blockwise gradients of q, k, v, w, β and the gate against 
 of the naive form). Issue 69's mixers over existing kernels, each mapping against FLA's naive
 form of that family: RWKV-6 (`rwkv6_attention` against `naive_recurrent_rwkv6`, every method,
 outputs and final state); HGRN2 (`hgrn2_terms` on `causal_linear_attention` against
-`naive_recurrent_gla` given HGRN2's q, k and gate).
+`naive_recurrent_gla` given HGRN2's q, k and gate); lightning attention (the mixer's fixed
+per-head decay on `causal_linear_attention` against `naive_chunk_simple_gla`).
 """
 
 from __future__ import annotations
@@ -315,6 +316,43 @@ def hgrn2(fla_root: Path) -> dict:
     }
 
 
+def lightning(fla_root: Path) -> dict:
+    """The `lightning` mixer's kernel call (a `[H]` log decay −s at MiniMax's slopes of the first
+    layer, the fastest decays; silu q, k, v; no scale) against FLA's simple-GLA reference given
+    g = −s at every token and scale 1 (FLA's `lightning_attn` has no naive form of its own and
+    its slopes are not MiniMax's), from a random initial state."""
+    import torch
+
+    from linear_attention.layers.lightning import lightning_slopes
+
+    naive = load_naive(fla_root, "simple_gla").naive_chunk_simple_gla
+    rng = np.random.default_rng(0)
+    errors = {m: [] for m in K.METHODS}
+    for b, t, h, d, dv in SHAPES:
+        silu = lambda x: x / (1.0 + np.exp(-x))  # noqa: E731
+        q, k = (silu(rng.standard_normal((b, t, h, d))).astype(np.float32) for _ in range(2))
+        v = silu(rng.standard_normal((b, t, h, dv))).astype(np.float32)
+        s0 = rng.standard_normal((b, h, d, dv)).astype(np.float32)
+        log_decay = -lightning_slopes(h, 0.0).astype(np.float32)
+        g = np.broadcast_to(log_decay, (b, t, h)).copy()
+        o, s = naive(*(torch.from_numpy(x) for x in (q, k, v, g)), scale=1.0,
+                     initial_state=torch.from_numpy(s0), output_final_state=True)  # fmt: skip
+        for method in errors:
+            ours, state = K.causal_linear_attention(
+                q, k, v, log_decay=log_decay, normalize=False, method=method, chunk_size=64,
+                initial_state=K.LinearAttentionState(kv=s0, k_sum=None), return_state=True,
+            )  # fmt: skip
+            errors[method].append(max(rel_err(ours, o.numpy()), rel_err(state.kv, s.numpy())))
+    return {
+        "reference": "fla/ops/simple_gla/naive.py: naive_chunk_simple_gla (g = -s, scale 1)",
+        "ours": "kernels.causal_linear_attention with the [H] log decay -s of "
+        "layers.lightning.lightning_slopes(H, 0) (chunk_size 64), outputs and final state",
+        "shapes_BTHDDv": SHAPES,
+        "max_rel_err": {m: max(e) for m, e in errors.items()},
+        "rel_err_per_shape": errors,
+    }
+
+
 CHECKS = {
     "forgetting_attn": forgetting,
     "log_linear_attn": log_linear,
@@ -322,6 +360,7 @@ CHECKS = {
     "path_attn": path,
     "rwkv6": rwkv6,
     "hgrn2": hgrn2,
+    "lightning": lightning,
 }
 
 

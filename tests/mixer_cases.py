@@ -57,4 +57,5 @@ MIXER_CASES: dict[str, MixerCase] = {
     # issue 69's families over existing kernels (after the CPU grids: MQAR rows only)
     "rwkv6": MixerCase(dict(chunk_size=4), splits_time=True, cpu_grids=False),
     "hgrn2": MixerCase(dict(conv=True), splits_time=True, cpu_grids=False),
+    "lightning": MixerCase(dict(chunk_size=4), splits_time=True, cpu_grids=False),
 }

@@ -8,6 +8,7 @@ from linear_attention.layers.delta import DeltaNetMixer, GatedDeltaNetMixer
 from linear_attention.layers.delta_product import GatedDeltaProductMixer
 from linear_attention.layers.fox import FoxMixer
 from linear_attention.layers.kda import KDAMixer
+from linear_attention.layers.lightning import LightningMixer
 from linear_attention.layers.linear import (
     FavorMixer,
     GatedMixer,
@@ -54,6 +55,7 @@ MIXERS: dict[str, type[Mixer]] = {
         LogLinearGatedDeltaNetMixer,
         RWKV6Mixer,
         HGRN2Mixer,
+        LightningMixer,
     )
 }
 

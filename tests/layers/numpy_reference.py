@@ -260,8 +260,9 @@ def output_reference(mixer, x_BTD, o_BTHD) -> np.ndarray:
         up = p["gate_up"]
         z = x @ p["gate_proj"]["kernel"] @ up["kernel"] + up.get("bias", 0.0)
         o = o / (1.0 + np.exp(-z))
-    elif "gate_proj" in p:
-        o = o * silu(x @ p["gate_proj"]["kernel"])
+    elif "gate_proj" in p:  # swish, or lightning's sigmoid
+        z = x @ p["gate_proj"]["kernel"]
+        o = o * (silu(z) if mixer.output.gate_activation == "silu" else 1.0 / (1.0 + np.exp(-z)))
     return o @ p["out_proj"]["kernel"]
 
 
@@ -443,5 +444,35 @@ def rwkv6_reference(mixer, x_BTD) -> np.ndarray:
     return o @ out["out_proj"]["kernel"]
 
 
+def lightning_loop(q, k, v, slopes, S=None):
+    """MiniMax's lightning recurrence token by token (its decoding loop), float64:
+    S_t = e^(−s_h) S_{t−1} + k_t v_tᵀ, o_t = S_tᵀ q_t. Returns (o, S)."""
+    b, t, h, dk = k.shape
+    S = np.zeros((b, h, dk, v.shape[-1])) if S is None else np.array(S, np.float64)
+    o = np.zeros(v.shape)
+    for i in range(t):
+        S = np.exp(-slopes)[:, None, None] * S + k[:, i, :, :, None] * v[:, i, :, None, :]
+        o[:, i] = np.einsum("bhk,bhkd->bhd", q[:, i], S)
+    return o, S
+
+
+def lightning_reference(mixer, x_BTD) -> np.ndarray:
+    """MiniMax's lightning attention layer from its formulas, float64: q, k, v = silu(x W_qkv)
+    (columns all q, all k, all v), `lightning_loop` with the layer's slopes, then the output
+    layers (RMSNorm over all H·Dv channels, the sigmoid gate, the output matrix)."""
+    p = params64(mixer)
+    x = np.asarray(x_BTD, np.float64)
+    b, t, _ = x.shape
+    h, dk, dv = mixer.num_heads, mixer.qk_dim, mixer.head_dim
+    qkv = silu(x @ p["inputs"]["qkv"]["qkv_proj"]["kernel"])
+    q, k = (
+        qkv[..., : h * dk].reshape(b, t, h, dk),
+        qkv[..., h * dk : 2 * h * dk].reshape(b, t, h, dk),
+    )
+    v = qkv[..., 2 * h * dk :].reshape(b, t, h, dv)
+    o, _ = lightning_loop(q, k, v, p["decay"]["slope"])
+    return output_reference(mixer, x, o)
+
+
 # The mixers of issue 69's families whose reference is a function of their own.
-FAMILY_REFERENCES = {"rwkv6": rwkv6_reference}
+FAMILY_REFERENCES = {"rwkv6": rwkv6_reference, "lightning": lightning_reference}

@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 
 from linear_attention import kernels as K
+from linear_attention.layers.lightning import lightning_slopes
 from linear_attention.layers.linear import hgrn2_terms
 from linear_attention.layers.rwkv6 import rwkv6_attention
 from linear_attention.layers.segments import segments_of
-from tests.layers.numpy_reference import rwkv6_loop, silu
+from tests.layers.numpy_reference import lightning_loop, rwkv6_loop, silu
 
 B, T, H, DK, DV = 2, 7, 2, 3, 4
 
@@ -83,3 +84,60 @@ def test_hgrn2_terms_on_the_linear_kernel_are_the_hgrn2_recurrence(method):
     o64, s64 = hgrn2_loop(*(x.astype(np.float64) for x in (q, 2.0 * f, i)), s0)
     np.testing.assert_allclose(o, o64, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(s.kv, s64, rtol=1e-5, atol=1e-5)
+
+
+def test_lightning_slopes_are_minimaxs():
+    """2^(−8(h+1)/H)·(1 − depth + 1e-5), by hand for H = 4 at the first and a middle layer."""
+    np.testing.assert_allclose(lightning_slopes(4, 0.0), [0.25, 1 / 16, 1 / 64, 1 / 256], rtol=2e-5)
+    np.testing.assert_allclose(lightning_slopes(2, 0.5), [0.0625 * 0.50001, 0.00390625 * 0.50001])
+
+
+@pytest.mark.parametrize("method", ["chunk", "scan"])  # (the kernel's own tests cover the rest)
+def test_lightning_on_the_linear_kernel_is_minimaxs_recurrence(method):
+    """The mixer's kernel call (a [H] log decay −s, no denominator) from a state against
+    MiniMax's decoding loop in float64, at slopes of the first layer (the fastest decays)."""
+    q, k, v, s0 = _draws(3, (B, T, H, DK), (B, T, H, DK), (B, T, H, DV), (B, H, DK, DV))
+    slopes = lightning_slopes(H, 0.0)
+    o, s = K.causal_linear_attention(
+        q, k, v, log_decay=-slopes.astype(np.float32), normalize=False, method=method,
+        chunk_size=3, initial_state=K.LinearAttentionState(kv=s0, k_sum=None), return_state=True,
+    )  # fmt: skip
+    o64, s64 = lightning_loop(*(x.astype(np.float64) for x in (q, k, v)), slopes, S=s0)
+    np.testing.assert_allclose(o, o64, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(s.kv, s64, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.hf
+def test_lightning_is_transformers_minimax_lightning_attention():
+    """transformers' `MiniMaxLightningAttention` (layer 1 of 3, blocks of 4 over 11 tokens) with
+    the mixer's weights (its fused q/k/v columns interleaved per head) gives the mixer's output
+    at that layer's slopes."""
+    torch = pytest.importorskip("torch")
+    minimax = pytest.importorskip("transformers.models.minimax.modeling_minimax")
+    from flax import nnx
+
+    from linear_attention.layers import get_mixer
+
+    d, h, t = 16, 2, 11
+    config = minimax.MiniMaxConfig(
+        hidden_size=d, num_attention_heads=h, head_dim=d // h, num_hidden_layers=3,
+        block_size=4, intermediate_size=32, num_local_experts=2, num_key_value_heads=h,
+        vocab_size=32,
+    )  # fmt: skip
+    theirs = minimax.MiniMaxLightningAttention(config, layer_idx=1).double()
+    mixer = get_mixer("lightning")(d, h, rngs=nnx.Rngs(0))
+    mixer.decay.slope[...] = theirs.slope_rate.reshape(h).float().numpy()
+    out = mixer.output
+    w = {n: np.asarray(a[...], np.float64) for n, a in (
+        ("qkv", mixer.inputs.qkv.qkv_proj.kernel), ("gate", out.gate_proj.kernel),
+        ("out", out.out_proj.kernel), ("norm", out.norm.scale),
+    )}  # fmt: skip
+    per_head = w["qkv"].T.reshape(3, h, d // h, d).transpose(1, 0, 2, 3).reshape(3 * d, d)
+    with torch.no_grad():
+        theirs.qkv_proj.weight.copy_(torch.from_numpy(per_head))
+        theirs.output_gate.weight.copy_(torch.from_numpy(w["gate"].T))
+        theirs.out_proj.weight.copy_(torch.from_numpy(w["out"].T))
+        theirs.norm.weight.copy_(torch.from_numpy(w["norm"].reshape(-1)))
+        x = np.random.default_rng(4).standard_normal((B, t, d))
+        y, _ = theirs(torch.from_numpy(x), None, None)
+    np.testing.assert_allclose(mixer(x.astype(np.float32)), y.numpy(), rtol=1e-5, atol=1e-5)

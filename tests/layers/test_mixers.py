@@ -93,6 +93,9 @@ CASES = {
     # hgrn2: keys tied to the forget gate, norm over all channels; with the conv and the gate
     "hgrn2": dict(chunk_size=5),
     "hgrn2_gated": dict(conv=True, out_gate=True, method="quadratic"),
+    # lightning: MiniMax's layer (norm over all heads, sigmoid gate); the scan without the gate
+    "lightning": dict(chunk_size=5),
+    "lightning_scan": dict(method="scan", out_gate=False),
 }
 DELTA = ("deltanet", "gated_deltanet", "kda", "gated_deltaproduct")
 
@@ -425,7 +428,8 @@ def test_attention_inputs_reproduce_the_mixer(case):
     a = attention_inputs(mixer, x)
     m = a.q.shape[-1]
     assert a.q.shape == a.k.shape == (B, T, H, m) and a.v.shape == (B, T, H, mixer.head_dim)
-    assert (a.log_decay is not None) == (name in ("retnet", "gated", "gla", "fox", "hgrn2"))
+    decays = ("retnet", "gated", "gla", "fox", "hgrn2", "lightning")
+    assert (a.log_decay is not None) == (name in decays)
     if a.log_decay is not None:  # gla, hgrn2: a decay per key dimension
         shape = (B, T, H, m) if name in ("gla", "hgrn2") else (B, T, H)
         assert a.log_decay.shape == shape and a.log_decay.dtype == jnp.float32
