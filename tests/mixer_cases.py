@@ -58,4 +58,5 @@ MIXER_CASES: dict[str, MixerCase] = {
     "rwkv6": MixerCase(dict(chunk_size=4), splits_time=True, cpu_grids=False),
     "hgrn2": MixerCase(dict(conv=True), splits_time=True, cpu_grids=False),
     "lightning": MixerCase(dict(chunk_size=4), splits_time=True, cpu_grids=False),
+    "mlstm": MixerCase(dict(chunk_size=4), cpu_grids=False),
 }

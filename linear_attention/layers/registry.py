@@ -23,6 +23,7 @@ from linear_attention.layers.log_linear import LogLinearGatedDeltaNetMixer, LogL
 from linear_attention.layers.lstm import LSTMMixer
 from linear_attention.layers.mesanet import MesaNetMixer
 from linear_attention.layers.mla import MLAMixer
+from linear_attention.layers.mlstm import MLSTMMixer
 from linear_attention.layers.path import PathMixer
 from linear_attention.layers.rwkv6 import RWKV6Mixer
 from linear_attention.layers.rwkv7 import RWKV7Mixer
@@ -56,6 +57,7 @@ MIXERS: dict[str, type[Mixer]] = {
         RWKV6Mixer,
         HGRN2Mixer,
         LightningMixer,
+        MLSTMMixer,
     )
 }
 

@@ -474,5 +474,65 @@ def lightning_reference(mixer, x_BTD) -> np.ndarray:
     return output_reference(mixer, x, o)
 
 
+def mlstm_loop(q, k, v, i_pre, f_pre, C=None, n=None, m=None, eps=1e-6):
+    """xLSTM's stabilised mLSTM cell token by token (the equations of its recurrent step),
+    float64: m_t = max(log σ(f_t) + m_{t−1}, i_t), f' = e^{log σ(f_t) + m_{t−1} − m_t},
+    i' = e^{i_t − m_t}, C_t = f' C_{t−1} + i' k vᵀ, n_t = f' n_{t−1} + i' k, q̂ = q/√Dk,
+    h_t = q̂ᵀC_t / (max(|q̂ᵀn_t|, e^{−m_t}) + eps). Returns (h, (C, n, m))."""
+    b, t, h, dk = k.shape
+    C = np.zeros((b, h, dk, v.shape[-1])) if C is None else np.array(C, np.float64)
+    n = np.zeros((b, h, dk)) if n is None else np.array(n, np.float64)
+    m = np.zeros((b, h)) if m is None else np.array(m, np.float64)
+    out = np.zeros(v.shape)
+    for s in range(t):
+        log_f = -np.logaddexp(0.0, -f_pre[:, s])
+        m_new = np.maximum(log_f + m, i_pre[:, s])
+        f_act, i_act = np.exp(log_f + m - m_new), np.exp(i_pre[:, s] - m_new)
+        C = f_act[..., None, None] * C + i_act[..., None, None] * (
+            k[:, s, :, :, None] * v[:, s, :, None, :]
+        )
+        n = f_act[..., None] * n + i_act[..., None] * k[:, s]
+        m = m_new
+        q_hat = q[:, s] / np.sqrt(dk)
+        num = np.einsum("bhk,bhkd->bhd", q_hat, C)
+        den = np.maximum(np.abs(np.einsum("bhk,bhk->bh", q_hat, n)), np.exp(-m)) + eps
+        out[:, s] = num / den[..., None]
+    return out, (C, n, m)
+
+
+def mlstm_reference(mixer, x_BTD) -> np.ndarray:
+    """xLSTM's mLSTM layer from its formulas, float64: q, k, v from the projection (its conv if
+    any), the gates c·tanh((x W + b)/c) with c = 15, `mlstm_loop`, the per-head LayerNorm
+    (eps 1e-6), the sigmoid output gate, the output matrix."""
+    p = params64(mixer)
+    x = np.asarray(x_BTD, np.float64)
+    b, t, _ = x.shape
+    h, dk, dv = mixer.num_heads, mixer.qk_dim, mixer.head_dim
+    inputs = p["inputs"]
+    qkv = x @ inputs["qkv_proj"]["kernel"]
+    if "conv" in inputs:
+        qkv = causal_conv(qkv, inputs["conv"]["kernel"], inputs["conv"].get("bias", 0.0))
+    q, k = (
+        qkv[..., : h * dk].reshape(b, t, h, dk),
+        qkv[..., h * dk : 2 * h * dk].reshape(b, t, h, dk),
+    )
+    v = qkv[..., 2 * h * dk :].reshape(b, t, h, dv)
+    i_pre, f_pre = (
+        15.0 * np.tanh((x @ p[g]["kernel"] + p[g]["bias"]) / 15.0) for g in ("igate", "fgate")
+    )
+    o, _ = mlstm_loop(q, k, v, i_pre, f_pre)
+    out = p["output"]
+    centred = o - o.mean(-1, keepdims=True)
+    o = centred / np.sqrt(np.mean(centred**2, -1, keepdims=True) + 1e-6)
+    o = (o * out["norm"]["scale"] + out["norm"]["bias"]).reshape(b, t, h * dv)
+    if "gate_proj" in out:
+        o = o / (1.0 + np.exp(-(x @ out["gate_proj"]["kernel"])))
+    return o @ out["out_proj"]["kernel"]
+
+
 # The mixers of issue 69's families whose reference is a function of their own.
-FAMILY_REFERENCES = {"rwkv6": rwkv6_reference, "lightning": lightning_reference}
+FAMILY_REFERENCES = {
+    "rwkv6": rwkv6_reference,
+    "lightning": lightning_reference,
+    "mlstm": mlstm_reference,
+}

@@ -10,9 +10,10 @@ import pytest
 from linear_attention import kernels as K
 from linear_attention.layers.lightning import lightning_slopes
 from linear_attention.layers.linear import hgrn2_terms
+from linear_attention.layers.mlstm import MLSTMState, mlstm_attention, mlstm_step, soft_cap
 from linear_attention.layers.rwkv6 import rwkv6_attention
 from linear_attention.layers.segments import segments_of
-from tests.layers.numpy_reference import lightning_loop, rwkv6_loop, silu
+from tests.layers.numpy_reference import lightning_loop, mlstm_loop, rwkv6_loop, silu
 
 B, T, H, DK, DV = 2, 7, 2, 3, 4
 
@@ -141,3 +142,82 @@ def test_lightning_is_transformers_minimax_lightning_attention():
         x = np.random.default_rng(4).standard_normal((B, t, d))
         y, _ = theirs(torch.from_numpy(x), None, None)
     np.testing.assert_allclose(mixer(x.astype(np.float32)), y.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def _mlstm_inputs(seed: int, t: int = T):
+    """q, k, v and soft-capped gates spread wide (ĩ over about ±15: the stabiliser at work),
+    and a stabilised state (C̃, ñ, m) as xLSTM keeps it."""
+    q, k, v, i, f, c0, n0 = _draws(seed, (B, t, H, DK), (B, t, H, DK), (B, t, H, DV), (B, t, H),
+                                   (B, t, H), (B, H, DK, DV), (B, H, DK))  # fmt: skip
+    i, f = (np.asarray(soft_cap(8.0 * i)), np.asarray(soft_cap(3.0 * f)))
+    return (q, k, v, i, f), (c0, n0, np.array([[2.0, -1.0], [0.5, 6.0]], np.float32))
+
+
+@pytest.mark.parametrize("method", ["chunk", "scan"])  # (the kernel's own tests cover the rest)
+def test_mlstm_attention_is_xlstms_stabilised_cell(method):
+    """From xLSTM's stabilised state (C̃, ñ, m) = (C, n)·e^{−m}: outputs and the final state;
+    on packed rows each document alone from zeros."""
+    (q, k, v, i, f), (c0, n0, m0) = _mlstm_inputs(5)
+    scale = np.exp(m0)[..., None]
+    kv = np.concatenate([c0, n0[..., None]], axis=-1) * scale[..., None]
+    state = MLSTMState(K.LinearAttentionState(kv=kv, k_sum=None), m0)
+    run = jax.jit(mlstm_attention, static_argnames=("method", "chunk_size"))
+    o, s = run(q, k, v, i, f, method=method, chunk_size=3, initial_state=state)
+    f64 = [x.astype(np.float64) for x in (q, k, v, i, f)]
+    o64, (c64, n64, m64) = mlstm_loop(*f64, C=c0, n=n0, m=m0)
+    np.testing.assert_allclose(o, o64, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(s.m, m64, rtol=1e-6, atol=1e-6)
+    back = np.exp(-np.asarray(s.m, np.float64))[..., None, None]
+    np.testing.assert_allclose(s.kv.kv[..., :-1] * back, c64, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(s.kv.kv[..., -1] * back[..., 0], n64, rtol=1e-5, atol=1e-5)
+    step_o, _ = mlstm_step(state, *(x[:, 0] for x in (q, k, v, i, f)))
+    np.testing.assert_allclose(step_o, mlstm_loop(*(x[:, :1] for x in f64), c0, n0, m0)[0][:, 0],
+                               rtol=1e-5, atol=1e-5)  # fmt: skip
+    ids = np.array([[0, 0, 0, 1, 1, 1, 1], [0, 0, 0, 0, 0, 2, 2]])
+    packed = run(q, k, v, i, f, method=method, chunk_size=3, segments=segments_of(ids, B, T))
+    for row in range(B):
+        for doc in np.unique(ids[row]):
+            at = ids[row] == doc
+            alone = mlstm_loop(*(x[row : row + 1, at] for x in f64))[0]
+            np.testing.assert_allclose(packed[row, at], alone[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.hf
+def test_mlstm_is_transformers_xlstm_layer():
+    """transformers' `xLSTMLayer` (weight_mode "single", no biases, float32 kernels, chunks of 4
+    over 11 tokens) with the mixer's weights and gate biases drawn at random gives the mixer's
+    output."""
+    torch = pytest.importorskip("torch")
+    xlstm = pytest.importorskip("transformers.models.xlstm.modeling_xlstm")
+    from flax import nnx
+
+    from linear_attention.layers import get_mixer
+
+    d, h, t = 16, 2, 11
+    config = xlstm.xLSTMConfig(
+        hidden_size=d, num_heads=h, chunk_size=4, autocast_kernel_dtype="float32", vocab_size=32
+    )
+    theirs = xlstm.xLSTMLayer(config)
+    mixer = get_mixer("mlstm")(d, h, rngs=nnx.Rngs(0))
+    rng = np.random.default_rng(6)
+    for gate in (mixer.igate, mixer.fgate):  # (zero weights at init: draw some)
+        gate.kernel[...] = rng.standard_normal(gate.kernel.shape).astype(np.float32)
+        gate.bias[...] = rng.standard_normal(h).astype(np.float32)
+    qkv = np.asarray(mixer.inputs.qkv_proj.kernel[...])
+    dk = mixer.qk_dim * h
+    out = mixer.output
+    pairs = (
+        (theirs.q, qkv[:, :dk]), (theirs.k, qkv[:, dk : 2 * dk]), (theirs.v, qkv[:, 2 * dk :]),
+        (theirs.ogate_preact, out.gate_proj.kernel), (theirs.out_proj, out.out_proj.kernel),
+        (theirs.igate_preact, mixer.igate.kernel), (theirs.fgate_preact, mixer.fgate.kernel),
+    )  # fmt: skip
+    copy = lambda a: torch.from_numpy(np.array(a[...]))  # noqa: E731
+    with torch.no_grad():
+        for linear, kernel in pairs:
+            linear.weight.copy_(copy(kernel).T)
+        theirs.igate_preact.bias.copy_(copy(mixer.igate.bias))
+        theirs.fgate_preact.bias.copy_(copy(mixer.fgate.bias))
+        theirs.multihead_norm.weight.copy_(copy(out.norm.scale).ravel())
+        x = rng.standard_normal((B, t, d)).astype(np.float32)
+        y, _ = theirs(torch.from_numpy(x))
+    np.testing.assert_allclose(mixer(x), y.numpy(), rtol=1e-4, atol=1e-5)

@@ -96,6 +96,9 @@ CASES = {
     # lightning: MiniMax's layer (norm over all heads, sigmoid gate); the scan without the gate
     "lightning": dict(chunk_size=5),
     "lightning_scan": dict(method="scan", out_gate=False),
+    # mlstm: chunks of 5 (a state with its stabiliser after the prefill); the scan with a conv
+    "mlstm": dict(chunk_size=5),
+    "mlstm_scan": dict(method="scan", conv=True, state_dim=4),
 }
 DELTA = ("deltanet", "gated_deltanet", "kda", "gated_deltaproduct")
 
@@ -420,7 +423,7 @@ def test_attention_inputs_reproduce_the_mixer(case):
     name = mixer_name(case)
     mixer, x = make(case), inputs()
     # not AttentionInputs' weighted sum
-    late = ("mesanet", "log_linear_mamba2", "log_linear_gated_deltanet", "path", "rwkv6")
+    late = ("mesanet", "log_linear_mamba2", "log_linear_gated_deltanet", "path", "rwkv6", "mlstm")
     if name in (*DELTA, "swa", "rwkv7", "lstm", *late):
         with pytest.raises(ValueError, match="has no attention_inputs"):
             attention_inputs(mixer, x)
