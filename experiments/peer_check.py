@@ -22,7 +22,9 @@ of the naive form). Issue 69's mixers over existing kernels, each mapping agains
 form of that family: RWKV-6 (`rwkv6_attention` against `naive_recurrent_rwkv6`, every method,
 outputs and final state); HGRN2 (`hgrn2_terms` on `causal_linear_attention` against
 `naive_recurrent_gla` given HGRN2's q, k and gate); lightning attention (the mixer's fixed
-per-head decay on `causal_linear_attention` against `naive_chunk_simple_gla`).
+per-head decay on `causal_linear_attention` against `naive_chunk_simple_gla`); Gated
+DeltaNet-2 (`gdn2_attention` against `naive_recurrent_gdn2`, chunk and scan, outputs and final
+state).
 """
 
 from __future__ import annotations
@@ -353,6 +355,47 @@ def lightning(fla_root: Path) -> dict:
     }
 
 
+def gdn2(fla_root: Path) -> dict:
+    """The `gdn2` mixer's mapping (`layers.gdn2.gdn2_attention`: the DPLR kernel with the decay
+    folded into its low-rank read, α = −b ⊙ k ⊙ γ, β = k, value w ⊙ v) against FLA's token loop,
+    from a random initial state; unit q and k (q scaled by K^-½ on both sides), log γ =
+    log σ(N(0, 1)), b = 2σ(N(0, 1)) (`allow_neg_eigval`'s range), w = σ(N(0, 1))."""
+    import torch
+
+    from linear_attention.layers.gdn2 import gdn2_attention
+
+    naive = load_naive(fla_root, "gdn2").naive_recurrent_gdn2
+    rng = np.random.default_rng(0)
+    errors = {m: [] for m in K.DPLR.supported if not K.DPLR.backends(m)}
+    sigmoid = lambda x: 1.0 / (1.0 + np.exp(-x))  # noqa: E731
+    for b, t, h, d, dv in SHAPES:
+        q, k = (rng.standard_normal((b, t, h, d)) for _ in range(2))
+        q, k = (x / np.linalg.norm(x, axis=-1, keepdims=True) for x in (q, k))
+        v = rng.standard_normal((b, t, h, dv))
+        log_g = np.log(sigmoid(rng.standard_normal((b, t, h, d))))
+        erase = 2.0 * sigmoid(rng.standard_normal((b, t, h, d)))
+        write = sigmoid(rng.standard_normal((b, t, h, dv)))
+        s0 = rng.standard_normal((b, h, d, dv))
+        inputs = [x.astype(np.float32) for x in (q, k, v, log_g, erase, write, s0)]
+        o, s = naive(*(torch.from_numpy(x) for x in inputs[:6]), output_final_state=True,
+                     initial_state=torch.from_numpy(inputs[6]))  # fmt: skip
+        ours_in = [inputs[0] * np.float32(d**-0.5), *inputs[1:6]]
+        for method in errors:
+            ours, state = gdn2_attention(
+                *ours_in, method=method, chunk_size=64,
+                initial_state=K.LinearAttentionState(kv=inputs[6], k_sum=None),
+            )  # fmt: skip
+            errors[method].append(max(rel_err(ours, o.numpy()), rel_err(state.kv, s.numpy())))
+    return {
+        "reference": "fla/ops/gdn2/naive.py: naive_recurrent_gdn2",
+        "ours": "layers.gdn2.gdn2_attention over kernels.dplr_delta_rule (chunk_size 64), "
+        "outputs and final state",
+        "shapes_BTHDDv": SHAPES,
+        "max_rel_err": {m: max(e) for m, e in errors.items()},
+        "rel_err_per_shape": errors,
+    }
+
+
 CHECKS = {
     "forgetting_attn": forgetting,
     "log_linear_attn": log_linear,
@@ -361,6 +404,7 @@ CHECKS = {
     "rwkv6": rwkv6,
     "hgrn2": hgrn2,
     "lightning": lightning,
+    "gdn2": gdn2,
 }
 
 

@@ -59,4 +59,5 @@ MIXER_CASES: dict[str, MixerCase] = {
     "hgrn2": MixerCase(dict(conv=True), splits_time=True, cpu_grids=False),
     "lightning": MixerCase(dict(chunk_size=4), splits_time=True, cpu_grids=False),
     "mlstm": MixerCase(dict(chunk_size=4), cpu_grids=False),
+    "gdn2": MixerCase(dict(num_value_heads=4, chunk_size=4), splits_time=True, cpu_grids=False),
 }

@@ -7,6 +7,7 @@ from linear_attention.layers.base import Mixer
 from linear_attention.layers.delta import DeltaNetMixer, GatedDeltaNetMixer
 from linear_attention.layers.delta_product import GatedDeltaProductMixer
 from linear_attention.layers.fox import FoxMixer
+from linear_attention.layers.gdn2 import GDN2Mixer
 from linear_attention.layers.kda import KDAMixer
 from linear_attention.layers.lightning import LightningMixer
 from linear_attention.layers.linear import (
@@ -58,6 +59,7 @@ MIXERS: dict[str, type[Mixer]] = {
         HGRN2Mixer,
         LightningMixer,
         MLSTMMixer,
+        GDN2Mixer,
     )
 }
 

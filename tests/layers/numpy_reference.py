@@ -188,7 +188,7 @@ def _log_linear_reference(p, x, q, k, v):
 
 
 DELTA_FAMILY = ("deltanet", "gated_deltanet", "kda", "gated_deltaproduct")
-DELTA_FAMILY += ("log_linear_gated_deltanet",)
+DELTA_FAMILY += ("log_linear_gated_deltanet", "gdn2")
 
 
 def _delta_reference(name, mixer, p, x, q, k, v):
@@ -202,15 +202,19 @@ def _delta_reference(name, mixer, p, x, q, k, v):
         q, k, v = silu(q), silu(k), silu(v)
     l2 = lambda z: z / np.sqrt(np.sum(z * z, -1, keepdims=True) + 1e-6)  # noqa: E731
     q, k = l2(q) / np.sqrt(dk), l2(k)
-    beta = 1.0 / (1.0 + np.exp(-(x @ p["beta_proj"]["kernel"])))
-    beta = beta.reshape(b, t, hv, n)
+    sigmoid = lambda z: 1.0 / (1.0 + np.exp(-z))  # noqa: E731
+    if name == "gdn2":  # the erase gate per key channel (β's place), the write gate
+        beta = sigmoid(x @ p["erase_proj"]["kernel"]).reshape(b, t, hv, dk)
+        write = sigmoid(x @ p["write_proj"]["kernel"]).reshape(b, t, hv, -1)
+    else:
+        beta = sigmoid(x @ p["beta_proj"]["kernel"]).reshape(b, t, hv, n)
     if mixer.allow_neg_eigval:
         beta = 2.0 * beta
     log_decay = np.zeros((b, t, hv, 1))
     if name in ("gated_deltanet", "gated_deltaproduct", "log_linear_gated_deltanet"):
         z = x @ p["decay"]["proj"]["kernel"] + p["decay"]["dt_bias"]
         log_decay = (-softplus(z) * np.exp(p["decay"]["a_log"]))[..., None]
-    elif name == "kda":
+    elif name in ("kda", "gdn2"):
         d = p["decay"]
         z = (x @ d["down"]["kernel"] @ d["up"]["kernel"] + d["dt_bias"]).reshape(b, t, hv, dk)
         log_decay = -softplus(z) * np.exp(d["a_log"])[:, None]
@@ -220,6 +224,10 @@ def _delta_reference(name, mixer, p, x, q, k, v):
         lam = softplus(levels["scale"] * z)
         args = (q, k[..., 0, :], v[..., 0, :], beta[..., 0], log_decay[..., 0], lam)
         return log_linear_delta_rule_loop(*args)[0]
+    if name == "gdn2":
+        rep = hv // h
+        qr, kr = np.repeat(q, rep, axis=2), np.repeat(k[..., 0, :], rep, axis=2)
+        return gdn2_loop(qr, kr, v[..., 0, :], log_decay, beta, write)[0]
     if n == 1 and hv == h and name != "kda":
         return delta_rule_loop(q, k[..., 0, :], v[..., 0, :], beta[..., 0], log_decay[..., 0])[0]
     return delta_loop(q, k, v, beta, log_decay)
@@ -242,6 +250,21 @@ def delta_loop(q, k, v, beta, log_decay):
             S = S + bj * kj[..., :, None] * v[:, i, :, j][..., None, :]
         o[:, i] = np.einsum("bhk,bhkd->bhd", q[:, i], S)
     return o
+
+
+def gdn2_loop(q, k, v, log_decay, erase, write, S=None):
+    """GDN-2 token by token (FLA's `naive_recurrent_gdn2` with q as given), float64: S ←
+    Diag(exp(g_t)) S; e = Sᵀ(b_t ⊙ k_t); S ← S + k_t (w_t ⊙ v_t − e)ᵀ; o_t = Sᵀ q_t. All
+    `[B, T, H, ·]`. Returns (o, S)."""
+    b, t, h, dk = k.shape
+    S = np.zeros((b, h, dk, v.shape[-1])) if S is None else np.array(S, np.float64)
+    o = np.zeros(v.shape)
+    for i in range(t):
+        S = np.exp(log_decay[:, i])[..., None] * S
+        e = np.einsum("bhk,bhkd->bhd", erase[:, i] * k[:, i], S)
+        S = S + k[:, i, :, :, None] * (write[:, i] * v[:, i] - e)[..., None, :]
+        o[:, i] = np.einsum("bhk,bhkd->bhd", q[:, i], S)
+    return o, S
 
 
 def output_reference(mixer, x_BTD, o_BTHD) -> np.ndarray:

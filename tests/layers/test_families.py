@@ -8,12 +8,13 @@ import numpy as np
 import pytest
 
 from linear_attention import kernels as K
+from linear_attention.layers.gdn2 import gdn2_attention, gdn2_step
 from linear_attention.layers.lightning import lightning_slopes
 from linear_attention.layers.linear import hgrn2_terms
 from linear_attention.layers.mlstm import MLSTMState, mlstm_attention, mlstm_step, soft_cap
 from linear_attention.layers.rwkv6 import rwkv6_attention
 from linear_attention.layers.segments import segments_of
-from tests.layers.numpy_reference import lightning_loop, mlstm_loop, rwkv6_loop, silu
+from tests.layers.numpy_reference import gdn2_loop, lightning_loop, mlstm_loop, rwkv6_loop, silu
 
 B, T, H, DK, DV = 2, 7, 2, 3, 4
 
@@ -221,3 +222,48 @@ def test_mlstm_is_transformers_xlstm_layer():
         x = rng.standard_normal((B, t, d)).astype(np.float32)
         y, _ = theirs(torch.from_numpy(x))
     np.testing.assert_allclose(mixer(x), y.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def _gdn2_inputs(seed: int, t: int = T):
+    """Unit q, k (as the layer gives them), decays, erase gates in (0, 2), write gates, a state."""
+    keys, values = (B, t, H, DK), (B, t, H, DV)
+    q, k, v, z, e, w, s0 = _draws(seed, keys, keys, values, keys, keys, values, (B, H, DK, DV))
+    q, k = (x / np.linalg.norm(x, axis=-1, keepdims=True) for x in (q, k))
+    log_g = -np.logaddexp(0.0, z).astype(np.float32)
+    erase, write = (2.0 / (1.0 + np.exp(-e))).astype(np.float32), 1.0 / (1.0 + np.exp(-w))
+    return (q, k, v, log_g, erase, write.astype(np.float32)), s0
+
+
+@pytest.mark.parametrize("method", K.DPLR.supported[:2])  # (chunk, scan; pallas: -m slow)
+def test_gdn2_attention_is_the_gdn2_recurrence(method):
+    """From a random state, chunks of 3: outputs, final state and one step; on packed rows
+    each document alone from zeros."""
+    args, s0 = _gdn2_inputs(7)
+    f64 = [x.astype(np.float64) for x in args]
+    state = K.LinearAttentionState(kv=s0, k_sum=None)
+    run = jax.jit(gdn2_attention, static_argnames=("method", "chunk_size"))
+    o, s = run(*args, method=method, chunk_size=3, initial_state=state)
+    o64, s64 = gdn2_loop(*f64, S=s0)
+    np.testing.assert_allclose(o, o64, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(s.kv, s64, rtol=1e-5, atol=1e-5)
+    step_o, _ = gdn2_step(state, *(x[:, 0] for x in args))
+    first = gdn2_loop(*(x[:, :1] for x in f64), S=s0)[0][:, 0]
+    np.testing.assert_allclose(step_o, first, rtol=1e-5, atol=1e-5)
+    ids = np.array([[0, 0, 0, 1, 1, 1, 1], [0, 0, 0, 0, 0, 2, 2]])
+    packed = run(*args, method=method, chunk_size=3, segments=segments_of(ids, B, T))
+    for row in range(B):
+        for doc in np.unique(ids[row]):
+            at = ids[row] == doc
+            alone = gdn2_loop(*(x[row : row + 1, at] for x in f64))[0]
+            np.testing.assert_allclose(packed[row, at], alone[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow  # the Pallas kernels interpreted
+def test_gdn2_attention_pallas_is_the_gdn2_recurrence():
+    args, s0 = _gdn2_inputs(8, t=16)
+    with K.pallas_interpret():
+        o, s = gdn2_attention(*args, method="pallas", chunk_size=16,
+                              initial_state=K.LinearAttentionState(kv=s0, k_sum=None))  # fmt: skip
+    o64, s64 = gdn2_loop(*(x.astype(np.float64) for x in args), S=s0)
+    np.testing.assert_allclose(o, o64, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(s.kv, s64, rtol=1e-5, atol=1e-5)

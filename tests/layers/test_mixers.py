@@ -99,6 +99,9 @@ CASES = {
     # mlstm: chunks of 5 (a state with its stabiliser after the prefill); the scan with a conv
     "mlstm": dict(chunk_size=5),
     "mlstm_scan": dict(method="scan", conv=True, state_dim=4),
+    # gdn2: grouped value heads, chunks of 5; the scan without the conv, negative eigenvalues
+    "gdn2": dict(num_value_heads=4, chunk_size=5),
+    "gdn2_scan": dict(method="scan", conv=False, allow_neg_eigval=True),
 }
 DELTA = ("deltanet", "gated_deltanet", "kda", "gated_deltaproduct")
 
@@ -423,7 +426,15 @@ def test_attention_inputs_reproduce_the_mixer(case):
     name = mixer_name(case)
     mixer, x = make(case), inputs()
     # not AttentionInputs' weighted sum
-    late = ("mesanet", "log_linear_mamba2", "log_linear_gated_deltanet", "path", "rwkv6", "mlstm")
+    late = (
+        "mesanet",
+        "log_linear_mamba2",
+        "log_linear_gated_deltanet",
+        "path",
+        "rwkv6",
+        "mlstm",
+        "gdn2",
+    )
     if name in (*DELTA, "swa", "rwkv7", "lstm", *late):
         with pytest.raises(ValueError, match="has no attention_inputs"):
             attention_inputs(mixer, x)
