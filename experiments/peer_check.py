@@ -60,6 +60,17 @@ def rel_err(ours, theirs) -> float:
     return float(np.max(np.abs(ours - theirs)) / max(np.max(np.abs(theirs)), 1e-12))
 
 
+def _record(reference: str, ours: str, errors: dict) -> dict:
+    """A family's figures: the largest relative error per method over `SHAPES`, and each."""
+    return {
+        "reference": reference,
+        "ours": ours,
+        "shapes_BTHDDv": SHAPES,
+        "max_rel_err": {m: max(e) for m, e in errors.items()},
+        "rel_err_per_shape": errors,
+    }
+
+
 def forgetting(fla_root: Path) -> dict:
     import torch
 
@@ -74,13 +85,11 @@ def forgetting(fla_root: Path) -> dict:
         for method in errors:
             ours = K.forgetting_attention(q, k, v, g, method=method, block_size=64)
             errors[method].append(rel_err(ours, theirs))
-    return {
-        "reference": "fla/ops/forgetting_attn/naive.py: naive_forgetting_attn",
-        "ours": "kernels.forgetting_attention",
-        "shapes_BTHDDv": SHAPES,
-        "max_rel_err": {m: max(e) for m, e in errors.items()},
-        "rel_err_per_shape": errors,
-    }
+    return _record(
+        "fla/ops/forgetting_attn/naive.py: naive_forgetting_attn",
+        "kernels.forgetting_attention",
+        errors,
+    )
 
 
 def log_linear(fla_root: Path) -> dict:
@@ -99,13 +108,11 @@ def log_linear(fla_root: Path) -> dict:
         for method in errors:
             ours = K.log_linear_attention(q, k, v, g, lam, method=method, chunk_size=16)
             errors[method].append(rel_err(ours, theirs))
-    return {
-        "reference": "fla/ops/log_linear_attn/naive.py: naive_log_linear_attn",
-        "ours": "kernels.log_linear_attention (chunk_size 16)",
-        "shapes_BTHDDv": SHAPES,
-        "max_rel_err": {m: max(e) for m, e in errors.items()},
-        "rel_err_per_shape": errors,
-    }
+    return _record(
+        "fla/ops/log_linear_attn/naive.py: naive_log_linear_attn",
+        "kernels.log_linear_attention (chunk_size 16)",
+        errors,
+    )
 
 
 def mesa_net(fla_root: Path) -> dict:
@@ -176,15 +183,13 @@ def mesa_net(fla_root: Path) -> dict:
             max(rel_err(ours[0], theirs[0]), rel_err(ours[1].kk, theirs[1]),
                 rel_err(ours[1].kv, theirs[2]))
         )  # fmt: skip
-    return {
-        "reference": "fla/ops/mesa_net/naive.py: naive_mesa_net_exact, naive_mesa_net_CG, "
+    return _record(
+        "fla/ops/mesa_net/naive.py: naive_mesa_net_exact, naive_mesa_net_CG, "
         "naive_mesa_net_decoding_one_step",
-        "ours": "kernels.mesa_net (exact, recurrent, chunk; chunk_size 64, cg_steps 30), "
+        "kernels.mesa_net (exact, recurrent, chunk; chunk_size 64, cg_steps 30), "
         "kernels.mesa_net_step",
-        "shapes_BTHDDv": SHAPES,
-        "max_rel_err": {m: max(e) for m, e in errors.items()},
-        "rel_err_per_shape": errors,
-    }
+        errors,
+    )
 
 
 def _projected_path(q, k, v, w, beta, a, proj):
@@ -269,14 +274,24 @@ def rwkv6(fla_root: Path) -> dict:
                 initial_state=K.LinearAttentionState(kv=s0, k_sum=None),
             )  # fmt: skip
             errors[method].append(max(rel_err(ours, theirs), rel_err(state.kv, s.numpy())))
-    return {
-        "reference": "fla/ops/rwkv6/recurrent_naive.py: naive_recurrent_rwkv6 (scale 1)",
-        "ours": "layers.rwkv6.rwkv6_attention over kernels.causal_linear_attention "
+    return _record(
+        "fla/ops/rwkv6/recurrent_naive.py: naive_recurrent_rwkv6 (scale 1)",
+        "layers.rwkv6.rwkv6_attention over kernels.causal_linear_attention "
         "(chunk_size 64), outputs and final state",
-        "shapes_BTHDDv": SHAPES,
-        "max_rel_err": {m: max(e) for m, e in errors.items()},
-        "rel_err_per_shape": errors,
-    }
+        errors,
+    )
+
+
+def _linear_from_state(errors: dict, qkv, log_decay, s0, theirs) -> None:
+    """Append per method the larger relative error of `causal_linear_attention`'s outputs and
+    final state (from `s0`, no denominator, chunks of 64) against FLA's `theirs` (o, state)."""
+    for method in errors:
+        ours, state = K.causal_linear_attention(
+            *qkv, log_decay=log_decay, normalize=False, method=method, chunk_size=64,
+            initial_state=K.LinearAttentionState(kv=s0, k_sum=None), return_state=True,
+        )  # fmt: skip
+        o, s = (x.numpy() for x in theirs)
+        errors[method].append(max(rel_err(ours, o), rel_err(state.kv, s)))
 
 
 def hgrn2(fla_root: Path) -> dict:
@@ -300,22 +315,13 @@ def hgrn2(fla_root: Path) -> dict:
         o, s = naive(torch.nn.functional.silu(tq), 1 - g.exp(), torch.from_numpy(v), g,
                      initial_state=torch.from_numpy(s0), output_final_state=True)  # fmt: skip
         phi_q, phi_k, log_g = hgrn2_terms(q, f, d)
-        for method in errors:
-            ours, state = K.causal_linear_attention(
-                phi_q, phi_k, v, log_decay=log_g, normalize=False, method=method,
-                chunk_size=64, initial_state=K.LinearAttentionState(kv=s0, k_sum=None),
-                return_state=True,
-            )  # fmt: skip
-            errors[method].append(max(rel_err(ours, o.numpy()), rel_err(state.kv, s.numpy())))
-    return {
-        "reference": "fla/ops/gla/naive.py: naive_recurrent_gla, given HGRN2's q, k, g "
-        "(fla/layers/hgrn2.py)",
-        "ours": "layers.linear.hgrn2_terms on kernels.causal_linear_attention (chunk_size 64), "
+        _linear_from_state(errors, (phi_q, phi_k, v), log_g, s0, (o, s))
+    return _record(
+        "fla/ops/gla/naive.py: naive_recurrent_gla, given HGRN2's q, k, g (fla/layers/hgrn2.py)",
+        "layers.linear.hgrn2_terms on kernels.causal_linear_attention (chunk_size 64), "
         "outputs and final state",
-        "shapes_BTHDDv": SHAPES,
-        "max_rel_err": {m: max(e) for m, e in errors.items()},
-        "rel_err_per_shape": errors,
-    }
+        errors,
+    )
 
 
 def lightning(fla_root: Path) -> dict:
@@ -339,20 +345,13 @@ def lightning(fla_root: Path) -> dict:
         g = np.broadcast_to(log_decay, (b, t, h)).copy()
         o, s = naive(*(torch.from_numpy(x) for x in (q, k, v, g)), scale=1.0,
                      initial_state=torch.from_numpy(s0), output_final_state=True)  # fmt: skip
-        for method in errors:
-            ours, state = K.causal_linear_attention(
-                q, k, v, log_decay=log_decay, normalize=False, method=method, chunk_size=64,
-                initial_state=K.LinearAttentionState(kv=s0, k_sum=None), return_state=True,
-            )  # fmt: skip
-            errors[method].append(max(rel_err(ours, o.numpy()), rel_err(state.kv, s.numpy())))
-    return {
-        "reference": "fla/ops/simple_gla/naive.py: naive_chunk_simple_gla (g = -s, scale 1)",
-        "ours": "kernels.causal_linear_attention with the [H] log decay -s of "
+        _linear_from_state(errors, (q, k, v), log_decay, s0, (o, s))
+    return _record(
+        "fla/ops/simple_gla/naive.py: naive_chunk_simple_gla (g = -s, scale 1)",
+        "kernels.causal_linear_attention with the [H] log decay -s of "
         "layers.lightning.lightning_slopes(H, 0) (chunk_size 64), outputs and final state",
-        "shapes_BTHDDv": SHAPES,
-        "max_rel_err": {m: max(e) for m, e in errors.items()},
-        "rel_err_per_shape": errors,
-    }
+        errors,
+    )
 
 
 def gdn2(fla_root: Path) -> dict:
@@ -386,14 +385,12 @@ def gdn2(fla_root: Path) -> dict:
                 initial_state=K.LinearAttentionState(kv=inputs[6], k_sum=None),
             )  # fmt: skip
             errors[method].append(max(rel_err(ours, o.numpy()), rel_err(state.kv, s.numpy())))
-    return {
-        "reference": "fla/ops/gdn2/naive.py: naive_recurrent_gdn2",
-        "ours": "layers.gdn2.gdn2_attention over kernels.dplr_delta_rule (chunk_size 64), "
+    return _record(
+        "fla/ops/gdn2/naive.py: naive_recurrent_gdn2",
+        "layers.gdn2.gdn2_attention over kernels.dplr_delta_rule (chunk_size 64), "
         "outputs and final state",
-        "shapes_BTHDDv": SHAPES,
-        "max_rel_err": {m: max(e) for m, e in errors.items()},
-        "rel_err_per_shape": errors,
-    }
+        errors,
+    )
 
 
 CHECKS = {

@@ -37,14 +37,11 @@ import numpy as np
 from flax import nnx
 
 from linear_attention import kernels as K
-from linear_attention.layers.base import Mixer
 from linear_attention.layers.options import CHUNK_SIZE, CONV, METHOD, GatedOutputConfig
-from linear_attention.layers.projections import LowRank, ShiftedInputs
-from linear_attention.layers.rwkv7 import GROUP_NORM_EPS, LAYER_RATIO
+from linear_attention.layers.projections import LowRank
+from linear_attention.layers.rwkv7 import GROUP_NORM_EPS, LAYER_RATIO, TokenShiftMixer
 from linear_attention.layers.sequence import previous_tail, sequence_axis
 
-# RWKV-6's token-shift exponents (× the layer ratio 1 − depth) of branches r, w, k, v, g
-SHIFT_POWERS = (0.5, 1.0, 1.0, 1.0, 0.5)
 DECAY_RANK = 64
 
 
@@ -113,19 +110,14 @@ class RWKV6Config(GatedOutputConfig):
     chunk_size: int = CHUNK_SIZE.field()
 
 
-class RWKV6Mixer(Mixer):
+class RWKV6Mixer(TokenShiftMixer):
     """RWKV-6 time mixing: token shift, per-channel data-dependent decay, bonus u, GroupNorm."""
 
     NAME = "rwkv6"
     FAMILY = K.LINEAR
-    SEQUENCE_PARALLEL = True
     OPTIONS = RWKV6Config
-    NOT_TAKEN = dict(conv="its local context is the token shift", rope="it has no positions")
-
-    def _build_inputs(self, rngs: nnx.Rngs) -> nnx.Module:
-        ratio_D = np.arange(self.d_model) / self.d_model
-        mu = [1.0 - ratio_D ** (p * (1.0 - LAYER_RATIO)) for p in SHIFT_POWERS]
-        return ShiftedInputs(self.d_model, np.stack(mu), param_dtype=self.param_dtype)
+    # RWKV-6's token-shift exponents (× the layer ratio 1 − depth) of branches r, w, k, v, g
+    SHIFT_POWERS = (0.5, 1.0, 1.0, 1.0, 0.5)
 
     def _output_options(self) -> dict:
         return dict(norm_type="layer", norm_eps=GROUP_NORM_EPS)
@@ -152,11 +144,6 @@ class RWKV6Mixer(Mixer):
         i = np.arange(dk)
         u = 0.5 * (1.0 - i / max(dk - 1, 1)) + ((i + 1) % 3 - 1) * 0.1
         self.bonus = nnx.Param(jnp.asarray(np.broadcast_to(u, (h, dk)), self.param_dtype))
-
-    def _init_core(self, batch_size: int, max_length: int) -> K.LinearAttentionState:
-        del max_length  # the state does not grow with the context
-        shape = (batch_size, self.num_heads, self.qk_dim, self.head_dim)
-        return K.LinearAttentionState(kv=jnp.zeros(shape, jnp.float32), k_sum=None)
 
     def _forward(self, x_BTD, tail, core, position, segments=None, *, step: bool = False):
         del position  # no positions

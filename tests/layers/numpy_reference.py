@@ -61,6 +61,14 @@ def causal_conv(x_BTC, kernel_KC, bias_C):
     return silu(y)
 
 
+def projected_qkv(inputs, x):
+    """x W_qkv, then the short conv (with its SiLU) where the projection has one."""
+    qkv = x @ inputs["qkv_proj"]["kernel"]
+    if "conv" in inputs:
+        qkv = causal_conv(qkv, inputs["conv"]["kernel"], inputs["conv"].get("bias", 0.0))
+    return qkv
+
+
 def elu_plus_one(x):
     return np.where(x > 0, x + 1.0, np.exp(np.minimum(x, 0.0)))
 
@@ -84,10 +92,7 @@ def mixer_reference(
     x = np.asarray(x_BTD, np.float64)
     b, t, _ = x.shape
     h, dk, dv = mixer.num_heads, mixer.qk_dim, mixer.head_dim
-    inputs = p["inputs"]
-    qkv = x @ inputs["qkv_proj"]["kernel"]
-    if "conv" in inputs:
-        qkv = causal_conv(qkv, inputs["conv"]["kernel"], inputs["conv"].get("bias", 0.0))
+    qkv = projected_qkv(p["inputs"], x)
     n = getattr(mixer, "num_householder", 1)  # keys and values per token (DeltaProduct)
     hv = getattr(mixer, "num_value_heads", h)  # grouped value heads
     q = qkv[..., : h * dk].reshape(b, t, h, dk)
@@ -531,10 +536,7 @@ def mlstm_reference(mixer, x_BTD) -> np.ndarray:
     x = np.asarray(x_BTD, np.float64)
     b, t, _ = x.shape
     h, dk, dv = mixer.num_heads, mixer.qk_dim, mixer.head_dim
-    inputs = p["inputs"]
-    qkv = x @ inputs["qkv_proj"]["kernel"]
-    if "conv" in inputs:
-        qkv = causal_conv(qkv, inputs["conv"]["kernel"], inputs["conv"].get("bias", 0.0))
+    qkv = projected_qkv(p["inputs"], x)
     q, k = (
         qkv[..., : h * dk].reshape(b, t, h, dk),
         qkv[..., h * dk : 2 * h * dk].reshape(b, t, h, dk),
