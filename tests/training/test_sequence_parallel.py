@@ -24,7 +24,7 @@ from tests.training.conftest import tiny_mqar
 MIXERS = tuple(name for name, cls in REGISTRY.items() if cls.SEQUENCE_PARALLEL)
 # (softmax, swa and gated_deltanet alone moved under `-m slow`: the packed hybrid runs their
 # sequence paths; without them the file's default checks took 81 s instead of 110 s)
-FAST_MIXERS = ("kda", "rwkv7", "rwkv6")
+FAST_MIXERS = ("kda", "rwkv7")
 FEATURE_DIM = {"favor": 8, "taylor": 4, "hedgehog": 8}
 
 
