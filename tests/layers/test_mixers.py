@@ -92,6 +92,22 @@ CASES = {
     # Griffin's recurrent block: 24 channels in 2 blocks of gates; by the parallel prefix
     "rglru": dict(lru_width=24),
     "rglru_associative": dict(method="associative_scan"),
+    # issue 69's families over existing kernels: rwkv6 on shifted k, v and decay, chunks of 5
+    # (the prefill of 5 tokens, then steps that read before they write); the scan, no gate
+    "rwkv6": dict(chunk_size=5),
+    "rwkv6_scan": dict(method="scan", out_gate=False),
+    # hgrn2: keys tied to the forget gate, norm over all channels; with the conv and the gate
+    "hgrn2": dict(chunk_size=5),
+    "hgrn2_gated": dict(conv=True, out_gate=True, method="quadratic"),
+    # lightning: MiniMax's layer (norm over all heads, sigmoid gate); the scan without the gate
+    "lightning": dict(chunk_size=5),
+    "lightning_scan": dict(method="scan", out_gate=False),
+    # mlstm: chunks of 5 (a state with its stabiliser after the prefill); the scan with a conv
+    "mlstm": dict(chunk_size=5),
+    "mlstm_scan": dict(method="scan", conv=True, state_dim=4),
+    # gdn2: grouped value heads, chunks of 5; the scan without the conv, negative eigenvalues
+    "gdn2": dict(num_value_heads=4, chunk_size=5),
+    "gdn2_scan": dict(method="scan", conv=False, allow_neg_eigval=True),
 }
 DELTA = ("deltanet", "gated_deltanet", "kda", "gated_deltaproduct")
 
@@ -416,7 +432,17 @@ def test_attention_inputs_reproduce_the_mixer(case):
     name = mixer_name(case)
     mixer, x = make(case), inputs()
     # not AttentionInputs' weighted sum
-    late = ("mesanet", "log_linear_mamba2", "log_linear_gated_deltanet", "path", "mamba", "rglru")
+    late = (
+        "mesanet",
+        "log_linear_mamba2",
+        "log_linear_gated_deltanet",
+        "path",
+        "mamba",
+        "rglru",
+        "rwkv6",
+        "mlstm",
+        "gdn2",
+    )
     if name in (*DELTA, "swa", "rwkv7", "lstm", *late):
         with pytest.raises(ValueError, match="has no attention_inputs"):
             attention_inputs(mixer, x)
@@ -424,9 +450,10 @@ def test_attention_inputs_reproduce_the_mixer(case):
     a = attention_inputs(mixer, x)
     m = a.q.shape[-1]
     assert a.q.shape == a.k.shape == (B, T, H, m) and a.v.shape == (B, T, H, mixer.head_dim)
-    assert (a.log_decay is not None) == (name in ("retnet", "gated", "gla", "fox"))
-    if a.log_decay is not None:
-        shape = (B, T, H, m) if name == "gla" else (B, T, H)  # gla: a decay per key dimension
+    decays = ("retnet", "gated", "gla", "fox", "hgrn2", "lightning")
+    assert (a.log_decay is not None) == (name in decays)
+    if a.log_decay is not None:  # gla, hgrn2: a decay per key dimension
+        shape = (B, T, H, m) if name in ("gla", "hgrn2") else (B, T, H)
         assert a.log_decay.shape == shape and a.log_decay.dtype == jnp.float32
         assert bool(jnp.all(a.log_decay <= 0))
     softmax = name in ("softmax", "fox")

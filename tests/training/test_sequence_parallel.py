@@ -26,7 +26,7 @@ MIXERS = tuple(name for name, cls in REGISTRY.items() if cls.SEQUENCE_PARALLEL)
 # sequence paths; without them the file's default checks took 81 s instead of 110 s)
 FAST_MIXERS = ("kda", "rwkv7")
 FEATURE_DIM = {"favor": 8, "taylor": 4, "hedgehog": 8}
-PACKED = ("rwkv7", "mamba", "rglru")
+PACKED = ("rwkv7", "rwkv6", "mamba", "rglru")
 
 
 def main(part="fast"):
@@ -76,13 +76,14 @@ def main(part="fast"):
     for i, name in enumerate(MIXERS):
         if (name in FAST_MIXERS) != (part == "fast"):
             continue
-        # rwkv7 (token shift instead of a conv, no rotary positions) on the packed rows: its
-        # shift reads the previous shard's last token unless a document starts there
-        rwkv = name == "rwkv7"
+        # rwkv7, rwkv6 (token shift instead of a conv, no rotary positions) on the packed rows:
+        # the shift reads the previous shard's last token unless a document starts there
+        rwkv = "conv" in REGISTRY[name].NOT_TAKEN
+        rope = "rope" not in REGISTRY[name].NOT_TAKEN and i % 2 == 0
         config = ModelConfig(
             vocab_size=32, d_model=16, num_layers=1, num_heads=2, mixer=name,
             conv=None if rwkv else True,
-            position=("rope", "learned")[i % 2 or "rope" in REGISTRY[name].NOT_TAKEN],
+            position="rope" if rope else "learned",
             max_length=T, mlp=False,
             options=dict(
                 feature_dim=FEATURE_DIM.get(name),
@@ -93,7 +94,7 @@ def main(part="fast"):
         # (swa with window 5: a halo of 4 keys, one whole shard back)
         # (mamba and rglru on the packed rows too: their conv and their resets at document
         # starts, RG-LRU's unscaled first write, across shard boundaries)
-        data = packed if name in PACKED else batch
+        data = packed if rwkv or name in PACKED else batch
         (g_one, s_one), (g_split, s_split) = (
             grads_and_stats(config, m, data) for m in (None, split)
         )
