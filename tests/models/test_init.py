@@ -100,7 +100,10 @@ def test_a_mamba_model_initialises_as_transformers():
     """Mamba-1 (`MambaPreTrainedModel._init_weights`): in_proj, x_proj and the embedding
     N(0, r²); A_log = log n on every channel, D = 1, the dt_proj kernel U(±1/√R), its bias
     softplus⁻¹ of dt in the range; the conv (bias 0) and out_proj U(±1/√fan_in)."""
-    config = ModelConfig(vocab_size=64, d_model=32, num_layers=1, mixer="mamba", mlp=False, initializer_range=R, options=dict(state_dim=8))  # fmt: skip
+    config = ModelConfig(
+        vocab_size=64, d_model=32, num_layers=1, mixer="mamba", mlp=False,
+        initializer_range=R, options=dict(state_dim=8),
+    )  # fmt: skip
     p = {n.removeprefix("blocks.0.mixer."): x for n, x in params_of(config).items()}
     for name in ("embed.embedding", "inputs.in_proj.kernel", "x_proj.kernel"):
         check_normal(name, p[name], R)
