@@ -284,8 +284,8 @@ def _dispatched(x, weights, w, tokens, experts):
     w_NE = weights.reshape(-1, weights.shape[-1])
     # a token's slot of an expert it did not choose holds zeros: SwiGLU(0) = 0, as its weight
     x_END = jnp.where((w_NE != 0).T[..., None], x_ND[None], 0).astype(x.dtype)
-    # two constraints: the second alone could be met by gathering x (all tokens to every
-    # device) instead of moving the dispatched rows (the all-to-all)
+    # Both layouts are stated, so the move is between two fixed layouts (an all-to-all), not
+    # left to sharding propagation (on XLA:CPU the expert layout alone gave the same program).
     x_END = jax.lax.with_sharding_constraint(x_END, tokens)
     x_END = jax.lax.with_sharding_constraint(x_END, experts)
     h_ENI = jax.nn.silu(jnp.einsum("end,edi->eni", x_END, w["w_gate"]))

@@ -113,14 +113,15 @@ def expert_sizes(devices: int, others: int) -> str:
     return ", ".join(str(e) for e in range(1, devices + 1) if devices % (others * e) == 0)
 
 
-def batch_axes(mesh: Mesh) -> tuple[str, ...]:
-    """The mesh axes splitting the batch rows: ``data`` (and ``expert`` when the mesh has it)."""
-    return tuple(a for a in (DATA_AXIS, EXPERT_AXIS) if a in mesh.shape)
+def batch_axes(mesh: Mesh) -> str | tuple[str, ...]:
+    """The `PartitionSpec` entry of the batch rows: ``data``, or ``(data, expert)`` when the
+    mesh has an ``expert`` axis."""
+    return (DATA_AXIS, EXPERT_AXIS) if EXPERT_AXIS in mesh.shape else DATA_AXIS
 
 
 def batch_devices(mesh: Mesh) -> int:
     """The number of devices splitting the batch rows (`batch_axes`)."""
-    return int(np.prod([mesh.shape[a] for a in batch_axes(mesh)]))
+    return mesh.shape[DATA_AXIS] * mesh.shape.get(EXPERT_AXIS, 1)
 
 
 def expert_dispatch(mesh: Mesh | None):

@@ -5,8 +5,8 @@ split over an ``expert`` axis of 4 (data 2), and of 2 with FSDP and gradient acc
 (data 4), gives the unsplit model's logits, cross-entropy, auxiliary load-balancing loss and
 parameter gradients (with the auxiliary loss in the objective) to float32 rounding. The
 compiled step holds E / ``expert`` experts per device and moves the dispatched tokens by
-all-to-all. One subprocess (a mesh needs its devices before JAX starts); the config's
-refusals run here."""
+all-to-all, and the trainer's dry run counts the split in its per-device bytes. One
+subprocess (a mesh needs its devices before JAX starts); the config's refusals run here."""
 
 import json
 
@@ -96,6 +96,18 @@ def compare(name, expert, data, fsdp=False, accum=1, **options):
 
 
 compare("softmax", 4, 2)
+# the trainer's dry run (its real train step, compiled for the 8 devices): per-device bytes
+from linear_attention.training import sizing
+from tests.training.conftest import load_config
+config = load_config("mqar", "smoke")
+config.model.mlp, config.model.num_experts, config.model.experts_per_token = True, 8, 2
+config.model.moe_dim = 128
+dry = {}
+for expert in (1, 4):
+    config.mesh.expert = expert
+    dry[expert] = sizing.dry_run(config)["train_step_bytes_per_device"]
+experts = 4 * config.model.num_layers * 3 * 8 * config.model.d_model * 128
+print("RESULT " + json.dumps({"name": "dry_run", "bytes": dry, "expert_bytes": experts}))
 compare(
     "grouped_sigmoid_fsdp_accum", 2, 4, fsdp=True, accum=2, moe_router="sigmoid",
     moe_score_bias=True, moe_groups=4, moe_topk_groups=2, moe_routed_scale=2.5,
@@ -209,3 +221,11 @@ def test_cli_refuses_an_expert_axis_without_experts(capsys, monkeypatch, tmp_pat
         "model.num_experts = 0 (use mesh.expert = 1)\n"
     )
     assert not (tmp_path / "run").exists()
+
+
+def test_dry_run_counts_the_expert_axis(results):
+    """Splitting the experts over 4 devices (the batch over all 8 either way) takes at least
+    3/4 of the experts' weights and their two Adam moments off each device."""
+    r = results["dry_run"]
+    one, four = r["bytes"]["1"], r["bytes"]["4"]
+    assert one - four >= 3 * 3 / 4 * r["expert_bytes"], (one, four, r["expert_bytes"])
