@@ -5,17 +5,20 @@ split over an ``expert`` axis of 4 (data 2), and of 2 with FSDP and gradient acc
 (data 4), gives the unsplit model's logits, cross-entropy, auxiliary load-balancing loss and
 parameter gradients (with the auxiliary loss in the objective) to float32 rounding. The
 compiled step holds E / ``expert`` experts per device and moves the dispatched tokens by
-all-to-all, and the trainer's dry run counts the split in its per-device bytes. One
-subprocess (a mesh needs its devices before JAX starts); the config's refusals run here."""
+all-to-all; a `trainer.train` run with ``expert`` 2 equals one device's, and the trainer's dry
+run counts the split in its per-device bytes. One subprocess (a mesh needs its devices before
+JAX starts); the config's refusals run here."""
 
 import json
 
+import numpy as np
 import pytest
 
-from linear_attention.training import experiment_config
+from linear_attention.training import experiment_config, trainer
 from linear_attention.training.mesh import expert_split_dim
 from tests.scripts import run_on_cpu_devices
 from tests.training.conftest import tiny_mqar
+from tests.training.test_multidevice import summarize
 
 SCRIPT = """
 import json
@@ -96,9 +99,17 @@ def compare(name, expert, data, fsdp=False, accum=1, **options):
 
 
 compare("softmax", 4, 2)
-# the trainer's dry run (its real train step, compiled for the 8 devices): per-device bytes
-from linear_attention.training import sizing
+# the trainer's loop (train step, evaluation, checkpoints) with expert = 2 (data 4)
+import sys
+from linear_attention.training import sizing, trainer
 from tests.training.conftest import load_config
+from tests.training.test_expert_parallel import moe_mqar
+from tests.training.test_multidevice import summarize
+config = moe_mqar()
+config.mesh.expert = 2
+run = summarize(trainer.train(config, sys.argv[1]))
+print("RESULT " + json.dumps({"name": "trainer", **run}), flush=True)
+# the trainer's dry run (its real train step, compiled for the 8 devices): per-device bytes
 config = load_config("mqar", "smoke")
 config.model.mlp, config.model.num_experts, config.model.experts_per_token = True, 8, 2
 config.model.moe_dim = 128
@@ -118,9 +129,17 @@ compare(
 RUNS = {"softmax": 4, "grouped_sigmoid_fsdp_accum": 2}
 
 
+def moe_mqar():
+    """The trainer tests' MQAR model with MoE MLPs and their auxiliary loss in the objective."""
+    config = tiny_mqar()
+    config.model.mlp, config.model.num_experts, config.model.experts_per_token = True, 4, 2
+    config.model.moe_aux_loss_coef = 0.01
+    return config
+
+
 @pytest.fixture(scope="module")
-def results():
-    out = run_on_cpu_devices(SCRIPT, 8)
+def results(tmp_path_factory):
+    out = run_on_cpu_devices(SCRIPT, 8, str(tmp_path_factory.mktemp("expert_parallel")))
     found = [json.loads(line[7:]) for line in out.splitlines() if line.startswith("RESULT ")]
     return {r["name"]: r for r in found}
 
@@ -147,6 +166,16 @@ def test_expert_parallel_equals_one_device(results, name):
     assert split == 2 * 3, r["placed"].keys()  # two MoE layers, three expert weights each
     # the dispatch and the return: an all-to-all over ``expert`` each way, per MoE layer
     assert r["all_to_all"] >= 2, r["all_to_all"]
+
+
+def test_trainer_equals_one_device(results, tmp_path):
+    """`trainer.train` of the MoE MQAR model with mesh.expert = 2 (data 4): the per-step
+    losses, gradient norms and evaluations of one device."""
+    one = summarize(trainer.train(moe_mqar(), str(tmp_path / "one")))
+    split = results["trainer"]
+    assert split["num_devices"] == 8 and one["num_devices"] == 1
+    for key in ("train_loss", "grad_norm", "eval_loss"):
+        np.testing.assert_allclose(split[key], one[key], rtol=1e-5, err_msg=key)
 
 
 def test_expert_split_dim():
@@ -199,8 +228,6 @@ def test_config_refuses(changes, message):
 
 
 def test_mesh_refuses_an_expert_axis_the_devices_do_not_hold():
-    import numpy as np
-
     from linear_attention.training.mesh import make_mesh
 
     with pytest.raises(
