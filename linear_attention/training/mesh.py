@@ -184,7 +184,7 @@ def model_split_dim(names: tuple[str, ...], shape: tuple[int, ...], model: int) 
 def expert_split_dim(names: tuple[str, ...], shape: tuple[int, ...], expert: int) -> int | None:
     """0 for a block's MoE expert weight (`EXPERT_WEIGHTS`, ``[E, ...]``) that ``expert``
     devices split along E, else None."""
-    if expert == 1 or "blocks" not in names or not names or names[-1] not in EXPERT_WEIGHTS:
+    if expert == 1 or "blocks" not in names or names[-1] not in EXPERT_WEIGHTS:
         return None
     return 0 if len(shape) == 3 and shape[0] % expert == 0 else None
 
