@@ -19,6 +19,13 @@ fine-tuning small models, not serving large ones. The expert weights are `[E, D,
 `[E, I, D]` parameters (named `w_*`, not `kernel`: the FLOPs count, which counts `kernel`s as
 dense matmuls, leaves them out).
 
+Under `expert_parallel` (expert parallelism, `training.mesh`) the same sum is written as a
+dispatch: the tokens are laid out per expert, `[E, N, D]` with a token's row zero for the
+experts outside its top k (dropless: every expert has a slot for every token, so nothing is
+dropped and the numbers are the dense form's, SwiGLU(0) = 0), that tensor is moved from the
+token layout to the expert layout (an all-to-all), each device runs its experts, and the
+outputs go back the same way before the weighted sum.
+
 The auxiliary load-balancing loss (Switch Transformer, eqs. 4-6; Mixtral's and Qwen3-Next's as
 transformers' `load_balancing_loss_func` computes it) reads `RouterStats`, sums over the tokens
 of every MoE layer: with R rows (tokens × layers), c_e the rows whose top k hold expert e and
@@ -35,6 +42,8 @@ the loss; `ModelConfig` takes it with that router only (no score bias, no groups
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 from typing import NamedTuple
 
 import jax
@@ -46,6 +55,20 @@ from linear_attention.layers.mlp import SwiGLU
 
 ROUTERS = {"softmax": lambda z: jax.nn.softmax(z, axis=-1), "sigmoid": jax.nn.sigmoid}
 DEFAULT_ROUTER = "softmax"
+# (token layout, expert layout) of the dispatched [E, N, D] tensor while `expert_parallel` holds
+_DISPATCH = contextvars.ContextVar("moe_dispatch", default=None)
+
+
+@contextlib.contextmanager
+def expert_parallel(tokens, experts):
+    """Trace `MoE` layers as a dispatch over devices (module docstring): their dispatched
+    `[E, N, D]` tensors are constrained to the sharding ``tokens`` (where the tokens are: rows
+    split, experts whole), then ``experts`` (experts split), and their outputs back."""
+    reset = _DISPATCH.set((tokens, experts))
+    try:
+        yield
+    finally:
+        _DISPATCH.reset(reset)
 
 
 def check_moe_options(
@@ -240,12 +263,34 @@ class MoE(nnx.Module):
         dtype = self.dtype or x.dtype
         xc = x.astype(dtype)
         w = {n: getattr(self, n)[...].astype(dtype) for n in ("w_gate", "w_up", "w_down")}
-        h = jax.nn.silu(jnp.einsum("...d,edi->...ei", xc, w["w_gate"]))
-        h = h * jnp.einsum("...d,edi->...ei", xc, w["w_up"])
-        y = jnp.einsum("...ei,eid->...ed", h, w["w_down"])
-        out = jnp.einsum("...ed,...e->...d", y, self._weights(logits).astype(dtype))
+        weights = self._weights(logits).astype(dtype)
+        if _DISPATCH.get() is None:
+            h = jax.nn.silu(jnp.einsum("...d,edi->...ei", xc, w["w_gate"]))
+            h = h * jnp.einsum("...d,edi->...ei", xc, w["w_up"])
+            y = jnp.einsum("...ei,eid->...ed", h, w["w_down"])
+            out = jnp.einsum("...ed,...e->...d", y, weights)
+        else:
+            out = _dispatched(xc, weights, w, *_DISPATCH.get())
         if self.shared_gate is not None:
             out = out + jax.nn.sigmoid(self.shared_gate(xc)) * self.shared(xc)
         elif self.shared is not None:
             out = out + self.shared(xc)
         return out.astype(dtype), router_stats(logits, self.top_k)
+
+
+def _dispatched(x, weights, w, tokens, experts):
+    """`MoE.routed`'s routed sum as a dispatch between a token and an expert layout."""
+    x_ND = x.reshape(-1, x.shape[-1])
+    w_NE = weights.reshape(-1, weights.shape[-1])
+    # a token's slot of an expert it did not choose holds zeros: SwiGLU(0) = 0, as its weight
+    x_END = jnp.where((w_NE != 0).T[..., None], x_ND[None], 0).astype(x.dtype)
+    # Both layouts are stated, so the move is between two fixed layouts (an all-to-all), not
+    # left to sharding propagation (on XLA:CPU the expert layout alone gave the same program).
+    x_END = jax.lax.with_sharding_constraint(x_END, tokens)
+    x_END = jax.lax.with_sharding_constraint(x_END, experts)
+    h_ENI = jax.nn.silu(jnp.einsum("end,edi->eni", x_END, w["w_gate"]))
+    h_ENI = h_ENI * jnp.einsum("end,edi->eni", x_END, w["w_up"])
+    y_END = jnp.einsum("eni,eid->end", h_ENI, w["w_down"])
+    y_END = jax.lax.with_sharding_constraint(y_END, experts)
+    y_END = jax.lax.with_sharding_constraint(y_END, tokens)
+    return jnp.einsum("end,ne->nd", y_END, w_NE).reshape(x.shape)

@@ -40,6 +40,7 @@ from linear_attention.training.data_kinds import (
     TokenDataConfig,
     data_kind,
 )
+from linear_attention.training.mesh import expert_sizes
 from linear_attention.training.targets import parse_target
 
 SCHEDULES = ("cosine", "linear", "constant")
@@ -151,7 +152,8 @@ class MeshConfig(Section):
     """Devices: a mesh over ``num_devices`` (0: all) with axes ``data`` (batch rows), ``seq``
     (``seq`` devices split the time axis: sequence parallelism) and ``model`` (``model``
     devices split every block's heads and MLP hidden units: tensor parallelism,
-    `training.mesh`). With ``multi_host`` the run is
+    `training.mesh`) and ``expert`` (``expert`` devices split the MoE layers' experts and,
+    with ``data``, the batch: expert parallelism). With ``multi_host`` the run is
     one of ``num_processes`` processes joined by ``jax.distributed.initialize``; an empty
     address and ``num_processes = 0`` are taken from the environment or the cluster.
     ``target``: the accelerators the run is sized for, ``""`` (the visible devices),
@@ -165,6 +167,7 @@ class MeshConfig(Section):
     fsdp: bool = False  # shard parameters and optimizer state over the data axis
     seq: int = 1  # devices splitting the time axis; the others split the batch
     model: int = spec_field(1, minimum=1)  # devices splitting heads and MLP hidden units
+    expert: int = spec_field(1, minimum=1)  # devices splitting the MoE experts (and the batch)
     multi_host: bool = False  # call jax.distributed.initialize() first
     coordinator_address: str = ""  # "host:port" of process 0
     num_processes: int = spec_field(0, minimum=0)
@@ -180,6 +183,13 @@ class MeshConfig(Section):
                 "mesh.model",
                 f"= {self.model} times mesh.seq = {self.seq} must divide num_devices = "
                 f"{self.num_devices}",
+            )
+        if self.num_devices and self.num_devices % (self.seq * self.model * self.expert):
+            allowed = expert_sizes(self.num_devices, self.seq * self.model)
+            broken(
+                "mesh.expert",
+                f"= {self.expert} times mesh.seq × mesh.model = {self.seq} × {self.model} must "
+                f"divide num_devices = {self.num_devices} (allowed: {allowed})",
             )
         if self.num_processes and self.process_id >= self.num_processes:
             broken(
@@ -391,6 +401,8 @@ def _check_sections(model, data, optimizer, train, mesh) -> None:
         )
     if mesh.model > 1:
         check_tensor_parallel(model, mesh.model)
+    if mesh.expert > 1:
+        check_expert_parallel(model, mesh)
     if optimizer.warmup_steps > train.num_steps:
         broken(
             "optimizer.warmup_steps",
@@ -414,7 +426,7 @@ def check_tensor_parallel(model: ModelConfig, n: int) -> None:
         broken(
             "mesh.model",
             f"{why}; a mixture of experts is not split over it yet (use "
-            "num_experts = 0 or mesh.model = 1)",
+            "num_experts = 0 or mesh.model = 1; mesh.expert splits the experts)",
         )
     widths = {"model.num_heads": model.num_heads}
     if model.mlp:
@@ -432,6 +444,36 @@ def check_tensor_parallel(model: ModelConfig, n: int) -> None:
                 f"{why} but {field} = {width} is not divisible by it "
                 f"(allowed: {', '.join(map(str, allowed))})",
             )
+
+
+def check_expert_parallel(model: ModelConfig, mesh: MeshConfig) -> None:
+    """`ValueError` (naming config.mesh.expert) unless ``mesh.expert`` devices can split
+    ``model``'s experts evenly, and the mesh is one the dispatch runs in: no ``seq`` or Pallas
+    `jax.shard_map` around it, no tensor parallelism (`training.mesh`)."""
+    n = mesh.expert
+    why = f"= {n} splits the experts over {n} devices"
+    if not model.num_experts:
+        broken("mesh.expert", f"{why} but model.num_experts = 0 (use mesh.expert = 1)")
+    if model.num_experts % n:
+        e = model.num_experts
+        allowed = [d for d in range(1, e + 1) if e % d == 0]
+        broken(
+            "mesh.expert",
+            f"{why} but model.num_experts = {e} is not divisible by it "
+            f"(allowed: {', '.join(map(str, allowed))})",
+        )
+    if mesh.seq > 1 or mesh.model > 1:
+        broken(
+            "mesh.expert",
+            f"{why}; it does not combine with mesh.seq = {mesh.seq} or mesh.model = "
+            f"{mesh.model} (use mesh.seq = mesh.model = 1 with it)",
+        )
+    if model.uses_pallas:
+        broken(
+            "mesh.expert",
+            f"{why}; the Pallas kernels run in a shard_map the dispatch cannot cross (use "
+            "method != 'pallas' or mesh.expert = 1)",
+        )
 
 
 def config_difference(old: Mapping, new: Mapping, cfg: ExperimentConfig):

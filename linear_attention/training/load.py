@@ -73,7 +73,9 @@ def restore_run(workdir: str, *, config=None, step: int | None = None) -> Restor
         step = latest_saved_step(workdir)
     elif step not in steps:
         raise ValueError(f"step must be one of the saved checkpoints {steps}, got {step!r}")
-    mesh = make_mesh(cfg.mesh.num_devices, cfg.mesh.seq, model=cfg.mesh.model)
+    mesh = make_mesh(
+        cfg.mesh.num_devices, cfg.mesh.seq, model=cfg.mesh.model, expert=cfg.mesh.expert
+    )
     check_batch_size("train.eval_batch_size", cfg.train.eval_batch, mesh)
     tx, _ = make_optimizer(cfg.optimizer, cfg.train.num_steps)
     graphdef, abstract = nnx.split(nnx.eval_shape(lambda: build_model(cfg, tx)))

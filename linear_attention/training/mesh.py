@@ -1,4 +1,5 @@
-"""Devices: a `Mesh` with axes ``data``, ``seq`` and ``model``. Batch rows split over ``data``,
+"""Devices: a `Mesh` with axes ``data``, ``seq`` and ``model`` (and ``expert``, when it has more
+than one device). Batch rows split over ``data`` (and ``expert``),
 parameters replicated or FSDP-sharded over it (each array split along its first dimension
 divisible by the ``data`` size); with ``seq > 1`` the model's loss runs in `jax.shard_map` with
 time split over ``seq`` (`sequence_parallel_stats`: the mixers' sequence parallelism,
@@ -13,9 +14,23 @@ MLP's ``w_down``) by their input rows, so the mixer and the MLP each end in one 
 annotated: XLA's SPMD partitioner places the activations and inserts the collectives. A fused
 projection (``qkv_proj`` holds the query, key and value columns one after the other) is split as
 stored, so XLA regroups its columns by head (collective permutes). The optimizer state follows the
-parameters (its leaves sit under the same names)."""
+parameters (its leaves sit under the same names).
+
+With ``expert > 1`` (expert parallelism) the batch rows are split over ``data`` × ``expert``
+(the ``expert`` devices are data-parallel for everything but the experts) and every MoE layer's
+expert weights (``w_gate``, ``w_up``, ``w_down``, ``[E, ...]``) over ``expert`` along E
+(`expert_split_dim`): a device holds E / ``expert`` experts. The MoE layers are traced under
+`layers.moe.expert_parallel` (`expert_dispatch`): the dispatched ``[E, N, D]`` tokens go from
+the token layout (N split over ``data`` × ``expert``) to the expert layout (E split over
+``expert``, N over ``data``) and back, which XLA lowers to an all-to-all over ``expert`` each
+way. The routing is the dense layer's (dropless: no capacity, no token dropped), so the numbers
+are the unsplit model's. It is refused (`training.config`) with ``seq > 1`` or Pallas kernels
+(their `jax.shard_map` would hold the dispatch) and with ``model > 1`` (the MoE layers are not
+tensor-parallel)."""
 
 from __future__ import annotations
+
+import contextlib
 
 import jax
 import numpy as np
@@ -23,11 +38,15 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from linear_attention.layers.moe import expert_parallel
 from linear_attention.layers.sequence import split_sequence
 
 DATA_AXIS = "data"
 SEQ_AXIS = "seq"
 MODEL_AXIS = "model"
+EXPERT_AXIS = "expert"
+# the MoE layers' expert weights, [E, D, I] / [E, I, D]: split along E over ``expert``
+EXPERT_WEIGHTS = frozenset({"w_gate", "w_up", "w_down"})
 # Modules whose weights are split by input rows (row-parallel: a block's last matmul); the other
 # weights of a block are split by output columns. The MLP's "w_down" is row-parallel only
 # under "mlp" (PaTH's input low-rank pair reuses the name for an in-projection).
@@ -54,10 +73,13 @@ def initialize_distributed(mesh_config) -> None:
     jax.distributed.initialize(**kwargs)
 
 
-def make_mesh(num_devices: int = 0, seq: int = 1, devices=None, model: int = 1) -> Mesh:
+def make_mesh(
+    num_devices: int = 0, seq: int = 1, devices=None, model: int = 1, expert: int = 1
+) -> Mesh:
     """A ``(data, seq, model)`` mesh over the first ``num_devices`` of ``devices`` (default:
     the visible ones; 0: all of them), ``seq`` of them along the time axis and ``model`` along
-    the heads (the innermost axis: neighbouring devices, the fastest links)."""
+    the heads (the innermost axis: neighbouring devices, the fastest links); with ``expert >
+    1`` a ``(data, expert, seq, model)`` mesh, ``expert`` devices splitting the experts."""
     where = "are visible" if devices is None else "are in config.mesh.target"
     devices = list(jax.devices() if devices is None else devices)
     if num_devices > len(devices):
@@ -70,11 +92,49 @@ def make_mesh(num_devices: int = 0, seq: int = 1, devices=None, model: int = 1) 
             f"config.mesh.seq × config.mesh.model = {seq} × {model} must divide the "
             f"{len(devices)} devices"
         )
+    if expert > 1:
+        if len(devices) % (seq * model * expert):
+            allowed = [
+                e for e in range(1, len(devices) + 1) if len(devices) % (seq * model * e) == 0
+            ]
+            raise ValueError(
+                f"config.mesh.expert = {expert} times config.mesh.seq × config.mesh.model = "
+                f"{seq} × {model} must divide the {len(devices)} devices (allowed: "
+                f"{', '.join(map(str, allowed))})"
+            )
+        grid = np.asarray(devices).reshape(-1, expert, seq, model)
+        return Mesh(grid, (DATA_AXIS, EXPERT_AXIS, SEQ_AXIS, MODEL_AXIS))
     return Mesh(np.asarray(devices).reshape(-1, seq, model), (DATA_AXIS, SEQ_AXIS, MODEL_AXIS))
 
 
+def expert_sizes(devices: int, others: int) -> str:
+    """The ``expert`` axis sizes that ``devices`` devices hold beside ``others`` (the product
+    of the other model-splitting axes), as an error message lists them."""
+    return ", ".join(str(e) for e in range(1, devices + 1) if devices % (others * e) == 0)
+
+
+def batch_axes(mesh: Mesh) -> str | tuple[str, ...]:
+    """The `PartitionSpec` entry of the batch rows: ``data``, or ``(data, expert)`` when the
+    mesh has an ``expert`` axis."""
+    return (DATA_AXIS, EXPERT_AXIS) if EXPERT_AXIS in mesh.shape else DATA_AXIS
+
+
+def batch_devices(mesh: Mesh) -> int:
+    """The number of devices splitting the batch rows (`batch_axes`)."""
+    return mesh.shape[DATA_AXIS] * mesh.shape.get(EXPERT_AXIS, 1)
+
+
+def expert_dispatch(mesh: Mesh | None):
+    """`layers.moe.expert_parallel` with the token and expert layouts of ``mesh``'s axes (module
+    docstring), or a null context without an ``expert`` axis."""
+    if mesh is None or EXPERT_AXIS not in mesh.shape:
+        return contextlib.nullcontext()
+    tokens = NamedSharding(mesh, P(None, batch_axes(mesh), None))
+    return expert_parallel(tokens, NamedSharding(mesh, P(EXPERT_AXIS, DATA_AXIS, None)))
+
+
 def check_batch_size(name: str, batch_size: int, mesh: Mesh) -> None:
-    n = mesh.shape[DATA_AXIS]
+    n = batch_devices(mesh)
     if batch_size % n:
         raise ValueError(
             f"config.{name} = {batch_size} must be divisible by the number of devices ({n})"
@@ -87,16 +147,16 @@ def check_train_batches(train, mesh: Mesh) -> None:
     check_batch_size("train.batch_size", train.batch_size, mesh)
     check_batch_size("train.eval_batch_size", train.eval_batch, mesh)
     micro = train.batch_size // train.grad_accum_steps
-    if micro % mesh.shape[DATA_AXIS]:
+    if micro % batch_devices(mesh):
         raise ValueError(
             f"config.train.batch_size / grad_accum_steps = {micro} rows per micro-batch must "
             f"be divisible by the number of devices splitting the batch "
-            f"({mesh.shape[DATA_AXIS]})"
+            f"({batch_devices(mesh)})"
         )
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
-    return NamedSharding(mesh, P(DATA_AXIS))
+    return NamedSharding(mesh, P(batch_axes(mesh)))
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
@@ -121,15 +181,28 @@ def model_split_dim(names: tuple[str, ...], shape: tuple[int, ...], model: int) 
     return dim if shape[dim] % model == 0 else None
 
 
+def expert_split_dim(names: tuple[str, ...], shape: tuple[int, ...], expert: int) -> int | None:
+    """0 for a block's MoE expert weight (`EXPERT_WEIGHTS`, ``[E, ...]``) that ``expert``
+    devices split along E, else None."""
+    if expert == 1 or "blocks" not in names or names[-1] not in EXPERT_WEIGHTS:
+        return None
+    return 0 if len(shape) == 3 and shape[0] % expert == 0 else None
+
+
 def array_sharding(
     shape: tuple[int, ...], mesh: Mesh, fsdp: bool, names: tuple[str, ...] = ()
 ) -> NamedSharding:
-    """Replicated, or split over ``model`` along `model_split_dim` of its path ``names``, and
-    with ``fsdp`` over ``data`` along the first other dimension the ``data`` devices divide."""
+    """Replicated, or split over ``model`` along `model_split_dim` of its path ``names`` (over
+    ``expert`` along `expert_split_dim`), and with ``fsdp`` over ``data`` along the first other
+    dimension the ``data`` devices divide."""
     spec = [None] * len(shape)
     split = model_split_dim(names, shape, mesh.shape.get(MODEL_AXIS, 1))
     if split is not None:
         spec[split] = MODEL_AXIS
+    experts = expert_split_dim(names, shape, mesh.shape.get(EXPERT_AXIS, 1))
+    if experts is not None and split is None:
+        split = experts
+        spec[split] = EXPERT_AXIS
     n = mesh.shape[DATA_AXIS]
     if fsdp and n > 1:
         for axis, size in enumerate(shape):

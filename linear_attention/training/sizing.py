@@ -39,7 +39,7 @@ from linear_attention.kernels.primitives.pallas import pallas_lowering
 from linear_attention.training.config import ExperimentConfig, experiment_config
 from linear_attention.training.flops import flops_per_token
 from linear_attention.training.mesh import (
-    DATA_AXIS,
+    batch_devices,
     batch_sharding,
     check_train_batches,
     make_mesh,
@@ -157,7 +157,7 @@ def dry_run(
     if target is not None:
         check_pallas_target(cfg, target)
     devices = None if target is None else target.devices()
-    mesh = make_mesh(cfg.mesh.num_devices, cfg.mesh.seq, devices, cfg.mesh.model)
+    mesh = make_mesh(cfg.mesh.num_devices, cfg.mesh.seq, devices, cfg.mesh.model, cfg.mesh.expert)
     check_train_batches(cfg.train, mesh)
     model = abstract_model(cfg)
     params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
@@ -185,13 +185,13 @@ def dry_run(
         lowering = pallas_lowering(target.pallas_backend) if target.pallas_backend else None
         with lowering or contextlib.nullcontext():
             traced = trace_train_step(
-                c, make_mesh(c.mesh.num_devices, c.mesh.seq, devices, c.mesh.model)
+                c, make_mesh(c.mesh.num_devices, c.mesh.seq, devices, c.mesh.model, c.mesh.expert)
             )
         return compile_for_target(traced, target, chip, hbm_limit)
 
     if not fit:
         return {**result, **_compiled_fields(compile_one(cfg))}
-    chosen, tries = _fit_search(cfg, mesh.shape[DATA_AXIS], compile_one, hbm, log or _quiet)
+    chosen, tries = _fit_search(cfg, batch_devices(mesh), compile_one, hbm, log or _quiet)
     overrides = None if chosen is None else overrides_of(cfg, chosen[0])
     shown = chosen or min(tries.values(), key=lambda t: t[1].bytes_per_device or 0)
     return {

@@ -32,7 +32,12 @@ from linear_attention.data import IGNORE_INDEX
 from linear_attention.layers import load_balancing_loss
 from linear_attention.models import LanguageModel, redraw_features
 from linear_attention.training.chunked_loss import chunked_cross_entropy
-from linear_attention.training.mesh import DATA_AXIS, sequence_parallel_stats, state_shardings
+from linear_attention.training.mesh import (
+    batch_axes,
+    expert_dispatch,
+    sequence_parallel_stats,
+    state_shardings,
+)
 
 
 def token_stats(logits_BTV: jax.Array, labels_BT: jax.Array):
@@ -115,12 +120,13 @@ def train_step(state, batch, *, graphdef, mesh, fsdp, accum: int = 1, loss_chunk
 def micro_batches(batch: dict, accum: int, mesh) -> dict:
     """``batch`` entries ``[B, ...]`` as ``[accum, B / accum, ...]``: micro-batch i holds rows
     i, i + accum, i + 2·accum, ..., so with rows split over the ``data`` axis every micro-batch
-    keeps that split (each device runs its own rows; nothing moves between devices)."""
+    keeps that split (each device runs its own rows; nothing moves between devices); so do
+    rows split over ``data`` × ``expert``."""
 
     def split(x):
         b = x.shape[0]
         x = jnp.swapaxes(x.reshape(b // accum, accum, *x.shape[1:]), 0, 1)
-        spec = P(None, DATA_AXIS) if mesh is not None else None
+        spec = P(None, batch_axes(mesh)) if mesh is not None else None
         return x if spec is None else jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
 
     return {k: split(v) for k, v in batch.items()}
@@ -165,7 +171,9 @@ def model_stats(model, batch, mesh=None, loss_chunks=None):
     ``segment_ids`` if packed) and the `layers.RouterStats` of its MoE layers over the batch
     (None without experts, and for a model other than a `LanguageModel`: any module called as
     ``model(tokens, segment_ids) -> logits`` trains and evaluates); with a ``seq`` mesh axis
-    over more than one device, time split over it (sequence parallelism).
+    over more than one device, time split over it (sequence parallelism); with an ``expert``
+    axis, the MoE layers dispatch their tokens to the devices of their experts
+    (`training.mesh.expert_dispatch`).
     A model with a Pallas layer (`ModelConfig.uses_pallas`) on more than one device runs in
     `jax.shard_map` too (with ``seq`` 1: rows split over ``data``): XLA cannot partition a
     Mosaic kernel itself. ``loss_chunks = (tokens, vocab)`` (a `LanguageModel` only): the
@@ -189,7 +197,8 @@ def model_stats(model, batch, mesh=None, loss_chunks=None):
 
     pallas = getattr(getattr(model, "config", None), "uses_pallas", False)
     if mesh is None or (mesh.shape.get("seq", 1) == 1 and not (pallas and mesh.size > 1)):
-        return stats(model, batch)
+        with expert_dispatch(mesh):
+            return stats(model, batch)
     return sequence_parallel_stats(stats, model, batch, mesh)
 
 

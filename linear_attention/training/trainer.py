@@ -116,7 +116,9 @@ def train(
     cfg = experiment_config(config)
     initialize_distributed(cfg.mesh)
     try:
-        mesh = make_mesh(cfg.mesh.num_devices, cfg.mesh.seq, model=cfg.mesh.model)
+        mesh = make_mesh(
+            cfg.mesh.num_devices, cfg.mesh.seq, model=cfg.mesh.model, expert=cfg.mesh.expert
+        )
         check_train_batches(cfg.train, mesh)
     except ValueError as e:
         raise RunError(str(e)) from None
@@ -272,8 +274,9 @@ class Run:
         cfg, mesh, reporter = self.cfg, self.mesh, self.reporter
         reporter.message(
             f"{self.param_count:,} parameters, {mesh.devices.size} device(s) "
-            f"(data {mesh.shape['data']} × seq {mesh.shape['seq']} × model "
-            f"{mesh.shape['model']}), "
+            f"(data {mesh.shape['data']} × "
+            + (f"expert {mesh.shape['expert']} × " if "expert" in mesh.shape else "")
+            + f"seq {mesh.shape['seq']} × model {mesh.shape['model']}), "
             f"steps {self.start}..{cfg.train.num_steps}"
         )
         if cfg.mesh.target:  # the slice --dry_run sized the run for; a run uses what it sees
