@@ -69,7 +69,7 @@ from linear_attention.kernels.primitives.decays import (
 from linear_attention.kernels.primitives.driver import guarded_call
 from linear_attention.kernels.primitives.family import Family, Method
 from linear_attention.kernels.primitives.layout import from_chunks, pad_time, to_chunks
-from linear_attention.kernels.primitives.pallas import CHUNK_MULTIPLE, round_up
+from linear_attention.kernels.primitives.pallas import CHUNK_MULTIPLE, pallas_target, round_up
 from linear_attention.kernels.primitives.pallas_chunk_scan import pallas_affine_chunk_scan
 from linear_attention.kernels.primitives.triangular import invert_unit_lower, unit_lower_solve_vjp
 from linear_attention.kernels.segments import (
@@ -232,20 +232,8 @@ def delta_chunked(q_BTHK, k_BTHK, v_BTHD, beta_BTH, a_BTH, s0_BHKD, *, chunk_siz
         to_chunks(pad_time(x, C), C) for x in (q_BTHK, k_BTHK, v_BTHD, beta_BTH, a_BTH)
     )
 
-    # ---- 2. decay factors inside each chunk (resets masked before exp) ----
-    d = _ScalarDecays(a, C)
-
-    # ---- 3. UT transform, all chunks at once: [U, W] = (I + A)⁻¹ [diag(β) V, diag(β e^b) K] ----
-    kk_NBHCC = k @ jnp.swapaxes(k, -1, -2)
-    a_NBHCC = beta[..., :, None] * kk_NBHCC * d.strict
-    beta_k = beta[..., None] * (k if d.start is None else k * d.start[..., None])
-    rhs = jnp.concatenate([beta[..., None] * v, beta_k], axis=-1)
-    uw = invert_unit_lower(a_NBHCC) @ rhs
-    Dv = v.shape[-1]
-    u_NBHCD, w_NBHCK = uw[..., :Dv], uw[..., Dv:]
-    p_NBHCC = (q @ jnp.swapaxes(k, -1, -2)) * d.tril
-    q_start = q if d.start is None else q * d.start[..., None]
-    k_end = k if d.end is None else k * d.end[..., None]
+    # ---- 2, 3. decay factors and the UT transform, all chunks at once ----
+    u_NBHCD, w_NBHCK, p_NBHCC, q_start, k_end, total = scalar_terms(q, k, v, beta, a, C)
 
     # ---- 4. across chunks: a lax.scan carrying S ----
     def step(s_BHKD, inputs):
@@ -256,10 +244,29 @@ def delta_chunked(q_BTHK, k_BTHK, v_BTHD, beta_BTH, a_BTH, s0_BHKD, *, chunk_siz
             s_BHKD = total[..., None, None] * s_BHKD
         return s_BHKD + jnp.swapaxes(ke, -1, -2) @ u, o
 
-    xs = (u_NBHCD, w_NBHCK, p_NBHCC, q_start, k_end, d.total)
+    xs = (u_NBHCD, w_NBHCK, p_NBHCC, q_start, k_end, total)
     # Rematerialised: the backward pass keeps only the state entering each chunk.
     s_BHKD, o_NBHCD = jax.lax.scan(jax.checkpoint(step), s0_BHKD, xs)
     return from_chunks(o_NBHCD, T), s_BHKD
+
+
+def scalar_terms(q, k, v, beta, a, C):
+    """The state-independent part of every chunk for a per-head decay (or none), chunk-major
+    `[N, B, H, C, ...]` float32 inputs (a `[N, B, H, C]` or None): `(U, W, P, Q ⊙ e^b,
+    K ⊙ e^{b_C − b}, e^{b_C} [N, B, H] or None)`, with [U, W] = (I + A)⁻¹ [diag(β) V,
+    diag(β e^b) K] (the UT transform) and P = tril(Q Kᵀ ⊙ Γ); without decay the factors are
+    the plain q and k."""
+    d = _ScalarDecays(a, C)  # resets masked before exp
+    kk_NBHCC = k @ jnp.swapaxes(k, -1, -2)
+    a_NBHCC = beta[..., :, None] * kk_NBHCC * d.strict
+    beta_k = beta[..., None] * (k if d.start is None else k * d.start[..., None])
+    rhs = jnp.concatenate([beta[..., None] * v, beta_k], axis=-1)
+    uw = invert_unit_lower(a_NBHCC) @ rhs
+    Dv = v.shape[-1]
+    p_NBHCC = (q @ jnp.swapaxes(k, -1, -2)) * d.tril
+    q_start = q if d.start is None else q * d.start[..., None]
+    k_end = k if d.end is None else k * d.end[..., None]
+    return uw[..., :Dv], uw[..., Dv:], p_NBHCC, q_start, k_end, d.total
 
 
 class _ScalarDecays:
@@ -292,7 +299,18 @@ def delta_pallas(q_BTHK, k_BTHK, v_BTHD, beta_BTH, a_BTH, s0_BHKD, *, chunk_size
     in the kernels). A per-token decay `[B, T, H]` (or none: zeros) reaches the kernels as its
     cumulative sums and reset counts `[N, B, H, C]`, read on every key channel in VMEM; a decay
     per key channel as `[N, B, H, C, K]`. The cumulative sums stay outside the kernels' VJP:
-    autodiff carries db to a."""
+    autodiff carries db to a. On a GPU backend, or under `pallas_interpret("gpu")` /
+    `pallas_lowering("gpu")`, the Mosaic GPU walk runs instead (`delta.pallas_gpu`: the UT
+    transform from XLA, the chunk walk in the kernels; `chunk_size` a multiple of 64)."""
+    backend, interpret = pallas_target('delta_rule(method="pallas")')
+    if backend == "gpu":
+        # Imported here: the Mosaic GPU modules add ~0.2 s to every `import linear_attention`.
+        from linear_attention.kernels.delta.pallas_gpu import delta_pallas_gpu
+
+        return delta_pallas_gpu(
+            q_BTHK, k_BTHK, v_BTHD, beta_BTH, a_BTH, s0_BHKD,
+            chunk_size=chunk_size, interpret=interpret,
+        )  # fmt: skip
     B, T, H, _ = q_BTHK.shape
     if a_BTH is None:
         a_BTH = jnp.zeros((B, T, H), jnp.float32)
@@ -455,7 +473,9 @@ DELTA_RULE = Family(
     methods={
         "chunk": Method(delta_chunked, chunk_flops, static=("chunk_size",)),
         "scan": Method(delta_scan, scan_flops),
-        "pallas": Method(delta_pallas, chunk_flops, static=("chunk_size",), backends=("tpu",)),
+        "pallas": Method(
+            delta_pallas, chunk_flops, static=("chunk_size",), backends=("tpu", "gpu")
+        ),
     },
     step=delta_rule_step,
     state=LinearAttentionState,

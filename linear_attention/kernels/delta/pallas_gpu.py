@@ -1,0 +1,188 @@
+"""The delta rule's chunk form on Hopper: the UT transform and the intra-chunk scores from XLA,
+the chunk walk as Mosaic GPU kernels (`delta_rule(method="pallas")` on a GPU: DeltaNet, Gated
+DeltaNet with grouped value heads, KDA).
+
+Per chunk of C tokens, with b the cumulative log decay inside it (per head, or per key channel
+for KDA; −inf resets counted apart and masked before `exp`, `segments.cumulative_log_decay`)
+and S `[K, Dv]` the state entering it (`delta.py` derives the lines):
+
+    U = (I + A)⁻¹ diag(β) V,   W = (I + A)⁻¹ diag(β) (K ⊙ e^b),   A_ts = β_t Σ_m k_tm k_sm e^{b_tm − b_sm} (s < t)
+    X = U − W S,   O = (Q ⊙ e^b) S + P X,   S' = e^{b_C} ⊙ S + (K ⊙ e^{b_C − b})ᵀ X
+    P_ts = Σ_m q_tm k_sm e^{b_tm − b_sm} (s ≤ t)
+
+U, W, P and the decayed q and k depend on the chunk's own tokens only. XLA makes them for
+every chunk at once (the chunk form's own code: `delta.scalar_terms` for a per-head decay or
+none; `delta._per_key_forward` with its hand-written pullback `_per_key_backward` per key
+channel, `KEY_CHUNKS` chunks at a time, so that the `[16, 16, K]` sub-block decays of one group
+are held at once): the sub-block scores need row gathers of float32 decays and the 16 × 16
+inverses a sequence of small matmuls, which Mosaic GPU's 64-row wgmma tiles do not express, as
+for GLA (`linear/pallas_gpu_key.py`). The sequential part, the three lines in S, is the walk
+of `pallas_gpu_key.key_decay_walk` with `w`: one thread block per (batch row · head, 64-wide
+value tile), the chunks in order, the state in registers, X = U − W S, P X, Qₛ S and Eᵀ X on
+the tensor cores (wgmma), the chunks brought in by TMA two stages ahead. Its backward kernel
+walks the chunks last to first with the state cotangent dS:
+
+    dX = Pᵀ dO + E dS',  dU = dX,  dW = −dX Sᵀ,  dP = dO Xᵀ,  dQₛ = dO Sᵀ,  dE = X dS'ᵀ
+    d e^{b_C} = Σ_v S ⊙ dS',   dS = Qₛᵀ dO + e^{b_C} ⊙ dS' − Wᵀ dX
+
+and the terms' cotangents go back to q, k, v, β and the log decays through XLA (autodiff of the
+per-head terms; `_per_key_backward` per key channel). What the walk keeps per chunk is the
+state entering it (float32), as the XLA chunk form's remat does.
+
+Numerics: U, W, Q ⊙ e^b and K ⊙ e^{b_C − b} reach the kernels in the input dtype (the wgmma
+operands: bfloat16 or float16 compiled; float32 runs only interpreted), P in float32 (rounded
+in the kernel); the state, X and every accumulation are float32, rounded to the input dtype
+only as the operands of the next matmul.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from linear_attention.kernels.delta.delta import (
+    _per_key_backward,
+    _per_key_forward,
+    scalar_terms,
+)
+from linear_attention.kernels.linear.pallas_gpu_key import key_decay_walk
+from linear_attention.kernels.primitives import mosaic_gpu as mg
+from linear_attention.kernels.primitives.decays import sub_block_size
+from linear_attention.kernels.primitives.layout import pad_time, to_chunks
+from linear_attention.kernels.primitives.pallas import round_up
+from linear_attention.kernels.segments import cumulative_log_decay
+
+# Key and value channels are padded to this (a wgmma K tile of 128-byte swizzled bfloat16 rows;
+# the walk's value tile).
+TILE = 64
+# Chunks whose per-key-channel terms XLA makes at once (`_key_terms`): a chunk's sub-block
+# decays are 16 times its k in float32.
+KEY_CHUNKS = 8
+
+
+def delta_pallas_gpu(q_BTHK, k_BTHK, v_BTHD, beta_BTH, a_BTH, s0_BHKD, *, chunk_size, interpret):
+    """The delta rule by the Mosaic GPU walk (module docstring): q, k `[B, T, H, K]` and v
+    `[B, T, H, Dv]` in their input dtype (value heads already expanded), β `[B, T, H]` float32,
+    the log decay None, `[B, T, H]` or `[B, T, H, K]`, the float32 initial state `s0_BHKD`.
+    `chunk_size` a multiple of 64. Returns `(o_BTHD in result_type(q, k, v), s_BHKD)`."""
+    what = 'delta_rule(method="pallas") on GPU'
+    if chunk_size % mg.WGMMA_ROWS:
+        raise ValueError(
+            f"chunk_size must be a multiple of {mg.WGMMA_ROWS} for {what} (a chunk is whole "
+            f"wgmma row tiles), got {chunk_size}"
+        )
+    dtype = jnp.result_type(q_BTHK, k_BTHK, v_BTHD)
+    if not interpret and jnp.dtype(dtype).itemsize != 2:
+        raise ValueError(
+            f"{what}: q, k and v must be bfloat16 or float16, the wgmma operand types (a "
+            "float32 operand is tf32 on the tensor cores and takes no transposed operand), got "
+            f"{jnp.dtype(dtype).name}; with axis_name each shard's call computes in float32, so "
+            'a split run cannot use it. Cast the inputs, or use method="chunk"'
+        )
+    B, T, H, Kd = q_BTHK.shape
+    Dv = v_BTHD.shape[-1]
+    C = chunk_size
+    Kp, Dp = round_up(Kd, TILE), round_up(Dv, TILE)
+    # zero channels and tokens change nothing: a padded token has zero β, k and log decay
+    f32 = jnp.float32
+    q, k = (_pad_last(pad_time(x.astype(f32), C), Kp) for x in (q_BTHK, k_BTHK))
+    v = _pad_last(pad_time(v_BTHD.astype(f32), C), Dp)
+    beta = pad_time(beta_BTH.astype(f32), C)
+    q, k, v, beta = (to_chunks(x, C) for x in (q, k, v, beta))  # [N, B, H, C, ...]
+    if a_BTH is not None and a_BTH.ndim == 4:
+        a = to_chunks(_pad_last(pad_time(a_BTH, C), Kp), C)
+        u, w, p, qs, ke, total = _grouped_key_terms(q, k, v, beta, a)
+    else:
+        a = None if a_BTH is None else to_chunks(pad_time(a_BTH, C), C)
+        u, w, p, qs, ke, total = scalar_terms(q, k, v, beta, a, C)
+        if total is None:
+            total = jnp.ones(q.shape[:3], f32)
+        total = jnp.broadcast_to(total[..., None], (*total.shape, Kp))
+    s0 = _pad_last(jnp.pad(s0_BHKD, ((0, 0), (0, 0), (0, Kp - Kd), (0, 0))), Dp)
+    out, s = key_decay_walk(
+        _rows(p),
+        *(_time_major(x).astype(dtype) for x in (qs, ke, u)),
+        jnp.moveaxis(total, 0, 2),
+        s0,
+        w=_time_major(w).astype(dtype),
+        C=C,
+        V=TILE,
+        interpret=interpret,
+        check_smem=_check_smem,
+        name="delta_rule",
+    )
+    return out[:, :T, :, :Dv], s[:, :, :Kd, :Dv]
+
+
+def _pad_last(x, size):
+    pad = size - x.shape[-1]
+    return x if not pad else jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, pad)])
+
+
+def _time_major(x_NBHCX):
+    """`[N, B, H, C, X]` -> `[B, N·C, H, X]`."""
+    N, B, H, C, X = x_NBHCX.shape
+    return jnp.moveaxis(x_NBHCX, (0, 2), (1, 3)).reshape(B, N * C, H, X)
+
+
+def _rows(p_NBHCC):
+    """`[N, B, H, C, C]` -> `[B, H, N·C, C]`: each chunk's scores, query rows in time order."""
+    N, B, H, C, _ = p_NBHCC.shape
+    return jnp.moveaxis(p_NBHCC, 0, 2).reshape(B, H, N * C, C)
+
+
+def _grouped_key_terms(q, k, v, beta, a):
+    """The per-key-channel terms `(U, W, P, Q ⊙ e^b, E, e^{b_C})` of every chunk, chunk-major,
+    `KEY_CHUNKS` chunks at a time (`lax.map`)."""
+    N, C = q.shape[0], q.shape[3]
+    b, n = cumulative_log_decay(a, axis=-2, restart=True)  # outside the VJP: autodiff to a
+    terms = functools.partial(_key_terms, c=sub_block_size(C))
+    return jax.lax.map(lambda xs: terms(*xs), (q, k, v, beta, b, n), batch_size=min(KEY_CHUNKS, N))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
+def _key_terms(q, k, v, beta, b, n, c):
+    """`(U, W, P, Q ⊙ e^b, E, e^{b_C})` of chunks `[..., C, ·]` with a decay per key channel
+    (`delta._per_key_forward`), differentiated by its hand-written pullback."""
+    terms, _ = _per_key_forward(q, k, v, beta, b, n, c=c)
+    return _walk_terms(terms)
+
+
+def _walk_terms(terms):
+    w_neg, u, qs, p, _, e, _, total = terms
+    return u, -w_neg, p, qs, e, total
+
+
+def _key_terms_fwd(q, k, v, beta, b, n, c):
+    terms, res = _per_key_forward(q, k, v, beta, b, n, c=c)
+    return _walk_terms(terms), ((q, k, v, beta, b, n), res)
+
+
+def _key_terms_bwd(c, saved, cotangents):
+    xs, res = saved
+    du, dw, dp, dqs, de, dtotal = cotangents
+    _, pullback = _per_key_backward(xs, res, c=c)
+    # the walk's products P U and Eᵀ U are the kernels', whose cotangents come as dU, dP, dE
+    dq, dk, dv, dbeta, db, _ = pullback(-dw, du, dqs, dp, None, de, None, dtotal)
+    return dq, dk, dv, dbeta, db, None
+
+
+_key_terms.defvjp(_key_terms_fwd, _key_terms_bwd)
+
+
+def _check_smem(scratch, which, C, K, dtype):
+    """Raise before compiling where the walk's shared buffers exceed an H100's (16-bit inputs:
+    float32 runs only interpreted, where shared memory has no such limit)."""
+    if jnp.dtype(dtype).itemsize != 2:
+        return
+    need = mg.smem_bytes(scratch) // 1024
+    limit = mg.SMEM_BYTES_H100 // 1024
+    if need > limit:
+        raise ValueError(
+            f'delta_rule(method="pallas") on GPU: the {which} kernel at chunk_size {C}, key '
+            f"head dim {K} (padded to {TILE}s) and {jnp.dtype(dtype).name} inputs needs {need} "
+            f"KiB of shared memory, over the H100's {limit} KiB; use chunk_size 64, key head "
+            'dims up to 128 and 16-bit inputs, or method="chunk"'
+        )
