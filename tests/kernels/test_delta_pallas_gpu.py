@@ -13,11 +13,14 @@ import numpy as np
 import pytest
 
 from linear_attention import kernels as K
-from tests.kernels.reference import kda_loop, rel_err
+from tests.kernels.reference import delta_product_loop, kda_loop, rel_err
 from tests.kernels.test_pallas import (
     _delta_inputs,
     _delta_losses,
     _delta_outputs_and_grads,
+    _family_inputs,
+    _family_losses,
+    _family_outputs_and_grads,
     _finite_difference_grads,
     _segments,
 )
@@ -153,3 +156,24 @@ def test_gpu_walk_compiles_for_h100():
 def test_gpu_walk_compiles_for_h100_other_decays(decay):
     """DeltaNet and KDA at the same shape."""
     _check_compiled(compile_delta_for_h100(1, 4096, 4, 128, decay=decay))
+
+
+def test_gpu_walk_runs_delta_product_against_float64_and_chunk():
+    """Gated DeltaProduct (two Householder steps a token: T·n sub-tokens of the delta rule's
+    walk, over two 64-sub-token chunks, a reset mid-chunk, an initial state)."""
+    args = _family_inputs("product", 40)
+    seg = _segments(40, (8,))
+    run = functools.partial(_family_outputs_and_grads, family="product", chunk_size=CHUNK)
+    with K.pallas_interpret("gpu"):
+        (o, s), grads = run(args, seg, method="pallas")
+    (o_c, s_c), grads_c = run(args, seg, method="chunk")
+    seg_np = np.asarray(seg)
+    ref = delta_product_loop(*args, segment_ids=seg_np)
+    for name, x, x_c, r in zip(("o", "S"), (o, s), (o_c, s_c), ref, strict=True):
+        assert rel_err(x, r) < 1e-4, (name, rel_err(x, r))
+        assert rel_err(x, x_c) < 1e-4, (name, rel_err(x, x_c))
+    losses = functools.partial(_family_losses, "product", seg_np)
+    ref_grads = _finite_difference_grads(args, None, seg_np, losses=losses)
+    for i, (g, g_c, r) in enumerate(zip(grads, grads_c, ref_grads, strict=True)):
+        assert rel_err(g, r) < 1e-4, (i, rel_err(g, r))
+        assert rel_err(g, g_c) < 1e-4, (i, rel_err(g, g_c))
