@@ -96,7 +96,8 @@ def test_gpu_walk_refuses_what_it_cannot_run():
         def forward(q, k, v, beta):
             return K.delta_rule(q, k, v, beta, method="pallas", chunk_size=CHUNK)
 
-        with pytest.raises(ValueError, match='delta_rule.*forward kernel.*key head dim 256.*"chunk"'):
+        message = 'delta_rule.*forward kernel.*key head dim 256.*"chunk"'
+        with pytest.raises(ValueError, match=message):
             jax.eval_shape(forward, big, big, big, beta_s)
 
 

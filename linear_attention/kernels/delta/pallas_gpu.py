@@ -6,21 +6,22 @@ Per chunk of C tokens, with b the cumulative log decay inside it (per head, or p
 for KDA; −inf resets counted apart and masked before `exp`, `segments.cumulative_log_decay`)
 and S `[K, Dv]` the state entering it (`delta.py` derives the lines):
 
-    U = (I + A)⁻¹ diag(β) V,   W = (I + A)⁻¹ diag(β) (K ⊙ e^b),   A_ts = β_t Σ_m k_tm k_sm e^{b_tm − b_sm} (s < t)
+    U = (I + A)⁻¹ diag(β) V,   W = (I + A)⁻¹ diag(β) (K ⊙ e^b)
+    A_ts = β_t Σ_m k_tm k_sm e^{b_tm − b_sm} (s < t),   P_ts = Σ_m q_tm k_sm e^{b_tm − b_sm} (s ≤ t)
     X = U − W S,   O = (Q ⊙ e^b) S + P X,   S' = e^{b_C} ⊙ S + (K ⊙ e^{b_C − b})ᵀ X
-    P_ts = Σ_m q_tm k_sm e^{b_tm − b_sm} (s ≤ t)
 
-U, W, P and the decayed q and k depend on the chunk's own tokens only. XLA makes them for
-every chunk at once (the chunk form's own code: `delta.scalar_terms` for a per-head decay or
-none; `delta._per_key_forward` with its hand-written pullback `_per_key_backward` per key
-channel, `KEY_CHUNKS` chunks at a time, so that the `[16, 16, K]` sub-block decays of one group
-are held at once): the sub-block scores need row gathers of float32 decays and the 16 × 16
-inverses a sequence of small matmuls, which Mosaic GPU's 64-row wgmma tiles do not express, as
-for GLA (`linear/pallas_gpu_key.py`). The sequential part, the three lines in S, is the walk
-of `pallas_gpu_key.key_decay_walk` with `w`: one thread block per (batch row · head, 64-wide
-value tile), the chunks in order, the state in registers, X = U − W S, P X, Qₛ S and Eᵀ X on
-the tensor cores (wgmma), the chunks brought in by TMA two stages ahead. Its backward kernel
-walks the chunks last to first with the state cotangent dS:
+U, W, P and the decayed q and k depend on the chunk's own tokens only. XLA makes them for every
+chunk at once (the chunk form's own code: `delta.scalar_terms` for a per-head decay or none;
+`delta._per_key_forward` with its hand-written pullback `_per_key_backward` per key channel, as many
+chunks at a time as a step of the XLA chunk form takes, `chunk_scan.chunks_per_step`: a chunk's
+`[16, 16, K]` sub-block decays are 16 times its k in float32, so only one group's are held at once):
+the sub-block scores need row gathers of float32 decays and the 16 × 16 inverses a sequence of small
+matmuls, which Mosaic GPU's 64-row wgmma tiles do not express, as for GLA
+(`linear/pallas_gpu_key.py`). The sequential part, the three lines in S, is the walk of
+`pallas_gpu_key.key_decay_walk` with `w`: one thread block per (batch row · head, 64-wide value
+tile), the chunks in order, the state in registers, X = U − W S, P X, Qₛ S and Eᵀ X on the tensor
+cores (wgmma), the chunks brought in by TMA two stages ahead. Its backward kernel walks the chunks
+last to first with the state cotangent dS:
 
     dX = Pᵀ dO + E dS',  dU = dX,  dW = −dX Sᵀ,  dP = dO Xᵀ,  dQₛ = dO Sᵀ,  dE = X dS'ᵀ
     d e^{b_C} = Σ_v S ⊙ dS',   dS = Qₛᵀ dO + e^{b_C} ⊙ dS' − Wᵀ dX
@@ -49,6 +50,7 @@ from linear_attention.kernels.delta.delta import (
 )
 from linear_attention.kernels.linear.pallas_gpu_key import key_decay_walk
 from linear_attention.kernels.primitives import mosaic_gpu as mg
+from linear_attention.kernels.primitives.chunk_scan import chunks_per_step
 from linear_attention.kernels.primitives.decays import sub_block_size
 from linear_attention.kernels.primitives.layout import pad_time, to_chunks
 from linear_attention.kernels.primitives.pallas import round_up
@@ -57,9 +59,6 @@ from linear_attention.kernels.segments import cumulative_log_decay
 # Key and value channels are padded to this (a wgmma K tile of 128-byte swizzled bfloat16 rows;
 # the walk's value tile).
 TILE = 64
-# Chunks whose per-key-channel terms XLA makes at once (`_key_terms`): a chunk's sub-block
-# decays are 16 times its k in float32.
-KEY_CHUNKS = 8
 
 
 def delta_pallas_gpu(q_BTHK, k_BTHK, v_BTHD, beta_BTH, a_BTH, s0_BHKD, *, chunk_size, interpret):
@@ -135,11 +134,12 @@ def _rows(p_NBHCC):
 
 def _grouped_key_terms(q, k, v, beta, a):
     """The per-key-channel terms `(U, W, P, Q ⊙ e^b, E, e^{b_C})` of every chunk, chunk-major,
-    `KEY_CHUNKS` chunks at a time (`lax.map`)."""
+    a step of the XLA chunk form's chunks at a time (`lax.map`)."""
     N, C = q.shape[0], q.shape[3]
     b, n = cumulative_log_decay(a, axis=-2, restart=True)  # outside the VJP: autodiff to a
     terms = functools.partial(_key_terms, c=sub_block_size(C))
-    return jax.lax.map(lambda xs: terms(*xs), (q, k, v, beta, b, n), batch_size=min(KEY_CHUNKS, N))
+    group = chunks_per_step(C, N)
+    return jax.lax.map(lambda xs: terms(*xs), (q, k, v, beta, b, n), batch_size=group)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
