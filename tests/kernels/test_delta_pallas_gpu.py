@@ -65,10 +65,10 @@ def test_gpu_walk_matches_float64_recurrence_and_chunk(decay, T, starts, strong)
 
 
 def test_gpu_walk_bfloat16_inputs_match_chunk():
-    """bfloat16 q, k, v, β in, bfloat16 out, float32 state: as close to `chunk` as bfloat16
+    """bfloat16 q, k, v, β in (KDA), bfloat16 out, float32 state: as close to `chunk` as bfloat16
     operands allow (U, W and the decayed q and k enter the walk's matmuls as bfloat16, the
     state and X = U − W S as bfloat16 operands too, as in flash-linear-attention's kernels)."""
-    q, k, v, beta, a, s0 = _delta_inputs(70, "per_token", seed=4)
+    q, k, v, beta, a, s0 = _delta_inputs(70, "per_key", seed=4)
     q, k, v, beta = (x.astype(jnp.bfloat16) for x in (q, k, v, beta))
     seg = _segments(70, (9,))
     run = functools.partial(_delta_outputs_and_grads, chunk_size=CHUNK)

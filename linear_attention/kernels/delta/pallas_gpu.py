@@ -86,8 +86,10 @@ def delta_pallas_gpu(q_BTHK, k_BTHK, v_BTHD, beta_BTH, a_BTH, s0_BHKD, *, chunk_
     Kp, Dp = round_up(Kd, TILE), round_up(Dv, TILE)
     # zero channels and tokens change nothing: a padded token has zero β, k and log decay
     f32 = jnp.float32
-    q, k = (_pad_last(pad_time(x.astype(f32), C), Kp) for x in (q_BTHK, k_BTHK))
-    v = _pad_last(pad_time(v_BTHD.astype(f32), C), Dp)
+    # in the input dtype until the terms are made: a float32 copy of q, k, v made apart (or
+    # kept for the backward pass) would be twice their size
+    q, k = (_pad_last(pad_time(x.astype(dtype), C), Kp) for x in (q_BTHK, k_BTHK))
+    v = _pad_last(pad_time(v_BTHD.astype(dtype), C), Dp)
     beta = pad_time(beta_BTH.astype(f32), C)
     q, k, v, beta = (to_chunks(x, C) for x in (q, k, v, beta))  # [N, B, H, C, ...]
     if a_BTH is not None and a_BTH.ndim == 4:
@@ -95,7 +97,7 @@ def delta_pallas_gpu(q_BTHK, k_BTHK, v_BTHD, beta_BTH, a_BTH, s0_BHKD, *, chunk_
         u, w, p, qs, ke, total = _grouped_key_terms(q, k, v, beta, a)
     else:
         a = None if a_BTH is None else to_chunks(pad_time(a_BTH, C), C)
-        u, w, p, qs, ke, total = scalar_terms(q, k, v, beta, a, C)
+        u, w, p, qs, ke, total = scalar_terms(*(x.astype(f32) for x in (q, k, v)), beta, a, C)
         if total is None:
             total = jnp.ones(q.shape[:3], f32)
         total = jnp.broadcast_to(total[..., None], (*total.shape, Kp))
@@ -145,28 +147,29 @@ def _grouped_key_terms(q, k, v, beta, a):
 @functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
 def _key_terms(q, k, v, beta, b, n, c):
     """`(U, W, P, Q ⊙ e^b, E, e^{b_C})` of chunks `[..., C, ·]` with a decay per key channel
-    (`delta._per_key_forward`), differentiated by its hand-written pullback."""
-    terms, _ = _per_key_forward(q, k, v, beta, b, n, c=c)
-    return _walk_terms(terms)
-
-
-def _walk_terms(terms):
-    w_neg, u, qs, p, _, e, _, total = terms
-    return u, -w_neg, p, qs, e, total
+    (`delta._per_key_forward`, in float32), differentiated by its hand-written pullback; q, k,
+    v in their dtype (the walk's operand dtype), which U, W, Q ⊙ e^b and E take."""
+    return _key_terms_fwd(q, k, v, beta, b, n, c)[0]
 
 
 def _key_terms_fwd(q, k, v, beta, b, n, c):
-    terms, res = _per_key_forward(q, k, v, beta, b, n, c=c)
-    return _walk_terms(terms), ((q, k, v, beta, b, n), res)
+    xs = (*(x.astype(jnp.float32) for x in (q, k, v)), beta, b, n)
+    terms, res = _per_key_forward(*xs, c=c)
+    w_neg, u, qs, p, _, e, _, total = terms
+    dtype = q.dtype
+    out = (u.astype(dtype), (-w_neg).astype(dtype), p, qs.astype(dtype), e.astype(dtype), total)
+    # q, k, v kept in their dtype (half a float32 copy); b and n as they came
+    return out, ((q, k, v, beta, b, n), res)
 
 
 def _key_terms_bwd(c, saved, cotangents):
-    xs, res = saved
-    du, dw, dp, dqs, de, dtotal = cotangents
+    (q, k, v, beta, b, n), res = saved
+    xs = (*(x.astype(jnp.float32) for x in (q, k, v)), beta, b, n)
+    du, dw, dp, dqs, de, dtotal = (x.astype(jnp.float32) for x in cotangents)
     _, pullback = _per_key_backward(xs, res, c=c)
     # the walk's products P U and Eᵀ U are the kernels', whose cotangents come as dU, dP, dE
     dq, dk, dv, dbeta, db, _ = pullback(-dw, du, dqs, dp, None, de, None, dtotal)
-    return dq, dk, dv, dbeta, db, None
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dbeta, db, None
 
 
 _key_terms.defvjp(_key_terms_fwd, _key_terms_bwd)
