@@ -52,13 +52,15 @@ from linear_attention.kernels.linear.pallas_gpu_key import key_decay_walk
 from linear_attention.kernels.primitives import mosaic_gpu as mg
 from linear_attention.kernels.primitives.chunk_scan import chunks_per_step
 from linear_attention.kernels.primitives.decays import sub_block_size
-from linear_attention.kernels.primitives.layout import pad_time, to_chunks
+from linear_attention.kernels.primitives.layout import pad_last, pad_time, to_chunks
 from linear_attention.kernels.primitives.pallas import round_up
 from linear_attention.kernels.segments import cumulative_log_decay
 
 # Key and value channels are padded to this (a wgmma K tile of 128-byte swizzled bfloat16 rows;
 # the walk's value tile).
 TILE = 64
+# Shared memory past an H100's raises before compiling.
+_check_smem = functools.partial(mg.check_smem, what='delta_rule(method="pallas")', tile=TILE)
 
 
 def delta_pallas_gpu(q_BTHK, k_BTHK, v_BTHD, beta_BTH, a_BTH, s0_BHKD, *, chunk_size, interpret):
@@ -88,12 +90,12 @@ def delta_pallas_gpu(q_BTHK, k_BTHK, v_BTHD, beta_BTH, a_BTH, s0_BHKD, *, chunk_
     f32 = jnp.float32
     # in the input dtype until the terms are made: a float32 copy of q, k, v made apart (or
     # kept for the backward pass) would be twice their size
-    q, k = (_pad_last(pad_time(x.astype(dtype), C), Kp) for x in (q_BTHK, k_BTHK))
-    v = _pad_last(pad_time(v_BTHD.astype(dtype), C), Dp)
+    q, k = (pad_last(pad_time(x.astype(dtype), C), Kp) for x in (q_BTHK, k_BTHK))
+    v = pad_last(pad_time(v_BTHD.astype(dtype), C), Dp)
     beta = pad_time(beta_BTH.astype(f32), C)
     q, k, v, beta = (to_chunks(x, C) for x in (q, k, v, beta))  # [N, B, H, C, ...]
     if a_BTH is not None and a_BTH.ndim == 4:
-        a = to_chunks(_pad_last(pad_time(a_BTH, C), Kp), C)
+        a = to_chunks(pad_last(pad_time(a_BTH, C), Kp), C)
         u, w, p, qs, ke, total = _grouped_key_terms(q, k, v, beta, a)
     else:
         a = None if a_BTH is None else to_chunks(pad_time(a_BTH, C), C)
@@ -101,7 +103,7 @@ def delta_pallas_gpu(q_BTHK, k_BTHK, v_BTHD, beta_BTH, a_BTH, s0_BHKD, *, chunk_
         if total is None:
             total = jnp.ones(q.shape[:3], f32)
         total = jnp.broadcast_to(total[..., None], (*total.shape, Kp))
-    s0 = _pad_last(jnp.pad(s0_BHKD, ((0, 0), (0, 0), (0, Kp - Kd), (0, 0))), Dp)
+    s0 = pad_last(jnp.pad(s0_BHKD, ((0, 0), (0, 0), (0, Kp - Kd), (0, 0))), Dp)
     out, s = key_decay_walk(
         _rows(p),
         *(_time_major(x).astype(dtype) for x in (qs, ke, u)),
@@ -115,11 +117,6 @@ def delta_pallas_gpu(q_BTHK, k_BTHK, v_BTHD, beta_BTH, a_BTH, s0_BHKD, *, chunk_
         name="delta_rule",
     )
     return out[:, :T, :, :Dv], s[:, :, :Kd, :Dv]
-
-
-def _pad_last(x, size):
-    pad = size - x.shape[-1]
-    return x if not pad else jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, pad)])
 
 
 def _time_major(x_NBHCX):
@@ -173,19 +170,3 @@ def _key_terms_bwd(c, saved, cotangents):
 
 
 _key_terms.defvjp(_key_terms_fwd, _key_terms_bwd)
-
-
-def _check_smem(scratch, which, C, K, dtype):
-    """Raise before compiling where the walk's shared buffers exceed an H100's (16-bit inputs:
-    float32 runs only interpreted, where shared memory has no such limit)."""
-    if jnp.dtype(dtype).itemsize != 2:
-        return
-    need = mg.smem_bytes(scratch) // 1024
-    limit = mg.SMEM_BYTES_H100 // 1024
-    if need > limit:
-        raise ValueError(
-            f'delta_rule(method="pallas") on GPU: the {which} kernel at chunk_size {C}, key '
-            f"head dim {K} (padded to {TILE}s) and {jnp.dtype(dtype).name} inputs needs {need} "
-            f"KiB of shared memory, over the H100's {limit} KiB; use chunk_size 64, key head "
-            'dims up to 128 and 16-bit inputs, or method="chunk"'
-        )
