@@ -83,6 +83,30 @@ def test_gpu_walk_bfloat16_inputs_match_chunk():
         assert rel_err(g, g_c) < 3e-2, rel_err(g, g_c)
 
 
+@pytest.mark.slow
+def test_gpu_walk_has_no_races(monkeypatch):
+    """Mosaic GPU's interpreter with race detection on the forward kernel (keeping each chunk's
+    state) and the backward kernel of the delta walk over three chunks: no race found."""
+    from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call
+    from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
+
+    from linear_attention.kernels.primitives import mosaic_gpu
+
+    monkeypatch.setattr(
+        mosaic_gpu, "interpret_params", lambda: InterpretGPUParams(detect_races=True)
+    )
+    q, k, v, beta, a, _ = _delta_inputs(130, "per_token")
+
+    def loss(q, k, v, beta, a):
+        o = K.delta_rule(q, k, v, beta, log_decay=a, method="pallas", chunk_size=CHUNK)
+        return jnp.sum(jnp.sin(o))
+
+    with K.pallas_interpret("gpu"):
+        grads = jax.jit(jax.grad(loss, (0, 1, 2, 3, 4)))(q, k, v, beta, a)
+    jax.block_until_ready(grads)
+    assert not interpret_pallas_call.get_races().races_found
+
+
 def test_gpu_walk_refuses_what_it_cannot_run():
     """A chunk that is not whole wgmma row tiles, and shared memory past an H100's (shapes
     only), raise before any work, naming the way out."""
