@@ -23,8 +23,11 @@ tile), the chunks in order, the state in registers, X = U − W S, P X, Qₛ S a
 cores (wgmma), the chunks brought in by TMA two stages ahead. Its backward kernel walks the chunks
 last to first with the state cotangent dS:
 
-    dX = Pᵀ dO + E dS',  dU = dX,  dW = −dX Sᵀ,  dP = dO Xᵀ,  dQₛ = dO Sᵀ,  dE = X dS'ᵀ
+    dX = Pᵀ dO + E dS',  dU = dX,  dP = dO Xᵀ,  dQₛ = dO Sᵀ,  dE = X dS'ᵀ
     d e^{b_C} = Σ_v S ⊙ dS',   dS = Qₛᵀ dO + e^{b_C} ⊙ dS' − Wᵀ dX
+
+(dW = −dX Sᵀ is one matmul per chunk in XLA, from dX and the states the forward kernel kept:
+inside, each value tile would return its own float32 share of it)
 
 and the terms' cotangents go back to q, k, v, β and the log decays through XLA (autodiff of the
 per-head terms; `_per_key_backward` per key channel). What the walk keeps per chunk is the

@@ -125,8 +125,7 @@ def _backward_kernel(*refs, C, N, H, interpret, delta):
     w_ref = refs[8] if delta else None
     refs = refs[8 + delta :]
     dA_ref, dqs_ref, dke_ref, dv_ref, dtot_ref, ds0_ref = refs[:6]
-    dw_ref = refs[6] if delta else None
-    refs = refs[6 + delta :]
+    refs = refs[6:]
     (A_s, qs_s, ke_s, v_s, tot_s, a_s, do_s, S_s, dS_s, g_s, f32_s, dtot_s, dv_s) = refs[:13]
     w_s, x_s = refs[13:15] if delta else (None, None)
     bar_in, bar_s = refs[-2:]
@@ -178,10 +177,7 @@ def _backward_kernel(*refs, C, N, H, interpret, delta):
         mg.store([(g_s, dke_ref.at[vt, b, t, h])])
         total = mg.read_rows(tot_s, interpret=interpret)
         dS_prev = mm(qs_s, do_s, trans_a=True, init=dS * mg.per_row(total, dS.shape))
-        if delta:  # X = U − W S: dW = −dX Sᵀ, and −Wᵀ dX joins dS
-            mg.drain()
-            g_s[...] = -mm(dv_s, S_s, trans_b=True)
-            mg.store([(g_s, dw_ref.at[vt, b, t, h])])
+        if delta:  # X = U − W S: −Wᵀ dX joins dS (dW = −dX Sᵀ is taken in XLA: `_walk_bwd`)
             dS_prev = dS_prev - mm(w_s, dv_s, trans_a=True)
         return dS_prev
 
@@ -253,7 +249,8 @@ def key_decay_walk(
 
     With `w` (`[B, T, H, M]` in v's dtype), the delta rule's walk (`delta/pallas_gpu.py`): v is
     U and each chunk's values are X = U − W S, the state-corrected ones, in place of v; the
-    backward kernel adds dU = dX, dW = −dX Sᵀ and −Wᵀ dX to dS. `name`: the kernels' names
+    backward kernel adds dU = dX and −Wᵀ dX to dS, and XLA dW = −dX Sᵀ from the states
+    entering the chunks. `name`: the kernels' names
     (`{name}_fwd_gpu`, `{name}_bwd_gpu`)."""
     return _walk(A, qs, ke, v, total, s0, w, (C, V, bool(interpret), name), check_smem)
 
@@ -287,13 +284,11 @@ def _walk_bwd(config, check_smem, residuals, cotangents):
         jax.ShapeDtypeStruct((NV, B, H, N, M), f32),
         jax.ShapeDtypeStruct((B, H, M, Dv), f32),
     ]
-    if delta:
-        out_type.append(jax.ShapeDtypeStruct((NV, B, T, H, M), f32))
     scratch = _scratch(C, M, V, dtype, backward=True, delta=delta)
     check_smem(scratch, "backward", C, M, dtype)
     scratch += [mg.barrier(7 + delta), mg.barrier(1)]
     body = functools.partial(_backward_kernel, C=C, N=N, H=H, interpret=interpret, delta=delta)
-    dA, dqs, dke, dv, dtot, ds0, *dw = mg.kernel(
+    dA, dqs, dke, dv, dtot, ds0 = mg.kernel(
         body,
         out_type=out_type,
         scratch_types=scratch,
@@ -309,8 +304,17 @@ def _walk_bwd(config, check_smem, residuals, cotangents):
         dv,
         jnp.sum(dtot, 0),
         ds0,
-        jnp.sum(dw[0], 0).astype(w.dtype) if delta else None,
+        _w_cotangent(dv, entering, C).astype(w.dtype) if delta else None,
     )
+
+
+def _w_cotangent(dx_BTHD, entering_BHNMD, C):
+    """dW = −dX Sᵀ per chunk (S the state entering it, float32): one matmul per chunk in XLA,
+    where the kernels would return a float32 share per value tile. `[B, T, H, M]` float32."""
+    B, T, H, D = dx_BTHD.shape
+    dx = dx_BTHD.reshape(B, T // C, C, H, D).astype(jnp.float32)
+    dw = -jnp.einsum("bnchd,bhnmd->bnchm", dx, entering_BHNMD, precision=jax.lax.Precision.HIGHEST)
+    return dw.reshape(B, T, H, -1)
 
 
 _walk.defvjp(_walk_fwd, _walk_bwd)
