@@ -143,6 +143,8 @@ def main(argv=None):
     parser.add_argument("--lengths", default="4096,16384,65536")
     parser.add_argument("--decays", default="per_token,none,per_key", help="which CONFIGS")
     parser.add_argument("--kernels", default=",".join(KERNELS), help="which CONFIGS")
+    parser.add_argument("--modes", default="forward,train")
+    parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--reuse", help="keep this JSON file's rows that the run does not make")
     parser.add_argument("--out", help="write the rows here as JSON")
     parser.add_argument("--table", nargs="*", help="print the table of these JSON files")
@@ -156,11 +158,11 @@ def main(argv=None):
     decays, kernels = args.decays.split(","), args.kernels.split(",")
     rows = []
     for T in (int(x) for x in args.lengths.split(",")):
-        for mode in ("forward", "train"):
+        for mode in args.modes.split(","):
             for kernel, decay, normalize in CONFIGS:
                 if decay not in decays or kernel not in kernels:
                     continue
-                for method in METHODS:
+                for method in args.methods.split(","):
                     row = compile_one(device, method, decay, normalize, T, mode, kernel=kernel)
                     print(json.dumps(row), flush=True)
                     rows.append(row)
