@@ -26,15 +26,15 @@ from tests.kernels.test_pallas import (
 )
 from tests.kernels.test_pallas_gpu import CHUNK, _h100, needs_cuda
 
-# (decay, T, document starts, strong): DeltaNet with T not a multiple of the chunk and a reset
-# mid-chunk; Gated DeltaNet at T = 1, and over two chunks with resets mid-chunk and on the chunk
-# boundary and −30 on one token of one head; KDA the same, −30 on one key channel throughout
-# (`_delta_inputs`).
+# (decay, T, document starts, strong): Gated DeltaNet over two chunks (T not a multiple of the
+# chunk) with resets mid-chunk and on the chunk boundary and −30 on one token of one head; KDA
+# the same, −30 on one key channel throughout (`_delta_inputs`); under `-m slow` DeltaNet with
+# a reset mid-chunk, and T = 1.
 CASES = [
-    ("none", 37, (5,), False),
-    ("per_token", 1, (), False),
     ("per_token", 100, (20, 64), True),
     ("per_key", 100, (20, 64), False),
+    pytest.param("none", 37, (5,), False, marks=pytest.mark.slow),
+    pytest.param("per_token", 1, (), False, marks=pytest.mark.slow),
 ]
 
 
@@ -185,6 +185,7 @@ def test_gpu_walk_compiles_for_h100_at_4k(decay):
     _check_compiled(compile_delta_for_h100(1, 4096, 4, 128, decay=decay))
 
 
+@pytest.mark.slow
 def test_gpu_walk_runs_delta_product_against_float64_and_chunk():
     """Gated DeltaProduct (two Householder steps a token: T·n sub-tokens of the delta rule's
     walk, over two 64-sub-token chunks, a reset mid-chunk, an initial state)."""
