@@ -154,18 +154,21 @@ def _key_terms(q, k, v, beta, b, n, c):
 
 def _key_terms_fwd(q, k, v, beta, b, n, c):
     xs = (*(x.astype(jnp.float32) for x in (q, k, v)), beta, b, n)
-    terms, res = _per_key_forward(*xs, c=c)
+    terms, _ = _per_key_forward(*xs, c=c)
     w_neg, u, qs, p, _, e, _, total = terms
     dtype = q.dtype
     out = (u.astype(dtype), (-w_neg).astype(dtype), p, qs.astype(dtype), e.astype(dtype), total)
-    # q, k, v kept in their dtype (half a float32 copy); b and n as they came
-    return out, ((q, k, v, beta, b, n), res)
+    # only the inputs are kept (q, k, v in their dtype): the terms' residuals (the inverse, U,
+    # W, the scores; a few [C, C] and [C, K] float32 arrays per chunk, more than the walk keeps)
+    # are made again in the backward pass, a group at a time
+    return out, (q, k, v, beta, b, n)
 
 
 def _key_terms_bwd(c, saved, cotangents):
-    (q, k, v, beta, b, n), res = saved
+    q, k, v, beta, b, n = saved
     xs = (*(x.astype(jnp.float32) for x in (q, k, v)), beta, b, n)
     du, dw, dp, dqs, de, dtotal = (x.astype(jnp.float32) for x in cotangents)
+    _, res = _per_key_forward(*xs, c=c)
     _, pullback = _per_key_backward(xs, res, c=c)
     # the walk's products P U and Eᵀ U are the kernels', whose cotangents come as dU, dP, dE
     dq, dk, dv, dbeta, db, _ = pullback(-dw, du, dqs, dp, None, de, None, dtotal)
