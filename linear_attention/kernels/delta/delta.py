@@ -115,7 +115,9 @@ def delta_rule(
         "pallas" (the per-key chunk form in Pallas TPU kernels: the forward pass one kernel, the
         UT transform inside it; the backward pass one kernel, the UT transform made again and
         its pullback inside it; on a TPU, or inside `kernels.pallas_interpret()`; `chunk_size`
-        a multiple of 16).
+        a multiple of 16; on a Hopper GPU, or inside `kernels.pallas_interpret("gpu")`, the
+        UT transform from XLA and the chunk walk in Mosaic GPU kernels, `delta.pallas_gpu`:
+        bfloat16 or float16 inputs, `chunk_size` a multiple of 64).
       chunk_size: tokens per chunk for "chunk"; T need not be a multiple of it.
       initial_state: `LinearAttentionState(kv=[B, HV, K, Dv], k_sum=None)`.
       return_state: also return the state after the last token.
