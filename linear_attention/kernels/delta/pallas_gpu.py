@@ -11,12 +11,12 @@ and S `[K, Dv]` the state entering it (`delta.py` derives the lines):
     X = U − W S,   O = (Q ⊙ e^b) S + P X,   S' = e^{b_C} ⊙ S + (K ⊙ e^{b_C − b})ᵀ X
 
 U, W, P and the decayed q and k depend on the chunk's own tokens only. XLA makes them for every
-chunk at once (the chunk form's own code: `delta.scalar_terms` for a per-head decay or none;
-`delta._per_key_forward` with its hand-written pullback `_per_key_backward` per key channel, as many
-chunks at a time as a step of the XLA chunk form takes, `chunk_scan.chunks_per_step`: a chunk's
-`[16, 16, K]` sub-block decays are 16 times its k in float32, so only one group's are held at once):
-the sub-block scores need row gathers of float32 decays and the 16 × 16 inverses a sequence of small
-matmuls, which Mosaic GPU's 64-row wgmma tiles do not express, as for GLA
+chunk at once (the chunk form's own code: `chunk_terms.scalar_terms` for a per-head decay or none;
+`chunk_terms.per_key_forward` with its hand-written pullback `per_key_backward` per key channel,
+as many chunks at a time as a step of the XLA chunk form takes, `chunk_scan.chunks_per_step`: a
+chunk's `[16, 16, K]` sub-block decays are 16 times its k in float32, so only one group's are held
+at once): the sub-block scores need row gathers of float32 decays and the 16 × 16 inverses a
+sequence of small matmuls, which Mosaic GPU's 64-row wgmma tiles do not express, as for GLA
 (`linear/pallas_gpu_key.py`). The sequential part, the three lines in S, is the walk of
 `pallas_gpu_key.key_decay_walk` with `w`: one thread block per (batch row · head, 64-wide value
 tile), the chunks in order, the state in registers, X = U − W S, P X, Qₛ S and Eᵀ X on the tensor
@@ -30,7 +30,7 @@ last to first with the state cotangent dS:
 inside, each value tile would return its own float32 share of it)
 
 and the terms' cotangents go back to q, k, v, β and the log decays through XLA (autodiff of the
-per-head terms; `_per_key_backward` per key channel). What the walk keeps per chunk is the
+per-head terms; `per_key_backward` per key channel). What the walk keeps per chunk is the
 state entering it (float32), as the XLA chunk form's remat does.
 
 Numerics: U, W, Q ⊙ e^b and K ⊙ e^{b_C − b} reach the kernels in the input dtype (the wgmma
@@ -46,9 +46,9 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from linear_attention.kernels.delta.delta import (
-    _per_key_backward,
-    _per_key_forward,
+from linear_attention.kernels.delta.chunk_terms import (
+    per_key_backward,
+    per_key_forward,
     scalar_terms,
 )
 from linear_attention.kernels.linear.pallas_gpu_key import key_decay_walk
@@ -147,14 +147,14 @@ def _grouped_key_terms(q, k, v, beta, a):
 @functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
 def _key_terms(q, k, v, beta, b, n, c):
     """`(U, W, P, Q ⊙ e^b, E, e^{b_C})` of chunks `[..., C, ·]` with a decay per key channel
-    (`delta._per_key_forward`, in float32), differentiated by its hand-written pullback; q, k,
+    (`chunk_terms.per_key_forward`, in float32), differentiated by its hand-written pullback; q, k,
     v in their dtype (the walk's operand dtype), which U, W, Q ⊙ e^b and E take."""
     return _key_terms_fwd(q, k, v, beta, b, n, c)[0]
 
 
 def _key_terms_fwd(q, k, v, beta, b, n, c):
     xs = (*(x.astype(jnp.float32) for x in (q, k, v)), beta, b, n)
-    terms, _ = _per_key_forward(*xs, c=c)
+    terms, _ = per_key_forward(*xs, c=c)
     w_neg, u, qs, p, _, e, _, total = terms
     dtype = q.dtype
     out = (u.astype(dtype), (-w_neg).astype(dtype), p, qs.astype(dtype), e.astype(dtype), total)
@@ -168,8 +168,8 @@ def _key_terms_bwd(c, saved, cotangents):
     q, k, v, beta, b, n = saved
     xs = (*(x.astype(jnp.float32) for x in (q, k, v)), beta, b, n)
     du, dw, dp, dqs, de, dtotal = (x.astype(jnp.float32) for x in cotangents)
-    _, res = _per_key_forward(*xs, c=c)
-    _, pullback = _per_key_backward(xs, res, c=c)
+    _, res = per_key_forward(*xs, c=c)
+    _, pullback = per_key_backward(xs, res, c=c)
     # the walk's products P U and Eᵀ U are the kernels', whose cotangents come as dU, dP, dE
     dq, dk, dv, dbeta, db, _ = pullback(-dw, du, dqs, dp, None, de, None, dtotal)
     return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dbeta, db, None

@@ -100,12 +100,7 @@ def _forward_kernel(*refs, C, N, H, interpret, keep, delta):
         if keep:  # the state entering this chunk, for the backward pass
             f32_s[...] = S
         mg.publish()
-        vals = v_s
-        if delta:  # the walk's values X = U − W S
-            x = mg.read(v_s, interpret=interpret).astype(jnp.float32) - mm(w_s[0], S_s)
-            x_s[...] = x.astype(dtype)
-            mg.publish()
-            vals = x_s
+        vals = _values(v_s, *(w_s or [None]), x_s, S_s, interpret=interpret)
         o = mm(qs_s, S_s, init=mm(a_s, vals))
         o_s[...] = o.astype(dtype)
         out = [(o_s, o_ref.at[b, t, h, vs])]
@@ -154,12 +149,7 @@ def _backward_kernel(*refs, C, N, H, interpret, delta):
         dS_s[...] = dS.astype(dtype)
         dtot_s[...] = jnp.sum(dS * S, axis=1)  # d total_m, this tile's share
         mg.publish()
-        vals = v_s
-        if delta:  # the forward pass's values X = U − W S again
-            x = mg.read(v_s, interpret=interpret).astype(jnp.float32) - mm(w_s, S_s)
-            x_s[...] = x.astype(dtype)
-            mg.publish()
-            vals = x_s
+        vals = _values(v_s, w_s, x_s, S_s, interpret=interpret)  # as the forward pass's
         A_s[...] = mm(do_s, vals, trans_b=True)  # dA (A's float32 copy is read)
         dv = mm(ke_s, dS_s, init=mm(a_s, do_s, trans_a=True))  # dv, or dX = dU
         g_s[...] = mm(do_s, S_s, trans_b=True)  # d(q ⊙ start)
@@ -183,6 +173,17 @@ def _backward_kernel(*refs, C, N, H, interpret, delta):
 
     cotangent = (dsT_ref.at[b, h, :, vs], ds0_ref.at[b, h, :, vs])
     mg.walk(step, N, *cotangent, f32_s, bar_s, reverse=True, interpret=interpret)
+
+
+def _values(v_s, w_s, x_s, S_s, *, interpret):
+    """The chunk's values for the walk: v itself, or with W (`w_s`; v then holds U) the delta
+    rule's X = U − W S, written to `x_s` in its dtype and published to the tensor cores."""
+    if w_s is None:
+        return v_s
+    U = mg.read(v_s, interpret=interpret).astype(jnp.float32)
+    x_s[...] = (U - mg.matmul(w_s, S_s, interpret=interpret)).astype(x_s.dtype)
+    mg.publish()
+    return x_s
 
 
 def _scratch(C, M, V, dtype, backward, delta):
