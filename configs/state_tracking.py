@@ -4,7 +4,7 @@ short sequences, evaluate on longer ones.
 Command (2 CPU cores):
 
     python experiments/train.py --config configs/state_tracking.py:parity \
-        --config.model.mixer=gated_deltanet --config.model.allow_neg_eigval=True \
+        --config.model.mixer=gated_deltanet --config.model.options.allow_neg_eigval=True \
         --workdir runs/parity_neg
 
 Presets (``configs/state_tracking.py:<task>``): ``parity``, ``mod_arith`` (mod 5, no brackets,
@@ -173,8 +173,8 @@ def paper_preset(task, single_layer=False):
         num_layers=(1 if single_layer else 2) if parity else 3,
         num_heads=4,
         mixer="deltanet",
-        allow_neg_eigval=True,
     )
+    config.model.options.allow_neg_eigval = True
     config.model.tie_embeddings = False
     config.optimizer.update(weight_decay=0.0 if parity else 0.1, b2=0.999, grad_clip=0.0)
     config.optimizer.min_lr_ratio = 1e-3
@@ -247,12 +247,11 @@ def deltaproduct_preset(task):
         num_heads=8,
         head_dim=32,
         mixer="gated_deltaproduct",
-        num_householder=HOUSEHOLDER_STEPS[task],
-        allow_neg_eigval=True,
         conv=0,
         out_gate=False,
         tie_embeddings=False,
     )
+    config.model.options.update(num_householder=HOUSEHOLDER_STEPS[task], allow_neg_eigval=True)
     config.optimizer.update(weight_decay=1e-6, b2=0.999, eps=1e-8, grad_clip=0.0)
     config.train.batch_size = 2_048
     return config

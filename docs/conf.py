@@ -10,6 +10,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import apiref  # noqa: E402  (docs/apiref.py, beside this file)
+import options_table  # noqa: E402  (docs/options_table.py: the mixer options table)
 import studies  # noqa: E402  (docs/studies.py: the study pages' tables from docs/results/)
 
 project = "linear_attention"
@@ -62,6 +63,13 @@ def _fill_study_tables(app, docname, source):
         source[0] = studies.fill(source[0])
 
 
+def _fill_options_table(app, docname, source):
+    """The mixer options page's table, from the registered mixers' `Config` classes."""
+    if docname == "guides/options":
+        source[0] = options_table.fill(source[0])
+
+
 def setup(app):
     app.connect("source-read", _title_results_files)
     app.connect("source-read", _fill_study_tables)
+    app.connect("source-read", _fill_options_table)

@@ -2,7 +2,7 @@
 
     python experiments/decay_init_swap.py --out runs/decay_swap        # 4 runs, ~5 min on 2 cores
 
-The MQAR study (EXPERIMENTS.md, section 1) trains `gated` (a Mamba-2-like scalar decay per
+The MQAR study (docs/studies/mqar.md) trains `gated` (a Mamba-2-like scalar decay per
 head, log γ = −softplus(x·w + b)·exp(A)) with 2 seeds: at d_model 64 and 128 and every
 learning rate, seed 0 solves and seed 1 stays on the plateau. A seed sets every initial weight
 and the batch order. This script trains the study's point (``configs/sweeps/mqar.py:cpu``,

@@ -218,7 +218,7 @@ def evaluate_run(
         step=step,
         mixer=cfg.model.mixer,
         position=cfg.model.position,
-        window=getattr(cfg.model, "window", None),
+        window=cfg.model.options.get("window"),
         train_length=cfg.data.seq_len,
         d_model=cfg.model.d_model,
         seed=cfg.seed,

@@ -6,7 +6,7 @@ Why: in in-context and noisy recall (`linear_attention.data.mad`) each sequence 
 keys to values drawn with replacement from 8 value tokens, so some values serve several keys.
 A model that predicts, at each query, the value token seen most often so far in the sequence
 uses no key at all: it needs only a running count, which any mixer can keep. Its class-macro
-accuracy is the plateau the MAD study's failed runs sit on (EXPERIMENTS.md section 9.2), which
+accuracy is the plateau the MAD study's failed runs sit on (docs/studies/mad.md), which
 this script measures on the presets' own test sets (``configs/mad.py:<task>``, seed 0).
 
 Rules, each scored as the trainer scores MAD (class-macro accuracy over the scored positions):

@@ -54,4 +54,12 @@ MIXER_CASES: dict[str, MixerCase] = {
         dict(chunk_size=4, num_levels=5), splits_time=True, cpu_grids=False
     ),
     "log_linear_gated_deltanet": MixerCase(dict(chunk_size=4, num_levels=5), cpu_grids=False),
+    "mamba": MixerCase(dict(state_dim=4, dt_rank=3), tol=1e-5, splits_time=True, cpu_grids=False),
+    "rglru": MixerCase(dict(lru_width=24), tol=1e-5, splits_time=True, cpu_grids=False),
+    # issue 69's families over existing kernels (after the CPU grids: MQAR rows only)
+    "rwkv6": MixerCase(dict(chunk_size=4), splits_time=True, cpu_grids=False),
+    "hgrn2": MixerCase(dict(conv=True), splits_time=True, cpu_grids=False),
+    "lightning": MixerCase(dict(chunk_size=4), splits_time=True, cpu_grids=False),
+    "mlstm": MixerCase(dict(chunk_size=4), cpu_grids=False),
+    "gdn2": MixerCase(dict(num_value_heads=4, chunk_size=4), splits_time=True, cpu_grids=False),
 }

@@ -63,13 +63,17 @@ def test_overrides_apply_and_tie_fields():
             "--config.data.num_kv_pairs=16",
             "--config.data.vocab_size=1024",
             "--config.data.seq_len=128",
-            "--config.model.feature_map=relu",
+            "--config.model.options.feature_map=relu",
             "--config.train.num_steps=500",
         )
     )
     cfg = experiment_config(config)
     assert workdir == "/tmp/unused"
-    assert (cfg.model.mixer, cfg.model.feature_map, cfg.data.num_kv_pairs) == ("linear", "relu", 16)
+    assert (cfg.model.mixer, cfg.model.options.get("feature_map"), cfg.data.num_kv_pairs) == (
+        "linear",
+        "relu",
+        16,
+    )
     # vocab_size is shared between data and model.
     assert cfg.model.vocab_size == 1024 and cfg.data.seq_len == 128
     assert cfg.train.num_steps == 500
@@ -78,23 +82,30 @@ def test_overrides_apply_and_tie_fields():
     delta, _ = parse_args(
         _args(
             "--config.model.mixer=gated_deltanet,softmax",
-            "--config.model.allow_neg_eigval=True",
+            "--config.model.options.allow_neg_eigval=True",
             config="configs/mqar.py:cpu",
         )
     )
     model = experiment_config(delta).model
-    assert model.mixer == ("gated_deltanet", "softmax") and model.allow_neg_eigval is True
+    assert (
+        model.mixer == ("gated_deltanet", "softmax")
+        and model.options.get("allow_neg_eigval") is True
+    )
     # Based: taylor + sliding window, written either way on the command line
     for mixer in ("taylor,swa", "('taylor','swa')", '("taylor", "swa")'):
         based, _ = parse_args(
             _args(
                 f"--config.model.mixer={mixer}",
-                "--config.model.feature_dim=16",
-                "--config.model.window=32",
+                "--config.model.options.feature_dim=16",
+                "--config.model.options.window=32",
             )
         )
         model = experiment_config(based).model
-        assert (model.mixer, model.feature_dim, model.window) == (("taylor", "swa"), 16, 32)
+        assert (model.mixer, model.options.get("feature_dim"), model.options.get("window")) == (
+            ("taylor", "swa"),
+            16,
+            32,
+        )
         assert model.mixer_options("swa")["window"] == 32
         assert "window" not in model.mixer_options("taylor")
     # a document separator given on a command line: backslash escapes are decoded
@@ -130,7 +141,7 @@ def test_overrides_apply_and_tie_fields():
             "config.train.num_steps must be an integer >= 1, got 0",
         ),
         (
-            ("--config.model.mixer=swa", "--config.model.window=0"),
+            ("--config.model.mixer=swa", "--config.model.options.window=0"),
             "configs/mqar.py:cpu",
             "config.model: window must be an integer >= 1, got 0",
         ),

@@ -96,8 +96,8 @@ def test_packed_rows_through_the_wrapper():
 
 
 def test_bad_options_raise_when_the_wrapper_is_made():
-    with pytest.raises(ValueError, match="unknown mixer 'mamba'"):
-        la_linen.mixer("mamba", D, H)
+    with pytest.raises(ValueError, match="unknown mixer 'hyena'"):
+        la_linen.mixer("hyena", D, H)
     with pytest.raises(ValueError, match="does not use option feature_map"):
         la_linen.mixer("favor", D, H, feature_map="relu")
     with pytest.raises(ValueError, match="not divisible"):

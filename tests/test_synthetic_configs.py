@@ -167,7 +167,7 @@ def test_paper_presets_are_the_authors_settings_and_train(preset, tmp_path):
     got = (m.num_layers, m.d_model, m.num_heads, t.batch_size, t.num_steps, o.warmup_steps)
     assert (*got, o.weight_decay) == PAPER[preset]
     assert (o.learning_rate, o.min_lr_ratio, o.grad_clip, o.b2) == (1e-3, 1e-3, 0.0, 0.999)
-    assert (m.mixer, m.allow_neg_eigval, cfg.data.min_len, cfg.data.seq_len) == (
+    assert (m.mixer, m.options.get("allow_neg_eigval"), cfg.data.min_len, cfg.data.seq_len) == (
         "deltanet",
         True,
         3,
@@ -197,7 +197,7 @@ def test_deltaproduct_presets_are_the_authors_settings_and_train(preset, tmp_pat
     assert (m.num_layers, m.d_model, m.num_heads, m.head_dim) == (1, 128, 8, 32)
     assert (t.batch_size, t.num_steps, o.warmup_steps, o.weight_decay) == (2048, 100 * 49, 0, 1e-6)
     assert (o.learning_rate, o.min_lr_ratio, o.grad_clip, o.b2) == (1e-3, 0.0, 0.0, 0.999)
-    assert (m.mixer, m.num_householder, m.allow_neg_eigval) == (
+    assert (m.mixer, m.options.get("num_householder"), m.options.get("allow_neg_eigval")) == (
         "gated_deltaproduct",
         GROUP_PAPER[preset],
         True,

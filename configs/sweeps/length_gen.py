@@ -6,7 +6,8 @@ Command (2 CPU cores, a few minutes per model at ``:cpu``):
         --workdir runs/length-gen
 
 Softmax attention with learned absolute and with rotary position embeddings, and sliding-window
-softmax (``swa``, window ``config.model.window``), trained exactly as ``configs/sweeps/lm.py``
+softmax (``swa``, window ``config.model.options.window``), trained exactly as
+``configs/sweeps/lm.py``
 trains its variants (the same base, preset, seed, steps and learning rate; d_model 128, the
 short convolution on, like every model there). Softmax with no position embedding and the linear
 mixers are the LM sweep's own runs. ``experiments/length_gen.py`` then evaluates all of them on

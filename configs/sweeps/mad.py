@@ -90,9 +90,9 @@ PAPER_OPT_FIELDS = ("optimizer.learning_rate", "optimizer.weight_decay", "optimi
 PAPER_LAYERS = {"softmax": ("rope", 16), "gla": ("none", 8), "deltanet": ("none", 16)}
 MIXER_FIELDS = (
     "model.mixer",
-    "model.feature_dim",
-    "model.window",
-    "model.num_householder",
+    "model.options.feature_dim",
+    "model.options.window",
+    "model.options.num_householder",
     "model.conv",
 )
 TASK_FIELDS = (

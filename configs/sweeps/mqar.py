@@ -12,13 +12,16 @@ taylor, retnet, gated, gla, deltanet, gated_deltanet, kda, gated_deltaproduct, r
 the base's short conv, which it refuses), swa, Based = ``("taylor", "swa")``: a Taylor layer
 then a sliding-window layer, linear_scale8 = elu+1 with q and k scaled by 8 before the feature
 map, and issue 53's families: fox, fox_bias5 (fox with its forget gate's bias started at 5),
-mesanet, path, log_linear_mamba2, log_linear_gated_deltanet: 20 mixers) and 2 seeds:
+mesanet, path, log_linear_mamba2, log_linear_gated_deltanet; issue 69's families over existing
+kernels: rwkv6 and lightning (without the short conv, which they refuse), hgrn2, mlstm, gdn2;
+issue 71's mamba (Mamba-1's block) and rglru (Griffin's recurrent block): 27 mixers) and 2
+seeds:
   (none) / ``default``: the Zoology grid for an accelerator: vocab 8192, d_model 64…512,
       (seq_len, kv pairs) = (64, 4), (128, 8), (256, 16), (512, 64), learning rates
       logspace(-4, -2, 4), 20k steps of batch 256 per run; Taylor and Based with 16 projected
-      dims, windows of 64 (at seq_len 64 that window is full softmax attention). 2560 runs.
+      dims, windows of 64 (at seq_len 64 that window is full softmax attention). 3456 runs.
   ``cpu``: d_model (64, 128) × (seq_len 64, 8 pairs) × learning rates (1e-2, 3e-2, 3e-3) ×
-      seeds (0, 1): 240 runs of at most 400 steps of batch 64 (warmup 40, cosine), stopped at
+      seeds (0, 1): 324 runs of at most 400 steps of batch 64 (warmup 40, cosine), stopped at
       the first evaluation (every 50 steps, 512 held-out examples) with accuracy >= 0.99;
       Taylor and Based with 8 projected dims (45 features), swa and Based with windows of 16.
       1/200 of the Zoology grid's sequences. ``order`` runs d_model 64 first and lr 1e-2
@@ -68,8 +71,14 @@ MIXERS += (FOX_OPEN,)  # fox with its forget gate starting open (`layers/fox.py`
 FORGETTING_MIXERS = ("softmax", "retnet", "gla", "deltanet", "gated_deltanet", "kda")
 DEFAULT_MIXERS = (*MIXERS, "swa", "based", LINEAR_SCALED)
 MIXER_FIELDS = (
-    *("model.mixer", "model.feature_dim", "model.window", "model.feature_scale", "model.conv"),
-    "model.forget_bias",
+    *(
+        "model.mixer",
+        "model.options.feature_dim",
+        "model.options.window",
+        "model.options.feature_scale",
+        "model.conv",
+    ),
+    "model.options.forget_bias",
 )
 
 
@@ -145,7 +154,7 @@ def get_config(arg=None):
             grid.lr = grid_axis("optimizer.learning_rate", (1e-2,))
     else:  # smoke
         grid.mixer = grid_axis(
-            ("model.mixer", "model.feature_dim"),
+            ("model.mixer", "model.options.feature_dim"),
             (("softmax", None), ("linear", None)),
             ("softmax", "linear"),
         )

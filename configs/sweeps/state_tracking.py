@@ -12,14 +12,14 @@ rerun skips finished points):
 
 Presets (``configs/sweeps/state_tracking.py:<arg>``):
   ``parity``, ``mod_arith``, ``s3``, ``s5``, ``s5_swaps``, ``a5``: one task each × every
-      mixer of ``MIXERS`` × learning rates (1e-3, 3e-3, 1e-2) × seeds (0, 1) = 114 runs each of
+      mixer of ``MIXERS`` × learning rates (1e-3, 3e-3, 1e-2) × seeds (0, 1) = 126 runs each of
       ``configs/state_tracking.py:<task>`` (2 layers, d_model 64, 500 steps, train lengths 3–40,
       one evaluation at 40, 64, 128 and 256): 1/160 of Grazzi et al.'s parity sequences, 1/3,200
       of their modular-arithmetic ones, ≈ 1/1,840 of DeltaProduct's tokens. Results files:
       ``docs/results/state_tracking_<task>_sweep_cpu.csv`` for parity and mod_arith,
       ``state_tracking_<task>_cpu.csv`` for the groups.
   ``cpu``: parity and mod_arith at 1000 steps (stopped at mean accuracy >= 0.99, evaluated
-      every 250 steps), 216 runs; ``groups``: s3, s5, s5_swaps, a5 at that budget, 456 runs.
+      every 250 steps), 252 runs; ``groups``: s3, s5, s5_swaps, a5 at that budget, 504 runs.
       Neither was run in full.
   ``s3_one_layer``: DeltaProduct's S3 question in one layer: gated_deltaproduct with 1 and 2
       Householder steps, β ∈ (0, 2), × the 3 rates × 2 seeds = 12 runs of 2000 steps (200
@@ -51,9 +51,10 @@ Command: ``python experiments/sweep.py --config configs/sweeps/state_tracking.py
 --workdir runs/<preset> --jobs 2``.
 
 Mixers (``MIXERS``): softmax, linear (elu+1), taylor (8 projected dims), retnet, gated, gla,
-swa (window 16), Based (taylor + swa layers), rwkv7, and the delta family, each with
-β ∈ (0, 1) and with β ∈ (0, 2) (``*_neg``, ``model.allow_neg_eigval``): deltanet,
-gated_deltanet, gated_deltaproduct with 1 and 2 Householder steps (``_n1``, ``_n2``) and kda.
+swa (window 16), Based (taylor + swa layers), rwkv7, mamba (Mamba-1's block), rglru (Griffin's
+recurrent block), and the delta family, each with β ∈ (0, 1) and with β ∈ (0, 2) (``*_neg``,
+``model.options.allow_neg_eigval``): deltanet, gated_deltanet, gated_deltaproduct with 1 and 2
+Householder steps (``_n1``, ``_n2``) and kda.
 
 Expected (Grazzi et al. Table 3): only β ∈ (0, 2) solves parity, and it does better on
 mod_arith than β ∈ (0, 1); softmax attention does not extrapolate past its training lengths.
@@ -97,6 +98,9 @@ DELTA_FAMILY = tuple(
 MIXERS = ("softmax", "linear", "taylor", "retnet", "gated", "gla", "swa", "based", *DELTA_FAMILY)
 # rwkv7 (issue 20) joins the grid once it is in the registry; until then the grid still builds.
 MIXERS += ("rwkv7",) if "rwkv7" in REGISTRY else ()
+# Issue 71's recurrences with their own kernels: Mamba-1's block and Griffin's recurrent block
+# (diagonal states: Grazzi et al. predict no parity for a positive diagonal transition).
+MIXERS += ("mamba", "rglru")
 # Grazzi et al.'s parity table (Table 3): β ∈ (0, 2) against β ∈ (0, 1) for both delta rules,
 # with the mamba-style scalar-decay gate, the LSTM control and softmax beside them; in the
 # order a cut-short sweep should leave them (the issue's measure, the control, the paper's own
@@ -119,10 +123,10 @@ AUTHORS_MIXERS = ("gated_deltanet_neg", "gated_deltanet", "deltanet_neg", "delta
 SCAN_MIXERS = ("deltanet", "gated_deltanet", "gated")
 MIXER_FIELDS = (
     "model.mixer",
-    "model.allow_neg_eigval",
-    "model.feature_dim",
-    "model.window",
-    "model.num_householder",
+    "model.options.allow_neg_eigval",
+    "model.options.feature_dim",
+    "model.options.window",
+    "model.options.num_householder",
     "model.conv",
 )
 TASK_FIELDS = ("data.task", "model.vocab_size")
@@ -154,7 +158,7 @@ def _parity_paper(preset, mixers):
     grid.seed = grid_axis("seed", PAPER_SEEDS)
     grid.lr = grid_axis("optimizer.learning_rate", (1e-3,))
     axis = _mixer_axis(config, mixers)
-    fields = (*axis.field, "model.method")
+    fields = (*axis.field, "model.options.method")
     scan = config.base.model.d_model <= 16  # the scan is the faster form at head width 4 only
     choices = [
         (*values, "scan" if scan and values[0] in SCAN_MIXERS else None) for values in axis.choices

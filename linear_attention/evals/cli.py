@@ -34,7 +34,13 @@ import sys
 
 from linear_attention.evals.runs import load_text_run, text_run_config
 from linear_attention.evals.tasks import check_tasks, go_offline, task_manager
-from linear_attention.training.cli_args import UsageError, error, load_config_file, plain
+from linear_attention.training.cli_args import (
+    UsageError,
+    error,
+    load_config_file,
+    plain,
+    show_spelling_warnings,
+)
 from linear_attention.training.outputs import check_output
 
 USAGE = __doc__.split("\n\n")[1]
@@ -142,6 +148,8 @@ def _needle_grid(args) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``la-eval`` (see the module docstring); returns the exit status."""
+    if argv is None:  # (the program itself, not a caller that manages warnings)
+        show_spelling_warnings()
     argv = list(sys.argv if argv is None else argv)
     helping = any(a in ("-h", "--help", "-help") for a in argv[1:])
     if not any(a.startswith("--") and a[2:].split("=")[0] in MODES for a in argv[1:]):

@@ -5,6 +5,7 @@ Example, with `from linear_attention import kernels as K` and `phi = K.feature_m
 """
 
 from linear_attention.kernels import feature_maps
+from linear_attention.kernels.comba.comba import COMBA, comba, comba_step
 from linear_attention.kernels.delta.delta import DELTA_RULE, delta_rule, delta_rule_step
 from linear_attention.kernels.delta.delta_product import (
     DELTA_PRODUCT,
@@ -82,6 +83,7 @@ FAMILIES: dict[str, Family] = {
         FORGETTING,
         RG_LRU,
         SELECTIVE_SCAN,
+        COMBA,
     )
 }
 # The methods of a family that run on every backend (the old per-family lists).
@@ -107,6 +109,8 @@ __all__ = [
     "cached_path_attention",
     "cached_softmax_attention",
     "causal_linear_attention",
+    "comba",
+    "comba_step",
     "delta_product",
     "delta_product_step",
     "delta_rule",

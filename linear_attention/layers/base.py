@@ -137,17 +137,7 @@ class Mixer(nnx.Module):
         self.dtype = dtype
         self.param_dtype = param_dtype
         self.inputs = self._build_inputs(rngs)
-        self.output = OutputStage(
-            d_model,
-            self.num_value_heads,
-            self.head_dim,
-            norm=opts["out_norm"],
-            gate=opts["out_gate"],
-            **self._output_options(),
-            dtype=dtype,
-            param_dtype=param_dtype,
-            rngs=rngs,
-        )
+        self.output = self._build_output(rngs)
         self._build(rngs)
 
     # ----------------------------------------------------------------- options and parts
@@ -247,6 +237,22 @@ class Mixer(nnx.Module):
         """Keys (and values) per token and head with an n axis (Gated DeltaProduct's n, 1 or
         more), or None: one key and no such axis."""
         return None
+
+    def _build_output(self, rngs: nnx.Rngs) -> nnx.Module:
+        """The output part: the shared `OutputStage` (a mixer whose output is not per-head
+        norm, gate and projection, as Mamba-1's and Griffin's blocks, builds its own)."""
+        opts = self.options
+        return OutputStage(
+            self.d_model,
+            self.num_value_heads,
+            self.head_dim,
+            norm=opts["out_norm"],
+            gate=opts["out_gate"],
+            **self._output_options(),
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            rngs=rngs,
+        )
 
     def _output_options(self) -> dict:
         """Subclass hook: gate activation and rank of the output stage."""

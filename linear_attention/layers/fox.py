@@ -14,8 +14,8 @@ document start. The output is not an affine map of a carried state, so there is 
 
 `forget_bias` is the gate's initial bias b_f: 0, the paper's, starts every head at f ≈ 1/2 (a
 key d tokens back is down by e^(−0.69·d)); a large one starts near softmax attention. On MQAR's
-400-step CPU budget the paper's start does not learn recall and b_f = 5 does (EXPERIMENTS.md
-section 1, the ``fox_bias5`` rows).
+400-step CPU budget the paper's start does not learn recall and b_f = 5 does (docs/studies/mqar.md,
+the ``fox_bias5`` rows).
 """
 
 from __future__ import annotations

@@ -12,10 +12,11 @@
 | `retnet`   | identity (k scaled by Dk^-½)           | fixed γ_h = 1 − 2^(−5−h)     | yes       |
 | `gated`    | identity (k scaled by Dk^-½)           | exp(−softplus(x·w_h+b_h)e^A) | yes       |
 | `gla`      | identity (k scaled by Dk^-½)           | σ(x W₁W₂ + b)^(1/16), vector | yes       |
+| `hgrn2`    | silu(q)·Dk^-½; k = 1 − γ_t             | σ(x W_f), vector             | norm only |
 
 ¹ of `feature_scale`·q and `feature_scale`·k (default 1; Zoology's `temp`): elu+1 is not
 scale-invariant, and at the scale of q, k at init (std ~0.3) it is ≈ 1 + x, so φ(q)·φ(k) ≈
-Dk + Σq + Σk + q·k is nearly constant and attention nearly uniform (EXPERIMENTS.md, section 1).
+Dk + Σq + Σk + q·k is nearly constant and attention nearly uniform (docs/studies/mqar.md).
 
 (`norm+gate` are defaults; `out_norm` / `out_gate` override them. `gla`'s decay is a vector,
 one per key dimension: `S_t = diag(γ_t) S_{t−1} + φ(k_t) v_tᵀ`, a rank-4 `[B, T, H, M]` log
@@ -55,6 +56,7 @@ from linear_attention.layers.options import (
     GATE_BEFORE_NORM,
     METHOD,
     NUM_VALUE_HEADS,
+    OUT_GATE,
     OUT_NORM_EPS,
     OUT_NORM_GROUPS,
     STATE_DIM,
@@ -142,7 +144,7 @@ class LinearMixer(Mixer):
     FAMILY = K.LINEAR
     SEQUENCE_PARALLEL = True
     OPTIONS = LinearConfig
-    # (EXPERIMENTS.md, "Why elu+1 sits at chance": q and k scaled by 8 before elu+1)
+    # (docs/studies/mqar.md, `linear_scale8`: q and k scaled by 8 before elu+1)
     SWEEP_LABELS = {SCALED_LABEL: {"feature_scale": 8.0}}
     NORMALIZE: ClassVar[bool] = True
     K_SCALE: ClassVar[bool] = False
@@ -204,10 +206,18 @@ class LinearMixer(Mixer):
             batch_size, self.num_value_heads, self.state_feature_dim, self.head_dim
         )
 
+    def kernel_terms(self, x, q, k):
+        """(φ(q), φ(k), log γ) the kernel takes, on a sequence (x `[B, T, D]`, q, k `[B, T, H,
+        K]`) or for a step (x `[B, D]`, q, k `[B, H, K]`: the decay per token, `[B, H(, M)]`);
+        a family whose decay comes from its q/k projection (hgrn2) overrides it."""
+        phi_q, phi_k = self.featurize(q, k)
+        if x.ndim == 2:
+            return phi_q, phi_k, per_token(self._log_decay(x[:, None]))
+        return phi_q, phi_k, self._log_decay(x)
+
     def attends_with(self, x_BTD):
         q_BTHK, k_BTHK, v_BTHD, _ = self.inputs(x_BTD, None, 0)
-        phi_q_BTHM, phi_k_BTHM = self.featurize(q_BTHK, k_BTHK)
-        log_decay = self.decay(x_BTD) if self.decay is not None else None
+        phi_q_BTHM, phi_k_BTHM, log_decay = self.kernel_terms(x_BTD, q_BTHK, k_BTHK)
         if log_decay is not None:  # [H] (fixed) or [B, T, H] -> [B, T, H]; [B, T, H, M] as is
             b, t, h = q_BTHK.shape[:3]
             shape = (b, t, h) if log_decay.ndim < 4 else (b, t, h, log_decay.shape[-1])
@@ -216,9 +226,9 @@ class LinearMixer(Mixer):
 
     def _mix(self, x_BTD, q_BTHK, k_BTHK, v_BTHD, core, position, segments=None):
         del position
-        phi_q_BTHM, phi_k_BTHM = self.featurize(q_BTHK, k_BTHK)
+        phi_q_BTHM, phi_k_BTHM, log_decay = self.kernel_terms(x_BTD, q_BTHK, k_BTHK)
         options = dict(
-            log_decay=self._log_decay(x_BTD),
+            log_decay=log_decay,
             method=self.method,
             chunk_size=self.chunk_size,
             axis_name=sequence_axis(),
@@ -234,8 +244,7 @@ class LinearMixer(Mixer):
 
     def _mix_step(self, x_BD, q_BHK, k_BHK, v_BHD, core, position):
         del position
-        phi_q_BHM, phi_k_BHM = self.featurize(q_BHK, k_BHK)
-        log_decay = per_token(self._log_decay(x_BD[:, None]))
+        phi_q_BHM, phi_k_BHM, log_decay = self.kernel_terms(x_BD, q_BHK, k_BHK)
         return K.recurrent_step(
             core, phi_q_BHM, phi_k_BHM, v_BHD, log_decay=log_decay, **self._kernel_options()
         )
@@ -446,6 +455,22 @@ class GatedMixer(LinearMixer):
         return (o.astype(jnp.float32) + d_H1 * v.astype(jnp.float32)).astype(o.dtype)
 
 
+@dataclasses.dataclass(frozen=True)
+class HGRN2Config(GLAConfig):
+    """hgrn2: the output norm (over all heads' channels at once) on, no output gate."""
+
+    out_gate: bool = OUT_GATE.field(False)
+
+
+def hgrn2_terms(q, f, key_dim: int):
+    """HGRN2's kernel inputs from its query and forget-gate projections q, f `[..., H, K]`:
+    `(silu(q)·K^-½, 1 − γ in q's dtype, log γ float32)` with γ = sigmoid(f) (1 − γ computed
+    as sigmoid(−f), exact where γ rounds to 1); the scale on q keeps the state FLA's."""
+    f32 = f.astype(jnp.float32)
+    q = jax.nn.silu(q) * jnp.asarray(key_dim**-0.5, q.dtype)
+    return q, jax.nn.sigmoid(-f32).astype(q.dtype), jax.nn.log_sigmoid(f32)
+
+
 class GLAMixer(LinearMixer):
     """Gated linear attention (GLA, Yang et al. 2023): a data-dependent decay per key dimension
     from a low-rank gate projection (`decays.KeyDecay`),
@@ -464,3 +489,29 @@ class GLAMixer(LinearMixer):
 
     def _build_feature_map(self, rngs):
         return FixedFeatureMap("identity", self.qk_dim)
+
+
+class HGRN2Mixer(GLAMixer):
+    """HGRN2 (Qin et al. 2024, "Gated linear RNNs with state expansion"): GLA with its keys tied
+    to the forget gate. From the q, f and input projections (the q/k/v slots of the projection),
+
+        γ_t = sigmoid(x_t W_f),  S_t = Diag(γ_t) S_{t−1} + (1 − γ_t) i_tᵀ,  o_t = S_tᵀ silu(q_t)/√K
+        y   = RMSNorm(o over all H·Dv channels) W_o                  (eps 1e-5; no output gate)
+
+    as FLA's `HGRN2Attention` (`hgrn2_terms`: the kernel's inputs; the same state); K is
+    `head_dim` (FLA's `expand_ratio`). Not taken: the learned lower bound on γ that rises with
+    depth (state that crosses layers, which the model's blocks do not pass), and `rope` (no
+    positions). `conv` puts the projection's short conv (with its silu) on q, f and i, where
+    FLA's optional conv has no activation."""
+
+    NAME = "hgrn2"
+    OPTIONS = HGRN2Config
+    DECAY = None
+    NOT_TAKEN = dict(rope="it has no positions")
+
+    def _output_options(self) -> dict:
+        return dict(norm_groups=1, norm_eps=1e-5)
+
+    def kernel_terms(self, x, q, k):
+        del x  # the decay is the forget gate, from the k slot of the projection
+        return hgrn2_terms(q, k, self.qk_dim)

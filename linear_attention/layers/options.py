@@ -40,6 +40,18 @@ def conv_kernel_size(conv) -> int:
     fail("conv", requirement, conv, show_type=not is_int)
 
 
+def required_conv(mixer: str, conv) -> int:
+    """`conv_kernel_size` for a mixer whose block always has its conv (Mamba-1's, Griffin's):
+    a ValueError naming the mixer when it is off."""
+    size = conv_kernel_size(conv)
+    if not size:
+        raise ValueError(
+            f"mixer {mixer!r} needs its causal conv: conv must be True or a kernel size >= 2, "
+            f"got {conv!r}"
+        )
+    return size
+
+
 def _conv(name: str, value):
     conv_kernel_size(value)
     return bool(value) if isinstance(value, bool | np.bool_) else int(value)

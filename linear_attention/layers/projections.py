@@ -113,23 +113,9 @@ class QKVProjection(nnx.Module):
             self.num_keys or 1,
         )
         qkv = self.qkv_proj(x_BTD)
-        if self.conv is not None and segments is not None:  # packed rows (from empty)
-            if sequence_axis() is None:
-                qkv = self.conv(qkv, segments.ids)
-            else:  # time split: after the previous shard's last K − 1 inputs and their ids
-                k_1 = self.conv.kernel_size - 1
-                tail = previous_tail(qkv, k_1).astype(qkv.dtype)
-                ids = previous_tail(segments.ids[..., None].astype(jnp.float32), k_1)[..., 0]
-                qkv = self.conv(
-                    jnp.concatenate([tail, qkv], axis=1),
-                    jnp.concatenate([ids.astype(segments.ids.dtype), segments.ids], axis=1),
-                )[:, k_1:]
-        elif self.conv is not None:
-            if conv_tail is None:  # time split: the previous shard's last K − 1 inputs
-                axis = sequence_axis()
-                k_1 = self.conv.kernel_size - 1
-                conv_tail = self.conv.init_state(b) if axis is None else previous_tail(qkv, k_1)
-            qkv, conv_tail = self.conv.prefill(qkv, conv_tail)
+        if self.conv is not None:
+            ids = None if segments is None else segments.ids  # (packed rows: from empty)
+            qkv, conv_tail = self.conv.sequence(qkv, conv_tail, ids)
         q_BTF, k_BTF = qkv[..., : h * dk], qkv[..., h * dk : (h + n * hk) * dk]
         if self.q_norm is not None and self.qk_norm_all_heads:
             q_BTF, k_BTF = self.q_norm(q_BTF), self.k_norm(k_BTF)

@@ -7,21 +7,28 @@ from linear_attention.layers.base import Mixer
 from linear_attention.layers.delta import DeltaNetMixer, GatedDeltaNetMixer
 from linear_attention.layers.delta_product import GatedDeltaProductMixer
 from linear_attention.layers.fox import FoxMixer
+from linear_attention.layers.gdn2 import GDN2Mixer
 from linear_attention.layers.kda import KDAMixer
+from linear_attention.layers.lightning import LightningMixer
 from linear_attention.layers.linear import (
     FavorMixer,
     GatedMixer,
     GLAMixer,
     HedgehogMixer,
+    HGRN2Mixer,
     LinearMixer,
     RetNetMixer,
     TaylorMixer,
 )
 from linear_attention.layers.log_linear import LogLinearGatedDeltaNetMixer, LogLinearMamba2Mixer
 from linear_attention.layers.lstm import LSTMMixer
+from linear_attention.layers.mamba import MambaMixer
 from linear_attention.layers.mesanet import MesaNetMixer
 from linear_attention.layers.mla import MLAMixer
+from linear_attention.layers.mlstm import MLSTMMixer
 from linear_attention.layers.path import PathMixer
+from linear_attention.layers.rglru import RGLRUMixer
+from linear_attention.layers.rwkv6 import RWKV6Mixer
 from linear_attention.layers.rwkv7 import RWKV7Mixer
 from linear_attention.layers.sliding_window import SlidingWindowMixer
 from linear_attention.layers.softmax import SoftmaxMixer
@@ -50,6 +57,13 @@ MIXERS: dict[str, type[Mixer]] = {
         MesaNetMixer,
         LogLinearMamba2Mixer,
         LogLinearGatedDeltaNetMixer,
+        MambaMixer,
+        RGLRUMixer,
+        RWKV6Mixer,
+        HGRN2Mixer,
+        LightningMixer,
+        MLSTMMixer,
+        GDN2Mixer,
     )
 }
 

@@ -38,6 +38,7 @@ project's MLP is used), and RWKV's initialisation of the r/k/v/output matrices (
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -71,19 +72,32 @@ class RWKV7Config(GatedOutputConfig):
     chunk_size: int = CHUNK_SIZE.field()
 
 
-class RWKV7Mixer(Mixer):
+class TokenShiftMixer(Mixer):
+    """RWKV's frame (rwkv7, rwkv6): token-shifted inputs, one interpolation per branch with
+    μ_c = 1 − (i/D)^(p_c·(1 − layer ratio)) at init (`SHIFT_POWERS` p), no conv, no positions,
+    a `[B, H, K, Dv]` float32 state."""
+
+    SEQUENCE_PARALLEL = True
+    NOT_TAKEN = dict(conv="its local context is the token shift", rope="it has no positions")
+    SHIFT_POWERS: ClassVar[tuple[float, ...]] = SHIFT_POWERS
+
+    def _build_inputs(self, rngs: nnx.Rngs) -> nnx.Module:
+        ratio_D = np.arange(self.d_model) / self.d_model
+        mu = [1.0 - ratio_D ** (p * (1.0 - LAYER_RATIO)) for p in self.SHIFT_POWERS]
+        return ShiftedInputs(self.d_model, np.stack(mu), param_dtype=self.param_dtype)
+
+    def _init_core(self, batch_size: int, max_length: int) -> K.LinearAttentionState:
+        del max_length  # the state does not grow with the context
+        shape = (batch_size, self.num_heads, self.qk_dim, self.head_dim)
+        return K.LinearAttentionState(kv=jnp.zeros(shape, jnp.float32), k_sum=None)
+
+
+class RWKV7Mixer(TokenShiftMixer):
     """RWKV-7 time mixing: token shift, per-channel decay, in-context rate, DPLR state."""
 
     NAME = "rwkv7"
     FAMILY = K.DPLR
-    SEQUENCE_PARALLEL = True
     OPTIONS = RWKV7Config
-    NOT_TAKEN = dict(conv="its local context is the token shift", rope="it has no positions")
-
-    def _build_inputs(self, rngs: nnx.Rngs) -> nnx.Module:
-        ratio_D = np.arange(self.d_model) / self.d_model
-        mu = [1.0 - ratio_D ** (p * (1.0 - LAYER_RATIO)) for p in SHIFT_POWERS]
-        return ShiftedInputs(self.d_model, np.stack(mu), param_dtype=self.param_dtype)
 
     def _output_options(self) -> dict:
         return dict(
@@ -116,11 +130,6 @@ class RWKV7Mixer(Mixer):
         )
         full = lambda value: nnx.Param(jnp.full((h, dk), value, self.param_dtype))  # noqa: E731
         self.k_k, self.k_a, self.r_k = full(0.85), full(1.0), full(-0.04)
-
-    def _init_core(self, batch_size: int, max_length: int) -> K.LinearAttentionState:
-        del max_length  # the state does not grow with the context
-        shape = (batch_size, self.num_heads, self.qk_dim, self.head_dim)
-        return K.LinearAttentionState(kv=jnp.zeros(shape, jnp.float32), k_sum=None)
 
     def dplr_inputs(self, x_BTD, tail, segments=None):
         """The kernel's inputs and the rest of the output's: `(r, k̃, v, a, b, log γ, x_g, new
@@ -170,4 +179,4 @@ class RWKV7Mixer(Mixer):
         return self.output(x_g, o, self.bonus(r, k, v)), core, tail
 
 
-__all__ = ["RWKV7Mixer", "lora_rank"]
+__all__ = ["RWKV7Mixer", "TokenShiftMixer", "lora_rank"]

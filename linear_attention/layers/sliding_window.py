@@ -16,7 +16,7 @@ least W − 1 tokens. Packed rows (`segment_ids`) mask keys of other documents.
 
 Based (Arora et al. 2024, "Simple linear attention language models balance the recall-throughput
 tradeoff") is this mixer hybridised with `taylor`: `ModelConfig(mixer=("taylor", "swa"),
-feature_dim=16, window=..., conv=...)` (see README, "Based").
+conv=..., options=dict(feature_dim=16, window=...))` (see README, "Based").
 """
 
 from __future__ import annotations

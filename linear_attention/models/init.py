@@ -19,6 +19,10 @@ starts as transformers would start it.
                                                  conv kernel ~ U(±1/√K), out_proj ~ U(±1/√fan_in)
     gated, Bamba                                 A_log = log h for head h = 1..H, D = 1,
                                                  dt_bias = 1, conv kernel and out_proj ~ N(0, r²)
+    mamba, Mamba-1                               A_log = log n for n = 1..N on every channel,
+                                                 D = 1, dt_proj kernel ~ U(±1/√R), its bias
+                                                 softplus⁻¹(dt), conv kernel and out_proj
+                                                 ~ U(±1/√fan_in)
     softmax (Qwen3.5, OLMo Hybrid, Bamba), mla   the rules above only
 
 Everywhere dt = max(exp(U(log 1e-3, log 1e-1)), 1e-4): transformers' default range
@@ -41,11 +45,12 @@ from linear_attention.layers import LayerNorm, MoE, RMSNorm, ScalarDecay, ShortC
 from linear_attention.layers.delta import GatedDeltaNetMixer
 from linear_attention.layers.kda import KDAMixer
 from linear_attention.layers.linear import GatedMixer
+from linear_attention.layers.mamba import MambaMixer
 from linear_attention.layers.mla import MLAMixer
 from linear_attention.layers.softmax import SoftmaxMixer
 
 GDN, SOFTMAX, GATED = GatedDeltaNetMixer.NAME, SoftmaxMixer.NAME, GatedMixer.NAME
-KDA, MLA = KDAMixer.NAME, MLAMixer.NAME
+KDA, MLA, MAMBA = KDAMixer.NAME, MLAMixer.NAME, MambaMixer.NAME
 # The architectures whose `_init_weights` the initialisation follows, with their layers' mixers.
 INITIALIZERS = {
     "qwen3_5": (GDN, SOFTMAX),
@@ -53,6 +58,7 @@ INITIALIZERS = {
     "kimi_linear": (KDA, MLA),
     "olmo_hybrid": (GDN, SOFTMAX),
     "bamba": (GATED, SOFTMAX),
+    "mamba": (MAMBA,),
 }
 # `ModelConfig.initializer` None: each layer initialised as in this architecture.
 DEFAULT_INITIALIZER = {
@@ -61,6 +67,7 @@ DEFAULT_INITIALIZER = {
     GATED: "mamba2",
     KDA: "kimi_linear",
     MLA: "kimi_linear",
+    MAMBA: "mamba",
 }
 # The mixers whose transformers layers define the initialisation (the others have none here).
 INIT_MIXERS = tuple(DEFAULT_INITIALIZER)
@@ -115,8 +122,9 @@ def _draw(key, rules: list) -> list:
                 out.append(_transform(xp, uniform(shape), *args))
             case "constant":
                 out.append(xp.full(shape, args[0], xp.float32))
-            case "log_arange":
-                out.append(xp.log(xp.arange(1, shape[0] + 1, dtype=xp.float32)))
+            case "log_arange":  # log n, n = 1.. along the last axis
+                row = xp.log(xp.arange(1, shape[-1] + 1, dtype=xp.float32))
+                out.append(xp.broadcast_to(row, shape))
             case _:
                 raise ValueError(f"rule kind {kind!r}: known normal, uniform, constant, log_arange")
     return out
@@ -186,6 +194,8 @@ def _layer_rule(mixer, name: str, initializer: str) -> list:
             ]
         case "mamba2", GatedMixer.NAME:
             return _mamba2_layer(mixer)
+        case "mamba", MambaMixer.NAME:
+            return _mamba_layer(mixer)
         case "bamba", GatedMixer.NAME:
             rules = [
                 (mixer.decay.a_log, ("log_arange", _shape(mixer.decay.a_log))),
@@ -233,8 +243,28 @@ def _mamba2_layer(mixer) -> list:
         rules.append(_constant(mixer.skip, 1.0))
     conv = getattr(mixer.inputs, "conv", None)
     if conv is not None:
-        bound = conv.kernel_size**-0.5
-        rules += [_uniform(conv.kernel, -bound, bound), *_zeros(conv.bias)]
-    out = mixer.output.out_proj.kernel
-    bound = _shape(out)[0] ** -0.5
-    return [*rules, _uniform(out, -bound, bound)]
+        rules += [_torch_default(conv.kernel), *_zeros(conv.bias)]
+    return [*rules, _torch_default(mixer.output.out_proj.kernel)]
+
+
+def _torch_default(param) -> tuple:
+    """torch's default (kaiming uniform, a = √5) of a kernel `[fan_in, …]` or a conv's `[K, C]`
+    (fan in K): U(±1/√fan_in)."""
+    bound = _shape(param)[0] ** -0.5
+    return _uniform(param, -bound, bound)
+
+
+def _mamba_layer(mixer) -> list:
+    """`MambaPreTrainedModel._init_weights` on a `mamba` mixer: A_log, D, dt_proj, and torch's
+    default conv and out_proj."""
+    bound = mixer.dt_rank**-0.5
+    conv = mixer.inputs.conv1d
+    return [
+        (mixer.A_log, ("log_arange", _shape(mixer.A_log))),
+        _constant(mixer.D, 1.0),
+        _uniform(mixer.dt_proj.kernel, -bound, bound),
+        _dt_bias(mixer.dt_proj.bias),
+        _torch_default(conv.kernel),
+        *_zeros(conv.bias),
+        _torch_default(mixer.out_proj.kernel),
+    ]

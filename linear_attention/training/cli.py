@@ -45,6 +45,7 @@ from linear_attention.training.cli_args import (
     load_module,
     parse_overrides,
     sections_help,
+    show_spelling_warnings,
     usage_help,
     validate,
 )
@@ -146,8 +147,14 @@ def _parse_train(argv: list[str]):
 
 
 def _mixers_help() -> str:
-    """Each mixer's options with its defaults (`layers.options`), as --config.model.FIELD."""
-    lines = ["mixers (--config.model.mixer=NAME or NAME,NAME,... per layer) and their options:"]
+    """Each mixer's options with its defaults (`layers.options`): the common ones as
+    --config.model.FIELD, each mixer's own as --config.model.options.FIELD."""
+    lines = textwrap.wrap(
+        "mixers (--config.model.mixer=NAME or NAME,NAME,... per layer) and their options "
+        "(--config.model.options.OPTION=VALUE: every layer whose mixer takes it; one mixer's "
+        "layers: --config.model.layer_options=\"{'NAME': {'OPTION': VALUE}}\"):",
+        100,
+    )
     base = MixerConfig.defaults()
     common = ", ".join(f"{name}={base[name]}" for name in COMMON_OPTIONS if name != "rope")
     lines += textwrap.wrap(
@@ -193,6 +200,8 @@ def _presets_help() -> str:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``la-train`` and ``experiments/train.py``; returns the exit status."""
     quiet_platforms()
+    if argv is None:  # (the program itself, not a caller that manages warnings)
+        show_spelling_warnings()
     argv = list(sys.argv if argv is None else argv)
     try:
         honour_interrupts()  # (a Ctrl-C while la-train loaded)

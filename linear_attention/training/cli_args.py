@@ -12,6 +12,7 @@ import os
 import re
 import sys
 import textwrap
+import warnings
 
 import jax
 import ml_collections
@@ -20,8 +21,15 @@ from ml_collections import config_dict, config_flags
 
 from linear_attention.fields import closest
 from linear_attention.kernels.primitives.pallas import pallas_target
+from linear_attention.models import legacy
+from linear_attention.models.options import option_classes
 from linear_attention.training import config as config_lib
-from linear_attention.training.config import SECTION_CLASSES, SECTIONS, experiment_config
+from linear_attention.training.config import (
+    SECTION_CLASSES,
+    SECTIONS,
+    experiment_config,
+    options_section,
+)
 from linear_attention.training.load import run_config
 
 
@@ -84,15 +92,20 @@ def config_from_json(values: dict) -> ml_collections.ConfigDict:
     """A run's ``config.json`` as a ConfigDict whose every field can be overridden: None fields
     become typed placeholders, a list of mixers the string ``"a,b"``, a list of integers (JSON
     has no tuples; ``data.eval_lengths``) a tuple again, so that ``--config.data.eval_lengths=
-    (4,8)`` parses as it does for ``la-train``."""
+    (4,8)`` parses as it does for ``la-train``. The model's `options` are `options_section`'s
+    (every mixer option overridable), an old run's flat mixer options moved into them."""
     config = ml_collections.ConfigDict()
     for key, value in values.items():
         if not isinstance(value, dict):
             config[key] = value
             continue
+        if key == "model":
+            value = {"options": {}, **legacy.move_options(value, "config.model", strict=True)}
         section = ml_collections.ConfigDict()
         for field, v in value.items():
-            if v is None:
+            if key == "model" and field == "options":
+                v = options_section(v)
+            elif v is None:
                 v = config_dict.placeholder(_none_type(key, field))
             elif isinstance(v, list) and v and all(type(x) is int for x in v):
                 v = tuple(v)
@@ -132,9 +145,29 @@ def _unknown_field(e: Exception, argv: list[str], config) -> UsageError:
     return UsageError(message)
 
 
+def _respelled(argv: list[str]) -> list[str]:
+    """``argv`` with the old flat mixer options (``--config.model.state_dim=16``) in the new
+    spelling (``--config.model.options.state_dim=16``), warned (`models.legacy`)."""
+    out = []
+    for arg in argv:
+        match = re.match(r"^(--?(?:no)?config\.)(model\.\w+)(=.*)?$", arg)
+        if match and legacy.new_path(match[2]):
+            arg = match[1] + legacy.respelled(match[2], stacklevel=3) + (match[3] or "")
+        out.append(arg)
+    return out
+
+
+def show_spelling_warnings() -> None:
+    """Show the command line's old-spelling `DeprecationWarning`s (Python hides them outside
+    ``__main__``): the programs' entry points call this."""
+    warnings.filterwarnings("default", f".*{legacy.SPELLING}", DeprecationWarning)
+
+
 def parse_overrides(argv: list[str], config, define_extra) -> flags.FlagValues:
-    """Parse ``argv`` with ``--config.*`` overrides of ``config``; returns the FlagValues
-    (``fv.config`` is the overridden ConfigDict). Raises `UsageError`."""
+    """Parse ``argv`` with ``--config.*`` overrides of ``config`` (old flat mixer options
+    respelled, warned); returns the FlagValues (``fv.config`` is the overridden ConfigDict).
+    Raises `UsageError`."""
+    argv = _respelled(argv)
     fv = flags.FlagValues()
     define_extra(fv)
     try:
@@ -169,11 +202,11 @@ def check_backend(config) -> None:
         return
     own = config.model.get("layer_options") or {}
     own = [f"config.model.layer_options.{m}.method" for m in layers if "method" in own.get(m, {})]
-    fields = own if len(own) == len(layers) else ["config.model.method", *own]
+    fields = own if len(own) == len(layers) else ["config.model.options.method", *own]
     first = model.mixer_config(next(iter(layers)))
     method, default = first.method, repr(first.FAMILY.supported[0])
-    if fields == ["config.model.method"]:
-        instead = f"pass --config.model.method={default[1:-1]}"
+    if fields == ["config.model.options.method"]:
+        instead = f"pass --config.model.options.method={default[1:-1]}"
     else:
         instead = f"set it to {default}" if len(fields) == 1 else f"set them to {default}"
     kinds = {b for backends in layers.values() for b in backends}
@@ -199,6 +232,13 @@ def sections_help() -> str:
         lines += textwrap.wrap(
             ", ".join(names), 100, initial_indent=f"  {section}: ", subsequent_indent=" " * 6
         )
+        if section == "model":  # (the mixers' own options: below, by mixer)
+            lines += textwrap.wrap(
+                ", ".join(option_classes()),
+                100,
+                initial_indent="  model.options: ",
+                subsequent_indent=" " * 6,
+            )
     return "\n".join(lines)
 
 

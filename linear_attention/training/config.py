@@ -28,6 +28,8 @@ from linear_attention.fields import (
 )
 from linear_attention.layers import get_mixer
 from linear_attention.models.config import ModelConfig
+from linear_attention.models.legacy import move_options
+from linear_attention.models.options import option_classes
 from linear_attention.training.chunked_loss import CHUNKED_LOSS_MODES, loss_chunks
 from linear_attention.training.data_kinds import (
     DATA_CONFIGS,
@@ -234,7 +236,7 @@ def _mixer_names(mixer):
 
 
 def _model_config(values: Mapping) -> ModelConfig:
-    values = dict(values)
+    values = move_options(values, "config.model", stacklevel=5, strict=True)
     if "mixer" in values:
         values["mixer"] = _mixer_names(values["mixer"])
     known = sorted(f.name for f in dataclasses.fields(ModelConfig))
@@ -291,8 +293,32 @@ def section(cls, path: str, **fields) -> ml_collections.ConfigDict:
 
 
 def model_section(**fields) -> ml_collections.ConfigDict:
-    """`config.model`: every `ModelConfig` field (each mixer's options included), see `section`."""
-    return section(ModelConfig, "model", **fields)
+    """`config.model`: every `ModelConfig` field, see `section`; `options` (a mapping) is
+    `options_section`, so that every mixer option can be overridden from the command line
+    (`--config.model.options.state_dim=16`). An old flat mixer option (``chunk_size=32``) is
+    moved into `options`, warned (`models.legacy`)."""
+    fields = move_options(fields, "config.model", stacklevel=4, strict=True)
+    options = options_section(fields.pop("options", None))
+    model = section(ModelConfig, "model", **fields)
+    model.options = options
+    return model
+
+
+def options_section(given: Mapping | None = None) -> ml_collections.ConfigDict:
+    """`config.model.options`: a typed placeholder (None: the mixer's default) for every option
+    of the registered mixers' `Config` classes (`models.options.option_classes`), with the
+    `given` ones set (values or `FieldReference`s; a name no mixer takes is kept, for
+    `ModelConfig` to refuse with the closest known one)."""
+    options = ml_collections.ConfigDict()
+    for name, classes in option_classes().items():
+        options[name] = config_dict.placeholder(field_type(classes[0], name))
+    for name, value in dict(given or {}).items():
+        try:
+            options[name] = value
+        except TypeError:  # (a value of another type: ModelConfig's check names it)
+            with options.ignore_type():
+                options[name] = value
+    return options
 
 
 def optimizer_section(**fields) -> ml_collections.ConfigDict:
@@ -397,7 +423,7 @@ def check_tensor_parallel(model: ModelConfig, n: int) -> None:
         mixer = model.mixer_config(name)
         for field in ("num_value_heads", "num_kv_heads"):
             if getattr(mixer, field, None):
-                widths[f"model.{field} ({name})"] = getattr(mixer, field)
+                widths[f"model.options.{field} ({name})"] = getattr(mixer, field)
     for field, width in widths.items():
         if width % n:
             allowed = [d for d in range(1, width + 1) if width % d == 0]
@@ -421,6 +447,8 @@ def config_difference(old: Mapping, new: Mapping, cfg: ExperimentConfig):
         for section in dataclasses.fields(cfg)
         if dataclasses.is_dataclass(getattr(cfg, section.name))
     }
+    if isinstance(old.get("model"), Mapping):  # (a run saved before mixer options moved)
+        old = {**old, "model": move_options(old["model"], "config.model")}
     return _difference(old, new, defaults, "")
 
 

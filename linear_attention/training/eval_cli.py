@@ -25,6 +25,7 @@ from linear_attention.training.cli_args import (
     parse_overrides,
     pop_workdir,
     sections_help,
+    show_spelling_warnings,
     usage_help,
     validate,
     workdir_config,
@@ -59,6 +60,8 @@ def eval_main(argv: list[str] | None = None) -> int:
     changes what the checkpoint means (a ``config.model`` field, ``config.data.tokenizer``) is
     said on the first line and recorded under ``changed`` in the output."""
     quiet_platforms()
+    if argv is None:  # (the program itself, not a caller that manages warnings)
+        show_spelling_warnings()
     argv = list(sys.argv if argv is None else argv)
     if any(a in ("-h", "--help", "-help") for a in argv[1:]):
         print(usage_help(EVAL_USAGE, f"{eval_main.__doc__}\n\n{sections_help()}"))
@@ -117,7 +120,7 @@ def meaning_changes(run: config_lib.ExperimentConfig, now: config_lib.Experiment
     run's checkpoint as another model (a ``model`` field but those of `_SAME_MEANING`) or its
     ids as another tokenizer's (``data.tokenizer``)."""
     out = {}
-    old_model, new_model = run.to_dict()["model"], now.to_dict()["model"]
+    old_model, new_model = _fields(run.to_dict()["model"]), _fields(now.to_dict()["model"])
     for name in sorted((set(old_model) | set(new_model)) - set(_SAME_MEANING)):
         if old_model.get(name) != new_model.get(name):
             out[f"config.model.{name}"] = {"run": old_model.get(name), "now": new_model.get(name)}
@@ -126,6 +129,12 @@ def meaning_changes(run: config_lib.ExperimentConfig, now: config_lib.Experiment
     if old_tok != new_tok:
         out["config.data.tokenizer"] = {"run": old_tok, "now": new_tok}
     return out
+
+
+def _fields(model: dict) -> dict:
+    """A model section with each mixer option a field of its own (``options.chunk_size``)."""
+    options = model.pop("options", {})
+    return {**model, **{f"options.{k}": v for k, v in options.items()}}
 
 
 if __name__ == "__main__":

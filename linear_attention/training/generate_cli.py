@@ -31,6 +31,7 @@ from linear_attention.training.cli_args import (
     error,
     parse_overrides,
     pop_workdir,
+    show_spelling_warnings,
     usage_help,
     validate,
     workdir_config,
@@ -63,6 +64,8 @@ def generate_main(argv: list[str] | None = None) -> int:
     is drawn from ``fold_in(key(seed), i)`` with ``softmax(logits / temperature)`` over the
     ``top_k`` largest logits (0: all); ``--temperature 0`` is greedy."""
     quiet_platforms()
+    if argv is None:  # (the program itself, not a caller that manages warnings)
+        show_spelling_warnings()
     argv = list(sys.argv if argv is None else argv)
     if any(a in ("-h", "--help", "-help") for a in argv[1:]):
         print(usage_help(GENERATE_USAGE, generate_main.__doc__))

@@ -36,7 +36,8 @@ def cpu_identity(cpuinfo_text: str) -> dict:
 
     Why more than the name: virtual machines here report a bare "AMD EPYC", which names no
     generation. Two runs of one config on machines reporting it diverged from the first logged
-    step, while reruns on one machine agree bit for bit (EXPERIMENTS 7.9); the family/model
+    step, while reruns on one machine agree bit for bit (docs/studies/state_tracking.md,
+    "How much one run says"); the family/model
     numbers and the flags say whether two such processors were the same.
     """
     first: dict[str, str] = {}

@@ -223,7 +223,7 @@ def check_pallas_target(cfg: ExperimentConfig, target: Target) -> None:
             else "which has no Pallas kernels"
         )
         raise ValueError(
-            f"config.model.method = {first.method!r} (the layers {', '.join(lacking)}): "
+            f"config.model.options.method = {first.method!r} (the layers {', '.join(lacking)}): "
             f"config.mesh.target = {target.name!r} is compiled by {target.compiler}, {has}; "
             f"use method {first.FAMILY.supported[0]!r} (the same recurrence in XLA) there, or "
             "a target with these kernels"

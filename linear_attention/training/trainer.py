@@ -495,7 +495,8 @@ class Run:
             resumed_from_step=self.start,
         )
         # which processor and jax: XLA's CPU rounding differs between them, so a rerun
-        # elsewhere can differ in its last digits (EXPERIMENTS 7.7)
+        # elsewhere can differ in its last digits (docs/studies/state_tracking.md,
+        # "Modular arithmetic")
         machine = machine_info()
         machine["load_avg_end"] = machine.pop("load_avg_start")  # (taken now, at the end)
         summary["machine"] = machine

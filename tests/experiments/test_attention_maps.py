@@ -46,7 +46,7 @@ def test_effective_matrix_is_the_kernel_on_identity_values(am, mixer):
         mlp=False,
         position="rope" if mixer == "softmax" else "none",
         max_length=16,
-        feature_dim=4 if mixer == "taylor" else None,
+        options=dict(feature_dim=4 if mixer == "taylor" else None),
     )
     model = LanguageModel(config, rngs=nnx.Rngs(1))
     tokens = jax.random.randint(jax.random.key(2), (2, 10), 0, 32)

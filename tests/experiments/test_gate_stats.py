@@ -69,9 +69,8 @@ def test_forward_gives_kda_its_keys_per_value_head(gs):
         d_model=8,
         num_layers=1,
         num_heads=2,
-        num_value_heads=4,
         mixer="kda",
-        allow_neg_eigval=True,
+        options=dict(num_value_heads=4, allow_neg_eigval=True),
     )
     model = LanguageModel(cfg, rngs=nnx.Rngs(0))
     tokens = np.array([[0, 2, 1, 1]], np.int32)
@@ -157,7 +156,7 @@ def test_exact_reflection_sets_one_head_to_gamma_one_and_beta_saturated(gs):
         num_layers=1,
         num_heads=2,
         mixer="gated_deltanet",
-        allow_neg_eigval=True,
+        options=dict(allow_neg_eigval=True),
     )
     model = LanguageModel(cfg, rngs=nnx.Rngs(0))
     mixer = model.blocks[0].mixer

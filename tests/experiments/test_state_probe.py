@@ -33,8 +33,8 @@ def then_softmax(seed: int, mixer: str = "kda") -> LanguageModel:
         num_layers=2,
         num_heads=2,
         mixer=(mixer, "softmax"),
-        allow_neg_eigval=True if mixer == "kda" else None,
         max_length=8,
+        options=dict(allow_neg_eigval=True if mixer == "kda" else None),
     )
     return LanguageModel(cfg, rngs=nnx.Rngs(seed))
 
@@ -143,7 +143,7 @@ def test_accuracy_figures_and_state_norms_by_bucket(sp, monkeypatch):
 
 def test_state_probe_of_a_run(sp, tmp_path):
     config = load_config("state_tracking", "smoke")  # parity, evaluated at 12 and 20
-    config.model.mixer, config.model.allow_neg_eigval = "kda", True
+    config.model.mixer, config.model.options.allow_neg_eigval = "kda", True
     config.train.num_steps = 2
     workdir = str(tmp_path / "run")
     summary = trainer.train(config, workdir)

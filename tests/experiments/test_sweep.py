@@ -104,11 +104,16 @@ def test_mqar_cpu_mixer_labels_set_their_options(sweep):
     # rwkv7 without the base's conv (it refuses one); every other mixer keeps it
     assert models["rwkv7"].conv is False and models["deltanet"].conv == 4
     scaled, linear = models["linear_scale8"], models["linear"]
-    assert (scaled.mixer, scaled.feature_scale, linear.feature_scale) == ("linear", 8.0, None)
-    assert (models["based"].mixer, models["based"].feature_dim) == (("taylor", "swa"), 8)
-    assert models["swa"].window == models["based"].window == 16
+    assert (
+        scaled.mixer,
+        scaled.options.get("feature_scale"),
+        linear.options.get("feature_scale"),
+    ) == ("linear", 8.0, None)
+    based = models["based"]
+    assert (based.mixer, based.options["feature_dim"]) == (("taylor", "swa"), 8)
+    assert models["swa"].options["window"] == based.options["window"] == 16
     # (a mixer that does not use an option leaves it unset: the config would refuse it)
-    assert models["softmax"].window is None and models["softmax"].feature_dim is None
+    assert models["softmax"].options == {}
 
 
 def test_lm_cpu_variants_match_softmax_parameter_count(sweep):
@@ -199,14 +204,14 @@ def test_pallas_method_off_a_tpu_stops_the_sweep_before_any_run(sweep, tmp_path,
         "from linear_attention.training.sweep import load_sweep\n\n\n"
         "def get_config(arg=None):\n"
         f"    config = load_sweep({MQAR + ':smoke'!r})\n"
-        "    config.base.model.method = 'pallas'\n"
+        "    config.base.model.options.method = 'pallas'\n"
         "    return config\n"
     )
     args = ["--config", str(spec), "--workdir", str(tmp_path / "w"), "--only", "mixer=linear"]
     assert sweep.main(args) == 2
     err = capsys.readouterr().err
     assert err.startswith(
-        "sweep: error: config.model.method = 'pallas' runs the Pallas kernels, which need"
+        "sweep: error: config.model.options.method = 'pallas' runs the Pallas kernels, which need"
     )
     assert "this machine's backend is 'cpu'" in err
     assert not (tmp_path / "w").exists()
@@ -623,7 +628,7 @@ def test_ctrl_c_stops_parallel_workers_with_checkpoints(tmp_path):
 
 
 def test_the_studys_results_file_is_of_the_cpu_grid():
-    """EXPERIMENTS.md §1 redraws its tables and figures from docs/results/mqar_sweep_cpu.csv
+    """docs/studies/mqar.md redraws its tables and figures from docs/results/mqar_sweep_cpu.csv
     (`--report-only --results-csv`): every row must match a point of today's `:cpu` grid, field
     by field, and report its accuracy."""
     from linear_attention.training.sweep.grid import expand, load_sweep

@@ -59,7 +59,7 @@ def test_presets_expand_and_validate(spec, per_mixer, mixers):
         assert cfg.data.task == point.labels["task"]
         assert cfg.model.vocab_size >= cfg.data.tokens
         if point.labels["mixer"].endswith("_neg"):
-            assert cfg.model.allow_neg_eigval
+            assert cfg.model.options.get("allow_neg_eigval")
         if point.labels["mixer"] == "based":
             assert cfg.model.mixer == ("taylor", "swa")
         # Every mixer has the preset's kernel-4 conv but rwkv7, which refuses one; unset, the
@@ -84,14 +84,20 @@ def test_parity_paper_sweep_is_grazzis_protocol():
     for point in points:
         cfg = experiment_config(point.config)
         m, o, t = cfg.model, cfg.optimizer, cfg.train
-        assert (m.num_layers, m.d_model, m.num_heads, m.conv, m.method) == (2, 128, 4, 4, None)
+        assert (m.num_layers, m.d_model, m.num_heads, m.conv, m.options.get("method")) == (
+            2,
+            128,
+            4,
+            4,
+            None,
+        )
         assert (t.batch_size, t.num_steps, o.warmup_steps, o.learning_rate) == (
             256,
             20_000,
             2_000,
             1e-3,
         )
-        assert bool(m.allow_neg_eigval) == point.labels["mixer"].endswith("_neg")
+        assert bool(m.options.get("allow_neg_eigval")) == point.labels["mixer"].endswith("_neg")
         assert m.mixer == point.labels["mixer"].removesuffix("_neg")
 
 
@@ -117,8 +123,8 @@ def test_parity_fork_sweep_is_the_single_layer_variant():
             0,
         )
         assert o.learning_rate == 1e-3 and cfg.data.task == "parity"
-        assert bool(m.allow_neg_eigval) == point.labels["mixer"].endswith("_neg")
-        methods[point.labels["mixer"]] = (m.mixer, m.method, m.conv)
+        assert bool(m.options.get("allow_neg_eigval")) == point.labels["mixer"].endswith("_neg")
+        methods[point.labels["mixer"]] = (m.mixer, m.options.get("method"), m.conv)
     assert methods == {
         "gated_deltanet_neg": ("gated_deltanet", "scan", 4),
         "gated_deltanet": ("gated_deltanet", "scan", 4),
@@ -138,7 +144,11 @@ def test_delta_family_labels_set_the_options():
     seen = {}
     for point in points:
         m = experiment_config(point.config).model
-        seen[point.labels["mixer"]] = (m.mixer, m.allow_neg_eigval, m.num_householder)
+        seen[point.labels["mixer"]] = (
+            m.mixer,
+            m.options.get("allow_neg_eigval"),
+            m.options.get("num_householder"),
+        )
     assert seen["gated_deltaproduct_n1_neg"] == ("gated_deltaproduct", True, 1)
     assert seen["gated_deltaproduct_n2"] == ("gated_deltaproduct", None, 2)  # (the default)
     assert seen["kda_neg"][:2] == ("kda", True)
@@ -154,9 +164,8 @@ def test_mixer_labels_set_only_the_fields_their_mixer_uses():
     )
 
     def expect(mixer, conv=4, **fields):
-        return {
-            f"model.{k}": v for k, v in {"mixer": mixer, **unset, **fields, "conv": conv}.items()
-        }
+        options = {f"model.options.{k}": v for k, v in {**unset, **fields}.items()}
+        return {"model.mixer": mixer, **options, "model.conv": conv}
 
     def settings(label):
         return mixer_settings(label, taylor_dim=8, window=16, conv=4, no_conv=0)
@@ -172,13 +181,13 @@ def test_mixer_labels_set_only_the_fields_their_mixer_uses():
     )
     assert settings("rwkv7") == expect("rwkv7", conv=0)
     axis = mixer_axis(
-        ("model.mixer", "model.window"), ("swa", "gla"), taylor_dim=8, window=16, conv=None
+        ("model.mixer", "model.options.window"), ("swa", "gla"), taylor_dim=8, window=16, conv=None
     )
     assert axis.choices == (("swa", 16), ("gla", None)) and axis.labels == ("swa", "gla")
     assert mixer_axis(("model.mixer",), ("gla",), taylor_dim=8, window=16, conv=None).choices == (
         "gla",
     )
-    with pytest.raises(ValueError, match="'taylor' sets {'model.feature_dim': 8}"):
+    with pytest.raises(ValueError, match="'taylor' sets {'model.options.feature_dim': 8}"):
         mixer_axis(("model.mixer",), ("gla", "taylor"), taylor_dim=8, window=16, conv=None)
 
 
@@ -195,7 +204,7 @@ def test_state_tracking_smoke_sweep(tmp_path):
         per_length = [float(row[f"eval/length_{n}/accuracy"]) for n in (12, 20)]
         assert float(row["eval/accuracy"]) == pytest.approx(np.mean(per_length))
         # (True for the *_neg labels; unset, the mixer's default False, for the others)
-        assert (row["model.allow_neg_eigval"] == "True") == row["mixer"].endswith("_neg")
+        assert (row["model.options.allow_neg_eigval"] == "True") == row["mixer"].endswith("_neg")
     best = {r["mixer"]: r for r in result["best"]}
     for mixer in ("gated_deltanet", "gated_deltanet_neg"):
         means = {}
@@ -228,8 +237,8 @@ def test_s3_one_layer_is_one_layer_with_one_and_two_householder_steps():
     for point in points:
         cfg = experiment_config(point.config)
         assert (cfg.data.task, cfg.model.num_layers, cfg.train.num_steps) == ("s3", 1, 2000)
-        assert cfg.model.mixer == "gated_deltaproduct" and cfg.model.allow_neg_eigval
-        seen.add(cfg.model.num_householder)
+        assert cfg.model.mixer == "gated_deltaproduct" and cfg.model.options.get("allow_neg_eigval")
+        seen.add(cfg.model.options.get("num_householder"))
     assert seen == {1, 2}
 
 
@@ -423,7 +432,9 @@ def test_budget_curve_is_s3_and_a5_at_1_4_16_times_the_preset():
     for point in points:
         cfg = experiment_config(point.config)
         assert cfg.optimizer.warmup_steps == cfg.train.num_steps // 10
-        assert cfg.train.eval_every == cfg.train.num_steps and cfg.model.allow_neg_eigval
+        assert cfg.train.eval_every == cfg.train.num_steps and cfg.model.options.get(
+            "allow_neg_eigval"
+        )
         seen.add((cfg.data.task, cfg.train.num_steps, cfg.model.mixer, cfg.seed))
     assert {(t, n) for t, n, _, _ in seen} == {
         (t, n) for t in ("s3", "a5") for n in (500, 2000, 8000)

@@ -391,6 +391,30 @@ def selective_scan_loop(x, delta, A, Bm, C, D=None, h0=None, segment_ids=None):
     return y, h
 
 
+def comba_loop(q, k, v, p, beta, g=None, h0=None, segment_ids=None, scale=None):
+    """Comba: S̃ = γ_t S_{t−1} (0 at a document start), S_t = S̃ + β_t k_t (v_t − S̃ᵀ p_t)ᵀ,
+    o_t = S_tᵀ (scale q_t). q, k, p `[B, T, H, K]`, v `[B, T, H, V]`, β and g (log γ)
+    `[B, T, H]`, h0 `[B, H, K, V]`; scale None: K^−½. Returns (o, S)."""
+    q, k, v, p, beta = (np.asarray(x, np.float64) for x in (q, k, v, p, beta))
+    B, T, H, Kd = q.shape
+    g = np.zeros((B, T, H)) if g is None else np.asarray(g, np.float64)
+    scale = Kd**-0.5 if scale is None else scale
+    starts = _starts(segment_ids, B, T)
+    S = np.zeros((B, H, Kd, v.shape[-1])) if h0 is None else np.array(h0, np.float64)
+    o = np.zeros((B, T, H, v.shape[-1]))
+    for b in range(B):
+        for t in range(T):
+            for h in range(H):
+                if starts[b, t]:  # zeroed, even where S holds a NaN
+                    kept = np.zeros_like(S[b, h])
+                else:
+                    kept = np.exp(g[b, t, h]) * S[b, h]
+                u = beta[b, t, h] * (v[b, t, h] - kept.T @ p[b, t, h])
+                S[b, h] = kept + np.outer(k[b, t, h], u)
+                o[b, t, h] = S[b, h].T @ (scale * q[b, t, h])
+    return o, S
+
+
 def finite_difference_grads(f, inputs, eps=1e-6):
     """∂f/∂(every entry of every input) of a scalar float64 function `f(**inputs)`, by central
     differences: a dict of arrays shaped like `inputs`."""

@@ -16,6 +16,8 @@ from tests.kernels.reference import (
     log_linear_delta_rule_loop,
     mesa_net_loop,
     path_attention_loop,
+    rg_lru_loop,
+    selective_scan_loop,
 )
 
 
@@ -61,6 +63,22 @@ def causal_conv(x_BTC, kernel_KC, bias_C):
     return silu(y)
 
 
+def gelu_tanh(x):
+    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3)))
+
+
+def sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def projected_qkv(inputs, x):
+    """x W_qkv, then the short conv (with its SiLU) where the projection has one."""
+    qkv = x @ inputs["qkv_proj"]["kernel"]
+    if "conv" in inputs:
+        qkv = causal_conv(qkv, inputs["conv"]["kernel"], inputs["conv"].get("bias", 0.0))
+    return qkv
+
+
 def elu_plus_one(x):
     return np.where(x > 0, x + 1.0, np.exp(np.minimum(x, 0.0)))
 
@@ -78,14 +96,17 @@ def mixer_reference(
         return mesanet_reference(mixer, x_BTD)
     if name == "path":
         return path_reference(mixer, x_BTD)
+    if name == "mamba":
+        return mamba_reference(mixer, x_BTD)
+    if name == "rglru":
+        return rglru_reference(mixer, x_BTD)
+    if name in FAMILY_REFERENCES:
+        return FAMILY_REFERENCES[name](mixer, x_BTD)
     p = params64(mixer)
     x = np.asarray(x_BTD, np.float64)
     b, t, _ = x.shape
     h, dk, dv = mixer.num_heads, mixer.qk_dim, mixer.head_dim
-    inputs = p["inputs"]
-    qkv = x @ inputs["qkv_proj"]["kernel"]
-    if "conv" in inputs:
-        qkv = causal_conv(qkv, inputs["conv"]["kernel"], inputs["conv"].get("bias", 0.0))
+    qkv = projected_qkv(p["inputs"], x)
     n = getattr(mixer, "num_householder", 1)  # keys and values per token (DeltaProduct)
     hv = getattr(mixer, "num_value_heads", h)  # grouped value heads
     q = qkv[..., : h * dk].reshape(b, t, h, dk)
@@ -148,10 +169,14 @@ def mixer_reference(
         else:
             z = x @ p["decay"]["proj"]["kernel"] + p["decay"]["dt_bias"]
             log_decay_BTH = -softplus(z) * np.exp(p["decay"]["a_log"])
-    elif name == "gla":  # a decay per key dimension: A[t, s] = Σ_k q_tk k_sk Π_r γ_rk / √dk
-        gate = p["decay"]
-        z = x @ gate["down"]["kernel"] @ gate["up"]["kernel"] + gate["up"]["bias"]
-        log_gamma = -np.logaddexp(0.0, -z).reshape(b, t, h, dk) / 16.0  # logsigmoid / τ
+    elif name in ("gla", "hgrn2"):  # a decay per key dimension: Σ_k q_tk k_sk Π_r γ_rk / √dk
+        if name == "gla":
+            gate = p["decay"]
+            z = x @ gate["down"]["kernel"] @ gate["up"]["kernel"] + gate["up"]["bias"]
+            log_gamma = -np.logaddexp(0.0, -z).reshape(b, t, h, dk) / 16.0  # logsigmoid / τ
+        else:  # hgrn2: γ = σ(f) from the k slot, k = 1 − γ, q = silu(q)
+            log_gamma = -np.logaddexp(0.0, -k)
+            q, k = silu(q), 1.0 - np.exp(log_gamma)
         c_BTHK = np.cumsum(log_gamma, axis=1)
         gap_BTSHK = c_BTHK[:, :, None] - c_BTHK[:, None, :]
         decay = np.exp(np.where(causal[None, :, :, None, None], gap_BTSHK, -np.inf))
@@ -182,7 +207,7 @@ def _log_linear_reference(p, x, q, k, v):
 
 
 DELTA_FAMILY = ("deltanet", "gated_deltanet", "kda", "gated_deltaproduct")
-DELTA_FAMILY += ("log_linear_gated_deltanet",)
+DELTA_FAMILY += ("log_linear_gated_deltanet", "gdn2")
 
 
 def _delta_reference(name, mixer, p, x, q, k, v):
@@ -196,15 +221,19 @@ def _delta_reference(name, mixer, p, x, q, k, v):
         q, k, v = silu(q), silu(k), silu(v)
     l2 = lambda z: z / np.sqrt(np.sum(z * z, -1, keepdims=True) + 1e-6)  # noqa: E731
     q, k = l2(q) / np.sqrt(dk), l2(k)
-    beta = 1.0 / (1.0 + np.exp(-(x @ p["beta_proj"]["kernel"])))
-    beta = beta.reshape(b, t, hv, n)
+    sigmoid = lambda z: 1.0 / (1.0 + np.exp(-z))  # noqa: E731
+    if name == "gdn2":  # the erase gate per key channel (β's place), the write gate
+        beta = sigmoid(x @ p["erase_proj"]["kernel"]).reshape(b, t, hv, dk)
+        write = sigmoid(x @ p["write_proj"]["kernel"]).reshape(b, t, hv, -1)
+    else:
+        beta = sigmoid(x @ p["beta_proj"]["kernel"]).reshape(b, t, hv, n)
     if mixer.allow_neg_eigval:
         beta = 2.0 * beta
     log_decay = np.zeros((b, t, hv, 1))
     if name in ("gated_deltanet", "gated_deltaproduct", "log_linear_gated_deltanet"):
         z = x @ p["decay"]["proj"]["kernel"] + p["decay"]["dt_bias"]
         log_decay = (-softplus(z) * np.exp(p["decay"]["a_log"]))[..., None]
-    elif name == "kda":
+    elif name in ("kda", "gdn2"):
         d = p["decay"]
         z = (x @ d["down"]["kernel"] @ d["up"]["kernel"] + d["dt_bias"]).reshape(b, t, hv, dk)
         log_decay = -softplus(z) * np.exp(d["a_log"])[:, None]
@@ -214,6 +243,10 @@ def _delta_reference(name, mixer, p, x, q, k, v):
         lam = softplus(levels["scale"] * z)
         args = (q, k[..., 0, :], v[..., 0, :], beta[..., 0], log_decay[..., 0], lam)
         return log_linear_delta_rule_loop(*args)[0]
+    if name == "gdn2":
+        rep = hv // h
+        qr, kr = np.repeat(q, rep, axis=2), np.repeat(k[..., 0, :], rep, axis=2)
+        return gdn2_loop(qr, kr, v[..., 0, :], log_decay, beta, write)[0]
     if n == 1 and hv == h and name != "kda":
         return delta_rule_loop(q, k[..., 0, :], v[..., 0, :], beta[..., 0], log_decay[..., 0])[0]
     return delta_loop(q, k, v, beta, log_decay)
@@ -238,21 +271,40 @@ def delta_loop(q, k, v, beta, log_decay):
     return o
 
 
+def gdn2_loop(q, k, v, log_decay, erase, write, S=None):
+    """GDN-2 token by token (FLA's `naive_recurrent_gdn2` with q as given), float64: S ←
+    Diag(exp(g_t)) S; e = Sᵀ(b_t ⊙ k_t); S ← S + k_t (w_t ⊙ v_t − e)ᵀ; o_t = Sᵀ q_t. All
+    `[B, T, H, ·]`. Returns (o, S)."""
+    b, t, h, dk = k.shape
+    S = np.zeros((b, h, dk, v.shape[-1])) if S is None else np.array(S, np.float64)
+    o = np.zeros(v.shape)
+    for i in range(t):
+        S = np.exp(log_decay[:, i])[..., None] * S
+        e = np.einsum("bhk,bhkd->bhd", erase[:, i] * k[:, i], S)
+        S = S + k[:, i, :, :, None] * (write[:, i] * v[:, i] - e)[..., None, :]
+        o[:, i] = np.einsum("bhk,bhkd->bhd", q[:, i], S)
+    return o, S
+
+
 def output_reference(mixer, x_BTD, o_BTHD) -> np.ndarray:
     """The mixer's output layers (per-head norm, or one scale shared by the heads, with the
     norm's eps; gate, with or without its bias; projection) on `o`, in float64."""
     p = params64(mixer)["output"]
     x, o = np.asarray(x_BTD, np.float64), np.asarray(o_BTHD, np.float64)
     b, t, h, dv = o.shape
-    if "norm" in p:
-        o = rms_norm(o, p["norm"]["scale"], eps=mixer.output.norm.eps)
+    if "norm" in p:  # (over groups of heads: hgrn2's one group of all channels)
+        g, scale = mixer.output.norm_groups, p["norm"]["scale"]
+        if g != h:
+            o, scale = o.reshape(b, t, g, h * dv // g), scale.reshape(g, -1)
+        o = rms_norm(o, scale, eps=mixer.output.norm.eps)
     o = o.reshape(b, t, h * dv)
     if "gate_up" in p:  # the low-rank sigmoid gate of the gated RMSNorm (kda)
         up = p["gate_up"]
         z = x @ p["gate_proj"]["kernel"] @ up["kernel"] + up.get("bias", 0.0)
         o = o / (1.0 + np.exp(-z))
-    elif "gate_proj" in p:
-        o = o * silu(x @ p["gate_proj"]["kernel"])
+    elif "gate_proj" in p:  # swish, or lightning's sigmoid
+        z = x @ p["gate_proj"]["kernel"]
+        o = o * (silu(z) if mixer.output.gate_activation == "silu" else 1.0 / (1.0 + np.exp(-z)))
     return o @ p["out_proj"]["kernel"]
 
 
@@ -390,3 +442,181 @@ def mesanet_reference(mixer, x_BTD) -> np.ndarray:
     lam = softplus(p["lambda_param"]) + 0.25
     o = mesa_net_loop(l2(q), l2(k), v, log_decay, beta, lam)[0]
     return output_reference(mixer, x, o)
+
+
+def mamba_reference(mixer, x_BTD) -> np.ndarray:
+    """Mamba-1's block: x, z = x W_in; x = silu(conv(x)); δ, B, C = x W_x;
+    Δ = softplus(δ W_dt + b_dt); the selective scan with A = −exp(A_log) and the skip D;
+    (y ⊙ silu(z)) W_out."""
+    p = params64(mixer)
+    x = np.asarray(x_BTD, np.float64)
+    e, r, n = mixer.channels, mixer.dt_rank, mixer.state_size
+    xz = x @ p["inputs"]["in_proj"]["kernel"]
+    conv = p["inputs"]["conv1d"]
+    u = causal_conv(xz[..., :e], conv["kernel"], conv.get("bias", 0.0))
+    dbc = u @ p["x_proj"]["kernel"]
+    delta = softplus(dbc[..., :r] @ p["dt_proj"]["kernel"] + p["dt_proj"]["bias"])
+    y, _ = selective_scan_loop(
+        u, delta, -np.exp(p["A_log"]), dbc[..., r : r + n], dbc[..., r + n :], p["D"]
+    )
+    return (y * silu(xz[..., e:])) @ p["out_proj"]["kernel"]
+
+
+def rglru_reference(mixer, x_BTD) -> np.ndarray:
+    """Griffin's recurrent block: gelu(x W_y + b_y) ⊙ RG-LRU(conv(x W_x + b_x)), then W_out;
+    the RG-LRU's gates block-diagonal over the heads, log a = −8 r softplus(Λ), the first
+    token a reset (written unscaled)."""
+    p = params64(mixer)
+    x = np.asarray(x_BTD, np.float64)
+    b, t, _ = x.shape
+    inputs = p["inputs"]
+    y = gelu_tanh(x @ inputs["linear_y"]["kernel"] + inputs["linear_y"]["bias"])
+    u = x @ inputs["linear_x"]["kernel"] + inputs["linear_x"]["bias"]
+    k = inputs["conv_1d"]["kernel"].shape[0]
+    up = np.concatenate([np.zeros((b, k - 1, u.shape[2])), u], axis=1)
+    u = inputs["conv_1d"]["bias"] + sum(
+        inputs["conv_1d"]["kernel"][j] * up[:, j : j + t] for j in range(k)
+    )
+    u_BTHC = u.reshape(b, t, mixer.num_heads, -1)
+
+    def gate(name):
+        z = np.einsum("bthc,hcd->bthd", u_BTHC, p[f"{name}_weight"]) + p[f"{name}_bias"]
+        return sigmoid(z).reshape(u.shape)
+
+    log_a = -8.0 * gate("recurrent_gate") * softplus(p["recurrent_param"])
+    log_a[:, 0] = -np.inf  # position 0: a reset, a = 0 and the input unscaled
+    h, _ = rg_lru_loop(gate("input_gate") * u, log_a)
+    return (h * y) @ p["out_proj"]["kernel"] + p["out_proj"]["bias"]
+
+
+def rwkv6_loop(r, k, v, w, u, S=None):
+    """RWKV-6's recurrence token by token (FLA's `naive_recurrent_rwkv6` at scale 1), float64:
+    o_t = S_{t−1}ᵀ r_t + (Σ_K r_t ⊙ u ⊙ k_t) v_t, then S_t = Diag(w_t) S_{t−1} + k_t v_tᵀ;
+    w is the decay itself (not its log). Returns (o [B, T, H, Dv], S [B, H, K, Dv])."""
+    b, t, h, dk = k.shape
+    S = np.zeros((b, h, dk, v.shape[-1])) if S is None else np.array(S, np.float64)
+    o = np.zeros(v.shape)
+    for i in range(t):
+        kv = k[:, i, :, :, None] * v[:, i, :, None, :]
+        o[:, i] = np.einsum("bhk,bhkd->bhd", r[:, i], S + u[None, :, :, None] * kv)
+        S = S * w[:, i, :, :, None] + kv
+    return o, S
+
+
+def rwkv6_reference(mixer, x_BTD) -> np.ndarray:
+    """RWKV-6's time mixing from its formulas (x060 with a static token-shift interpolation),
+    float64: r, k, v from the shifted inputs, w = exp(−exp(w₀ + tanh(x_w W₁) W₂)), `rwkv6_loop`,
+    GroupNorm per head (eps 64e-5), the gate silu(x_g W_g), the output matrix."""
+    p = params64(mixer)
+    x = np.asarray(x_BTD, np.float64)
+    b, t, _ = x.shape
+    h, dk, dv = mixer.num_heads, mixer.qk_dim, mixer.head_dim
+    previous = np.concatenate([np.zeros_like(x[:, :1]), x[:, :-1]], axis=1)
+    x_r, x_w, x_k, x_v, x_g = (x + (previous - x) * mu for mu in p["inputs"]["mu"])
+    r = (x_r @ p["receptance"]["kernel"]).reshape(b, t, h, dk)
+    k = (x_k @ p["key"]["kernel"]).reshape(b, t, h, dk)
+    v = (x_v @ p["value"]["kernel"]).reshape(b, t, h, dv)
+    lora = p["decay"]
+    z = np.tanh(x_w @ lora["down"]["kernel"]) @ lora["up"]["kernel"] + lora["up"]["bias"]
+    w = np.exp(-np.exp(z)).reshape(b, t, h, dk)
+    o, _ = rwkv6_loop(r, k, v, w, p["bonus"])
+    out = p["output"]
+    if "norm" in out:
+        centred = o - o.mean(-1, keepdims=True)
+        o = centred / np.sqrt(np.mean(centred**2, -1, keepdims=True) + 64e-5)
+        o = o * out["norm"]["scale"] + out["norm"]["bias"]
+    o = o.reshape(b, t, h * dv)
+    if "gate_proj" in out:
+        o = o * silu(x_g @ out["gate_proj"]["kernel"])
+    return o @ out["out_proj"]["kernel"]
+
+
+def lightning_loop(q, k, v, slopes, S=None):
+    """MiniMax's lightning recurrence token by token (its decoding loop), float64:
+    S_t = e^(−s_h) S_{t−1} + k_t v_tᵀ, o_t = S_tᵀ q_t. Returns (o, S)."""
+    b, t, h, dk = k.shape
+    S = np.zeros((b, h, dk, v.shape[-1])) if S is None else np.array(S, np.float64)
+    o = np.zeros(v.shape)
+    for i in range(t):
+        S = np.exp(-slopes)[:, None, None] * S + k[:, i, :, :, None] * v[:, i, :, None, :]
+        o[:, i] = np.einsum("bhk,bhkd->bhd", q[:, i], S)
+    return o, S
+
+
+def lightning_reference(mixer, x_BTD) -> np.ndarray:
+    """MiniMax's lightning attention layer from its formulas, float64: q, k, v = silu(x W_qkv)
+    (columns all q, all k, all v), `lightning_loop` with the layer's slopes, then the output
+    layers (RMSNorm over all H·Dv channels, the sigmoid gate, the output matrix)."""
+    p = params64(mixer)
+    x = np.asarray(x_BTD, np.float64)
+    b, t, _ = x.shape
+    h, dk, dv = mixer.num_heads, mixer.qk_dim, mixer.head_dim
+    qkv = silu(x @ p["inputs"]["qkv"]["qkv_proj"]["kernel"])
+    q, k = (
+        qkv[..., : h * dk].reshape(b, t, h, dk),
+        qkv[..., h * dk : 2 * h * dk].reshape(b, t, h, dk),
+    )
+    v = qkv[..., 2 * h * dk :].reshape(b, t, h, dv)
+    o, _ = lightning_loop(q, k, v, p["decay"]["slope"])
+    return output_reference(mixer, x, o)
+
+
+def mlstm_loop(q, k, v, i_pre, f_pre, C=None, n=None, m=None, eps=1e-6):
+    """xLSTM's stabilised mLSTM cell token by token (the equations of its recurrent step),
+    float64: m_t = max(log σ(f_t) + m_{t−1}, i_t), f' = e^{log σ(f_t) + m_{t−1} − m_t},
+    i' = e^{i_t − m_t}, C_t = f' C_{t−1} + i' k vᵀ, n_t = f' n_{t−1} + i' k, q̂ = q/√Dk,
+    h_t = q̂ᵀC_t / (max(|q̂ᵀn_t|, e^{−m_t}) + eps). Returns (h, (C, n, m))."""
+    b, t, h, dk = k.shape
+    C = np.zeros((b, h, dk, v.shape[-1])) if C is None else np.array(C, np.float64)
+    n = np.zeros((b, h, dk)) if n is None else np.array(n, np.float64)
+    m = np.zeros((b, h)) if m is None else np.array(m, np.float64)
+    out = np.zeros(v.shape)
+    for s in range(t):
+        log_f = -np.logaddexp(0.0, -f_pre[:, s])
+        m_new = np.maximum(log_f + m, i_pre[:, s])
+        f_act, i_act = np.exp(log_f + m - m_new), np.exp(i_pre[:, s] - m_new)
+        C = f_act[..., None, None] * C + i_act[..., None, None] * (
+            k[:, s, :, :, None] * v[:, s, :, None, :]
+        )
+        n = f_act[..., None] * n + i_act[..., None] * k[:, s]
+        m = m_new
+        q_hat = q[:, s] / np.sqrt(dk)
+        num = np.einsum("bhk,bhkd->bhd", q_hat, C)
+        den = np.maximum(np.abs(np.einsum("bhk,bhk->bh", q_hat, n)), np.exp(-m)) + eps
+        out[:, s] = num / den[..., None]
+    return out, (C, n, m)
+
+
+def mlstm_reference(mixer, x_BTD) -> np.ndarray:
+    """xLSTM's mLSTM layer from its formulas, float64: q, k, v from the projection (its conv if
+    any), the gates c·tanh((x W + b)/c) with c = 15, `mlstm_loop`, the per-head LayerNorm
+    (eps 1e-6), the sigmoid output gate, the output matrix."""
+    p = params64(mixer)
+    x = np.asarray(x_BTD, np.float64)
+    b, t, _ = x.shape
+    h, dk, dv = mixer.num_heads, mixer.qk_dim, mixer.head_dim
+    qkv = projected_qkv(p["inputs"], x)
+    q, k = (
+        qkv[..., : h * dk].reshape(b, t, h, dk),
+        qkv[..., h * dk : 2 * h * dk].reshape(b, t, h, dk),
+    )
+    v = qkv[..., 2 * h * dk :].reshape(b, t, h, dv)
+    i_pre, f_pre = (
+        15.0 * np.tanh((x @ p[g]["kernel"] + p[g]["bias"]) / 15.0) for g in ("igate", "fgate")
+    )
+    o, _ = mlstm_loop(q, k, v, i_pre, f_pre)
+    out = p["output"]
+    centred = o - o.mean(-1, keepdims=True)
+    o = centred / np.sqrt(np.mean(centred**2, -1, keepdims=True) + 1e-6)
+    o = (o * out["norm"]["scale"] + out["norm"]["bias"]).reshape(b, t, h * dv)
+    if "gate_proj" in out:
+        o = o / (1.0 + np.exp(-(x @ out["gate_proj"]["kernel"])))
+    return o @ out["out_proj"]["kernel"]
+
+
+# The mixers of issue 69's families whose reference is a function of their own.
+FAMILY_REFERENCES = {
+    "rwkv6": rwkv6_reference,
+    "lightning": lightning_reference,
+    "mlstm": mlstm_reference,
+}

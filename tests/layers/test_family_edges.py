@@ -40,18 +40,21 @@ def test_fixed_state_prefill_past_max_length_is_the_full_pass(name):
 
 
 def test_model_refuses_num_levels_that_do_not_cover_max_length():
-    base = dict(vocab_size=16, d_model=D, num_layers=1, num_heads=H, num_levels=5)
+    base = dict(vocab_size=16, d_model=D, num_layers=1, num_heads=H, options=dict(num_levels=5))
     for mixer in ("log_linear_mamba2", "log_linear_gated_deltanet"):
         ModelConfig(**base, mixer=mixer, max_length=16)  # 2^(5-1) = 16: covered
         with pytest.raises(ValueError, match=r"num_levels=5 of mixer .* max_length=17 needs "):
             ModelConfig(**base, mixer=mixer, max_length=17)
     with pytest.raises(ValueError, match=r"needs num_levels >= 12 \(log2\(max_length\) \+ 1\)"):
-        ModelConfig(**{**base, "num_levels": 11}, mixer="log_linear_mamba2", max_length=2048)
+        ModelConfig(
+            **{**base, "options": dict(num_levels=11)}, mixer="log_linear_mamba2", max_length=2048
+        )
 
 
 @pytest.mark.parametrize("mixer", ["linear", "gated_deltanet", "kda", "gated_deltaproduct"])
 def test_pallas_chunk_size_must_tile(mixer):
-    base = dict(vocab_size=16, d_model=D, num_heads=H, mixer=mixer, method="pallas")
+    base = dict(vocab_size=16, d_model=D, num_heads=H, mixer=mixer)
     with pytest.raises(ValueError, match=r"chunk_size must be a multiple of 16 .* got 20"):
-        ModelConfig(**base, chunk_size=20)
-    assert ModelConfig(**base, chunk_size=32).mixer_config(mixer).chunk_size == 32
+        ModelConfig(**base, options=dict(method="pallas", chunk_size=20))
+    config = ModelConfig(**base, options=dict(method="pallas", chunk_size=32))
+    assert config.mixer_config(mixer).chunk_size == 32

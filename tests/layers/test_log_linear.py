@@ -21,7 +21,7 @@ def test_state_is_the_level_states_and_their_positions():
     """Per layer: L level states H·Dk·Dv float32 and a position per head (int32)."""
     config = ModelConfig(
         vocab_size=32, d_model=D, num_layers=2, num_heads=H, max_length=16,
-        mixer="log_linear_mamba2", num_levels=5,
+        mixer="log_linear_mamba2", options=dict(num_levels=5),
     )  # fmt: skip
     assert state_size_bytes(config) == 2 * (4 * 5 * H * 8 * 8 + 4 * H)
     state = make(num_levels=5).init_state(3, 16)

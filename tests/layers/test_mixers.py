@@ -86,6 +86,28 @@ CASES = {
     "log_linear_gated_deltanet_quadratic": dict(
         method="quadratic", rope=True, allow_neg_eigval=True
     ),
+    # Mamba-1: N = 4, expand 2, R = 3, the conv of 3 and its bias off; by the parallel prefix
+    "mamba": dict(state_dim=4, dt_rank=3, conv=3, conv_bias=False),
+    "mamba_associative": dict(method="associative_scan"),
+    # Griffin's recurrent block: 24 channels in 2 blocks of gates; by the parallel prefix
+    "rglru": dict(lru_width=24),
+    "rglru_associative": dict(method="associative_scan"),
+    # issue 69's families over existing kernels: rwkv6 on shifted k, v and decay, chunks of 5
+    # (the prefill of 5 tokens, then steps that read before they write); the scan, no gate
+    "rwkv6": dict(chunk_size=5),
+    "rwkv6_scan": dict(method="scan", out_gate=False),
+    # hgrn2: keys tied to the forget gate, norm over all channels; with the conv and the gate
+    "hgrn2": dict(chunk_size=5),
+    "hgrn2_gated": dict(conv=True, out_gate=True, method="quadratic"),
+    # lightning: MiniMax's layer (norm over all heads, sigmoid gate); the scan without the gate
+    "lightning": dict(chunk_size=5),
+    "lightning_scan": dict(method="scan", out_gate=False),
+    # mlstm: chunks of 5 (a state with its stabiliser after the prefill); the scan with a conv
+    "mlstm": dict(chunk_size=5),
+    "mlstm_scan": dict(method="scan", conv=True, state_dim=4),
+    # gdn2: grouped value heads, chunks of 5; the scan without the conv, negative eigenvalues
+    "gdn2": dict(num_value_heads=4, chunk_size=5),
+    "gdn2_scan": dict(method="scan", conv=False, allow_neg_eigval=True),
 }
 DELTA = ("deltanet", "gated_deltanet", "kda", "gated_deltaproduct")
 
@@ -208,7 +230,7 @@ def test_softmax_cache_overflow_gives_nan_not_wrong_numbers():
 
 
 BFLOAT16 = ("gated", "softmax", "gated_deltanet", "swa")
-BFLOAT16 += ("log_linear_mamba2", "log_linear_gated_deltanet")
+BFLOAT16 += ("log_linear_mamba2", "log_linear_gated_deltanet", "mamba", "rglru")
 
 
 @pytest.mark.parametrize("name", BFLOAT16)
@@ -286,7 +308,7 @@ def test_rotary_is_relative():
 
 
 BAD_OPTIONS = [
-    (dict(name="mamba"), "unknown mixer 'mamba'"),
+    (dict(name="hyena"), "unknown mixer 'hyena'"),
     (dict(d_model=15), "d_model=15 is not divisible by num_heads=2"),
     (dict(num_heads=0), "num_heads"),
     (dict(head_dim=0), "head_dim"),
@@ -410,7 +432,17 @@ def test_attention_inputs_reproduce_the_mixer(case):
     name = mixer_name(case)
     mixer, x = make(case), inputs()
     # not AttentionInputs' weighted sum
-    late = ("mesanet", "log_linear_mamba2", "log_linear_gated_deltanet", "path")
+    late = (
+        "mesanet",
+        "log_linear_mamba2",
+        "log_linear_gated_deltanet",
+        "path",
+        "mamba",
+        "rglru",
+        "rwkv6",
+        "mlstm",
+        "gdn2",
+    )
     if name in (*DELTA, "swa", "rwkv7", "lstm", *late):
         with pytest.raises(ValueError, match="has no attention_inputs"):
             attention_inputs(mixer, x)
@@ -418,9 +450,10 @@ def test_attention_inputs_reproduce_the_mixer(case):
     a = attention_inputs(mixer, x)
     m = a.q.shape[-1]
     assert a.q.shape == a.k.shape == (B, T, H, m) and a.v.shape == (B, T, H, mixer.head_dim)
-    assert (a.log_decay is not None) == (name in ("retnet", "gated", "gla", "fox"))
-    if a.log_decay is not None:
-        shape = (B, T, H, m) if name == "gla" else (B, T, H)  # gla: a decay per key dimension
+    decays = ("retnet", "gated", "gla", "fox", "hgrn2", "lightning")
+    assert (a.log_decay is not None) == (name in decays)
+    if a.log_decay is not None:  # gla, hgrn2: a decay per key dimension
+        shape = (B, T, H, m) if name in ("gla", "hgrn2") else (B, T, H)
         assert a.log_decay.shape == shape and a.log_decay.dtype == jnp.float32
         assert bool(jnp.all(a.log_decay <= 0))
     softmax = name in ("softmax", "fox")
@@ -484,7 +517,7 @@ call_segments = nnx.jit(lambda mixer, x, seg: mixer(x, seg))
 def test_one_householder_step_is_gated_deltanet():
     """gated_deltaproduct with n = 1 is Gated DeltaNet: the same parameter tree, drawn the same
     from one seed, and the same outputs and gradients (eagerly; under jit XLA may round them
-    differently, EXPERIMENTS.md §7.4)."""
+    differently, docs/studies/state_tracking.md, "How much one run says")."""
     options = dict(allow_neg_eigval=True, chunk_size=4, rngs=nnx.Rngs(3))
     product = get_mixer("gated_deltaproduct")(D, H, num_householder=1, **options)
     options["rngs"] = nnx.Rngs(3)

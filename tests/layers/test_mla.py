@@ -69,7 +69,8 @@ def test_mla_matches_float64_and_decodes(q_rank, rope):
 def test_mla_model_decodes_in_bfloat16():
     config = ModelConfig(
         vocab_size=30, d_model=D, num_layers=1, num_heads=H, mixer="mla", dtype="bfloat16",
-        position="rope", **LATENT,
+        position="rope", head_dim=LATENT["head_dim"],
+        options={k: v for k, v in LATENT.items() if k != "head_dim"},
     )  # fmt: skip
     model = LanguageModel(config, rngs=nnx.Rngs(0))
     tokens = jax.random.randint(jax.random.key(3), (B, 5), 0, 30)

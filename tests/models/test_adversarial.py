@@ -161,8 +161,8 @@ def test_generate_validates_its_arguments():
         (dict(tie_embeddings="no"), "tie_embeddings must be a bool, got 'no'"),
         (dict(mlp=1), "mlp must be a bool, got 1"),
         (dict(out_norm="yes"), "out_norm must be a bool"),
-        (dict(eps=float("inf")), "eps must be a finite number > 0, got inf"),
-        (dict(eps=float("nan")), "eps must be a finite number > 0, got nan"),
+        (dict(options=dict(eps=float("inf"))), "eps must be a finite number > 0, got inf"),
+        (dict(options=dict(eps=float("nan"))), "eps must be a finite number > 0, got nan"),
         (dict(norm_eps=np.float32("inf")), "norm_eps must be a finite number > 0"),
         (dict(rope_base=True), "rope_base must be a finite number > 0"),
         (dict(mlp_ratio="4"), "mlp_ratio must be a finite number > 0"),
@@ -185,17 +185,17 @@ def test_model_config_accepts_numpy_scalars_as_python_values():
             "d_model": np.int32(16),
             "conv": np.int64(3),
             "mlp": np.True_,
-            "eps": np.float32(0.5),
-            "chunk_size": np.int64(4),
+            "options": {"eps": np.float32(0.5), "chunk_size": np.int64(4)},
             "head_dim": np.int64(8),
         }
     )
     assert config == ModelConfig(
-        **{**BASE, "conv": 3, "mlp": True, "eps": 0.5, "chunk_size": 4, "head_dim": 8}
+        **{**BASE, "conv": 3, "mlp": True, "options": dict(eps=0.5, chunk_size=4), "head_dim": 8}
     )
-    for field in ("vocab_size", "d_model", "conv", "chunk_size", "head_dim"):
+    for field in ("vocab_size", "d_model", "conv", "head_dim"):
         assert type(getattr(config, field)) is int
-    assert type(config.mlp) is bool and type(config.eps) is float
+    assert type(config.options["chunk_size"]) is int
+    assert type(config.mlp) is bool and type(config.options["eps"]) is float
     hash(config)
     json.dumps(dataclasses.asdict(config))
 

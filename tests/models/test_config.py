@@ -31,17 +31,23 @@ def test_mixer_pattern_repeats_to_num_layers():
 
 
 def test_mixer_options_only_pass_what_a_mixer_uses():
-    config = ModelConfig(**BASE, mixer=("favor", "softmax"), feature_dim=8, method="scan")
+    config = ModelConfig(
+        **BASE, mixer=("favor", "softmax"), options=dict(feature_dim=8, method="scan")
+    )
     assert config.mixer_options("favor")["feature_dim"] == 8
     assert config.mixer_options("favor")["method"] == "scan"
     assert "feature_dim" not in config.mixer_options("softmax")
     assert "method" not in config.mixer_options("softmax")
-    delta = ModelConfig(**BASE, mixer=("gated_deltanet", "gated"), allow_neg_eigval=True)
+    delta = ModelConfig(
+        **BASE, mixer=("gated_deltanet", "gated"), options=dict(allow_neg_eigval=True)
+    )
     assert delta.mixer_options("gated_deltanet")["allow_neg_eigval"] is True
     assert "allow_neg_eigval" not in delta.mixer_options("gated")
     assert delta.conv is None  # each mixer's default: on for the delta rule, off for gated
-    scaled = ModelConfig(**BASE, mixer=("linear", "softmax"), feature_scale=8)
-    assert scaled.feature_scale == 8.0 and isinstance(scaled.feature_scale, float)
+    scaled = ModelConfig(**BASE, mixer=("linear", "softmax"), options=dict(feature_scale=8))
+    assert scaled.options.get("feature_scale") == 8.0 and isinstance(
+        scaled.options.get("feature_scale"), float
+    )
     assert scaled.mixer_options("linear")["feature_scale"] == 8.0
     assert "feature_scale" not in scaled.mixer_options("softmax")
     # a common option a mixer refuses (rwkv7: conv, rope) goes to the hybrid's other layers
@@ -58,36 +64,72 @@ BAD = [
     (dict(num_layers=0), "num_layers"),
     (dict(max_length=1.5), "max_length"),
     (dict(head_dim=0), "head_dim"),
-    (dict(mixer="mamba"), "unknown mixer 'mamba'"),
+    (dict(mixer="hyena"), "unknown mixer 'hyena'"),
     (dict(mixer=("gated", "softmax", "linear")), "mixer has 3 names"),
     (dict(mixer=()), "mixer has 0 names"),
     (dict(mixer=3), "mixer must be"),
     (dict(position="alibi"), "unknown position 'alibi'"),
     (dict(dtype="int8"), "dtype"),
     (dict(param_dtype="float64"), "param_dtype"),
-    (dict(mixer="softmax", feature_map="relu"), "feature_map='relu' is not used by any layer"),
-    (dict(mixer="linear", feature_dim=8), "feature_dim=8 is not used by any layer"),
-    (dict(mixer="taylor", feature_scale=8.0), "feature_scale=8.0 is not used by any layer"),
-    (dict(mixer="linear", feature_scale=-1.0), "feature_scale must be a finite number > 0"),
-    (dict(mixer="linear", feature_map="favor_plus"), "unknown feature_map 'favor_plus'"),
-    (dict(mixer=("favor", "linear"), feature_map="relu", feature_dim=0), "feature_dim"),
+    (
+        dict(mixer="softmax", options=dict(feature_map="relu")),
+        "options.feature_map='relu': no mixer of this model takes it",
+    ),
+    (
+        dict(mixer="linear", options=dict(feature_dim=8)),
+        "options.feature_dim=8: no mixer of this model takes it",
+    ),
+    (
+        dict(mixer="taylor", options=dict(feature_scale=8.0)),
+        "options.feature_scale=8.0: no mixer of this model takes it",
+    ),
+    (
+        dict(mixer="linear", options=dict(feature_scale=-1.0)),
+        "feature_scale must be a finite number > 0",
+    ),
+    (
+        dict(mixer="linear", options=dict(feature_map="favor_plus")),
+        "unknown feature_map 'favor_plus'",
+    ),
+    (
+        dict(mixer=("favor", "linear"), options=dict(feature_map="relu", feature_dim=0)),
+        "feature_dim",
+    ),
     (dict(mixer="linear", redraw_interval=10), "redraw_interval=10 needs a favor layer"),
     (dict(redraw_interval=-1), "redraw_interval"),
-    (dict(method="fft"), "unknown method 'fft'"),
-    (dict(chunk_size=0), "chunk_size"),
+    (dict(options=dict(method="fft")), "unknown method 'fft'"),
+    (dict(options=dict(chunk_size=0)), "chunk_size"),
     (dict(conv=1), "conv must be"),
     (dict(mlp_ratio=0), "mlp_ratio"),
-    (dict(eps=0.0), "eps"),
+    (dict(options=dict(eps=0.0)), "eps"),
     (dict(position="rope", head_dim=7), "even q/k head dimension"),
     (dict(out_gate="no"), "out_gate"),
-    (dict(mixer="linear", allow_neg_eigval=True), "allow_neg_eigval=True is not used by any"),
-    (dict(mixer="deltanet", allow_neg_eigval="yes"), "allow_neg_eigval must be a bool"),
-    (dict(mixer="deltanet", method="associative_scan"), "unknown method 'associative_scan'"),
+    (
+        dict(mixer="linear", options=dict(allow_neg_eigval=True)),
+        "options.allow_neg_eigval=True: no mixer of this model takes it",
+    ),
+    (
+        dict(mixer="deltanet", options=dict(allow_neg_eigval="yes")),
+        "allow_neg_eigval must be a bool",
+    ),
+    (
+        dict(mixer="deltanet", options=dict(method="associative_scan")),
+        "unknown method 'associative_scan'",
+    ),
     (dict(reset_positions="yes"), "reset_positions must be a bool"),
     (dict(reset_positions=False), "reset_positions=False needs position 'learned' or 'rope'"),
-    (dict(mixer="gla", feature_map="relu"), "feature_map='relu' is not used by any layer"),
-    (dict(mixer="softmax", method="chunked"), r"method='chunked' is not used by any layer \(mix"),
-    (dict(mixer=("swa", "softmax"), eps=1e-3), r"eps=0.001 is not used by any layer"),
+    (
+        dict(mixer="gla", options=dict(feature_map="relu")),
+        "options.feature_map='relu': no mixer of this model takes it",
+    ),
+    (
+        dict(mixer="softmax", options=dict(method="chunked")),
+        r"options.method='chunked': no mixer of this model takes it \(mixers: softmax",
+    ),
+    (
+        dict(mixer=("swa", "softmax"), options=dict(eps=1e-3)),
+        r"options.eps=0.001: no mixer of this model takes it",
+    ),
     (dict(mixer="rwkv7", conv=4), r"conv=4 is not used by any layer: rwkv7 takes no conv"),
     (dict(mixer="rwkv7", position="rope"), r"position='rope' is not used by any layer: rwkv7"),
 ]

@@ -127,12 +127,16 @@ def test_state_size_bytes_against_formulas():
     h, dv = 2, 8  # per layer: kv H·M·Dv + k_sum H·M, float32
     linear = lambda m: 4 * (h * m * dv + h * m)  # noqa: E731
     assert state_size_bytes(_config(mixer="linear")) == 2 * linear(8)
-    assert state_size_bytes(_config(mixer="favor", feature_dim=20)) == 2 * linear(20)
+    assert state_size_bytes(_config(mixer="favor", options=dict(feature_dim=20))) == 2 * linear(20)
     # taylor: M = 1 + d + d(d+1)/2 (upper triangle of x⊗x) = 15 at d = 4; by hand, 2 layers ×
     # 4 bytes × (kv 2·15·8 + k_sum 2·15) = 2160
-    assert state_size_bytes(_config(mixer="taylor", feature_dim=4)) == 2 * linear(1 + 4 + 10)
-    assert state_size_bytes(_config(mixer="taylor", feature_dim=4)) == 2160
-    assert state_size_bytes(_config(mixer="hedgehog", feature_dim=5)) == 2 * linear(10)
+    assert state_size_bytes(_config(mixer="taylor", options=dict(feature_dim=4))) == 2 * linear(
+        1 + 4 + 10
+    )
+    assert state_size_bytes(_config(mixer="taylor", options=dict(feature_dim=4))) == 2160
+    assert state_size_bytes(_config(mixer="hedgehog", options=dict(feature_dim=5))) == 2 * linear(
+        10
+    )
     # conv tail: (K − 1) · 3·H·Dh channels, float32
     assert state_size_bytes(_config(mixer="gated", conv=True)) == 2 * (linear(8) + 4 * 3 * 48)
     # delta rule: kv H·Dk·Dv only (no k_sum), conv on by default
@@ -140,13 +144,16 @@ def test_state_size_bytes_against_formulas():
     assert state_size_bytes(_config(mixer="gated_deltanet", conv=False)) == 2 * 4 * h * 8 * dv
     # grouped value heads: a state per value head; the conv over q, k (H heads) and v (HV)
     grouped = 2 * 4 * 4 * 8 * dv + 2 * 4 * 3 * (2 * h * 8 + 4 * dv)
-    assert state_size_bytes(_config(mixer="gated_deltanet", num_value_heads=4)) == grouped
-    assert state_size_bytes(_config(mixer="kda", num_value_heads=4)) == grouped
+    assert (
+        state_size_bytes(_config(mixer="gated_deltanet", options=dict(num_value_heads=4)))
+        == grouped
+    )
+    assert state_size_bytes(_config(mixer="kda", options=dict(num_value_heads=4))) == grouped
     # DeltaProduct: one H·Dk·Dv state; the conv over q and n = 3 keys and values per head
     conv3 = 4 * 3 * (h * 8 + 3 * h * 8 + 3 * h * dv)
-    assert state_size_bytes(_config(mixer="gated_deltaproduct", num_householder=3)) == 2 * (
-        4 * h * 8 * dv + conv3
-    )
+    assert state_size_bytes(
+        _config(mixer="gated_deltaproduct", options=dict(num_householder=3))
+    ) == 2 * (4 * h * 8 * dv + conv3)
     # rwkv7: kv H·Dk·Dv, and the token shift's last input (d_model = 16 floats), no conv
     assert state_size_bytes(_config(mixer="rwkv7")) == 2 * (4 * h * 8 * dv + 4 * 16)
     # mesanet: both statistics, H_kk H·Dk·Dk and H_kv H·Dk·Dv, and the conv tail over q and k
@@ -167,12 +174,12 @@ def test_state_size_bytes_against_formulas():
     assert hybrid(64) - hybrid(32) == 2 * 32 * h * dv * 4
     # swa: a ring buffer of `window` keys and values (compute dtype), whatever max_length
     for n in (16, 1 << 20):
-        swa = _config(mixer="swa", window=5, max_length=n, dtype="bfloat16")
+        swa = _config(mixer="swa", max_length=n, dtype="bfloat16", options=dict(window=5))
         assert state_size_bytes(swa) == 2 * 2 * 5 * h * dv * 2
     based = lambda n: state_size_bytes(  # noqa: E731
-        _config(mixer=("taylor", "swa"), feature_dim=4, window=5, max_length=n)
+        _config(mixer=("taylor", "swa"), max_length=n, options=dict(feature_dim=4, window=5))
     )
-    taylor_layer = state_size_bytes(_config(mixer="taylor", feature_dim=4)) // 2
+    taylor_layer = state_size_bytes(_config(mixer="taylor", options=dict(feature_dim=4))) // 2
     assert based(16) == based(1 << 20) == taylor_layer + 2 * 5 * h * dv * 4
 
 

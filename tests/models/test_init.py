@@ -96,6 +96,24 @@ def test_a_mamba2_model_initialises_as_transformers():
         np.testing.assert_array_equal(p["output.norm.scale"], 1.0)
 
 
+def test_a_mamba_model_initialises_as_transformers():
+    """Mamba-1 (`MambaPreTrainedModel._init_weights`): in_proj, x_proj and the embedding
+    N(0, r²); A_log = log n on every channel, D = 1, the dt_proj kernel U(±1/√R), its bias
+    softplus⁻¹ of dt in the range; the conv (bias 0) and out_proj U(±1/√fan_in)."""
+    config = ModelConfig(vocab_size=64, d_model=32, num_layers=1, mixer="mamba", mlp=False, initializer_range=R, options=dict(state_dim=8))  # fmt: skip
+    p = {n.removeprefix("blocks.0.mixer."): x for n, x in params_of(config).items()}
+    for name in ("embed.embedding", "inputs.in_proj.kernel", "x_proj.kernel"):
+        check_normal(name, p[name], R)
+    np.testing.assert_allclose(np.exp(p["A_log"]), np.tile(np.arange(1, 9), (64, 1)), rtol=1e-6)
+    np.testing.assert_array_equal(p["D"], 1.0)
+    check_dt_bias("dt_proj.bias", p["dt_proj.bias"])
+    np.testing.assert_array_equal(p["inputs.conv1d.bias"], 0.0)
+    for name in ("dt_proj.kernel", "inputs.conv1d.kernel", "out_proj.kernel"):
+        bound = 1 / np.sqrt(p[name].shape[0])  # R = ⌈32 / 16⌉ = 2, K = 4, E = 64
+        assert np.abs(p[name]).max() <= bound, name
+        check_normal(name, p[name], bound / np.sqrt(3))  # (the uniform's std)
+
+
 def softplus(x):
     return np.log1p(np.exp(np.asarray(x, np.float64)))
 
@@ -185,9 +203,9 @@ def test_initializer_range_maps_both_ways_and_bad_values_are_refused():
         ModelConfig(vocab_size=30, mixer="softmax", initializer_range=0.0)
     with pytest.raises(ValueError, match="initializer_range=0.02 sets transformers'.*not linear"):
         ModelConfig(vocab_size=30, mixer="linear", initializer_range=0.02)
-    unknown = r"unknown initializer .mamba. \(did you mean .mamba2.\?\); allowed: qwen3_5, mamba2"
+    unknown = r"unknown initializer .mamba3. \(did you mean .mamba.\?\); allowed: qwen3_5, mamba2"
     with pytest.raises(ValueError, match=unknown):
-        ModelConfig(vocab_size=30, mixer="gated", initializer_range=0.02, initializer="mamba")
+        ModelConfig(vocab_size=30, mixer="gated", initializer_range=0.02, initializer="mamba3")
     with pytest.raises(ValueError, match="initializer='bamba' needs initializer_range"):
         ModelConfig(vocab_size=30, mixer="gated", initializer="bamba")
     with pytest.raises(

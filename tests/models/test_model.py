@@ -51,24 +51,39 @@ CASES = {
     "hybrid_rope": dict(mixer=("gated", "softmax"), position="rope", conv=True),
     # learned positions, untied head, no MLP (the MQAR setting)
     "learned": dict(
-        mixer=("favor", "taylor"), position="learned", tie_embeddings=False, mlp=False, chunk_size=4
+        mixer=("favor", "taylor"),
+        position="learned",
+        tie_embeddings=False,
+        mlp=False,
+        options=dict(chunk_size=4),
     ),
     # the delta rule in a hybrid (its conv on by default), several chunks
-    "hybrid_delta": dict(mixer=("gated_deltanet", "softmax"), chunk_size=4, allow_neg_eigval=True),
+    "hybrid_delta": dict(
+        mixer=("gated_deltanet", "softmax"), options=dict(chunk_size=4, allow_neg_eigval=True)
+    ),
     # KDA (grouped value heads) and Gated DeltaProduct (2 delta steps per token), conv on
-    "kda_deltaproduct": dict(mixer=("kda", "gated_deltaproduct"), chunk_size=4, num_value_heads=4),
+    "kda_deltaproduct": dict(
+        mixer=("kda", "gated_deltaproduct"), options=dict(chunk_size=4, num_value_heads=4)
+    ),
     # RWKV-7 (token shift: its state carries the last input) beside a delta layer's conv
-    "hybrid_rwkv7": dict(mixer=("rwkv7", "gated_deltanet"), chunk_size=4, position="learned"),
+    "hybrid_rwkv7": dict(
+        mixer=("rwkv7", "gated_deltanet"), position="learned", options=dict(chunk_size=4)
+    ),
     # Based: taylor + sliding window (window 3 < SPLIT: the ring buffer wraps), rope and conv
-    "based": dict(mixer=("taylor", "swa"), feature_dim=4, window=3, position="rope", conv=True),
+    "based": dict(
+        mixer=("taylor", "swa"), position="rope", conv=True, options=dict(feature_dim=4, window=3)
+    ),
     # MesaNet (chunked CG, a partial last chunk) beside a decayed linear layer
     # PaTH (its KV cache of transported keys, the w conv's tail) with the forget gate, beside
     # softmax attention's cache, both convs on (PaTH's on w, kernel 4)
-    "hybrid_path": dict(mixer=("path", "softmax"), forget_gate=True, conv=True),
-    "hybrid_mesanet": dict(mixer=("mesanet", "gated"), chunk_size=5, cg_steps=16, position="rope"),
+    "hybrid_path": dict(mixer=("path", "softmax"), conv=True, options=dict(forget_gate=True)),
+    "hybrid_mesanet": dict(
+        mixer=("mesanet", "gated"), position="rope", options=dict(chunk_size=5, cg_steps=16)
+    ),
     # log-linear Mamba-2 (chunks of 4, 5 levels: positions below 16) beside softmax
     "hybrid_log_linear": dict(
-        mixer=("log_linear_mamba2", "log_linear_gated_deltanet"), chunk_size=4, num_levels=5
+        mixer=("log_linear_mamba2", "log_linear_gated_deltanet"),
+        options=dict(chunk_size=4, num_levels=5),
     ),
 }
 # every mixer once (each path is checked per mixer in tests/layers), in two models: one
@@ -89,8 +104,7 @@ def all_mixers_model(group):
         tie_embeddings=False,
         mlp=False,
         conv=None if "rwkv7" in group else True,  # rwkv7's token shift instead of a conv
-        chunk_size=4,
-        **features,
+        options=dict(chunk_size=4, **features),
     )
 
 
@@ -133,7 +147,9 @@ def test_causality_by_gradients(group):
 def test_swa_sees_exactly_its_window_by_gradients():
     """One swa layer (no conv, MLP or positions): logits at t depend on tokens t − W < s ≤ t."""
     window = 3
-    model = make(mixer="swa", window=window, num_layers=1, mlp=False, tie_embeddings=False)
+    model = make(
+        mixer="swa", num_layers=1, mlp=False, tie_embeddings=False, options=dict(window=window)
+    )
     toks = jax.random.permutation(jax.random.key(0), V)[:T][None].repeat(B, 0)
     w = jax.random.normal(jax.random.key(1), (V,))
     for t in (0, 1, 6, T - 1):
@@ -192,10 +208,12 @@ PACKED_DOCUMENTS = [(0, 0, 5), (0, 5, 12), (1, 0, 3), (1, 3, 4), (1, 4, 12)]  # 
 PACKED_CASES = {
     "softmax_rope": dict(mixer="softmax", position="rope", conv=True),
     "linear_learned": dict(mixer="linear", position="learned"),
-    "gated_conv": dict(mixer="gated", conv=True, chunk_size=4),
-    "gla_rope": dict(mixer="gla", conv=True, position="rope", chunk_size=4),
+    "gated_conv": dict(mixer="gated", conv=True, options=dict(chunk_size=4)),
+    "gla_rope": dict(mixer="gla", conv=True, position="rope", options=dict(chunk_size=4)),
     "hybrid_learned": dict(mixer=("gla", "softmax"), position="learned", conv=True),
-    "gated_deltanet_rope": dict(mixer="gated_deltanet", position="rope", chunk_size=4),
+    "gated_deltanet_rope": dict(
+        mixer="gated_deltanet", position="rope", options=dict(chunk_size=4)
+    ),
     "mla_rope": dict(mixer="mla", position="rope"),
 }
 

@@ -84,8 +84,7 @@ def test_language_model_pallas_equals_chunk(backend, mixers):
             num_heads=H,
             max_length=32,
             mixer=mixers,
-            method=method,
-            chunk_size=CHUNK[backend],
+            options=dict(method=method, chunk_size=CHUNK[backend]),
         )
         model = LanguageModel(config, rngs=nnx.Rngs(0))
 
@@ -115,7 +114,8 @@ def test_uses_pallas_reads_the_model_and_each_layer_type():
         base = dict(vocab_size=V, d_model=D, num_layers=2, num_heads=H, mixer=("gated", "linear"))
         return ModelConfig(**(base | fields)).uses_pallas
 
-    assert uses(method="pallas") and not uses() and not uses(method="chunk")
+    assert uses(options=dict(method="pallas")) and not uses()
+    assert not uses(options=dict(method="chunk"))
     assert uses(layer_options={"gated": {"method": "pallas"}})
     assert not uses(layer_options={"gated": {"method": "scan"}})
     assert not uses(mixer="softmax")  # softmax has no method field

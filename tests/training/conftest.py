@@ -32,7 +32,7 @@ def tiny_mqar():
     so the loop's redraw and both kinds of mixer are exercised."""
     config = load_config("mqar", "smoke")
     config.model.mixer = "favor,softmax"
-    config.model.feature_dim = 8
+    config.model.options.feature_dim = 8
     config.model.redraw_interval = 2
     return config
 
@@ -70,6 +70,9 @@ def tiny_config():
 
 # One mixer of each family, as one hybrid model: a single compile for a target covers them all.
 FAMILIES = "linear,gated,gated_deltanet,rwkv7,gated_deltaproduct,softmax,swa"
+# The diagonal recurrences' mixers (Mamba-1's selective scan, Griffin's RG-LRU): compiled for
+# each target under -m slow (their own dry runs: they take no chunk_size).
+RECURRENT_FAMILIES = "mamba,rglru"
 # The cases of the targets' family tests: every family on packed text (segment ids through every
 # kernel); MQAR with two families by default and every family under -m slow.
 FAMILY_CASES = [
@@ -100,7 +103,7 @@ def families_dry_run(capsys, preset: str, mixers: str, target: str, chunk: int =
         capsys,
         f"--config=configs/{preset}",
         f"--config.mesh.target={target}",
-        f"--config.model.chunk_size={chunk}",
+        f"--config.model.options.chunk_size={chunk}",
         f"--config.model.mixer={mixers}",
         f"--config.model.num_layers={len(mixers.split(','))}",
     )

@@ -459,8 +459,9 @@ def test_pallas_method_off_a_tpu_is_a_usage_error_before_anything_runs(
     from linear_attention.kernels import pallas_interpret
 
     message = (
-        "config.model.method = 'pallas' runs the Pallas kernels, which need a TPU or GPU, and "
-        "this machine's backend is 'cpu': run it there, or pass --config.model.method=chunk"
+        "config.model.options.method = 'pallas' runs the Pallas kernels, which need a TPU or GPU, "
+        "and this machine's backend is 'cpu': run it there, or pass "
+        "--config.model.options.method=chunk"
     )
     workdir, config = text_run
     fresh = os.path.join(os.path.dirname(workdir), "pallas")
@@ -477,7 +478,7 @@ def test_pallas_method_off_a_tpu_is_a_usage_error_before_anything_runs(
     ]
     monkeypatch.chdir(ROOT)
     for prog, call in calls:
-        assert call(["--config.model.method=pallas"]) == 2, prog
+        assert call(["--config.model.options.method=pallas"]) == 2, prog
         err = capsys.readouterr().err
         assert err.startswith(f"{prog}: error: {message}"), err
     assert not os.path.exists(fresh)
@@ -492,14 +493,14 @@ def test_pallas_method_off_a_tpu_is_a_usage_error_before_anything_runs(
     assert "or set it to 'chunk' (the same recurrence in XLA)" in err
     assert not os.path.exists(fresh)
     pallas = config.copy_and_resolve_references()
-    pallas.model.method = "pallas"
+    pallas.model.options.method = "pallas"
     with pallas_interpret():
         assert cli_args.check_backend(pallas) is None
-    assert config.model.method != "pallas" and cli_args.check_backend(config) is None
+    assert config.model.options.method != "pallas" and cli_args.check_backend(config) is None
     # the model's method is 'pallas' but its one layer type with a method (gated; softmax has
     # none) is set back to 'chunk': no layer runs a Mosaic kernel, so the CPU runs it
     overridden = config.copy_and_resolve_references()
     assert overridden.model.mixer == "gated,softmax"
-    overridden.model.method = "pallas"
+    overridden.model.options.method = "pallas"
     overridden.model.layer_options = {"gated": {"method": "chunk"}}
     assert cli_args.check_backend(overridden) is None

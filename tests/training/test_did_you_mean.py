@@ -28,7 +28,7 @@ def test_the_helper():
         ),
         (lambda: ModelConfig(vocab_size=8, mixer="mesa_net"), "did you mean 'mesanet'"),
         (
-            lambda: ModelConfig(vocab_size=8, mixer="linear", method="chunck"),
+            lambda: ModelConfig(vocab_size=8, mixer="linear", options=dict(method="chunck")),
             "did you mean 'chunk'",
         ),
         (lambda: mad_changes("in_context_recal"), "did you mean 'in_context_recall'"),

@@ -25,6 +25,7 @@ from tests.scripts import load_module
 from tests.training.conftest import (
     FAMILIES,
     FAMILY_CASES,
+    RECURRENT_FAMILIES,
     ROOT,
     dry_run_cli,
     families_dry_run,
@@ -141,10 +142,10 @@ def test_the_pallas_method_with_a_gpu_target_is_a_usage_error(capsys, monkeypatc
     monkeypatch.chdir(ROOT)
     mqar = "--config=configs/mqar.py:smoke"
     model = ["--config.model.mixer=gated,rwkv7", "--config.model.num_layers=2"]
-    status, _, err = dry_run_cli(capsys, mqar, H100, "--config.model.method=pallas", *model)
+    status, _, err = dry_run_cli(capsys, mqar, H100, "--config.model.options.method=pallas", *model)
     assert status == 2 and "Traceback" not in err
     assert err.startswith(
-        "la-train: error: config.model.method = 'pallas' (the layers rwkv7): "
+        "la-train: error: config.model.options.method = 'pallas' (the layers rwkv7): "
         "config.mesh.target = 'gpu:h100:8' is compiled by XLA:GPU, whose Pallas kernels (gpu) "
         "do not cover these layers' kernel families; use method 'chunk'"
     )
@@ -167,7 +168,7 @@ def test_the_pallas_method_compiles_the_mosaic_gpu_kernel_for_an_h100(capsys, mo
     monkeypatch.chdir(ROOT)
     argv = ["--config=configs/mqar.py:smoke", "--config.mesh.target=gpu:h100:1"]
     argv += [f"--config.model.mixer={mixer}", "--config.model.num_layers=1"]
-    argv += ["--config.model.dtype=bfloat16", "--config.model.chunk_size=64"]
+    argv += ["--config.model.dtype=bfloat16", "--config.model.options.chunk_size=64"]
     calls, real = [], sizing.compile_for_target
 
     def spy(traced, *args):
@@ -176,7 +177,7 @@ def test_the_pallas_method_compiles_the_mosaic_gpu_kernel_for_an_h100(capsys, mo
 
     monkeypatch.setattr(sizing, "compile_for_target", spy)
     for method in ("pallas", "chunk"):
-        status, result, err = dry_run_cli(capsys, *argv, f"--config.model.method={method}")
+        status, result, err = dry_run_cli(capsys, *argv, f"--config.model.options.method={method}")
         assert status == 0, err
         assert result["fits"] and result["train_step_bytes_per_device"] > 0
     assert calls[0] > 0 and calls[1] == 0
@@ -243,7 +244,7 @@ def test_the_two_family_lists_cover_every_registered_mixers_kernel_family():
     def family(name):
         return getattr(MIXERS[name].FAMILY, "name", name)  # attention kinds: the mixer itself
 
-    listed = (FAMILIES + "," + OTHER_FAMILIES).split(",")
+    listed = ",".join((FAMILIES, OTHER_FAMILIES, RECURRENT_FAMILIES)).split(",")
     assert {family(m) for m in listed} == {family(m) for m in MIXERS}
 
 
@@ -257,6 +258,24 @@ def test_the_other_families_compile_for_8_h100s(capsys, monkeypatch):
 
 
 @needs_cuda
+@pytest.mark.slow
+def test_the_recurrent_blocks_compile_for_8_h100s(capsys, monkeypatch):
+    """Mamba-1's block and Griffin's recurrent block (the selective scan and the RG-LRU, each
+    a `lax.scan` over time) in one LM smoke model, compiled by XLA:GPU and ptxas for 8 H100s
+    (20 s on a loaded 2-core CPU: under -m slow)."""
+    monkeypatch.chdir(ROOT)
+    status, sizing_, err = dry_run_cli(
+        capsys,
+        "--config=configs/lm.py:smoke",
+        "--config.mesh.target=gpu:h100:8",
+        f"--config.model.mixer={RECURRENT_FAMILIES}",
+        "--config.model.num_layers=2",
+    )
+    assert status == 0, err
+    _check_sizing(sizing_)
+
+
+@needs_cuda
 def test_the_step_split_over_time_and_fsdp_compiles_for_two_h200_hosts(capsys, monkeypatch):
     """2 hosts of 4 H200s, time split over 2 of them (shard_map), FSDP over the 4 data devices,
     2 micro-batches, remat=block: the state on a GPU is between a quarter of the replicated
@@ -264,7 +283,7 @@ def test_the_step_split_over_time_and_fsdp_compiles_for_two_h200_hosts(capsys, m
     monkeypatch.chdir(ROOT)
     argv = ["--config=configs/lm.py:smoke", "--config.mesh.target=gpu:h200:2x4"]
     argv += ["--config.mesh.seq=2", "--config.mesh.fsdp=True", "--config.model.remat=block"]
-    argv += ["--config.train.grad_accum_steps=2", "--config.model.chunk_size=16"]
+    argv += ["--config.train.grad_accum_steps=2", "--config.model.options.chunk_size=16"]
     status, sizing_, err = dry_run_cli(capsys, *argv)
     assert status == 0, err
     assert sizing_["target"]["mesh"] == {"data": 4, "seq": 2, "model": 1}

@@ -239,7 +239,7 @@ def test_rwkv7_mixing_flops_hand_count():
     assert chunk == pytest.approx(2 * 2 * (160 + 160 + 16 / 3 + 320))
     assert mixing_flops(mixer, "rwkv7", 12, method="scan", chunk_size=None) == 1024.0
     config = ModelConfig(vocab_size=32, d_model=16, num_layers=1, num_heads=2, mixer="rwkv7",
-                         chunk_size=4, mlp=False, max_length=12)  # fmt: skip
+                         mlp=False, max_length=12, options=dict(chunk_size=4))  # fmt: skip
     model = nnx.eval_shape(lambda: LanguageModel(config, rngs=nnx.Rngs(0)))
     flops = flops_per_token(model, 12)
     assert flops["mixer/rwkv7"] == pytest.approx(3 * chunk)

@@ -26,6 +26,7 @@ MIXERS = tuple(name for name, cls in REGISTRY.items() if cls.SEQUENCE_PARALLEL)
 # sequence paths; without them the file's default checks took 81 s instead of 110 s)
 FAST_MIXERS = ("kda", "rwkv7")
 FEATURE_DIM = {"favor": 8, "taylor": 4, "hedgehog": 8}
+PACKED = ("rwkv7", "rwkv6", "mamba", "rglru")
 
 
 def main(part="fast"):
@@ -75,20 +76,25 @@ def main(part="fast"):
     for i, name in enumerate(MIXERS):
         if (name in FAST_MIXERS) != (part == "fast"):
             continue
-        # rwkv7 (token shift instead of a conv, no rotary positions) on the packed rows: its
-        # shift reads the previous shard's last token unless a document starts there
-        rwkv = name == "rwkv7"
+        # rwkv7, rwkv6 (token shift instead of a conv, no rotary positions) on the packed rows:
+        # the shift reads the previous shard's last token unless a document starts there
+        rwkv = "conv" in REGISTRY[name].NOT_TAKEN
+        rope = "rope" not in REGISTRY[name].NOT_TAKEN and i % 2 == 0
         config = ModelConfig(
             vocab_size=32, d_model=16, num_layers=1, num_heads=2, mixer=name,
             conv=None if rwkv else True,
-            feature_dim=FEATURE_DIM.get(name), position=("rope", "learned")[i % 2],
+            position="rope" if rope else "learned",
             max_length=T, mlp=False,
-            # (only the options this mixer reads: the config refuses one no layer uses)
-            chunk_size=4 if "chunk_size" in REGISTRY[name].Config.own_options() else None,
-            window=5 if name == "swa" else None,
+            options=dict(
+                feature_dim=FEATURE_DIM.get(name),
+                chunk_size=4 if "chunk_size" in REGISTRY[name].Config.own_options() else None,
+                window=5 if name == "swa" else None,
+            ),
         )  # fmt: skip
         # (swa with window 5: a halo of 4 keys, one whole shard back)
-        data = packed if rwkv else batch
+        # (mamba and rglru on the packed rows too: their conv and their resets at document
+        # starts, RG-LRU's unscaled first write, across shard boundaries)
+        data = packed if rwkv or name in PACKED else batch
         (g_one, s_one), (g_split, s_split) = (
             grads_and_stats(config, m, data) for m in (None, split)
         )
@@ -106,8 +112,8 @@ def main(part="fast"):
     # restarting at each document.
     config = ModelConfig(
         vocab_size=32, d_model=16, num_layers=5, num_heads=2, conv=True, position="rope",
-        mixer=("softmax", "swa", "gla", "gated_deltanet", "linear"), max_length=T,
-        chunk_size=4, mlp=False, window=5,
+        mixer=("softmax", "swa", "gla", "gated_deltanet", "linear"), max_length=T, mlp=False,
+        options=dict(chunk_size=4, window=5),
     )  # fmt: skip
     (g_one, s_one), (g_split, s_split) = (grads_and_stats(config, m, packed) for m in (None, split))
     out["packed"] = {

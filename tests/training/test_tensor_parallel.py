@@ -235,8 +235,11 @@ def test_split_rule():
 def _config(**changes):
     config = tiny_mqar()
     for key, value in changes.items():
-        section, field = key.split(".")
-        setattr(getattr(config, section), field, value)
+        *path, field = key.split(".")  # (model.options.<option>: one level deeper)
+        node = config
+        for part in path:
+            node = getattr(node, part)
+        setattr(node, field, value)
     return config
 
 
@@ -257,13 +260,13 @@ def _config(**changes):
                 "mesh.model": 2,
                 "model.num_heads": 4,
                 "model.mixer": "softmax",
-                "model.feature_dim": None,
+                "model.options.feature_dim": None,
                 "model.redraw_interval": 0,
-                "model.num_kv_heads": 1,
+                "model.options.num_kv_heads": 1,
             },
             r"num_kv_heads \(softmax\) = 1 is not divisible by it \(allowed: 1\)",
         ),
-        ({"mesh.model": 2, "model.method": "pallas"}, "Pallas kernels cannot be split"),
+        ({"mesh.model": 2, "model.options.method": "pallas"}, "Pallas kernels cannot be split"),
         (
             {
                 "mesh.model": 2,

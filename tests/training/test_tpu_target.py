@@ -20,6 +20,7 @@ from linear_attention.training.tpu_target import oom_bytes
 from tests.scripts import load_module
 from tests.training.conftest import (
     FAMILY_CASES,
+    RECURRENT_FAMILIES,
     ROOT,
     dry_run_cli,
     families_dry_run,
@@ -152,12 +153,24 @@ def test_every_mixer_family_compiles_for_a_v5e_slice(capsys, monkeypatch, preset
 
 
 @needs_libtpu
+@pytest.mark.slow
+def test_the_recurrent_blocks_compile_for_a_v5e_slice(capsys, monkeypatch):
+    """Mamba-1's block and Griffin's recurrent block in one LM smoke model, compiled for 4 v5e
+    chips (10 s on a loaded 2-core CPU: under -m slow)."""
+    monkeypatch.chdir(ROOT)
+    model = [f"--config.model.mixer={RECURRENT_FAMILIES}", "--config.model.num_layers=2"]
+    status, sizing, err = dry_run_cli(capsys, "--config=configs/lm.py:smoke", V5E, *model)
+    assert status == 0, err
+    _check_sizing(sizing, devices=4)
+
+
+@needs_libtpu
 def test_the_pallas_method_compiles_for_a_v5e_slice(capsys, monkeypatch):
     """method="pallas" on a CPU machine: the Mosaic kernels lowered for the target (a per-token
     decay and a plain linear layer), for every layer or for one layer type; without a target
     the dry run compiles for this machine's CPU, where the Pallas kernels raise."""
     monkeypatch.chdir(ROOT)
-    model = ["--config.model.method=pallas", "--config.model.chunk_size=16"]
+    model = ["--config.model.options.method=pallas", "--config.model.options.chunk_size=16"]
     model += ["--config.model.mixer=gated,linear", "--config.model.num_layers=2"]
     status, sizing, err = dry_run_cli(capsys, "--config=configs/mqar.py:smoke", V5E, *model)
     assert status == 0, err

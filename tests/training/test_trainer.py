@@ -132,7 +132,7 @@ def test_tiny_run_writes_every_file_with_checked_numbers(tmp_path, tiny_config, 
     # d 32, 2 heads of 16, conv 4, no MLP, vocab and T from the config, chunk min(64, T).
     d, h, dh, f = 32, 2, 16, 8
     v, t = cfg.model.vocab_size, cfg.data.seq_len
-    c = min(cfg.model.chunk_size or 64, t)  # (None: favor's default chunk size, 64)
+    c = min(cfg.model.options.get("chunk_size") or 64, t)  # (None: favor's default chunk size, 64)
     weights = 2 * (4 * d * d + 4 * 3 * d) + v * d
     favor = 2 * h * (c * (f + dh) + 2 * f * dh)
     softmax = 2 * h * t * 2 * dh
@@ -348,18 +348,24 @@ def test_early_stop_ends_at_the_eval_that_meets_the_threshold(tmp_path, tiny_con
     assert trainer.train(tiny_config, stopped) == _read(stopped, "summary.json")
     monkeypatch.undo()
 
-    # A run saved before a config field existed (no `eps` in its config.json) resumes
-    # while the field holds its default, and is refused with another value. (eps: an option
-    # of the favor layer; the config refuses a mixer option no layer uses, such as window.)
+    # A run saved before a config field existed (no `remat` in its config.json) resumes while
+    # the field holds its default, and is refused with another value, as is a mixer option the
+    # run did not set (eps: the favor layer's).
     tiny_config.train.stop_at = 0.0
     saved = _read(stopped, "config.json")
-    del saved["model"]["eps"]
+    del saved["model"]["remat"]
     with open(os.path.join(stopped, "config.json"), "w") as f:
         json.dump(saved, f)
-    tiny_config.model.eps = 1e-3
-    with pytest.raises(ValueError, match="config.model.eps = None, but this config has 0.001"):
+    tiny_config.model.remat = "block"
+    with pytest.raises(ValueError, match="config.model.remat = None, but this config has 'block'"):
         trainer.train(tiny_config, stopped)
-    tiny_config.model.eps = None
+    tiny_config.model.remat = "none"
+    tiny_config.model.options.eps = 1e-3
+    with pytest.raises(
+        ValueError, match="config.model.options.eps = None, but this config has 0.001"
+    ):
+        trainer.train(tiny_config, stopped)
+    tiny_config.model.options.eps = None
 
     # Switched off (or raised), the run resumes at 3 and ends as the straight run.
     summary = trainer.train(tiny_config, stopped)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from linear_attention.training.cli_args import check_backend
+from linear_attention.training.cli_args import check_backend, show_spelling_warnings
 from linear_attention.training.sweep.grid import load_sweep, prepare
 from linear_attention.training.sweep.runner import check_results_csv, run
 
@@ -70,6 +70,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    if argv is None:  # (the program itself, not a caller that manages warnings)
+        show_spelling_warnings()
     parser = _parser()
     args = parser.parse_args(argv)
     if args.results_csv is not None and not args.report_only:

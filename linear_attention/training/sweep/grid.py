@@ -22,6 +22,7 @@ from pathlib import Path
 
 import ml_collections
 
+from linear_attention.models.legacy import respelled
 from linear_attention.training.config import experiment_config
 
 
@@ -97,6 +98,7 @@ def parse_axes(sweep) -> list[Axis]:
         if not isinstance(spec, ml_collections.ConfigDict) or "field" not in spec:
             raise ValueError(f"grid.{name} must be a ConfigDict(field=..., choices=...)")
         fields = (spec.field,) if isinstance(spec.field, str) else tuple(spec.field)
+        fields = tuple(respelled(field) for field in fields)  # (an old `model.window`, warned)
         for field in fields:
             _get(sweep.base, field)
         if not re.fullmatch(r"[A-Za-z0-9_]+", name):

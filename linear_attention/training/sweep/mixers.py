@@ -6,7 +6,8 @@ the mixers themselves (`layers.base.Mixer`'s sweep attributes) and the registry:
   from this module's keywords (the Taylor feature width, the window);
 - a hybrid of the registry (`layers.registry.HYBRIDS`, e.g. Based): its mixers, with the
   options each of them sets;
-- ``<label>_neg``: the mixer with β ∈ (0, 2) (``model.allow_neg_eigval``; Grazzi et al.);
+- ``<label>_neg``: the mixer with β ∈ (0, 2) (``model.options.allow_neg_eigval``;
+  Grazzi et al.);
 - ``<mixer>_n<k>``: a mixer with a `SWEEP_COUNT` option (the Householder steps) set to k;
 - a mixer's own fixed labels (`SWEEP_LABELS`, e.g. elu+1 with q and k scaled by 8).
 
@@ -66,7 +67,8 @@ def _parse(label: str) -> tuple[str | tuple[str, ...], dict]:
 
 
 def mixer_settings(label: str, *, taylor_dim: int, window: int, conv, no_conv=0) -> dict:
-    """The model fields (``model.<name>`` -> value) that a mixer label sets; ``conv`` is what
+    """The model fields (``model.mixer``, ``model.options.<name>``, ``model.conv`` -> value)
+    that a mixer label sets; ``conv`` is what
     every mixer but one that refuses a conv writes into ``model.conv`` (None would be each
     mixer's default, not the base config's), ``no_conv`` what such a mixer writes."""
     keywords = {"taylor_dim": taylor_dim, "window": window}
@@ -80,7 +82,7 @@ def mixer_settings(label: str, *, taylor_dim: int, window: int, conv, no_conv=0)
     refuses_conv = registered and all("conv" in cls.NOT_TAKEN for cls in registered)
     return {
         "model.mixer": mixer,
-        **{f"model.{f}": options.get(f) for f in SWEPT},
+        **{f"model.options.{f}": options.get(f) for f in SWEPT},
         "model.conv": no_conv if refuses_conv else conv,
     }
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from linear_attention.models.legacy import old_path
 from linear_attention.training.config import experiment_config
 from linear_attention.training.data_kinds import DATA_KINDS
 from linear_attention.training.sweep.grid import Axis, Point, format_value
@@ -99,12 +100,14 @@ def _base_value(base, field: str):
 def _check_fields(path: Path, old: dict, point: Point, row: dict, base) -> None:
     """A saved row must have the grid point's field values (the file is of this grid)."""
     for field in point.values:
+        # (a file written before mixer options moved has `model.window`, not its new spelling)
+        saved = field if field in old else (old_path(field) or field)
         # A field the file lacks is one the grid gained later: its runs had the base's value.
-        if field not in old and row[field] == format_value(_base_value(base, field)):
+        if saved not in old and row[field] == format_value(_base_value(base, field)):
             continue
-        if old.get(field) != row[field]:
+        if old.get(saved) != row[field]:
             raise ValueError(
-                f"{path}: point {point.name} has {field} = {old.get(field)!r} but the grid "
+                f"{path}: point {point.name} has {field} = {old.get(saved)!r} but the grid "
                 f"has {row[field]!r}; the file is of another grid"
             )
 

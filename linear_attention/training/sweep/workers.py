@@ -36,7 +36,7 @@ from linear_attention.training.sweep.grid import Point
 from linear_attention.training.sweep.points import run_point
 
 # Worker processes (--jobs N) run XLA on one thread each: these models are too small for
-# XLA's intra-op threads to keep two cores busy (EXPERIMENTS.md, the MQAR study).
+# XLA's intra-op threads to keep two cores busy (docs/studies/mqar.md).
 WORKER_XLA_FLAGS = "--xla_cpu_multi_thread_eigen=false"
 # A worker's answer line starts with this, so that anything else it prints is not mistaken for one.
 _RESULT = "@@sweep-result "

@@ -1,0 +1,1 @@
+"""Comba (FLA `ops/comba`): the delta rule with closed-loop control, on the DPLR kernels."""
