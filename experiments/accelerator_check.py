@@ -17,14 +17,16 @@ work; one past its share plus a grace is killed (and recorded so). The parts:
    TF32, a precision choice, not a kernel error) and the forward on bfloat16 inputs, on the
    accelerator, against a float64 reference computed on the host CPU (`on_host_float64`: the
    reference variant's code under ``jax.enable_x64`` on the ``cpu`` device, its ``jnp.float32``
-   states and sums read as float64). Linear attention: every method (``pallas`` too,
-   where it is refused that is recorded as unavailable) for decays none / per head [H] / per
-   token [B,T,H] / per key [B,T,H,K], an initial state and normalisation, against its quadratic
-   form. The delta rule with a per-token decay (Gated DeltaNet) and a per-key decay (KDA), DPLR
-   and DeltaProduct in ``chunk`` against ``scan``; log-linear attention and its delta rule,
-   forgetting attention and PaTH in their fast form against their quadratic form; MesaNet's
-   ``chunk`` against ``exact``; softmax blockwise and the sliding window against the quadratic
-   form. At ``check_T`` tokens, not a multiple of the chunk.
+   states and sums read as float64). Linear attention: every method (``pallas`` too, where it is
+   refused that is recorded as unavailable) for decays none / per head [H] / per token [B,T,H] / per
+   key [B,T,H,K], an initial state and normalisation, against its quadratic form. The delta rule
+   with a per-token decay (Gated DeltaNet) and a per-key decay (KDA), DPLR and DeltaProduct in
+   ``chunk`` against ``scan``, and the delta rule, KDA and DeltaProduct in ``pallas`` too (bfloat16
+   inputs, forward and gradient, chunks of 64: the Mosaic GPU walk on a GPU; unavailable where the
+   backend has no Pallas kernel); log-linear attention and its delta rule, forgetting attention and
+   PaTH in their fast form against their quadratic form; MesaNet's ``chunk`` against ``exact``;
+   softmax blockwise and the sliding window against the quadratic form. At ``check_T`` tokens, not a
+   multiple of the chunk.
 2. ``timings``: forward + backward (the gradient of <o, do> with respect to every input) of the
    five operations FLA also has (`fla_timings.OPS`: the delta rule, gated delta rule, KDA,
    simple GLA, GLA) at T = 4K, 16K, 64K in bfloat16, B·H fixed (B 1, H 16), K = V = 128,
@@ -92,6 +94,11 @@ FAMILIES = (
     "delta_rule", "kda", "dplr", "delta_product", "log_linear", "log_linear_delta",
     "forgetting", "path", "mesa_net", "softmax", "sliding_window",
 )  # fmt: skip
+# The families whose `method="pallas"` is checked too, on bfloat16 inputs (the GPU kernels'
+# wgmma operands) in chunks of 64 (wgmma's rows), "unavailable" where this backend has no Pallas
+# kernel for them (the CPU).
+PALLAS_FAMILIES = ("delta_rule", "kda", "delta_product")
+PALLAS_CHUNK = 64
 OPS = ("delta_rule", "gated_delta_rule", "kda", "simple_gla", "gla")  # as fla_timings.OPS
 # the library's methods timed per op: chunk_parallel (every chunk at once) exists for linear
 # attention only
@@ -245,10 +252,13 @@ def _family_case(family: str, T: int, rng):
     q, k, v = arr(B, T, H, Kd), unit(arr(B, T, H, Kd)), arr(B, T, H, Dv)
     levels = uniform(0.2, 1.0, B, T, H, (T - 1).bit_length() + 1)
 
+    def chunk(method):
+        return PALLAS_CHUNK if method == "pallas" else 16
+
     def delta(method, q, k, v, beta, a):
         o, s = K.delta_rule(
-            q, k, v, beta, log_decay=a, method=method, chunk_size=16, initial_state=state,
-            return_state=True,
+            q, k, v, beta, log_decay=a, method=method, chunk_size=chunk(method),
+            initial_state=state, return_state=True,
         )  # fmt: skip
         return o, s.kv
 
@@ -262,8 +272,8 @@ def _family_case(family: str, T: int, rng):
 
     def product(method, q, k, v, beta, a):
         o, s = K.delta_product(
-            q, k, v, beta, log_decay=a, method=method, chunk_size=16, initial_state=state,
-            return_state=True,
+            q, k, v, beta, log_decay=a, method=method, chunk_size=chunk(method),
+            initial_state=state, return_state=True,
         )  # fmt: skip
         return o, s.kv
 
@@ -359,22 +369,28 @@ def _check_family(family, f, args, ref_variant, variant, n_cast) -> list[dict]:
     except Exception as e:  # noqa: BLE001
         return [dict(base, check="reference", dtype="float64", error=first_line(e), ok=False)]
     low = [x.astype(jnp.bfloat16) if i < n_cast else x for i, x in enumerate(args)]
+    cases = [
+        (variant, "forward", "float32", args),
+        (variant, "gradient", "float32", args),
+        (variant, "forward", "bfloat16", low),
+    ]
+    if family in PALLAS_FAMILIES:
+        cases += [("pallas", "forward", "bfloat16", low), ("pallas", "gradient", "bfloat16", low)]
     out = []
-    for check, dtype, x in (
-        ("forward", "float32", args),
-        ("gradient", "float32", args),
-        ("forward", "bfloat16", low),
-    ):
-        fields = dict(base, check=check, dtype=dtype)
+    for method, check, dtype, x in cases:
+        fields = dict(base, method=method, check=check, dtype=dtype)
         x = [jnp.asarray(t) for t in x]
         try:
             if check == "forward":
-                got = jax.jit(lambda *x: f(variant, *x))(*x)
+                got = jax.jit(lambda *x, m=method: f(m, *x))(*x)
                 out.append(compare(got, ref, **fields))
             else:
-                out.append(compare(jax.jit(grad(variant))(*x), ref_grads, **fields))
+                out.append(compare(jax.jit(grad(method))(*x), ref_grads, **fields))
         except Exception as e:  # noqa: BLE001 (recorded: the check goes on)
-            out.append(dict(fields, error=first_line(e), ok=False))
+            if method == "pallas":  # no Pallas kernel for this family on this backend
+                out.append(dict(fields, unavailable=first_line(e)))
+            else:
+                out.append(dict(fields, error=first_line(e), ok=False))
     return out
 
 

@@ -208,8 +208,8 @@ def dry_run(
 def check_pallas_target(cfg: ExperimentConfig, target: Target) -> None:
     """`ValueError` where a layer runs method="pallas" and the target has no Pallas kernel for
     it (its family's descriptor names the backends: TPU for every Pallas family, Mosaic GPU on
-    Hopper for causal linear attention), or where the Mosaic GPU kernels would get float32
-    inputs (their wgmma operands are bfloat16 or float16)."""
+    Hopper for causal linear attention, the delta rule and DeltaProduct), or where the Mosaic
+    GPU kernels would get float32 inputs (their wgmma operands are bfloat16 or float16)."""
     layers = cfg.model.backend_layers
     if not layers:
         return

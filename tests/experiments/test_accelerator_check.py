@@ -53,6 +53,33 @@ def test_one_family_is_checked_against_its_host_reference(ac):
     assert 1e-5 < checks[2]["rel_err"] < ac.TOLERANCE["bfloat16"]  # bfloat16 inputs do round
 
 
+@pytest.mark.slow
+def test_the_delta_rules_pallas_is_checked_where_it_runs(ac):
+    """The delta rule's pallas method: unavailable on the CPU (no kernel, no failure); in the
+    Mosaic GPU interpreter (as on a lent GPU), its bfloat16 forward and gradient pass against
+    the float64 host reference (slow: the next test)."""
+    checks = ac.run_family_checks(37, families=("delta_rule",))
+    pallas = [c for c in checks if c["method"] == "pallas"]
+    assert [(c["check"], c["dtype"]) for c in pallas] == [
+        ("forward", "bfloat16"),
+        ("gradient", "bfloat16"),
+    ]
+    assert all("pallas" in c["unavailable"] and "ok" not in c for c in pallas)
+    assert all(c["ok"] for c in checks if c["method"] == "chunk")
+    assert ac.checks_passed({"parts": {"checks": {"result": {"family_checks": checks}}}})
+
+
+@pytest.mark.slow
+def test_the_delta_rules_pallas_passes_in_the_gpu_interpreter(ac):
+    from linear_attention import kernels as K
+
+    with K.pallas_interpret("gpu"):  # the lent GPU's kernels, interpreted
+        checks = ac.run_family_checks(37, families=("delta_rule",))
+    pallas = [c for c in checks if c["method"] == "pallas"]
+    assert len(pallas) == 2 and all(c["ok"] for c in pallas)
+    assert all(1e-4 < c["rel_err"] < ac.TOLERANCE["bfloat16"] for c in pallas)
+
+
 def test_a_spent_budget_skips_the_checks(ac):
     checks = ac.run_family_checks(37, families=("softmax", "path"), deadline=0.0)
     assert [c["family"] for c in checks] == ["softmax", "path"]

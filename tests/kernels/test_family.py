@@ -41,6 +41,9 @@ def test_every_family_declares_its_methods_step_and_flops():
     pallas = {n for n, f in K.FAMILIES.items() if any(f.backends(m) for m in f.supported)}
     assert pallas == {"causal_linear_attention", "delta_rule", "delta_product", "dplr_delta_rule"}
     assert K.LINEAR.backends("pallas") == ("tpu", "gpu") and K.LINEAR.backends("chunk") == ()
+    # the delta rule's GPU walk runs DeltaProduct's sub-tokens too; DPLR has no GPU kernel
+    gpu = {n for n, f in K.FAMILIES.items() if any("gpu" in f.backends(m) for m in f.supported)}
+    assert gpu == {"causal_linear_attention", "delta_rule", "delta_product"}
 
 
 @pytest.mark.parametrize(

@@ -53,6 +53,16 @@ def _phi(x):
     return jax.nn.elu(x) + 1.0
 
 
+# "pallas_gpu": method="pallas" under pallas_interpret("gpu"), in chunks of 64 (wgmma's rows):
+# one chunk holds both documents and the NaN.
+def _method(m):
+    return "pallas" if m == "pallas_gpu" else m
+
+
+def _chunk(m):
+    return 64 if m == "pallas_gpu" else CHUNK
+
+
 # name -> (methods, the inputs read (poisoned one at a time), kernel(x, method, seg) -> o)
 KERNELS = {
     "causal_linear_attention": (
@@ -82,7 +92,7 @@ KERNELS = {
         ),
     ),
     "delta_rule": (
-        K.DELTA_METHODS + ("pallas",),
+        K.DELTA_METHODS + ("pallas", "pallas_gpu"),
         ("q", "k", "v", "beta", "log_decay"),
         lambda x, m, seg: K.delta_rule(
             x["q"],
@@ -90,13 +100,13 @@ KERNELS = {
             x["v"],
             x["beta"],
             log_decay=x["log_decay"],
-            method=m,
-            chunk_size=CHUNK,
+            method=_method(m),
+            chunk_size=_chunk(m),
             segment_ids=seg,
         ),
     ),
     "delta_rule/per_key": (
-        K.DELTA_METHODS + ("pallas",),
+        K.DELTA_METHODS + ("pallas", "pallas_gpu"),
         ("k", "log_decay_per_key"),
         lambda x, m, seg: K.delta_rule(
             x["q"],
@@ -104,8 +114,8 @@ KERNELS = {
             x["v"],
             x["beta"],
             log_decay=x["log_decay_per_key"],
-            method=m,
-            chunk_size=CHUNK,
+            method=_method(m),
+            chunk_size=_chunk(m),
             segment_ids=seg,
         ),
     ),
@@ -241,7 +251,9 @@ def _poison(x, name, value=jnp.nan):
 def test_a_nan_stays_in_its_document_and_after_its_position(name, method):
     _, poisonable, kernel = KERNELS[name]
     run = jax.jit(functools.partial(kernel, m=method, seg=SEGMENTS))
-    interpret = K.pallas_interpret() if method == "pallas" else _nothing()
+    interpret = {"pallas": K.pallas_interpret(), "pallas_gpu": K.pallas_interpret("gpu")}.get(
+        method, _nothing()
+    )
     x = _inputs()
     with interpret:
         clean = np.asarray(run(x))

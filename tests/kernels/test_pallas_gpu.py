@@ -100,9 +100,8 @@ def test_modes_dispatch_and_refuse():
     with K.pallas_interpret("gpu"):
         with pytest.raises(ValueError, match="multiple of 64.*got 32"):
             K.causal_linear_attention(q, k, v, method="pallas", chunk_size=32)
-        beta = jnp.full((1, 5, 2), 0.5)
         with pytest.raises(ValueError, match='no Pallas GPU kernel.*method="chunk"'):
-            K.delta_rule(q, k, v, beta, method="pallas", chunk_size=16)
+            K.dplr_delta_rule(q, k, v, -k, k, method="pallas", chunk_size=16)
         # shared memory past an H100's is refused before compiling (shapes only: eval_shape)
         big = jax.ShapeDtypeStruct((1, 256, 2, 128), jnp.bfloat16)
 

@@ -30,13 +30,14 @@ CHUNK = {"tpu": 16, "gpu": 64}
         ("gated_deltanet", dict(num_value_heads=4), "tpu"),
         ("gla", {}, "gpu"),
         ("gated", {}, "gpu"),
+        pytest.param("gated_deltanet", dict(num_value_heads=4), "gpu", marks=pytest.mark.slow),
     ],
-    ids=["gla", "gated_deltanet_grouped", "gla_gpu", "gated_gpu"],
+    ids=["gla", "gated_deltanet_grouped", "gla_gpu", "gated_gpu", "gated_deltanet_grouped_gpu"],
 )
 def test_mixer_pallas_equals_chunk(name, options, backend):
     """A decay per key channel (GLA), Gated DeltaNet with grouped value heads (TPU kernels), and
-    GLA and Mamba-2's decay per head and token (the GPU kernels): outputs and parameter
-    gradients."""
+    GLA, Mamba-2's decay per head and token and Gated DeltaNet with grouped value heads (the
+    GPU kernels): outputs and parameter gradients."""
     x = jax.random.normal(jax.random.key(0), (B, T, D))
     chunk_size = CHUNK[backend]
 
@@ -60,10 +61,18 @@ def test_mixer_pallas_equals_chunk(name, options, backend):
         assert rel_err(g, g_c) < 1e-4
 
 
-@pytest.mark.parametrize("backend", ["tpu", "gpu"])
-def test_language_model_pallas_equals_chunk(backend):
-    """Two layers (a per-token decay and plain linear attention), packed rows: logits and the
-    loss's gradient."""
+@pytest.mark.parametrize(
+    ("backend", "mixers"),
+    [
+        ("tpu", ("gated", "linear")),
+        ("gpu", ("gated", "linear")),
+        pytest.param("gpu", ("gated_deltanet", "kda"), marks=pytest.mark.slow),
+    ],
+    ids=["tpu", "gpu", "gpu_delta"],
+)
+def test_language_model_pallas_equals_chunk(backend, mixers):
+    """Two layers (a per-token decay and plain linear attention; on GPU also Gated DeltaNet and
+    KDA), packed rows: logits and the loss's gradient."""
     tokens = jax.random.randint(jax.random.key(1), (B, T), 0, V)
     segment_ids = jnp.asarray(np.repeat([[0] * 9 + [1] * 12], B, axis=0), jnp.int32)
 
@@ -74,7 +83,7 @@ def test_language_model_pallas_equals_chunk(backend):
             num_layers=2,
             num_heads=H,
             max_length=32,
-            mixer=("gated", "linear"),
+            mixer=mixers,
             options=dict(method=method, chunk_size=CHUNK[backend]),
         )
         model = LanguageModel(config, rngs=nnx.Rngs(0))

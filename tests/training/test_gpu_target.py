@@ -136,16 +136,16 @@ def test_without_the_cuda_plugin_a_gpu_target_names_the_extra(capsys, monkeypatc
 
 def test_the_pallas_method_with_a_gpu_target_is_a_usage_error(capsys, monkeypatch):
     """method="pallas" on a GPU target is refused before compiling where the target has no
-    kernel for a layer's family (the delta family on an H100, anything on an A100), for the
-    model's method and for one layer type's, and where the Mosaic GPU kernels would get
-    float32 inputs."""
+    kernel for a layer's family (DPLR on an H100, anything on an A100), for the model's
+    method and for one layer type's, and where the Mosaic GPU kernels would get float32
+    inputs."""
     monkeypatch.chdir(ROOT)
     mqar = "--config=configs/mqar.py:smoke"
-    model = ["--config.model.mixer=gated,gated_deltanet", "--config.model.num_layers=2"]
+    model = ["--config.model.mixer=gated,rwkv7", "--config.model.num_layers=2"]
     status, _, err = dry_run_cli(capsys, mqar, H100, "--config.model.options.method=pallas", *model)
     assert status == 2 and "Traceback" not in err
     assert err.startswith(
-        "la-train: error: config.model.options.method = 'pallas' (the layers gated_deltanet): "
+        "la-train: error: config.model.options.method = 'pallas' (the layers rwkv7): "
         "config.mesh.target = 'gpu:h100:8' is compiled by XLA:GPU, whose Pallas kernels (gpu) "
         "do not cover these layers' kernel families; use method 'chunk'"
     )
@@ -161,12 +161,13 @@ def test_the_pallas_method_with_a_gpu_target_is_a_usage_error(capsys, monkeypatc
 
 
 @needs_cuda
-def test_the_pallas_method_compiles_the_mosaic_gpu_kernel_for_an_h100(capsys, monkeypatch):
-    """A gated layer with method="pallas" (bfloat16) is compiled for an H100 with the Mosaic
-    GPU kernel in its program; the same model with "chunk" has none."""
+@pytest.mark.parametrize("mixer", ["gated", pytest.param("gated_deltanet", marks=pytest.mark.slow)])
+def test_the_pallas_method_compiles_the_mosaic_gpu_kernel_for_an_h100(capsys, monkeypatch, mixer):
+    """A gated (or Gated DeltaNet) layer with method="pallas" (bfloat16) is compiled for an
+    H100 with the Mosaic GPU kernels in its program; the same model with "chunk" has none."""
     monkeypatch.chdir(ROOT)
     argv = ["--config=configs/mqar.py:smoke", "--config.mesh.target=gpu:h100:1"]
-    argv += ["--config.model.mixer=gated", "--config.model.num_layers=1"]
+    argv += [f"--config.model.mixer={mixer}", "--config.model.num_layers=1"]
     argv += ["--config.model.dtype=bfloat16", "--config.model.options.chunk_size=64"]
     calls, real = [], sizing.compile_for_target
 

@@ -34,7 +34,7 @@ O(T·C) residuals, so the gradient's temporaries stay several times below autodi
 token scan (BENCHMARKS.md, "The delta rule: chunk against autodiff through the scan"; the remat
 step against plain autodiff of the chunk form: docs/results/delta_rule_bench_cpu.md). For a
 decay per key channel (KDA) the gradient is hand-written
-(`_per_key_backward`, through `primitives.chunk_scan.affine_chunk_scan`): autodiff of the
+(`chunk_terms.per_key_backward`, through `primitives.chunk_scan.affine_chunk_scan`): autodiff of the
 sub-block scores was the larger part of its time.
 
 The triangular inverse (I + A)⁻¹ is computed by doubling the block size
@@ -58,20 +58,21 @@ from linear_attention.kernels.delta.checks import (
     check_inputs,
     initial_state_f32,
 )
+from linear_attention.kernels.delta.chunk_terms import (
+    per_key_backward,
+    per_key_forward,
+    scalar_terms,
+)
 from linear_attention.kernels.delta.pallas import ut_walk, ut_walk_back
 from linear_attention.kernels.primitives.chunk_scan import affine_chunk_scan, chunks_per_step
 from linear_attention.kernels.primitives.decays import (
-    ChunkDecays,
-    SubBlocks,
-    pair_decays,
     sub_block_size,
 )
 from linear_attention.kernels.primitives.driver import guarded_call
 from linear_attention.kernels.primitives.family import Family, Method
 from linear_attention.kernels.primitives.layout import from_chunks, pad_time, to_chunks
-from linear_attention.kernels.primitives.pallas import CHUNK_MULTIPLE, round_up
+from linear_attention.kernels.primitives.pallas import CHUNK_MULTIPLE, pallas_target, round_up
 from linear_attention.kernels.primitives.pallas_chunk_scan import pallas_affine_chunk_scan
-from linear_attention.kernels.primitives.triangular import invert_unit_lower, unit_lower_solve_vjp
 from linear_attention.kernels.segments import (
     cumulative_log_decay,
     decay_state,
@@ -115,7 +116,9 @@ def delta_rule(
         "pallas" (the per-key chunk form in Pallas TPU kernels: the forward pass one kernel, the
         UT transform inside it; the backward pass one kernel, the UT transform made again and
         its pullback inside it; on a TPU, or inside `kernels.pallas_interpret()`; `chunk_size`
-        a multiple of 16).
+        a multiple of 16; on a Hopper GPU, or inside `kernels.pallas_interpret("gpu")`, the
+        UT transform from XLA and the chunk walk in Mosaic GPU kernels, `delta.pallas_gpu`:
+        bfloat16 or float16 inputs, `chunk_size` a multiple of 64).
       chunk_size: tokens per chunk for "chunk"; T need not be a multiple of it.
       initial_state: `LinearAttentionState(kv=[B, HV, K, Dv], k_sum=None)`.
       return_state: also return the state after the last token.
@@ -232,20 +235,8 @@ def delta_chunked(q_BTHK, k_BTHK, v_BTHD, beta_BTH, a_BTH, s0_BHKD, *, chunk_siz
         to_chunks(pad_time(x, C), C) for x in (q_BTHK, k_BTHK, v_BTHD, beta_BTH, a_BTH)
     )
 
-    # ---- 2. decay factors inside each chunk (resets masked before exp) ----
-    d = _ScalarDecays(a, C)
-
-    # ---- 3. UT transform, all chunks at once: [U, W] = (I + A)⁻¹ [diag(β) V, diag(β e^b) K] ----
-    kk_NBHCC = k @ jnp.swapaxes(k, -1, -2)
-    a_NBHCC = beta[..., :, None] * kk_NBHCC * d.strict
-    beta_k = beta[..., None] * (k if d.start is None else k * d.start[..., None])
-    rhs = jnp.concatenate([beta[..., None] * v, beta_k], axis=-1)
-    uw = invert_unit_lower(a_NBHCC) @ rhs
-    Dv = v.shape[-1]
-    u_NBHCD, w_NBHCK = uw[..., :Dv], uw[..., Dv:]
-    p_NBHCC = (q @ jnp.swapaxes(k, -1, -2)) * d.tril
-    q_start = q if d.start is None else q * d.start[..., None]
-    k_end = k if d.end is None else k * d.end[..., None]
+    # ---- 2, 3. decay factors and the UT transform, all chunks at once ----
+    u_NBHCD, w_NBHCK, p_NBHCC, q_start, k_end, total = scalar_terms(q, k, v, beta, a, C)
 
     # ---- 4. across chunks: a lax.scan carrying S ----
     def step(s_BHKD, inputs):
@@ -256,43 +247,32 @@ def delta_chunked(q_BTHK, k_BTHK, v_BTHD, beta_BTH, a_BTH, s0_BHKD, *, chunk_siz
             s_BHKD = total[..., None, None] * s_BHKD
         return s_BHKD + jnp.swapaxes(ke, -1, -2) @ u, o
 
-    xs = (u_NBHCD, w_NBHCK, p_NBHCC, q_start, k_end, d.total)
+    xs = (u_NBHCD, w_NBHCK, p_NBHCC, q_start, k_end, total)
     # Rematerialised: the backward pass keeps only the state entering each chunk.
     s_BHKD, o_NBHCD = jax.lax.scan(jax.checkpoint(step), s0_BHKD, xs)
     return from_chunks(o_NBHCD, T), s_BHKD
 
 
-class _ScalarDecays:
-    """The per-head decay factors of every chunk, from the log decays a [N, B, H, C] (None: no
-    decay), by the shared `ChunkDecays` and `pair_decays`:
-      tril   [N,B,H,C,C]  exp(b_t − b_s) for s ≤ t with no reset in (s, t] (0 elsewhere): Γ
-      strict              the same for s < t only (the UT transform's A)
-      start, end [N,B,H,C] and total [N,B,H]: see `ChunkDecays`
-    Without decay, tril/strict are the 0/1 masks and the rest None.
-    """
-
-    def __init__(self, a_NBHC, C):
-        strict_CC = jnp.tril(jnp.ones((C, C), dtype=bool), -1)
-        if a_NBHC is None:
-            self.tril = jnp.tril(jnp.ones((C, C), jnp.float32))
-            self.strict = strict_CC.astype(jnp.float32)
-            self.start = self.end = self.total = None
-            return
-        d = ChunkDecays(a_NBHC[..., None])  # no gradient across a reset (restarting sums)
-        self.tril = pair_decays(d.b[..., 0], d.n[..., 0])
-        self.strict = jnp.where(strict_CC, self.tril, 0.0)
-        self.start, self.end, self.total = d.start[..., 0], d.end[..., 0], d.total[..., 0]
-
-
 def delta_pallas(q_BTHK, k_BTHK, v_BTHD, beta_BTH, a_BTH, s0_BHKD, *, chunk_size: int):
-    """`method="pallas"`: the chunk form of a decay per key channel (`delta_chunked_per_key`)
-    in Pallas kernels: the forward pass by `delta.pallas.ut_walk` (UT transform inside), the
-    backward by `delta.pallas.ut_walk_back` (the same terms again and `_per_key_backward`'s
-    lines inside), joined by `pallas_affine_chunk_scan`. q, k, v in any float dtype (float32
-    in the kernels). A per-token decay `[B, T, H]` (or none: zeros) reaches the kernels as its
-    cumulative sums and reset counts `[N, B, H, C]`, read on every key channel in VMEM; a decay
-    per key channel as `[N, B, H, C, K]`. The cumulative sums stay outside the kernels' VJP:
-    autodiff carries db to a."""
+    """`method="pallas"`: the chunk form of a decay per key channel (`delta_chunked_per_key`) in
+    Pallas kernels: the forward pass by `delta.pallas.ut_walk` (UT transform inside), the backward
+    by `delta.pallas.ut_walk_back` (the same terms again and the lines of
+    `chunk_terms.per_key_backward` inside), joined by `pallas_affine_chunk_scan`. q, k, v in any
+    float dtype (float32 in the kernels). A per-token decay `[B, T, H]` (or none: zeros) reaches
+    the kernels as its cumulative sums and reset counts `[N, B, H, C]`, read on every key channel
+    in VMEM; a decay per key channel as `[N, B, H, C, K]`. The cumulative sums stay outside the
+    kernels' VJP: autodiff carries db to a. On a GPU backend, or under `pallas_interpret("gpu")` /
+    `pallas_lowering("gpu")`, the Mosaic GPU walk runs instead (`delta.pallas_gpu`: the UT
+    transform from XLA, the chunk walk in the kernels; `chunk_size` a multiple of 64)."""
+    backend, interpret = pallas_target('delta_rule(method="pallas")')
+    if backend == "gpu":
+        # Imported here: the Mosaic GPU modules add ~0.2 s to every `import linear_attention`.
+        from linear_attention.kernels.delta.pallas_gpu import delta_pallas_gpu
+
+        return delta_pallas_gpu(
+            q_BTHK, k_BTHK, v_BTHD, beta_BTH, a_BTH, s0_BHKD,
+            chunk_size=chunk_size, interpret=interpret,
+        )  # fmt: skip
     B, T, H, _ = q_BTHK.shape
     if a_BTH is None:
         a_BTH = jnp.zeros((B, T, H), jnp.float32)
@@ -318,12 +298,13 @@ def delta_chunked_per_key(q_BTHK, k_BTHK, v_BTHD, beta_BTH, a_BTHK, s0_BHKD, *, 
     The decayed scores are taken in sub-blocks (`primitives.decays.SubBlocks`, GLA's
     factorisation), every exponent ≤ 0: exact and finite with −30 per token. A `lax.scan` walks
     steps of G chunks (`primitives.chunk_scan.affine_chunk_scan`): a step computes the
-    state-independent part (decays, scores, inverse) of its chunks at once, then their affine
-    maps of S in order. The gradient is hand-written: the forward pass keeps the state entering
-    each chunk and a few [C, C]/[C, K] residuals per chunk (the inverse, U, W, the scores), never
-    a state per token; the backward pass walks the steps last to first (`_per_key_backward`
-    derives each line). The cumulative log decays are summed outside it (autodiff carries their
-    cotangent back to a, stopping at resets). Its Pallas form is `delta_pallas`.
+    state-independent part (decays, scores, inverse) of its chunks at once, then their affine maps
+    of S in order. The gradient is hand-written: the forward pass keeps the state entering each
+    chunk and a few [C, C]/[C, K] residuals per chunk (the inverse, U, W, the scores), never a
+    state per token; the backward pass walks the steps last to first
+    (`chunk_terms.per_key_backward` derives each line). The cumulative log decays are summed
+    outside it (autodiff carries their cotangent back to a, stopping at resets). Its Pallas form
+    is `delta_pallas`.
     """
     T = q_BTHK.shape[1]
     C = min(chunk_size, T)
@@ -332,83 +313,10 @@ def delta_chunked_per_key(q_BTHK, k_BTHK, v_BTHD, beta_BTH, a_BTHK, s0_BHKD, *, 
     # The cumulative sums stay outside the hand-written VJP: autodiff carries db to a.
     b, n = cumulative_log_decay(xs.pop(), axis=-2, restart=True)
     c = sub_block_size(C)
-    forward = functools.partial(_per_key_forward, c=c)
-    backward = functools.partial(_per_key_backward, c=c)
+    forward = functools.partial(per_key_forward, c=c)
+    backward = functools.partial(per_key_backward, c=c)
     o_NBHCD, s_BHKD = affine_chunk_scan(s0_BHKD, [*xs, b, n], forward, G, backward)
     return from_chunks(o_NBHCD, T), s_BHKD
-
-
-def _per_key_forward(q, k, v, beta, b, n, *, c):
-    """The state-independent part of a step's chunks, batched ([G, B, H, C, ...]), as the affine
-    map of `affine_chunk_scan`: with U = (I + A)⁻¹ diag(β) V and W = (I + A)⁻¹ diag(β)(K ⊙ e^b),
-    U' = U − W S, so X = −W S, X₀ = U, O = (Q ⊙ e^b) S + P (X + U), S' = e^{b_C} S + Eᵀ (X + U)
-    with P the decayed scores and E = K ⊙ e^{b_C − b}. Residuals for the backward pass: (I + A)⁻¹,
-    U, W, P and the strict scores L (A = diag(β) L), a few [C, C] and [C, K] per chunk."""
-    d = ChunkDecays.from_cumulative(b, n)
-    sub = SubBlocks(b, n, c)
-    l_CC = jnp.tril(sub.scores(k, k), -1)
-    inv_CC = invert_unit_lower(beta[..., :, None] * l_CC)
-    u_CD = inv_CC @ (beta[..., None] * v)
-    w_CK = inv_CC @ (beta[..., None] * k * d.start)
-    p_CC = sub.scores(q, k)
-    e_CK = k * d.end
-    # U is the walk's X₀: P U and Eᵀ U come from its products with X + U
-    terms = (-w_CK, u_CD, q * d.start, p_CC, None, e_CK, None, d.total)
-    return terms, (inv_CC, u_CD, w_CK, p_CC, l_CC)
-
-
-def _per_key_backward(xs, res, *, c):
-    """The hand-written VJP of `_per_key_forward` (the affine terms' cotangents to the inputs).
-
-    With Kₛ = K ⊙ e^b, Qₛ = Q ⊙ e^b, E = K ⊙ e^{b_C − b}, g = e^{b_C} and [U W] = (I + A)⁻¹ R,
-    R = [diag(β) V, diag(β) Kₛ], A = diag(β) L, the terms are (−W, Qₛ, P, P U, E, Eᵀ U, g). Given
-    their cotangents (dW', dQₛ, dP', dO₀, dE', dU₀, dg) from `affine_chunk_scan`:
-
-        dP = dP' + dO₀ Uᵀ,   dU = Pᵀ dO₀ + E dU₀,   dE = dE' + U dU₀ᵀ,   dW = −dW'
-        (U is the X₀ of `affine_chunk_scan`, whose walk adds these three terms)
-        [dR_u dR_w] = (I + A)⁻ᵀ [dU dW],   dA = −strict_lower(dR_u Uᵀ + dR_w Wᵀ)
-        dV = diag(β) dR_u,   dKₛ = diag(β) dR_w,   dL = diag(β) dA
-        dβ_t = Σ_s dA_ts L_ts + ⟨dR_u, V⟩_t + ⟨dR_w, Kₛ⟩_t
-        dK = dKₛ ⊙ e^b + dE ⊙ e^{b_C − b} + (score terms),   dQ = dQₛ ⊙ e^b + (score terms)
-        db_t = dKₛ ⊙ Kₛ + dQₛ ⊙ Qₛ − dE ⊙ E  (+ Σ_t dE ⊙ E + dg ⊙ g at t = C)  + (score terms)
-
-    The score terms come from P = scores(Q, K) and L = strict(scores(K, K)), both sums of
-    x_tm y_sm e^{b_tm − b_sm}: `SubBlocks.vjp` gives their q, k and decay cotangents by the same
-    sub-block factorisation as the forward pass (every exponent ≤ 0). Each factor e^{…} is a
-    masked exp, whose derivative is itself (0 across a reset), so the same lines hold with
-    resets. Cost: a few [C, C]·[C, K] matmuls per chunk, as in the forward pass.
-    """
-    q, k, v, beta, b, n = xs
-    inv_CC, u_CD, w_CK, p_CC, l_CC = res
-    d = ChunkDecays.from_cumulative(b, n)
-    sub = SubBlocks(b, n, c)
-    q_start, k_start, e_CK = q * d.start, k * d.start, k * d.end
-
-    def pullback(dw_neg, du, dq_start, dp, do0, de, du0, dg):
-        # U is the X₀ of `affine_chunk_scan` (O₀ = P U, U₀ = Eᵀ U): dU, and U's share of dP and
-        # dE, come from its walk
-        del do0, du0
-        dr_CX, da_CC = unit_lower_solve_vjp(
-            inv_CC, jnp.concatenate([u_CD, w_CK], -1), jnp.concatenate([du, -dw_neg], -1)
-        )
-        Dv = v.shape[-1]
-        dr_u, dr_w = dr_CX[..., :Dv], dr_CX[..., Dv:]
-        dbeta = jnp.sum(da_CC * l_CC, -1) + jnp.sum(dr_u * v, -1) + jnp.sum(dr_w * k_start, -1)
-        dv = beta[..., None] * dr_u
-        dk_start = beta[..., None] * dr_w
-        dq = dq_start * d.start
-        dk = dk_start * d.start + de * d.end
-        db = dk_start * k_start + dq_start * q_start - de * e_CK
-        db_end = jnp.sum(de * e_CK, -2) + dg * d.total
-        dq_p, dk_p, dbq_p, dbk_p = sub.vjp(dp, q, k)
-        dk_1, dk_2, dbq_l, dbk_l = sub.vjp(beta[..., :, None] * da_CC, k, k)
-        dq = dq + dq_p
-        dk = dk + dk_p + dk_1 + dk_2
-        db = db + dbq_p + dbk_p + dbq_l + dbk_l
-        db = db.at[..., -1, :].add(db_end)
-        return dq, dk, dv, dbeta, db, None
-
-    return (-w_CK, u_CD, q_start, p_CC, e_CK, d.total), pullback
 
 
 def check_delta_inputs(q, k, v, beta, *, time: bool):
@@ -455,7 +363,9 @@ DELTA_RULE = Family(
     methods={
         "chunk": Method(delta_chunked, chunk_flops, static=("chunk_size",)),
         "scan": Method(delta_scan, scan_flops),
-        "pallas": Method(delta_pallas, chunk_flops, static=("chunk_size",), backends=("tpu",)),
+        "pallas": Method(
+            delta_pallas, chunk_flops, static=("chunk_size",), backends=("tpu", "gpu")
+        ),
     },
     step=delta_rule_step,
     state=LinearAttentionState,

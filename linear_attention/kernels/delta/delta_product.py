@@ -139,7 +139,8 @@ def delta_product_chunked(
 ):
     """Gated DeltaProduct as T·n sub-tokens of the delta rule's chunk kernel (float32 arrays);
     with `pallas`, of its Pallas form (`delta.delta_pallas`: q, k, v in their input dtype, the
-    per-token decay on the first sub-token of each token kept per token)."""
+    per-token decay on the first sub-token of each token kept per token; on a GPU its Mosaic GPU
+    walk, `delta.pallas_gpu`, `chunk_size` a multiple of 64 sub-tokens)."""
     B, T, H, n, Kd = k_BTHNK.shape
 
     def interleave(x_BTHN):  # [B, T, H, n, ...] -> [B, T·n, H, ...], token-major
@@ -195,7 +196,7 @@ DELTA_PRODUCT = Family(
             functools.partial(delta_product_chunked, pallas=True),
             _sub_tokens(chunk_flops),
             static=("chunk_size",),
-            backends=("tpu",),
+            backends=("tpu", "gpu"),
         ),
     },
     step=delta_product_step,

@@ -9,7 +9,7 @@ VMEM. A step reads its chunk's raw q, k, v [C, ·] in their input dtype (bfloat1
 bfloat16 in HBM; float32 in VMEM), β [1, C] and the cumulative log decay b and reset count n
 (`segments.cumulative_log_decay`, restarting at resets): [C, K] for a decay per key channel,
 rows [1, C] for a decay per token (Gated DeltaNet, DeltaProduct, and DeltaNet's zeros),
-broadcast over the K channels in VMEM. It makes, in VMEM, what `delta._per_key_forward` makes
+broadcast over the K channels in VMEM. It makes, in VMEM, what `chunk_terms.per_key_forward` makes
 in XLA, then the walk step, and writes O in the inputs' dtype:
 
     L_ts = Σ_m k_tm k_sm e^{b_tm − b_sm} (s < t),   P_ts = Σ_m q_tm k_sm e^{b_tm − b_sm} (s ≤ t)
@@ -36,7 +36,7 @@ Backward (`ut_walk_back`, the delta rule): one grid step per (row, chunk), chunk
 first, dS carried in VMEM. A step reads the state entering its chunk (the forward kernel keeps
 one [K, Dv] state per chunk, nothing else), dO and the chunk's inputs, makes the chunk's terms
 again as the forward step does (`_DeltaChunk`), and maps dO and dS' to the inputs' cotangents
-and dS (`_delta_chunk_back`, the lines of `delta._per_key_backward`): the transposed system
+and dS (`_delta_chunk_back`, the lines of `chunk_terms.per_key_backward`): the transposed system
 (I + A)⁻ᵀ by block back substitution over the same sub-blocks and their 16 × 16 inverses, and
 the decayed scores' pullback by the same sub-block factors (diagonal blocks from their
 [16, 16, K] decays, earlier keys by matmuls), so −30 per token and resets stay exact. Its
@@ -368,7 +368,7 @@ def _delta_chunk_back(dS, S, q, k, v, b, n, do, beta_row):
         dV = diag(β) dR_u,   dKₛ = diag(β) dR_w,   dL = diag(β) dA
         dβ_t = Σ_s dA_ts L_ts + ⟨dR_u, V⟩_t + ⟨dR_w, Kₛ⟩_t
 
-    (X = U − W S; `delta._per_key_backward` derives the same lines), and the scores' pullback
+    (X = U − W S; `chunk_terms.per_key_backward` derives the same lines), and the scores' pullback
     (`_scores_vjp`) for P and L. Every decay factor is a masked exp, its own derivative (0
     across a reset): db = dKₛ ⊙ Kₛ + dQₛ ⊙ Qₛ − dE ⊙ E + the scores' terms, and the last row
     adds Σ_t dE ⊙ E + d e^{b_C} ⊙ e^{b_C}. Returns (dS, (dq, dk, dv, db, dβ [1, C]))."""

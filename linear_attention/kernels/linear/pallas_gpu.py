@@ -56,7 +56,7 @@ import jax.numpy as jnp
 from linear_attention.kernels.linear.pallas_gpu_key import key_decay_inputs, key_decay_walk
 from linear_attention.kernels.primitives import mosaic_gpu as mg
 from linear_attention.kernels.primitives.decays import ChunkDecays, suffix_sum_to_reset
-from linear_attention.kernels.primitives.layout import pad_time
+from linear_attention.kernels.primitives.layout import pad_last, pad_time
 from linear_attention.kernels.primitives.pallas import round_up
 
 # Value channels per block; also the padding multiple of the key channels (a wgmma K tile of
@@ -94,12 +94,12 @@ def causal_pallas_gpu(
         )
     Mp, Dp = round_up(M, VALUE_TILE), round_up(Dv, VALUE_TILE)
     # zero channels and tokens change nothing: a padded token has zero q, k, v and log decay
-    q, k = (_pad_last(pad_time(x.astype(dtype), C), Mp) for x in (q_BTHM, k_BTHM))
-    v = _pad_last(pad_time(v_BTHD.astype(dtype), C), Dp)
+    q, k = (pad_last(pad_time(x.astype(dtype), C), Mp) for x in (q_BTHM, k_BTHM))
+    v = pad_last(pad_time(v_BTHD.astype(dtype), C), Dp)
     a = pad_time(jnp.zeros((B, T, H), jnp.float32) if a_BTH is None else a_BTH, C)
     if a.ndim == 4:  # a decay per key channel: zero on padded channels
-        a = _pad_last(a, Mp)
-    s0 = _pad_last(jnp.pad(kv0_BHMD, ((0, 0), (0, 0), (0, Mp - M), (0, 0))), Dp)
+        a = pad_last(a, Mp)
+    s0 = pad_last(jnp.pad(kv0_BHMD, ((0, 0), (0, 0), (0, Mp - M), (0, 0))), Dp)
     with_sum = normalize or z0_BHM is not None
     if with_sum:  # one more value tile of ones: its output is the normaliser, its state z
         v = jnp.concatenate([v, jnp.ones((*v.shape[:3], VALUE_TILE), dtype)], -1)
@@ -119,11 +119,6 @@ def causal_pallas_gpu(
     if normalize:
         o = o / (out[:, :T, :, Dp : Dp + 1] + eps)
     return o.astype(dtype), kv, z
-
-
-def _pad_last(x, size):
-    pad = size - x.shape[-1]
-    return x if not pad else jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, pad)])
 
 
 def _decay_rows(a_BTH, C, M):
@@ -275,19 +270,10 @@ def _backward_kernel(*refs, C, N, H, interpret):
 # ---- calls ----
 
 
-def _check_smem(scratch, which, C, M, dtype):
-    """Raise before compiling where the kernel's shared buffers exceed an H100's (the compiler
-    would refuse them)."""
-    need = mg.smem_bytes(scratch) // 1024
-    limit = mg.SMEM_BYTES_H100 // 1024
-    if need > limit:
-        name = jnp.dtype(dtype).name
-        raise ValueError(
-            f'causal_linear_attention(method="pallas") on GPU: the {which} kernel at chunk_size '
-            f"{C}, key head dim {M} (padded to {VALUE_TILE}s) and {name} inputs needs {need} "
-            f"KiB of shared memory, over the H100's {limit} KiB; use chunk_size 64, key head "
-            'dims up to 128 and 16-bit inputs, or method="chunk"'
-        )
+# Shared memory past an H100's raises before compiling (`mosaic_gpu.check_smem`).
+_check_smem = functools.partial(
+    mg.check_smem, what='causal_linear_attention(method="pallas")', tile=VALUE_TILE
+)
 
 
 def _call_forward(q, k, v, a, s0, config, keep):

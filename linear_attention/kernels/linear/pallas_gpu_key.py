@@ -67,50 +67,63 @@ def key_decay_inputs(q_BTHM, k_BTHM, a_BTHM, C):
     return A, qs, ke, jnp.moveaxis(total, 0, 2)
 
 
-def _forward_kernel(*refs, C, N, H, interpret, keep):
-    A_ref, qs_ref, ke_ref, v_ref, tot_ref, s0_ref = refs[:6]
-    o_ref, s_ref = refs[6:8]
-    se_ref = refs[8] if keep else None
-    (A_s, qs_s, ke_s, v_s, tot_s, a_s, S_s, o_s, f32_s, bar_in, bar_s) = refs[8 + keep :]
+def _forward_kernel(*refs, C, N, H, interpret, keep, delta):
+    A_ref, qs_ref, ke_ref, v_ref, tot_ref = refs[:5]
+    w_ref = refs[5] if delta else None
+    s0_ref, o_ref, s_ref = refs[5 + delta : 8 + delta]
+    se_ref = refs[8 + delta] if keep else None
+    refs = refs[8 + delta + keep :]
+    A_s, qs_s, ke_s, v_s, tot_s = refs[:5]
+    w_s = refs[5] if delta else None
+    a_s, S_s, o_s, f32_s = refs[5 + delta : 9 + delta]
+    x_s = refs[9 + delta] if delta else None
+    bar_in, bar_s = refs[-2:]
     dtype = a_s.dtype
     b, h, vt, vs = mg.block_position(H, v_s.shape[-1])
     mm = functools.partial(mg.matmul, interpret=interpret)
-    staged = (A_s, qs_s, ke_s, v_s, tot_s)
+    staged = (A_s, qs_s, ke_s, v_s, tot_s) + ((w_s,) if delta else ())
 
     def inputs(j, slot):
         t = mg.ds(j * C, C)
         src = (A_ref.at[b, h, t], qs_ref.at[b, t, h], ke_ref.at[b, t, h])
         src += (v_ref.at[b, t, h, vs], tot_ref.at[b, h, j])
+        if delta:
+            src += (w_ref.at[b, t, h],)
         return [(x, buf.at[slot]) for x, buf in zip(src, staged, strict=True)]
 
     def step(j, slot, S):
         t = mg.ds(j * C, C)
-        A_s, qs_s, ke_s, v_s, tot_s = (buf.at[slot] for buf in staged)
+        A_s, qs_s, ke_s, v_s, tot_s, *w_s = (buf.at[slot] for buf in staged)
         a_s[...] = mg.read(A_s, interpret=interpret).astype(dtype)
         S_s[...] = S.astype(dtype)
         mg.drain()  # the previous chunk's output and state copies have left f32_s and o_s
         if keep:  # the state entering this chunk, for the backward pass
             f32_s[...] = S
         mg.publish()
-        o = mm(qs_s, S_s, init=mm(a_s, v_s))
+        vals = _values(v_s, *(w_s or [None]), x_s, S_s, interpret=interpret)
+        o = mm(qs_s, S_s, init=mm(a_s, vals))
         o_s[...] = o.astype(dtype)
         out = [(o_s, o_ref.at[b, t, h, vs])]
         if keep:
             out.append((f32_s, se_ref.at[b, h, j, :, vs]))
         mg.store(out)
         total = mg.read_rows(tot_s, interpret=interpret)
-        return mm(ke_s, v_s, trans_a=True, init=S * mg.per_row(total, S.shape))
+        return mm(ke_s, vals, trans_a=True, init=S * mg.per_row(total, S.shape))
 
     state = (s0_ref.at[b, h, :, vs], s_ref.at[b, h, :, vs])
     pipeline = dict(inputs=inputs, input_bars=bar_in)
     mg.walk(step, N, *state, f32_s, bar_s, reverse=False, interpret=interpret, **pipeline)
 
 
-def _backward_kernel(*refs, C, N, H, interpret):
+def _backward_kernel(*refs, C, N, H, interpret, delta):
     A_ref, qs_ref, ke_ref, v_ref, do_ref, tot_ref, se_ref, dsT_ref = refs[:8]
-    dA_ref, dqs_ref, dke_ref, dv_ref, dtot_ref, ds0_ref = refs[8:14]
-    (A_s, qs_s, ke_s, v_s, tot_s, a_s, do_s, S_s, dS_s, g_s, f32_s, dtot_s, dv_s) = refs[14:27]
-    bar_in, bar_s = refs[27:]
+    w_ref = refs[8] if delta else None
+    refs = refs[8 + delta :]
+    dA_ref, dqs_ref, dke_ref, dv_ref, dtot_ref, ds0_ref = refs[:6]
+    refs = refs[6:]
+    (A_s, qs_s, ke_s, v_s, tot_s, a_s, do_s, S_s, dS_s, g_s, f32_s, dtot_s, dv_s) = refs[:13]
+    w_s, x_s = refs[13:15] if delta else (None, None)
+    bar_in, bar_s = refs[-2:]
     dtype = a_s.dtype
     b, h, vt, vs = mg.block_position(H, v_s.shape[1])
     mm = functools.partial(mg.matmul, interpret=interpret)
@@ -118,26 +131,27 @@ def _backward_kernel(*refs, C, N, H, interpret):
     def step(j, dS):
         t = mg.ds(j * C, C)
         mg.drain()  # the previous chunk's copies out have left the output buffers
-        mg.load(
-            [
-                (A_ref.at[b, h, t], A_s),
-                (qs_ref.at[b, t, h], qs_s),
-                (ke_ref.at[b, t, h], ke_s),
-                (v_ref.at[b, t, h, vs], v_s),
-                (do_ref.at[b, t, h, vs], do_s),
-                (tot_ref.at[b, h, j], tot_s),
-                (se_ref.at[b, h, j, :, vs], f32_s),
-            ],
-            bar_in,
-        )
+        copies = [
+            (A_ref.at[b, h, t], A_s),
+            (qs_ref.at[b, t, h], qs_s),
+            (ke_ref.at[b, t, h], ke_s),
+            (v_ref.at[b, t, h, vs], v_s),
+            (do_ref.at[b, t, h, vs], do_s),
+            (tot_ref.at[b, h, j], tot_s),
+            (se_ref.at[b, h, j, :, vs], f32_s),
+        ]
+        if delta:
+            copies.append((w_ref.at[b, t, h], w_s))
+        mg.load(copies, bar_in)
         S = mg.read(f32_s, interpret=interpret)
         a_s[...] = mg.read(A_s, interpret=interpret).astype(dtype)
         S_s[...] = S.astype(dtype)
         dS_s[...] = dS.astype(dtype)
         dtot_s[...] = jnp.sum(dS * S, axis=1)  # d total_m, this tile's share
         mg.publish()
-        A_s[...] = mm(do_s, v_s, trans_b=True)  # dA (A's float32 copy is read)
-        dv = mm(ke_s, dS_s, init=mm(a_s, do_s, trans_a=True))
+        vals = _values(v_s, w_s, x_s, S_s, interpret=interpret)  # as the forward pass's
+        A_s[...] = mm(do_s, vals, trans_b=True)  # dA (A's float32 copy is read)
+        dv = mm(ke_s, dS_s, init=mm(a_s, do_s, trans_a=True))  # dv, or dX = dU
         g_s[...] = mm(do_s, S_s, trans_b=True)  # d(q ⊙ start)
         dv_s[...] = dv.astype(dtype)
         mg.store(
@@ -149,34 +163,57 @@ def _backward_kernel(*refs, C, N, H, interpret):
             ]
         )
         mg.drain()
-        g_s[...] = mm(v_s, dS_s, trans_b=True)  # d(k ⊙ end)
+        g_s[...] = mm(vals, dS_s, trans_b=True)  # d(k ⊙ end)
         mg.store([(g_s, dke_ref.at[vt, b, t, h])])
         total = mg.read_rows(tot_s, interpret=interpret)
-        return mm(qs_s, do_s, trans_a=True, init=dS * mg.per_row(total, dS.shape))
+        dS_prev = mm(qs_s, do_s, trans_a=True, init=dS * mg.per_row(total, dS.shape))
+        if delta:  # X = U − W S: −Wᵀ dX joins dS (dW = −dX Sᵀ is taken in XLA: `_walk_bwd`)
+            dS_prev = dS_prev - mm(w_s, dv_s, trans_a=True)
+        return dS_prev
 
     cotangent = (dsT_ref.at[b, h, :, vs], ds0_ref.at[b, h, :, vs])
     mg.walk(step, N, *cotangent, f32_s, bar_s, reverse=True, interpret=interpret)
 
 
-def _scratch(C, M, V, dtype, backward):
+def _values(v_s, w_s, x_s, S_s, *, interpret):
+    """The chunk's values for the walk: v itself, or with W (`w_s`; v then holds U) the delta
+    rule's X = U − W S, written to `x_s` in its dtype and published to the tensor cores."""
+    if w_s is None:
+        return v_s
+    U = mg.read(v_s, interpret=interpret).astype(jnp.float32)
+    x_s[...] = (U - mg.matmul(w_s, S_s, interpret=interpret)).astype(x_s.dtype)
+    mg.publish()
+    return x_s
+
+
+def _scratch(C, M, V, dtype, backward, delta):
     """The kernels' shared buffers: the chunk's inputs (two stages of them in the pipelined
-    forward kernel), then the working buffers."""
+    forward kernel), then the working buffers; with `delta`, W's chunk (staged with the inputs
+    in the forward kernel) and the values X = U − W S."""
     f32 = jnp.float32
     stages = None if backward else 2
     s = [mg.smem((C, C), f32, stages), mg.smem((C, M), dtype, stages)]
     s += [mg.smem((C, M), dtype, stages), mg.smem((C, V), dtype, stages)]
-    s += [mg.smem((M,), f32, stages), mg.smem((C, C), dtype)]
+    s += [mg.smem((M,), f32, stages)]
+    if delta and not backward:
+        s += [mg.smem((C, M), dtype, stages)]
+    s += [mg.smem((C, C), dtype)]
     if backward:
         s += [mg.smem((C, V), dtype), mg.smem((M, V), dtype), mg.smem((M, V), dtype)]
         s += [mg.smem((C, M), f32), mg.smem((M, V), f32), mg.smem((M,), f32)]
         s += [mg.smem((C, V), dtype)]
+        if delta:
+            s += [mg.smem((C, M), dtype)]
     else:
         s += [mg.smem((M, V), dtype), mg.smem((C, V), dtype), mg.smem((M, V), f32)]
+    if delta:
+        s += [mg.smem((C, V), dtype)]
     return s
 
 
-def _call_forward(A, qs, ke, v, total, s0, config, keep, check_smem):
-    C, V, interpret = config
+def _call_forward(A, qs, ke, v, total, s0, w, config, keep, check_smem):
+    C, V, interpret, name = config
+    delta = w is not None
     B, T, H, M = qs.shape
     Dv = v.shape[-1]
     N = T // C
@@ -187,10 +224,12 @@ def _call_forward(A, qs, ke, v, total, s0, config, keep, check_smem):
     ]
     if keep:
         out_type.append(jax.ShapeDtypeStruct((B, H, N, M, Dv), jnp.float32))
-    scratch = _scratch(C, M, V, dtype, backward=False)
+    scratch = _scratch(C, M, V, dtype, backward=False, delta=delta)
     check_smem(scratch, "forward", C, M, dtype)
-    scratch += [mg.barrier(5, stages=2), mg.barrier(1)]
-    body = functools.partial(_forward_kernel, C=C, N=N, H=H, interpret=interpret, keep=keep)
+    scratch += [mg.barrier(5 + delta, stages=2), mg.barrier(1)]
+    body = functools.partial(
+        _forward_kernel, C=C, N=N, H=H, interpret=interpret, keep=keep, delta=delta
+    )
     outs = mg.kernel(
         body,
         out_type=out_type,
@@ -198,31 +237,40 @@ def _call_forward(A, qs, ke, v, total, s0, config, keep, check_smem):
         rows=B * H,
         tiles=Dv // V,
         interpret=interpret,
-        name="linear_attention_key_fwd_gpu",
-    )(A, qs, ke, v, total, s0)
+        name=f"{name}_fwd_gpu",
+    )(A, qs, ke, v, total, *([w] if delta else []), s0)
     return outs[0], outs[1], (outs[2] if keep else None)
 
 
-def key_decay_walk(A, qs, ke, v, total, s0, *, C, V, interpret, check_smem):
+def key_decay_walk(
+    A, qs, ke, v, total, s0, *, C, V, interpret, check_smem, w=None, name="linear_attention_key"
+):
     """The chunk walk from the intra-chunk scores A and the decayed q and k (`key_decay_inputs`):
-    `(out [B, T, H, Dv] in v's dtype, state [B, H, M, Dv] float32)`; differentiable."""
-    return _walk(A, qs, ke, v, total, s0, (C, V, bool(interpret)), check_smem)
+    `(out [B, T, H, Dv] in v's dtype, state [B, H, M, Dv] float32)`; differentiable.
+
+    With `w` (`[B, T, H, M]` in v's dtype), the delta rule's walk (`delta/pallas_gpu.py`): v is
+    U and each chunk's values are X = U − W S, the state-corrected ones, in place of v; the
+    backward kernel adds dU = dX and −Wᵀ dX to dS, and XLA dW = −dX Sᵀ from the states
+    entering the chunks. `name`: the kernels' names
+    (`{name}_fwd_gpu`, `{name}_bwd_gpu`)."""
+    return _walk(A, qs, ke, v, total, s0, w, (C, V, bool(interpret), name), check_smem)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7))
-def _walk(A, qs, ke, v, total, s0, config, check_smem):
-    o, s, _ = _call_forward(A, qs, ke, v, total, s0, config, False, check_smem)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8))
+def _walk(A, qs, ke, v, total, s0, w, config, check_smem):
+    o, s, _ = _call_forward(A, qs, ke, v, total, s0, w, config, False, check_smem)
     return o, s
 
 
-def _walk_fwd(A, qs, ke, v, total, s0, config, check_smem):
-    o, s, entering = _call_forward(A, qs, ke, v, total, s0, config, True, check_smem)
-    return (o, s), (A, qs, ke, v, total, entering)
+def _walk_fwd(A, qs, ke, v, total, s0, w, config, check_smem):
+    o, s, entering = _call_forward(A, qs, ke, v, total, s0, w, config, True, check_smem)
+    return (o, s), (A, qs, ke, v, total, w, entering)
 
 
 def _walk_bwd(config, check_smem, residuals, cotangents):
-    C, V, interpret = config
-    A, qs, ke, v, total, entering = residuals
+    C, V, interpret, name = config
+    A, qs, ke, v, total, w, entering = residuals
+    delta = w is not None
     do, ds = cotangents
     B, T, H, M = qs.shape
     Dv = v.shape[-1]
@@ -237,10 +285,10 @@ def _walk_bwd(config, check_smem, residuals, cotangents):
         jax.ShapeDtypeStruct((NV, B, H, N, M), f32),
         jax.ShapeDtypeStruct((B, H, M, Dv), f32),
     ]
-    scratch = _scratch(C, M, V, dtype, backward=True)
+    scratch = _scratch(C, M, V, dtype, backward=True, delta=delta)
     check_smem(scratch, "backward", C, M, dtype)
-    scratch += [mg.barrier(7), mg.barrier(1)]
-    body = functools.partial(_backward_kernel, C=C, N=N, H=H, interpret=interpret)
+    scratch += [mg.barrier(7 + delta), mg.barrier(1)]
+    body = functools.partial(_backward_kernel, C=C, N=N, H=H, interpret=interpret, delta=delta)
     dA, dqs, dke, dv, dtot, ds0 = mg.kernel(
         body,
         out_type=out_type,
@@ -248,8 +296,8 @@ def _walk_bwd(config, check_smem, residuals, cotangents):
         rows=B * H,
         tiles=NV,
         interpret=interpret,
-        name="linear_attention_key_bwd_gpu",
-    )(A, qs, ke, v, do.astype(dtype), total, entering, ds)
+        name=f"{name}_bwd_gpu",
+    )(A, qs, ke, v, do.astype(dtype), total, entering, ds, *([w] if delta else []))
     return (
         jnp.sum(dA, 0),
         jnp.sum(dqs, 0).astype(qs.dtype),
@@ -257,7 +305,17 @@ def _walk_bwd(config, check_smem, residuals, cotangents):
         dv,
         jnp.sum(dtot, 0),
         ds0,
+        _w_cotangent(dv, entering, C).astype(w.dtype) if delta else None,
     )
+
+
+def _w_cotangent(dx_BTHD, entering_BHNMD, C):
+    """dW = −dX Sᵀ per chunk (S the state entering it, float32): one matmul per chunk in XLA,
+    where the kernels would return a float32 share per value tile. `[B, T, H, M]` float32."""
+    B, T, H, D = dx_BTHD.shape
+    dx = dx_BTHD.reshape(B, T // C, C, H, D).astype(jnp.float32)
+    dw = -jnp.einsum("bnchd,bhnmd->bnchm", dx, entering_BHNMD, precision=jax.lax.Precision.HIGHEST)
+    return dw.reshape(B, T, H, -1)
 
 
 _walk.defvjp(_walk_fwd, _walk_bwd)

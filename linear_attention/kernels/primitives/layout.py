@@ -20,6 +20,12 @@ def pad_time(x_BT, C: int):
     return jnp.pad(x_BT, [(0, 0), (0, pad)] + [(0, 0)] * (x_BT.ndim - 2))
 
 
+def pad_last(x, size: int):
+    """x with its last axis zero-padded to `size` (channels padded to a kernel's tile)."""
+    pad = size - x.shape[-1]
+    return x if not pad else jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, pad)])
+
+
 def to_chunks(x_BT, C: int):
     """`[B, T, H, ...]` (T a multiple of C) -> chunk-major `[N, B, H, C, ...]` (None stays None)."""
     if x_BT is None:

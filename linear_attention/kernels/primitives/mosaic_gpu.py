@@ -162,6 +162,23 @@ def smem_bytes(buffers) -> int:
     return sum(jnp.dtype(b.dtype).itemsize * math.prod(b.shape) for b in buffers)
 
 
+def check_smem(scratch, which: str, C: int, M: int, dtype, *, what: str, tile: int):
+    """Raise a `ValueError` naming `what` (the entry point) before compiling where a kernel's
+    shared buffers (`scratch`, made by `smem`) exceed an H100's: the compiler would refuse them.
+    16-bit inputs only: float32 runs only interpreted, where shared memory has no such limit."""
+    if jnp.dtype(dtype).itemsize != 2:
+        return
+    need = smem_bytes(scratch) // 1024
+    limit = SMEM_BYTES_H100 // 1024
+    if need > limit:
+        raise ValueError(
+            f"{what} on GPU: the {which} kernel at chunk_size {C}, key head dim {M} (padded to "
+            f"{tile}s) and {jnp.dtype(dtype).name} inputs needs {need} KiB of shared memory, "
+            f"over the H100's {limit} KiB; use chunk_size 64, key head dims up to 128 and "
+            '16-bit inputs, or method="chunk"'
+        )
+
+
 def load(pairs, bar):
     """TMA copies of global-memory slices into shared buffers (`(src, dst)` pairs), awaited on
     `bar` (made with `barrier(len(pairs))`)."""

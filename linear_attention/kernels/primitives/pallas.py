@@ -4,7 +4,8 @@ The kernels are written for TPUs (Mosaic), and some for Hopper GPUs (Mosaic GPU)
 is read when a kernel is traced:
 
 - on a TPU backend, the Mosaic kernel; on a GPU backend, the Mosaic GPU (Hopper) kernel where
-  one exists (`mosaic_gpu.py`, `linear/pallas_gpu.py`: `GPU_KERNELS`), an error elsewhere;
+  one exists (`mosaic_gpu.py`, `linear/pallas_gpu.py`, `delta/pallas_gpu.py`: `GPU_KERNELS`),
+  an error elsewhere;
 - inside `pallas_interpret()` (or `pallas_interpret("tpu")`), the TPU kernel in Pallas's
   interpret mode on any backend (the tests run it on the CPU: the same block walk, the same
   arithmetic); inside `pallas_interpret("gpu")`, the GPU kernel in Mosaic GPU's interpret mode;
@@ -29,7 +30,10 @@ every decay kind, in two kernels, forward and backward), and the delta family (`
 (through it) and `dplr_delta_rule` is one kernel, the UT transform inside it
 (`delta/pallas.py`: block forward substitution over 16-row sub-blocks); so is each backward
 pass (the UT transform made again and its pullback, the transposed solve by block back
-substitution, inside it), the pair joined by `pallas_chunk_scan.py`.
+substitution, inside it), the pair joined by `pallas_chunk_scan.py`. On GPU (Mosaic GPU,
+Hopper): `causal_linear_attention` (`linear/pallas_gpu.py`, `linear/pallas_gpu_key.py`), and
+`delta_rule` and `delta_product` (through it), the UT transform from XLA and the chunk walk in
+two kernels (`delta/pallas_gpu.py`); DPLR has no GPU kernel.
 """
 
 from __future__ import annotations
@@ -53,7 +57,10 @@ CHUNK_MULTIPLE = 16
 # `mosaic_gpu.py`).
 BACKENDS = ("tpu", "gpu")
 # What has a GPU kernel (`method="pallas"` under a "gpu" mode or on a GPU backend).
-GPU_KERNELS = "causal_linear_attention (every decay kind)"
+GPU_KERNELS = (
+    "causal_linear_attention (every decay kind), delta_rule (DeltaNet, Gated DeltaNet, KDA) and "
+    "delta_product"
+)
 
 # (how, backend) set by the context managers: how is "interpret" or "lower"; None: read the
 # default backend.
