@@ -218,7 +218,7 @@ def _config(**changes):
             r"num_devices = 6 \(allowed: 1, 2, 3, 6\)",
         ),
         ({**MOE, "mesh.expert": 2, "mesh.seq": 2}, "does not combine with mesh.seq = 2"),
-        ({**MOE, "mesh.expert": 2, "model.method": "pallas"}, "Pallas kernels run in a shard_map"),
+        ({**MOE, "mesh.expert": 2, "model.options.method": "pallas"}, "Pallas kernels run in a shard_map"),
         ({**MOE, "mesh.expert": 0}, "config.mesh.expert"),
     ],
 )
