@@ -198,8 +198,11 @@ MOE = {"model.mlp": True, "model.num_experts": 4, "model.experts_per_token": 2}
 def _config(**changes):
     config = tiny_mqar()
     for key, value in changes.items():
-        section, field = key.split(".")
-        setattr(getattr(config, section), field, value)
+        *path, field = key.split(".")
+        section = config
+        for name in path:
+            section = getattr(section, name)
+        setattr(section, field, value)
     return config
 
 
@@ -218,7 +221,10 @@ def _config(**changes):
             r"num_devices = 6 \(allowed: 1, 2, 3, 6\)",
         ),
         ({**MOE, "mesh.expert": 2, "mesh.seq": 2}, "does not combine with mesh.seq = 2"),
-        ({**MOE, "mesh.expert": 2, "model.options.method": "pallas"}, "Pallas kernels run in a shard_map"),
+        (
+            {**MOE, "mesh.expert": 2, "model.options.method": "pallas"},
+            "Pallas kernels run in a shard_map",
+        ),
         ({**MOE, "mesh.expert": 0}, "config.mesh.expert"),
     ],
 )
