@@ -108,6 +108,12 @@ CASES = {
     # gdn2: grouped value heads, chunks of 5; the scan without the conv, negative eigenvalues
     "gdn2": dict(num_value_heads=4, chunk_size=5),
     "gdn2_scan": dict(method="scan", conv=False, allow_neg_eigval=True),
+    # comba: grouped value heads, chunks of 5; the scan without the conv or the correction,
+    # a wider key (state_dim), negative eigenvalues
+    "comba": dict(num_value_heads=4, chunk_size=5, correction_factor=0.5),
+    "comba_scan": dict(
+        method="scan", conv=False, correction_factor=None, state_dim=6, allow_neg_eigval=True
+    ),
 }
 DELTA = ("deltanet", "gated_deltanet", "kda", "gated_deltaproduct")
 
@@ -442,6 +448,7 @@ def test_attention_inputs_reproduce_the_mixer(case):
         "rwkv6",
         "mlstm",
         "gdn2",
+        "comba",
     )
     if name in (*DELTA, "swa", "rwkv7", "lstm", *late):
         with pytest.raises(ValueError, match="has no attention_inputs"):
