@@ -11,7 +11,7 @@ DeltaNet whose removal reads the state through its own key p, with an output cor
 
 As FLA's `Comba` layer (fla/layers/comba.py) with its defaults (`use_inner_decay`,
 `use_output_correction`, the kernel's `use_qk_l2norm_in_kernel`, which normalises p too): d_h
-starts at 1 and D_h at `correction_factor` (None: no correction term and no D). The
+starts at 1 and D_h at `correction_factor` (`output_correction=False`: no correction, no D). The
 correction is closed-loop control on the output: q reads the state minus what p would remove.
 Since p is L2-normalised, σ(d_h) only matters inside the correction. FLA draws A ~ U[0, 16];
 this uses the library's Mamba-2 init, A ~ U[1, 16]; FLA's conv has no bias (`conv_bias=False`
@@ -38,21 +38,21 @@ from linear_attention.layers.delta import GatedDeltaNetMixer, GroupedDeltaConfig
 from linear_attention.layers.options import METHOD, OUT_NORM_EPS, option
 from linear_attention.layers.sequence import sequence_axis
 
+OUTPUT_CORRECTION = option(True, "Comba's output correction q − D·σ(d)·k (False: q alone)")
 CORRECTION_FACTOR = option(
-    1.0,
-    "initial D of Comba's output correction q − D·σ(d)·k (None: no correction); FLA suggests "
-    "also trying 0.02 for small models",
+    1.0, "initial D of Comba's output correction (FLA suggests also 0.02 for small models)"
 )
 
 
 @dataclasses.dataclass(frozen=True)
 class CombaConfig(GroupedDeltaConfig):
     """Comba's options: the grouped delta rule's (the norm's eps 1e-5, FLA's), the DPLR-backed
-    methods, the output correction's initial D."""
+    methods, the output correction and its initial D."""
 
     method: str = METHOD.field(choices=K.COMBA.supported)
     out_norm_eps: float = OUT_NORM_EPS.field(1e-5)
-    correction_factor: float | None = CORRECTION_FACTOR.field()
+    output_correction: bool = OUTPUT_CORRECTION.field()
+    correction_factor: float = CORRECTION_FACTOR.field()
 
 
 class CombaMixer(GatedDeltaNetMixer):
@@ -63,12 +63,23 @@ class CombaMixer(GatedDeltaNetMixer):
     FAMILY = K.COMBA
     OPTIONS = CombaConfig
 
+    @classmethod
+    def _check_family_options(cls, num_heads, options) -> None:
+        super()._check_family_options(num_heads, options)
+        default = CombaConfig.correction_factor
+        if not options["output_correction"] and options["correction_factor"] != default:
+            raise ValueError(
+                f"correction_factor={options['correction_factor']} needs output_correction on "
+                f"(mixer {cls.NAME!r})"
+            )
+
     def _build(self, rngs) -> None:
         super()._build(rngs)
-        h, factor = self.num_heads, self.options["correction_factor"]
+        h, opts = self.num_heads, self.options
         self.inner_decay = nnx.Param(jnp.ones((h,), self.param_dtype))
         self.correction = nnx.data(None)  # a Param or None: pytree data either way
-        if factor is not None:
+        if opts["output_correction"]:
+            factor = opts["correction_factor"]
             self.correction = nnx.Param(jnp.full((h,), factor, self.param_dtype))
 
     def _output_options(self) -> dict:

@@ -112,7 +112,7 @@ CASES = {
     # a wider key (state_dim), negative eigenvalues
     "comba": dict(num_value_heads=4, chunk_size=5, correction_factor=0.5),
     "comba_scan": dict(
-        method="scan", conv=False, correction_factor=None, state_dim=6, allow_neg_eigval=True
+        method="scan", conv=False, output_correction=False, state_dim=6, allow_neg_eigval=True
     ),
 }
 DELTA = ("deltanet", "gated_deltanet", "kda", "gated_deltaproduct")
@@ -366,6 +366,11 @@ BAD_OPTIONS = [
         dict(name="log_linear_gated_deltanet", num_value_heads=4),
         "does not use option num_value_heads",
     ),
+    (
+        dict(name="comba", output_correction=False, correction_factor=0.02),
+        "correction_factor=0.02 needs output_correction on",
+    ),
+    (dict(name="comba", method="pallas"), "unknown method 'pallas' for mixer 'comba'"),
 ]
 
 
