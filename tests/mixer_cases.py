@@ -62,4 +62,6 @@ MIXER_CASES: dict[str, MixerCase] = {
     "lightning": MixerCase(dict(chunk_size=4), splits_time=True, cpu_grids=False),
     "mlstm": MixerCase(dict(chunk_size=4), cpu_grids=False),
     "gdn2": MixerCase(dict(num_value_heads=4, chunk_size=4), splits_time=True, cpu_grids=False),
+    # issue 71's Comba on the DPLR kernels (MQAR rows and the state-tracking parity slice)
+    "comba": MixerCase(dict(num_value_heads=4, chunk_size=4), splits_time=True, cpu_grids=False),
 }

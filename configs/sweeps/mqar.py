@@ -14,14 +14,14 @@ then a sliding-window layer, linear_scale8 = elu+1 with q and k scaled by 8 befo
 map, and issue 53's families: fox, fox_bias5 (fox with its forget gate's bias started at 5),
 mesanet, path, log_linear_mamba2, log_linear_gated_deltanet; issue 69's families over existing
 kernels: rwkv6 and lightning (without the short conv, which they refuse), hgrn2, mlstm, gdn2;
-issue 71's mamba (Mamba-1's block) and rglru (Griffin's recurrent block): 27 mixers) and 2
-seeds:
+issue 71's mamba (Mamba-1's block), rglru (Griffin's recurrent block) and comba (the delta
+rule reading through its own key, on the DPLR kernels): 28 mixers) and 2 seeds:
   (none) / ``default``: the Zoology grid for an accelerator: vocab 8192, d_model 64…512,
       (seq_len, kv pairs) = (64, 4), (128, 8), (256, 16), (512, 64), learning rates
       logspace(-4, -2, 4), 20k steps of batch 256 per run; Taylor and Based with 16 projected
-      dims, windows of 64 (at seq_len 64 that window is full softmax attention). 3456 runs.
+      dims, windows of 64 (at seq_len 64 that window is full softmax attention). 3584 runs.
   ``cpu``: d_model (64, 128) × (seq_len 64, 8 pairs) × learning rates (1e-2, 3e-2, 3e-3) ×
-      seeds (0, 1): 324 runs of at most 400 steps of batch 64 (warmup 40, cosine), stopped at
+      seeds (0, 1): 336 runs of at most 400 steps of batch 64 (warmup 40, cosine), stopped at
       the first evaluation (every 50 steps, 512 held-out examples) with accuracy >= 0.99;
       Taylor and Based with 8 projected dims (45 features), swa and Based with windows of 16.
       1/200 of the Zoology grid's sequences. ``order`` runs d_model 64 first and lr 1e-2

@@ -12,14 +12,14 @@ rerun skips finished points):
 
 Presets (``configs/sweeps/state_tracking.py:<arg>``):
   ``parity``, ``mod_arith``, ``s3``, ``s5``, ``s5_swaps``, ``a5``: one task each × every
-      mixer of ``MIXERS`` × learning rates (1e-3, 3e-3, 1e-2) × seeds (0, 1) = 126 runs each of
+      mixer of ``MIXERS`` × learning rates (1e-3, 3e-3, 1e-2) × seeds (0, 1) = 138 runs each of
       ``configs/state_tracking.py:<task>`` (2 layers, d_model 64, 500 steps, train lengths 3–40,
       one evaluation at 40, 64, 128 and 256): 1/160 of Grazzi et al.'s parity sequences, 1/3,200
       of their modular-arithmetic ones, ≈ 1/1,840 of DeltaProduct's tokens. Results files:
       ``docs/results/state_tracking_<task>_sweep_cpu.csv`` for parity and mod_arith,
       ``state_tracking_<task>_cpu.csv`` for the groups.
   ``cpu``: parity and mod_arith at 1000 steps (stopped at mean accuracy >= 0.99, evaluated
-      every 250 steps), 252 runs; ``groups``: s3, s5, s5_swaps, a5 at that budget, 504 runs.
+      every 250 steps), 276 runs; ``groups``: s3, s5, s5_swaps, a5 at that budget, 552 runs.
       Neither was run in full.
   ``s3_one_layer``: DeltaProduct's S3 question in one layer: gated_deltaproduct with 1 and 2
       Householder steps, β ∈ (0, 2), × the 3 rates × 2 seeds = 12 runs of 2000 steps (200
@@ -54,7 +54,7 @@ Mixers (``MIXERS``): softmax, linear (elu+1), taylor (8 projected dims), retnet,
 swa (window 16), Based (taylor + swa layers), rwkv7, mamba (Mamba-1's block), rglru (Griffin's
 recurrent block), and the delta family, each with β ∈ (0, 1) and with β ∈ (0, 2) (``*_neg``,
 ``model.options.allow_neg_eigval``): deltanet, gated_deltanet, gated_deltaproduct with 1 and 2
-Householder steps (``_n1``, ``_n2``) and kda.
+Householder steps (``_n1``, ``_n2``), kda and comba.
 
 Expected (Grazzi et al. Table 3): only β ∈ (0, 2) solves parity, and it does better on
 mod_arith than β ∈ (0, 1); softmax attention does not extrapolate past its training lengths.
@@ -101,6 +101,8 @@ MIXERS += ("rwkv7",) if "rwkv7" in REGISTRY else ()
 # Issue 71's recurrences with their own kernels: Mamba-1's block and Griffin's recurrent block
 # (diagonal states: Grazzi et al. predict no parity for a positive diagonal transition).
 MIXERS += ("mamba", "rglru")
+# Comba (a delta rule over the DPLR kernels) with both β ranges, as the delta family.
+MIXERS += ("comba", "comba_neg")
 # Grazzi et al.'s parity table (Table 3): β ∈ (0, 2) against β ∈ (0, 1) for both delta rules,
 # with the mamba-style scalar-decay gate, the LSTM control and softmax beside them; in the
 # order a cut-short sweep should leave them (the issue's measure, the control, the paper's own

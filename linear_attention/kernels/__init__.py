@@ -20,6 +20,11 @@ from linear_attention.kernels.forgetting.forgetting import (
     forgetting_attention,
     forgetting_attention_step,
 )
+from linear_attention.kernels.gated_oja_rule.gated_oja_rule import (
+    GATED_OJA,
+    gated_oja_rule,
+    gated_oja_rule_step,
+)
 from linear_attention.kernels.linear.linear import (
     LINEAR,
     METHODS,
@@ -84,6 +89,7 @@ FAMILIES: dict[str, Family] = {
         RG_LRU,
         SELECTIVE_SCAN,
         COMBA,
+        GATED_OJA,
     )
 }
 # The methods of a family that run on every backend (the old per-family lists).
@@ -120,6 +126,8 @@ __all__ = [
     "feature_maps",
     "forgetting_attention",
     "forgetting_attention_step",
+    "gated_oja_rule",
+    "gated_oja_rule_step",
     "linear_attention",
     "log_linear_attention",
     "log_linear_attention_step",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from linear_attention.fields import did_you_mean
 from linear_attention.layers.base import Mixer
+from linear_attention.layers.comba import CombaMixer
 from linear_attention.layers.delta import DeltaNetMixer, GatedDeltaNetMixer
 from linear_attention.layers.delta_product import GatedDeltaProductMixer
 from linear_attention.layers.fox import FoxMixer
@@ -64,6 +65,7 @@ MIXERS: dict[str, type[Mixer]] = {
         LightningMixer,
         MLSTMMixer,
         GDN2Mixer,
+        CombaMixer,
     )
 }
 

@@ -415,6 +415,31 @@ def comba_loop(q, k, v, p, beta, g=None, h0=None, segment_ids=None, scale=None):
     return o, S
 
 
+def gated_oja_loop(q, k, v, beta, g=None, h0=None, segment_ids=None, scale=None):
+    """The gated Oja rule: S̃ = S_{t−1} Diag(exp(g_t)) (0 at a document start), S_t = S̃ +
+    β_t (k_t − S̃ v_t) v_tᵀ, o_t = S_tᵀ (scale q_t). q, k `[B, T, H, K]`, v `[B, T, H, V]`, β
+    `[B, T, H]`, g (log γ) `[B, T, H, V]`, h0 `[B, H, K, V]`; scale None: K^−½. Returns (o, S)."""
+    q, k, v, beta = (np.asarray(x, np.float64) for x in (q, k, v, beta))
+    B, T, H, Kd = q.shape
+    g = np.zeros(v.shape) if g is None else np.asarray(g, np.float64)
+    scale = Kd**-0.5 if scale is None else scale
+    starts = _starts(segment_ids, B, T)
+    S = np.zeros((B, H, Kd, v.shape[-1])) if h0 is None else np.array(h0, np.float64)
+    o = np.zeros((B, T, H, v.shape[-1]))
+    for b in range(B):
+        for t in range(T):
+            for h in range(H):
+                if starts[b, t]:
+                    kept = np.zeros_like(S[b, h])
+                else:  # a −inf column is zeroed, even where S holds a NaN
+                    gamma = np.exp(g[b, t, h])
+                    kept = np.where(gamma[None, :] > 0, S[b, h] * gamma[None, :], 0.0)
+                u = beta[b, t, h] * (k[b, t, h] - kept @ v[b, t, h])
+                S[b, h] = kept + np.outer(u, v[b, t, h])
+                o[b, t, h] = S[b, h].T @ (scale * q[b, t, h])
+    return o, S
+
+
 def finite_difference_grads(f, inputs, eps=1e-6):
     """∂f/∂(every entry of every input) of a scalar float64 function `f(**inputs)`, by central
     differences: a dict of arrays shaped like `inputs`."""

@@ -11,6 +11,7 @@ import numpy as np
 from flax import nnx
 
 from tests.kernels.reference import (
+    comba_loop,
     delta_rule_loop,
     log_linear_attention_loop,
     log_linear_delta_rule_loop,
@@ -207,7 +208,7 @@ def _log_linear_reference(p, x, q, k, v):
 
 
 DELTA_FAMILY = ("deltanet", "gated_deltanet", "kda", "gated_deltaproduct")
-DELTA_FAMILY += ("log_linear_gated_deltanet", "gdn2")
+DELTA_FAMILY += ("log_linear_gated_deltanet", "gdn2", "comba")
 
 
 def _delta_reference(name, mixer, p, x, q, k, v):
@@ -220,8 +221,13 @@ def _delta_reference(name, mixer, p, x, q, k, v):
     if "conv" not in p["inputs"]:
         q, k, v = silu(q), silu(k), silu(v)
     l2 = lambda z: z / np.sqrt(np.sum(z * z, -1, keepdims=True) + 1e-6)  # noqa: E731
-    q, k = l2(q) / np.sqrt(dk), l2(k)
     sigmoid = lambda z: 1.0 / (1.0 + np.exp(-z))  # noqa: E731
+    if name == "comba":  # p = l2(σ(d) k); q − D σ(d) k before q's norm (FLA's layer)
+        pk = sigmoid(p["inner_decay"])[:, None] * k[..., 0, :]
+        if mixer.correction is not None:
+            q = q - p["correction"][:, None] * pk
+        pk = l2(pk)
+    q, k = l2(q) / np.sqrt(dk), l2(k)
     if name == "gdn2":  # the erase gate per key channel (β's place), the write gate
         beta = sigmoid(x @ p["erase_proj"]["kernel"]).reshape(b, t, hv, dk)
         write = sigmoid(x @ p["write_proj"]["kernel"]).reshape(b, t, hv, -1)
@@ -230,7 +236,7 @@ def _delta_reference(name, mixer, p, x, q, k, v):
     if mixer.allow_neg_eigval:
         beta = 2.0 * beta
     log_decay = np.zeros((b, t, hv, 1))
-    if name in ("gated_deltanet", "gated_deltaproduct", "log_linear_gated_deltanet"):
+    if name in ("gated_deltanet", "gated_deltaproduct", "log_linear_gated_deltanet", "comba"):
         z = x @ p["decay"]["proj"]["kernel"] + p["decay"]["dt_bias"]
         log_decay = (-softplus(z) * np.exp(p["decay"]["a_log"]))[..., None]
     elif name in ("kda", "gdn2"):
@@ -243,6 +249,10 @@ def _delta_reference(name, mixer, p, x, q, k, v):
         lam = softplus(levels["scale"] * z)
         args = (q, k[..., 0, :], v[..., 0, :], beta[..., 0], log_decay[..., 0], lam)
         return log_linear_delta_rule_loop(*args)[0]
+    if name == "comba":  # S̃ = γ S, S ← S̃ + β k (v − S̃ᵀ p)ᵀ, q, k, p repeated to HV heads
+        rep = hv // h
+        qr, kr, pr = (np.repeat(z, rep, axis=2) for z in (q, k[..., 0, :], pk))
+        return comba_loop(qr, kr, v[..., 0, :], pr, beta[..., 0], log_decay[..., 0], scale=1.0)[0]
     if name == "gdn2":
         rep = hv // h
         qr, kr = np.repeat(q, rep, axis=2), np.repeat(k[..., 0, :], rep, axis=2)

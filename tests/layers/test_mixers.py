@@ -108,6 +108,12 @@ CASES = {
     # gdn2: grouped value heads, chunks of 5; the scan without the conv, negative eigenvalues
     "gdn2": dict(num_value_heads=4, chunk_size=5),
     "gdn2_scan": dict(method="scan", conv=False, allow_neg_eigval=True),
+    # comba: grouped value heads, chunks of 5; the scan without the conv or the correction,
+    # a wider key (state_dim), negative eigenvalues
+    "comba": dict(num_value_heads=4, chunk_size=5, correction_factor=0.5),
+    "comba_scan": dict(
+        method="scan", conv=False, output_correction=False, state_dim=6, allow_neg_eigval=True
+    ),
 }
 DELTA = ("deltanet", "gated_deltanet", "kda", "gated_deltaproduct")
 
@@ -230,7 +236,7 @@ def test_softmax_cache_overflow_gives_nan_not_wrong_numbers():
 
 
 BFLOAT16 = ("gated", "softmax", "gated_deltanet", "swa")
-BFLOAT16 += ("log_linear_mamba2", "log_linear_gated_deltanet", "mamba", "rglru")
+BFLOAT16 += ("log_linear_mamba2", "log_linear_gated_deltanet", "mamba", "rglru", "comba")
 
 
 @pytest.mark.parametrize("name", BFLOAT16)
@@ -360,6 +366,11 @@ BAD_OPTIONS = [
         dict(name="log_linear_gated_deltanet", num_value_heads=4),
         "does not use option num_value_heads",
     ),
+    (
+        dict(name="comba", output_correction=False, correction_factor=0.02),
+        "correction_factor=0.02 needs output_correction on",
+    ),
+    (dict(name="comba", method="pallas"), "unknown method 'pallas' for mixer 'comba'"),
 ]
 
 
@@ -442,6 +453,7 @@ def test_attention_inputs_reproduce_the_mixer(case):
         "rwkv6",
         "mlstm",
         "gdn2",
+        "comba",
     )
     if name in (*DELTA, "swa", "rwkv7", "lstm", *late):
         with pytest.raises(ValueError, match="has no attention_inputs"):
