@@ -25,6 +25,7 @@ from linear_attention.models.hf import (
     bamba,
     files,
     kimi_linear,
+    mamba,
     mamba2,
     olmo_hybrid,
     qwen3_5,
@@ -35,8 +36,8 @@ from linear_attention.models.hf.multimodal import VISION_PREFIX, Multimodal
 from linear_attention.models.model import LanguageModel
 
 # A mapping: a module (or a `Multimodal`) with MODEL_TYPE, MIXERS, model_options, hf_config,
-# tensor_shapes, to_params, from_params, and optionally STORED_FORMS, EXPORT_REFUSED and MLP
-# (False: blocks without an MLP).
+# tensor_shapes, to_params, from_params, and optionally STORED_FORMS, EXPORT_REFUSED, MLP
+# (False: blocks without an MLP) and not_imported_fields (hf -> lines for `not_imported`).
 Mapping = ModuleType | Multimodal
 # (Export tries them in this order: a dense hybrid is written as qwen3_5_text, one with
 # experts as qwen3_next unless another type is asked for.)
@@ -50,6 +51,7 @@ ARCHITECTURES: dict[str, Mapping] = {
     kimi_linear.MODEL_TYPE: kimi_linear,
     olmo_hybrid.MODEL_TYPE: olmo_hybrid,
     bamba.MODEL_TYPE: bamba,
+    mamba.MODEL_TYPE: mamba,
 }
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME, INDEX_NAME = files.WEIGHTS_NAME, files.INDEX_NAME
@@ -179,15 +181,17 @@ def _at(tree, path):
 def not_imported(path: str) -> list[str]:
     """What the checkpoint folder `path` holds that `from_pretrained` leaves out, one line per
     part (`NOT_IMPORTED`: the vision tower of a multimodal checkpoint, a multi-token-prediction
-    head), with its tensor count; empty when everything is imported."""
-    read_config(path)
+    head), with its tensor count, then each config field read and left alone whose value is
+    not transformers' default (the mapping's `not_imported_fields`, e.g. mamba's
+    initialisation-only fields); empty when everything is imported."""
+    hf, mapping = read_config(path)
     names = files.tensor_entries(path)
     lines = []
     for prefix, what in NOT_IMPORTED.items():
         count = sum(name.startswith(prefix) for name in names)
         if count:
             lines.append(f"{prefix}* ({count} tensors): {what}")
-    return lines
+    return lines + _checked(getattr(mapping, "not_imported_fields", lambda hf: []), hf)
 
 
 def export_problems(config: ModelConfig, mapping: Mapping) -> list[str]:
