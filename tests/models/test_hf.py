@@ -470,6 +470,26 @@ def test_bad_mamba_checkpoints_refused(
     _refused_before_reading(folder, monkeypatch, config_change, tensor_change, message)
 
 
+def test_falcon_mamba_maps_its_norms_both_ways(tmp_path, monkeypatch):
+    """Falcon-Mamba's `mixer_rms_eps` is the mixer's `bcdt_norm_eps`: a Mamba-1 model with the
+    norms exports as falcon_mamba (as mamba it is refused, naming the option), one without
+    them as mamba (as falcon_mamba it is refused); a falcon_mamba config without a positive
+    `mixer_rms_eps` is refused."""
+    falcon = hf.model_config(*hf.read_config(os.path.join(FIXTURES, "falcon_mamba")))
+    mamba = hf.model_config(*hf.read_config(os.path.join(FIXTURES, "mamba")))
+    assert falcon.mixer_config("mamba").bcdt_norm_eps == 1e-3
+    assert (hf.export_type(falcon), hf.export_type(mamba)) == ("falcon_mamba", "mamba")
+    assert hf.export_problems(falcon, hf.ARCHITECTURES["mamba"]) == [
+        "mamba layers: bcdt_norm_eps=0.001 (mamba has None)"
+    ]
+    assert hf.export_problems(mamba, hf.ARCHITECTURES["falcon_mamba"]) == [
+        "mixer_rms_eps=None is not a positive number (the mamba mixer's bcdt_norm_eps)"
+    ]
+    folder = _copy(tmp_path, "falcon_mamba")
+    message = "mixer_rms_eps=0 is not a positive number"
+    _refused_before_reading(folder, monkeypatch, lambda c: c.update(mixer_rms_eps=0), None, message)
+
+
 def test_mamba_lists_its_initialisation_fields_when_not_the_defaults(tmp_path):
     """Mamba's `time_step_*` fields set only the initialisation: read and left alone, each
     value other than transformers' default listed by `not_imported` (the fixture has none);

@@ -1,7 +1,7 @@
 """The Hugging Face fixtures of Qwen3-Next, Qwen3.5-MoE, Kimi Linear, OLMo Hybrid (with and
-without rotary) and Mamba imported and exported against transformers' logits, greedy tokens and
-tensors; the other architectures and la-convert are in tests/models/test_hf.py, the checks in
-tests/models/_hf_cases.py."""
+without rotary), Mamba and Falcon-Mamba imported and exported against transformers' logits,
+greedy tokens and tensors; the other architectures and la-convert are in tests/models/test_hf.py,
+the checks in tests/models/_hf_cases.py."""
 
 from __future__ import annotations
 

@@ -35,10 +35,11 @@ from linear_attention.models.hf import (
 from linear_attention.models.hf.multimodal import VISION_PREFIX, Multimodal
 from linear_attention.models.model import LanguageModel
 
-# A mapping: a module (or a `Multimodal`) with MODEL_TYPE, MIXERS, model_options, hf_config,
-# tensor_shapes, to_params, from_params, and optionally STORED_FORMS, EXPORT_REFUSED, MLP
-# (False: blocks without an MLP) and not_imported_fields (hf -> lines for `not_imported`).
-Mapping = ModuleType | Multimodal
+# A mapping: a module (or a `Multimodal`, a `MambaMapping`) with MODEL_TYPE, MIXERS,
+# model_options, hf_config, tensor_shapes, to_params, from_params, and optionally STORED_FORMS,
+# EXPORT_REFUSED, MLP (False: blocks without an MLP) and not_imported_fields (hf -> lines for
+# `not_imported`).
+Mapping = ModuleType | Multimodal | mamba.MambaMapping
 # (Export tries them in this order: a dense hybrid is written as qwen3_5_text, one with
 # experts as qwen3_next unless another type is asked for.)
 ARCHITECTURES: dict[str, Mapping] = {
@@ -51,7 +52,8 @@ ARCHITECTURES: dict[str, Mapping] = {
     kimi_linear.MODEL_TYPE: kimi_linear,
     olmo_hybrid.MODEL_TYPE: olmo_hybrid,
     bamba.MODEL_TYPE: bamba,
-    mamba.MODEL_TYPE: mamba,
+    mamba.MAMBA_MAPPING.MODEL_TYPE: mamba.MAMBA_MAPPING,
+    mamba.FALCON_MAMBA.MODEL_TYPE: mamba.FALCON_MAMBA,
 }
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME, INDEX_NAME = files.WEIGHTS_NAME, files.INDEX_NAME

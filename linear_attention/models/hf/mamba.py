@@ -1,5 +1,8 @@
-"""Mamba-1 (transformers' `mamba`, `MambaForCausalLM`): its config and tensors as this
-library's `ModelConfig` and parameters, both ways, declared as data (`models/hf/common.py`).
+"""Mamba-1 (transformers' `mamba`, `MambaForCausalLM`, and `falcon_mamba`,
+`FalconMambaForCausalLM`): their config and tensors as this library's `ModelConfig` and
+parameters, both ways, declared as data (`models/hf/common.py`): `MAMBA_MAPPING` and
+`FALCON_MAMBA` differ by one field, Falcon-Mamba's `mixer_rms_eps`, the mixer's `bcdt_norm_eps`
+(weightless RMSNorms of δ, B and C).
 
 Every layer is `x + mixer(RMSNorm(x))`, no MLP (`mlp=False`), the mixer `mamba`
 (`layers.mamba.MambaMixer`), whose parameters carry transformers' `MambaMixer` names and
@@ -11,6 +14,7 @@ is read and left alone; `not_imported` lists a value other than transformers' de
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from linear_attention.layers.mamba import MambaMixer
@@ -28,15 +32,13 @@ from linear_attention.models.hf.common import (
     weights_to_params,
 )
 
-MODEL_TYPE = "mamba"
-ARCHITECTURE = "MambaForCausalLM"
 MAMBA = MambaMixer.NAME
 MIXERS = {"linear_attention": MAMBA}
 # Blocks without an MLP.
 MLP = False
 
-# transformers' field → (`ModelConfig` field or `layer_options.mamba` option, or None: checked
-# by `model_options`).
+# transformers' field → `ModelConfig` field or `mamba.<option>` (`layer_options.mamba`), or None:
+# checked by `MambaMapping.model_options`.
 FIELDS = {
     "model_type": None,
     "vocab_size": "vocab_size",
@@ -103,94 +105,125 @@ def _rank(hf: dict):
     return math.ceil(hf["hidden_size"] / 16) if rank == "auto" else rank
 
 
-def model_options(hf: dict) -> dict:
-    """`ModelConfig` keyword arguments for the transformers config `hf` (`FIELDS`);
-    `Unsupported` naming the first field it cannot represent."""
-    check_fields(hf, MODEL_TYPE, FIELDS, (*COMPUTE_ONLY, *INIT_ONLY))
-    for name, wanted in REQUIRED.items():
-        require(hf, name, wanted)
-    d, rank = hf["hidden_size"], _rank(hf)
-    if hf["intermediate_size"] != hf["expand"] * d:
-        raise Unsupported(
-            f"intermediate_size={hf['intermediate_size']} differs from expand={hf['expand']} · "
-            f"hidden_size={d}"
-        )
-    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
-        raise Unsupported(f"time_step_rank={rank!r} is not a positive integer or 'auto'")
-    values = {k: hf[k] for k in FIELDS}
-    values.update(
-        tie_word_embeddings=bool(hf["tie_word_embeddings"]),
-        use_conv_bias=bool(hf["use_conv_bias"]),
-        layer_norm_epsilon=float(hf["layer_norm_epsilon"]),
-        # (the automatic rank is None here, so that an export writes what it reads back)
-        time_step_rank=None if rank == math.ceil(d / 16) else rank,
-    )
-    top, mixer = {}, {}
-    for field, target in FIELDS.items():
-        if target is not None:
-            if target.startswith("mamba."):
-                mixer[target.removeprefix("mamba.")] = values[field]
-            else:
-                top[target] = values[field]
-    return dict(
-        **top,
-        mixer=MAMBA,
-        mlp=False,
-        position="none",
-        layer_options={MAMBA: mixer},
-        initializer_range=initializer_range(hf),
-    )
-
-
-def hf_config(config) -> dict:
-    """The transformers config (config.json's dict) of a `ModelConfig` in mamba's shape, the
-    inverse of `model_options` (the caller checks that it is one)."""
-    opts = config.mixer_config(MAMBA)
-    return dict(
-        architectures=[ARCHITECTURE],
-        model_type=MODEL_TYPE,
-        vocab_size=config.vocab_size,
-        hidden_size=config.d_model,
-        num_hidden_layers=config.num_layers,
-        layer_norm_epsilon=config.norm_eps,
-        tie_word_embeddings=config.tie_embeddings,
-        state_size=opts.state_dim,
-        expand=opts.expand,
-        intermediate_size=opts.expand * config.d_model,
-        conv_kernel=conv_kernel_size(opts.conv),
-        use_conv_bias=opts.conv_bias,
-        time_step_rank=opts.dt_rank or math.ceil(config.d_model / 16),
-        use_bias=False,
-        hidden_act="silu",
-        residual_in_fp32=True,
-        dtype="float32",
-        **initializer_field(config, MODEL_TYPE),
-    )
-
-
 def _sizes(hf: dict) -> dict[str, int]:
     e, r, n = hf["expand"] * hf["hidden_size"], _rank(hf), hf["state_size"]
     d, v, k = hf["hidden_size"], hf["vocab_size"], hf["conv_kernel"]
     return {"V": v, "D": d, "E": e, "2E": 2 * e, "R": r, "N": n, "R+2N": r + 2 * n, "K": k, "1": 1}
 
 
-def tensor_shapes(hf: dict) -> dict[str, tuple[int, ...]]:
-    """Every tensor a `MambaForCausalLM` of config `hf` holds, with its shape."""
-    return weight_shapes(WEIGHTS, hf, _sizes(hf), hf["num_hidden_layers"])
+@dataclasses.dataclass(frozen=True)
+class MambaMapping:
+    """The mapping of a Mamba-1 model type (`hf.ARCHITECTURES`' protocol): its `MODEL_TYPE`,
+    `ARCHITECTURE` (the transformers class) and `FIELDS`, transformers' field → `ModelConfig`
+    field or `mamba.<option>` (`layer_options.mamba`), or None (checked here); the tensors are
+    `WEIGHTS` for every Mamba-1 type."""
+
+    MODEL_TYPE: str
+    ARCHITECTURE: str
+    FIELDS: dict
+    MIXERS = MIXERS
+    MLP = MLP
+
+    def model_options(self, hf: dict) -> dict:
+        """`ModelConfig` keyword arguments for the transformers config `hf`; `Unsupported`
+        naming the first field it cannot represent."""
+        check_fields(hf, self.MODEL_TYPE, self.FIELDS, (*COMPUTE_ONLY, *INIT_ONLY))
+        for name, wanted in REQUIRED.items():
+            require(hf, name, wanted)
+        d, rank = hf["hidden_size"], _rank(hf)
+        if hf["intermediate_size"] != hf["expand"] * d:
+            raise Unsupported(
+                f"intermediate_size={hf['intermediate_size']} differs from expand="
+                f"{hf['expand']} · hidden_size={d}"
+            )
+        if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
+            raise Unsupported(f"time_step_rank={rank!r} is not a positive integer or 'auto'")
+        values = {k: hf[k] for k in self.FIELDS}
+        values.update(
+            tie_word_embeddings=bool(hf["tie_word_embeddings"]),
+            use_conv_bias=bool(hf["use_conv_bias"]),
+            layer_norm_epsilon=float(hf["layer_norm_epsilon"]),
+            # (the automatic rank is None here, so that an export writes what it reads back)
+            time_step_rank=None if rank == math.ceil(d / 16) else rank,
+        )
+        if "mixer_rms_eps" in self.FIELDS:
+            eps = hf["mixer_rms_eps"]
+            if not isinstance(eps, int | float) or isinstance(eps, bool) or not eps > 0:
+                raise Unsupported(
+                    f"mixer_rms_eps={eps!r} is not a positive number (the mamba mixer's "
+                    "bcdt_norm_eps)"
+                )
+            values["mixer_rms_eps"] = float(eps)
+        top, mixer = {}, {}
+        for field, target in self.FIELDS.items():
+            if target is not None and target.startswith("mamba."):
+                mixer[target.removeprefix("mamba.")] = values[field]
+            elif target is not None:
+                top[target] = values[field]
+        return dict(
+            **top,
+            mixer=MAMBA,
+            mlp=False,
+            position="none",
+            layer_options={MAMBA: mixer},
+            initializer_range=initializer_range(hf),
+        )
+
+    def hf_config(self, config) -> dict:
+        """The transformers config (config.json's dict) of a `ModelConfig` in this type's
+        shape, the inverse of `model_options` (the caller checks that it is one)."""
+        opts = config.mixer_config(MAMBA)
+        extra = {"mixer_rms_eps": opts.bcdt_norm_eps} if "mixer_rms_eps" in self.FIELDS else {}
+        return dict(
+            architectures=[self.ARCHITECTURE],
+            model_type=self.MODEL_TYPE,
+            vocab_size=config.vocab_size,
+            hidden_size=config.d_model,
+            num_hidden_layers=config.num_layers,
+            layer_norm_epsilon=config.norm_eps,
+            tie_word_embeddings=config.tie_embeddings,
+            state_size=opts.state_dim,
+            expand=opts.expand,
+            intermediate_size=opts.expand * config.d_model,
+            conv_kernel=conv_kernel_size(opts.conv),
+            use_conv_bias=opts.conv_bias,
+            time_step_rank=opts.dt_rank or math.ceil(config.d_model / 16),
+            **extra,
+            use_bias=False,
+            hidden_act="silu",
+            residual_in_fp32=True,
+            dtype="float32",
+            # (Falcon-Mamba initialises as Mamba: `models.init`'s "mamba")
+            **initializer_field(config, "mamba"),
+        )
+
+    @staticmethod
+    def tensor_shapes(hf: dict) -> dict[str, tuple[int, ...]]:
+        """Every tensor the causal LM of config `hf` holds, with its shape."""
+        return weight_shapes(WEIGHTS, hf, _sizes(hf), hf["num_hidden_layers"])
+
+    @staticmethod
+    def to_params(hf: dict, get) -> dict:
+        """This library's parameters (a nested dict as `nnx.to_pure_dict` gives, float32
+        arrays) from the tensors `get(name) -> np.ndarray float32` of a checkpoint of `hf`."""
+        return weights_to_params(WEIGHTS, hf, get, hf["num_hidden_layers"])
+
+    @staticmethod
+    def from_params(hf: dict, params: dict) -> dict:
+        """The checkpoint tensors (float32) of `params`, the inverse of `to_params`."""
+        return params_to_weights(WEIGHTS, hf, params, hf["num_hidden_layers"])
+
+    @staticmethod
+    def not_imported_fields(hf: dict) -> list[str]:
+        """The fields of config `hf` that the import leaves out with a value other than
+        transformers' default (`INIT_ONLY`), one line each."""
+        return left_alone(hf, INIT_ONLY)
 
 
-def to_params(hf: dict, get) -> dict:
-    """This library's parameters (a nested dict as `nnx.to_pure_dict` gives, float32 arrays)
-    from the tensors `get(name) -> np.ndarray float32` of a checkpoint of config `hf`."""
-    return weights_to_params(WEIGHTS, hf, get, hf["num_hidden_layers"])
-
-
-def from_params(hf: dict, params: dict) -> dict:
-    """The checkpoint tensors (float32) of `params`, the inverse of `to_params`."""
-    return params_to_weights(WEIGHTS, hf, params, hf["num_hidden_layers"])
-
-
-def not_imported_fields(hf: dict) -> list[str]:
-    """The fields of config `hf` that the import leaves out with a value other than
-    transformers' default (`INIT_ONLY`), one line each."""
-    return left_alone(hf, INIT_ONLY)
+MAMBA_MAPPING = MambaMapping("mamba", "MambaForCausalLM", FIELDS)
+# Falcon-Mamba: Mamba-1 with weightless RMSNorms of δ, B and C (eps `mixer_rms_eps`).
+FALCON_MAMBA = MambaMapping(
+    "falcon_mamba",
+    "FalconMambaForCausalLM",
+    {**FIELDS, "mixer_rms_eps": "mamba.bcdt_norm_eps"},
+)
