@@ -108,8 +108,8 @@ def left_alone(hf: dict, defaults: dict[str, tuple[object, str]]) -> list[str]:
 # `nn.Conv1d` weight [C, 1, K], a `ShortConv` kernel [K, C].
 LAYOUTS = {
     "as_is": (lambda w: w, lambda p: p),
-    "linear": (lambda w: w.T, lambda p: p.T),
-    "conv": (lambda w: w[:, 0, :].T, lambda p: p.T[:, None, :]),
+    "transposed": (lambda w: w.T, lambda p: p.T),
+    "depthwise": (lambda w: w[:, 0, :].T, lambda p: p.T[:, None, :]),
 }
 
 

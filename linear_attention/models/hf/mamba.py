@@ -85,17 +85,17 @@ def _mixer(name: str, shape: tuple, path: tuple, layout="as_is", when=None) -> W
 WEIGHTS = (
     Weight("backbone.embeddings.weight", ("V", "D"), ("embed", "embedding")),
     Weight("backbone.norm_f.weight", ("D",), ("final_norm", "scale")),
-    Weight("lm_head.weight", ("V", "D"), ("head", "kernel"), "linear", "!tie_word_embeddings"),
+    Weight("lm_head.weight", ("V", "D"), ("head", "kernel"), "transposed", "!tie_word_embeddings"),
     Weight(_LAYER + "norm.weight", ("D",), (*_BLOCK, "mixer_norm", "scale")),
-    _mixer("in_proj.weight", ("2E", "D"), ("inputs", "in_proj", "kernel"), "linear"),
-    _mixer("conv1d.weight", ("E", "1", "K"), ("inputs", "conv1d", "kernel"), "conv"),
+    _mixer("in_proj.weight", ("2E", "D"), ("inputs", "in_proj", "kernel"), "transposed"),
+    _mixer("conv1d.weight", ("E", "1", "K"), ("inputs", "conv1d", "kernel"), "depthwise"),
     _mixer("conv1d.bias", ("E",), ("inputs", "conv1d", "bias"), when="use_conv_bias"),
-    _mixer("x_proj.weight", ("R+2N", "E"), ("x_proj", "kernel"), "linear"),
-    _mixer("dt_proj.weight", ("E", "R"), ("dt_proj", "kernel"), "linear"),
+    _mixer("x_proj.weight", ("R+2N", "E"), ("x_proj", "kernel"), "transposed"),
+    _mixer("dt_proj.weight", ("E", "R"), ("dt_proj", "kernel"), "transposed"),
     _mixer("dt_proj.bias", ("E",), ("dt_proj", "bias")),
     _mixer("A_log", ("E", "N"), ("A_log",)),
     _mixer("D", ("E",), ("D",)),
-    _mixer("out_proj.weight", ("D", "E"), ("out_proj", "kernel"), "linear"),
+    _mixer("out_proj.weight", ("D", "E"), ("out_proj", "kernel"), "transposed"),
 )
 
 
