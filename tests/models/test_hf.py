@@ -490,6 +490,19 @@ def test_falcon_mamba_maps_its_norms_both_ways(tmp_path, monkeypatch):
     _refused_before_reading(folder, monkeypatch, lambda c: c.update(mixer_rms_eps=0), None, message)
 
 
+def test_mamba_export_ignores_num_heads_which_its_layers_do_not_read():
+    """A Mamba-1 model's `num_heads` (not read by the mamba mixer) does not stop its export;
+    the same model with the norms of δ, B and C is refused as mamba, naming the option."""
+    config = hf.model_config(*hf.read_config(os.path.join(FIXTURES, "mamba")))
+    four = dataclasses.replace(config, num_heads=4)
+    assert hf.export_problems(four, hf.ARCHITECTURES["mamba"]) == []
+    options = {"mamba": {**config.layer_options["mamba"], "bcdt_norm_eps": 1e-5}}
+    normed = dataclasses.replace(four, layer_options=options)
+    assert hf.export_problems(normed, hf.ARCHITECTURES["mamba"]) == [
+        "mamba layers: bcdt_norm_eps=1e-05 (mamba has None)"
+    ]
+
+
 def test_mamba_lists_its_initialisation_fields_when_not_the_defaults(tmp_path):
     """Mamba's `time_step_*` fields set only the initialisation: read and left alone, each
     value other than transformers' default listed by `not_imported` (the fixture has none);

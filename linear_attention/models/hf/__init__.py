@@ -37,8 +37,8 @@ from linear_attention.models.model import LanguageModel
 
 # A mapping: a module (or a `Multimodal`, a `MambaMapping`) with MODEL_TYPE, MIXERS,
 # model_options, hf_config, tensor_shapes, to_params, from_params, and optionally STORED_FORMS,
-# EXPORT_REFUSED, MLP (False: blocks without an MLP) and not_imported_fields (hf -> lines for
-# `not_imported`).
+# EXPORT_REFUSED, MLP (False: blocks without an MLP), HEADS (False: its layers read no
+# num_heads) and not_imported_fields (hf -> lines for `not_imported`).
 Mapping = ModuleType | Multimodal | mamba.MambaMapping
 # (Export tries them in this order: a dense hybrid is written as qwen3_5_text, one with
 # experts as qwen3_next unless another type is asked for.)
@@ -241,16 +241,19 @@ def export_problems(config: ModelConfig, mapping: Mapping) -> list[str]:
     if config.layer_mixers != rebuilt.layer_mixers:
         return problems
     for name in dict.fromkeys(config.layer_mixers):
-        problems += _layer_problems(config, rebuilt, name, mapping.MODEL_TYPE)
+        heads = getattr(mapping, "HEADS", True)
+        problems += _layer_problems(config, rebuilt, name, mapping.MODEL_TYPE, heads)
     return problems
 
 
-def _layer_problems(config: ModelConfig, rebuilt: ModelConfig, name: str, model_type: str):
+def _layer_problems(
+    config: ModelConfig, rebuilt: ModelConfig, name: str, model_type: str, heads: bool = True
+):
     """How the layers of mixer `name` differ between `config` and `rebuilt`, the config its
-    `model_type` checkpoint imports as: heads, norm position, each option that changes the
-    numbers."""
+    `model_type` checkpoint imports as: heads (unless `heads` is False: its layers read none),
+    norm position, each option that changes the numbers."""
     problems = []
-    if config.layer_num_heads(name) != rebuilt.layer_num_heads(name):
+    if heads and config.layer_num_heads(name) != rebuilt.layer_num_heads(name):
         problems.append(f"{name} layers: num_heads={config.layer_num_heads(name)}")
     position = config.layer_norm_position(name)
     if position != rebuilt.layer_norm_position(name):

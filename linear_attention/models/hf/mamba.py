@@ -34,8 +34,8 @@ from linear_attention.models.hf.common import (
 
 MAMBA = MambaMixer.NAME
 MIXERS = {"linear_attention": MAMBA}
-# Blocks without an MLP.
-MLP = False
+# Blocks without an MLP; the mamba mixer reads no num_heads (its E channels have no heads).
+MLP, HEADS = False, False
 
 # transformers' field → `ModelConfig` field or `mamba.<option>` (`layer_options.mamba`), or None:
 # checked by `MambaMapping.model_options`.
@@ -123,6 +123,7 @@ class MambaMapping:
     FIELDS: dict
     MIXERS = MIXERS
     MLP = MLP
+    HEADS = HEADS
 
     def model_options(self, hf: dict) -> dict:
         """`ModelConfig` keyword arguments for the transformers config `hf`; `Unsupported`
