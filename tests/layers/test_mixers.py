@@ -232,7 +232,7 @@ def test_softmax_cache_overflow_gives_nan_not_wrong_numbers():
 
 
 BFLOAT16 = ("gated", "softmax", "gated_deltanet", "swa")
-BFLOAT16 += ("log_linear_mamba2", "log_linear_gated_deltanet", "mamba", "rglru")
+BFLOAT16 += ("log_linear_mamba2", "log_linear_gated_deltanet", "mamba", "mamba_bcdt", "rglru")
 
 
 @pytest.mark.parametrize("name", BFLOAT16)
