@@ -169,12 +169,13 @@ def _code_strings(path: pathlib.Path):
 
 # Strings that are a mixer's name and also a plain word where they appear: a corpus record's
 # "path" (PaTH's mixer is "path"), the "linear" learning-rate schedule, a "softmax" router,
-# transformers' "mamba" architecture (Mamba-1's initialisation), the "comba" kernel (its
-# family's name and export, as FLA's op).
+# transformers' "mamba" architecture (Mamba-1's initialisation, its model_type), the "comba"
+# kernel (its family's name and export, as FLA's op).
 _HOMONYMS = {
     "kernels/__init__.py": {"comba"},
     "kernels/comba/comba.py": {"comba"},
     "models/init.py": {"mamba"},
+    "models/hf/mamba.py": {"mamba"},
     "data/sources.py": {"path"},
     "layers/moe.py": {"softmax"},
     "data/text.py": {"path"},

@@ -23,8 +23,12 @@ The decoding state is the selective scan's `[B, E, N]` float32 and the conv's ta
 scan's state is zeroed at each document start (the kernel's `segment_ids`). Time splits over a
 mesh axis: the conv's halo (`ShortConv.sequence`) and the scan's affine combine.
 
+With `bcdt_norm_eps` set (Falcon-Mamba), δ, B and C are each divided by their root mean square
+over their own width (plus eps), without a scale, before Δ's projection and the scan
+(`FalconMambaWeightlessRMSNorm`, float32).
+
 Not taken (`NOT_TAKEN`): `rope` (the recurrence orders the tokens), `out_norm`, `out_gate` (the
-gate is silu(z) of the in-projection; Jamba's and Falcon-Mamba's norms of δ, B and C are not
+gate is silu(z) of the in-projection; Jamba's norms of δ, B and C, which have weights, are not
 here) and `head_dim` (channels, not heads: `num_heads` is not read).
 """
 
@@ -38,7 +42,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from linear_attention import kernels as K
-from linear_attention.fields import spec_field
+from linear_attention.fields import POSITIVE, spec_field
 from linear_attention.layers.base import Mixer
 from linear_attention.layers.conv import ShortConv
 from linear_attention.layers.options import (
@@ -80,6 +84,18 @@ class MambaConfig(MixerConfig):
     dt_rank: int | None = spec_field(
         None, "rank of Mamba's Δ projection (None: ⌈d_model / 16⌉, transformers' 'auto')"
     )
+    bcdt_norm_eps: float | None = spec_field(
+        None,
+        "eps of weightless RMSNorms of δ, B and C before the scan (Falcon-Mamba's; None: none)",
+        **POSITIVE,
+    )
+
+
+def _unit_rms(x, eps: float) -> jax.Array:
+    """x / √(mean(x²) + eps) over the last axis without a scale, in float32, in x's dtype (as
+    transformers' `FalconMambaWeightlessRMSNorm`)."""
+    x32 = x.astype(jnp.float32)
+    return (x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)).astype(x.dtype)
 
 
 class MambaInputs(nnx.Module):
@@ -142,6 +158,7 @@ class MambaMixer(Mixer):
         opts = self.options
         e, n = self.channels, opts["state_dim"]
         self.method, self.state_size = opts["method"], n
+        self.bcdt_norm_eps = opts["bcdt_norm_eps"]
         self.dt_rank = r = dt_rank(self.d_model, opts["dt_rank"])
         common = dict(param_dtype=self.param_dtype, rngs=rngs)
         self.x_proj = nnx.Linear(e, r + 2 * n, use_bias=False, dtype=self.dtype, **common)
@@ -175,9 +192,14 @@ class MambaMixer(Mixer):
         `[E, N]` float32, B and C `[B, T, N]` in the compute dtype."""
         r, n = self.dt_rank, self.state_size
         dbc = self.x_proj(x_BTE)
-        delta_BTE = jax.nn.softplus(self.dt_proj(dbc[..., :r].astype(jnp.float32)))
+        low_BTR, b_BTN, c_BTN = dbc[..., :r], dbc[..., r : r + n], dbc[..., r + n :]
+        if self.bcdt_norm_eps is not None:
+            low_BTR, b_BTN, c_BTN = (
+                _unit_rms(t, self.bcdt_norm_eps) for t in (low_BTR, b_BTN, c_BTN)
+            )
+        delta_BTE = jax.nn.softplus(self.dt_proj(low_BTR.astype(jnp.float32)))
         a_EN = -jnp.exp(self.A_log[...].astype(jnp.float32))
-        return delta_BTE, a_EN, dbc[..., r : r + n], dbc[..., r + n :]
+        return delta_BTE, a_EN, b_BTN, c_BTN
 
     def _forward(self, x_BTD, tail, core, position, segments=None, *, step: bool = False):
         del position  # no positions

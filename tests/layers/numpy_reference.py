@@ -455,20 +455,23 @@ def mesanet_reference(mixer, x_BTD) -> np.ndarray:
 
 
 def mamba_reference(mixer, x_BTD) -> np.ndarray:
-    """Mamba-1's block: x, z = x W_in; x = silu(conv(x)); δ, B, C = x W_x;
-    Δ = softplus(δ W_dt + b_dt); the selective scan with A = −exp(A_log) and the skip D;
-    (y ⊙ silu(z)) W_out."""
+    """Mamba-1's block: x, z = x W_in; x = silu(conv(x)); δ, B, C = x W_x (each divided by
+    its RMS with `bcdt_norm_eps`); Δ = softplus(δ W_dt + b_dt); the selective scan with
+    A = −exp(A_log) and the skip D; (y ⊙ silu(z)) W_out."""
     p = params64(mixer)
     x = np.asarray(x_BTD, np.float64)
     e, r, n = mixer.channels, mixer.dt_rank, mixer.state_size
     xz = x @ p["inputs"]["in_proj"]["kernel"]
     conv = p["inputs"]["conv1d"]
     u = causal_conv(xz[..., :e], conv["kernel"], conv.get("bias", 0.0))
-    dbc = u @ p["x_proj"]["kernel"]
-    delta = softplus(dbc[..., :r] @ p["dt_proj"]["kernel"] + p["dt_proj"]["bias"])
-    y, _ = selective_scan_loop(
-        u, delta, -np.exp(p["A_log"]), dbc[..., r : r + n], dbc[..., r + n :], p["D"]
-    )
+    low, b, c = np.split(u @ p["x_proj"]["kernel"], [r, r + n], axis=-1)
+    if mixer.bcdt_norm_eps is not None:  # Falcon-Mamba's weightless RMSNorms
+        low, b, c = (
+            t / np.sqrt(np.mean(t * t, axis=-1, keepdims=True) + mixer.bcdt_norm_eps)
+            for t in (low, b, c)
+        )
+    delta = softplus(low @ p["dt_proj"]["kernel"] + p["dt_proj"]["bias"])
+    y, _ = selective_scan_loop(u, delta, -np.exp(p["A_log"]), b, c, p["D"])
     return (y * silu(xz[..., e:])) @ p["out_proj"]["kernel"]
 
 

@@ -89,6 +89,8 @@ CASES = {
     # Mamba-1: N = 4, expand 2, R = 3, the conv of 3 and its bias off; by the parallel prefix
     "mamba": dict(state_dim=4, dt_rank=3, conv=3, conv_bias=False),
     "mamba_associative": dict(method="associative_scan"),
+    # Falcon-Mamba: weightless RMSNorms of δ, B and C (an eps large enough to matter)
+    "mamba_bcdt": dict(bcdt_norm_eps=0.1),
     # Griffin's recurrent block: 24 channels in 2 blocks of gates; by the parallel prefix
     "rglru": dict(lru_width=24),
     "rglru_associative": dict(method="associative_scan"),
@@ -236,7 +238,8 @@ def test_softmax_cache_overflow_gives_nan_not_wrong_numbers():
 
 
 BFLOAT16 = ("gated", "softmax", "gated_deltanet", "swa")
-BFLOAT16 += ("log_linear_mamba2", "log_linear_gated_deltanet", "mamba", "rglru", "comba")
+BFLOAT16 += ("log_linear_mamba2", "log_linear_gated_deltanet", "mamba", "mamba_bcdt", "rglru")
+BFLOAT16 += ("comba",)
 
 
 @pytest.mark.parametrize("name", BFLOAT16)

@@ -19,7 +19,7 @@ from linear_attention.models import LanguageModel, ModelConfig, hf, step_fn
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "..", "fixtures", "hf")
 ARCHITECTURES = ("qwen3_5", "qwen3_next", "qwen3_5_vl", "qwen3_5_moe", "mamba2", "kimi_linear")
-ARCHITECTURES += ("olmo_hybrid", "olmo_hybrid_nope", "bamba")
+ARCHITECTURES += ("olmo_hybrid", "olmo_hybrid_nope", "bamba", "mamba", "falcon_mamba")
 # test_hf.py's share (qwen3_5_vl reuses qwen3_5's compiled passes, so they stay together);
 # test_hf_checkpoints.py takes the rest.
 IN_TEST_HF = ("qwen3_5", "qwen3_5_vl", "mamba2", "bamba")
@@ -31,13 +31,18 @@ LAYERS["kimi_linear"] = ("kda", "mla") * 2
 LAYERS["olmo_hybrid"] = ("gated_deltanet", "softmax", "gated_deltanet")
 LAYERS["olmo_hybrid_nope"] = ("softmax", "gated_deltanet")
 LAYERS["bamba"] = ("gated", "softmax", "gated")
+LAYERS["mamba"] = LAYERS["falcon_mamba"] = ("mamba", "mamba")
 # An option each family's checkpoints fix, and a value they cannot hold.
 OFF_SHAPE = {
     "gated_deltanet": ("conv_bias", True),
     "gated": ("d_skip", False),
     "kda": ("gate_bias", True),
     "softmax": ("qk_norm_all_heads", False),
+    "mamba": ("norm_position", "post"),
 }
+# Its problem, where not "{mixer} layers: {option}={value} ({model_type} has {not value})":
+# every setting of Mamba's own options has a checkpoint; its blocks are pre-norm.
+OFF_SHAPE_PROBLEM = {"mamba": "mamba layers: norm_position='post' ({model_type} has 'pre')"}
 OLMO_CONVS = tuple(f"linear_attn.{x}_conv1d.weight" for x in "qkv")
 # The multimodal fixtures export as their text model's type (their own export is refused).
 TEXT_TYPES = {"qwen3_5_vl": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
@@ -164,9 +169,10 @@ def check_export_refusal(imported, tmp_path) -> None:
     other = dataclasses.replace(config, layer_options=options)
     model_type = hf.export_type(config)
     problems = hf.export_problems(other, hf.ARCHITECTURES[model_type])
-    assert problems == [f"{mixer} layers: {option}={value} ({model_type} has {not value})"]
+    problem = f"{mixer} layers: {option}={value} ({model_type} has {not value})"
+    assert problems == [OFF_SHAPE_PROBLEM.get(mixer, problem).format(model_type=model_type)]
     if not config.mlp:
         with_mlp = dataclasses.replace(config, mlp=True)
         assert hf.export_problems(with_mlp, hf.ARCHITECTURES[model_type]) == [
-            "mlp=True: every mamba2 layer has no MLP"
+            f"mlp=True: every {model_type} layer has no MLP"
         ]

@@ -442,6 +442,87 @@ def _module_names(values: dict) -> None:
         values[name + ".weight"] = values.pop(name)
 
 
+@pytest.mark.parametrize(
+    ("config_change", "tensor_change", "message"),
+    [
+        (lambda c: c.update(use_bias=True), None, "use_bias=True is not supported"),
+        (lambda c: c.update(hidden_act="gelu"), None, "hidden_act='gelu' is not supported"),
+        (lambda c: c.update(intermediate_size=48), None, "intermediate_size=48 differs from"),
+        (lambda c: c.update(time_step_rank=0.5), None, "time_step_rank=0.5 is not a positive"),
+        (lambda c: c.update(mixer_rms_eps=1e-6), None, "'mixer_rms_eps' is not understood by"),
+        (lambda c: c.pop("state_size"), None, "'state_size' is missing"),
+        (
+            None,
+            lambda t: t.pop("backbone.layers.1.mixer.x_proj.weight"),
+            "'backbone.layers.1.mixer.x_proj.weight' is missing",
+        ),
+        (
+            lambda c: c.update(use_conv_bias=False),
+            None,
+            "'backbone.layers.0.mixer.conv1d.bias' is not part of the architecture",
+        ),
+    ],
+)
+def test_bad_mamba_checkpoints_refused(
+    tmp_path, monkeypatch, config_change, tensor_change, message
+):
+    folder = _copy(tmp_path, "mamba")
+    _refused_before_reading(folder, monkeypatch, config_change, tensor_change, message)
+
+
+def test_falcon_mamba_maps_its_norms_both_ways(tmp_path, monkeypatch):
+    """Falcon-Mamba's `mixer_rms_eps` is the mixer's `bcdt_norm_eps`: a Mamba-1 model with the
+    norms exports as falcon_mamba (as mamba it is refused, naming the option), one without
+    them as mamba (as falcon_mamba it is refused); a falcon_mamba config without a positive
+    `mixer_rms_eps` is refused."""
+    falcon = hf.model_config(*hf.read_config(os.path.join(FIXTURES, "falcon_mamba")))
+    mamba = hf.model_config(*hf.read_config(os.path.join(FIXTURES, "mamba")))
+    assert falcon.mixer_config("mamba").bcdt_norm_eps == 1e-3
+    assert (hf.export_type(falcon), hf.export_type(mamba)) == ("falcon_mamba", "mamba")
+    assert hf.export_problems(falcon, hf.ARCHITECTURES["mamba"]) == [
+        "mamba layers: bcdt_norm_eps=0.001 (mamba has None)"
+    ]
+    assert hf.export_problems(mamba, hf.ARCHITECTURES["falcon_mamba"]) == [
+        "mixer_rms_eps=None is not a positive number (the mamba mixer's bcdt_norm_eps)"
+    ]
+    folder = _copy(tmp_path, "falcon_mamba")
+    message = "mixer_rms_eps=0 is not a positive number"
+    _refused_before_reading(folder, monkeypatch, lambda c: c.update(mixer_rms_eps=0), None, message)
+
+
+def test_mamba_export_ignores_num_heads_which_its_layers_do_not_read():
+    """A Mamba-1 model's `num_heads` (not read by the mamba mixer) does not stop its export;
+    the same model with the norms of δ, B and C is refused as mamba, naming the option."""
+    config = hf.model_config(*hf.read_config(os.path.join(FIXTURES, "mamba")))
+    four = dataclasses.replace(config, num_heads=4)
+    assert hf.export_problems(four, hf.ARCHITECTURES["mamba"]) == []
+    options = {"mamba": {**config.layer_options["mamba"], "bcdt_norm_eps": 1e-5}}
+    normed = dataclasses.replace(four, layer_options=options)
+    assert hf.export_problems(normed, hf.ARCHITECTURES["mamba"]) == [
+        "mamba layers: bcdt_norm_eps=1e-05 (mamba has None)"
+    ]
+
+
+def test_mamba_lists_its_initialisation_fields_when_not_the_defaults(tmp_path):
+    """Mamba's `time_step_*` fields set only the initialisation: read and left alone, each
+    value other than transformers' default listed by `not_imported` (the fixture has none);
+    `time_step_rank` "auto" is transformers' ⌈hidden_size / 16⌉."""
+    assert hf.not_imported(os.path.join(FIXTURES, "mamba")) == []
+    folder = _copy(tmp_path, "mamba")
+    _edit_config(folder, lambda c: c.update(time_step_max=0.2, time_step_init_scheme="constant"))
+    assert hf.not_imported(folder) == [
+        "config field time_step_max=0.2: initialisation only (this library initialises with "
+        "transformers' default 0.1)",
+        "config field time_step_init_scheme='constant': initialisation only (this library "
+        "initialises with transformers' default 'random')",
+    ]
+    _edit_config(folder, lambda c: c.update(hidden_size=48, intermediate_size=96))
+    hf_config, mapping = hf.read_config(folder)
+    auto = hf.model_config({**hf_config, "time_step_rank": "auto"}, mapping)
+    assert auto.mixer_config("mamba").dt_rank is None  # (⌈48 / 16⌉ = 3, the default)
+    assert hf.model_config({**hf_config, "time_step_rank": 3}, mapping) == auto
+
+
 def test_olmo_hybrid_module_names_import_as_the_stored_ones(tmp_path):
     """The modules' own names (and a fused conv) give the same parameters as the stored names
     (and the three convs, split by transformers' save_pretrained at other channels)."""
@@ -563,6 +644,30 @@ def test_fine_tune_a_converted_run(converted, tmp_path):
         "model.safetensors",
         "tokenizer.json",
     ]
+
+
+@pytest.mark.slow
+def test_fine_tune_a_converted_mamba(tmp_path):
+    """Mamba through la-convert and la-train: `--from-hf`, 3 steps from its parameters
+    (`config.train.init_from`) that resume from the step-2 checkpoint and evaluate, and
+    `--to-hf --model-type mamba` of the result, which imports as the fine-tuned model."""
+    run, tuned = str(tmp_path / "run"), str(tmp_path / "tuned")
+    assert convert.main(["--from-hf", os.path.join(FIXTURES, "mamba"), "--workdir", run]) == 0
+    values = json.loads(open(os.path.join(run, "config.json")).read())
+    values["train"].update(init_from=run, num_steps=2, batch_size=2, eval_every=3)
+    values["train"].update(checkpoint_every=1, log_every=1, eval_batch_size=2)
+    values["data"].update(seq_len=16, max_bytes=20000, num_val_windows=2)
+    train(values, tuned)
+    values["train"].update(num_steps=3)
+    summary = train(values, tuned)  # resumes its own step-2 checkpoint
+    assert (summary["step"], summary["resumed_from_step"]) == (3, 2)
+    assert np.isfinite(summary["eval/loss"])
+    out = str(tmp_path / "out")
+    assert convert.main(["--to-hf", tuned, out, "--model-type", "mamba"]) == 0
+    model, _ = load_run(tuned)
+    exported, _ = hf.from_pretrained(out)
+    tokens = jnp.asarray(np.load(os.path.join(FIXTURES, "mamba", "reference.npz"))["tokens"])
+    np.testing.assert_array_equal(full_pass(exported, tokens), full_pass(model, tokens))
 
 
 @pytest.mark.parametrize(

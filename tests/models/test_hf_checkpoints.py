@@ -1,7 +1,7 @@
-"""The Hugging Face fixtures of Qwen3-Next, Qwen3.5-MoE, Kimi Linear and OLMo Hybrid (with and
-without rotary) imported and exported against transformers' logits, greedy tokens and tensors;
-the other architectures and la-convert are in tests/models/test_hf.py, the checks in
-tests/models/_hf_cases.py."""
+"""The Hugging Face fixtures of Qwen3-Next, Qwen3.5-MoE, Kimi Linear, OLMo Hybrid (with and
+without rotary), Mamba and Falcon-Mamba imported and exported against transformers' logits,
+greedy tokens and tensors; the other architectures and la-convert are in tests/models/test_hf.py,
+the checks in tests/models/_hf_cases.py."""
 
 from __future__ import annotations
 

@@ -238,7 +238,10 @@ def test_olmo_hybrid_initialisation_ranges_other_than_the_drawn_ones_are_refused
 
 
 @pytest.mark.hf
-@pytest.mark.parametrize("name", ["qwen3_next", "mamba2", "kimi_linear", "olmo_hybrid", "bamba"])
+@pytest.mark.parametrize(
+    "name",
+    ["qwen3_next", "mamba2", "kimi_linear", "olmo_hybrid", "bamba", "mamba", "falcon_mamba"],
+)
 def test_every_parameter_draws_as_transformers_draws_it(name, tmp_path):
     """transformers' own initialisation of the fixture's architecture (`from_config`, saved and
     read back by `hf.from_pretrained`), against this library's: each constant parameter equal,

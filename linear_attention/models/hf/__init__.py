@@ -25,6 +25,7 @@ from linear_attention.models.hf import (
     bamba,
     files,
     kimi_linear,
+    mamba,
     mamba2,
     olmo_hybrid,
     qwen3_5,
@@ -34,10 +35,11 @@ from linear_attention.models.hf import (
 from linear_attention.models.hf.multimodal import VISION_PREFIX, Multimodal
 from linear_attention.models.model import LanguageModel
 
-# A mapping: a module (or a `Multimodal`) with MODEL_TYPE, MIXERS, model_options, hf_config,
-# tensor_shapes, to_params, from_params, and optionally STORED_FORMS, EXPORT_REFUSED and MLP
-# (False: blocks without an MLP).
-Mapping = ModuleType | Multimodal
+# A mapping: a module (or a `Multimodal`, a `MambaMapping`) with MODEL_TYPE, MIXERS,
+# model_options, hf_config, tensor_shapes, to_params, from_params, and optionally STORED_FORMS,
+# EXPORT_REFUSED, MLP (False: blocks without an MLP), HEADS (False: its layers read no
+# num_heads) and not_imported_fields (hf -> lines for `not_imported`).
+Mapping = ModuleType | Multimodal | mamba.MambaMapping
 # (Export tries them in this order: a dense hybrid is written as qwen3_5_text, one with
 # experts as qwen3_next unless another type is asked for.)
 ARCHITECTURES: dict[str, Mapping] = {
@@ -50,6 +52,8 @@ ARCHITECTURES: dict[str, Mapping] = {
     kimi_linear.MODEL_TYPE: kimi_linear,
     olmo_hybrid.MODEL_TYPE: olmo_hybrid,
     bamba.MODEL_TYPE: bamba,
+    mamba.MAMBA_MAPPING.MODEL_TYPE: mamba.MAMBA_MAPPING,
+    mamba.FALCON_MAMBA.MODEL_TYPE: mamba.FALCON_MAMBA,
 }
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME, INDEX_NAME = files.WEIGHTS_NAME, files.INDEX_NAME
@@ -179,15 +183,17 @@ def _at(tree, path):
 def not_imported(path: str) -> list[str]:
     """What the checkpoint folder `path` holds that `from_pretrained` leaves out, one line per
     part (`NOT_IMPORTED`: the vision tower of a multimodal checkpoint, a multi-token-prediction
-    head), with its tensor count; empty when everything is imported."""
-    read_config(path)
+    head), with its tensor count, then each config field read and left alone whose value is
+    not transformers' default (the mapping's `not_imported_fields`, e.g. mamba's
+    initialisation-only fields); empty when everything is imported."""
+    hf, mapping = read_config(path)
     names = files.tensor_entries(path)
     lines = []
     for prefix, what in NOT_IMPORTED.items():
         count = sum(name.startswith(prefix) for name in names)
         if count:
             lines.append(f"{prefix}* ({count} tensors): {what}")
-    return lines
+    return lines + _checked(getattr(mapping, "not_imported_fields", lambda hf: []), hf)
 
 
 def export_problems(config: ModelConfig, mapping: Mapping) -> list[str]:
@@ -235,16 +241,19 @@ def export_problems(config: ModelConfig, mapping: Mapping) -> list[str]:
     if config.layer_mixers != rebuilt.layer_mixers:
         return problems
     for name in dict.fromkeys(config.layer_mixers):
-        problems += _layer_problems(config, rebuilt, name, mapping.MODEL_TYPE)
+        heads = getattr(mapping, "HEADS", True)
+        problems += _layer_problems(config, rebuilt, name, mapping.MODEL_TYPE, heads)
     return problems
 
 
-def _layer_problems(config: ModelConfig, rebuilt: ModelConfig, name: str, model_type: str):
+def _layer_problems(
+    config: ModelConfig, rebuilt: ModelConfig, name: str, model_type: str, heads: bool = True
+):
     """How the layers of mixer `name` differ between `config` and `rebuilt`, the config its
-    `model_type` checkpoint imports as: heads, norm position, each option that changes the
-    numbers."""
+    `model_type` checkpoint imports as: heads (unless `heads` is False: its layers read none),
+    norm position, each option that changes the numbers."""
     problems = []
-    if config.layer_num_heads(name) != rebuilt.layer_num_heads(name):
+    if heads and config.layer_num_heads(name) != rebuilt.layer_num_heads(name):
         problems.append(f"{name} layers: num_heads={config.layer_num_heads(name)}")
     position = config.layer_norm_position(name)
     if position != rebuilt.layer_norm_position(name):

@@ -25,14 +25,16 @@ from linear_attention.layers.linear import GatedMixer
 from linear_attention.layers.options import conv_kernel_size
 from linear_attention.layers.softmax import SoftmaxMixer
 from linear_attention.models.hf import mamba2
-from linear_attention.models.hf.qwen3_5 import (
+from linear_attention.models.hf.common import (
     INERT,
     Unsupported,
+    initializer_field,
+    initializer_options,
+)
+from linear_attention.models.hf.qwen3_5 import (
     dense_mlp_params,
     dense_mlp_shapes,
     dense_mlp_tensors,
-    initializer_field,
-    initializer_options,
 )
 
 MODEL_TYPE = "bamba"

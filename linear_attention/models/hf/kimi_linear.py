@@ -52,7 +52,7 @@ from linear_attention.layers.kda import KDAMixer
 from linear_attention.layers.mla import MLAMixer, latent_sizes
 from linear_attention.layers.options import conv_kernel_size
 from linear_attention.models.hf import qwen3_5
-from linear_attention.models.hf.qwen3_5 import (
+from linear_attention.models.hf.common import (
     INERT,
     Unsupported,
     initializer_field,

@@ -28,11 +28,12 @@ import numpy as np
 
 from linear_attention.layers.linear import GatedMixer
 from linear_attention.layers.options import conv_kernel_size
-from linear_attention.models.hf.qwen3_5 import (
+from linear_attention.models.hf.common import (
     INERT,
     Unsupported,
     initializer_field,
     initializer_range,
+    number,
 )
 
 MODEL_TYPE = "mamba2"
@@ -72,14 +73,6 @@ MAPPED = (
     "tie_word_embeddings",
     "time_step_limit",
 )
-
-
-def number(value) -> float:
-    """A float of config.json, as transformers writes it (`{"__float__": "Infinity"}` for the
-    values JSON lacks) or plain."""
-    if isinstance(value, dict) and set(value) == {"__float__"}:
-        return float(value["__float__"])
-    return float(value)
 
 
 def _require(hf: dict, name: str, wanted) -> None:

@@ -53,14 +53,16 @@ import numpy as np
 from linear_attention.layers.delta import GatedDeltaNetMixer
 from linear_attention.layers.options import conv_kernel_size
 from linear_attention.layers.softmax import SoftmaxMixer
-from linear_attention.models.hf.qwen3_5 import (
+from linear_attention.models.hf.common import (
     INERT,
     Unsupported,
+    initializer_field,
+    initializer_options,
+)
+from linear_attention.models.hf.qwen3_5 import (
     dense_mlp_params,
     dense_mlp_shapes,
     dense_mlp_tensors,
-    initializer_field,
-    initializer_options,
 )
 from linear_attention.models.init import DT_FLOOR, DT_MAX, DT_MIN, OLMO_A_MAX, OLMO_A_MIN
 

@@ -35,6 +35,12 @@ import numpy as np
 
 from linear_attention.layers.delta import GatedDeltaNetMixer
 from linear_attention.layers.softmax import SoftmaxMixer
+from linear_attention.models.hf.common import (  # (also imported from here by the others)
+    INERT,
+    Unsupported,
+    initializer_field,
+    initializer_range,
+)
 
 MODEL_TYPE = "qwen3_5_text"
 ARCHITECTURE = "Qwen3_5ForCausalLM"
@@ -44,25 +50,6 @@ MIXERS = {"linear_attention": GDN, "full_attention": ATTENTION}
 # takes from rms_norm_eps.
 INNER_NORM_EPS = 1e-6
 
-# Config fields with no effect on the numbers of a causal LM's forward pass (generation ids,
-# bookkeeping, the initialiser's scale: `initializer_range` is still read, as
-# `ModelConfig.initializer_range`, by the mappings of the text models).
-INERT = (
-    "architectures",
-    "bos_token_id",
-    "eos_token_id",
-    "pad_token_id",
-    "dtype",
-    "torch_dtype",
-    "transformers_version",
-    "use_cache",
-    "initializer_range",
-    "output_attentions",
-    "output_hidden_states",
-    "return_dict",
-    "tie_encoder_decoder",
-    "base_config_key",
-)
 MAPPED = (
     "model_type",
     "vocab_size",
@@ -93,10 +80,6 @@ ROPE_FIELDS = (
     "mrope_section",
     "mrope_interleaved",
 )
-
-
-class Unsupported(ValueError):
-    """A checkpoint (or a config, on export) that this mapping cannot represent exactly."""
 
 
 def _require(hf: dict, name: str, wanted) -> None:
@@ -190,32 +173,6 @@ def model_options(hf: dict) -> dict:
         layer_options=layer_options,
         initializer_range=initializer_range(hf),
     )
-
-
-def initializer_range(hf: dict) -> float | None:
-    """`ModelConfig.initializer_range` of `hf`: its `initializer_range` (None when absent)."""
-    value = hf.get("initializer_range")
-    return None if value is None else float(value)
-
-
-def initializer_options(hf: dict, initializer: str) -> dict:
-    """`ModelConfig` keyword arguments for `hf`'s `initializer_range`: it and the architecture
-    `initializer` (a key of `models.init.INITIALIZERS`), or nothing when absent."""
-    r = initializer_range(hf)
-    return {} if r is None else dict(initializer_range=r, initializer=initializer)
-
-
-def initializer_field(config, initializer: str) -> dict:
-    """The inverse of `initializer_range`: `{"initializer_range": r}`, or nothing when unset
-    (transformers' default then); `Unsupported` when `config.initializer` names another
-    architecture than `initializer`, whose initialisation transformers would not give."""
-    if config.initializer not in (None, initializer):
-        raise Unsupported(
-            f"initializer={config.initializer!r}: a {initializer} checkpoint is initialised as "
-            f"{initializer} (initializer None or {initializer!r})"
-        )
-    r = config.initializer_range
-    return {} if r is None else {"initializer_range": r}
 
 
 def hf_config(config) -> dict:
