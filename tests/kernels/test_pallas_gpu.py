@@ -26,11 +26,14 @@ CHUNK = 64  # the GPU kernel's chunk: whole wgmma row tiles
 
 # (decay, normalize, T, document starts, strong): T = 1; T not a multiple of the chunk; resets
 # mid-chunk and on the chunk boundary; −30 on one token of one head; both normalisations.
+# (T = 1 and the unnormalised per-token case under -m slow: ~50 s of interpretation between
+# them; the default run keeps both normalisations, resets and a length off the chunk)
+SLOW = pytest.mark.slow
 CASES = [
     ("none", True, 37, (), False),
     ("per_head", False, 37, (), False),
-    ("per_token", True, 1, (), False),
-    ("per_token", False, 100, (20, 64), True),
+    pytest.param("per_token", True, 1, (), False, marks=SLOW),
+    pytest.param("per_token", False, 100, (20, 64), True, marks=SLOW),
     ("per_token", True, 100, (20, 64), True),
     ("per_key", True, 100, (20, 64), True),
     ("per_key", False, 70, (), False),
@@ -63,6 +66,7 @@ def test_gpu_kernel_bfloat16_matches_chunk():
         assert rel_err(g, g_c) < 2e-2
 
 
+@pytest.mark.slow  # (~25 s each: the interpreter's race detection)
 @pytest.mark.parametrize("decay", ["per_token", "per_key"])
 def test_gpu_kernels_have_no_races(monkeypatch, decay):
     """Mosaic GPU's interpreter with race detection on the forward kernel (keeping each chunk's
@@ -168,7 +172,7 @@ def compile_for_h100(B, T, H, Mc, *, decay="per_token", normalize=False, dtype=j
 
 
 @needs_cuda
-@pytest.mark.parametrize("decay", ["per_token", "per_key"])
+@pytest.mark.parametrize("decay", [pytest.param("per_token", marks=pytest.mark.slow), "per_key"])
 def test_gpu_kernel_compiles_for_h100(decay):
     """B=1, T=4096, H=4, K=V=128, bfloat16, a decay per token or per key channel: the forward
     and the gradient hold the Mosaic GPU custom calls (the kernels, not an XLA fallback) and

@@ -346,8 +346,9 @@ def test_fit_on_gpus_finds_the_first_setting_that_fits(capsys, monkeypatch):
 
 LM = load_module("configs/lm.py", "configs_lm_gpu")
 PAPER = tuple(LM.PAPER_SIZES)
-# The two smallest presets (341.1M and 367.1M parameters): compiled in the default run.
-SMALLEST = ("transformer_340m", "gla_340m")
+# The smallest preset (341.1M parameters): compiled in the default run (gla_340m, 367.1M, and the
+# rest under -m slow; every family compiles for 8 H100s in the default run above).
+SMALLEST = ("transformer_340m",)
 
 
 def _h100_config(preset: str):

@@ -171,6 +171,8 @@ def test_equal_to_one_device_and_split(results, name):
     check_equal_and_split(results[name], RUNS[name])
 
 
+# (slow: the subprocess's model checks cover the split; this adds the trainer's loop, ~35 s)
+@pytest.mark.slow
 def test_trainer_equals_one_device(results, tmp_path):
     """`trainer.train` of the MQAR test model with mesh.model = 2 (data 4): the per-step losses,
     gradient norms and evaluations of one device."""
@@ -181,6 +183,8 @@ def test_trainer_equals_one_device(results, tmp_path):
         np.testing.assert_allclose(split[key], one[key], rtol=1e-5, err_msg=key)
 
 
+# (slow: a compile for 8 H100s, ~50 s; the GPU targets' own tests compile every family)
+@pytest.mark.slow
 @pytest.mark.skipif(gpu_target.cuda_missing() is not None, reason="compiling for GPU needs CUDA")
 def test_dry_run_for_gpus_splits_the_state():
     """`la-train --dry_run` for gpu:h100:8 compiles the step on a (data 4, seq 1, model 2)
