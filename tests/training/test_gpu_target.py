@@ -235,7 +235,7 @@ def test_every_mixer_family_compiles_for_8_h100s(capsys, monkeypatch, preset, mi
 # The mixers of the kernel families (and attention kinds) FAMILIES leaves out. At chunks of 16,
 # XLA:GPU (jaxlib 0.10.2) cannot tile a [4, 16, 16] dot of the log-linear backward ("Couldn't
 # find output tile sizes"); at 64, the preset's chunk, they compile.
-OTHER_FAMILIES = "mla,fox,path,lstm,mesanet,log_linear_mamba2,log_linear_gated_deltanet"
+OTHER_FAMILIES = "mla,fox,path,lstm,mesanet,log_linear_mamba2,log_linear_gated_deltanet,comba"
 
 
 def test_the_two_family_lists_cover_every_registered_mixers_kernel_family():
@@ -250,8 +250,8 @@ def test_the_two_family_lists_cover_every_registered_mixers_kernel_family():
 
 @needs_cuda
 def test_the_other_families_compile_for_8_h100s(capsys, monkeypatch):
-    """MLA, FoX, PaTH, the LSTM, MesaNet and both log-linear families in one LM smoke model,
-    compiled by XLA:GPU and ptxas for 8 H100s at chunks of 64."""
+    """MLA, FoX, PaTH, the LSTM, MesaNet, both log-linear families and Comba in one LM smoke
+    model, compiled by XLA:GPU and ptxas for 8 H100s at chunks of 64."""
     monkeypatch.chdir(ROOT)
     sizing_ = families_dry_run(capsys, "lm.py:smoke", OTHER_FAMILIES, "gpu:h100:8", chunk=64)
     _check_sizing(sizing_)
