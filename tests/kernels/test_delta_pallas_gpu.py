@@ -13,16 +13,16 @@ import numpy as np
 import pytest
 
 from linear_attention import kernels as K
-from tests.kernels.reference import delta_product_loop, kda_loop, rel_err
+from tests.kernels.reference import delta_product_loop, rel_err
 from tests.kernels.test_pallas import (
     _delta_inputs,
-    _delta_losses,
     _delta_outputs_and_grads,
     _family_inputs,
     _family_losses,
     _family_outputs_and_grads,
     _finite_difference_grads,
     _segments,
+    check_delta_pallas_against_references,
 )
 from tests.kernels.test_pallas_gpu import CHUNK, _h100, needs_cuda
 
@@ -43,25 +43,7 @@ def test_gpu_walk_matches_float64_recurrence_and_chunk(decay, T, starts, strong)
     args = _delta_inputs(T, decay)
     if strong:
         args[4] = args[4].at[0, T // 3, 1].set(-30.0)
-    seg = _segments(T, starts) if starts else None
-    run = functools.partial(_delta_outputs_and_grads, chunk_size=CHUNK)
-    with K.pallas_interpret("gpu"):
-        (o, s), grads = run(*args, seg, method="pallas")
-    (o_c, s_c), grads_c = run(*args, seg, method="chunk")
-    seg_np = None if seg is None else np.asarray(seg)
-    ref = kda_loop(*args, segment_ids=seg_np)
-    for name, x, x_c, r in zip(("o", "S"), (o, s), (o_c, s_c), ref, strict=True):
-        assert rel_err(x, r) < 1e-4, (name, rel_err(x, r))
-        assert rel_err(x, x_c) < 1e-4, (name, rel_err(x, x_c))
-    losses = functools.partial(_delta_losses, segment_ids=seg_np)
-    ref_grads = _finite_difference_grads(args, None, seg_np, losses=losses)
-    names = ("q", "k", "v", "beta", "log_decay", "s0")
-    for name, g, g_c, r in zip(names, grads, grads_c, ref_grads, strict=True):
-        if r is None:
-            assert g is None
-            continue
-        assert rel_err(g, r) < 1e-4, (name, rel_err(g, r))
-        assert rel_err(g, g_c) < 1e-4, (name, rel_err(g, g_c))
+    check_delta_pallas_against_references("gpu", args, starts, CHUNK)
 
 
 def test_gpu_walk_bfloat16_inputs_match_chunk():

@@ -340,14 +340,14 @@ DELTA_CASES = [
 ]
 
 
-@pytest.mark.parametrize(("decay", "T", "starts", "chunk_size"), DELTA_CASES)
-def test_delta_rule_matches_float64_recurrence_and_chunk(decay, T, starts, chunk_size):
-    """The forward kernel (UT transform inside it) and the backward kernel (the UT transform
-    made again, its pullback inside it), from an initial state, with grouped value heads."""
-    args = _delta_inputs(T, decay)
+def check_delta_pallas_against_references(backend, args, starts, chunk_size):
+    """The delta rule's `pallas` on `backend` (interpreted) from an initial state: outputs, final
+    state and every gradient within 1e-4 of the float64 loop (finite differences for the
+    gradients) and of `chunk`."""
+    T = args[0].shape[1]
     seg = _segments(T, starts) if starts else None
     run = functools.partial(_delta_outputs_and_grads, chunk_size=chunk_size)
-    with K.pallas_interpret():
+    with K.pallas_interpret(backend):
         (o, s), grads = run(*args, seg, method="pallas")
     (o_c, s_c), grads_c = run(*args, seg, method="chunk")
     seg_np = None if seg is None else np.asarray(seg)
@@ -364,6 +364,14 @@ def test_delta_rule_matches_float64_recurrence_and_chunk(decay, T, starts, chunk
             continue
         assert rel_err(g, r) < 1e-4, (name, rel_err(g, r))
         assert rel_err(g, g_c) < 1e-4, (name, rel_err(g, g_c))
+
+
+@pytest.mark.parametrize(("decay", "T", "starts", "chunk_size"), DELTA_CASES)
+def test_delta_rule_matches_float64_recurrence_and_chunk(decay, T, starts, chunk_size):
+    """The forward kernel (UT transform inside it) and the backward kernel (the UT transform
+    made again, its pullback inside it), from an initial state, with grouped value heads."""
+    args = _delta_inputs(T, decay)
+    check_delta_pallas_against_references("tpu", args, starts, chunk_size)
 
 
 def test_delta_rule_bfloat16_inputs_match_chunk():

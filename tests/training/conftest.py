@@ -37,6 +37,19 @@ def tiny_mqar():
     return config
 
 
+def tiny_mqar_with(**changes):
+    """`tiny_mqar()` with ``{"section.field": value}`` changes, at any depth
+    (``model.options.method``)."""
+    config = tiny_mqar()
+    for key, value in changes.items():
+        *path, field = key.split(".")
+        node = config
+        for part in path:
+            node = getattr(node, part)
+        setattr(node, field, value)
+    return config
+
+
 def final_state(workdir, config):
     """``(graphdef, state)`` of the newest checkpoint in ``workdir`` of a run of ``config``
     (restored onto the abstract model and optimizer that ``config`` builds)."""

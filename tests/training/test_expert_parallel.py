@@ -17,7 +17,7 @@ import pytest
 from linear_attention.training import experiment_config, trainer
 from linear_attention.training.mesh import expert_split_dim
 from tests.scripts import run_on_cpu_devices
-from tests.training.conftest import tiny_mqar
+from tests.training.conftest import tiny_mqar, tiny_mqar_with
 from tests.training.test_multidevice import summarize
 
 SCRIPT = """
@@ -195,17 +195,6 @@ def test_expert_split_dim():
 MOE = {"model.mlp": True, "model.num_experts": 4, "model.experts_per_token": 2}
 
 
-def _config(**changes):
-    config = tiny_mqar()
-    for key, value in changes.items():
-        *path, field = key.split(".")
-        section = config
-        for name in path:
-            section = getattr(section, name)
-        setattr(section, field, value)
-    return config
-
-
 @pytest.mark.parametrize(
     "changes, message",
     [
@@ -230,7 +219,7 @@ def _config(**changes):
 )
 def test_config_refuses(changes, message):
     with pytest.raises(ValueError, match=message):
-        experiment_config(_config(**changes))
+        experiment_config(tiny_mqar_with(**changes))
 
 
 def test_mesh_refuses_an_expert_axis_the_devices_do_not_hold():

@@ -18,7 +18,7 @@ from linear_attention.layers import MIXERS
 from linear_attention.training import experiment_config, gpu_target, sizing, trainer
 from linear_attention.training.mesh import model_split_dim
 from tests.scripts import run_on_cpu_devices
-from tests.training.conftest import tiny_mqar
+from tests.training.conftest import tiny_mqar, tiny_mqar_with
 from tests.training.test_multidevice import summarize
 
 SCRIPT = """
@@ -236,17 +236,6 @@ def test_split_rule():
     assert model_split_dim(("1", "opt_state", "0", "mu", *qkv), (16, 48), 2) == 1
 
 
-def _config(**changes):
-    config = tiny_mqar()
-    for key, value in changes.items():
-        *path, field = key.split(".")  # (model.options.<option>: one level deeper)
-        node = config
-        for part in path:
-            node = getattr(node, part)
-        setattr(node, field, value)
-    return config
-
-
 @pytest.mark.parametrize(
     "changes, message",
     [
@@ -289,7 +278,7 @@ def _config(**changes):
 )
 def test_config_refuses(changes, message):
     with pytest.raises(ValueError, match=message):
-        experiment_config(_config(**changes))
+        experiment_config(tiny_mqar_with(**changes))
 
 
 def test_mesh_refuses_too_few_devices():
